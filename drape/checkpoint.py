@@ -1,0 +1,122 @@
+"""Checkpoints: safetensors weights plus a JSON manifest, never pickles.
+
+A checkpoint directory holds ``model/`` (diffusers `save_pretrained`: config.json +
+safetensors), ``optimizer.safetensors`` (AdamW moments and step per parameter name),
+``ema.safetensors`` when EMA is on, and ``manifest.json`` with the pipeline config, stage, step,
+data manifest hash, code version and the sha256 of every file. It is written to a temporary
+directory and renamed into place, so a crash never leaves a half checkpoint that looks whole.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+import drape
+from drape.checksum import sha256_file
+from drape.model import TryOnTransformer
+
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, incomplete or does not match its manifest."""
+
+
+def code_version() -> str:
+    """drape's version plus the git commit when run from a checkout."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                                capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return f"{drape.__version__}+{commit}" if commit else drape.__version__
+
+
+def _optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for index, name in enumerate(names):
+        for field, value in optimizer.state_dict()["state"].get(index, {}).items():
+            tensors[f"{name}/{field}"] = torch.as_tensor(value).clone().contiguous()
+    return tensors
+
+
+def _restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
+    state = optimizer.state_dict()
+    state["state"] = {}
+    for index, name in enumerate(names):
+        fields = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.split("/", 1)[0] == name}
+        if fields:
+            state["state"][index] = fields
+    optimizer.load_state_dict(state)
+
+
+def save_checkpoint(path: str | Path, *, model: TryOnTransformer, optimizer: torch.optim.Optimizer | None,
+                    trainable_names: list[str], ema: dict[str, torch.Tensor] | None, manifest: dict) -> Path:
+    """Write a complete checkpoint at `path` atomically; returns `path`."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    model.save_pretrained(temporary / "model", safe_serialization=True)
+    if optimizer is not None:
+        save_file(_optimizer_tensors(optimizer, trainable_names), str(temporary / "optimizer.safetensors"))
+    if ema is not None:
+        save_file({k: v.contiguous() for k, v in ema.items()}, str(temporary / "ema.safetensors"))
+    files = {str(p.relative_to(temporary)): sha256_file(p) for p in sorted(temporary.rglob("*")) if p.is_file()}
+    full = {**manifest, "trainable": trainable_names, "code_version": code_version(), "files": files}
+    (temporary / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(temporary, path)
+    return path
+
+
+def read_manifest(path: str | Path) -> dict:
+    manifest_path = Path(path) / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete or not a checkpoint)")
+    return json.loads(manifest_path.read_text())
+
+
+def verify_checkpoint(path: str | Path) -> dict:
+    """Check every file against the manifest's sha256; returns the manifest."""
+    manifest = read_manifest(path)
+    for name, digest in manifest["files"].items():
+        file = Path(path) / name
+        if not file.is_file():
+            raise CheckpointError(f"checkpoint {path}: {name} listed in the manifest is missing")
+        if sha256_file(file) != digest:
+            raise CheckpointError(f"checkpoint {path}: {name} does not match its sha256 in the manifest")
+    return manifest
+
+
+def load_model(path: str | Path) -> TryOnTransformer:
+    """The model weights of a verified checkpoint (safetensors only)."""
+    verify_checkpoint(path)
+    return TryOnTransformer.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
+
+
+def load_training_state(path: str | Path, optimizer: torch.optim.Optimizer, trainable_names: list[str]) -> dict | None:
+    """Restore optimizer moments in place; returns EMA tensors if the checkpoint has them."""
+    path = Path(path)
+    if (path / "optimizer.safetensors").is_file():
+        _restore_optimizer(optimizer, trainable_names, load_file(str(path / "optimizer.safetensors")))
+    return load_file(str(path / "ema.safetensors")) if (path / "ema.safetensors").is_file() else None
+
+
+def list_checkpoints(directory: str | Path) -> list[Path]:
+    """Complete checkpoints (with a manifest) under `directory`, oldest step first."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [p for p in directory.glob("step-*") if (p / MANIFEST).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}"

@@ -1,0 +1,151 @@
+"""The `drape` command: the composition root (it alone in drape/ may reach the flows).
+
+    drape demo                      the whole pipeline on the embedded demo config
+    drape run --config FILE         the staged-training flow on any config
+    drape data synth                generate the synthetic dataset as stage shards
+    drape train --config FILE --stage S   one stage, no orchestrator
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from drape.config import ConfigError, default_config_path, load_config
+
+app = typer.Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
+data_app = typer.Typer(help="Datasets: synthesize and shard.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+console = Console()
+
+ConfigOption = typer.Option(None, "--config", "-c", help="pipeline config YAML (default: configs/demo.yaml)")
+
+
+def _load(config: Optional[Path]):
+    try:
+        return load_config(config or default_config_path())
+    except ConfigError as error:
+        console.print(f"[red]config error[/red]\n{error}")
+        raise typer.Exit(2) from None
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(), console=console)
+
+
+def _human(num_bytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if abs(num_bytes) < 1024 or unit == "TB":
+            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
+        num_bytes /= 1024
+    return str(num_bytes)
+
+
+def _check_cell(check: dict) -> str:
+    threshold = "unset" if check["threshold"] is None else f"{check['threshold']:.2f}"
+    colour = "green" if check["passed"] else "red"
+    return f"[{colour}]{check['value']:.3f}[/{colour}] ≥ {threshold}"
+
+
+def print_summary(summary: dict, wall_seconds: float | None = None) -> None:
+    """The end-of-run table and where to look next."""
+    table = Table(title=f"drape run {summary['run_name']}", show_lines=False)
+    for column in ("stage", "steps", "final loss", "train s", "data wait", "identity", "texture", "coherence", "verdict",
+                   "snapshot", "archived", "live left"):
+        table.add_column(column, justify="right" if column not in ("stage", "verdict") else "left")
+    for row in summary["stages"]:
+        checks = row["checks"]
+        table.add_row(row["stage"], str(row["steps"]), f"{row['final_loss']:.4f}", f"{row['train_seconds']:.1f}",
+                      f"{100 * row['data_wait_fraction']:.2f}%", *(_check_cell(checks[name]) for name in ("identity", "texture", "coherence")),
+                      "[green]pass[/green]" if row["verdict"] == "pass" else "[red]FAIL[/red]", f"v{row['version']}",
+                      _human(row["archived_bytes"]), _human(row["live_bytes"]))
+    console.print(table)
+    uri = summary["tracking_uri"]
+    lines = [f"MLflow tracking URI: {uri}", f"  browse it: mlflow ui --backend-store-uri {uri}",
+             f"Object store: {summary['object_store']}", f"Gate reports: {summary['gate_reports']}",
+             f"Live storage left: {_human(summary['live_bytes'])}"]
+    if wall_seconds is not None:
+        lines.append(f"Wall time: {wall_seconds:.0f} s")
+    console.print(Panel("\n".join(lines), title="where to look"))
+
+
+def _run_flow(config_path: Path, mode: str, run_name: Optional[str]) -> None:
+    import time
+
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    _load(config_path)  # fail fast with a readable message before Prefect starts
+    from drape.pipeline import GateFailed
+    from flows.staged_training import staged_training
+
+    started = time.perf_counter()
+    try:
+        summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name)
+    except GateFailed as error:
+        console.print(f"[red bold]run stopped:[/red bold] {error}")
+        raise typer.Exit(1) from None
+    print_summary(summary, time.perf_counter() - started)
+
+
+@app.command()
+def demo(run_name: Optional[str] = typer.Option(None, help="flow run name")) -> None:
+    """Run the whole pipeline on the embedded demo config (CPU, a few minutes)."""
+    _run_flow(default_config_path(), "full", run_name)
+
+
+@app.command()
+def run(config: Path = typer.Option(..., "--config", "-c", help="pipeline config YAML"),
+        mode: str = typer.Option("full", help="full: each stage's steps; finetune: fine-tune passes from the baselines"),
+        run_name: Optional[str] = typer.Option(None, help="flow run name")) -> None:
+    """Run the staged-training flow on CONFIG."""
+    if mode not in ("full", "finetune"):
+        console.print(f"[red]--mode must be 'full' or 'finetune', got {mode!r}[/red]")
+        raise typer.Exit(2)
+    _run_flow(config, mode, run_name)
+
+
+@data_app.command("synth")
+def data_synth(config: Optional[Path] = ConfigOption,
+               out: Optional[Path] = typer.Option(None, help="write shards to this local directory instead of the object store")) -> None:
+    """Generate the synthetic try-on dataset as stage shards plus the control set."""
+    from drape.data.dataset import build_dataset, dataset_prefix, ensure_dataset
+    from drape.storage import ObjectStore
+
+    cfg = _load(config)
+    sizes = {**cfg.data.samples_per_stage, "control": cfg.data.control_samples}
+    with _progress() as progress:
+        bars = {split: progress.add_task(f"synth {split}", total=count) for split, count in sizes.items()}
+        advance = lambda split, n: progress.advance(bars[split], n)  # noqa: E731
+        if out is not None:
+            manifest = build_dataset(cfg, out, advance)
+            where = str(out)
+        else:
+            store = ObjectStore(cfg.object_store_url)
+            manifest = ensure_dataset(cfg, store, advance)
+            where = f"{store!r} {dataset_prefix(cfg)}"
+    shards = sum(len(s) for s in manifest["splits"].values())
+    console.print(f"dataset {manifest['name']}/{manifest['version']}: {shards} shards, control set {manifest['control_set']} → {where}")
+
+
+@app.command()
+def train(config: Optional[Path] = ConfigOption, stage: str = typer.Option(..., help="identity|texture|geometry|denoise"),
+          init: Optional[Path] = typer.Option(None, help="checkpoint to start from"),
+          out: Optional[Path] = typer.Option(None, help="stage directory for checkpoints")) -> None:
+    """Train one stage without an orchestrator (same code path as the flow's train task)."""
+    from drape import train as trainer
+
+    args = ["--config", str(config or default_config_path()), "--stage", stage]
+    args += ["--init", str(init)] if init else []
+    args += ["--out", str(out)] if out else []
+    raise typer.Exit(trainer.main(args))
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    sys.exit(app())

@@ -1,0 +1,286 @@
+"""Typed pipeline configuration, validated once at the edge.
+
+A YAML file fills `PipelineConfig`; one pydantic model per component, nested. Unknown keys
+are errors (a typo must not silently fall back to a default), and every failure names the
+file, the field and the reason, e.g. ``configs/demo.yaml: train.stages.texture.steps: Input
+should be greater than 0 (got -5)``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from drape import ARTIFACT_KINDS, REGISTERED_MODEL, STAGES
+
+Stage = Literal["identity", "texture", "geometry", "denoise"]
+
+
+class ConfigError(ValueError):
+    """A config file that cannot be used; the message names the file, field and reason."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsConfig(_Strict):
+    root: str = ".drape"
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root)
+
+
+class StorageConfig(_Strict):
+    object_store_url: str | None = Field(
+        default=None, description="fsspec URL; default file://<root>/objects"
+    )
+    live_budget_bytes: int | None = Field(default=None, gt=0)
+
+
+class TrackingConfig(_Strict):
+    uri: str | None = Field(default=None, description="MLflow URI; default sqlite:///<root>/mlflow.db")
+    artifact_root: str | None = None
+    experiment: str = "drape"
+    registered_model: str = REGISTERED_MODEL
+
+
+class DataConfig(_Strict):
+    name: str = "synth-tryon"
+    version: str = "v1"
+    resolution: int = Field(default=64, ge=32, le=2048)
+    num_identities: int = Field(default=24, gt=0)
+    num_garments: int = Field(default=48, gt=0)
+    samples_per_stage: dict[Stage, int] = Field(
+        default_factory=lambda: {stage: 96 for stage in STAGES}
+    )
+    control_samples: int = Field(default=16, gt=0)
+    shard_max_samples: int = Field(default=64, gt=0)
+
+    @model_validator(mode="after")
+    def _every_stage_has_samples(self) -> "DataConfig":
+        missing = [stage for stage in STAGES if self.samples_per_stage.get(stage, 0) <= 0]
+        if missing:
+            raise ValueError(f"samples_per_stage needs a positive count for {missing}")
+        return self
+
+
+class ModelConfig(_Strict):
+    patch_size: int = Field(default=4, gt=0)
+    num_layers: int = Field(default=2, gt=0)
+    num_attention_heads: int = Field(default=4, gt=0)
+    attention_head_dim: int = Field(default=32, gt=0)
+    garment_patch_size: int = Field(default=8, gt=0)
+    pose_channels: int = Field(default=3, gt=0)
+
+
+class DiffusionConfig(_Strict):
+    num_train_timesteps: int = Field(default=1000, gt=0)
+    prediction_type: Literal["sample", "epsilon", "v_prediction"] = "sample"
+    beta_schedule: Literal["linear", "scaled_linear", "squaredcos_cap_v2"] = "squaredcos_cap_v2"
+    sampling_steps: int = Field(default=10, gt=0)
+
+
+class StageTrainConfig(_Strict):
+    steps: int = Field(gt=0, description="steps of this stage in a full run")
+    finetune_steps: int = Field(default=550, gt=0, description="steps of a fine-tune pass")
+    trainable: list[str] = Field(min_length=1, description="glob patterns over parameter names")
+    lr: float | None = Field(default=None, gt=0)
+
+
+class EmaConfig(_Strict):
+    enabled: bool = False
+    decay: float = Field(default=0.999, gt=0, lt=1)
+
+
+class TrainConfig(_Strict):
+    batch_size: int = Field(default=16, gt=0)
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    ema: EmaConfig = EmaConfig()
+    checkpoint_every: int = Field(default=50, gt=0)
+    log_every: int = Field(default=10, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    stages: dict[Stage, StageTrainConfig]
+
+    @model_validator(mode="after")
+    def _all_stages_configured(self) -> "TrainConfig":
+        missing = [stage for stage in STAGES if stage not in self.stages]
+        if missing:
+            raise ValueError(f"stages must configure every stage; missing {missing}")
+        return self
+
+
+Threshold = float | dict[Stage, float] | None  # one value for every stage, or one per stage
+
+
+def _threshold_for(threshold: Threshold, stage: str) -> float | None:
+    return threshold.get(stage) if isinstance(threshold, dict) else threshold
+
+
+class IdentityGateConfig(_Strict):
+    embedder: Literal["pixel", "onnx"] = "pixel"
+    onnx_model_path: str | None = None
+    min_similarity: Threshold = None
+
+    @model_validator(mode="after")
+    def _onnx_needs_path(self) -> "IdentityGateConfig":
+        if self.embedder == "onnx" and not self.onnx_model_path:
+            raise ValueError("embedder 'onnx' needs onnx_model_path")
+        return self
+
+
+class TextureGateConfig(_Strict):
+    min_fidelity: Threshold = None
+    max_shift_pixels: int = Field(default=2, ge=0)
+
+
+class CoherenceGateConfig(_Strict):
+    min_score: Threshold = None
+
+
+class GatesConfig(_Strict):
+    identity: IdentityGateConfig = IdentityGateConfig()
+    texture: TextureGateConfig = TextureGateConfig()
+    coherence: CoherenceGateConfig = CoherenceGateConfig()
+    sample_seed: int = 1234
+    grid_samples: int = Field(default=8, gt=0)
+
+    def thresholds(self, stage: str) -> dict[str, float | None]:
+        """Each check's threshold at `stage` (None: not configured, which blocks promotion)."""
+        return {"identity": _threshold_for(self.identity.min_similarity, stage),
+                "texture": _threshold_for(self.texture.min_fidelity, stage),
+                "coherence": _threshold_for(self.coherence.min_score, stage)}
+
+
+class RetentionRule(_Strict):
+    archive: bool = True
+    lifetime_days: int | None = Field(default=None, gt=0, description="None: keep forever")
+    storage_class: str = "STANDARD"
+
+
+class RetentionConfig(_Strict):
+    """Object-store lifetimes per artifact kind; failed candidates get `failed_lifetime_days`."""
+
+    rules: dict[str, RetentionRule] = Field(
+        default_factory=lambda: {kind: RetentionRule() for kind in ARTIFACT_KINDS}
+    )
+    failed_lifetime_days: int = Field(default=7, gt=0)
+
+    @model_validator(mode="after")
+    def _known_kinds(self) -> "RetentionConfig":
+        unknown = sorted(set(self.rules) - set(ARTIFACT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown artifact kinds {unknown}; expected some of {list(ARTIFACT_KINDS)}")
+        return self
+
+    def rule_for(self, kind: str) -> RetentionRule:
+        return self.rules.get(kind, RetentionRule())
+
+
+class AlertsConfig(_Strict):
+    slack_webhook_env: str = Field(
+        default="DRAPE_SLACK_WEBHOOK_URL",
+        description="name of the environment variable holding the webhook; never the URL itself",
+    )
+
+    @model_validator(mode="after")
+    def _no_inline_secret(self) -> "AlertsConfig":
+        if "://" in self.slack_webhook_env:
+            raise ValueError("slack_webhook_env names an environment variable, not the webhook URL")
+        return self
+
+
+class PipelineConfig(_Strict):
+    name: str = "demo"
+    seed: int = 0
+    paths: PathsConfig = PathsConfig()
+    storage: StorageConfig = StorageConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    diffusion: DiffusionConfig = DiffusionConfig()
+    train: TrainConfig
+    gates: GatesConfig = GatesConfig()
+    retention: RetentionConfig = RetentionConfig()
+    alerts: AlertsConfig = AlertsConfig()
+
+    @model_validator(mode="after")
+    def _patch_divides_resolution(self) -> "PipelineConfig":
+        for field, patch in (("patch_size", self.model.patch_size), ("garment_patch_size", self.model.garment_patch_size)):
+            if self.data.resolution % patch:
+                raise ValueError(f"model.{field} {patch} must divide data.resolution {self.data.resolution}")
+        return self
+
+    @property
+    def object_store_url(self) -> str:
+        return self.storage.object_store_url or f"file://{self.paths.root_path.resolve()}/objects"
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.tracking.uri or f"sqlite:///{self.paths.root_path.resolve()}/mlflow.db"
+
+    @property
+    def artifact_root(self) -> str:
+        return self.tracking.artifact_root or str(self.paths.root_path.resolve() / "mlartifacts")
+
+
+def trainable_parameter_names(patterns: list[str], names: list[str]) -> list[str]:
+    """Parameter names matched by any glob pattern (``*`` matches everything)."""
+    return [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
+
+
+def _format_errors(source: str, error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "<top level>"
+        got = f" (got {item['input']!r})" if item["type"] not in ("missing",) and not isinstance(item["input"], dict) else ""
+        lines.append(f"{source}: {field}: {item['msg']}{got}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, source: str = "<config>") -> PipelineConfig:
+    """Validate a mapping into a PipelineConfig; errors name `source`, the field and the reason."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_errors(source, error)) from None
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
+    """Load and validate a YAML pipeline config; `overrides` are deep-merged on top."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if overrides:
+        data = deep_merge(data, overrides)
+    return parse_config(data, str(path))
+
+
+def deep_merge(base: dict, overrides: dict) -> dict:
+    """A new dict: `overrides` merged into `base`, recursing into nested mappings."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def default_config_path() -> Path:
+    """The embedded demo config shipped in the repository's configs/ folder."""
+    return Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"

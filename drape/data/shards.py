@@ -1,0 +1,153 @@
+"""WebDataset-style tar shards with a sha256 on every shard.
+
+A shard is a plain tar of members named ``<key>.<field>.png`` and ``<key>.json``; samples are
+grouped by key in order. `ShardWriter` is keyword-only, writes each shard to a temporary name,
+hashes it and only then renames it into place, so a reader never sees half a shard. The reader
+verifies the hash before it decodes anything and names the shard in every error.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import tarfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from PIL import Image
+
+from drape.checksum import sha256_file
+
+IMAGE_FIELDS = ("target", "agnostic", "mask", "pose", "garment", "garment_mask")
+
+
+class ShardError(ValueError):
+    """A shard that is missing, corrupt, truncated or malformed; names the shard."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    path: str  # relative to the dataset root
+    samples: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _png_bytes(image: Image.Image) -> bytes:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = len(payload), 0, 0o644
+    tar.addfile(info, io.BytesIO(payload))
+
+
+class ShardWriter:
+    """Writes samples into ``<out_dir>/<prefix>-NNNNN.tar`` shards of at most `max_samples`."""
+
+    def __init__(self, *, out_dir: str | Path, root: str | Path, prefix: str = "shard", max_samples: int = 64):
+        self.out_dir, self.root = Path(out_dir), Path(root)
+        self.prefix, self.max_samples = prefix, max_samples
+        self.shards: list[ShardInfo] = []
+        self._tar: tarfile.TarFile | None = None
+        self._count = 0
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+
+    def _final_path(self) -> Path:
+        return self.out_dir / f"{self.prefix}-{len(self.shards):05d}.tar"
+
+    def write(self, sample) -> None:
+        """Add one `drape.data.synth.Sample` (or anything with .key, the image fields and .meta)."""
+        if self._tar is None:
+            self._tar = tarfile.open(self._final_path().with_suffix(".tar.tmp"), "w")
+        for field in IMAGE_FIELDS:
+            _add_member(self._tar, f"{sample.key}.{field}.png", _png_bytes(getattr(sample, field)))
+        _add_member(self._tar, f"{sample.key}.json", json.dumps(sample.meta, sort_keys=True).encode())
+        self._count += 1
+        if self._count >= self.max_samples:
+            self._finish_shard()
+
+    def _finish_shard(self) -> None:
+        self._tar.close()
+        final = self._final_path()
+        temporary = final.with_suffix(".tar.tmp")
+        with open(temporary, "rb") as handle:
+            os.fsync(handle.fileno())
+        info = ShardInfo(str(final.relative_to(self.root)), self._count, temporary.stat().st_size, sha256_file(temporary))
+        os.replace(temporary, final)
+        self.shards.append(info)
+        self._tar, self._count = None, 0
+
+    def close(self) -> list[ShardInfo]:
+        """Finish the open shard; returns every shard written."""
+        if self._tar is not None:
+            self._finish_shard()
+        return self.shards
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is None:
+            self.close()
+        elif self._tar is not None:
+            self._tar.close()
+            self._final_path().with_suffix(".tar.tmp").unlink(missing_ok=True)
+
+
+def verify_shard(path: str | Path, *, sha256: str, size: int | None = None) -> None:
+    """Raise ShardError unless the file exists with the expected size and sha256."""
+    path = Path(path)
+    if not path.is_file():
+        raise ShardError(f"shard {path}: missing")
+    if size is not None and path.stat().st_size != size:
+        raise ShardError(f"shard {path}: expected {size} bytes, found {path.stat().st_size} (truncated or replaced?)")
+    actual = sha256_file(path)
+    if actual != sha256:
+        raise ShardError(f"shard {path}: sha256 mismatch: manifest says {sha256}, file has {actual}")
+
+
+def _decode_member(shard: Path, name: str, payload: bytes):
+    try:
+        if name.endswith(".json"):
+            return json.loads(payload)
+        with Image.open(io.BytesIO(payload)) as image:
+            return np.asarray(image.convert("L" if "mask" in name else "RGB"))
+    except Exception as error:  # any decoder failure is the shard's fault
+        raise ShardError(f"shard {shard}: member {name!r} cannot be decoded: {error}") from None
+
+
+def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None = None) -> Iterator[dict]:
+    """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given."""
+    path = Path(path)
+    if sha256 is not None:
+        verify_shard(path, sha256=sha256, size=size)
+    samples: dict[str, dict] = {}
+    order: list[str] = []
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                if not member.isfile() or "/" in member.name or member.name.startswith("."):
+                    raise ShardError(f"shard {path}: unexpected member {member.name!r} (expected flat files)")
+                key, _, field = member.name.partition(".")
+                payload = tar.extractfile(member).read()
+                if key not in samples:
+                    samples[key], order = {"key": key}, order + [key]
+                value = _decode_member(path, member.name, payload)
+                samples[key]["meta" if field == "json" else field.removesuffix(".png")] = value
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ShardError(f"shard {path}: not a readable tar ({error})") from None
+    for key in order:
+        missing = [f for f in (*IMAGE_FIELDS, "meta") if f not in samples[key]]
+        if missing:
+            raise ShardError(f"shard {path}: sample {key!r} lacks {missing}")
+        yield samples[key]

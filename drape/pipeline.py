@@ -1,0 +1,242 @@
+"""The stage operations a pipeline run is made of, one function per box of the DAG.
+
+Each is one call for a Prefect task (`tasks/`), and runs just as well without Prefect. Live
+storage (``<root>/live``) holds::
+
+    runs/<run id>/<stage>/checkpoints/step-N    the active run's candidate checkpoints
+    runs/<run id>/<stage>/gate/                 outputs, latents, report.json, grid.png
+    baselines/<stage>/                          the current baseline: checkpoint/, outputs/, baseline.json
+    shards/<split>/                             pre-staged shards of the stage in progress or next
+
+Invariant after every archive: only the active run's newest checkpoint, the current baselines
+(with the control set they were judged on) and the shards of the stage in progress or next.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from drape import STAGES
+from drape.alerts import gate_failure_message, send_slack
+from drape.config import PipelineConfig
+from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
+from drape.data.shards import verify_shard
+from drape.gates import GateReport
+from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
+from drape.storage import ObjectStore, remove_tree, tree_bytes
+from drape.tracking import Tracker
+from drape.train import TrainResult, train_stage
+from drape.validate import evaluate_gate
+
+
+class GateFailed(RuntimeError):
+    """A candidate missed its gate; the message names stage, check, value and threshold."""
+
+
+@dataclass(frozen=True)
+class RunContext:
+    run_id: str
+    run_name: str
+    mode: str
+    live_root: str
+    mlflow_run_id: str
+    stage_run_ids: dict[str, str]
+    dataset_prefix: str
+    data_manifest_hash: str
+    control_set: str
+
+    def stage_dir(self, stage: str) -> Path:
+        return Path(self.live_root) / "runs" / self.run_id / stage
+
+    @property
+    def shards_dir(self) -> Path:
+        return Path(self.live_root) / "shards"
+
+    def baseline_dir(self, stage: str) -> Path:
+        return Path(self.live_root) / "baselines" / stage
+
+
+def live_root(config: PipelineConfig) -> Path:
+    return config.paths.root_path.resolve() / "live"
+
+
+def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str = "full", progress=None) -> RunContext:
+    """Create the run: dataset ready in the object store, MLflow runs open, control set staged."""
+    store, tracker = ObjectStore(config.object_store_url), Tracker(config)
+    manifest = ensure_dataset(config, store, progress)
+    run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    run_name = run_name or f"{config.name}-{mode}-{run_id}"
+    tags = {"drape.run_id": run_id, "drape.config": config.name, "drape.mode": mode}
+    parent = tracker.start_run(run_name, tags)
+    tracker.log_params(parent, {"config": json.dumps(config.model_dump(mode="json"), sort_keys=True), "mode": mode})
+    children = {stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES}
+    context = RunContext(run_id, run_name, mode, str(live_root(config)), parent, children, dataset_prefix(config),
+                         manifest_hash(manifest), manifest["control_set"])
+    stage_split(store, context.dataset_prefix, manifest, "control", context.shards_dir)
+    return context
+
+
+def _manifest(config: PipelineConfig, context: RunContext) -> dict:
+    return json.loads(ObjectStore(config.object_store_url).read_bytes(f"{context.dataset_prefix}/manifest.json"))
+
+
+def prestage(config: PipelineConfig, context: RunContext, stage: str) -> dict:
+    """Copy `stage`'s shards into the live shard cache, verified; returns what was staged."""
+    store = ObjectStore(config.object_store_url)
+    paths = stage_split(store, context.dataset_prefix, _manifest(config, context), stage, context.shards_dir)
+    return {"stage": stage, "shards": len(paths), "bytes": sum(p.stat().st_size for p in paths)}
+
+
+def previous_checkpoint(context: RunContext, stage: str) -> str | None:
+    """Where `stage` starts: fine-tunes from its own baseline; a full run from the previous stage's baseline."""
+    index = STAGES.index(stage)
+    source = stage if context.mode == "finetune" else (STAGES[index - 1] if index else None)
+    if source is None:
+        return None
+    checkpoint = context.baseline_dir(source) / "checkpoint"
+    return str(checkpoint) if checkpoint.is_dir() else None
+
+
+def train(config: PipelineConfig, context: RunContext, stage: str, init_checkpoint: str | None, progress=None) -> TrainResult:
+    """Train the stage's parameter subset on its pre-staged shards; logs to the stage's MLflow run."""
+    tracker, run = Tracker(config), context.stage_run_ids[stage]
+    data = load_split(context.shards_dir, _manifest(config, context), stage)
+    sink = lambda metrics, step: tracker.log_metrics(run, metrics, step)  # noqa: E731
+    result = train_stage(config, stage=stage, data=data, out_dir=context.stage_dir(stage), init_checkpoint=init_checkpoint,
+                         mode=context.mode, data_manifest_hash=context.data_manifest_hash, log_metrics=sink, progress=progress)
+    tracker.log_metrics(run, {f"{stage}/train_seconds": result.train_seconds, f"{stage}/data_wait_fraction": result.data_wait_fraction,
+                              f"{stage}/final_loss": result.final_loss}, result.steps)
+    return result
+
+
+def _baseline(config: PipelineConfig, context: RunContext, stage: str, tracker: Tracker) -> tuple[dict | None, Path | None]:
+    """The stage baseline's version info and a local directory with its control outputs."""
+    version = tracker.get_baseline(stage)
+    if version is None:
+        return None, None
+    info = {"version": str(version.version), "run_id": version.tags.get("drape.run_id", ""),
+            "control_set": version.tags.get("drape.control_set", "")}
+    if info["control_set"] != context.control_set:
+        raise ValueError(f"stage {stage}: baseline v{info['version']} was judged on control set {info['control_set']!r}, "
+                         f"this run uses {context.control_set!r}; outputs on different control sets cannot be compared")
+    local = context.baseline_dir(stage)
+    recorded = json.loads((local / "baseline.json").read_text()) if (local / "baseline.json").is_file() else {}
+    if recorded.get("version") == info["version"] and (local / "outputs").is_dir():
+        return info, local / "outputs"
+    cache = Path(context.live_root) / "runs" / context.run_id / stage / "baseline-download"
+    return info, tracker.download(f"{version.source}/outputs", cache)
+
+
+def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str) -> GateReport:
+    """Judge the candidate on the control set vs thresholds and the stage baseline; log the report."""
+    tracker, run = Tracker(config), context.stage_run_ids[stage]
+    control = load_split(context.shards_dir, _manifest(config, context), "control")
+    baseline, baseline_outputs = _baseline(config, context, stage, tracker)
+    gate_dir = context.stage_dir(stage) / "gate"
+    report = evaluate_gate(config, stage=stage, run_id=context.run_id, checkpoint=checkpoint, control=control,
+                           control_set=context.control_set, gate_dir=gate_dir, baseline=baseline,
+                           baseline_outputs_dir=baseline_outputs)
+    remove_tree(context.stage_dir(stage) / "baseline-download")
+    tracker.log_metrics(run, {f"gate.{stage}.{name}": check.mean for name, check in report.checks.items()})
+    tracker.set_tags(run, {"drape.gate.verdict": "pass" if report.passed else "fail"})
+    tracker.log_artifact(run, gate_dir / "report.json", "gate")
+    tracker.log_artifact(run, gate_dir / "grid.png", "gate")
+    return report
+
+
+def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
+    """Register the passed checkpoint as `drape-tryon` ``<stage>-baseline`` and make it the live baseline."""
+    tracker, run = Tracker(config), context.stage_run_ids[stage]
+    gate_dir = context.stage_dir(stage) / "gate"
+    tracker.log_artifacts(run, checkpoint, "snapshot/checkpoint")
+    source = tracker.log_artifacts(run, gate_dir / "outputs", "snapshot/outputs").removesuffix("/outputs")
+    tags = {"drape.stage": stage, "drape.run_id": context.run_id, "drape.control_set": context.control_set,
+            **{f"drape.gate.{name}": f"{check.mean:.6f}" for name, check in report.checks.items()}}
+    version = tracker.register_baseline(run, source, stage, tags)
+    staging = context.baseline_dir(stage).with_name(f".{stage}.tmp")
+    remove_tree(staging)
+    staging.mkdir(parents=True)
+    os.replace(checkpoint, staging / "checkpoint")
+    shutil.copytree(gate_dir / "outputs", staging / "outputs")
+    (staging / "baseline.json").write_text(json.dumps({"version": version, "run_id": context.run_id, "stage": stage,
+                                                      "control_set": context.control_set}))
+    current = context.baseline_dir(stage)
+    if current.exists():
+        os.replace(current, context.stage_dir(stage) / "superseded-baseline")
+    os.replace(staging, current)
+    return {"stage": stage, "version": version, "alias": f"{stage}-baseline", "checkpoint": str(current / "checkpoint")}
+
+
+def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = "passed") -> dict:
+    """Archive the stage's leftovers (verified), free them, and drop its pre-staged shards."""
+    store, root = ObjectStore(config.object_store_url), Path(context.live_root)
+    live_before = tree_bytes(root)
+    actions = plan_retention(classify_stage_dir(context.stage_dir(stage), outcome), config.retention,
+                             key_root=f"runs/{context.run_id}/{stage}")
+    result: ArchiveResult = execute_plan(actions, store, f"archive/manifests/{context.run_id}/{stage}.jsonl",
+                                         run_id=context.run_id, stage=stage)
+    manifest = _manifest(config, context)
+    for shard in manifest["splits"][stage]:  # the object store holds the verified original
+        store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
+    remove_tree(context.shards_dir / stage)
+    _remove_empty(context.stage_dir(stage))
+    Tracker(config).log_metrics(context.stage_run_ids[stage], {f"{stage}/archived_bytes": result.archived_bytes,
+                                                               f"{stage}/live_bytes": tree_bytes(root)})
+    return {**result.to_dict(), "stage": stage, "live_bytes_before": live_before, "live_bytes_after": tree_bytes(root)}
+
+
+def _remove_empty(directory: Path) -> None:
+    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if directory.exists() else []:
+        if not any(path.iterdir()):
+            path.rmdir()
+    if directory.exists() and not any(directory.iterdir()):
+        directory.rmdir()
+
+
+def reject(config: PipelineConfig, context: RunContext, stage: str, report: GateReport) -> str:
+    """A failed gate: archive the candidate with the short lifetime, alert Slack, close the runs."""
+    archive(config, context, stage, outcome="failed_candidate")
+    failures = report.failures()
+    message = f"gate failed at stage {stage}: " + "; ".join(failures)
+    location = f"runs/{context.run_id}/{stage}/gate/report.json in {ObjectStore(config.object_store_url)!r}"
+    try:
+        sent = send_slack(config.alerts, gate_failure_message(stage, context.run_name, failures, location))
+    except RuntimeError as error:
+        sent, message = False, f"{message} (Slack alert failed: {error})"
+    close_run(config, context, "FAILED")
+    return message + ("" if sent else f" (no Slack alert: ${config.alerts.slack_webhook_env} not set)")
+
+
+def close_run(config: PipelineConfig, context: RunContext, status: str) -> None:
+    tracker = Tracker(config)
+    for run in context.stage_run_ids.values():
+        tracker.end_run(run, status)
+    tracker.end_run(context.mlflow_run_id, status)
+    _remove_empty(Path(context.live_root) / "runs" / context.run_id)
+
+
+def summarize(config: PipelineConfig, context: RunContext, stages: list[dict]) -> dict:
+    """The run summary the CLI prints: one row per stage plus where to look."""
+    close_run(config, context, "FINISHED")
+    return {"run_id": context.run_id, "run_name": context.run_name, "stages": stages,
+            "live_bytes": tree_bytes(context.live_root), "tracking_uri": config.tracking_uri,
+            "object_store": repr(ObjectStore(config.object_store_url)),
+            "gate_reports": f"runs/{context.run_id}/<stage>/gate/report.json in the object store; MLflow run {context.mlflow_run_id}"}
+
+
+def stage_row(train_result: TrainResult, report: GateReport, snap: dict, archived: dict) -> dict:
+    return {"stage": train_result.stage, "steps": train_result.steps, "final_loss": train_result.final_loss,
+            "train_seconds": train_result.train_seconds, "data_wait_fraction": train_result.data_wait_fraction,
+            "checks": {n: {"value": c.mean, "threshold": c.threshold, "passed": c.passed} for n, c in report.checks.items()},
+            "verdict": "pass" if report.passed else "fail", "version": snap["version"],
+            "archived_bytes": archived["archived_bytes"], "live_bytes": archived["live_bytes_after"]}
+
+
+def context_dict(context: RunContext) -> dict:
+    return asdict(context)

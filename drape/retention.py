@@ -1,0 +1,124 @@
+"""Retention: move what neither the active run nor a current baseline needs to the object store.
+
+`plan_retention` is pure: from the artifacts found in a finished stage's live directory and the
+policy it decides, per artifact, the object key, lifetime and storage class. `execute_plan`
+uploads each artifact, verifies the copy by reading it back (size + sha256), and only then frees
+the live copy; every archived file is recorded in an append-only JSON-lines manifest object
+(one object per archive call, never rewritten).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from drape.config import RetentionConfig
+from drape.storage import ObjectStore, remove_tree
+
+OUTCOMES = ("baseline", "superseded_baseline", "passed", "failed_candidate", "aborted")
+
+
+@dataclass(frozen=True)
+class LiveArtifact:
+    path: str  # file or directory in live storage
+    kind: str
+    outcome: str
+    relative: str  # path under the stage directory, used in the object key
+
+
+@dataclass(frozen=True)
+class RetentionAction:
+    artifact: LiveArtifact
+    key_prefix: str
+    lifetime_days: int | None
+    storage_class: str
+    free_live: bool
+
+
+def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact]:
+    """Artifacts a stage left in its live directory (checkpoints, gate files, superseded baseline)."""
+    stage_dir, found = Path(stage_dir), []
+    kinds = {"checkpoints": "checkpoint", "gate/outputs": "validation_output", "gate/latents.safetensors": "latent_snapshot",
+             "gate/report.json": "gate_report", "gate/grid.png": "validation_output"}
+    for relative, kind in kinds.items():
+        path = stage_dir / relative
+        if path.exists():
+            found.append(LiveArtifact(str(path), kind, outcome, relative))
+    superseded = stage_dir / "superseded-baseline"
+    if superseded.exists():
+        for child in sorted(superseded.iterdir()):
+            kind = "checkpoint" if child.name == "checkpoint" else "validation_output"
+            found.append(LiveArtifact(str(child), kind, "superseded_baseline", f"superseded-baseline/{child.name}"))
+    return found
+
+
+def plan_retention(artifacts: list[LiveArtifact], policy: RetentionConfig, *, key_root: str) -> list[RetentionAction]:
+    """One action per artifact: archive under `key_root`, with the policy's lifetime and class."""
+    actions = []
+    for artifact in artifacts:
+        rule = policy.rule_for(artifact.kind)
+        lifetime = policy.failed_lifetime_days if artifact.outcome in ("failed_candidate", "aborted") else rule.lifetime_days
+        actions.append(RetentionAction(artifact, f"{key_root}/{artifact.relative}", lifetime, rule.storage_class,
+                                       free_live=rule.archive))
+    return actions
+
+
+def _files(path: Path) -> list[tuple[Path, str]]:
+    if path.is_file():
+        return [(path, "")]
+    return [(p, str(p.relative_to(path))) for p in sorted(path.rglob("*")) if p.is_file()]
+
+
+@dataclass
+class ArchiveResult:
+    archived_files: int = 0
+    archived_bytes: int = 0
+    freed_bytes: int = 0
+    manifest_key: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_key: str, *, run_id: str, stage: str) -> ArchiveResult:
+    """Upload and verify every file, write the manifest object, then free live copies.
+
+    Re-running after a crash is safe: verified objects are not uploaded again, and live files are
+    only freed once the manifest that records their copies is published.
+    """
+    result, records, now = ArchiveResult(manifest_key=manifest_key), [], datetime.now(timezone.utc)
+    for action in actions:
+        for file, inner in _files(Path(action.artifact.path)):
+            key = f"{action.key_prefix}/{inner}" if inner else action.key_prefix
+            stored = store.put_file(file, key)
+            expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
+            records.append({"key": key, "url": stored.url, "bytes": stored.bytes, "sha256": stored.sha256, "run_id": run_id,
+                            "stage": stage, "kind": action.artifact.kind, "outcome": action.artifact.outcome,
+                            "storage_class": action.storage_class, "archived_at": now.isoformat(), "expires_at": expires})
+            result.archived_files += 1
+            result.archived_bytes += stored.bytes
+    if records:
+        store.put_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode(), manifest_key)
+    for action in actions:
+        if action.free_live:
+            path = Path(action.artifact.path)
+            for file, _ in _files(path):
+                result.freed_bytes += file.stat().st_size
+            remove_tree(path)
+    return result
+
+
+def read_archive_manifest(store: ObjectStore, prefix: str = "archive/manifests") -> list[dict]:
+    """Every record of every archive manifest object under `prefix`."""
+    records = []
+    for key in store.list(prefix):
+        records.extend(json.loads(line) for line in store.read_bytes(key).decode().splitlines() if line.strip())
+    return records
+
+
+def verify_archived(store: ObjectStore, records: list[dict]) -> None:
+    """Read every archived object back and check size and sha256 against its record."""
+    for record in records:
+        store.verify(record["key"], size=record["bytes"], sha256=record["sha256"])

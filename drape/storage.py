@@ -1,0 +1,166 @@
+"""One object-store layer over fsspec: `file://` by default, `s3://` through s3fs.
+
+Every upload goes to a temporary key first and is published only after it was read back and
+its size and sha256 match the local file, so a reader never sees a partial object and nothing
+local is freed before a verified copy exists. Credentials come from the standard chain of the
+backend (for S3: environment, profile, instance role), never from drape's config, and URLs are
+logged without query strings or user info.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import fsspec
+
+from drape.checksum import sha256_file
+
+
+class StorageError(RuntimeError):
+    """An object-store operation that failed; names the object and what was expected."""
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    url: str
+    bytes: int
+    sha256: str
+
+
+def redact_url(url: str) -> str:
+    """The URL without credentials or query string, safe to log."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else url
+
+
+class ObjectStore:
+    """Keys are '/'-separated paths under the store's base URL."""
+
+    def __init__(self, url: str, **storage_options):
+        self.url = url.rstrip("/")
+        self.fs, self.base = fsspec.core.url_to_fs(self.url, **storage_options)
+        self.base = self.base.rstrip("/")
+        if self.fs.protocol in ("file", ("file", "local")) or "file" in self.fs.protocol:
+            os.makedirs(self.base, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"ObjectStore({redact_url(self.url)!r})"
+
+    def path(self, key: str) -> str:
+        return f"{self.base}/{key.lstrip('/')}"
+
+    def key_url(self, key: str) -> str:
+        return f"{self.url}/{key.lstrip('/')}"
+
+    def exists(self, key: str) -> bool:
+        return self.fs.exists(self.path(key))
+
+    def size(self, key: str) -> int:
+        return int(self.fs.size(self.path(key)))
+
+    def sha256(self, key: str) -> str:
+        digest = hashlib.sha256()
+        with self.fs.open(self.path(key), "rb") as handle:
+            while chunk := handle.read(1 << 20):
+                digest.update(chunk)
+        return digest.hexdigest()
+
+    def verify(self, key: str, *, size: int, sha256: str) -> None:
+        """Read the object back; raise StorageError unless size and sha256 match."""
+        if not self.exists(key):
+            raise StorageError(f"{self.key_url(key)}: missing in the object store")
+        actual_size = self.size(key)
+        if actual_size != size:
+            raise StorageError(f"{self.key_url(key)}: expected {size} bytes, the store has {actual_size}")
+        actual = self.sha256(key)
+        if actual != sha256:
+            raise StorageError(f"{self.key_url(key)}: sha256 mismatch: expected {sha256}, the store has {actual}")
+
+    def put_file(self, local: str | Path, key: str) -> StoredObject:
+        """Upload, verify by reading back, publish under `key`. Idempotent for identical content."""
+        local = Path(local)
+        if not local.is_file():
+            raise StorageError(f"{local}: cannot upload, file not found")
+        size, digest = local.stat().st_size, sha256_file(local)
+        if self.exists(key):
+            try:
+                self.verify(key, size=size, sha256=digest)
+                return StoredObject(self.key_url(key), size, digest)
+            except StorageError:
+                pass  # a different or partial object: replace it below
+        temporary = f"{key}.tmp-{uuid.uuid4().hex[:8]}"
+        parent = self.path(temporary).rsplit("/", 1)[0]
+        self.fs.makedirs(parent, exist_ok=True)
+        self.fs.put_file(str(local), self.path(temporary))
+        try:
+            self.verify(temporary, size=size, sha256=digest)
+            self.fs.mv(self.path(temporary), self.path(key))
+        finally:
+            if self.fs.exists(self.path(temporary)):
+                self.fs.rm(self.path(temporary))
+        self.verify(key, size=size, sha256=digest)
+        return StoredObject(self.key_url(key), size, digest)
+
+    def put_bytes(self, payload: bytes, key: str) -> StoredObject:
+        """Write a small object through the same verified path as put_file."""
+        scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"drape-put-{uuid.uuid4().hex}"
+        scratch.write_bytes(payload)
+        try:
+            return self.put_file(scratch, key)
+        finally:
+            scratch.unlink(missing_ok=True)
+
+    def get_file(self, key: str, local: str | Path, *, sha256: str | None = None) -> Path:
+        """Download to a temporary name, verify the hash if given, then rename into place."""
+        local = Path(local)
+        local.parent.mkdir(parents=True, exist_ok=True)
+        temporary = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
+        try:
+            self.fs.get_file(self.path(key), str(temporary))
+        except FileNotFoundError:
+            raise StorageError(f"{self.key_url(key)}: missing in the object store") from None
+        if sha256 is not None and (actual := sha256_file(temporary)) != sha256:
+            temporary.unlink(missing_ok=True)
+            raise StorageError(f"{self.key_url(key)}: downloaded sha256 {actual} does not match expected {sha256}")
+        os.replace(temporary, local)
+        return local
+
+    def read_bytes(self, key: str) -> bytes:
+        try:
+            return self.fs.cat_file(self.path(key))
+        except FileNotFoundError:
+            raise StorageError(f"{self.key_url(key)}: missing in the object store") from None
+
+    def list(self, prefix: str) -> list[str]:
+        """Keys under `prefix` (recursive), relative to the store base."""
+        root = self.path(prefix)
+        if not self.fs.exists(root):
+            return []
+        found = self.fs.find(root)
+        base = self.base + "/"
+        return sorted(path.removeprefix(base) for path in found if not path.rsplit("/", 1)[-1].count(".tmp-"))
+
+
+def tree_bytes(path: str | Path) -> int:
+    """Bytes of all regular files under `path` (0 if it does not exist)."""
+    path = Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
+
+
+def remove_tree(path: str | Path) -> None:
+    path = Path(path)
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()

@@ -1,0 +1,108 @@
+"""MLflow tracking and the model registry, through an explicit client (thread-safe, no global run).
+
+One MLflow run per pipeline run (tagged with config and run id), one nested run per stage.
+Each passed stage's checkpoint becomes a version of the registered model `drape-tryon` with the
+alias ``<stage>-baseline``; the next run's gate reads its baseline through that alias.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from drape.config import PipelineConfig
+
+
+def _quiet_mlflow() -> None:
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+
+
+class Tracker:
+    """Thin wrapper over `MlflowClient` bound to one experiment."""
+
+    def __init__(self, config: PipelineConfig):
+        _quiet_mlflow()
+        from mlflow.tracking import MlflowClient
+
+        self.uri, self.model_name = config.tracking_uri, config.tracking.registered_model
+        if self.uri.startswith("sqlite:///"):
+            Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        experiment = self.client.get_experiment_by_name(config.tracking.experiment)
+        if experiment is None:
+            artifact_location = None
+            if "://" not in self.uri or self.uri.startswith("sqlite"):
+                artifact_location = Path(config.artifact_root).resolve().as_uri()
+            self.experiment_id = self.client.create_experiment(config.tracking.experiment, artifact_location=artifact_location)
+        else:
+            self.experiment_id = experiment.experiment_id
+
+    def start_run(self, name: str, tags: dict[str, str] | None = None, parent_run_id: str | None = None) -> str:
+        tags = dict(tags or {})
+        if parent_run_id:
+            tags["mlflow.parentRunId"] = parent_run_id
+        return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
+
+    def end_run(self, run_id: str, status: str = "FINISHED") -> None:
+        self.client.set_terminated(run_id, status=status)
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        import time
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(run_id, metrics=[Metric(k.replace("/", "."), float(v), now, step) for k, v in metrics.items()])
+
+    def log_params(self, run_id: str, params: dict) -> None:
+        from mlflow.entities import Param
+
+        self.client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()])
+
+    def set_tags(self, run_id: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, str(value))
+
+    def log_artifacts(self, run_id: str, local_dir: str | Path, artifact_path: str) -> str:
+        self.client.log_artifacts(run_id, str(local_dir), artifact_path)
+        return f"{self.client.get_run(run_id).info.artifact_uri}/{artifact_path}"
+
+    def log_artifact(self, run_id: str, local_file: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(local_file), artifact_path)
+
+    def register_baseline(self, run_id: str, source: str, stage: str, tags: dict[str, str]) -> str:
+        """New model version from `source` (an artifact URI of `run_id`), aliased ``<stage>-baseline``."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            self.client.get_registered_model(self.model_name)
+        except MlflowException:
+            self.client.create_registered_model(self.model_name, description="drape try-on model; aliases <stage>-baseline")
+        version = self.client.create_model_version(self.model_name, source=source, run_id=run_id, tags=tags)
+        self.client.set_registered_model_alias(self.model_name, f"{stage}-baseline", version.version)
+        return str(version.version)
+
+    def get_baseline(self, stage: str):
+        """The model version aliased ``<stage>-baseline``, or None on a first run."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_model_version_by_alias(self.model_name, f"{stage}-baseline")
+        except MlflowException:
+            return None
+
+    def aliases(self) -> dict[str, str]:
+        """alias → version of the registered model (empty before the first snapshot)."""
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return dict(self.client.get_registered_model(self.model_name).aliases)
+        except MlflowException:
+            return {}
+
+    def download(self, artifact_uri: str, destination: str | Path) -> Path:
+        from mlflow.artifacts import download_artifacts
+
+        Path(destination).mkdir(parents=True, exist_ok=True)
+        return Path(download_artifacts(artifact_uri=artifact_uri, dst_path=str(destination), tracking_uri=self.uri))

@@ -1,0 +1,194 @@
+"""Stage trainer: trains one stage's parameter subset, checkpoints, resumes. No Prefect inside.
+
+Every source of randomness in a step (batch indices, noise, timesteps) comes from a generator
+seeded by (seed, stage, step), so a run killed mid-stage and resumed from its newest
+checkpoint ends with exactly the weights of an uninterrupted run. Batches are prepared by a
+background thread; the time the loop blocks on it is the data-wait that gets logged.
+
+Run it alone: ``python -m drape.train --config configs/demo.yaml --stage identity``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.nn import functional as F
+
+from drape import STAGES
+from drape.checkpoint import checkpoint_name, list_checkpoints, load_model, load_training_state, save_checkpoint
+from drape.config import PipelineConfig, trainable_parameter_names
+from drape.data.dataset import to_model_inputs
+from drape.model import build_model, build_noise_scheduler, diffusion_target
+
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+@dataclass
+class TrainResult:
+    stage: str
+    steps: int
+    resumed_from_step: int
+    final_loss: float
+    checkpoint: str
+    train_seconds: float
+    data_wait_seconds: float
+    samples_per_second: float
+
+    @property
+    def data_wait_fraction(self) -> float:
+        return self.data_wait_seconds / self.train_seconds if self.train_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "data_wait_fraction": self.data_wait_fraction}
+
+
+def resolve_device(requested: str) -> torch.device:
+    """'auto' picks CUDA when present; asking for 'cuda' without a GPU is an error."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device is 'cuda' but no CUDA device is available")
+    return torch.device("cuda" if requested != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def step_generator(seed: int, stage: str, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + STAGES.index(stage) * 100_003 + step)
+
+
+class BatchPrefetcher:
+    """Builds the batch of step i+1.. in a thread while step i runs; measures time blocked."""
+
+    def __init__(self, arrays: dict, *, seed: int, stage: str, batch_size: int, start: int, stop: int, depth: int = 2):
+        self.arrays, self.seed, self.stage, self.batch_size = arrays, seed, stage, batch_size
+        self.num_samples = len(arrays["keys"])
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.thread = threading.Thread(target=self._fill, args=(start, stop), daemon=True)
+        self.thread.start()
+        self.wait_seconds = 0.0
+
+    def _fill(self, start: int, stop: int) -> None:
+        for step in range(start, stop):
+            generator = step_generator(self.seed, self.stage, step)
+            indices = torch.randint(0, self.num_samples, (self.batch_size,), generator=generator).numpy()
+            self.queue.put((step, to_model_inputs(self.arrays, indices), generator))
+
+    def next(self):
+        started = time.perf_counter()
+        item = self.queue.get()
+        waited = time.perf_counter() - started
+        self.wait_seconds += waited
+        return item, waited
+
+
+def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[str]:
+    names = trainable_parameter_names(patterns, [name for name, _ in model.named_parameters()])
+    if not names:
+        raise ValueError(f"train.stages: trainable patterns {patterns} match no model parameter")
+    chosen = set(names)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name in chosen)
+    return names
+
+
+def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str | Path, init_checkpoint: str | Path | None,
+                mode: str = "full", data_manifest_hash: str = "", log_metrics: MetricsSink | None = None,
+                progress: Callable[[int, int], None] | None = None) -> TrainResult:
+    """Train `stage` on `data` (arrays from `load_split`), checkpointing under `out_dir`/checkpoints.
+
+    Starts from `init_checkpoint` (or fresh weights), or resumes from the newest checkpoint already
+    in `out_dir`. `mode` 'full' runs the stage's `steps`, 'finetune' its `finetune_steps`.
+    """
+    stage_config, train = config.train.stages[stage], config.train
+    total = stage_config.steps if mode == "full" else stage_config.finetune_steps
+    checkpoints_dir = Path(out_dir) / "checkpoints"
+    existing = list_checkpoints(checkpoints_dir)
+    resume_from = existing[-1] if existing else None
+    source = resume_from or init_checkpoint
+    device = resolve_device(train.device)
+    model = (load_model(source) if source else build_model(config)).to(device)
+    names = _configure_trainable(model, stage_config.trainable)
+    parameters = dict(model.named_parameters())
+    optimizer = torch.optim.AdamW([parameters[n] for n in names], lr=stage_config.lr or train.lr, weight_decay=train.weight_decay)
+    start_step, ema = 0, None
+    if resume_from is not None:
+        ema = load_training_state(resume_from, optimizer, names)
+        start_step = int(resume_from.name.split("-")[1])
+    if train.ema.enabled and ema is None:
+        ema = {n: parameters[n].detach().clone() for n in names}
+    scheduler = build_noise_scheduler(config.diffusion)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16")
+    prefetcher = BatchPrefetcher(data, seed=config.seed, stage=stage, batch_size=train.batch_size, start=start_step, stop=total)
+    manifest_base = {"config": config.model_dump(mode="json"), "stage": stage, "mode": mode, "total_steps": total,
+                     "data_manifest_hash": data_manifest_hash}
+    loss_value, started, checkpoint = float("nan"), time.perf_counter(), resume_from
+    model.train()
+    for _ in range(start_step, total):
+        (step, batch, generator), waited = prefetcher.next()
+        step_started = time.perf_counter()
+        batch = {k: v.to(device) for k, v in batch.items()}
+        noise = torch.randn(batch["target"].shape, generator=generator).to(device)
+        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator).to(device)
+        noisy = scheduler.add_noise(batch["target"], noise, timesteps)
+        with autocast:
+            prediction = model(noisy, timesteps, batch["agnostic"], batch["mask"], batch["pose"], batch["garment"])
+        loss = F.mse_loss(prediction.float(), diffusion_target(scheduler, batch["target"], noise, timesteps))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([parameters[n] for n in names], train.grad_clip)
+        optimizer.step()
+        if ema is not None:
+            with torch.no_grad():
+                for n in names:
+                    ema[n].lerp_(parameters[n].detach(), 1 - train.ema.decay)
+        loss_value, done = float(loss.detach()), step + 1
+        if log_metrics and (done % train.log_every == 0 or done == total):
+            step_seconds = time.perf_counter() - step_started
+            log_metrics({f"{stage}/loss": loss_value, f"{stage}/step_seconds": step_seconds + waited,
+                         f"{stage}/data_wait_seconds": waited,
+                         f"{stage}/samples_per_second": train.batch_size / max(step_seconds + waited, 1e-9)}, done)
+        if done % train.checkpoint_every == 0 or done == total:
+            checkpoint = save_checkpoint(checkpoints_dir / checkpoint_name(done), model=model, optimizer=optimizer,
+                                         trainable_names=names, ema=ema, manifest={**manifest_base, "step": done, "loss": loss_value})
+        if progress:
+            progress(done, total)
+    if checkpoint is None:
+        raise RuntimeError(f"stage {stage}: nothing to train ({total} steps) and no checkpoint to resume from")
+    seconds = time.perf_counter() - started
+    trained = total - start_step
+    return TrainResult(stage, total, start_step, loss_value, str(checkpoint), seconds, prefetcher.wait_seconds,
+                       trained * train.batch_size / seconds if seconds else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train one stage from the command line, with no orchestrator: data is fetched and verified first."""
+    from drape.config import load_config
+    from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
+    from drape.storage import ObjectStore
+
+    parser = argparse.ArgumentParser(prog="python -m drape.train", description=main.__doc__)
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--stage", required=True, choices=STAGES)
+    parser.add_argument("--out", default=None, help="stage directory (default <root>/live/runs/manual/<stage>)")
+    parser.add_argument("--init", default=None, help="checkpoint to start from")
+    parser.add_argument("--mode", default="full", choices=("full", "finetune"))
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    store = ObjectStore(config.object_store_url)
+    manifest = ensure_dataset(config, store)
+    cache = config.paths.root_path / "live" / "shards"
+    stage_split(store, dataset_prefix(config), manifest, args.stage, cache)
+    out = Path(args.out) if args.out else config.paths.root_path / "live" / "runs" / "manual" / args.stage
+    printer = lambda metrics, step: print(step, {k: round(v, 5) for k, v in metrics.items()}, flush=True)  # noqa: E731
+    result = train_stage(config, stage=args.stage, data=load_split(cache, manifest, args.stage), out_dir=out,
+                         init_checkpoint=args.init, mode=args.mode, data_manifest_hash=manifest_hash(manifest), log_metrics=printer)
+    print(result.to_dict())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

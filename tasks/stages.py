@@ -1,0 +1,72 @@
+"""Prefect tasks for the stage DAG: thin adapters, one core call each.
+
+Retries, timeouts and names live on the decorators; the work lives in `drape.pipeline`.
+Task run names carry the stage so the Prefect UI reads like the DAG.
+"""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NONE
+
+from drape import pipeline
+from drape.config import PipelineConfig
+from drape.gates import GateReport
+from drape.train import TrainResult
+
+_common = {"cache_policy": NONE, "log_prints": True}
+
+
+@task(name="start-run", retries=2, retry_delay_seconds=5, timeout_seconds=1800, **_common)
+def start_run(config: PipelineConfig, run_name: str | None, mode: str) -> pipeline.RunContext:
+    return pipeline.start_run(config, run_name=run_name, mode=mode)
+
+
+@task(name="prestage", task_run_name="prestage-{stage}", retries=3, retry_delay_seconds=10, **_common)
+def prestage(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> dict:
+    return pipeline.prestage(config, context, stage)
+
+
+@task(name="train", task_run_name="train-{stage}", timeout_seconds=14 * 24 * 3600, **_common)
+def train(config: PipelineConfig, context: pipeline.RunContext, stage: str, init_checkpoint: str | None) -> TrainResult:
+    return pipeline.train(config, context, stage, init_checkpoint)
+
+
+@task(name="gate", task_run_name="gate-{stage}", timeout_seconds=3600, **_common)
+def gate(config: PipelineConfig, context: pipeline.RunContext, stage: str, checkpoint: str) -> GateReport:
+    report = pipeline.gate(config, context, stage, checkpoint)
+    create_markdown_artifact(gate_markdown(report), key=f"gate-report-{stage}", description=f"{stage} gate report")
+    return report
+
+
+@task(name="snapshot", task_run_name="snapshot-{stage}", retries=2, retry_delay_seconds=5, **_common)
+def snapshot(config: PipelineConfig, context: pipeline.RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
+    return pipeline.snapshot(config, context, stage, checkpoint, report)
+
+
+@task(name="archive", task_run_name="archive-{stage}", retries=3, retry_delay_seconds=10, timeout_seconds=3600, **_common)
+def archive(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> dict:
+    return pipeline.archive(config, context, stage)
+
+
+@task(name="reject", task_run_name="reject-{stage}", retries=2, retry_delay_seconds=5, **_common)
+def reject(config: PipelineConfig, context: pipeline.RunContext, stage: str, report: GateReport) -> str:
+    return pipeline.reject(config, context, stage, report)
+
+
+@task(name="summarize", **_common)
+def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[dict]) -> dict:
+    return pipeline.summarize(config, context, rows)
+
+
+def gate_markdown(report: GateReport) -> str:
+    """The gate report as a Markdown table for the Prefect UI."""
+    lines = [f"# Gate `{report.stage}`: **{'PASS' if report.passed else 'FAIL'}**", "",
+             f"Run `{report.run_id}`, control set `{report.control_set}`, baseline "
+             f"{('v' + report.baseline['version']) if report.baseline else 'none (first run)'}", "",
+             "| check | mean | min | threshold | verdict |", "|---|---|---|---|---|"]
+    for name, check in report.checks.items():
+        threshold = "not set" if check.threshold is None else f"{check.threshold:.3f}"
+        lines.append(f"| {name} | {check.mean:.3f} | {check.minimum:.3f} | {threshold} | {'pass' if check.passed else 'FAIL'} |")
+    return "\n".join(lines)
