@@ -24,7 +24,7 @@ from drape.config import ConfigError, default_config_path, load_config
 app = typer.Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
 data_app = typer.Typer(help="Datasets: synthesize and shard.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-console = Console()
+console = Console() if sys.stdout.isatty() else Console(width=200)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="pipeline config YAML (default: configs/demo.yaml)")
 

@@ -41,18 +41,26 @@ def _resize(crop: np.ndarray, size: int) -> torch.Tensor:
 
 
 class PixelFaceEmbedder:
-    """Weight-free embedding: mean-centred 16×16 face structure plus the face's colour (skin tone)."""
+    """Weight-free embedding: half face structure, half skin tone, each unit length.
+
+    Structure is the mean-centred 16×16 crop (geometry of eyes, nose, hair line); skin tone is the
+    mean colour of the crop's central half, encoded by Gaussian bumps on a 5×5×5 colour grid so
+    that the cosine of two tones falls with their distance. Cosine similarity of two embeddings is
+    then the average of the two similarities.
+    """
 
     name = "pixel"
+    _grid = torch.stack(torch.meshgrid(*[torch.linspace(0, 1, 5)] * 3, indexing="ij"), dim=-1).reshape(-1, 3)
 
     def embed(self, crops: list[np.ndarray]) -> np.ndarray:
         rows = []
         for crop in crops:
             image = _resize(crop, 16) / 255.0
-            structure = image - image.mean(dim=(1, 2), keepdim=True)
-            colour = image.mean(dim=(1, 2)) - 0.5
-            vector = torch.cat([structure.flatten() / 4, colour * 4])
-            rows.append((vector / vector.norm().clamp_min(1e-8)).numpy())
+            structure = (image - image.mean(dim=(1, 2), keepdim=True)).flatten()
+            tone = image[:, 4:12, 4:12].mean(dim=(1, 2))
+            bumps = torch.exp(-((self._grid - tone) ** 2).sum(dim=1) / (2 * 0.1**2))
+            parts = [part / part.norm().clamp_min(1e-8) for part in (structure, bumps)]
+            rows.append((torch.cat(parts) / np.sqrt(2)).numpy())
         return np.stack(rows)
 
 
@@ -134,8 +142,10 @@ def edge_map(image: np.ndarray) -> np.ndarray:
     """Sobel gradient magnitude of the luminance, blurred 3×3 so 1 px shifts do not count."""
     gray = torch.from_numpy(image.astype(np.float32) / 255).permute(2, 0, 1).mean(dim=0)[None, None]
     sobel = torch.tensor([[-1.0, 0, 1], [-2, 0, 2], [-1, 0, 1]])[None, None]
-    gx, gy = F.conv2d(gray, sobel, padding=1), F.conv2d(gray, sobel.transpose(2, 3), padding=1)
-    return F.avg_pool2d((gx**2 + gy**2).sqrt(), 3, stride=1, padding=1)[0, 0].numpy()
+    gray = F.pad(gray, (1, 1, 1, 1), mode="replicate")  # no fake edges at the image border
+    gx, gy = F.conv2d(gray, sobel), F.conv2d(gray, sobel.transpose(2, 3))
+    magnitude = F.pad((gx**2 + gy**2).sqrt(), (1, 1, 1, 1), mode="replicate")
+    return F.avg_pool2d(magnitude, 3, stride=1)[0, 0].numpy()
 
 
 def _pool(array: np.ndarray, factor: int) -> np.ndarray:

@@ -59,11 +59,13 @@ class TryOnTransformer(ModelMixin, ConfigMixin):
 
 
 def build_model(config: PipelineConfig) -> TryOnTransformer:
-    """A freshly initialised model sized by `config.model` at `config.data.resolution`."""
+    """A freshly initialised model sized by `config.model`, its weights a function of `config.seed`."""
     m = config.model
-    return TryOnTransformer(resolution=config.data.resolution, patch_size=m.patch_size, num_layers=m.num_layers,
-                            num_attention_heads=m.num_attention_heads, attention_head_dim=m.attention_head_dim,
-                            garment_patch_size=m.garment_patch_size, pose_channels=m.pose_channels)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.seed)
+        return TryOnTransformer(resolution=config.data.resolution, patch_size=m.patch_size, num_layers=m.num_layers,
+                                num_attention_heads=m.num_attention_heads, attention_head_dim=m.attention_head_dim,
+                                garment_patch_size=m.garment_patch_size, pose_channels=m.pose_channels)
 
 
 def build_noise_scheduler(diffusion: DiffusionConfig) -> DDPMScheduler:

@@ -304,16 +304,19 @@ def make_sample(seed: int, key: str, identity: Identity, garment: Garment, arm_p
     masked = labels.point(lambda v: 255 if v in (GARMENT, SKIN) else 0).filter(ImageFilter.MaxFilter(2 * SUPERSAMPLE + 1))
     face = labels.point(lambda v: 255 if v in (FACE, HAIR) else 0)
     masked = Image.composite(Image.new("L", (size, size), 0), masked, face)
-    agnostic = Image.composite(Image.new("RGB", (size, size), (128, 128, 128)), photo, masked)
     scale = resolution / size
     meta = {"key": key, "identity_id": identity.identity_id, "garment_id": garment.garment_id, "arm_pose": arm_pose,
             "identity": asdict(identity), "garment": asdict(garment), "resolution": resolution,
             "face_box": [round(v * scale, 2) for v in face_box], "logo_box": [round(v * scale, 2) for v in logo_box],
             "keypoints": {name: [round(x * scale, 2), round(y * scale, 2)] for name, (x, y) in points.items()}}
-    binarise = lambda image: _downsample(image, resolution).point(lambda v: 255 if v >= 128 else 0)  # noqa: E731
-    return Sample(key, _downsample(photo, resolution), _downsample(agnostic, resolution), binarise(masked),
-                  _downsample(_pose_map(points, size), resolution), _downsample(render_flat_lay(garment, size), resolution),
-                  binarise(garment_mask), meta)
+    target, mask = _downsample(photo, resolution), _binarise(masked, resolution)
+    agnostic = Image.composite(Image.new("RGB", target.size, (128, 128, 128)), target, mask)
+    return Sample(key, target, agnostic, mask, _downsample(_pose_map(points, size), resolution),
+                  _downsample(render_flat_lay(garment, size), resolution), _binarise(garment_mask, resolution), meta)
+
+
+def _binarise(mask: Image.Image, resolution: int) -> Image.Image:
+    return _downsample(mask, resolution).point(lambda v: 255 if v >= 128 else 0)
 
 
 def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int,

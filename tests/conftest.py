@@ -1,0 +1,42 @@
+"""Shared fixtures: a tiny pipeline config rooted in a temporary directory, small datasets."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+from drape.config import deep_merge, parse_config  # noqa: E402
+
+import yaml  # noqa: E402
+
+TESTS = Path(__file__).parent
+TINY = TESTS / "configs" / "tiny.yaml"
+
+
+def tiny_config(root: Path, **overrides):
+    """The tiny test config with live storage, MLflow and the object store under `root`."""
+    data = yaml.safe_load(TINY.read_text())
+    data = deep_merge(data, {"paths": {"root": str(root)}})
+    return parse_config(deep_merge(data, overrides), str(TINY))
+
+
+@pytest.fixture
+def config(tmp_path):
+    return tiny_config(tmp_path / "drape")
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory):
+    """A small synthetic dataset built once per session: (directory, manifest, config)."""
+    from drape.data.dataset import build_dataset
+
+    root = tmp_path_factory.mktemp("dataset")
+    cfg = tiny_config(root / "drape", data={"samples_per_stage": {"identity": 24, "texture": 16, "geometry": 16, "denoise": 16},
+                                            "control_samples": 6, "shard_max_samples": 10})
+    manifest = build_dataset(cfg, root / "shards")
+    return root / "shards", manifest, cfg

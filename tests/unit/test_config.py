@@ -1,0 +1,89 @@
+"""Config loading: good files load, bad ones fail naming the file, the field and the reason."""
+
+from pathlib import Path
+
+import pytest
+
+from drape import STAGES
+from drape.config import ConfigError, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["demo.yaml", "h100.yaml"])
+def test_shipped_configs_load(name):
+    config = load_config(REPO / "configs" / name)
+    assert set(config.train.stages) == set(STAGES)
+    for stage in STAGES:
+        assert all(value is not None for value in config.gates.thresholds(stage).values())
+
+
+def test_h100_is_the_production_shape():
+    config = load_config(REPO / "configs" / "h100.yaml")
+    assert config.train.precision == "bf16"
+    assert sum(stage.steps for stage in config.train.stages.values()) == 50_000
+    assert all(500 <= stage.finetune_steps <= 600 for stage in config.train.stages.values())
+    assert config.data.resolution >= 512
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_bad_value_names_file_field_and_reason(tmp_path):
+    demo = (REPO / "configs" / "demo.yaml").read_text().replace("steps: 250", "steps: -5", 1)
+    path = _write(tmp_path, demo)
+    with pytest.raises(ConfigError) as error:
+        load_config(path)
+    message = str(error.value)
+    assert str(path) in message
+    assert "train.stages.texture.steps" in message
+    assert "greater than 0" in message and "-5" in message
+
+
+def test_unknown_key_is_an_error(tmp_path):
+    path = _write(tmp_path, (REPO / "configs" / "demo.yaml").read_text() + "\ntrian: {}\n")
+    with pytest.raises(ConfigError, match=r"trian: Extra inputs are not permitted"):
+        load_config(path)
+
+
+def test_missing_stage_is_an_error(tmp_path):
+    text = "train:\n  stages:\n    identity: {steps: 1, trainable: ['*']}\n"
+    with pytest.raises(ConfigError, match=r"train: Value error, stages must configure every stage; missing \['texture'"):
+        load_config(_write(tmp_path, text))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "train: [unclosed"))
+    with pytest.raises(ConfigError, match="expected a YAML mapping"):
+        load_config(_write(tmp_path, "- a\n- b\n"))
+
+
+def test_patch_size_must_divide_resolution(tmp_path):
+    text = (REPO / "configs" / "demo.yaml").read_text().replace("resolution: 64", "resolution: 66")
+    with pytest.raises(ConfigError, match="model.patch_size 4 must divide data.resolution 66"):
+        load_config(_write(tmp_path, text))
+
+
+def test_onnx_embedder_needs_a_path_and_webhook_is_never_inline(config):
+    from drape.config import AlertsConfig, IdentityGateConfig
+
+    with pytest.raises(ValueError, match="needs onnx_model_path"):
+        IdentityGateConfig(embedder="onnx")
+    with pytest.raises(ValueError, match="names an environment variable"):
+        AlertsConfig(slack_webhook_env="https://hooks.slack.com/services/T000/B000/XXX")
+
+
+def test_per_stage_thresholds(config):
+    from drape.config import parse_config
+
+    data = config.model_dump(mode="json")
+    data["gates"]["coherence"]["min_score"] = {"identity": 0.1, "texture": 0.2}
+    parsed = parse_config(data)
+    assert parsed.gates.thresholds("identity")["coherence"] == 0.1
+    assert parsed.gates.thresholds("denoise")["coherence"] is None  # not configured: blocks promotion

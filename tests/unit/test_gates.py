@@ -1,0 +1,130 @@
+"""Each gate check on crafted inputs: it passes what is right and catches what is wrong."""
+
+import json
+
+import numpy as np
+import pytest
+from PIL import Image, ImageFilter
+
+from drape.data.dataset import load_split
+from drape.gates import (CheckResult, GateReport, OnnxFaceEmbedder, PixelFaceEmbedder, coherence_scores, identity_scores,
+                         patch_fidelity, texture_scores)
+from drape.validate import judge
+
+
+@pytest.fixture(scope="module")
+def control(tiny_dataset):
+    directory, manifest, _ = tiny_dataset
+    return load_split(directory, manifest, "identity")
+
+
+def _boxes(control, name):
+    return [m[name] for m in control["meta"]]
+
+
+def _other_identity(control):
+    ids = [m["identity_id"] for m in control["meta"]]
+    order = []
+    for i, identity in enumerate(ids):
+        order.append(next(j for j in range(len(ids)) if ids[j] != identity))
+    return control["target"][order]
+
+
+def test_identity_same_face_scores_one_other_faces_low(control):
+    embedder, boxes = PixelFaceEmbedder(), _boxes(control, "face_box")
+    same = identity_scores(control["target"], control["target"], boxes, embedder)
+    np.testing.assert_allclose(same, 1.0, atol=1e-5)
+    other = identity_scores(_other_identity(control), control["target"], boxes, embedder)
+    assert other.mean() < 0.75 and other.max() < same.min()
+
+
+def test_identity_tolerates_noise_but_not_a_skin_tone_shift(control):
+    embedder, boxes = PixelFaceEmbedder(), _boxes(control, "face_box")
+    rng = np.random.default_rng(0)
+    noisy = np.clip(control["target"] + rng.normal(0, 6, control["target"].shape), 0, 255).astype(np.uint8)
+    assert identity_scores(noisy, control["target"], boxes, embedder).mean() > 0.9
+    shifted = np.clip(control["target"].astype(int) + [60, -30, -60], 0, 255).astype(np.uint8)
+    assert identity_scores(shifted, control["target"], boxes, embedder).mean() < 0.8
+
+
+def _logo_edit(control, edit, pad=2):
+    """Apply `edit` to the logo box grown by `pad` px: the damage reaches past the shift tolerance."""
+    images = control["target"].copy()
+    for image, box in zip(images, _boxes(control, "logo_box")):
+        x0, y0 = max(int(round(box[0])) - pad, 0), max(int(round(box[1])) - pad, 0)
+        x1, y1 = int(round(box[2])) + pad, int(round(box[3])) + pad
+        image[y0:y1, x0:x1] = edit(image[y0:y1, x0:x1])
+    return images
+
+
+def test_texture_tolerates_small_shifts_but_not_blur_mirror_or_swap(control):
+    targets, boxes = control["target"], _boxes(control, "logo_box")
+    assert np.allclose(texture_scores(targets, targets, boxes, 1), 1.0)
+    shifted = np.roll(targets, (1, -1), axis=(1, 2))
+    assert texture_scores(shifted, targets, boxes, 1).mean() > 0.99
+    blur = lambda patch: np.asarray(Image.fromarray(patch).filter(ImageFilter.BoxBlur(2)))  # noqa: E731
+    assert texture_scores(_logo_edit(control, blur), targets, boxes, 1).mean() < 0.8
+    flat = lambda patch: np.broadcast_to(patch.reshape(-1, 3).mean(0), patch.shape).astype(np.uint8)  # noqa: E731
+    assert texture_scores(_logo_edit(control, flat), targets, boxes, 1).mean() < 0.1
+    assert texture_scores(np.roll(targets, 1, axis=0), targets, boxes, 1).mean() < 0.6  # another garment's logo
+
+
+def test_patch_fidelity_catches_a_mirrored_mark():
+    mark = np.zeros((12, 12, 3), np.uint8)
+    mark[2:10, 2:4] = 255  # an "L"
+    mark[8:10, 2:9] = 255
+    assert patch_fidelity(mark, mark) == pytest.approx(1.0)
+    assert patch_fidelity(mark[:, ::-1], mark) < 0.5
+
+
+def test_coherence_structure_not_pixels(control):
+    targets, masks = control["target"], control["mask"]
+    assert np.allclose(coherence_scores(targets, targets, masks), 1.0)
+    rng = np.random.default_rng(1)
+    resampled = np.clip(targets + rng.normal(0, 8, targets.shape), 0, 255).astype(np.uint8)  # same garment, other trajectory
+    assert coherence_scores(resampled, targets, masks).mean() > 0.8
+    assert coherence_scores(np.roll(targets, 1, axis=0), targets, masks).mean() < 0.5
+    grey = np.full_like(targets, 128)
+    assert coherence_scores(grey, targets, masks).mean() < 0.05
+
+
+def test_missing_threshold_blocks_promotion():
+    check = CheckResult("texture", {"a": 0.9}, None)
+    assert not check.passed and "no threshold configured" in check.reason()
+    report = GateReport("texture", "run", "ckpt", "control-x", {"texture": check})
+    assert not report.passed
+
+
+def test_report_names_check_value_and_threshold(config, control):
+    report = judge(config, stage="identity", run_id="r1", checkpoint="c", control=control, control_set="control-abc",
+                   outputs=np.full_like(control["target"], 128), baseline_outputs=None, baseline=None)
+    assert not report.passed
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["verdict"] == "fail" and data["control_set"] == "control-abc"
+    assert set(data["checks"]) == {"identity", "texture", "coherence"}
+    assert data["checks"]["identity"]["threshold"] == 0.70
+    assert len(data["checks"]["identity"]["values"]) == len(control["keys"])
+    assert any(reason.startswith("identity: mean") and "< threshold 0.7000" in reason for reason in report.failures())
+    assert data["checks"]["coherence"]["reference"].startswith("ground-truth targets")
+
+
+def test_onnx_embedder(tmp_path, control):
+    import onnx
+    from onnx import TensorProto, helper
+
+    rng = np.random.default_rng(0)
+    weights = rng.normal(size=(3 * 8 * 8, 16)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["input"], ["flat"]), helper.make_node("MatMul", ["flat", "w"], ["embedding"])],
+        "tiny-face", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["N", 16])],
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, weights.shape, weights.flatten())])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = tmp_path / "face.onnx"
+    onnx.save(model, path)
+    embedder, boxes = OnnxFaceEmbedder(path), _boxes(control, "face_box")
+    np.testing.assert_allclose(identity_scores(control["target"], control["target"], boxes, embedder), 1.0, atol=1e-5)
+    assert identity_scores(_other_identity(control), control["target"], boxes, embedder).mean() < 0.99
+    with pytest.raises(FileNotFoundError, match="onnx_model_path"):
+        OnnxFaceEmbedder(tmp_path / "missing.onnx")

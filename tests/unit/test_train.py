@@ -1,0 +1,73 @@
+"""Trainer: only the stage's parameters move; a killed run resumes to the same weights."""
+
+import pytest
+import torch
+
+from drape.checkpoint import list_checkpoints, load_model
+from drape.data.dataset import load_split
+from drape.train import train_stage
+
+
+class Killed(Exception):
+    pass
+
+
+def _config(config, **train):
+    data = config.model_dump(mode="json")
+    data["train"].update({"checkpoint_every": 3, **train})
+    data["train"]["stages"]["texture"]["steps"] = 7
+    return type(config).model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def texture_data(tiny_dataset):
+    directory, manifest, _ = tiny_dataset
+    return load_split(directory, manifest, "texture")
+
+
+def test_resume_after_kill_matches_uninterrupted(config, texture_data, tmp_path):
+    cfg = _config(config, ema={"enabled": True, "decay": 0.9})
+    full = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "full", init_checkpoint=None)
+
+    def die_at_step_5(done, total):
+        if done == 5:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "killed", init_checkpoint=None, progress=die_at_step_5)
+    assert [p.name for p in list_checkpoints(tmp_path / "killed" / "checkpoints")] == ["step-0000003"]
+    resumed = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "killed", init_checkpoint=None)
+    assert resumed.resumed_from_step == 3 and resumed.steps == 7
+    a, b = load_model(full.checkpoint).state_dict(), load_model(resumed.checkpoint).state_dict()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    assert resumed.final_loss == full.final_loss
+
+
+def test_only_the_stage_subset_trains(config, texture_data, tmp_path):
+    cfg = _config(config)
+    first = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "a", init_checkpoint=None)
+    before = load_model(first.checkpoint).state_dict()
+    data = cfg.model_dump(mode="json")
+    data["train"]["stages"]["denoise"] = {"steps": 3, "trainable": ["transformer.proj_out.*"]}
+    second = train_stage(type(cfg).model_validate(data), stage="denoise", data=texture_data, out_dir=tmp_path / "b",
+                         init_checkpoint=first.checkpoint)
+    after = load_model(second.checkpoint).state_dict()
+    changed = {name for name in before if not torch.equal(before[name], after[name])}
+    assert changed == {"transformer.proj_out.weight", "transformer.proj_out.bias"}
+
+
+def test_metrics_reach_the_sink(config, texture_data, tmp_path):
+    logged = []
+    result = train_stage(_config(config, log_every=2), stage="texture", data=texture_data, out_dir=tmp_path,
+                         init_checkpoint=None, log_metrics=lambda m, step: logged.append((step, m)))
+    assert [step for step, _ in logged] == [2, 4, 6, 7]
+    assert {"texture/loss", "texture/data_wait_seconds", "texture/samples_per_second"} <= set(logged[0][1])
+    assert 0 <= result.data_wait_fraction < 1 and result.samples_per_second > 0
+
+
+def test_patterns_that_match_nothing_fail_clearly(config, texture_data, tmp_path):
+    data = config.model_dump(mode="json")
+    data["train"]["stages"]["texture"]["trainable"] = ["no.such.layer*"]
+    with pytest.raises(ValueError, match=r"trainable patterns \['no.such.layer\*'\] match no model parameter"):
+        train_stage(type(config).model_validate(data), stage="texture", data=texture_data, out_dir=tmp_path, init_checkpoint=None)
