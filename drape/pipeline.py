@@ -200,8 +200,13 @@ def _remove_empty(directory: Path) -> None:
 
 
 def reject(config: PipelineConfig, context: RunContext, stage: str, report: GateReport) -> str:
-    """A failed gate: archive the candidate with the short lifetime, alert Slack, close the runs."""
+    """A failed gate: archive the candidate with the short lifetime, alert Slack, close the runs.
+
+    The run is over, so the shards pre-staged for later stages leave live storage too.
+    """
     archive(config, context, stage, outcome="failed_candidate")
+    for later in STAGES[STAGES.index(stage):]:
+        remove_tree(context.shards_dir / later)
     failures = report.failures()
     message = f"gate failed at stage {stage}: " + "; ".join(failures)
     location = f"runs/{context.run_id}/{stage}/gate/report.json in {ObjectStore(config.object_store_url)!r}"

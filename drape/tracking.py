@@ -97,7 +97,7 @@ class Tracker:
         from mlflow.exceptions import MlflowException
 
         try:
-            return dict(self.client.get_registered_model(self.model_name).aliases)
+            return {alias: str(version) for alias, version in self.client.get_registered_model(self.model_name).aliases.items()}
         except MlflowException:
             return {}
 

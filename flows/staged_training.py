@@ -32,6 +32,7 @@ def staged_training(config_path: str = str(default_config_path()), mode: str = "
         trained = t.train(config, context, stage, previous_checkpoint(context, stage))
         report = t.gate(config, context, stage, trained.checkpoint)
         if not report.passed:
+            staged.wait()
             raise GateFailed(t.reject(config, context, stage, report))
         snap = t.snapshot(config, context, stage, trained.checkpoint, report)
         rows.append(stage_row(trained, report, snap, t.archive(config, context, stage)))

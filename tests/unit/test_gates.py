@@ -102,9 +102,9 @@ def test_report_names_check_value_and_threshold(config, control):
     data = json.loads(json.dumps(report.to_dict()))
     assert data["verdict"] == "fail" and data["control_set"] == "control-abc"
     assert set(data["checks"]) == {"identity", "texture", "coherence"}
-    assert data["checks"]["identity"]["threshold"] == 0.70
+    assert data["checks"]["identity"]["threshold"] == 0.50
     assert len(data["checks"]["identity"]["values"]) == len(control["keys"])
-    assert any(reason.startswith("identity: mean") and "< threshold 0.7000" in reason for reason in report.failures())
+    assert any(reason.startswith("identity: mean") and "< threshold 0.5000" in reason for reason in report.failures())
     assert data["checks"]["coherence"]["reference"].startswith("ground-truth targets")
 
 

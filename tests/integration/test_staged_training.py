@@ -1,0 +1,169 @@
+"""The staged-training flow end to end: real Prefect test harness, real MLflow on SQLite.
+
+One clean run over the four stages, then a sabotaged run whose first candidate has scrambled
+weights: its gate must fail, the run stop with a clear message, Slack be alerted, and no alias move.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from drape import STAGES, pipeline
+from drape.checkpoint import load_model, read_manifest, save_checkpoint
+from drape.retention import read_archive_manifest, verify_archived
+from drape.storage import ObjectStore
+from drape.tracking import Tracker
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flow")
+    config = tiny_config(root / "drape")
+    path = root / "tiny.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    return config, path
+
+
+@pytest.fixture(scope="module")
+def first_run(harness, workspace):
+    from flows.staged_training import staged_training
+
+    config, path = workspace
+    return staged_training(config_path=str(path), run_name="first")
+
+
+def live_files(config) -> set[str]:
+    live = pipeline.live_root(config)
+    return {str(p.relative_to(live)) for p in live.rglob("*") if p.is_file()}
+
+
+def assert_live_invariant(config):
+    """Only the current baselines and the control shards remain once a run is over."""
+    for relative in live_files(config):
+        parts = Path(relative).parts
+        assert parts[0] in ("baselines", "shards"), relative
+        if parts[0] == "shards":
+            assert parts[1] == "control", relative
+        else:
+            assert parts[1] in STAGES and parts[2] in ("checkpoint", "outputs", "baseline.json"), relative
+
+
+def test_all_four_stages_pass_and_record_gate_values(first_run, workspace):
+    config, _ = workspace
+    assert [row["stage"] for row in first_run["stages"]] == list(STAGES)
+    assert all(row["verdict"] == "pass" for row in first_run["stages"])
+    tracker = Tracker(config)
+    for row in first_run["stages"]:
+        assert row["steps"] == config.train.stages[row["stage"]].steps
+        for name, check in row["checks"].items():
+            assert check["value"] >= check["threshold"]
+    runs = tracker.client.search_runs([tracker.experiment_id], "tags.`drape.stage` = 'texture'")
+    metrics = runs[0].data.metrics
+    assert {"gate.texture.identity", "gate.texture.texture", "gate.texture.coherence", "texture.loss"} <= set(metrics)
+    assert runs[0].data.tags["drape.gate.verdict"] == "pass"
+
+
+def test_four_aliases_point_at_registered_versions(first_run, workspace):
+    config, _ = workspace
+    aliases = Tracker(config).aliases()
+    assert set(aliases) == {f"{stage}-baseline" for stage in STAGES}
+    assert sorted(str(v) for v in aliases.values()) == sorted(row["version"] for row in first_run["stages"])
+
+
+def test_archived_copies_are_verified(first_run, workspace):
+    config, _ = workspace
+    store = ObjectStore(config.object_store_url)
+    records = [r for r in read_archive_manifest(store) if r["run_id"] == first_run["run_id"]]
+    assert {r["stage"] for r in records} == set(STAGES)
+    assert {r["kind"] for r in records} >= {"checkpoint", "validation_output", "latent_snapshot", "gate_report"}
+    verify_archived(store, records)  # reads every object back: size and sha256
+    assert sum(row["archived_bytes"] for row in first_run["stages"]) == sum(r["bytes"] for r in records)
+
+
+def test_live_storage_holds_only_what_the_invariant_allows(first_run, workspace):
+    config, _ = workspace
+    assert_live_invariant(config)
+    for stage in STAGES:
+        assert (pipeline.live_root(config) / "baselines" / stage / "checkpoint" / "manifest.json").is_file()
+    assert first_run["live_bytes"] < sum(row["archived_bytes"] for row in first_run["stages"]) + first_run["live_bytes"]
+
+
+@pytest.fixture
+def webhook(monkeypatch):
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DRAPE_SLACK_WEBHOOK_URL", f"http://127.0.0.1:{server.server_port}/services/T0/B0/secret")
+    yield received
+    server.shutdown()
+
+
+def scramble(checkpoint: str) -> None:
+    """Overwrite a candidate's weights with a fixed permutation of themselves, manifest kept valid."""
+    model, manifest = load_model(checkpoint), read_manifest(checkpoint)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            flat = parameter.flatten()
+            parameter.copy_(flat[torch.randperm(flat.numel(), generator=generator)].view_as(parameter))
+    save_checkpoint(checkpoint, model=model, optimizer=None, trainable_names=manifest["trainable"], ema=None, manifest=manifest)
+
+
+def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspace, monkeypatch, webhook):
+    from flows.staged_training import staged_training
+
+    config, path = workspace
+    aliases_before = Tracker(config).aliases()
+    real_train = pipeline.train
+
+    def sabotaged_train(config, context, stage, init_checkpoint, progress=None):
+        result = real_train(config, context, stage, init_checkpoint, progress)
+        if stage == "identity":
+            scramble(result.checkpoint)
+        return result
+
+    monkeypatch.setattr(pipeline, "train", sabotaged_train)
+    with pytest.raises(pipeline.GateFailed) as error:
+        staged_training(config_path=str(path), run_name="sabotaged")
+    message = str(error.value)
+    assert "gate failed at stage identity" in message and "identity: mean" in message and "< threshold 0.5000" in message
+    assert Tracker(config).aliases() == aliases_before
+    assert webhook and "identity" in webhook[0]["text"] and "nothing was promoted" in webhook[0]["text"]
+    assert "secret" not in message
+    store = ObjectStore(config.object_store_url)
+    failed = [r for r in read_archive_manifest(store) if r["outcome"] == "failed_candidate"]
+    assert failed and {r["stage"] for r in failed} == {"identity"}
+    lifetime = datetime.fromisoformat(failed[0]["expires_at"]) - datetime.fromisoformat(failed[0]["archived_at"])
+    assert lifetime.days == config.retention.failed_lifetime_days
+    report = json.loads(store.read_bytes(next(r["key"] for r in failed if r["kind"] == "gate_report")))
+    assert report["verdict"] == "fail" and report["baseline"]["version"] == aliases_before["identity-baseline"]
+    assert_live_invariant(config)
