@@ -7,6 +7,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
+# A first start of the ephemeral API (fresh database, cold imports) can exceed Prefect's 20 s.
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.drape/prefect
 
 .PHONY: demo test install clean
@@ -24,9 +26,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/drape demo
 
 test: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q
 
 clean:

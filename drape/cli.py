@@ -24,7 +24,7 @@ from drape.config import ConfigError, default_config_path, load_config
 app = typer.Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
 data_app = typer.Typer(help="Datasets: synthesize and shard.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
-console = Console() if sys.stdout.isatty() else Console(width=200)
+console = Console() if sys.stdout.isatty() else Console(width=160)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="pipeline config YAML (default: configs/demo.yaml)")
 
@@ -74,13 +74,16 @@ def print_summary(summary: dict, wall_seconds: float | None = None) -> None:
              f"Live storage left: {_human(summary['live_bytes'])}"]
     if wall_seconds is not None:
         lines.append(f"Wall time: {wall_seconds:.0f} s")
-    console.print(Panel("\n".join(lines), title="where to look"))
+    console.print(Panel("\n".join(lines), title="where to look", expand=False))
 
 
 def _run_flow(config_path: Path, mode: str, run_name: Optional[str]) -> None:
     import time
 
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")  # cold first start
+    if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
+        Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     _load(config_path)  # fail fast with a readable message before Prefect starts
     from drape.pipeline import GateFailed
     from flows.staged_training import staged_training
