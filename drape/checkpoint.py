@@ -95,10 +95,15 @@ def verify_checkpoint(path: str | Path) -> dict:
     return manifest
 
 
-def load_model(path: str | Path) -> TryOnTransformer:
-    """The model weights of a verified checkpoint (safetensors only)."""
+def load_model(path: str | Path, *, prefer_ema: bool = False) -> TryOnTransformer:
+    """The model of a verified checkpoint (safetensors only); with `prefer_ema`, its EMA weights
+    replace the trained parameters when the checkpoint has them (what gates and inference use)."""
     verify_checkpoint(path)
-    return TryOnTransformer.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
+    model = TryOnTransformer.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
+    ema_file = Path(path) / "ema.safetensors"
+    if prefer_ema and ema_file.is_file():
+        model.load_state_dict(load_file(str(ema_file)), strict=False)
+    return model
 
 
 def load_training_state(path: str | Path, optimizer: torch.optim.Optimizer, trainable_names: list[str]) -> dict | None:

@@ -183,9 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     cache = config.paths.root_path / "live" / "shards"
     stage_split(store, dataset_prefix(config), manifest, args.stage, cache)
     out = Path(args.out) if args.out else config.paths.root_path / "live" / "runs" / "manual" / args.stage
-    printer = lambda metrics, step: print(step, {k: round(v, 5) for k, v in metrics.items()}, flush=True)  # noqa: E731
-    result = train_stage(config, stage=args.stage, data=load_split(cache, manifest, args.stage), out_dir=out,
-                         init_checkpoint=args.init, mode=args.mode, data_manifest_hash=manifest_hash(manifest), log_metrics=printer)
+    from rich.progress import Progress
+
+    with Progress(transient=False) as bar:
+        task = bar.add_task(f"train {args.stage}", total=None)
+        loss = lambda metrics, step: bar.update(task, description=f"train {args.stage} loss {metrics[f'{args.stage}/loss']:.4f}")  # noqa: E731
+        advance = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
+        result = train_stage(config, stage=args.stage, data=load_split(cache, manifest, args.stage), out_dir=out,
+                             init_checkpoint=args.init, mode=args.mode, data_manifest_hash=manifest_hash(manifest),
+                             log_metrics=loss, progress=advance)
     print(result.to_dict())
     return 0
 

@@ -32,7 +32,7 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: dict, gate_dir: Path) -> np.ndarray:
     """Raw model outputs for the control set (fixed seed and sampler), saved as PNGs and latents."""
     device = resolve_device(config.train.device)
-    model = load_model(checkpoint).to(device)
+    model = load_model(checkpoint, prefer_ema=True).to(device)
     inputs = {k: v.to(device) for k, v in to_model_inputs(control).items()}
     generated = sample(model, config.diffusion, inputs, seed=config.gates.sample_seed)
     outputs = to_uint8(generated)

@@ -30,7 +30,15 @@ def prestage(config: PipelineConfig, context: pipeline.RunContext, stage: str) -
 
 @task(name="train", task_run_name="train-{stage}", timeout_seconds=14 * 24 * 3600, **_common)
 def train(config: PipelineConfig, context: pipeline.RunContext, stage: str, init_checkpoint: str | None) -> TrainResult:
-    return pipeline.train(config, context, stage, init_checkpoint)
+    return pipeline.train(config, context, stage, init_checkpoint, progress=_every_tenth(stage))
+
+
+def _every_tenth(stage: str):
+    """Progress for the run log: one line per tenth of the stage."""
+    def report(done: int, total: int) -> None:
+        if done == total or done % max(total // 10, 1) == 0:
+            print(f"train-{stage}: step {done}/{total} ({100 * done // total}%)")
+    return report
 
 
 @task(name="gate", task_run_name="gate-{stage}", timeout_seconds=3600, **_common)

@@ -167,3 +167,24 @@ def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspa
     report = json.loads(store.read_bytes(next(r["key"] for r in failed if r["kind"] == "gate_report")))
     assert report["verdict"] == "fail" and report["baseline"]["version"] == aliases_before["identity-baseline"]
     assert_live_invariant(config)
+
+
+def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_run, workspace):
+    from flows.staged_training import staged_training
+
+    config, path = workspace
+    before = Tracker(config).aliases()
+    summary = staged_training(config_path=str(path), mode="finetune", run_name="finetune")
+    assert [row["steps"] for row in summary["stages"]] == [config.train.stages[s].finetune_steps for s in STAGES]
+    after = Tracker(config).aliases()
+    assert all(int(after[alias]) > int(before[alias]) for alias in before)
+    store = ObjectStore(config.object_store_url)
+    reports = [json.loads(store.read_bytes(r["key"])) for r in read_archive_manifest(store)
+               if r["run_id"] == summary["run_id"] and r["kind"] == "gate_report"]
+    assert len(reports) == 4
+    for report in reports:
+        assert report["baseline"]["version"] == before[f"{report['stage']}-baseline"]
+        assert report["checks"]["coherence"]["reference"].startswith("baseline v")
+    superseded = [r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"] and r["outcome"] == "superseded_baseline"]
+    assert {r["stage"] for r in superseded} == set(STAGES)
+    assert_live_invariant(config)

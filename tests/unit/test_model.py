@@ -67,3 +67,12 @@ def test_sampling_is_deterministic_per_seed(config):
     c = sample(model, config.diffusion, inputs, seed=8)
     assert torch.equal(a, b) and not torch.equal(a, c)
     assert a.min() >= -1 and a.max() <= 1
+
+
+def test_ema_weights_are_used_when_preferred(config, tmp_path):
+    model = build_model(config)
+    name = "transformer.proj_out.bias"
+    ema = {name: torch.full_like(dict(model.named_parameters())[name], 0.5)}
+    path = save_checkpoint(tmp_path / "ckpt", model=model, optimizer=None, trainable_names=[name], ema=ema, manifest={})
+    assert torch.equal(dict(load_model(path, prefer_ema=True).named_parameters())[name], ema[name])
+    assert torch.equal(dict(load_model(path).named_parameters())[name], dict(model.named_parameters())[name])
