@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,7 +26,6 @@ from drape import STAGES
 from drape.alerts import gate_failure_message, send_slack
 from drape.config import PipelineConfig
 from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
-from drape.data.shards import verify_shard
 from drape.gates import GateReport
 from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
 from drape.storage import ObjectStore, remove_tree, tree_bytes
@@ -241,7 +240,3 @@ def stage_row(train_result: TrainResult, report: GateReport, snap: dict, archive
             "checks": {n: {"value": c.mean, "threshold": c.threshold, "passed": c.passed} for n, c in report.checks.items()},
             "verdict": "pass" if report.passed else "fail", "version": snap["version"],
             "archived_bytes": archived["archived_bytes"], "live_bytes": archived["live_bytes_after"]}
-
-
-def context_dict(context: RunContext) -> dict:
-    return asdict(context)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -40,3 +43,26 @@ def tiny_dataset(tmp_path_factory):
                                             "control_samples": 6, "shard_max_samples": 10})
     manifest = build_dataset(cfg, root / "shards")
     return root / "shards", manifest, cfg
+
+
+@pytest.fixture
+def slack_webhook():
+    """A local HTTP server standing in for Slack: (base URL, received payloads).
+
+    Paths containing ``/ok`` answer 200, anything else 500.
+    """
+    received = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200 if "/ok" in self.path else 500)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", received
+    server.shutdown()

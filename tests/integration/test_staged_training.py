@@ -7,9 +7,7 @@ weights: its gate must fail, the run stop with a clear message, Slack be alerted
 from __future__ import annotations
 
 import json
-import threading
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -74,8 +72,7 @@ def test_all_four_stages_pass_and_record_gate_values(first_run, workspace):
     tracker = Tracker(config)
     for row in first_run["stages"]:
         assert row["steps"] == config.train.stages[row["stage"]].steps
-        for name, check in row["checks"].items():
-            assert check["value"] >= check["threshold"]
+        assert all(check["value"] >= check["threshold"] for check in row["checks"].values())
     runs = tracker.client.search_runs([tracker.experiment_id], "tags.`drape.stage` = 'texture'")
     metrics = runs[0].data.metrics
     assert {"gate.texture.identity", "gate.texture.texture", "gate.texture.coherence", "texture.loss"} <= set(metrics)
@@ -108,23 +105,10 @@ def test_live_storage_holds_only_what_the_invariant_allows(first_run, workspace)
 
 
 @pytest.fixture
-def webhook(monkeypatch):
-    received = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setenv("DRAPE_SLACK_WEBHOOK_URL", f"http://127.0.0.1:{server.server_port}/services/T0/B0/secret")
-    yield received
-    server.shutdown()
+def webhook(monkeypatch, slack_webhook):
+    url, received = slack_webhook
+    monkeypatch.setenv("DRAPE_SLACK_WEBHOOK_URL", f"{url}/ok/services/T0/B0/secret")
+    return received
 
 
 def scramble(checkpoint: str) -> None:

@@ -24,9 +24,7 @@ def _boxes(control, name):
 
 def _other_identity(control):
     ids = [m["identity_id"] for m in control["meta"]]
-    order = []
-    for i, identity in enumerate(ids):
-        order.append(next(j for j in range(len(ids)) if ids[j] != identity))
+    order = [next(j for j, other in enumerate(ids) if other != identity) for identity in ids]
     return control["target"][order]
 
 

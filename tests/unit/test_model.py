@@ -1,6 +1,5 @@
 """Model shapes, checkpoint round trip (safetensors + manifest), deterministic sampling."""
 
-import json
 
 import pytest
 import torch

@@ -1,6 +1,5 @@
 """Retention plan and execution: archive, verify by reading back, only then free live storage."""
 
-import json
 
 import pytest
 
