@@ -185,9 +185,11 @@ def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: st
         store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
     remove_tree(context.shards_dir / stage)
     _remove_empty(context.stage_dir(stage))
+    live_after = tree_bytes(root)
     Tracker(config).log_metrics(context.stage_run_ids[stage], {f"{stage}/archived_bytes": result.archived_bytes,
-                                                               f"{stage}/live_bytes": tree_bytes(root)})
-    return {**result.to_dict(), "stage": stage, "live_bytes_before": live_before, "live_bytes_after": tree_bytes(root)}
+                                                               f"{stage}/live_bytes_before": live_before,
+                                                               f"{stage}/live_bytes_after": live_after})
+    return {**result.to_dict(), "stage": stage, "live_bytes_before": live_before, "live_bytes_after": live_after}
 
 
 def _remove_empty(directory: Path) -> None:
