@@ -76,6 +76,27 @@ def save_checkpoint(path: str | Path, *, model: TryOnTransformer, optimizer: tor
     return path
 
 
+def export_weights(source: str | Path, destination: str | Path) -> Path:
+    """Copy a checkpoint's weights (model, EMA) and manifest without optimizer state, atomically.
+
+    Baselines keep only what serving, gating and the next stage's start need; the full checkpoint
+    with optimizer moments goes to the object store with the rest of the run.
+    """
+    source, destination = Path(source), Path(destination)
+    manifest = verify_checkpoint(source)
+    temporary = destination.with_name(f".{destination.name}.tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    shutil.copytree(source / "model", temporary / "model")
+    if (source / "ema.safetensors").is_file():
+        shutil.copy2(source / "ema.safetensors", temporary / "ema.safetensors")
+    files = {str(p.relative_to(temporary)): sha256_file(p) for p in sorted(temporary.rglob("*")) if p.is_file()}
+    exported = {**manifest, "files": files, "exported_from": source.name, "optimizer_state": False}
+    (temporary / MANIFEST).write_text(json.dumps(exported, indent=2, sort_keys=True))
+    shutil.rmtree(destination, ignore_errors=True)
+    os.replace(temporary, destination)
+    return destination
+
+
 def read_manifest(path: str | Path) -> dict:
     manifest_path = Path(path) / MANIFEST
     if not manifest_path.is_file():

@@ -8,8 +8,9 @@ storage (``<root>/live``) holds::
     baselines/<stage>/                          the current baseline: checkpoint/, outputs/, baseline.json
     shards/<split>/                             pre-staged shards of the stage in progress or next
 
-Invariant after every archive: only the active run's newest checkpoint, the current baselines
-(with the control set they were judged on) and the shards of the stage in progress or next.
+Invariant after every archive: only the active run's newest checkpoint (the weights of the stage
+just promoted, which is its new baseline), the current baselines (weights without optimizer state,
+and their control outputs), the control set, and the shards of the stage in progress or next.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from drape import STAGES
 from drape.alerts import gate_failure_message, send_slack
+from drape.checkpoint import export_weights
 from drape.config import PipelineConfig
 from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
 from drape.gates import GateReport
@@ -153,16 +155,16 @@ def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint
     """Register the passed checkpoint as `drape-tryon` ``<stage>-baseline`` and make it the live baseline."""
     tracker, run = Tracker(config), context.stage_run_ids[stage]
     gate_dir = context.stage_dir(stage) / "gate"
-    tracker.log_artifacts(run, checkpoint, "snapshot/checkpoint")
-    source = tracker.log_artifacts(run, gate_dir / "outputs", "snapshot/outputs").removesuffix("/outputs")
-    tags = {"drape.stage": stage, "drape.run_id": context.run_id, "drape.control_set": context.control_set,
-            **{f"drape.gate.{name}": f"{check.mean:.6f}" for name, check in report.checks.items()}}
-    version = tracker.register_baseline(run, source, stage, tags)
     staging = context.baseline_dir(stage).with_name(f".{stage}.tmp")
     remove_tree(staging)
     staging.mkdir(parents=True)
-    os.replace(checkpoint, staging / "checkpoint")
+    export_weights(checkpoint, staging / "checkpoint")  # the full checkpoint is archived with the run
     shutil.copytree(gate_dir / "outputs", staging / "outputs")
+    tracker.log_artifacts(run, staging / "checkpoint", "snapshot/checkpoint")
+    source = tracker.log_artifacts(run, staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
+    tags = {"drape.stage": stage, "drape.run_id": context.run_id, "drape.control_set": context.control_set,
+            **{f"drape.gate.{name}": f"{check.mean:.6f}" for name, check in report.checks.items()}}
+    version = tracker.register_baseline(run, source, stage, tags)
     (staging / "baseline.json").write_text(json.dumps({"version": version, "run_id": context.run_id, "stage": stage,
                                                       "control_set": context.control_set}))
     current = context.baseline_dir(stage)

@@ -75,3 +75,21 @@ def test_ema_weights_are_used_when_preferred(config, tmp_path):
     path = save_checkpoint(tmp_path / "ckpt", model=model, optimizer=None, trainable_names=[name], ema=ema, manifest={})
     assert torch.equal(dict(load_model(path, prefer_ema=True).named_parameters())[name], ema[name])
     assert torch.equal(dict(load_model(path).named_parameters())[name], dict(model.named_parameters())[name])
+
+
+def test_export_weights_drops_optimizer_state(config, tmp_path):
+    from drape.checkpoint import export_weights
+
+    model = build_model(config)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 3, 32, 32), torch.tensor([1]), *([torch.zeros(1, 3, 32, 32)] * 1), torch.zeros(1, 1, 32, 32),
+          torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32)).sum().backward()
+    optimizer.step()
+    names = [n for n, _ in model.named_parameters()]
+    full = save_checkpoint(tmp_path / "full", model=model, optimizer=optimizer, trainable_names=names, ema=None, manifest={"step": 3})
+    exported = export_weights(full, tmp_path / "weights")
+    assert (full / "optimizer.safetensors").is_file() and not (exported / "optimizer.safetensors").exists()
+    manifest = verify_checkpoint(exported)
+    assert manifest["step"] == 3 and manifest["optimizer_state"] is False
+    a, b = load_model(full).state_dict(), load_model(exported).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
