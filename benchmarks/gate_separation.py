@@ -3,7 +3,8 @@
 Side by side, same control set, same sampler seed: each stage baseline of the last run, then the
 last baseline with scrambled weights, a freshly initialised model, the agnostic input copied
 through, and the right images of the wrong person and garment (targets rolled by one sample).
-Prints the mean of each check, the thresholds, and per check the ratio of the worst trained
+Prints each check's thresholded value, the bootstrap lower bound of its mean (the mean in
+brackets), the thresholds, and per check the ratio of the worst trained
 value to the best broken value among the breakages aimed at that check (a copied agnostic
 input keeps the face intact, so it is not counted against the identity check). Run after `make demo` (it reads .drape/live/baselines):
 
@@ -24,7 +25,7 @@ from drape import STAGES
 from drape.checkpoint import load_model
 from drape.config import default_config_path, load_config
 from drape.data.dataset import dataset_prefix, load_split, to_model_inputs
-from drape.gates import CHECKS
+from drape.gate_report import CHECKS
 from drape.model import build_model, sample
 from drape.pipeline import live_root
 from drape.storage import ObjectStore
@@ -61,16 +62,17 @@ def main() -> None:
              ("broken: agnostic input copied (face intact)", STAGES[-1], control["agnostic"], {"texture", "coherence"}),
              ("broken: wrong person and garment", STAGES[-1], np.roll(control["target"], 1, axis=0), set(CHECKS))]
 
-    table = Table(title=f"gate separation on control set {manifest['control_set']} ({len(control['keys'])} samples)")
+    table = Table(title=f"gate separation on control set {manifest['control_set']} ({len(control['keys'])} samples): "
+                        "lower bound (mean)")
     table.add_column("outputs")
     for check in CHECKS:
         table.add_column(check, justify="right")
-    means: dict[str, dict[str, float]] = {}
+    means: dict[str, dict[str, float]] = {}  # the thresholded value: the lower bound
     for name, stage, outputs, _ in rows:
         report = judge(config, stage=stage, run_id="benchmark", checkpoint=name, control=control,
                        control_set=manifest["control_set"], outputs=outputs, baseline_outputs=None, baseline=None)
-        means[name] = {check: report.checks[check].mean for check in CHECKS}
-        table.add_row(name, *(f"{means[name][check]:.3f}" for check in CHECKS))
+        means[name] = {check: report.checks[check].lower for check in CHECKS}
+        table.add_row(name, *(f"{report.checks[c].lower:.3f} ({report.checks[c].mean:.3f})" for c in CHECKS))
     thresholds = [config.gates.thresholds(stage) for stage in STAGES]
     table.add_row("threshold (per stage)", *(" / ".join(f"{t[check]:.2f}" for t in thresholds) for check in CHECKS))
     ratios = []

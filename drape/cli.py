@@ -24,6 +24,8 @@ from drape.config import ConfigError, default_config_path, load_config
 app = typer.Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
 data_app = typer.Typer(help="Datasets: synthesize and shard.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+gate_app = typer.Typer(help="Validation gates, on outputs from anywhere.", no_args_is_help=True)
+app.add_typer(gate_app, name="gate")
 console = Console() if sys.stdout.isatty() else Console(width=160)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="pipeline config YAML (default: configs/demo.yaml)")
@@ -52,7 +54,7 @@ def _human(num_bytes: float) -> str:
 def _check_cell(check: dict) -> str:
     threshold = "unset" if check["threshold"] is None else f"{check['threshold']:.2f}"
     colour = "green" if check["passed"] else "red"
-    return f"[{colour}]{check['value']:.3f}[/{colour}] ≥ {threshold}"
+    return f"[{colour}]{check['value']:.3f}[/{colour}] ≥ {threshold}"  # value: the bootstrap lower bound
 
 
 def print_summary(summary: dict, wall_seconds: float | None = None) -> None:
@@ -148,6 +150,50 @@ def train(config: Optional[Path] = ConfigOption, stage: str = typer.Option(..., 
     args += ["--init", str(init)] if init else []
     args += ["--out", str(out)] if out else []
     raise typer.Exit(trainer.main(args))
+
+
+@gate_app.command("check")
+def gate_check(control: Path = typer.Option(..., help="dataset root (with manifest.json) or a folder of control shards"),
+               outputs: Path = typer.Option(..., help="folder of output PNGs named <control sample id>.png"),
+               baseline_outputs: Optional[Path] = typer.Option(None, help="the last validated checkpoint's outputs, same names"),
+               config: Optional[Path] = ConfigOption,
+               stage: str = typer.Option("denoise", help="whose thresholds apply: identity|texture|geometry|denoise"),
+               report: Optional[Path] = typer.Option(None, help="write the GateReport JSON here")) -> None:
+    """Judge a folder of outputs on the control set. Exit 0 pass, 1 fail, 2 usage or input error."""
+    import json
+
+    from drape import STAGES
+    from drape.data.dataset import load_control_dir
+    from drape.data.shards import ShardError
+    from drape.validate import judge, read_outputs
+
+    cfg = _load(config)
+    if stage not in STAGES:
+        console.print(f"[red]--stage must be one of {', '.join(STAGES)}, got {stage!r}[/red]")
+        raise typer.Exit(2)
+    try:
+        arrays, control_set = load_control_dir(control)
+        produced = read_outputs(outputs, arrays["keys"])
+        reference = read_outputs(baseline_outputs, arrays["keys"]) if baseline_outputs else None
+    except (FileNotFoundError, ShardError, ValueError) as error:
+        console.print(f"[red]input error:[/red] {error}")
+        raise typer.Exit(2) from None
+    baseline = {"version": str(baseline_outputs)} if baseline_outputs else None
+    result = judge(cfg, stage=stage, run_id="gate-check", checkpoint=str(outputs), control=arrays, control_set=control_set,
+                   outputs=produced, baseline_outputs=reference, baseline=baseline)
+    table = Table(title=f"gate ({stage} thresholds) on {control_set}: {'PASS' if result.passed else 'FAIL'}")
+    for column in ("check", "lower bound", "mean", "min", "threshold", "verdict"):
+        table.add_column(column)
+    for name, check in result.checks.items():
+        threshold = "unset" if check.threshold is None else f"{check.threshold:.3f}"
+        table.add_row(name, f"{check.lower:.3f}", f"{check.mean:.3f}", f"{check.minimum:.3f}", threshold,
+                      "pass" if check.passed else "[red]FAIL[/red]")
+    console.print(table)
+    for line in result.failures():
+        console.print(f"[red]- {line}[/red]")
+    if report:
+        report.write_text(json.dumps(result.to_dict(), indent=2))
+    raise typer.Exit(0 if result.passed else 1)
 
 
 def main() -> None:  # pragma: no cover - console entry point

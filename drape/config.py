@@ -129,6 +129,7 @@ class IdentityGateConfig(_Strict):
     embedder: Literal["pixel", "onnx"] = "pixel"
     onnx_model_path: str | None = None
     min_similarity: Threshold = None
+    max_drop: float | None = Field(default=0.05, ge=0, description="change threshold vs the stage baseline's mean")
 
     @model_validator(mode="after")
     def _onnx_needs_path(self) -> "IdentityGateConfig":
@@ -140,6 +141,7 @@ class IdentityGateConfig(_Strict):
 class TextureGateConfig(_Strict):
     min_fidelity: Threshold = None
     max_shift_pixels: int = Field(default=2, ge=0)
+    max_drop: float | None = Field(default=0.05, ge=0, description="change threshold vs the stage baseline's mean")
 
 
 class CoherenceGateConfig(_Strict):

@@ -9,13 +9,12 @@
 - coherence: the garment region's structure (edge maps and pooled layout) vs the reference
   output of the last validated checkpoint, same inputs and seed (first run: the ground truth).
 
-Each check is computed per control sample and compared on its mean against the configured
-threshold. A check without a threshold fails: no thresholds means no promotion.
+Each check is computed per control sample; `drape.gate_report` aggregates the values and applies
+the thresholds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -170,55 +169,3 @@ def coherence_scores(outputs: np.ndarray, references: np.ndarray, masks: np.ndar
         layout = float(np.mean([correlation(pooled_out[c][pooled_region], pooled_ref[c][pooled_region]) for c in range(3)]))
         scores.append(0.5 * max(edges, 0.0) + 0.5 * max(layout, 0.0))
     return np.array(scores)
-
-
-@dataclass
-class CheckResult:
-    name: str
-    values: dict[str, float]
-    threshold: float | None
-    reference: str = ""
-
-    @property
-    def mean(self) -> float:
-        return float(np.mean(list(self.values.values())))
-
-    @property
-    def minimum(self) -> float:
-        return float(np.min(list(self.values.values())))
-
-    @property
-    def passed(self) -> bool:
-        return self.threshold is not None and self.mean >= self.threshold
-
-    def reason(self) -> str:
-        if self.threshold is None:
-            return f"{self.name}: no threshold configured, so nothing can be promoted"
-        relation = ">=" if self.passed else "<"
-        return f"{self.name}: mean {self.mean:.4f} {relation} threshold {self.threshold:.4f}"
-
-    def to_dict(self) -> dict:
-        return {"values": self.values, "mean": self.mean, "min": self.minimum, "threshold": self.threshold,
-                "passed": self.passed, "reference": self.reference, "reason": self.reason()}
-
-
-@dataclass
-class GateReport:
-    stage: str
-    run_id: str
-    checkpoint: str
-    control_set: str
-    checks: dict[str, CheckResult] = field(default_factory=dict)
-    baseline: dict | None = None
-
-    @property
-    def passed(self) -> bool:
-        return all(check.passed for check in self.checks.values()) and set(self.checks) == set(CHECKS)
-
-    def failures(self) -> list[str]:
-        return [check.reason() for check in self.checks.values() if not check.passed]
-
-    def to_dict(self) -> dict:
-        return {"stage": self.stage, "run_id": self.run_id, "checkpoint": self.checkpoint, "control_set": self.control_set,
-                "verdict": "pass" if self.passed else "fail", "baseline": self.baseline,
-                "checks": {name: check.to_dict() for name, check in self.checks.items()}}

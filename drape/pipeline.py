@@ -28,7 +28,7 @@ from drape.alerts import gate_failure_message, send_slack
 from drape.checkpoint import export_weights
 from drape.config import PipelineConfig
 from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
-from drape.gates import GateReport
+from drape.gate_report import GateReport
 from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
 from drape.storage import ObjectStore, remove_tree, tree_bytes
 from drape.tracking import Tracker
@@ -144,7 +144,9 @@ def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: st
                            control_set=context.control_set, gate_dir=gate_dir, baseline=baseline,
                            baseline_outputs_dir=baseline_outputs)
     remove_tree(context.stage_dir(stage) / "baseline-download")
-    tracker.log_metrics(run, {f"gate.{stage}.{name}": check.mean for name, check in report.checks.items()})
+    aggregates = {f"gate/{name}/{aggregate}": getattr(check, attribute) for name, check in report.checks.items()
+                  for aggregate, attribute in (("mean", "mean"), ("lower", "lower"), ("min", "minimum"))}
+    tracker.log_metrics(run, {**aggregates, "gate/passed": float(report.passed)})
     tracker.set_tags(run, {"drape.gate.verdict": "pass" if report.passed else "fail"})
     tracker.log_artifact(run, gate_dir / "report.json", "gate")
     tracker.log_artifact(run, gate_dir / "grid.png", "gate")
@@ -241,6 +243,7 @@ def summarize(config: PipelineConfig, context: RunContext, stages: list[dict]) -
 def stage_row(train_result: TrainResult, report: GateReport, snap: dict, archived: dict) -> dict:
     return {"stage": train_result.stage, "steps": train_result.steps, "final_loss": train_result.final_loss,
             "train_seconds": train_result.train_seconds, "data_wait_fraction": train_result.data_wait_fraction,
-            "checks": {n: {"value": c.mean, "threshold": c.threshold, "passed": c.passed} for n, c in report.checks.items()},
+            "checks": {n: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
+                       for n, c in report.checks.items()},
             "verdict": "pass" if report.passed else "fail", "version": snap["version"],
             "archived_bytes": archived["archived_bytes"], "live_bytes": archived["live_bytes_after"]}

@@ -53,7 +53,7 @@ class Tracker:
         import time
 
         now = int(time.time() * 1000)
-        self.client.log_batch(run_id, metrics=[Metric(k.replace("/", "."), float(v), now, step) for k, v in metrics.items()])
+        self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
     def log_params(self, run_id: str, params: dict) -> None:
         from mlflow.entities import Param

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
 from drape.checkpoint import load_model
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gates import CheckResult, GateReport, build_embedder, coherence_scores, identity_scores, texture_scores
+from drape.gate_report import CheckResult, GateReport
+from drape.gates import build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.model import sample
 from drape.train import resolve_device
 
@@ -54,35 +55,63 @@ def read_outputs(directory: str | Path, keys: list[str]) -> np.ndarray:
     return np.stack(images)
 
 
-def save_grid(path: Path, control: dict, outputs: np.ndarray, count: int) -> None:
-    rows = min(count, len(outputs))
-    size = outputs.shape[1]
-    grid = Image.new("RGB", (4 * size, rows * size), (255, 255, 255))
-    for row in range(rows):
-        for col, image in enumerate((control["agnostic"][row], control["garment"][row], outputs[row], control["target"][row])):
-            grid.paste(Image.fromarray(image), (col * size, row * size))
-    scale = max(1, 256 // size)
-    grid.resize((grid.width * scale, grid.height * scale), Image.Resampling.NEAREST).save(path)
+def save_grid(path: Path, control: dict, outputs: np.ndarray, report: GateReport, count: int,
+              baseline_outputs: np.ndarray | None = None) -> None:
+    """PNG grid, worst samples of each check first: label, input, garment, output, target[, baseline]."""
+    index = {key: i for i, key in enumerate(control["keys"])}
+    rows: list[tuple[str, int]] = []
+    for check, key, value in report.worst_samples(per_check=2):
+        rows.append((f"worst {check}\n{key}\n{value:.3f}", index[key]))
+    shown = {i for _, i in rows}
+    rows += [(key, index[key]) for key in control["keys"] if index[key] not in shown][: max(count - len(rows), 0)]
+    columns = [control["agnostic"], control["garment"], outputs, control["target"]]
+    columns += [baseline_outputs] if baseline_outputs is not None else []
+    cell = max(outputs.shape[1], 128)
+    grid = Image.new("RGB", ((len(columns) + 1) * cell, len(rows) * cell + 24), "white")
+    draw = ImageDraw.Draw(grid)
+    for col, title in enumerate(["", "input", "garment", "output", "target", "baseline"][: len(columns) + 1]):
+        draw.text((col * cell + 4, 4), title, fill="black")
+    for row, (label, sample) in enumerate(rows):
+        top = 24 + row * cell
+        draw.multiline_text((4, top + 4), label, fill="black")
+        for col, images in enumerate(columns, start=1):
+            tile = Image.fromarray(images[sample]).resize((cell, cell), Image.Resampling.NEAREST)
+            grid.paste(tile, (col * cell, top))
+    grid.save(path)
 
 
 def judge(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str, control: dict, control_set: str,
           outputs: np.ndarray, baseline_outputs: np.ndarray | None, baseline: dict | None) -> GateReport:
-    """The GateReport for `outputs` on the control set; pure given its inputs."""
+    """The GateReport for `outputs` on the control set; pure given its inputs.
+
+    With baseline outputs, coherence is measured against them, and the identity and texture
+    checks also score the baseline's outputs on the same control set: that is the mean the
+    change threshold compares with.
+    """
     keys, meta, gates = control["keys"], control["meta"], config.gates
-    face_boxes = [m["face_box"] for m in meta]
-    logo_boxes = [m["logo_box"] for m in meta]
+    embedder = build_embedder(gates)
+    identity = lambda images: identity_scores(images, control["target"], [m["face_box"] for m in meta], embedder)  # noqa: E731
+    texture = lambda images: texture_scores(images, control["target"], [m["logo_box"] for m in meta],  # noqa: E731
+                                            gates.texture.max_shift_pixels)
     reference = baseline_outputs if baseline_outputs is not None else control["target"]
-    reference_name = f"baseline v{baseline['version']} outputs" if baseline_outputs is not None else "ground-truth targets (no baseline yet)"
-    values = {
-        "identity": identity_scores(outputs, control["target"], face_boxes, build_embedder(gates)),
-        "texture": texture_scores(outputs, control["target"], logo_boxes, gates.texture.max_shift_pixels),
-        "coherence": coherence_scores(outputs, reference, control["mask"]),
-    }
-    thresholds = gates.thresholds(stage)
+    values = {"identity": identity(outputs), "texture": texture(outputs),
+              "coherence": coherence_scores(outputs, reference, control["mask"])}
+    first_run = "no baseline yet (first run of this stage): change check skipped"
+    baseline_means = {name: None for name in values}
+    if baseline_outputs is not None:
+        baseline_means.update(identity=float(identity(baseline_outputs).mean()), texture=float(texture(baseline_outputs).mean()))
+    notes = {"identity": "" if baseline_outputs is not None else first_run,
+             "texture": "" if baseline_outputs is not None else first_run,
+             "coherence": "coherence is measured against the baseline's own outputs: no separate change check"}
+    max_drops = {"identity": gates.identity.max_drop, "texture": gates.texture.max_drop, "coherence": None}
+    references = {"identity": "control targets", "texture": "control targets",
+                  "coherence": f"baseline v{baseline['version']} outputs" if baseline_outputs is not None
+                  else "ground-truth targets (no baseline yet)"}
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
+    thresholds = gates.thresholds(stage)
     for name, scores in values.items():
         report.checks[name] = CheckResult(name, {k: round(float(v), 6) for k, v in zip(keys, scores)}, thresholds[name],
-                                          reference_name if name == "coherence" else "control targets")
+                                          references[name], baseline_means[name], max_drops[name], notes[name])
     return report
 
 
@@ -97,5 +126,5 @@ def evaluate_gate(config: PipelineConfig, *, stage: str, run_id: str, checkpoint
     report = judge(config, stage=stage, run_id=run_id, checkpoint=str(checkpoint), control=control, control_set=control_set,
                    outputs=outputs, baseline_outputs=baseline_outputs, baseline=baseline)
     (gate_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
-    save_grid(gate_dir / "grid.png", control, outputs, config.gates.grid_samples)
+    save_grid(gate_dir / "grid.png", control, outputs, report, config.gates.grid_samples, baseline_outputs)
     return report

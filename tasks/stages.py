@@ -12,7 +12,7 @@ from prefect.cache_policies import NONE
 
 from drape import pipeline
 from drape.config import PipelineConfig
-from drape.gates import GateReport
+from drape.gate_report import GateReport
 from drape.train import TrainResult
 
 _common = {"cache_policy": NONE, "log_prints": True}
@@ -73,8 +73,12 @@ def gate_markdown(report: GateReport) -> str:
     lines = [f"# Gate `{report.stage}`: **{'PASS' if report.passed else 'FAIL'}**", "",
              f"Run `{report.run_id}`, control set `{report.control_set}`, baseline "
              f"{('v' + report.baseline['version']) if report.baseline else 'none (first run)'}", "",
-             "| check | mean | min | threshold | verdict |", "|---|---|---|---|---|"]
+             "| check | lower bound | mean | min | threshold | baseline mean (max drop) | verdict |",
+             "|---|---|---|---|---|---|---|"]
     for name, check in report.checks.items():
         threshold = "not set" if check.threshold is None else f"{check.threshold:.3f}"
-        lines.append(f"| {name} | {check.mean:.3f} | {check.minimum:.3f} | {threshold} | {'pass' if check.passed else 'FAIL'} |")
-    return "\n".join(lines)
+        baseline = f"{check.baseline_mean:.3f} ({check.max_drop:.3f})" if check.change_checked else (check.change_note or "-")
+        lines.append(f"| {name} | {check.lower:.3f} | {check.mean:.3f} | {check.minimum:.3f} | {threshold} | {baseline} "
+                     f"| {'pass' if check.passed else 'FAIL'} |")
+    failures = report.failures()
+    return "\n".join(lines + ([""] + [f"- {line}" for line in failures] if failures else []))

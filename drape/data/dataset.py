@@ -19,7 +19,7 @@ from typing import Callable
 import numpy as np
 
 from drape import STAGES
-from drape.checksum import sha256_bytes
+from drape.checksum import sha256_bytes, sha256_file
 from drape.config import PipelineConfig
 from drape.data.shards import IMAGE_FIELDS, ShardError, ShardWriter, read_shard, verify_shard
 from drape.data.synth import STAGE_BIAS, generate_split
@@ -123,6 +123,22 @@ def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:
                 columns[field].append(sample[field])
     arrays = {field: np.stack(values) for field, values in columns.items() if field != "meta"}
     return {**arrays, "keys": keys, "meta": columns["meta"]}
+
+
+def load_control_dir(directory: str | Path) -> tuple[dict, str]:
+    """A control set from a dataset root (manifest.json: hashes verified) or a folder of shards.
+
+    Returns (arrays as `load_split` gives them, control set id).
+    """
+    directory = Path(directory)
+    if (directory / MANIFEST).is_file():
+        manifest = json.loads((directory / MANIFEST).read_text())
+        return load_split(directory, manifest, "control"), manifest["control_set"]
+    shards = sorted(directory.glob("*.tar")) if directory.is_dir() else []
+    if not shards:
+        raise FileNotFoundError(f"{directory}: expected a dataset root with {MANIFEST} or a folder of control shards (*.tar)")
+    entries = [{"path": shard.name, "sha256": sha256_file(shard), "bytes": shard.stat().st_size} for shard in shards]
+    return load_split(directory, {"splits": {"control": entries}}, "control"), control_set_id(entries)
 
 
 def to_model_inputs(arrays: dict, indices=None) -> dict:

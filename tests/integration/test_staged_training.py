@@ -75,7 +75,8 @@ def test_all_four_stages_pass_and_record_gate_values(first_run, workspace):
         assert all(check["value"] >= check["threshold"] for check in row["checks"].values())
     runs = tracker.client.search_runs([tracker.experiment_id], "tags.`drape.stage` = 'texture'")
     metrics = runs[0].data.metrics
-    assert {"gate.texture.identity", "gate.texture.texture", "gate.texture.coherence", "texture.loss"} <= set(metrics)
+    assert {f"gate/{check}/{aggregate}" for check in ("identity", "texture", "coherence")
+            for aggregate in ("mean", "lower", "min")} | {"gate/passed", "texture/loss"} <= set(metrics)
     assert runs[0].data.tags["drape.gate.verdict"] == "pass"
 
 
@@ -139,7 +140,7 @@ def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspa
     with pytest.raises(pipeline.GateFailed) as error:
         staged_training(config_path=str(path), run_name="sabotaged")
     message = str(error.value)
-    assert "gate failed at stage identity" in message and "identity: mean" in message and "< threshold 0.5000" in message
+    assert "gate failed at stage identity" in message and "identity: lower bound" in message and "< threshold 0.5000" in message
     assert Tracker(config).aliases() == aliases_before
     assert webhook and "identity" in webhook[0]["text"] and "nothing was promoted" in webhook[0]["text"]
     assert "secret" not in message
@@ -169,6 +170,8 @@ def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_ru
     for report in reports:
         assert report["baseline"]["version"] == before[f"{report['stage']}-baseline"]
         assert report["checks"]["coherence"]["reference"].startswith("baseline v")
+        assert report["checks"]["identity"]["change"]["checked"] and report["checks"]["texture"]["change"]["checked"]
+        assert report["schema"] == "drape.gate_report/v2"
     superseded = [r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"] and r["outcome"] == "superseded_baseline"]
     assert {r["stage"] for r in superseded} == set(STAGES)
     assert_live_invariant(config)

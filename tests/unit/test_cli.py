@@ -14,6 +14,7 @@ EXPECTED_COMMANDS = {
     "run": ["config", "mode", "run_name"],
     "train": ["config", "stage", "init", "out"],
     "data synth": ["config", "out"],
+    "gate check": ["control", "outputs", "baseline_outputs", "config", "stage", "report"],
 }
 EXPECTED_FLOW_PARAMETERS = ["config_path", "mode", "run_name"]
 
@@ -70,3 +71,45 @@ def test_data_synth_writes_shards_and_manifest(tmp_path):
     assert set(manifest["splits"]) == {"identity", "texture", "geometry", "denoise", "control"}
     assert all((out / shard["path"]).is_file() for shards in manifest["splits"].values() for shard in shards)
     assert manifest["control_set"].startswith("control-")
+
+
+def _write_outputs(folder, control, images):
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, image in zip(control["keys"], images):
+        Image.fromarray(image).save(folder / f"{key}.png")
+
+
+def test_gate_check_exit_codes(tiny_dataset, tmp_path):
+    import json
+
+    import numpy as np
+
+    from drape.data.dataset import load_control_dir
+    from tests.conftest import TINY
+
+    directory, manifest, _ = tiny_dataset
+    control, control_set = load_control_dir(directory)
+    assert control_set == manifest["control_set"]
+    _write_outputs(tmp_path / "good", control, control["target"])
+    _write_outputs(tmp_path / "grey", control, np.full_like(control["target"], 128))
+    args = ["gate", "check", "--control", str(directory), "--config", str(TINY)]
+    good = runner.invoke(app, [*args, "--outputs", str(tmp_path / "good"), "--report", str(tmp_path / "r.json")])
+    assert good.exit_code == 0, good.output
+    assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "pass"
+    grey = runner.invoke(app, [*args, "--outputs", str(tmp_path / "grey")])
+    assert grey.exit_code == 1 and "identity: lower bound" in grey.output
+    (tmp_path / "good" / f"{control['keys'][0]}.png").unlink()
+    missing = runner.invoke(app, [*args, "--outputs", str(tmp_path / "good")])
+    assert missing.exit_code == 2 and control["keys"][0] in missing.output
+    nowhere = runner.invoke(app, ["gate", "check", "--control", str(tmp_path), "--outputs", str(tmp_path / "grey")])
+    assert nowhere.exit_code == 2 and "expected a dataset root" in nowhere.output
+
+
+def test_gate_check_on_a_folder_of_shards(tiny_dataset, tmp_path):
+    from drape.data.dataset import load_control_dir
+
+    directory, manifest, _ = tiny_dataset
+    from_folder, control_set = load_control_dir(directory / "control")
+    assert control_set == manifest["control_set"] and len(from_folder["keys"]) == 6

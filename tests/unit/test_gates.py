@@ -7,8 +7,9 @@ import pytest
 from PIL import Image, ImageFilter
 
 from drape.data.dataset import load_split
-from drape.gates import (CheckResult, GateReport, OnnxFaceEmbedder, PixelFaceEmbedder, coherence_scores, identity_scores,
-                         patch_fidelity, texture_scores)
+from drape.gate_report import CheckResult, GateReport
+from drape.gates import (OnnxFaceEmbedder, PixelFaceEmbedder, coherence_scores, identity_scores, patch_fidelity,
+                         texture_scores)
 from drape.validate import judge
 
 
@@ -88,7 +89,7 @@ def test_coherence_structure_not_pixels(control):
 
 def test_missing_threshold_blocks_promotion():
     check = CheckResult("texture", {"a": 0.9}, None)
-    assert not check.passed and "no threshold configured" in check.reason()
+    assert not check.passed and "no threshold configured" in check.failures()[0]
     report = GateReport("texture", "run", "ckpt", "control-x", {"texture": check})
     assert not report.passed
 
@@ -102,7 +103,7 @@ def test_report_names_check_value_and_threshold(config, control):
     assert set(data["checks"]) == {"identity", "texture", "coherence"}
     assert data["checks"]["identity"]["threshold"] == 0.50
     assert len(data["checks"]["identity"]["values"]) == len(control["keys"])
-    assert any(reason.startswith("identity: mean") and "< threshold 0.5000" in reason for reason in report.failures())
+    assert any(reason.startswith("identity: lower bound") and "< threshold 0.5000" in reason for reason in report.failures())
     assert data["checks"]["coherence"]["reference"].startswith("ground-truth targets")
 
 

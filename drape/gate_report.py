@@ -1,0 +1,112 @@
+"""Gate verdicts: aggregate per-sample check values and apply thresholds the way TFX's Evaluator does.
+
+Each check has a value threshold, applied to a lower confidence bound of its mean (the bootstrap
+5th percentile), so a few bad samples cannot hide behind a good average; and optionally a change
+threshold against the stage baseline: the candidate's mean may not fall more than `max_drop`
+below the baseline's mean on the same control set. No value threshold means no promotion, never a
+silent pass. Without a baseline (a first run) the change check is skipped and the report says why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CHECKS = ("identity", "texture", "coherence")
+SCHEMA = "drape.gate_report/v2"
+
+
+def bootstrap_lower_bound(values: list[float] | np.ndarray, *, quantile: float = 0.05, resamples: int = 2000,
+                          seed: int = 0) -> float:
+    """The `quantile` of the bootstrap distribution of the mean (fixed seed: reports are reproducible)."""
+    values = np.asarray(values, dtype=np.float64)
+    if len(values) < 2:
+        return float(values.mean()) if len(values) else float("nan")
+    rng = np.random.default_rng(seed)
+    means = values[rng.integers(0, len(values), size=(resamples, len(values)))].mean(axis=1)
+    return float(np.quantile(means, quantile))
+
+
+@dataclass
+class CheckResult:
+    name: str
+    values: dict[str, float]
+    threshold: float | None
+    reference: str = ""
+    baseline_mean: float | None = None
+    max_drop: float | None = None
+    change_note: str = ""  # why the change check was skipped, when it was
+    mean: float = field(init=False)
+    lower: float = field(init=False)
+    minimum: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        scores = list(self.values.values())
+        self.mean, self.minimum = float(np.mean(scores)), float(np.min(scores))
+        self.lower = bootstrap_lower_bound(scores)
+
+    @property
+    def value_passed(self) -> bool:
+        return self.threshold is not None and self.lower >= self.threshold
+
+    @property
+    def change_checked(self) -> bool:
+        return self.baseline_mean is not None and self.max_drop is not None
+
+    @property
+    def change_passed(self) -> bool:
+        return not self.change_checked or self.mean >= self.baseline_mean - self.max_drop
+
+    @property
+    def passed(self) -> bool:
+        return self.value_passed and self.change_passed
+
+    def failures(self) -> list[str]:
+        """One line per failed condition, naming the check, the value and the threshold."""
+        lines = []
+        if self.threshold is None:
+            lines.append(f"{self.name}: no threshold configured, so nothing can be promoted")
+        elif not self.value_passed:
+            lines.append(f"{self.name}: lower bound {self.lower:.4f} (mean {self.mean:.4f}) < threshold {self.threshold:.4f}")
+        if not self.change_passed:
+            lines.append(f"{self.name}: mean {self.mean:.4f} fell more than {self.max_drop:.4f} below the baseline's "
+                         f"{self.baseline_mean:.4f}")
+        return lines
+
+    def to_dict(self) -> dict:
+        change = {"baseline_mean": self.baseline_mean, "max_drop": self.max_drop, "checked": self.change_checked,
+                  "passed": self.change_passed, "note": self.change_note}
+        return {"values": self.values, "mean": self.mean, "lower": self.lower, "min": self.minimum,
+                "threshold": self.threshold, "value_passed": self.value_passed, "change": change,
+                "passed": self.passed, "reference": self.reference, "failures": self.failures()}
+
+
+@dataclass
+class GateReport:
+    stage: str
+    run_id: str
+    checkpoint: str
+    control_set: str
+    checks: dict[str, CheckResult] = field(default_factory=dict)
+    baseline: dict | None = None
+
+    @property
+    def passed(self) -> bool:
+        return set(self.checks) == set(CHECKS) and all(check.passed for check in self.checks.values())
+
+    def failures(self) -> list[str]:
+        return [line for check in self.checks.values() for line in check.failures()]
+
+    def to_dict(self) -> dict:
+        return {"schema": SCHEMA, "stage": self.stage, "run_id": self.run_id, "checkpoint": self.checkpoint,
+                "control_set": self.control_set, "verdict": "pass" if self.passed else "fail", "baseline": self.baseline,
+                "checks": {name: check.to_dict() for name, check in self.checks.items()}, "failures": self.failures()}
+
+    def worst_samples(self, per_check: int) -> list[tuple[str, str, float]]:
+        """(check, sample id, value) for the `per_check` lowest values of each check, worst first."""
+        rows = []
+        for name, check in self.checks.items():
+            ranked = sorted(check.values.items(), key=lambda item: item[1])[:per_check]
+            rows += [(name, key, value) for key, value in ranked]
+        return rows

@@ -1,0 +1,43 @@
+"""Gate verdicts: lower confidence bounds, value and change thresholds, reasons people can act on."""
+
+import numpy as np
+import pytest
+
+from drape.gate_report import CheckResult, GateReport, bootstrap_lower_bound
+
+
+def test_bootstrap_lower_bound_matches_a_direct_resampling():
+    values = np.array([0.9] * 14 + [0.1, 0.2])
+    rng = np.random.default_rng(0)
+    reference = np.quantile(values[rng.integers(0, 16, size=(2000, 16))].mean(axis=1), 0.05)
+    assert bootstrap_lower_bound(values) == pytest.approx(reference)
+    assert bootstrap_lower_bound(values) < values.mean()
+    assert bootstrap_lower_bound([0.7] * 10) == pytest.approx(0.7)
+
+
+def test_a_few_bad_samples_cannot_hide_behind_a_good_average():
+    good = {f"s{i}": 0.85 for i in range(16)}
+    few_bad = {**{f"s{i}": 0.97 for i in range(13)}, "s13": 0.2, "s14": 0.2, "s15": 0.2}
+    assert CheckResult("identity", good, 0.8).passed
+    hiding = CheckResult("identity", few_bad, 0.8)
+    assert hiding.mean > 0.8 and not hiding.passed
+    assert hiding.failures()[0].startswith("identity: lower bound") and "< threshold 0.8000" in hiding.failures()[0]
+
+
+def test_change_threshold_against_the_baseline():
+    values = {f"s{i}": 0.9 for i in range(8)}
+    assert CheckResult("texture", values, 0.5, baseline_mean=0.93, max_drop=0.05).passed
+    dropped = CheckResult("texture", values, 0.5, baseline_mean=0.99, max_drop=0.05)
+    assert dropped.value_passed and not dropped.passed
+    assert "fell more than 0.0500 below the baseline's 0.9900" in dropped.failures()[0]
+    first = CheckResult("texture", values, 0.5, max_drop=0.05, change_note="no baseline yet")
+    assert first.passed and not first.change_checked and first.to_dict()["change"]["note"] == "no baseline yet"
+
+
+def test_report_needs_every_check_and_ranks_worst_samples():
+    checks = {name: CheckResult(name, {"a": 0.9, "b": 0.4, "c": 0.7}, 0.1) for name in ("identity", "texture")}
+    report = GateReport("geometry", "r", "ckpt", "control-x", checks)
+    assert not report.passed  # coherence missing: a partial gate never passes
+    assert report.worst_samples(1) == [("identity", "b", 0.4), ("texture", "b", 0.4)]
+    data = report.to_dict()
+    assert data["schema"] == "drape.gate_report/v2" and data["verdict"] == "fail"
