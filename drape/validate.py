@@ -71,11 +71,11 @@ def save_grid(path: Path, control: dict, outputs: np.ndarray, report: GateReport
     draw = ImageDraw.Draw(grid)
     for col, title in enumerate(["", "input", "garment", "output", "target", "baseline"][: len(columns) + 1]):
         draw.text((col * cell + 4, 4), title, fill="black")
-    for row, (label, sample) in enumerate(rows):
+    for row, (label, position) in enumerate(rows):
         top = 24 + row * cell
         draw.multiline_text((4, top + 4), label, fill="black")
         for col, images in enumerate(columns, start=1):
-            tile = Image.fromarray(images[sample]).resize((cell, cell), Image.Resampling.NEAREST)
+            tile = Image.fromarray(images[position]).resize((cell, cell), Image.Resampling.NEAREST)
             grid.paste(tile, (col * cell, top))
     grid.save(path)
 
