@@ -192,6 +192,10 @@ class AlertsConfig(_Strict):
         default="DRAPE_SLACK_WEBHOOK_URL",
         description="name of the environment variable holding the webhook; never the URL itself",
     )
+    slack_webhook_secret_block: str | None = Field(
+        default=None, description="name of a Prefect Secret block holding the webhook (flows only); wins over the variable"
+    )
+    notify_on_pass: bool = False
 
     @model_validator(mode="after")
     def _no_inline_secret(self) -> "AlertsConfig":

@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from drape import STAGES
-from drape.alerts import gate_failure_message, send_slack
+from drape.alerts import notify_gate
 from drape.checkpoint import export_weights
 from drape.config import PipelineConfig
 from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
@@ -134,8 +134,12 @@ def _baseline(config: PipelineConfig, context: RunContext, stage: str, tracker: 
     return info, tracker.download(f"{version.source}/outputs", cache)
 
 
-def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str) -> GateReport:
-    """Judge the candidate on the control set vs thresholds and the stage baseline; log the report."""
+def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, *, webhook_url: str | None = None,
+         links: dict[str, str] | None = None) -> GateReport:
+    """Judge the candidate on the control set vs thresholds and the stage baseline; log the report.
+
+    A passing gate alerts only when `alerts.notify_on_pass` is set; failures alert in `reject`.
+    """
     tracker, run = Tracker(config), context.stage_run_ids[stage]
     control = load_split(context.shards_dir, _manifest(config, context), "control")
     baseline, baseline_outputs = _baseline(config, context, stage, tracker)
@@ -150,6 +154,8 @@ def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: st
     tracker.set_tags(run, {"drape.gate.verdict": "pass" if report.passed else "fail"})
     tracker.log_artifact(run, gate_dir / "report.json", "gate")
     tracker.log_artifact(run, gate_dir / "grid.png", "gate")
+    if report.passed:
+        print(f"gate-{stage}: passed ({_notify(config, context, report, webhook_url, links)})")
     return report
 
 
@@ -204,23 +210,28 @@ def _remove_empty(directory: Path) -> None:
         directory.rmdir()
 
 
-def reject(config: PipelineConfig, context: RunContext, stage: str, report: GateReport) -> str:
+def _notify(config: PipelineConfig, context: RunContext, report: GateReport, webhook_url: str | None,
+            links: dict[str, str] | None) -> str:
+    store = ObjectStore(config.object_store_url)
+    location = f"{store.key_url(f'runs/{context.run_id}/{report.stage}/gate/report.json')}"
+    links = {**(links or {}), "MLflow run": Tracker(config).run_link(context.stage_run_ids[report.stage])}
+    return notify_gate(config.alerts, report, run_name=context.run_name, report_location=location, links=links,
+                       webhook_url=webhook_url)
+
+
+def reject(config: PipelineConfig, context: RunContext, stage: str, report: GateReport, *, webhook_url: str | None = None,
+           links: dict[str, str] | None = None) -> str:
     """A failed gate: archive the candidate with the short lifetime, alert Slack, close the runs.
 
-    The run is over, so the shards pre-staged for later stages leave live storage too.
+    The run is over, so the shards pre-staged for later stages leave live storage too. A Slack
+    outage is noted in the returned message; it never turns the failure into anything else.
     """
     archive(config, context, stage, outcome="failed_candidate")
     for later in STAGES[STAGES.index(stage):]:
         remove_tree(context.shards_dir / later)
-    failures = report.failures()
-    message = f"gate failed at stage {stage}: " + "; ".join(failures)
-    location = f"runs/{context.run_id}/{stage}/gate/report.json in {ObjectStore(config.object_store_url)!r}"
-    try:
-        sent = send_slack(config.alerts, gate_failure_message(stage, context.run_name, failures, location))
-    except RuntimeError as error:
-        sent, message = False, f"{message} (Slack alert failed: {error})"
+    alert = _notify(config, context, report, webhook_url, links)
     close_run(config, context, "FAILED")
-    return message + ("" if sent else f" (no Slack alert: ${config.alerts.slack_webhook_env} not set)")
+    return f"gate failed at stage {stage}: " + "; ".join(report.failures()) + f" ({alert})"
 
 
 def close_run(config: PipelineConfig, context: RunContext, status: str) -> None:

@@ -44,6 +44,12 @@ class Tracker:
             tags["mlflow.parentRunId"] = parent_run_id
         return self.client.create_run(self.experiment_id, run_name=name, tags=tags).info.run_id
 
+    def run_link(self, run_id: str) -> str:
+        """A browser link to the run on an MLflow server, or where to find it for a local store."""
+        if self.uri.startswith("http"):
+            return f"{self.uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{run_id}"
+        return f"run {run_id} in {self.uri}"
+
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 

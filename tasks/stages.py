@@ -41,9 +41,25 @@ def _every_tenth(stage: str):
     return report
 
 
+def _webhook(config: PipelineConfig) -> str | None:
+    """The Slack webhook from the configured Prefect Secret block, if any (else drape reads the env)."""
+    if not config.alerts.slack_webhook_secret_block:
+        return None
+    from prefect.blocks.system import Secret
+
+    return Secret.load(config.alerts.slack_webhook_secret_block).get()
+
+
+def _links() -> dict[str, str]:
+    from prefect.runtime import flow_run
+
+    url = flow_run.ui_url
+    return {"Prefect flow run": url} if url else {}
+
+
 @task(name="gate", task_run_name="gate-{stage}", timeout_seconds=3600, **_common)
 def gate(config: PipelineConfig, context: pipeline.RunContext, stage: str, checkpoint: str) -> GateReport:
-    report = pipeline.gate(config, context, stage, checkpoint)
+    report = pipeline.gate(config, context, stage, checkpoint, webhook_url=_webhook(config), links=_links())
     create_markdown_artifact(gate_markdown(report), key=f"gate-report-{stage}", description=f"{stage} gate report")
     return report
 
@@ -60,7 +76,7 @@ def archive(config: PipelineConfig, context: pipeline.RunContext, stage: str) ->
 
 @task(name="reject", task_run_name="reject-{stage}", retries=2, retry_delay_seconds=5, **_common)
 def reject(config: PipelineConfig, context: pipeline.RunContext, stage: str, report: GateReport) -> str:
-    return pipeline.reject(config, context, stage, report)
+    return pipeline.reject(config, context, stage, report, webhook_url=_webhook(config), links=_links())
 
 
 @task(name="summarize", **_common)

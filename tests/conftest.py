@@ -49,14 +49,22 @@ def tiny_dataset(tmp_path_factory):
 def slack_webhook():
     """A local HTTP server standing in for Slack: (base URL, received payloads).
 
-    Paths containing ``/ok`` answer 200, anything else 500.
+    ``/ok/...`` answers 200; ``/seq/429,500,200/...`` answers those codes in turn (429 with
+    Retry-After: 1) and then repeats the last; anything else answers 500.
     """
     received = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200 if "/ok" in self.path else 500)
+            if self.path.startswith("/seq/"):
+                codes = [int(c) for c in self.path.split("/")[2].split(",")]
+                code = codes[min(len(received), len(codes)) - 1]
+            else:
+                code = 200 if self.path.startswith("/ok") else 500
+            self.send_response(code)
+            if code == 429:
+                self.send_header("Retry-After", "1")
             self.end_headers()
 
         def log_message(self, *args):

@@ -106,10 +106,19 @@ def test_live_storage_holds_only_what_the_invariant_allows(first_run, workspace)
 
 
 @pytest.fixture
-def webhook(monkeypatch, slack_webhook):
+def webhook_block(monkeypatch, slack_webhook, workspace):
+    """The Slack stand-in's URL kept in a Prefect Secret block, and a config that names the block."""
+    from prefect.blocks.system import Secret
+
     url, received = slack_webhook
-    monkeypatch.setenv("DRAPE_SLACK_WEBHOOK_URL", f"{url}/ok/services/T0/B0/secret")
-    return received
+    monkeypatch.delenv("DRAPE_SLACK_WEBHOOK_URL", raising=False)
+    Secret(value=f"{url}/ok/services/T0/B0/secret").save("drape-slack-test", overwrite=True)
+    config, path = workspace
+    data = config.model_dump(mode="json")
+    data["alerts"]["slack_webhook_secret_block"] = "drape-slack-test"
+    alerting = path.with_name("tiny-alerting.yaml")
+    alerting.write_text(yaml.safe_dump(data))
+    return alerting, received
 
 
 def scramble(checkpoint: str) -> None:
@@ -123,10 +132,11 @@ def scramble(checkpoint: str) -> None:
     save_checkpoint(checkpoint, model=model, optimizer=None, trainable_names=manifest["trainable"], ema=None, manifest=manifest)
 
 
-def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspace, monkeypatch, webhook):
+def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspace, monkeypatch, webhook_block):
     from flows.staged_training import staged_training
 
-    config, path = workspace
+    config, _ = workspace
+    path, webhook = webhook_block
     aliases_before = Tracker(config).aliases()
     real_train = pipeline.train
 
@@ -142,7 +152,9 @@ def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspa
     message = str(error.value)
     assert "gate failed at stage identity" in message and "identity: lower bound" in message and "< threshold 0.5000" in message
     assert Tracker(config).aliases() == aliases_before
-    assert webhook and "identity" in webhook[0]["text"] and "nothing was promoted" in webhook[0]["text"]
+    assert len(webhook) == 1 and "drape gate failed: identity (sabotaged)" in webhook[0]["blocks"][0]["text"]["text"]
+    assert "Nothing was promoted" in webhook[0]["blocks"][1]["text"]["text"]
+    assert "(Slack alerted)" in message
     assert "secret" not in message
     store = ObjectStore(config.object_store_url)
     failed = [r for r in read_archive_manifest(store) if r["outcome"] == "failed_candidate"]
