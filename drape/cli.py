@@ -4,6 +4,7 @@
     drape run --config FILE         the staged-training flow on any config
     drape data synth                generate the synthetic dataset as stage shards
     drape train --config FILE --stage S   one stage, no orchestrator
+    drape gate check | calibrate    judge outputs from anywhere; measure the checks themselves
 """
 
 from __future__ import annotations
@@ -194,6 +195,35 @@ def gate_check(control: Path = typer.Option(..., help="dataset root (with manife
     if report:
         report.write_text(json.dumps(result.to_dict(), indent=2))
     raise typer.Exit(0 if result.passed else 1)
+
+
+@gate_app.command("calibrate")
+def gate_calibrate(config: Optional[Path] = ConfigOption,
+                   samples: int = typer.Option(200, help="control samples to synthesize (when --control is not given)"),
+                   control: Optional[Path] = typer.Option(None, help="dataset root or folder of control shards"),
+                   outputs: Optional[Path] = typer.Option(None, help="clean outputs named by sample id (default: the targets)"),
+                   false_alarm: float = typer.Option(0.01, help="false-alarm rate the thresholds are set for")) -> None:
+    """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
+    threshold that gives FALSE_ALARM, with each corruption's detection rate."""
+    from drape.calibrate import calibrate, render_table
+    from drape.data.dataset import load_control_dir, synthesize_split
+    from drape.data.shards import ShardError
+    from drape.validate import read_outputs
+
+    cfg = _load(config)
+    if not 0 < false_alarm < 0.5:
+        console.print(f"[red]--false-alarm must be in (0, 0.5), got {false_alarm}[/red]")
+        raise typer.Exit(2)
+    try:
+        arrays = load_control_dir(control)[0] if control else synthesize_split(cfg, "control", samples)
+        clean = read_outputs(outputs, arrays["keys"]) if outputs else None
+    except (FileNotFoundError, ShardError, ValueError) as error:
+        console.print(f"[red]input error:[/red] {error}")
+        raise typer.Exit(2) from None
+    thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, false_alarm=false_alarm)
+    source = f"outputs in {outputs}" if outputs else "control targets"
+    console.print(render_table(thresholds, rows, false_alarm=false_alarm,
+                               title=f"gate calibration: {len(arrays['keys'])} samples, clean = {source}"))
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -114,15 +114,29 @@ def stage_split(store: ObjectStore, prefix: str, manifest: dict, split: str, cac
 
 def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:
     """All samples of a split as stacked uint8 arrays {field: (N, H, W[, C])} plus 'keys' and 'meta'."""
+    return stack_samples(sample for shard in manifest["splits"][split]
+                         for sample in read_shard(Path(cache_dir) / shard["path"], sha256=shard["sha256"], size=shard["bytes"]))
+
+
+def stack_samples(samples) -> dict:
+    """Decoded samples ({key, meta, image fields}) → {field: stacked array, 'keys': [...], 'meta': [...]}."""
     columns: dict[str, list] = {field: [] for field in (*IMAGE_FIELDS, "meta")}
     keys = []
-    for shard in manifest["splits"][split]:
-        for sample in read_shard(Path(cache_dir) / shard["path"], sha256=shard["sha256"], size=shard["bytes"]):
-            keys.append(sample["key"])
-            for field in columns:
-                columns[field].append(sample[field])
+    for sample in samples:
+        keys.append(sample["key"])
+        for field in columns:
+            columns[field].append(sample[field])
     arrays = {field: np.stack(values) for field, values in columns.items() if field != "meta"}
     return {**arrays, "keys": keys, "meta": columns["meta"]}
+
+
+def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> dict:
+    """A split generated in memory (no shards), as `load_split` returns it."""
+    data = config.data
+    generated = generate_split(seed=config.seed, split=split, num_samples=num_samples, num_identities=data.num_identities,
+                               num_garments=data.num_garments, resolution=data.resolution)
+    return stack_samples({"key": s.key, "meta": s.meta, **{f: np.asarray(getattr(s, f)) for f in IMAGE_FIELDS}}
+                         for s in generated)
 
 
 def load_control_dir(directory: str | Path) -> tuple[dict, str]:

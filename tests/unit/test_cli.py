@@ -15,6 +15,7 @@ EXPECTED_COMMANDS = {
     "train": ["config", "stage", "init", "out"],
     "data synth": ["config", "out"],
     "gate check": ["control", "outputs", "baseline_outputs", "config", "stage", "report"],
+    "gate calibrate": ["config", "samples", "control", "outputs", "false_alarm"],
 }
 EXPECTED_FLOW_PARAMETERS = ["config_path", "mode", "run_name"]
 

@@ -1,0 +1,58 @@
+"""The corruption suite: each check flags the corruptions aimed at it; clean outputs pass."""
+
+import numpy as np
+import pytest
+
+from drape.calibrate import calibrate
+from drape.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror
+from drape.data.dataset import synthesize_split
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def suite(tmp_path_factory):
+    config = tiny_config(tmp_path_factory.mktemp("c") / "drape", data={"resolution": 64}, gates={"texture": {"max_shift_pixels": 2}})
+    control = synthesize_split(config, "control", 40)
+    thresholds, rows = calibrate(config, control, false_alarm=0.05)
+    return control, thresholds, rows
+
+
+def test_every_corruption_changes_the_image(suite):
+    control, _, _ = suite
+    for check, corruptions in CORRUPTIONS.items():
+        for name, corruption in corruptions.items():
+            corrupted = apply(corruption, control["target"], control["meta"], control["garment_mask"])
+            changed = (corrupted != control["target"]).any(axis=(1, 2, 3))
+            assert changed[applicable(corruption, control["meta"])].mean() > 0.9, name
+
+
+def test_clean_variants_pass_their_calibrated_thresholds(suite):
+    _, thresholds, rows = suite
+    for row in rows:
+        if not row.aimed:
+            assert row.rate <= 0.05, (row.check, row.outputs)
+            assert np.median(row.scores) > 0.85, (row.check, row.outputs)
+
+
+def test_each_check_flags_the_corruptions_aimed_at_it(suite):
+    """At the gate's level: the mean falls well past a 0.05 change threshold from clean outputs."""
+    _, _, rows = suite
+    for check in CORRUPTIONS:
+        clean_mean = min(row.scores.mean() for row in rows if row.check == check and not row.aimed)
+        for row in rows:
+            if row.check == check and row.aimed:
+                assert row.scores.mean() < clean_mean - 0.05, (check, row.outputs, row.scores.mean(), clean_mean)
+
+
+def test_identity_and_cloth_corruptions_are_caught_sample_by_sample(suite):
+    _, _, rows = suite
+    rates = {(row.check, row.outputs): row.rate for row in rows if row.aimed}
+    for key in [("identity", "another identity's face"), ("identity", "skin-tone shift"), ("identity", "face geometry warp"),
+                ("coherence", "garment shifted 4 px"), ("coherence", "wrong pattern")]:
+        assert rates[key] >= 0.95, (key, rates[key])
+
+
+def test_mirroring_a_symmetric_mark_is_not_counted():
+    meta = [{"garment": {"logo": "A"}}, {"garment": {"logo": "R"}}]
+    assert applicable(logo_mirror, meta).tolist() == [False, True]
+    assert set(CLEAN) == {"mild noise", "jpeg q90"}
