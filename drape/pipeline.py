@@ -36,6 +36,9 @@ from drape.train import TrainResult, train_stage
 from drape.validate import evaluate_gate
 
 
+MODES = ("full", "finetune")  # full: each stage's `steps`; finetune: `finetune_steps` from the stage baselines
+
+
 class GateFailed(RuntimeError):
     """A candidate missed its gate; the message names stage, check, value and threshold."""
 
@@ -69,6 +72,8 @@ def live_root(config: PipelineConfig) -> Path:
 
 def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str = "full", progress=None) -> RunContext:
     """Create the run: dataset ready in the object store, MLflow runs open, control set staged."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     store, tracker = ObjectStore(config.object_store_url), Tracker(config)
     manifest = ensure_dataset(config, store, progress)
     run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"

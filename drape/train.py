@@ -104,6 +104,8 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
     in `out_dir`. `mode` 'full' runs the stage's `steps`, 'finetune' its `finetune_steps`.
     """
     stage_config, train = config.train.stages[stage], config.train
+    if mode not in ("full", "finetune"):
+        raise ValueError(f"mode must be 'full' or 'finetune', got {mode!r}")
     total = stage_config.steps if mode == "full" else stage_config.finetune_steps
     checkpoints_dir = Path(out_dir) / "checkpoints"
     existing = list_checkpoints(checkpoints_dir)
