@@ -28,7 +28,7 @@ from drape.data.dataset import dataset_prefix, load_split, to_model_inputs
 from drape.gate_report import CHECKS
 from drape.model import build_model, sample
 from drape.pipeline import live_root
-from drape.storage import ObjectStore
+from drape.storage import open_store
 from drape.validate import judge, to_uint8
 
 
@@ -46,7 +46,7 @@ def main() -> None:
     parser.add_argument("--config", default=str(default_config_path()))
     config = load_config(parser.parse_args().config)
     live = live_root(config)
-    manifest = json.loads(ObjectStore(config.object_store_url).read_bytes(f"{dataset_prefix(config)}/manifest.json"))
+    manifest = json.loads(open_store(config).read_bytes(f"{dataset_prefix(config)}/manifest.json"))
     control = load_split(live / "shards", manifest, "control")
     inputs = to_model_inputs(control)
     generate = lambda model: to_uint8(sample(model.eval(), config.diffusion, inputs, seed=config.gates.sample_seed))  # noqa: E731

@@ -122,7 +122,7 @@ def data_synth(config: Optional[Path] = ConfigOption,
                out: Optional[Path] = typer.Option(None, help="write shards to this local directory instead of the object store")) -> None:
     """Generate the synthetic try-on dataset as stage shards plus the control set."""
     from drape.data.dataset import build_dataset, dataset_prefix, ensure_dataset
-    from drape.storage import ObjectStore
+    from drape.storage import open_store
 
     cfg = _load(config)
     sizes = {**cfg.data.samples_per_stage, "control": cfg.data.control_samples}
@@ -133,7 +133,7 @@ def data_synth(config: Optional[Path] = ConfigOption,
             manifest = build_dataset(cfg, out, advance)
             where = str(out)
         else:
-            store = ObjectStore(cfg.object_store_url)
+            store = open_store(cfg)
             manifest = ensure_dataset(cfg, store, advance)
             where = f"{store!r} {dataset_prefix(cfg)}"
     shards = sum(len(s) for s in manifest["splits"].values())

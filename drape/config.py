@@ -37,10 +37,23 @@ class PathsConfig(_Strict):
 
 
 class StorageConfig(_Strict):
+    """Where artifacts go. Credentials never live here: S3 uses the standard AWS chain."""
+
     object_store_url: str | None = Field(
         default=None, description="fsspec URL; default file://<root>/objects"
     )
+    endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, Ceph, a test server)")
+    region: str | None = None
+    multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")
     live_budget_bytes: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _no_credentials_in_urls(self) -> "StorageConfig":
+        for name in ("object_store_url", "endpoint_url"):
+            value = getattr(self, name) or ""
+            if "@" in value.split("/")[2 if "://" in value else 0]:
+                raise ValueError(f"{name} must not carry credentials; S3 reads them from the AWS chain (environment, profile, role)")
+        return self
 
 
 class TrackingConfig(_Strict):

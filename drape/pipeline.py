@@ -30,7 +30,7 @@ from drape.config import PipelineConfig
 from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
 from drape.gate_report import GateReport
 from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
-from drape.storage import ObjectStore, remove_tree, tree_bytes
+from drape.storage import open_store, remove_tree, tree_bytes
 from drape.tracking import Tracker
 from drape.train import TrainResult, train_stage
 from drape.validate import evaluate_gate
@@ -74,7 +74,7 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
     """Create the run: dataset ready in the object store, MLflow runs open, control set staged."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    store, tracker = ObjectStore(config.object_store_url), Tracker(config)
+    store, tracker = open_store(config), Tracker(config)
     manifest = ensure_dataset(config, store, progress)
     run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     run_name = run_name or f"{config.name}-{mode}-{run_id}"
@@ -89,12 +89,12 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
 
 
 def _manifest(config: PipelineConfig, context: RunContext) -> dict:
-    return json.loads(ObjectStore(config.object_store_url).read_bytes(f"{context.dataset_prefix}/manifest.json"))
+    return json.loads(open_store(config).read_bytes(f"{context.dataset_prefix}/manifest.json"))
 
 
 def prestage(config: PipelineConfig, context: RunContext, stage: str) -> dict:
     """Copy `stage`'s shards into the live shard cache, verified; returns what was staged."""
-    store = ObjectStore(config.object_store_url)
+    store = open_store(config)
     paths = stage_split(store, context.dataset_prefix, _manifest(config, context), stage, context.shards_dir)
     return {"stage": stage, "shards": len(paths), "bytes": sum(p.stat().st_size for p in paths)}
 
@@ -189,7 +189,7 @@ def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint
 
 def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = "passed") -> dict:
     """Archive the stage's leftovers (verified), free them, and drop its pre-staged shards."""
-    store, root = ObjectStore(config.object_store_url), Path(context.live_root)
+    store, root = open_store(config), Path(context.live_root)
     live_before = tree_bytes(root)
     actions = plan_retention(classify_stage_dir(context.stage_dir(stage), outcome), config.retention,
                              key_root=f"runs/{context.run_id}/{stage}")
@@ -217,7 +217,7 @@ def _remove_empty(directory: Path) -> None:
 
 def _notify(config: PipelineConfig, context: RunContext, report: GateReport, webhook_url: str | None,
             links: dict[str, str] | None) -> str:
-    store = ObjectStore(config.object_store_url)
+    store = open_store(config)
     location = f"{store.key_url(f'runs/{context.run_id}/{report.stage}/gate/report.json')}"
     links = {**(links or {}), "MLflow run": Tracker(config).run_link(context.stage_run_ids[report.stage])}
     return notify_gate(config.alerts, report, run_name=context.run_name, report_location=location, links=links,
@@ -252,7 +252,7 @@ def summarize(config: PipelineConfig, context: RunContext, stages: list[dict]) -
     close_run(config, context, "FINISHED")
     return {"run_id": context.run_id, "run_name": context.run_name, "stages": stages,
             "live_bytes": tree_bytes(context.live_root), "tracking_uri": config.tracking_uri,
-            "object_store": repr(ObjectStore(config.object_store_url)),
+            "object_store": repr(open_store(config)),
             "gate_reports": f"runs/{context.run_id}/<stage>/gate/report.json in the object store; MLflow run {context.mlflow_run_id}"}
 
 

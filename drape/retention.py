@@ -71,6 +71,14 @@ def _files(path: Path) -> list[tuple[Path, str]]:
     return [(p, str(p.relative_to(path))) for p in sorted(path.rglob("*")) if p.is_file()]
 
 
+TAG_KIND, TAG_OUTCOME, TAG_STAGE = "drape-kind", "drape-outcome", "drape-stage"
+
+
+def object_tags(artifact: LiveArtifact, stage: str) -> dict[str, str]:
+    """The tags drape sets at upload; S3 lifecycle rules select on kind and outcome."""
+    return {TAG_KIND: artifact.kind, TAG_OUTCOME: artifact.outcome, TAG_STAGE: stage}
+
+
 @dataclass
 class ArchiveResult:
     archived_files: int = 0
@@ -92,7 +100,7 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_ke
     for action in actions:
         for file, inner in _files(Path(action.artifact.path)):
             key = f"{action.key_prefix}/{inner}" if inner else action.key_prefix
-            stored = store.put_file(file, key)
+            stored = store.put_file(file, key, tags=object_tags(action.artifact, stage), storage_class=action.storage_class)
             expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
             records.append({"key": key, "url": stored.url, "bytes": stored.bytes, "sha256": stored.sha256, "run_id": run_id,
                             "stage": stage, "kind": action.artifact.kind, "outcome": action.artifact.outcome,

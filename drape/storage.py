@@ -15,7 +15,7 @@ import shutil
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import fsspec
 
@@ -43,13 +43,26 @@ def redact_url(url: str) -> str:
 
 
 class ObjectStore:
-    """Keys are '/'-separated paths under the store's base URL."""
+    """Keys are '/'-separated paths under the store's base URL.
 
-    def __init__(self, url: str, **storage_options):
+    On S3 a PUT is atomic for readers, so objects go straight to their key (one request, or a
+    multipart upload of `multipart_chunk_bytes` parts) with their tags and storage class; on
+    other filesystems they are written under a temporary name and renamed. Either way the object
+    is read back and checked before the call returns.
+    """
+
+    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
+                 multipart_chunk_bytes: int = 64 * 2**20):
         self.url = url.rstrip("/")
-        self.fs, self.base = fsspec.core.url_to_fs(self.url, **storage_options)
+        options = {}
+        if self.url.startswith("s3://"):
+            client = {k: v for k, v in (("endpoint_url", endpoint_url), ("region_name", region)) if v}
+            options = {"client_kwargs": client} if client else {}
+        self.fs, self.base = fsspec.core.url_to_fs(self.url, **options)
         self.base = self.base.rstrip("/")
-        if self.fs.protocol in ("file", ("file", "local")) or "file" in self.fs.protocol:
+        self.is_s3 = self.url.startswith("s3://")
+        self.chunk_bytes = multipart_chunk_bytes
+        if not self.is_s3 and "file" in self.fs.protocol:
             os.makedirs(self.base, exist_ok=True)
 
     def __repr__(self) -> str:
@@ -85,8 +98,13 @@ class ObjectStore:
         if actual != sha256:
             raise StorageError(f"{self.key_url(key)}: sha256 mismatch: expected {sha256}, the store has {actual}")
 
-    def put_file(self, local: str | Path, key: str) -> StoredObject:
-        """Upload, verify by reading back, publish under `key`. Idempotent for identical content."""
+    def put_file(self, local: str | Path, key: str, *, tags: dict[str, str] | None = None,
+                 storage_class: str | None = None) -> StoredObject:
+        """Upload, verify by reading back, publish under `key`. Idempotent for identical content.
+
+        `tags` and `storage_class` apply on S3 (lifecycle rules key on the tags); elsewhere the
+        archive manifest carries them.
+        """
         local = Path(local)
         if not local.is_file():
             raise StorageError(f"{local}: cannot upload, file not found")
@@ -97,6 +115,8 @@ class ObjectStore:
                 return StoredObject(self.key_url(key), size, digest)
             except StorageError:
                 pass  # a different or partial object: replace it below
+        if self.is_s3:
+            return self._put_s3(local, key, size, digest, tags, storage_class)
         temporary = f"{key}.tmp-{uuid.uuid4().hex[:8]}"
         parent = self.path(temporary).rsplit("/", 1)[0]
         self.fs.makedirs(parent, exist_ok=True)
@@ -109,6 +129,25 @@ class ObjectStore:
                 self.fs.rm(self.path(temporary))
         self.verify(key, size=size, sha256=digest)
         return StoredObject(self.key_url(key), size, digest)
+
+    def _put_s3(self, local: Path, key: str, size: int, digest: str, tags: dict[str, str] | None,
+                storage_class: str | None) -> StoredObject:
+        extra = {"ChecksumAlgorithm": "SHA256"}
+        if tags:
+            extra["Tagging"] = urlencode(tags)
+        if storage_class and storage_class != "STANDARD":
+            extra["StorageClass"] = storage_class
+        self.fs.put_file(str(local), self.path(key), chunksize=self.chunk_bytes, **extra)
+        try:
+            self.verify(key, size=size, sha256=digest)
+        except StorageError:
+            self.fs.rm(self.path(key))  # never leave a copy that does not match
+            raise
+        return StoredObject(self.key_url(key), size, digest)
+
+    def get_tags(self, key: str) -> dict[str, str]:
+        """The object's tags on S3 (empty elsewhere)."""
+        return self.fs.get_tags(self.path(key)) if self.is_s3 else {}
 
     def put_bytes(self, payload: bytes, key: str) -> StoredObject:
         """Write a small object through the same verified path as put_file."""
@@ -148,6 +187,13 @@ class ObjectStore:
         found = self.fs.find(root)
         base = self.base + "/"
         return sorted(path.removeprefix(base) for path in found if not path.rsplit("/", 1)[-1].count(".tmp-"))
+
+
+def open_store(config) -> ObjectStore:
+    """The pipeline's object store (a `PipelineConfig`): URL, endpoint and region from config."""
+    storage = config.storage
+    return ObjectStore(config.object_store_url, endpoint_url=storage.endpoint_url, region=storage.region,
+                       multipart_chunk_bytes=storage.multipart_chunk_bytes)
 
 
 def tree_bytes(path: str | Path) -> int:

@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     """Train one stage from the command line, with no orchestrator: data is fetched and verified first."""
     from drape.config import load_config
     from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
-    from drape.storage import ObjectStore
+    from drape.storage import open_store
 
     parser = argparse.ArgumentParser(prog="python -m drape.train", description=main.__doc__)
     parser.add_argument("--config", required=True)
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", default="full", choices=("full", "finetune"))
     args = parser.parse_args(argv)
     config = load_config(args.config)
-    store = ObjectStore(config.object_store_url)
+    store = open_store(config)
     manifest = ensure_dataset(config, store)
     cache = config.paths.root_path / "live" / "shards"
     stage_split(store, dataset_prefix(config), manifest, args.stage, cache)

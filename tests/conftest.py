@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -74,3 +79,55 @@ def slack_webhook():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}", received
     server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def moto_server():
+    """A moto S3 server over HTTP on 127.0.0.1: (endpoint URL). Credentials via the environment."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server_bin = Path(sys.executable).with_name("moto_server")
+    process = subprocess.Popen([str(server_bin), "-H", "127.0.0.1", "-p", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"moto_server did not start on {endpoint}") from None
+            time.sleep(0.1)
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    yield endpoint
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    process.terminate()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_bucket(moto_server):
+    """A fresh bucket on the moto server: (bucket name, endpoint)."""
+    import uuid
+
+    import boto3
+
+    name = f"drape-test-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket=name)
+    return name, moto_server
+
+
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """Prefect's test harness (a temporary API and database), started once per session."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield

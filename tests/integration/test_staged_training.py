@@ -25,14 +25,6 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def harness():
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
-
-
-@pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("flow")
     config = tiny_config(root / "drape")
@@ -42,7 +34,7 @@ def workspace(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def first_run(harness, workspace):
+def first_run(prefect_harness, workspace):
     from flows.staged_training import staged_training
 
     config, path = workspace

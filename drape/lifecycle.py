@@ -1,0 +1,44 @@
+"""S3 lifecycle rules generated from the retention policy, so S3 itself enforces the lifetimes.
+
+One rule per (artifact kind, outcome) with a lifetime, selecting objects under the archive
+prefix by the tags drape sets at upload (`drape-kind`, `drape-outcome`). Failed candidates and
+aborted runs get the short `failed_lifetime_days`; kinds kept forever get no rule; a current
+baseline is never archived, so it never expires.
+"""
+
+from __future__ import annotations
+
+from drape import ARTIFACT_KINDS
+from drape.config import RetentionConfig
+from drape.retention import OUTCOMES, TAG_KIND, TAG_OUTCOME
+from drape.storage import ObjectStore, StorageError
+
+ARCHIVED_OUTCOMES = tuple(o for o in OUTCOMES if o != "baseline")
+
+
+def lifecycle_rules(policy: RetentionConfig, prefix: str) -> list[dict]:
+    """The bucket lifecycle rules (boto3 shape) that expire archived objects per the policy."""
+    rules = []
+    for kind in ARTIFACT_KINDS:
+        for outcome in ARCHIVED_OUTCOMES:
+            failed = outcome in ("failed_candidate", "aborted")
+            days = policy.failed_lifetime_days if failed else policy.rule_for(kind).lifetime_days
+            if days is None:
+                continue
+            tags = [{"Key": TAG_KIND, "Value": kind}, {"Key": TAG_OUTCOME, "Value": outcome}]
+            rules.append({"ID": f"drape-{kind}-{outcome}", "Status": "Enabled",
+                          "Filter": {"And": {"Prefix": prefix, "Tags": tags}}, "Expiration": {"Days": days}})
+    return rules
+
+
+def apply_lifecycle(store: ObjectStore, policy: RetentionConfig, prefix: str = "runs/") -> list[dict]:
+    """Write the rules to the store's bucket and return them as S3 reads them back."""
+    if not store.is_s3:
+        raise StorageError(f"{store!r}: lifecycle rules need an s3:// object store; on other stores the retention "
+                           "sweep enforces the lifetimes")
+    bucket, _, base = store.base.partition("/")
+    full_prefix = f"{base}/{prefix}" if base else prefix
+    rules = lifecycle_rules(policy, full_prefix)
+    # through s3fs's own client: the configured endpoint and the AWS credential chain
+    store.fs.call_s3("put_bucket_lifecycle_configuration", Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+    return store.fs.call_s3("get_bucket_lifecycle_configuration", Bucket=bucket)["Rules"]

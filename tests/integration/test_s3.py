@@ -1,0 +1,103 @@
+"""The object store on S3, through s3fs and boto3 over HTTP to a moto server, as in production."""
+
+from __future__ import annotations
+
+import os
+
+import boto3
+import pytest
+
+from drape.config import RetentionConfig, RetentionRule
+from drape.lifecycle import apply_lifecycle
+from drape.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest, verify_archived
+from drape.storage import ObjectStore, StorageError
+
+pytestmark = pytest.mark.slow
+
+
+def _store(bucket, endpoint, **kwargs):
+    return ObjectStore(f"s3://{bucket}/drape", endpoint_url=endpoint, **kwargs)
+
+
+def test_put_verify_get_with_tags_and_storage_class(s3_bucket, tmp_path):
+    bucket, endpoint = s3_bucket
+    store = _store(bucket, endpoint)
+    local = tmp_path / "ckpt.safetensors"
+    local.write_bytes(os.urandom(300_000))
+    stored = store.put_file(local, "runs/r1/identity/checkpoints/w.safetensors",
+                            tags={"drape-kind": "checkpoint", "drape-outcome": "passed"}, storage_class="STANDARD_IA")
+    assert stored.url == f"s3://{bucket}/drape/runs/r1/identity/checkpoints/w.safetensors"
+    store.verify("runs/r1/identity/checkpoints/w.safetensors", size=stored.bytes, sha256=stored.sha256)
+    assert store.get_tags("runs/r1/identity/checkpoints/w.safetensors") == {"drape-kind": "checkpoint", "drape-outcome": "passed"}
+    head = boto3.client("s3", endpoint_url=endpoint).head_object(Bucket=bucket, Key="drape/runs/r1/identity/checkpoints/w.safetensors")
+    assert head["StorageClass"] == "STANDARD_IA"
+    back = store.get_file("runs/r1/identity/checkpoints/w.safetensors", tmp_path / "back", sha256=stored.sha256)
+    assert back.read_bytes() == local.read_bytes()
+    assert store.list("runs") == ["runs/r1/identity/checkpoints/w.safetensors"]
+
+
+def test_large_files_go_up_in_multipart_uploads(s3_bucket, tmp_path, monkeypatch):
+    bucket, endpoint = s3_bucket
+    store = _store(bucket, endpoint, multipart_chunk_bytes=5 * 2**20)
+    calls = []
+    original = store.fs._call_s3
+
+    async def spy(method, *args, **kwargs):
+        calls.append(method)
+        return await original(method, *args, **kwargs)
+
+    monkeypatch.setattr(store.fs, "_call_s3", spy)
+    local = tmp_path / "big.bin"
+    local.write_bytes(os.urandom(11 * 2**20 + 7))
+    stored = store.put_file(local, "big.bin")
+    assert "create_multipart_upload" in calls and calls.count("upload_part") == 3 and "complete_multipart_upload" in calls
+    store.verify("big.bin", size=stored.bytes, sha256=stored.sha256)
+
+
+def test_a_copy_that_does_not_verify_is_removed_and_reported(s3_bucket, tmp_path, monkeypatch):
+    bucket, endpoint = s3_bucket
+    store = _store(bucket, endpoint)
+    local = tmp_path / "a.bin"
+    local.write_bytes(b"payload" * 100)
+    monkeypatch.setattr(store, "sha256", lambda key: "0" * 64)  # the store returns other bytes than were sent
+    with pytest.raises(StorageError, match="sha256 mismatch"):
+        store.put_file(local, "a.bin")
+    monkeypatch.undo()
+    assert not store.exists("a.bin") and local.exists()
+
+
+def test_archive_to_s3_tags_objects_and_frees_live_only_after_verifying(s3_bucket, tmp_path):
+    bucket, endpoint = s3_bucket
+    stage = tmp_path / "live" / "runs" / "r1" / "texture"
+    (stage / "checkpoints" / "step-0000010").mkdir(parents=True)
+    (stage / "checkpoints" / "step-0000010" / "manifest.json").write_text("{}")
+    (stage / "gate").mkdir()
+    (stage / "gate" / "report.json").write_text('{"verdict": "fail"}')
+    store = _store(bucket, endpoint)
+    policy = RetentionConfig(rules={"checkpoint": RetentionRule(lifetime_days=30, storage_class="STANDARD_IA")}, failed_lifetime_days=3)
+    plan = plan_retention(classify_stage_dir(stage, "failed_candidate"), policy, key_root="runs/r1/texture")
+    result = execute_plan(plan, store, "archive/manifests/r1/texture.jsonl", run_id="r1", stage="texture")
+    assert result.archived_files == 2 and not any(p.is_file() for p in stage.rglob("*"))
+    records = read_archive_manifest(store)
+    verify_archived(store, records)
+    tags = store.get_tags("runs/r1/texture/gate/report.json")
+    assert tags == {"drape-kind": "gate_report", "drape-outcome": "failed_candidate", "drape-stage": "texture"}
+
+
+def test_lifecycle_rules_keyed_on_tags_are_accepted_and_read_back(s3_bucket):
+    bucket, endpoint = s3_bucket
+    policy = RetentionConfig(rules={"checkpoint": RetentionRule(lifetime_days=90), "gate_report": RetentionRule(lifetime_days=None)},
+                             failed_lifetime_days=7)
+    rules = {rule["ID"]: rule for rule in apply_lifecycle(_store(bucket, endpoint), policy)}
+    passed = rules["drape-checkpoint-passed"]
+    assert passed["Expiration"]["Days"] == 90 and passed["Status"] == "Enabled"
+    assert passed["Filter"]["And"]["Prefix"] == "drape/runs/"
+    assert {"Key": "drape-kind", "Value": "checkpoint"} in passed["Filter"]["And"]["Tags"]
+    assert rules["drape-gate_report-failed_candidate"]["Expiration"]["Days"] == 7
+    assert "drape-gate_report-passed" not in rules  # kept forever: no rule
+    assert not any("baseline-" in rule_id and rule_id.endswith("-baseline") for rule_id in rules)
+
+
+def test_lifecycle_on_a_file_store_is_a_clear_error(tmp_path):
+    with pytest.raises(StorageError, match="lifecycle rules need an s3:// object store"):
+        apply_lifecycle(ObjectStore(f"file://{tmp_path}"), RetentionConfig())
