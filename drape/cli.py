@@ -27,6 +27,8 @@ data_app = typer.Typer(help="Datasets: synthesize and shard.", no_args_is_help=T
 app.add_typer(data_app, name="data")
 gate_app = typer.Typer(help="Validation gates, on outputs from anywhere.", no_args_is_help=True)
 app.add_typer(gate_app, name="gate")
+storage_app = typer.Typer(help="The object store: lifecycle rules, report, restore.", no_args_is_help=True)
+app.add_typer(storage_app, name="storage")
 console = Console() if sys.stdout.isatty() else Console(width=160)
 
 ConfigOption = typer.Option(None, "--config", "-c", help="pipeline config YAML (default: configs/demo.yaml)")
@@ -224,6 +226,71 @@ def gate_calibrate(config: Optional[Path] = ConfigOption,
     source = f"outputs in {outputs}" if outputs else "control targets"
     console.print(render_table(thresholds, rows, false_alarm=false_alarm,
                                title=f"gate calibration: {len(arrays['keys'])} samples, clean = {source}"))
+
+
+@storage_app.command("apply-lifecycle")
+def storage_apply_lifecycle(config: Optional[Path] = ConfigOption) -> None:
+    """Write the bucket lifecycle rules generated from the retention policy (s3:// stores)."""
+    from drape.lifecycle import apply_lifecycle
+    from drape.storage import StorageError, open_store
+
+    cfg = _load(config)
+    try:
+        rules = apply_lifecycle(open_store(cfg), cfg.retention)
+    except StorageError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(2) from None
+    table = Table(title=f"lifecycle rules on {open_store(cfg)!r} (read back from S3)")
+    for column in ("rule", "prefix", "tags", "expires after"):
+        table.add_column(column)
+    for rule in rules:
+        selector = rule["Filter"]["And"]
+        tags = ", ".join(f"{t['Key']}={t['Value']}" for t in selector["Tags"])
+        table.add_row(rule["ID"], selector.get("Prefix", ""), tags, f"{rule['Expiration']['Days']} days")
+    console.print(table)
+
+
+@storage_app.command("report")
+def storage_report_command(config: Optional[Path] = ConfigOption) -> None:
+    """Live bytes by kind, archived bytes by kind/outcome/class, modelled monthly cost, next expiries."""
+    from drape.pipeline import live_root
+    from drape.storage import open_store
+    from drape.storage_report import storage_report
+
+    cfg = _load(config)
+    report = storage_report(cfg, open_store(cfg), live_root(cfg))
+    table = Table(title="storage")
+    for column in ("where", "kind / outcome / class", "bytes"):
+        table.add_column(column)
+    for kind, size in sorted(report["live_bytes"].items()):
+        table.add_row("live", kind, _human(size))
+    for key, size in report["archived_bytes"].items():
+        table.add_row("archive", key, _human(size))
+    console.print(table)
+    cost = report["monthly_cost_usd"]
+    console.print(f"modelled monthly cost: live ${cost['live']:.4f} + archive ${cost['archive']:.4f} = ${cost['total']:.4f}")
+    for item in report["expires_next"]:
+        console.print(f"expires {item['expires_at'][:10]}: {item['key']} ({_human(item['bytes'])})")
+
+
+@storage_app.command("restore")
+def storage_restore(run_id: str = typer.Argument(..., help="run id (as in the archive manifest)"),
+                    stage: str = typer.Argument(..., help="identity|texture|geometry|denoise"),
+                    config: Optional[Path] = ConfigOption,
+                    out: Optional[Path] = typer.Option(None, help="destination (default <root>/live/restored/RUN/STAGE)")) -> None:
+    """Bring a stage's archived snapshot back to live storage, verified, for resume or audit."""
+    from drape.pipeline import live_root
+    from drape.storage import StorageError, open_store
+    from drape.storage_report import restore_stage
+
+    cfg = _load(config)
+    destination = out or live_root(cfg) / "restored" / run_id / stage
+    try:
+        files = restore_stage(open_store(cfg), run_id, stage, destination)
+    except (FileNotFoundError, StorageError) as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"restored {len(files)} files ({_human(sum(f.stat().st_size for f in files))}) to {destination}")
 
 
 def main() -> None:  # pragma: no cover - console entry point

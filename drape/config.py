@@ -46,6 +46,11 @@ class StorageConfig(_Strict):
     region: str | None = None
     multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")
     live_budget_bytes: int | None = Field(default=None, gt=0)
+    prices_per_gb_month: dict[str, float] = Field(
+        default_factory=lambda: {"live": 0.08, "STANDARD": 0.023, "STANDARD_IA": 0.0125, "GLACIER_IR": 0.004,
+                                 "GLACIER": 0.0036, "DEEP_ARCHIVE": 0.00099},
+        description="USD per GB-month by storage class ('live': the nodes' disks), for the storage report",
+    )
 
     @model_validator(mode="after")
     def _no_credentials_in_urls(self) -> "StorageConfig":

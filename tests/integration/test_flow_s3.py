@@ -1,31 +1,43 @@
 """The staged-training flow with its object store on S3 (moto server over HTTP): dataset published
-to S3, shards pre-staged from it, artifacts archived to it with tags, verified by reading back."""
+to S3, shards pre-staged from it, artifacts archived to it with tags, verified by reading back;
+then the storage commands operators use on that run."""
 
 from __future__ import annotations
 
+import boto3
 import pytest
 import yaml
+from typer.testing import CliRunner
 
 from drape import STAGES
+from drape.checkpoint import list_checkpoints, load_model
+from drape.cli import app
 from drape.retention import read_archive_manifest, verify_archived
 from drape.storage import open_store
 from tests.conftest import tiny_config
 from tests.integration.test_staged_training import assert_live_invariant
 
 pytestmark = pytest.mark.slow
+runner = CliRunner()
 
 
-def test_staged_training_on_s3(prefect_harness, s3_bucket, tmp_path):
+@pytest.fixture(scope="module")
+def s3_run(prefect_harness, moto_server, tmp_path_factory):
     from flows.staged_training import staged_training
 
-    bucket, endpoint = s3_bucket
-    config = tiny_config(tmp_path / "drape", storage={"object_store_url": f"s3://{bucket}/drape", "endpoint_url": endpoint},
-                         train={"stages": {stage: {"steps": 40} for stage in STAGES[1:]}})
-    path = tmp_path / "s3.yaml"
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket="drape-flow")
+    root = tmp_path_factory.mktemp("s3flow")
+    config = tiny_config(root / "drape", storage={"object_store_url": "s3://drape-flow/drape", "endpoint_url": moto_server},
+                         train={"stages": {stage: {"steps": 30} for stage in STAGES[1:]}})
+    path = root / "s3.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    summary = staged_training(config_path=str(path), run_name="s3")
+    return config, path, staged_training(config_path=str(path), run_name="s3")
+
+
+def test_staged_training_on_s3(s3_run):
+    config, _, summary = s3_run
     assert [row["verdict"] for row in summary["stages"]] == ["pass"] * 4
-    assert summary["object_store"] == f"ObjectStore('s3://{bucket}/drape')"
+    assert summary["object_store"] == "ObjectStore('s3://drape-flow/drape')"
     store = open_store(config)
     assert store.exists("datasets/synth-tryon/v1/manifest.json")
     records = read_archive_manifest(store)
@@ -33,5 +45,25 @@ def test_staged_training_on_s3(prefect_harness, s3_bucket, tmp_path):
     verify_archived(store, records)
     checkpoint = next(r for r in records if r["kind"] == "checkpoint")
     assert store.get_tags(checkpoint["key"])["drape-kind"] == "checkpoint"
-    assert not (tmp_path / "drape" / "objects").exists()  # nothing went to the local default
+    assert not (config.paths.root_path / "objects").exists()  # nothing went to the local default
     assert_live_invariant(config)
+
+
+def test_apply_lifecycle_and_report(s3_run):
+    _, path, _ = s3_run
+    lifecycle = runner.invoke(app, ["storage", "apply-lifecycle", "--config", str(path)])
+    assert lifecycle.exit_code == 0, lifecycle.output
+    assert "drape-checkpoint-passed" in lifecycle.output and "30 days" in lifecycle.output
+    report = runner.invoke(app, ["storage", "report", "--config", str(path)])
+    assert report.exit_code == 0, report.output
+    assert "checkpoint/passed/STANDARD_IA" in report.output and "modelled monthly cost" in report.output
+
+
+def test_restore_brings_a_verified_snapshot_back(s3_run, tmp_path):
+    _, path, summary = s3_run
+    out = tmp_path / "restored"
+    restored = runner.invoke(app, ["storage", "restore", summary["run_id"], "identity", "--config", str(path), "--out", str(out)])
+    assert restored.exit_code == 0, restored.output
+    load_model(list_checkpoints(out / "checkpoints")[-1])  # every file checked against the checkpoint manifest
+    missing = runner.invoke(app, ["storage", "restore", "no-such-run", "identity", "--config", str(path)])
+    assert missing.exit_code == 2 and "no archived artifacts" in missing.output

@@ -16,6 +16,9 @@ EXPECTED_COMMANDS = {
     "data synth": ["config", "out"],
     "gate check": ["control", "outputs", "baseline_outputs", "config", "stage", "report"],
     "gate calibrate": ["config", "samples", "control", "outputs", "false_alarm"],
+    "storage apply-lifecycle": ["config"],
+    "storage report": ["config"],
+    "storage restore": ["run_id", "stage", "config", "out"],
 }
 EXPECTED_FLOW_PARAMETERS = ["config_path", "mode", "run_name"]
 
