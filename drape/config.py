@@ -45,6 +45,9 @@ class StorageConfig(_Strict):
     endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, Ceph, a test server)")
     region: str | None = None
     multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")
+    retry_attempts: int = Field(default=8, ge=1, description="S3 attempts per request (500, 503 SlowDown, resets, timeouts)")
+    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    read_timeout_seconds: float = Field(default=60.0, gt=0)
     live_budget_bytes: int | None = Field(default=None, gt=0)
     prices_per_gb_month: dict[str, float] = Field(
         default_factory=lambda: {"live": 0.08, "STANDARD": 0.023, "STANDARD_IA": 0.0125, "GLACIER_IR": 0.004,

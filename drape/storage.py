@@ -52,12 +52,17 @@ class ObjectStore:
     """
 
     def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
-                 multipart_chunk_bytes: int = 64 * 2**20):
+                 multipart_chunk_bytes: int = 64 * 2**20, retry_attempts: int = 8, connect_timeout: float = 10.0,
+                 read_timeout: float = 60.0):
         self.url = url.rstrip("/")
         options = {}
         if self.url.startswith("s3://"):
             client = {k: v for k, v in (("endpoint_url", endpoint_url), ("region_name", region)) if v}
-            options = {"client_kwargs": client} if client else {}
+            # botocore's standard retry mode: 500, 502-504, 503 SlowDown, throttling, connection
+            # resets and timeouts, with exponential backoff and jitter
+            retries = {"max_attempts": retry_attempts, "mode": "standard"}
+            options = {"client_kwargs": client,
+                       "config_kwargs": {"retries": retries, "connect_timeout": connect_timeout, "read_timeout": read_timeout}}
         self.fs, self.base = fsspec.core.url_to_fs(self.url, **options)
         self.base = self.base.rstrip("/")
         self.is_s3 = self.url.startswith("s3://")
@@ -193,7 +198,8 @@ def open_store(config) -> ObjectStore:
     """The pipeline's object store (a `PipelineConfig`): URL, endpoint and region from config."""
     storage = config.storage
     return ObjectStore(config.object_store_url, endpoint_url=storage.endpoint_url, region=storage.region,
-                       multipart_chunk_bytes=storage.multipart_chunk_bytes)
+                       multipart_chunk_bytes=storage.multipart_chunk_bytes, retry_attempts=storage.retry_attempts,
+                       connect_timeout=storage.connect_timeout_seconds, read_timeout=storage.read_timeout_seconds)
 
 
 def tree_bytes(path: str | Path) -> int:

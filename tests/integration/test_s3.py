@@ -101,3 +101,26 @@ def test_lifecycle_rules_keyed_on_tags_are_accepted_and_read_back(s3_bucket):
 def test_lifecycle_on_a_file_store_is_a_clear_error(tmp_path):
     with pytest.raises(StorageError, match="lifecycle rules need an s3:// object store"):
         apply_lifecycle(ObjectStore(f"file://{tmp_path}"), RetentionConfig())
+
+
+def test_s3_faults_are_retried_with_backoff(s3_bucket, tmp_path):
+    """500, 503 SlowDown, connection resets and stalls past the read timeout: everything lands."""
+    from tests.integration.fault_proxy import FaultProxy
+
+    bucket, endpoint = s3_bucket
+    proxy = FaultProxy(endpoint, {2: "slowdown", 4: "internal", 6: "reset", 8: "stall"}, period=9, stall_seconds=1.5)
+    try:
+        store = ObjectStore(f"s3://{bucket}/faulty", endpoint_url=proxy.url, multipart_chunk_bytes=5 * 2**20,
+                            retry_attempts=10, read_timeout=1.0)
+        stored = []
+        for index, size in enumerate((1000, 300_000, 11 * 2**20)):
+            local = tmp_path / f"f{index}"
+            local.write_bytes(os.urandom(size))
+            stored.append((local, store.put_file(local, f"f{index}", tags={"drape-kind": "checkpoint"})))
+        for local, item in stored:
+            back = store.get_file(item.url.rsplit("/", 1)[1], tmp_path / "back" / local.name, sha256=item.sha256)
+            assert back.read_bytes() == local.read_bytes()
+        assert sorted(store.list("")) == ["f0", "f1", "f2"]
+    finally:
+        proxy.close()
+    assert {"slowdown", "internal", "reset", "stall"} <= set(proxy.faults), proxy.faults

@@ -1,0 +1,86 @@
+"""A small fault-injecting HTTP proxy for S3 tests: it sits in front of the moto server and, on a
+fixed schedule, answers 503 SlowDown, answers 500 InternalError, resets the connection, or stalls
+past the client's read timeout; every other request is forwarded unchanged."""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+SLOWDOWN = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
+INTERNAL = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code><Message>We encountered an internal error.</Message></Error>"
+
+
+class FaultProxy:
+    """`schedule` maps request number modulo `period` to a fault: 'slowdown', 'internal', 'reset', 'stall'."""
+
+    def __init__(self, upstream: str, schedule: dict[int, str], period: int = 10, stall_seconds: float = 3.0):
+        self.upstream = urlsplit(upstream)
+        self.schedule, self.period, self.stall_seconds = schedule, period, stall_seconds
+        self.count, self.faults, self.lock = 0, Counter(), threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _handle(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0) or 0))
+                with proxy.lock:
+                    proxy.count += 1
+                    fault = proxy.schedule.get(proxy.count % proxy.period)
+                    if fault:
+                        proxy.faults[fault] += 1
+                if fault == "reset":
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    self.close_connection = True
+                    return
+                if fault == "stall":
+                    time.sleep(proxy.stall_seconds)  # the client has given up by now and retried
+                    if proxy.closed:
+                        return
+                if fault in ("slowdown", "internal"):
+                    payload = SLOWDOWN if fault == "slowdown" else INTERNAL
+                    self.send_response(503 if fault == "slowdown" else 500)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                upstream = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "proxy-connection")}
+                upstream.request(self.command, self.path, body=body, headers=headers)
+                response = upstream.getresponse()
+                data = response.read()
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                # a HEAD answer has no body but reports the object's length
+                self.send_header("Content-Length", response.getheader("Content-Length", "0") if self.command == "HEAD"
+                                 else str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+            def log_message(self, *args):
+                pass
+
+        self.closed = False
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closed = True
+        self.server.shutdown()
