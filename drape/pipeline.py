@@ -193,7 +193,7 @@ def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: st
     live_before = tree_bytes(root)
     actions = plan_retention(classify_stage_dir(context.stage_dir(stage), outcome), config.retention,
                              key_root=f"runs/{context.run_id}/{stage}")
-    result: ArchiveResult = execute_plan(actions, store, f"archive/manifests/{context.run_id}/{stage}.jsonl",
+    result: ArchiveResult = execute_plan(actions, store, f"archive/manifests/{context.run_id}/{stage}",
                                          run_id=context.run_id, stage=stage)
     manifest = _manifest(config, context)
     for shard in manifest["splits"][stage]:  # the object store holds the verified original

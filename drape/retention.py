@@ -10,6 +10,9 @@ the live copy; every archived file is recorded in an append-only JSON-lines mani
 from __future__ import annotations
 
 import json
+import os
+import signal
+import uuid
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -90,13 +93,24 @@ class ArchiveResult:
         return asdict(self)
 
 
-def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_key: str, *, run_id: str, stage: str) -> ArchiveResult:
-    """Upload and verify every file, write the manifest object, then free live copies.
+def crash_point(name: str) -> None:
+    """Fault injection for the crash tests: SIGKILL this process when DRAPE_CRASH_AT names `name`."""
+    if os.environ.get("DRAPE_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
 
-    Re-running after a crash is safe: verified objects are not uploaded again, and live files are
-    only freed once the manifest that records their copies is published.
+
+def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_prefix: str, *, run_id: str,
+                 stage: str) -> ArchiveResult:
+    """Upload and verify every file, write a new manifest object, then free the live copies.
+
+    Killed at any point, nothing is lost and a rerun completes: live files are freed only after
+    the manifest recording their verified copies is published; verified objects are not uploaded
+    again; each call writes its own manifest object (``<prefix>-<time>-<id>.jsonl``), never
+    rewriting one, and readers keep one record per key.
     """
-    result, records, now = ArchiveResult(manifest_key=manifest_key), [], datetime.now(timezone.utc)
+    now = datetime.now(timezone.utc)
+    manifest_key = f"{manifest_prefix}-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    result, records = ArchiveResult(manifest_key=manifest_key), []
     for action in actions:
         for file, inner in _files(Path(action.artifact.path)):
             key = f"{action.key_prefix}/{inner}" if inner else action.key_prefix
@@ -107,23 +121,31 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_ke
                             "storage_class": action.storage_class, "archived_at": now.isoformat(), "expires_at": expires})
             result.archived_files += 1
             result.archived_bytes += stored.bytes
-    if records:
-        store.put_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode(), manifest_key)
+            crash_point(f"after-upload-{result.archived_files}")
+    if not records:
+        return result
+    crash_point("before-manifest")
+    store.put_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode(), manifest_key)
+    crash_point("after-manifest")
     for action in actions:
         if action.free_live:
             path = Path(action.artifact.path)
             for file, _ in _files(path):
                 result.freed_bytes += file.stat().st_size
             remove_tree(path)
+            crash_point("after-first-free")
     return result
 
 
 def read_archive_manifest(store: ObjectStore, prefix: str = "archive/manifests") -> list[dict]:
-    """Every record of every archive manifest object under `prefix`."""
-    records = []
+    """One record per archived key (the latest), from every manifest object under `prefix`."""
+    records: dict[str, dict] = {}
     for key in store.list(prefix):
-        records.extend(json.loads(line) for line in store.read_bytes(key).decode().splitlines() if line.strip())
-    return records
+        for line in store.read_bytes(key).decode().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                records[record["key"]] = record
+    return list(records.values())
 
 
 def verify_archived(store: ObjectStore, records: list[dict]) -> None:

@@ -76,7 +76,7 @@ def test_archive_to_s3_tags_objects_and_frees_live_only_after_verifying(s3_bucke
     store = _store(bucket, endpoint)
     policy = RetentionConfig(rules={"checkpoint": RetentionRule(lifetime_days=30, storage_class="STANDARD_IA")}, failed_lifetime_days=3)
     plan = plan_retention(classify_stage_dir(stage, "failed_candidate"), policy, key_root="runs/r1/texture")
-    result = execute_plan(plan, store, "archive/manifests/r1/texture.jsonl", run_id="r1", stage="texture")
+    result = execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
     assert result.archived_files == 2 and not any(p.is_file() for p in stage.rglob("*"))
     records = read_archive_manifest(store)
     verify_archived(store, records)

@@ -44,13 +44,13 @@ def test_execute_archives_verifies_then_frees(tmp_path):
     stage = _stage_dir(tmp_path)
     store = ObjectStore(f"file://{tmp_path / 'objects'}")
     plan = plan_retention(classify_stage_dir(stage, "passed"), POLICY, key_root="runs/r1/texture")
-    result = execute_plan(plan, store, "archive/manifests/r1/texture.jsonl", run_id="r1", stage="texture")
+    result = execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
     assert result.archived_files == 8 and result.freed_bytes == result.archived_bytes > 0
     assert not [p for p in stage.rglob("*") if p.is_file()]
     records = read_archive_manifest(store)
     assert len(records) == 8 and {r["kind"] for r in records} >= {"checkpoint", "gate_report", "latent_snapshot"}
     verify_archived(store, records)
-    again = execute_plan(plan, store, "archive/manifests/r1/texture.jsonl", run_id="r1", stage="texture")
+    again = execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
     assert again.archived_files == 0  # idempotent: nothing left to archive
 
 
@@ -68,6 +68,6 @@ def test_nothing_is_freed_when_a_copy_does_not_verify(tmp_path, monkeypatch):
     monkeypatch.setattr(store, "verify", verify)
     plan = plan_retention(classify_stage_dir(stage, "passed"), POLICY, key_root="runs/r1/texture")
     with pytest.raises(StorageError, match="injected"):
-        execute_plan(plan, store, "archive/manifests/r1/texture.jsonl", run_id="r1", stage="texture")
+        execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
     assert sorted(p for p in stage.rglob("*") if p.is_file()) == before
     assert not store.list("archive")
