@@ -273,6 +273,20 @@ def storage_report_command(config: Optional[Path] = ConfigOption) -> None:
         console.print(f"expires {item['expires_at'][:10]}: {item['key']} ({_human(item['bytes'])})")
 
 
+@storage_app.command("sweep")
+def storage_sweep(config: Optional[Path] = ConfigOption,
+                  dry_run: bool = typer.Option(False, help="say what would change, change nothing")) -> None:
+    """Retag superseded baselines and delete expired objects where lifecycle rules cannot (file://)."""
+    from drape import pipeline
+
+    cfg = _load(config)
+    result = pipeline.sweep(cfg, dry_run=dry_run)
+    verb = "would retag" if dry_run else "retagged"
+    console.print(f"{verb} {len(result['retagged'])} superseded baseline object(s); "
+                  f"{'would delete' if dry_run else 'deleted'} {len(result['deleted'])} expired object(s) "
+                  f"({_human(result['freed_bytes'])})")
+
+
 @storage_app.command("restore")
 def storage_restore(run_id: str = typer.Argument(..., help="run id (as in the archive manifest)"),
                     stage: str = typer.Argument(..., help="identity|texture|geometry|denoise"),

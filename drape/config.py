@@ -196,6 +196,7 @@ class RetentionConfig(_Strict):
         default_factory=lambda: {kind: RetentionRule() for kind in ARTIFACT_KINDS}
     )
     failed_lifetime_days: int = Field(default=7, gt=0)
+    baseline_grace_days: int = Field(default=30, gt=0, description="how long a superseded baseline stays archived")
 
     @model_validator(mode="after")
     def _known_kinds(self) -> "RetentionConfig":

@@ -2,8 +2,9 @@
 
 One rule per (artifact kind, outcome) with a lifetime, selecting objects under the archive
 prefix by the tags drape sets at upload (`drape-kind`, `drape-outcome`). Failed candidates and
-aborted runs get the short `failed_lifetime_days`; kinds kept forever get no rule; a current
-baseline is never archived, so it never expires.
+aborted runs get the short `failed_lifetime_days`; kinds kept forever get no rule; objects
+tagged `baseline` get no rule, so a current baseline never expires; once the retention sweep
+retags them `superseded_baseline` they expire `baseline_grace_days` after their creation.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def lifecycle_rules(policy: RetentionConfig, prefix: str) -> list[dict]:
         for outcome in ARCHIVED_OUTCOMES:
             failed = outcome in ("failed_candidate", "aborted")
             days = policy.failed_lifetime_days if failed else policy.rule_for(kind).lifetime_days
+            if outcome == "superseded_baseline":
+                days = policy.baseline_grace_days  # S3 counts from the object's creation
             if days is None:
                 continue
             tags = [{"Key": TAG_KIND, "Value": kind}, {"Key": TAG_OUTCOME, "Value": outcome}]

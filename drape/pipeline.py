@@ -31,6 +31,7 @@ from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manif
 from drape.gate_report import GateReport
 from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
 from drape.storage import open_store, remove_tree, tree_bytes
+from drape.sweep import sweep as run_sweep
 from drape.tracking import Tracker
 from drape.train import TrainResult, train_stage
 from drape.validate import evaluate_gate
@@ -205,6 +206,19 @@ def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: st
                                                                f"{stage}/live_bytes_before": live_before,
                                                                f"{stage}/live_bytes_after": live_after})
     return {**result.to_dict(), "stage": stage, "live_bytes_before": live_before, "live_bytes_after": live_after}
+
+
+def sweep(config: PipelineConfig, *, dry_run: bool = False, now: datetime | None = None) -> dict:
+    """The retention sweep (drape.sweep) against the registry's current baselines."""
+    tracker = Tracker(config)
+    current = {}
+    for stage in STAGES:
+        version = tracker.get_baseline(stage)
+        if version is not None:
+            current[stage] = version.tags.get("drape.run_id", "")
+    result = run_sweep(open_store(config), config.retention, current, now=now, dry_run=dry_run)
+    return {"dry_run": dry_run, "retagged": result.retagged, "deleted": result.deleted, "freed_bytes": result.freed_bytes,
+            "manifest_key": result.manifest_key}
 
 
 def _remove_empty(directory: Path) -> None:

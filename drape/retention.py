@@ -41,9 +41,18 @@ class RetentionAction:
 
 
 def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact]:
-    """Artifacts a stage left in its live directory (checkpoints, gate files, superseded baseline)."""
+    """Artifacts a stage left in its live directory (checkpoints, gate files, superseded baseline).
+
+    When the stage passed, its newest checkpoint is the one just promoted: it is archived as
+    outcome 'baseline' (kept while it is the baseline; the sweep retags it once superseded).
+    """
     stage_dir, found = Path(stage_dir), []
-    kinds = {"checkpoints": "checkpoint", "gate/outputs": "validation_output", "gate/latents.safetensors": "latent_snapshot",
+    steps = sorted((stage_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1])) \
+        if (stage_dir / "checkpoints").is_dir() else []
+    for step in steps:
+        promoted = outcome == "passed" and step == steps[-1]
+        found.append(LiveArtifact(str(step), "checkpoint", "baseline" if promoted else outcome, f"checkpoints/{step.name}"))
+    kinds = {"gate/outputs": "validation_output", "gate/latents.safetensors": "latent_snapshot",
              "gate/report.json": "gate_report", "gate/grid.png": "validation_output"}
     for relative, kind in kinds.items():
         path = stage_dir / relative
@@ -63,6 +72,8 @@ def plan_retention(artifacts: list[LiveArtifact], policy: RetentionConfig, *, ke
     for artifact in artifacts:
         rule = policy.rule_for(artifact.kind)
         lifetime = policy.failed_lifetime_days if artifact.outcome in ("failed_candidate", "aborted") else rule.lifetime_days
+        if artifact.outcome == "baseline":
+            lifetime = None  # kept while it is the baseline; the sweep gives it a grace period once superseded
         actions.append(RetentionAction(artifact, f"{key_root}/{artifact.relative}", lifetime, rule.storage_class,
                                        free_live=rule.archive))
     return actions
@@ -137,15 +148,22 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_pr
     return result
 
 
-def read_archive_manifest(store: ObjectStore, prefix: str = "archive/manifests") -> list[dict]:
-    """One record per archived key (the latest), from every manifest object under `prefix`."""
+def read_archive_manifest(store: ObjectStore, prefix: str = "archive/manifests", *, include_deleted: bool = False) -> list[dict]:
+    """One record per archived key, the most recent (by `recorded_at`, else `archived_at`), from
+    every manifest object under `prefix`; keys the sweep deleted are left out unless asked for."""
     records: dict[str, dict] = {}
     for key in store.list(prefix):
         for line in store.read_bytes(key).decode().splitlines():
             if line.strip():
                 record = json.loads(line)
-                records[record["key"]] = record
-    return list(records.values())
+                current = records.get(record["key"])
+                if current is None or _recorded(record) >= _recorded(current):
+                    records[record["key"]] = record
+    return [r for r in records.values() if include_deleted or not r.get("deleted_at")]
+
+
+def _recorded(record: dict) -> str:
+    return record.get("recorded_at") or record["archived_at"]
 
 
 def verify_archived(store: ObjectStore, records: list[dict]) -> None:

@@ -79,6 +79,11 @@ def reject(config: PipelineConfig, context: pipeline.RunContext, stage: str, rep
     return pipeline.reject(config, context, stage, report, webhook_url=_webhook(config), links=_links())
 
 
+@task(name="sweep", retries=2, retry_delay_seconds=30, **_common)
+def sweep(config: PipelineConfig, dry_run: bool) -> dict:
+    return pipeline.sweep(config, dry_run=dry_run)
+
+
 @task(name="summarize", **_common)
 def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[dict]) -> dict:
     return pipeline.summarize(config, context, rows)

@@ -179,3 +179,30 @@ def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_ru
     superseded = [r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"] and r["outcome"] == "superseded_baseline"]
     assert {r["stage"] for r in superseded} == set(STAGES)
     assert_live_invariant(config)
+
+
+def test_retention_sweep_retags_superseded_baselines_and_expires_old_objects(first_run, workspace):
+    """After the fine-tune pass, the first run's promoted checkpoints are no longer baselines."""
+    from datetime import datetime, timedelta, timezone
+
+    from flows.retention_sweep import retention_sweep
+
+    config, path = workspace
+    store = ObjectStore(config.object_store_url)
+    promoted = {r["key"] for r in read_archive_manifest(store) if r["run_id"] == first_run["run_id"] and r["outcome"] == "baseline"}
+    assert len(promoted) > 0
+    preview = retention_sweep(config_path=str(path), dry_run=True)
+    assert set(preview["retagged"]) >= promoted and not preview["manifest_key"]
+    done = retention_sweep(config_path=str(path))
+    assert set(done["retagged"]) == set(preview["retagged"])
+    records = {r["key"]: r for r in read_archive_manifest(store)}
+    assert all(records[key]["outcome"] == "superseded_baseline" for key in promoted)
+    current = [r for r in records.values() if r["outcome"] == "baseline"]
+    assert {r["stage"] for r in current} == set(STAGES)  # the fine-tune run's promoted checkpoints stay
+
+    later = pipeline.sweep(config, now=datetime.now(timezone.utc) + timedelta(days=365))
+    assert later["deleted"] and all(not store.exists(key) for key in later["deleted"])
+    remaining = read_archive_manifest(store)
+    assert {r["kind"] for r in remaining} >= {"gate_report", "checkpoint"}  # reports and current baselines kept
+    assert all(r["expires_at"] is None for r in remaining)
+    verify_archived(store, remaining)

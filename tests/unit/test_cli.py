@@ -18,6 +18,7 @@ EXPECTED_COMMANDS = {
     "gate calibrate": ["config", "samples", "control", "outputs", "false_alarm"],
     "storage apply-lifecycle": ["config"],
     "storage report": ["config"],
+    "storage sweep": ["config", "dry_run"],
     "storage restore": ["run_id", "stage", "config", "out"],
 }
 EXPECTED_FLOW_PARAMETERS = ["config_path", "mode", "run_name"]

@@ -11,6 +11,7 @@ from drape.storage import ObjectStore, StorageError
 def _stage_dir(tmp_path):
     stage = tmp_path / "live" / "runs" / "r1" / "texture"
     for relative, size in {"checkpoints/step-0000100/model/w.safetensors": 300, "checkpoints/step-0000100/manifest.json": 20,
+                           "checkpoints/step-0000050/manifest.json": 20,
                            "gate/outputs/control-00000.png": 50, "gate/latents.safetensors": 40, "gate/report.json": 30,
                            "gate/grid.png": 60, "superseded-baseline/checkpoint/manifest.json": 25,
                            "superseded-baseline/outputs/control-00000.png": 50}.items():
@@ -27,15 +28,17 @@ POLICY = RetentionConfig(rules={"checkpoint": RetentionRule(lifetime_days=90, st
 def test_plan_classifies_kinds_and_lifetimes(tmp_path):
     artifacts = classify_stage_dir(_stage_dir(tmp_path), "passed")
     kinds = {a.relative: (a.kind, a.outcome) for a in artifacts}
-    assert kinds == {"checkpoints": ("checkpoint", "passed"), "gate/outputs": ("validation_output", "passed"),
+    assert kinds == {"checkpoints/step-0000050": ("checkpoint", "passed"), "checkpoints/step-0000100": ("checkpoint", "baseline"),
+                     "gate/outputs": ("validation_output", "passed"),
                      "gate/latents.safetensors": ("latent_snapshot", "passed"), "gate/report.json": ("gate_report", "passed"),
                      "gate/grid.png": ("validation_output", "passed"),
                      "superseded-baseline/checkpoint": ("checkpoint", "superseded_baseline"),
                      "superseded-baseline/outputs": ("validation_output", "superseded_baseline")}
     plan = {a.artifact.relative: a for a in plan_retention(artifacts, POLICY, key_root="runs/r1/texture")}
-    assert plan["checkpoints"].lifetime_days == 90 and plan["checkpoints"].storage_class == "STANDARD_IA"
+    assert plan["checkpoints/step-0000050"].lifetime_days == 90 and plan["checkpoints/step-0000050"].storage_class == "STANDARD_IA"
+    assert plan["checkpoints/step-0000100"].lifetime_days is None  # the promoted checkpoint: kept while it is the baseline
     assert plan["gate/report.json"].lifetime_days is None  # the audit trail never expires
-    assert plan["checkpoints"].key_prefix == "runs/r1/texture/checkpoints"
+    assert plan["checkpoints/step-0000100"].key_prefix == "runs/r1/texture/checkpoints/step-0000100"
     failed = plan_retention(classify_stage_dir(tmp_path / "live" / "runs" / "r1" / "texture", "failed_candidate"), POLICY, key_root="k")
     assert {a.lifetime_days for a in failed if a.artifact.outcome == "failed_candidate"} == {7}
 
@@ -45,10 +48,10 @@ def test_execute_archives_verifies_then_frees(tmp_path):
     store = ObjectStore(f"file://{tmp_path / 'objects'}")
     plan = plan_retention(classify_stage_dir(stage, "passed"), POLICY, key_root="runs/r1/texture")
     result = execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
-    assert result.archived_files == 8 and result.freed_bytes == result.archived_bytes > 0
+    assert result.archived_files == 9 and result.freed_bytes == result.archived_bytes > 0
     assert not [p for p in stage.rglob("*") if p.is_file()]
     records = read_archive_manifest(store)
-    assert len(records) == 8 and {r["kind"] for r in records} >= {"checkpoint", "gate_report", "latent_snapshot"}
+    assert len(records) == 9 and {r["kind"] for r in records} >= {"checkpoint", "gate_report", "latent_snapshot"}
     verify_archived(store, records)
     again = execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
     assert again.archived_files == 0  # idempotent: nothing left to archive

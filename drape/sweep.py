@@ -1,0 +1,56 @@
+"""The retention sweep: enforce lifetimes where lifecycle rules cannot, retag superseded baselines.
+
+1. Archived checkpoints recorded as outcome 'baseline' whose run is no longer the stage's current
+   baseline (the `drape-tryon` alias points elsewhere) become 'superseded_baseline', expiring
+   `baseline_grace_days` from now (on S3 their tags change too, so the lifecycle rules apply).
+2. On stores without lifecycle rules (file://), objects past their `expires_at` are deleted.
+Each change is appended as a new manifest object under ``archive/manifests/sweep/``; nothing is
+rewritten. `dry_run` reports what would change and changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+
+from drape.config import RetentionConfig
+from drape.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest
+from drape.storage import ObjectStore
+
+
+@dataclass
+class SweepResult:
+    retagged: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    manifest_key: str = ""
+
+
+def sweep(store: ObjectStore, policy: RetentionConfig, current_baseline_runs: dict[str, str], *,
+          now: datetime | None = None, dry_run: bool = False) -> SweepResult:
+    """`current_baseline_runs` maps stage → run id of its current baseline (from the registry)."""
+    now = now or datetime.now(timezone.utc)
+    result, updates = SweepResult(), []
+    for record in read_archive_manifest(store):
+        if record["outcome"] == "baseline" and current_baseline_runs.get(record["stage"]) != record["run_id"]:
+            expires = (now + timedelta(days=policy.baseline_grace_days)).isoformat()
+            updates.append({**record, "outcome": "superseded_baseline", "expires_at": expires, "recorded_at": now.isoformat()})
+            result.retagged.append(record["key"])
+        elif not store.is_s3 and record["expires_at"] and datetime.fromisoformat(record["expires_at"]) <= now:
+            updates.append({**record, "deleted_at": now.isoformat(), "recorded_at": now.isoformat()})
+            result.deleted.append(record["key"])
+            result.freed_bytes += record["bytes"]
+    if dry_run or not updates:
+        return result
+    result.manifest_key = f"archive/manifests/sweep/{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    store.put_bytes("".join(json.dumps(u, sort_keys=True) + "\n" for u in updates).encode(), result.manifest_key)
+    for update in updates:  # the manifest says it first; then the store is made to match
+        if update.get("deleted_at"):
+            if store.exists(update["key"]):
+                store.fs.rm(store.path(update["key"]))
+        elif store.is_s3:
+            store.fs.put_tags(store.path(update["key"]), {TAG_KIND: update["kind"], TAG_OUTCOME: update["outcome"],
+                                                          TAG_STAGE: update["stage"]})
+    return result
