@@ -111,7 +111,7 @@ def crash_point(name: str) -> None:
 
 
 def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_prefix: str, *, run_id: str,
-                 stage: str) -> ArchiveResult:
+                 stage: str, now: datetime | None = None) -> ArchiveResult:
     """Upload and verify every file, write a new manifest object, then free the live copies.
 
     Killed at any point, nothing is lost and a rerun completes: live files are freed only after
@@ -119,7 +119,7 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_pr
     again; each call writes its own manifest object (``<prefix>-<time>-<id>.jsonl``), never
     rewriting one, and readers keep one record per key.
     """
-    now = datetime.now(timezone.utc)
+    now = now or datetime.now(timezone.utc)  # lifetimes count from here
     manifest_key = f"{manifest_prefix}-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
     result, records = ArchiveResult(manifest_key=manifest_key), []
     for action in actions:
