@@ -183,14 +183,31 @@ class GatesConfig(_Strict):
                 "coherence": _threshold_for(self.coherence.min_score, stage)}
 
 
+Outcome = Literal["baseline", "superseded_baseline", "passed", "failed_candidate", "aborted"]
+STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE")
+
+
+class OutcomeRule(_Strict):
+    """Overrides for one outcome of one kind; unset fields fall back to the kind's rule."""
+
+    lifetime_days: int | None = Field(default=None, gt=0)
+    storage_class: Literal[STORAGE_CLASSES] | None = None  # type: ignore[valid-type]
+
+
 class RetentionRule(_Strict):
-    archive: bool = True
+    archive: bool = Field(default=True, description="free the live copy once the archived one is verified")
     lifetime_days: int | None = Field(default=None, gt=0, description="None: keep forever")
-    storage_class: str = "STANDARD"
+    storage_class: Literal[STORAGE_CLASSES] = "STANDARD"  # type: ignore[valid-type]
+    outcomes: dict[Outcome, OutcomeRule] = Field(default_factory=dict)
 
 
 class RetentionConfig(_Strict):
-    """Object-store lifetimes per artifact kind; failed candidates get `failed_lifetime_days`."""
+    """Object-store lifetimes and classes per artifact kind and outcome.
+
+    Resolution (`resolve`): a current baseline never expires; a superseded one lives
+    `baseline_grace_days`; failed candidates and aborted runs live `failed_lifetime_days`; a
+    per-outcome override of the kind's rule wins over all of these except the baseline's.
+    """
 
     rules: dict[str, RetentionRule] = Field(
         default_factory=lambda: {kind: RetentionRule() for kind in ARTIFACT_KINDS}
@@ -207,6 +224,18 @@ class RetentionConfig(_Strict):
 
     def rule_for(self, kind: str) -> RetentionRule:
         return self.rules.get(kind, RetentionRule())
+
+    def resolve(self, kind: str, outcome: str) -> tuple[int | None, str]:
+        """(lifetime in days or None for forever, storage class) of an archived `kind` with `outcome`."""
+        rule = self.rule_for(kind)
+        override = rule.outcomes.get(outcome, OutcomeRule())
+        storage_class = override.storage_class or rule.storage_class
+        if outcome == "baseline":
+            return None, storage_class
+        defaults = {"superseded_baseline": self.baseline_grace_days, "failed_candidate": self.failed_lifetime_days,
+                    "aborted": self.failed_lifetime_days}
+        lifetime = override.lifetime_days or defaults.get(outcome, rule.lifetime_days)
+        return lifetime, storage_class
 
 
 class AlertsConfig(_Strict):

@@ -22,10 +22,7 @@ def lifecycle_rules(policy: RetentionConfig, prefix: str) -> list[dict]:
     rules = []
     for kind in ARTIFACT_KINDS:
         for outcome in ARCHIVED_OUTCOMES:
-            failed = outcome in ("failed_candidate", "aborted")
-            days = policy.failed_lifetime_days if failed else policy.rule_for(kind).lifetime_days
-            if outcome == "superseded_baseline":
-                days = policy.baseline_grace_days  # S3 counts from the object's creation
+            days, _ = policy.resolve(kind, outcome)  # superseded baselines: S3 counts from the object's creation
             if days is None:
                 continue
             tags = [{"Key": TAG_KIND, "Value": kind}, {"Key": TAG_OUTCOME, "Value": outcome}]

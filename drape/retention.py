@@ -70,12 +70,9 @@ def plan_retention(artifacts: list[LiveArtifact], policy: RetentionConfig, *, ke
     """One action per artifact: archive under `key_root`, with the policy's lifetime and class."""
     actions = []
     for artifact in artifacts:
-        rule = policy.rule_for(artifact.kind)
-        lifetime = policy.failed_lifetime_days if artifact.outcome in ("failed_candidate", "aborted") else rule.lifetime_days
-        if artifact.outcome == "baseline":
-            lifetime = None  # kept while it is the baseline; the sweep gives it a grace period once superseded
-        actions.append(RetentionAction(artifact, f"{key_root}/{artifact.relative}", lifetime, rule.storage_class,
-                                       free_live=rule.archive))
+        lifetime, storage_class = policy.resolve(artifact.kind, artifact.outcome)
+        actions.append(RetentionAction(artifact, f"{key_root}/{artifact.relative}", lifetime, storage_class,
+                                       free_live=policy.rule_for(artifact.kind).archive))
     return actions
 
 

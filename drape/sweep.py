@@ -35,7 +35,7 @@ def sweep(store: ObjectStore, policy: RetentionConfig, current_baseline_runs: di
     result, updates = SweepResult(), []
     for record in read_archive_manifest(store):
         if record["outcome"] == "baseline" and current_baseline_runs.get(record["stage"]) != record["run_id"]:
-            expires = (now + timedelta(days=policy.baseline_grace_days)).isoformat()
+            expires = (now + timedelta(days=policy.resolve(record["kind"], "superseded_baseline")[0])).isoformat()
             updates.append({**record, "outcome": "superseded_baseline", "expires_at": expires, "recorded_at": now.isoformat()})
             result.retagged.append(record["key"])
         elif not store.is_s3 and record["expires_at"] and datetime.fromisoformat(record["expires_at"]) <= now:

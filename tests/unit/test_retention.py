@@ -74,3 +74,27 @@ def test_nothing_is_freed_when_a_copy_does_not_verify(tmp_path, monkeypatch):
         execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
     assert sorted(p for p in stage.rglob("*") if p.is_file()) == before
     assert not store.list("archive")
+
+
+def test_policy_resolves_per_kind_and_outcome():
+    from drape.config import OutcomeRule
+
+    policy = RetentionConfig(rules={"checkpoint": RetentionRule(lifetime_days=90, storage_class="STANDARD_IA",
+                                                                outcomes={"passed": OutcomeRule(lifetime_days=14, storage_class="GLACIER_IR"),
+                                                                          "failed_candidate": OutcomeRule(lifetime_days=2)})},
+                             failed_lifetime_days=7, baseline_grace_days=30)
+    assert policy.resolve("checkpoint", "passed") == (14, "GLACIER_IR")
+    assert policy.resolve("checkpoint", "failed_candidate") == (2, "STANDARD_IA")
+    assert policy.resolve("checkpoint", "aborted") == (7, "STANDARD_IA")
+    assert policy.resolve("checkpoint", "superseded_baseline") == (30, "STANDARD_IA")
+    assert policy.resolve("checkpoint", "baseline") == (None, "STANDARD_IA")  # a current baseline never expires
+    assert policy.resolve("gate_report", "passed") == (None, "STANDARD")
+
+
+def test_unknown_storage_class_or_outcome_is_a_config_error():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="storage_class"):
+        RetentionRule(storage_class="COLD")
+    with pytest.raises(ValidationError, match="outcomes"):
+        RetentionRule(outcomes={"won": {"lifetime_days": 1}})
