@@ -63,13 +63,18 @@ def jpeg(images, meta, rng, quality: int = 90):
 
 # --- identity ------------------------------------------------------------------------------------
 
+def _paste_from_donor(images, meta, box: str, differing: str) -> np.ndarray:
+    """Each sample's `box` region replaced by that region of a sample whose `differing` id differs."""
+    def edit(patch, i):
+        donor = _donor(meta, i, differing)
+        x0, y0, x1, y1 = _box(meta[donor], box, images[donor].shape)
+        return _resize(images[donor][y0:y1, x0:x1], patch.shape[1], patch.shape[0])
+    return _edit_region(images, meta, box, 0, edit)
+
+
 def other_face(images, meta, rng):
     """The face of another identity pasted into the face box."""
-    def edit(patch, i):
-        donor = _donor(meta, i, "identity_id")
-        x0, y0, x1, y1 = _box(meta[donor], "face_box", images[donor].shape)
-        return _resize(images[donor][y0:y1, x0:x1], patch.shape[1], patch.shape[0])
-    return _edit_region(images, meta, "face_box", 0, edit)
+    return _paste_from_donor(images, meta, "face_box", "identity_id")
 
 
 def skin_tone_shift(images, meta, rng):
@@ -115,11 +120,7 @@ def logo_mirror(images, meta, rng):
 
 def logo_swap(images, meta, rng):
     """Another garment's logo in place of this one."""
-    def edit(patch, i):
-        donor = _donor(meta, i, "garment_id")
-        x0, y0, x1, y1 = _box(meta[donor], "logo_box", images[donor].shape)
-        return _resize(images[donor][y0:y1, x0:x1], patch.shape[1], patch.shape[0])
-    return _edit_region(images, meta, "logo_box", 0, edit)
+    return _paste_from_donor(images, meta, "logo_box", "garment_id")
 
 
 # --- cloth ---------------------------------------------------------------------------------------
