@@ -48,7 +48,6 @@ class StorageConfig(_Strict):
     retry_attempts: int = Field(default=8, ge=1, description="S3 attempts per request (500, 503 SlowDown, resets, timeouts)")
     connect_timeout_seconds: float = Field(default=10.0, gt=0)
     read_timeout_seconds: float = Field(default=60.0, gt=0)
-    live_budget_bytes: int | None = Field(default=None, gt=0)
     prices_per_gb_month: dict[str, float] = Field(
         default_factory=lambda: {"live": 0.08, "STANDARD": 0.023, "STANDARD_IA": 0.0125, "GLACIER_IR": 0.004,
                                  "GLACIER": 0.0036, "DEEP_ARCHIVE": 0.00099},

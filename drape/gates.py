@@ -24,7 +24,6 @@ from torch.nn import functional as F
 
 from drape.config import GatesConfig
 
-CHECKS = ("identity", "texture", "coherence")
 
 
 class FaceEmbedder(Protocol):
@@ -90,10 +89,10 @@ def build_embedder(config: GatesConfig) -> FaceEmbedder:
     return PixelFaceEmbedder()
 
 
-def _crop(image: np.ndarray, box, pad: int = 0) -> np.ndarray:
+def _crop(image: np.ndarray, box) -> np.ndarray:
     height, width = image.shape[:2]
-    x0, y0 = max(int(np.floor(box[0])) - pad, 0), max(int(np.floor(box[1])) - pad, 0)
-    x1, y1 = min(int(np.ceil(box[2])) + pad, width), min(int(np.ceil(box[3])) + pad, height)
+    x0, y0 = max(int(np.floor(box[0])), 0), max(int(np.floor(box[1])), 0)
+    x1, y1 = min(int(np.ceil(box[2])), width), min(int(np.ceil(box[3])), height)
     return image[y0:y1, x0:x1]
 
 

@@ -18,14 +18,12 @@ from typing import Callable
 
 import numpy as np
 
-from drape import STAGES
 from drape.checksum import sha256_bytes, sha256_file
 from drape.config import PipelineConfig
 from drape.data.shards import IMAGE_FIELDS, ShardError, ShardWriter, read_shard, verify_shard
 from drape.data.synth import STAGE_BIAS, generate_split
 from drape.storage import ObjectStore
 
-SPLITS = (*STAGES, "control")
 MANIFEST = "manifest.json"
 
 

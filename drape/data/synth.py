@@ -28,7 +28,6 @@ LOGO_TEXTS = ("A", "K", "Z", "M", "R", "OK", "ZX", "DR", "W", "Q")
 SKIN_TONES = ((255, 224, 196), (241, 194, 150), (224, 172, 105), (198, 134, 66), (141, 85, 36), (92, 56, 30))
 HAIR_COLOURS = ((20, 20, 20), (90, 56, 37), (180, 140, 70), (200, 60, 30), (230, 230, 220))
 GARMENT_COLOURS = ((200, 30, 40), (30, 90, 200), (30, 150, 70), (240, 200, 40), (120, 40, 160), (240, 240, 240), (30, 30, 30), (250, 130, 30))
-KEYPOINTS = ("head", "neck", "shoulder_l", "shoulder_r", "elbow_l", "elbow_r", "wrist_l", "wrist_r", "hip_l", "hip_r")
 LIMBS = (("neck", "head"), ("shoulder_l", "shoulder_r"), ("shoulder_l", "elbow_l"), ("elbow_l", "wrist_l"),
          ("shoulder_r", "elbow_r"), ("elbow_r", "wrist_r"), ("shoulder_l", "hip_l"), ("shoulder_r", "hip_r"), ("hip_l", "hip_r"))
 
@@ -154,7 +153,7 @@ def _forward_map(quad: list[tuple[float, float]], width: int, height: int, point
     return (a * x + b * y + c) / w, (d * x + e * y + f) / w
 
 
-def make_pose(rng: np.random.Generator, arm_pose: str, size: float, category: str) -> dict[str, tuple[float, float]]:
+def make_pose(rng: np.random.Generator, arm_pose: str, size: float) -> dict[str, tuple[float, float]]:
     """Keypoints in canvas pixels for one photo."""
     cx = size * (0.5 + rng.uniform(-0.06, 0.06))
     lean = rng.uniform(-0.04, 0.04) * size
@@ -185,6 +184,11 @@ def make_pose(rng: np.random.Generator, arm_pose: str, size: float, category: st
 BACKGROUND, GARMENT, SKIN, FACE, HAIR, LEGS = 0, 1, 2, 3, 4, 5
 
 
+def _texture_size(garment: Garment) -> tuple[int, int]:
+    """Pixels of the flat torso texture: taller for a dress."""
+    return 96 * SUPERSAMPLE // 4, (150 if garment.category == "dress" else 110) * SUPERSAMPLE // 4
+
+
 def _torso_quad(points: dict, category: str, size: float) -> list[tuple[float, float]]:
     (slx, sly), (srx, sry) = points["shoulder_l"], points["shoulder_r"]
     (hlx, hly), (hrx, hry) = points["hip_l"], points["hip_r"]
@@ -200,7 +204,7 @@ def _draw_both(photo: ImageDraw.ImageDraw, labels: ImageDraw.ImageDraw, label: i
     getattr(labels, method)(*args, **kwargs)
 
 
-def render_person(identity: Identity, garment: Garment, points: dict, arm_pose: str, rng: np.random.Generator,
+def render_person(identity: Identity, garment: Garment, points: dict, rng: np.random.Generator,
                   size: int) -> tuple[Image.Image, Image.Image, tuple, tuple]:
     """Draw the person wearing the garment: (photo, part labels, face box, logo box) in canvas px."""
     top, bottom = _pick(rng, GARMENT_COLOURS), _pick(rng, SKIN_TONES)
@@ -213,7 +217,7 @@ def render_person(identity: Identity, garment: Garment, points: dict, arm_pose: 
     for hx, hy in ((hlx, hly), (hrx, hry)):  # legs
         _draw_both(draw, lab, LEGS, "line", [(hx, hy), (hx, size)], fill=(40, 40, 70), width=limb * 2)
     quad = _torso_quad(points, garment.category, size)
-    tex_w, tex_h = 96 * SUPERSAMPLE // 4, (150 if garment.category == "dress" else 110) * SUPERSAMPLE // 4
+    tex_w, tex_h = _texture_size(garment)
     texture, logo_box = garment_texture(garment, tex_w, tex_h)
     coeffs = _perspective_coefficients([(0, 0), (tex_w, 0), (tex_w, tex_h), (0, tex_h)], quad)
     warped = texture.transform((size, size), Image.Transform.PERSPECTIVE, coeffs, Image.Resampling.BILINEAR)
@@ -265,10 +269,10 @@ def _draw_head(draw, lab, identity: Identity, points: dict, size: int) -> tuple:
 def render_flat_lay(garment: Garment, size: int) -> Image.Image:
     """The catalog image: the garment laid flat, front view, on a light background."""
     image = Image.new("RGB", (size, size), (235, 235, 230))
+    source_w, source_h = _texture_size(garment)
     tex_w = int(size * 0.5)
-    tex_h = int(tex_w * (150 if garment.category == "dress" else 110) / 96)
-    tex_h = min(tex_h, int(size * 0.85))
-    texture, _ = garment_texture(garment, 96 * SUPERSAMPLE // 4, (150 if garment.category == "dress" else 110) * SUPERSAMPLE // 4)
+    tex_h = min(int(tex_w * source_h / source_w), int(size * 0.85))
+    texture, _ = garment_texture(garment, source_w, source_h)
     x0, y0 = (size - tex_w) // 2, (size - tex_h) // 2
     draw = ImageDraw.Draw(image)
     if garment.category != "dress":
@@ -298,8 +302,8 @@ def make_sample(seed: int, key: str, identity: Identity, garment: Garment, arm_p
     """One try-on training sample at `resolution` (square)."""
     size = resolution * SUPERSAMPLE
     rng = _rng(seed, 3, photo_seed)
-    points = make_pose(rng, arm_pose, size, garment.category)
-    photo, labels, face_box, logo_box = render_person(identity, garment, points, arm_pose, rng, size)
+    points = make_pose(rng, arm_pose, size)
+    photo, labels, face_box, logo_box = render_person(identity, garment, points, rng, size)
     garment_mask = labels.point(lambda v: 255 if v == GARMENT else 0)
     masked = labels.point(lambda v: 255 if v in (GARMENT, SKIN) else 0).filter(ImageFilter.MaxFilter(2 * SUPERSAMPLE + 1))
     face = labels.point(lambda v: 255 if v in (FACE, HAIR) else 0)

@@ -25,8 +25,8 @@ def test_same_identity_in_different_photos_keeps_face_attributes():
 def test_boxes_and_masks_match_the_drawing():
     identity, garment = make_identity(0, 1), make_garment(0, 2)
     size = 256
-    points = make_pose(_rng(1), "down", size, garment.category)
-    _, labels, face_box, logo_box = render_person(identity, garment, points, "down", _rng(2), size)
+    points = make_pose(_rng(1), "down", size)
+    _, labels, face_box, logo_box = render_person(identity, garment, points, _rng(2), size)
     labels = np.asarray(labels)
     x0, y0, x1, y1 = (int(v) for v in face_box)
     assert (labels[y0:y1, x0:x1] == FACE).mean() > 0.3
