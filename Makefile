@@ -11,7 +11,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.drape/prefect
 
-.PHONY: demo test install clean
+.PHONY: demo test install services clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,22 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
+# Debian's Prometheus, promtool and Pushgateway: the tests that need them start them.
+APT_PACKAGES := prometheus prometheus-pushgateway
+services:
+	@if ! command -v prometheus-pushgateway >/dev/null || ! command -v promtool >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing $(APT_PACKAGES) with apt-get"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$SUDO apt-get install -y -q --no-install-recommends $(APT_PACKAGES) >/dev/null \
+		  || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends $(APT_PACKAGES) >/dev/null; }; \
+	fi
+
 demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/drape demo
 
-test: $(STAMP)
+test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q
 

@@ -3,6 +3,8 @@
     drape demo                      the whole pipeline on the embedded demo config
     drape run --config FILE         the staged-training flow on any config
     drape data synth                generate the synthetic dataset as stage shards
+    drape data shard SOURCE --out URL   cut synth / VITON-HD / DressCode into stage shards
+    drape data prestage --stage S   pre-stage a stage's shards into the node-local cache
     drape train --config FILE --stage S   one stage, no orchestrator
     drape gate check | calibrate    judge outputs from anywhere; measure the checks themselves
 """
@@ -23,7 +25,7 @@ from rich.table import Table
 from drape.config import ConfigError, default_config_path, load_config
 
 app = typer.Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
-data_app = typer.Typer(help="Datasets: synthesize and shard.", no_args_is_help=True)
+data_app = typer.Typer(help="Datasets: synthesize, shard, pre-stage.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 gate_app = typer.Typer(help="Validation gates, on outputs from anywhere.", no_args_is_help=True)
 app.add_typer(gate_app, name="gate")
@@ -140,6 +142,103 @@ def data_synth(config: Optional[Path] = ConfigOption,
             where = f"{store!r} {dataset_prefix(cfg)}"
     shards = sum(len(s) for s in manifest["splits"].values())
     console.print(f"dataset {manifest['name']}/{manifest['version']}: {shards} shards, control set {manifest['control_set']} → {where}")
+
+
+def _weights(text: str) -> dict[str, float]:
+    from drape import STAGES
+
+    weights = {}
+    for item in filter(None, text.split(",")):
+        stage, _, value = item.partition("=")
+        if stage not in STAGES:
+            raise typer.BadParameter(f"unknown stage {stage!r} in --weights; expected {'|'.join(STAGES)}")
+        try:
+            weights[stage] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"--weights {item!r}: expected <stage>=<number>") from None
+    return weights
+
+
+@data_app.command("shard")
+def data_shard(source: str = typer.Argument(..., help="'synth', or the root of a VITON-HD or DressCode tree"),
+               out: str = typer.Option(..., help="object store URL (s3://bucket/prefix, file:///path or a path)"),
+               config: Optional[Path] = ConfigOption,
+               name: Optional[str] = typer.Option(None, help="dataset name (default: data.name)"),
+               version: Optional[str] = typer.Option(None, help="dataset version (default: data.version)"),
+               control: Optional[int] = typer.Option(None, help="control-set samples held apart (default: data.control_samples)"),
+               weights: str = typer.Option("identity=1,texture=1,geometry=1,denoise=1",
+                                           help="share of the other samples per stage, by hash of the pair key"),
+               shard_max_bytes: Optional[int] = typer.Option(None, help="close a shard at this size (default: data.shard_max_bytes)"),
+               shard_max_samples: Optional[int] = typer.Option(None, help="close a shard at this many samples")) -> None:
+    """Cut SOURCE into datasets/<name>/<version>/<stage>/shard-NNNNN.tar + manifest.json at OUT."""
+    import tempfile
+
+    from drape.data.dataset import build_dataset, import_dataset, publish_dataset
+    from drape.data.importers import SourceError
+    from drape.storage import StorageError, open_store
+
+    cfg = _load(config)
+    name, version = name or cfg.data.name, version or cfg.data.version
+    max_bytes, max_samples = shard_max_bytes or cfg.data.shard_max_bytes, shard_max_samples or cfg.data.shard_max_samples
+    store = open_store(cfg, out)
+    prefix = f"datasets/{name}/{version}"
+    if store.exists(f"{prefix}/manifest.json"):
+        console.print(f"[red]{store.key_url(prefix)} already exists[/red]; dataset versions are immutable, pick a new --version")
+        raise typer.Exit(2)
+    with tempfile.TemporaryDirectory(prefix="drape-shard-") as scratch, _progress() as progress:
+        bar = progress.add_task(f"shard {source}", total=None)
+        advance = lambda split, n: progress.advance(bar, n)  # noqa: E731
+        try:
+            if source == "synth":
+                overrides = cfg.model_copy(update={"data": cfg.data.model_copy(update={
+                    "name": name, "version": version, "shard_max_bytes": max_bytes, "shard_max_samples": max_samples,
+                    **({"control_samples": control} if control else {})})})
+                manifest = build_dataset(overrides, scratch, advance)
+            else:
+                manifest = import_dataset(source, scratch, name=name, version=version, resolution=cfg.data.resolution,
+                                          control=control or cfg.data.control_samples, weights=_weights(weights),
+                                          max_samples=max_samples, max_bytes=max_bytes, progress=advance)
+            progress.update(bar, description=f"upload → {store!r}")
+            publish_dataset(scratch, store, prefix)
+        except (SourceError, ValueError, FileExistsError, StorageError) as error:
+            console.print(f"[red]cannot shard {source}:[/red] {error}")
+            raise typer.Exit(2) from None
+    table = Table(title=f"dataset {name}/{version} → {store.key_url(prefix)}")
+    for column in ("split", "shards", "samples", "bytes"):
+        table.add_column(column, justify="left" if column == "split" else "right")
+    for split, shards in manifest["splits"].items():
+        table.add_row(split, str(len(shards)), str(sum(s["samples"] for s in shards)), _human(sum(s["bytes"] for s in shards)))
+    console.print(table)
+    console.print(f"control set {manifest['control_set']}; stage rule {manifest['stage_rule'].get('rule')}")
+
+
+@data_app.command("prestage")
+def data_prestage(stage: str = typer.Option(..., help="identity|texture|geometry|denoise|control"),
+                  config: Optional[Path] = ConfigOption,
+                  keep: str = typer.Option("control", help="comma-separated splits eviction must not touch")) -> None:
+    """Pre-stage a stage's shards from the object store into the node-local shard cache (verified)."""
+    from drape.data.cache import CacheError, ShardCache
+    from drape.data.dataset import dataset_prefix, read_manifest
+    from drape.storage import StorageError, open_store
+
+    cfg = _load(config)
+    store = open_store(cfg)
+    manifest = read_manifest(store, dataset_prefix(cfg))
+    if manifest is None:
+        console.print(f"[red]no dataset at {store.key_url(dataset_prefix(cfg))}[/red] (run `drape data shard` or `drape data synth`)")
+        raise typer.Exit(2)
+    cache = ShardCache.from_config(cfg, store, dataset_prefix(cfg), manifest)
+    try:
+        with _progress() as progress:
+            bar = progress.add_task(f"prestage {stage}", total=len(cache.shards(stage)))
+            result = cache.prestage(stage, keep=[s for s in keep.split(",") if s],
+                                    progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    except (CacheError, StorageError) as error:
+        console.print(f"[red]prestage failed:[/red] {error}")
+        raise typer.Exit(1) from None
+    console.print(f"{stage}: {result.shards} shards, {_human(result.bytes)} in {cache.dataset_dir / stage} "
+                  f"({result.downloaded} downloaded, {_human(result.downloaded_bytes)}, {result.seconds:.1f} s"
+                  + (f"; evicted {len(result.evicted)}" if result.evicted else "") + ")")
 
 
 @app.command()

@@ -70,6 +70,15 @@ class TrackingConfig(_Strict):
     registered_model: str = REGISTERED_MODEL
 
 
+class CacheConfig(_Strict):
+    """The node-local shard cache that pre-staging fills (an NVMe path in production)."""
+
+    dir: str | None = Field(default=None, description="default <root>/live/shards")
+    budget_bytes: int = Field(default=64 * 2**30, ge=2**20, description="most bytes the cache may hold")
+    concurrency: int = Field(default=4, gt=0, description="shard downloads in flight while pre-staging")
+    read_ahead: int = Field(default=2, ge=0, description="shards fetched ahead of the one being read")
+
+
 class DataConfig(_Strict):
     name: str = "synth-tryon"
     version: str = "v1"
@@ -81,6 +90,8 @@ class DataConfig(_Strict):
     )
     control_samples: int = Field(default=16, gt=0)
     shard_max_samples: int = Field(default=64, gt=0)
+    shard_max_bytes: int = Field(default=512 * 2**20, ge=2**20, description="a shard closes at this size or max samples")
+    cache: "CacheConfig" = Field(default_factory=lambda: CacheConfig())
 
     @model_validator(mode="after")
     def _every_stage_has_samples(self) -> "DataConfig":
@@ -254,6 +265,11 @@ class AlertsConfig(_Strict):
         return self
 
 
+class MetricsConfig(_Strict):
+    pushgateway_url: str | None = Field(default=None, description="Prometheus Pushgateway for flow runs; unset: no push")
+    job: str = "drape"
+
+
 class PipelineConfig(_Strict):
     name: str = "demo"
     seed: int = 0
@@ -267,6 +283,7 @@ class PipelineConfig(_Strict):
     gates: GatesConfig = GatesConfig()
     retention: RetentionConfig = RetentionConfig()
     alerts: AlertsConfig = AlertsConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
     @model_validator(mode="after")
     def _patch_divides_resolution(self) -> "PipelineConfig":
@@ -278,6 +295,10 @@ class PipelineConfig(_Strict):
     @property
     def object_store_url(self) -> str:
         return self.storage.object_store_url or f"file://{self.paths.root_path.resolve()}/objects"
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.data.cache.dir) if self.data.cache.dir else self.paths.root_path.resolve() / "live" / "shards"
 
     @property
     def tracking_uri(self) -> str:

@@ -6,7 +6,8 @@ storage (``<root>/live``) holds::
     runs/<run id>/<stage>/checkpoints/step-N    the active run's candidate checkpoints
     runs/<run id>/<stage>/gate/                 outputs, latents, report.json, grid.png
     baselines/<stage>/                          the current baseline: checkpoint/, outputs/, baseline.json
-    shards/<split>/                             pre-staged shards of the stage in progress or next
+    shards/<dataset>/<version>/<split>/         the shard cache (`data.cache`): pre-staged shards of
+                                                the stage in progress or next, and the control set
 
 Invariant after every archive: only the active run's newest checkpoint (the weights of the stage
 just promoted, which is its new baseline), the current baselines (weights without optimizer state,
@@ -27,11 +28,13 @@ from drape import STAGES
 from drape.alerts import notify_gate
 from drape.checkpoint import export_weights
 from drape.config import PipelineConfig
-from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
+from drape.data.cache import ShardCache
+from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, read_manifest, stack_samples
 from drape.gate_report import GateReport
 from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
 from drape.storage import open_store, remove_tree, tree_bytes
 from drape.sweep import sweep as run_sweep
+from drape.metrics import push_metrics
 from drape.tracking import Tracker
 from drape.train import TrainResult, train_stage
 from drape.validate import evaluate_gate
@@ -59,10 +62,6 @@ class RunContext:
     def stage_dir(self, stage: str) -> Path:
         return Path(self.live_root) / "runs" / self.run_id / stage
 
-    @property
-    def shards_dir(self) -> Path:
-        return Path(self.live_root) / "shards"
-
     def baseline_dir(self, stage: str) -> Path:
         return Path(self.live_root) / "baselines" / stage
 
@@ -85,7 +84,7 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
     children = {stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES}
     context = RunContext(run_id, run_name, mode, str(live_root(config)), parent, children, dataset_prefix(config),
                          manifest_hash(manifest), manifest["control_set"])
-    stage_split(store, context.dataset_prefix, manifest, "control", context.shards_dir)
+    shard_cache(config, context).prestage("control")
     return context
 
 
@@ -93,11 +92,26 @@ def _manifest(config: PipelineConfig, context: RunContext) -> dict:
     return json.loads(open_store(config).read_bytes(f"{context.dataset_prefix}/manifest.json"))
 
 
-def prestage(config: PipelineConfig, context: RunContext, stage: str) -> dict:
-    """Copy `stage`'s shards into the live shard cache, verified; returns what was staged."""
+def shard_cache(config: PipelineConfig, context: RunContext) -> ShardCache:
+    return ShardCache.from_config(config, open_store(config), context.dataset_prefix, _manifest(config, context))
+
+
+def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> dict:
+    """Pre-stage `stage`'s shards into the shard cache, verified, keeping the control set and the
+    stage before it (which may still be training); returns what was staged and evicted."""
+    index = STAGES.index(stage)
+    keep = ["control", *STAGES[max(index - 1, 0):index]]
+    return shard_cache(config, context).prestage(stage, keep=keep, progress=progress).to_dict()
+
+
+def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None = None) -> dict:
+    """Pre-stage a split of the config's dataset outside any run (operators, the prestage flow)."""
     store = open_store(config)
-    paths = stage_split(store, context.dataset_prefix, _manifest(config, context), stage, context.shards_dir)
-    return {"stage": stage, "shards": len(paths), "bytes": sum(p.stat().st_size for p in paths)}
+    manifest = read_manifest(store, dataset_prefix(config))
+    if manifest is None:
+        raise FileNotFoundError(f"no dataset at {store.key_url(dataset_prefix(config))}; run `drape data shard` first")
+    cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
+    return cache.prestage(stage, keep=keep if keep is not None else ["control"]).to_dict()
 
 
 def previous_checkpoint(context: RunContext, stage: str) -> str | None:
@@ -113,12 +127,16 @@ def previous_checkpoint(context: RunContext, stage: str) -> str | None:
 def train(config: PipelineConfig, context: RunContext, stage: str, init_checkpoint: str | None, progress=None) -> TrainResult:
     """Train the stage's parameter subset on its pre-staged shards; logs to the stage's MLflow run."""
     tracker, run = Tracker(config), context.stage_run_ids[stage]
-    data = load_split(context.shards_dir, _manifest(config, context), stage)
+    cache = shard_cache(config, context)
+    data = stack_samples(cache.iter_samples(stage))  # pre-staged: read from local disk
     sink = lambda metrics, step: tracker.log_metrics(run, metrics, step)  # noqa: E731
     result = train_stage(config, stage=stage, data=data, out_dir=context.stage_dir(stage), init_checkpoint=init_checkpoint,
-                         mode=context.mode, data_manifest_hash=context.data_manifest_hash, log_metrics=sink, progress=progress)
+                         mode=context.mode, data_manifest_hash=context.data_manifest_hash, log_metrics=sink, progress=progress,
+                         metric_labels={"run": context.run_id, "stage": stage})
     tracker.log_metrics(run, {f"{stage}/train_seconds": result.train_seconds, f"{stage}/data_wait_fraction": result.data_wait_fraction,
-                              f"{stage}/final_loss": result.final_loss}, result.steps)
+                              f"{stage}/final_loss": result.final_loss, f"{stage}/shard_read_wait_seconds": cache.read_wait_seconds},
+                        result.steps)
+    push_metrics(config, grouping={"run": context.run_id, "stage": stage})
     return result
 
 
@@ -147,7 +165,9 @@ def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: st
     A passing gate alerts only when `alerts.notify_on_pass` is set; failures alert in `reject`.
     """
     tracker, run = Tracker(config), context.stage_run_ids[stage]
-    control = load_split(context.shards_dir, _manifest(config, context), "control")
+    cache = shard_cache(config, context)
+    cache.prestage("control")  # normally local already; restores it if an operator cleared the cache
+    control = load_split(cache.dataset_dir, cache.manifest, "control")
     baseline, baseline_outputs = _baseline(config, context, stage, tracker)
     gate_dir = context.stage_dir(stage) / "gate"
     report = evaluate_gate(config, stage=stage, run_id=context.run_id, checkpoint=checkpoint, control=control,
@@ -196,10 +216,10 @@ def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: st
                              key_root=f"runs/{context.run_id}/{stage}")
     result: ArchiveResult = execute_plan(actions, store, f"archive/manifests/{context.run_id}/{stage}",
                                          run_id=context.run_id, stage=stage)
-    manifest = _manifest(config, context)
-    for shard in manifest["splits"][stage]:  # the object store holds the verified original
+    cache = shard_cache(config, context)
+    for shard in cache.shards(stage):  # the object store holds the verified original
         store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
-    remove_tree(context.shards_dir / stage)
+    cache.evict(stage)
     _remove_empty(context.stage_dir(stage))
     live_after = tree_bytes(root)
     Tracker(config).log_metrics(context.stage_run_ids[stage], {f"{stage}/archived_bytes": result.archived_bytes,
@@ -246,8 +266,9 @@ def reject(config: PipelineConfig, context: RunContext, stage: str, report: Gate
     outage is noted in the returned message; it never turns the failure into anything else.
     """
     archive(config, context, stage, outcome="failed_candidate")
+    cache = shard_cache(config, context)
     for later in STAGES[STAGES.index(stage):]:
-        remove_tree(context.shards_dir / later)
+        cache.evict(later)
     alert = _notify(config, context, report, webhook_url, links)
     close_run(config, context, "FAILED")
     return f"gate failed at stage {stage}: " + "; ".join(report.failures()) + f" ({alert})"

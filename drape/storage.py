@@ -178,6 +178,16 @@ class ObjectStore:
         os.replace(temporary, local)
         return local
 
+    def open_read(self, key: str, offset: int = 0, block_bytes: int = 8 << 20):
+        """A binary file object on the object, positioned at `offset` (ranged GETs on S3)."""
+        try:
+            handle = self.fs.open(self.path(key), "rb", block_size=block_bytes)
+        except FileNotFoundError:
+            raise StorageError(f"{self.key_url(key)}: missing in the object store") from None
+        if offset:
+            handle.seek(offset)
+        return handle
+
     def read_bytes(self, key: str) -> bytes:
         try:
             return self.fs.cat_file(self.path(key))
@@ -194,10 +204,13 @@ class ObjectStore:
         return sorted(path.removeprefix(base) for path in found if not path.rsplit("/", 1)[-1].count(".tmp-"))
 
 
-def open_store(config) -> ObjectStore:
-    """The pipeline's object store (a `PipelineConfig`): URL, endpoint and region from config."""
+def open_store(config, url: str | None = None) -> ObjectStore:
+    """The pipeline's object store (a `PipelineConfig`), or the store at `url` with the config's
+    endpoint, region and retry settings. A plain path means ``file://<absolute path>``."""
     storage = config.storage
-    return ObjectStore(config.object_store_url, endpoint_url=storage.endpoint_url, region=storage.region,
+    if url and "://" not in url:
+        url = f"file://{Path(url).resolve()}"
+    return ObjectStore(url or config.object_store_url, endpoint_url=storage.endpoint_url, region=storage.region,
                        multipart_chunk_bytes=storage.multipart_chunk_bytes, retry_attempts=storage.retry_attempts,
                        connect_timeout=storage.connect_timeout_seconds, read_timeout=storage.read_timeout_seconds)
 

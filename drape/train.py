@@ -25,6 +25,7 @@ from drape import STAGES
 from drape.checkpoint import checkpoint_name, list_checkpoints, load_model, load_training_state, save_checkpoint
 from drape.config import PipelineConfig, trainable_parameter_names
 from drape.data.dataset import to_model_inputs
+from drape.metrics import DATA_WAIT, STEP_SECONDS
 from drape.model import build_model, build_noise_scheduler, diffusion_target
 
 MetricsSink = Callable[[dict[str, float], int], None]
@@ -97,11 +98,13 @@ def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[st
 
 def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str | Path, init_checkpoint: str | Path | None,
                 mode: str = "full", data_manifest_hash: str = "", log_metrics: MetricsSink | None = None,
-                progress: Callable[[int, int], None] | None = None) -> TrainResult:
+                progress: Callable[[int, int], None] | None = None, metric_labels: dict[str, str] | None = None) -> TrainResult:
     """Train `stage` on `data` (arrays from `load_split`), checkpointing under `out_dir`/checkpoints.
 
     Starts from `init_checkpoint` (or fresh weights), or resumes from the newest checkpoint already
     in `out_dir`. `mode` 'full' runs the stage's `steps`, 'finetune' its `finetune_steps`.
+    Every step's data-wait and duration go to the Prometheus histograms ``drape_data_wait_seconds``
+    and ``drape_train_step_seconds`` labelled `metric_labels` (run, stage).
     """
     stage_config, train = config.train.stages[stage], config.train
     if mode not in ("full", "finetune"):
@@ -127,6 +130,8 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
     prefetcher = BatchPrefetcher(data, seed=config.seed, stage=stage, batch_size=train.batch_size, start=start_step, stop=total)
     manifest_base = {"config": config.model_dump(mode="json"), "stage": stage, "mode": mode, "total_steps": total,
                      "data_manifest_hash": data_manifest_hash}
+    labels = {"run": "", "stage": stage, **(metric_labels or {})}
+    data_wait, step_time = DATA_WAIT.labels(**labels), STEP_SECONDS.labels(**labels)
     loss_value, started, checkpoint = float("nan"), time.perf_counter(), resume_from
     model.train()
     for _ in range(start_step, total):
@@ -148,8 +153,10 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
                 for n in names:
                     ema[n].lerp_(parameters[n].detach(), 1 - train.ema.decay)
         loss_value, done = float(loss.detach()), step + 1
+        step_seconds = time.perf_counter() - step_started
+        data_wait.observe(waited)
+        step_time.observe(step_seconds + waited)
         if log_metrics and (done % train.log_every == 0 or done == total):
-            step_seconds = time.perf_counter() - step_started
             log_metrics({f"{stage}/loss": loss_value, f"{stage}/step_seconds": step_seconds + waited,
                          f"{stage}/data_wait_seconds": waited,
                          f"{stage}/samples_per_second": train.batch_size / max(step_seconds + waited, 1e-9)}, done)
@@ -169,7 +176,8 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
 def main(argv: list[str] | None = None) -> int:
     """Train one stage from the command line, with no orchestrator: data is fetched and verified first."""
     from drape.config import load_config
-    from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, stage_split
+    from drape.data.cache import ShardCache
+    from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, stack_samples
     from drape.storage import open_store
 
     parser = argparse.ArgumentParser(prog="python -m drape.train", description=main.__doc__)
@@ -182,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     config = load_config(args.config)
     store = open_store(config)
     manifest = ensure_dataset(config, store)
-    cache = config.paths.root_path / "live" / "shards"
-    stage_split(store, dataset_prefix(config), manifest, args.stage, cache)
+    cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
+    cache.prestage(args.stage)
     out = Path(args.out) if args.out else config.paths.root_path / "live" / "runs" / "manual" / args.stage
     from rich.progress import Progress
 
@@ -191,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         task = bar.add_task(f"train {args.stage}", total=None)
         loss = lambda metrics, step: bar.update(task, description=f"train {args.stage} loss {metrics[f'{args.stage}/loss']:.4f}")  # noqa: E731
         advance = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
-        result = train_stage(config, stage=args.stage, data=load_split(cache, manifest, args.stage), out_dir=out,
+        result = train_stage(config, stage=args.stage, data=stack_samples(cache.iter_samples(args.stage)), out_dir=out,
                              init_checkpoint=args.init, mode=args.mode, data_manifest_hash=manifest_hash(manifest),
                              log_metrics=loss, progress=advance)
     print(result.to_dict())

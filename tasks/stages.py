@@ -28,6 +28,11 @@ def prestage(config: PipelineConfig, context: pipeline.RunContext, stage: str) -
     return pipeline.prestage(config, context, stage)
 
 
+@task(name="prestage-dataset", task_run_name="prestage-dataset-{stage}", retries=3, retry_delay_seconds=10, **_common)
+def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str]) -> dict:
+    return pipeline.prestage_dataset(config, stage, keep)
+
+
 @task(name="train", task_run_name="train-{stage}", timeout_seconds=14 * 24 * 3600, **_common)
 def train(config: PipelineConfig, context: pipeline.RunContext, stage: str, init_checkpoint: str | None) -> TrainResult:
     return pipeline.train(config, context, stage, init_checkpoint, progress=_every_tenth(stage))

@@ -131,3 +131,40 @@ def prefect_harness():
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_service(argv: list[str], ready_url: str, name: str):
+    import shutil
+
+    if shutil.which(argv[0]) is None:
+        pytest.fail(f"{argv[0]} is not installed; `make services` installs it (apt-get install prometheus "
+                    f"prometheus-pushgateway), as .ci/run does")
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(ready_url, timeout=1)
+            return process
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"{name} did not start: {process.stderr.read().decode()[-2000:]}") from None
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def pushgateway():
+    """Debian's prometheus-pushgateway on 127.0.0.1: (base URL)."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _start_service(["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}"], f"{url}/-/ready",
+                             "prometheus-pushgateway")
+    yield url
+    process.terminate()
+    process.wait(timeout=10)

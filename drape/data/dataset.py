@@ -14,14 +14,15 @@ import json
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from drape.checksum import sha256_bytes, sha256_file
 from drape.config import PipelineConfig
-from drape.data.shards import IMAGE_FIELDS, ShardError, ShardWriter, read_shard, verify_shard
-from drape.data.synth import STAGE_BIAS, generate_split
+from drape.data.shards import IMAGE_FIELDS, ShardWriter, read_shard
+from drape import STAGES
+from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage import ObjectStore
 
 MANIFEST = "manifest.json"
@@ -35,29 +36,94 @@ def _split_sizes(config: PipelineConfig) -> dict[str, int]:
     return {**config.data.samples_per_stage, "control": config.data.control_samples}
 
 
-def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callable[[str, int], None] | None = None) -> dict:
-    """Generate the synthetic splits into `out_dir` as shards; returns (and writes) the manifest."""
-    out_dir, data = Path(out_dir), config.data
-    splits: dict[str, list[dict]] = {}
-    for split, count in _split_sizes(config).items():
-        with ShardWriter(out_dir=out_dir / split, root=out_dir, max_samples=data.shard_max_samples) as writer:
-            for sample in generate_split(seed=config.seed, split=split, num_samples=count, num_identities=data.num_identities,
-                                         num_garments=data.num_garments, resolution=data.resolution):
-                writer.write(sample)
-                if progress:
-                    progress(split, 1)
-        splits[split] = [info.to_dict() for info in writer.shards]
-    manifest = {
-        "name": data.name, "version": data.version, "created": datetime.now(timezone.utc).isoformat(),
-        "source": {"generator": "drape.data.synth", "seed": config.seed, "resolution": data.resolution,
-                   "num_identities": data.num_identities, "num_garments": data.num_garments},
-        "stage_rule": {split: {"samples": count, **{k: list(v) for k, v in STAGE_BIAS[split].items()}}
-                       for split, count in _split_sizes(config).items()},
-        "splits": splits,
-        "control_set": control_set_id(splits["control"]),
-    }
+SPLITS = ("control", *STAGES)
+
+
+def _writers_for(out_dir: Path, max_samples: int, max_bytes: int | None) -> dict[str, ShardWriter]:
+    return {split: ShardWriter(out_dir=out_dir / split, root=out_dir, max_samples=max_samples, max_bytes=max_bytes)
+            for split in SPLITS}
+
+
+def write_dataset(out_dir: str | Path, samples: Iterable[tuple[str, Sample]], *, name: str, version: str, source: dict,
+                  stage_rule: dict, max_samples: int, max_bytes: int | None = None,
+                  progress: Callable[[str, int], None] | None = None) -> dict:
+    """Shard (split, sample) pairs into `out_dir`/<split>/ and write the manifest; returns it.
+
+    Every stage and the control set must receive samples: a rule that starves one is an error.
+    """
+    out_dir = Path(out_dir)
+    writers = _writers_for(out_dir, max_samples, max_bytes)
+    try:
+        for split, sample in samples:
+            writers[split].write(sample)
+            if progress:
+                progress(split, 1)
+    except BaseException:
+        for writer in writers.values():
+            writer.__exit__(RuntimeError, None, None)
+        raise
+    splits = {split: [info.to_dict() for info in writer.close()] for split, writer in writers.items()}
+    empty = [split for split, shards in splits.items() if not shards]
+    if empty:
+        raise ValueError(f"dataset {name}/{version}: no samples for {empty} under stage rule {stage_rule}")
+    manifest = {"name": name, "version": version, "created": datetime.now(timezone.utc).isoformat(), "source": source,
+                "stage_rule": stage_rule, "splits": splits, "control_set": control_set_id(splits["control"])}
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
+
+
+def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callable[[str, int], None] | None = None) -> dict:
+    """Generate the synthetic splits into `out_dir` as shards; returns (and writes) the manifest."""
+    data = config.data
+
+    def samples():
+        for split, count in _split_sizes(config).items():
+            for sample in generate_split(seed=config.seed, split=split, num_samples=count, num_identities=data.num_identities,
+                                         num_garments=data.num_garments, resolution=data.resolution):
+                yield split, sample
+
+    source = {"generator": "drape.data.synth", "seed": config.seed, "resolution": data.resolution,
+              "num_identities": data.num_identities, "num_garments": data.num_garments}
+    rule = {"rule": "generated per split", **{split: {"samples": count, **{k: list(v) for k, v in STAGE_BIAS[split].items()}}
+                                             for split, count in _split_sizes(config).items()}}
+    return write_dataset(out_dir, samples(), name=data.name, version=data.version, source=source, stage_rule=rule,
+                         max_samples=data.shard_max_samples, max_bytes=data.shard_max_bytes, progress=progress)
+
+
+def assign_splits(keys: list[str], *, control: int, weights: dict[str, float], salt: str = "") -> dict[str, str]:
+    """Deterministic split of sample keys: the `control` keys of lowest hash form the control set;
+    the others fall into stages by a second hash, in proportion to `weights`."""
+    if any(w < 0 for w in weights.values()) or not any(weights.get(stage, 0) > 0 for stage in STAGES):
+        raise ValueError(f"stage weights must be >= 0 with at least one positive, got {weights}")
+    if control >= len(keys):
+        raise ValueError(f"control set of {control} samples leaves nothing to train on ({len(keys)} samples in the source)")
+    ranked = sorted(keys, key=lambda key: sha256_bytes(f"{salt}control:{key}".encode()))
+    assignment = {key: "control" for key in ranked[:control]}
+    total = sum(weights.get(stage, 0) for stage in STAGES)
+    edges, running = [], 0.0
+    for stage in STAGES:
+        running += weights.get(stage, 0) / total
+        edges.append((running, stage))
+    for key in ranked[control:]:
+        position = int(sha256_bytes(f"{salt}stage:{key}".encode())[:12], 16) / 16**12
+        assignment[key] = next((stage for edge, stage in edges if position < edge), edges[-1][1])
+    return assignment
+
+
+def import_dataset(source_root: str | Path, out_dir: str | Path, *, name: str, version: str, resolution: int, control: int,
+                   weights: dict[str, float], max_samples: int, max_bytes: int | None = None, layout: str | None = None,
+                   progress: Callable[[str, int], None] | None = None) -> dict:
+    """Cut a VITON-HD or DressCode tree into stage shards by the hash rule of `assign_splits`."""
+    from drape.data.importers import detect_layout, list_pairs, load_pair
+
+    layout = layout or detect_layout(source_root)
+    pairs = list_pairs(source_root, layout)
+    assignment = assign_splits([pair["key"] for pair in pairs], control=control, weights=weights, salt=f"{name}/{version}/")
+    samples = ((assignment[pair["key"]], load_pair(source_root, layout, pair, resolution)) for pair in pairs)
+    rule = {"rule": "sha256 of the pair key", "control_samples": control, "weights": {s: weights.get(s, 0) for s in STAGES}}
+    source = {"layout": layout, "root": str(Path(source_root).resolve()), "pairs": len(pairs), "resolution": resolution}
+    return write_dataset(out_dir, samples, name=name, version=version, source=source, stage_rule=rule,
+                         max_samples=max_samples, max_bytes=max_bytes, progress=progress)
 
 
 def control_set_id(shards: list[dict]) -> str:
@@ -70,8 +136,13 @@ def manifest_hash(manifest: dict) -> str:
 
 
 def publish_dataset(local_dir: str | Path, store: ObjectStore, prefix: str) -> None:
-    """Upload every shard (verified), then the manifest, which commits the dataset."""
+    """Upload every shard (verified), then the manifest, which commits the dataset.
+
+    A committed dataset version is immutable: publishing over one is an error.
+    """
     local_dir = Path(local_dir)
+    if store.exists(f"{prefix}/{MANIFEST}"):
+        raise FileExistsError(f"{store.key_url(prefix)} already exists; dataset versions are immutable, choose a new version")
     manifest = json.loads((local_dir / MANIFEST).read_text())
     for shards in manifest["splits"].values():
         for shard in shards:
@@ -95,19 +166,6 @@ def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callabl
         build_dataset(config, scratch, progress)
         publish_dataset(scratch, store, prefix)
     return read_manifest(store, prefix)
-
-
-def stage_split(store: ObjectStore, prefix: str, manifest: dict, split: str, cache_dir: str | Path) -> list[Path]:
-    """Copy a split's shards into `cache_dir`, verified; shards already there and intact are kept."""
-    local_paths = []
-    for shard in manifest["splits"][split]:
-        local = Path(cache_dir) / shard["path"]
-        try:
-            verify_shard(local, sha256=shard["sha256"], size=shard["bytes"])
-        except ShardError:
-            store.get_file(f"{prefix}/{shard['path']}", local, sha256=shard["sha256"])
-        local_paths.append(local)
-    return local_paths
 
 
 def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:

@@ -52,11 +52,15 @@ def _add_member(tar: tarfile.TarFile, name: str, payload: bytes) -> None:
 
 
 class ShardWriter:
-    """Writes samples into ``<out_dir>/<prefix>-NNNNN.tar`` shards of at most `max_samples`."""
+    """Writes samples into ``<out_dir>/<prefix>-NNNNN.tar`` shards of at most `max_samples` samples.
 
-    def __init__(self, *, out_dir: str | Path, root: str | Path, prefix: str = "shard", max_samples: int = 64):
+    With `max_bytes` a shard also closes once it reaches that size (so it exceeds it by at most one sample).
+    """
+
+    def __init__(self, *, out_dir: str | Path, root: str | Path, prefix: str = "shard", max_samples: int = 64,
+                 max_bytes: int | None = None):
         self.out_dir, self.root = Path(out_dir), Path(root)
-        self.prefix, self.max_samples = prefix, max_samples
+        self.prefix, self.max_samples, self.max_bytes = prefix, max_samples, max_bytes
         self.shards: list[ShardInfo] = []
         self._tar: tarfile.TarFile | None = None
         self._count = 0
@@ -73,7 +77,7 @@ class ShardWriter:
             _add_member(self._tar, f"{sample.key}.{field}.png", _png_bytes(getattr(sample, field)))
         _add_member(self._tar, f"{sample.key}.json", json.dumps(sample.meta, sort_keys=True).encode())
         self._count += 1
-        if self._count >= self.max_samples:
+        if self._count >= self.max_samples or (self.max_bytes and self._tar.fileobj.tell() >= self.max_bytes):
             self._finish_shard()
 
     def _finish_shard(self) -> None:
@@ -126,6 +130,41 @@ def _decode_member(shard: Path, name: str, payload: bytes):
         raise ShardError(f"shard {shard}: member {name!r} cannot be decoded: {error}") from None
 
 
+_MEMBER_TYPES = {tarfile.SYMTYPE: "symbolic link", tarfile.LNKTYPE: "hard link", tarfile.DIRTYPE: "directory",
+                 tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "fifo"}
+
+
+def _check_member(shard: Path, member: tarfile.TarInfo) -> None:
+    """Only flat regular files named ``<key>.<field>``: nothing that could land outside the cache."""
+    name = member.name
+    if name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/") or "/" in name or "\\" in name:
+        raise ShardError(f"shard {shard}: member {name!r} escapes the shard directory (expected flat names <key>.<field>)")
+    if not member.isfile():
+        kind = _MEMBER_TYPES.get(member.type, f"type {member.type!r}")
+        raise ShardError(f"shard {shard}: member {name!r} is a {kind}; only regular files are accepted")
+    if name.startswith(".") or "." not in name:
+        raise ShardError(f"shard {shard}: member {name!r} is not named <key>.<field>")
+
+
+def check_structure(path: str | Path) -> int:
+    """Walk the tar headers (no decoding): reject truncation and unsafe members; returns the member count."""
+    path = Path(path)
+    size, count = path.stat().st_size, 0
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                _check_member(path, member)
+                if member.offset_data + member.size > size:
+                    raise ShardError(f"shard {path}: truncated: member {member.name!r} needs "
+                                     f"{member.offset_data + member.size} bytes, the file has {size}")
+                count += 1
+    except (tarfile.TarError, EOFError) as error:
+        raise ShardError(f"shard {path}: not a readable tar ({error})") from None
+    if count == 0:
+        raise ShardError(f"shard {path}: empty (no members)")
+    return count
+
+
 def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None = None) -> Iterator[dict]:
     """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given."""
     path = Path(path)
@@ -136,8 +175,7 @@ def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None 
     try:
         with tarfile.open(path, "r:") as tar:
             for member in tar:
-                if not member.isfile() or "/" in member.name or member.name.startswith("."):
-                    raise ShardError(f"shard {path}: unexpected member {member.name!r} (expected flat files)")
+                _check_member(path, member)
                 key, _, field = member.name.partition(".")
                 payload = tar.extractfile(member).read()
                 if key not in samples:

@@ -1,6 +1,8 @@
 """A small fault-injecting HTTP proxy for S3 tests: it sits in front of the moto server and, on a
 fixed schedule, answers 503 SlowDown, answers 500 InternalError, resets the connection, or stalls
-past the client's read timeout; every other request is forwarded unchanged."""
+past the client's read timeout; every other request is forwarded unchanged. It can also add a
+fixed latency per request and cap the bandwidth of all responses together (the benchmarks'
+stand-in for a remote S3 region)."""
 
 from __future__ import annotations
 
@@ -20,9 +22,11 @@ INTERNAL = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</C
 class FaultProxy:
     """`schedule` maps request number modulo `period` to a fault: 'slowdown', 'internal', 'reset', 'stall'."""
 
-    def __init__(self, upstream: str, schedule: dict[int, str], period: int = 10, stall_seconds: float = 3.0):
+    def __init__(self, upstream: str, schedule: dict[int, str] | None = None, period: int = 10, stall_seconds: float = 3.0,
+                 latency_seconds: float = 0.0, bandwidth_bytes_per_second: float | None = None):
         self.upstream = urlsplit(upstream)
-        self.schedule, self.period, self.stall_seconds = schedule, period, stall_seconds
+        self.schedule, self.period, self.stall_seconds = schedule or {}, period, stall_seconds
+        self.latency, self.bandwidth, self.link_free_at = latency_seconds, bandwidth_bytes_per_second, 0.0
         self.count, self.faults, self.lock = 0, Counter(), threading.Lock()
         proxy = self
 
@@ -53,6 +57,8 @@ class FaultProxy:
                     self.end_headers()
                     self.wfile.write(payload)
                     return
+                if proxy.latency:
+                    time.sleep(proxy.latency)
                 upstream = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "proxy-connection")}
                 upstream.request(self.command, self.path, body=body, headers=headers)
@@ -67,7 +73,7 @@ class FaultProxy:
                                  else str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(data)
+                    proxy.send(self.wfile, data)
                 upstream.close()
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
@@ -80,6 +86,20 @@ class FaultProxy:
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def send(self, out, data: bytes, chunk: int = 256 << 10) -> None:
+        """Write `data`, holding all connections together to `bandwidth` bytes per second."""
+        if not self.bandwidth:
+            out.write(data)
+            return
+        for start in range(0, len(data), chunk):
+            piece = data[start:start + chunk]
+            with self.lock:
+                begin = max(time.monotonic(), self.link_free_at)
+                self.link_free_at = begin + len(piece) / self.bandwidth
+                done_at = self.link_free_at
+            time.sleep(max(0.0, done_at - time.monotonic()))
+            out.write(piece)
 
     def close(self) -> None:
         self.closed = True

@@ -124,3 +124,30 @@ def test_s3_faults_are_retried_with_backoff(s3_bucket, tmp_path):
     finally:
         proxy.close()
     assert {"slowdown", "internal", "reset", "stall"} <= set(proxy.faults), proxy.faults
+
+
+def test_prestage_from_s3_through_faults_resumes_and_verifies(s3_bucket, tmp_path, tiny_dataset):
+    """Shards pre-staged over HTTP with 503s and resets in the way, one download resumed from a part."""
+    from drape.data.cache import ShardCache
+    from drape.data.dataset import publish_dataset
+
+    from tests.integration.fault_proxy import FaultProxy
+
+    bucket, endpoint = s3_bucket
+    directory, manifest, _ = tiny_dataset
+    prefix = "datasets/synth-tryon/v1"
+    publish_dataset(directory, _store(bucket, endpoint), prefix)
+    proxy = FaultProxy(endpoint, {3: "slowdown", 7: "reset"}, period=10)
+    try:
+        store = _store(bucket, proxy.url, retry_attempts=8)
+        cache = ShardCache(tmp_path / "cache", store, prefix, manifest, budget_bytes=1 << 30, concurrency=4)
+        first = manifest["splits"]["identity"][0]
+        local = cache.local_path(first)
+        local.parent.mkdir(parents=True)
+        local.with_name(f".{local.name}.part").write_bytes((directory / first["path"]).read_bytes()[:1000])
+        result = cache.prestage("identity", keep=["control"])
+    finally:
+        proxy.close()
+    assert result.downloaded == len(manifest["splits"]["identity"]) and sum(proxy.faults.values()) > 0
+    for shard in manifest["splits"]["identity"]:
+        assert cache.local_path(shard).read_bytes() == (directory / shard["path"]).read_bytes()

@@ -51,8 +51,8 @@ def assert_live_invariant(config):
     for relative in live_files(config):
         parts = Path(relative).parts
         assert parts[0] in ("baselines", "shards"), relative
-        if parts[0] == "shards":
-            assert parts[1] == "control", relative
+        if parts[0] == "shards":  # shards/<dataset>/<version>/<split>/...
+            assert parts[3] == "control", relative
         else:
             assert parts[1] in STAGES and parts[2] in ("checkpoint", "outputs", "baseline.json"), relative
 

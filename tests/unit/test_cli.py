@@ -14,6 +14,8 @@ EXPECTED_COMMANDS = {
     "run": ["config", "mode", "run_name"],
     "train": ["config", "stage", "init", "out"],
     "data synth": ["config", "out"],
+    "data shard": ["source", "out", "config", "name", "version", "control", "weights", "shard_max_bytes", "shard_max_samples"],
+    "data prestage": ["stage", "config", "keep"],
     "gate check": ["control", "outputs", "baseline_outputs", "config", "stage", "report"],
     "gate calibrate": ["config", "samples", "control", "outputs", "false_alarm"],
     "storage apply-lifecycle": ["config"],
@@ -21,7 +23,8 @@ EXPECTED_COMMANDS = {
     "storage sweep": ["config", "dry_run"],
     "storage restore": ["run_id", "stage", "config", "out"],
 }
-EXPECTED_FLOW_PARAMETERS = ["config_path", "mode", "run_name"]
+EXPECTED_FLOW_PARAMETERS = {"staged_training": ["config_path", "mode", "run_name"],
+                            "prestage_dataset": ["config_path", "stages"]}
 
 
 def _commands(group, prefix=""):
@@ -46,9 +49,11 @@ def test_cli_surface_is_unchanged():
 
 
 def test_flow_parameters_are_unchanged():
-    from flows.staged_training import staged_training
+    import importlib
 
-    assert list(inspect.signature(staged_training.fn).parameters) == EXPECTED_FLOW_PARAMETERS
+    for name, parameters in EXPECTED_FLOW_PARAMETERS.items():
+        flow = getattr(importlib.import_module(f"flows.{name}"), name)
+        assert list(inspect.signature(flow.fn).parameters) == parameters, name
 
 
 def test_bad_config_exits_2_naming_file_and_field(tmp_path):

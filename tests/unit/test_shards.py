@@ -6,7 +6,7 @@ import tarfile
 import numpy as np
 import pytest
 
-from drape.data.shards import IMAGE_FIELDS, ShardError, ShardWriter, read_shard, verify_shard
+from drape.data.shards import IMAGE_FIELDS, ShardError, ShardWriter, check_structure, read_shard, verify_shard
 from drape.data.synth import generate_split
 
 
@@ -57,15 +57,49 @@ def test_truncated_shard_is_rejected_with_and_without_a_hash(tmp_path):
         list(read_shard(path))
 
 
-def test_member_escaping_the_directory_is_rejected(tmp_path):
-    path = tmp_path / "evil.tar"
+def _tar_with(path, name, kind=tarfile.REGTYPE, payload=b"{}"):
     with tarfile.open(path, "w") as tar:
-        payload = b"{}"
-        info = tarfile.TarInfo("../escape.json")
-        info.size = len(payload)
-        tar.addfile(info, io.BytesIO(payload))
-    with pytest.raises(ShardError, match="unexpected member '../escape.json'"):
+        info = tarfile.TarInfo(name)
+        info.type = kind
+        if kind == tarfile.SYMTYPE:
+            info.linkname = "/etc/passwd"
+        info.size = len(payload) if kind == tarfile.REGTYPE else 0
+        tar.addfile(info, io.BytesIO(payload) if kind == tarfile.REGTYPE else None)
+    return path
+
+
+@pytest.mark.parametrize("name, kind, message", [
+    ("../escape.json", tarfile.REGTYPE, "escapes the shard directory"),
+    ("/etc/cron.d/x.json", tarfile.REGTYPE, "escapes the shard directory"),
+    ("sub/dir.json", tarfile.REGTYPE, "escapes the shard directory"),
+    ("a.target.png", tarfile.SYMTYPE, "is a symbolic link"),
+    ("a.target.png", tarfile.LNKTYPE, "is a hard link"),
+    ("a.target.png", tarfile.CHRTYPE, "is a character device"),
+    ("a.target.png", tarfile.FIFOTYPE, "is a fifo"),
+])
+def test_hostile_members_are_rejected_by_reader_and_structure_check(tmp_path, name, kind, message):
+    path = _tar_with(tmp_path / "evil.tar", name, kind)
+    with pytest.raises(ShardError, match=message) as error:
         list(read_shard(path))
+    assert str(path) in str(error.value) and repr(name) in str(error.value)
+    with pytest.raises(ShardError, match=message):
+        check_structure(path)
+
+
+def test_structure_check_catches_truncation_and_passes_good_shards(tmp_path):
+    path, info = _one_shard(tmp_path)
+    assert check_structure(path) == 3 * (len(IMAGE_FIELDS) + 1)
+    path.write_bytes(path.read_bytes()[: info.bytes // 2])
+    with pytest.raises(ShardError, match=rf"shard {path}: (truncated|not a readable tar)"):
+        check_structure(path)
+
+
+def test_writer_closes_shards_at_max_bytes(tmp_path):
+    samples = _samples(6)
+    with ShardWriter(out_dir=tmp_path / "s", root=tmp_path, max_samples=100, max_bytes=1) as writer:
+        for sample in samples:
+            writer.write(sample)
+    assert [s.samples for s in writer.shards] == [1] * 6
 
 
 def test_missing_shard(tmp_path):

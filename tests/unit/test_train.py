@@ -57,10 +57,21 @@ def test_only_the_stage_subset_trains(config, texture_data, tmp_path):
     assert changed == {"transformer.proj_out.weight", "transformer.proj_out.bias"}
 
 
-def test_metrics_reach_the_sink(config, texture_data, tmp_path):
+def test_metrics_reach_the_sink_and_prometheus(config, texture_data, tmp_path):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from drape.metrics import exposition
+
     logged = []
     result = train_stage(_config(config, log_every=2), stage="texture", data=texture_data, out_dir=tmp_path,
-                         init_checkpoint=None, log_metrics=lambda m, step: logged.append((step, m)))
+                         init_checkpoint=None, log_metrics=lambda m, step: logged.append((step, m)),
+                         metric_labels={"run": "run-metrics-test"})
+    labels = {"run": "run-metrics-test", "stage": "texture"}
+    samples = {s.name: s for family in text_string_to_metric_families(exposition(labels)) for s in family.samples
+               if s.labels.get("le") is None}
+    assert samples["drape_data_wait_seconds_count"].labels == labels
+    assert samples["drape_data_wait_seconds_count"].value == 7 and samples["drape_train_step_seconds_count"].value == 7
+    assert abs(samples["drape_data_wait_seconds_sum"].value - result.data_wait_seconds) < 1e-6
     assert [step for step, _ in logged] == [2, 4, 6, 7]
     assert {"texture/loss", "texture/data_wait_seconds", "texture/samples_per_second"} <= set(logged[0][1])
     assert 0 <= result.data_wait_fraction < 1 and result.samples_per_second > 0

@@ -1,0 +1,246 @@
+"""Public try-on dataset layouts → drape samples (the fields and meta the synthetic generator gives).
+
+VITON-HD::
+
+    <root>/{train,test}_pairs.txt                 "<person>.jpg <cloth>.jpg" per line
+    <root>/{train,test}/image/<person>.jpg        the shopper photo (768×1024)
+    <root>/{train,test}/cloth/<cloth>.jpg         catalog garment; cloth-mask/<cloth>.jpg its mask
+    <root>/{train,test}/image-parse-v3/<person>.png   human parsing (LIP labels)
+    <root>/{train,test}/openpose_json/<person>_keypoints.json   OpenPose BODY_25
+    <root>/{train,test}/agnostic-v3.2/<person>.jpg    clothing-agnostic photo (optional here)
+
+DressCode::
+
+    <root>/{upper_body,lower_body,dresses}/{train,test}_pairs*.txt   "<id>_0.jpg <id>_1.jpg" per line
+    <root>/<category>/images/<id>_0.jpg (person), <id>_1.jpg (garment)
+    <root>/<category>/keypoints/<id>_2.json       {"keypoints": [[x, y, score, index], ...]} (18 points)
+    <root>/<category>/label_maps/<id>_4.png       parsing (DressCode labels)
+
+Images are letterboxed onto a white square and resized to the dataset resolution. The inpainting
+mask is the garment and arm (or leg) region, dilated, minus the face; the face box (identity
+gate) comes from the parsing; these sources carry no logo annotation, so the brand-critical box
+(texture gate) is the chest of the worn garment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFilter
+
+from drape.data.synth import Sample
+
+LAYOUTS = ("viton-hd", "dresscode")
+
+# label ids of the parsers each dataset ships
+VITON_LABELS = {"face": (4, 13), "hair": (1, 2), "garment": (5, 6, 7), "limbs": (14, 15)}
+DRESSCODE_LABELS = {"face": (11,), "hair": (2,), "garment": {"upper_body": (4,), "lower_body": (5, 6), "dresses": (7,)},
+                    "limbs": {"upper_body": (14, 15), "lower_body": (12, 13), "dresses": (12, 13, 14, 15)}}
+DRESSCODE_CATEGORIES = ("upper_body", "lower_body", "dresses")
+# OpenPose 18-point skeleton (BODY_25 shares these indices for the points used here)
+KEYPOINT_NAMES = ("nose", "neck", "r_shoulder", "r_elbow", "r_wrist", "l_shoulder", "l_elbow", "l_wrist")
+LIMBS = ((1, 2), (2, 3), (3, 4), (1, 5), (5, 6), (6, 7), (1, 0))
+
+
+class SourceError(ValueError):
+    """A source tree that does not match the layout; names the file and what was expected."""
+
+
+def detect_layout(root: str | Path) -> str:
+    root = Path(root)
+    if not root.is_dir():
+        raise SourceError(f"{root}: not a directory (expected a VITON-HD or DressCode dataset root)")
+    if any((root / split / "image").is_dir() for split in ("train", "test")):
+        return "viton-hd"
+    if any((root / category / "images").is_dir() for category in DRESSCODE_CATEGORIES):
+        return "dresscode"
+    raise SourceError(f"{root}: neither VITON-HD (train|test/image/...) nor DressCode "
+                       f"({'|'.join(DRESSCODE_CATEGORIES)}/images/...) layout")
+
+
+def list_pairs(root: str | Path, layout: str) -> list[dict]:
+    """Every (person, garment) pair the pairs files name, without loading images."""
+    root = Path(root)
+    pairs = []
+    if layout == "viton-hd":
+        for split in ("train", "test"):
+            pairs_file = root / f"{split}_pairs.txt"
+            if (root / split / "image").is_dir():
+                if not pairs_file.is_file():
+                    raise SourceError(f"{pairs_file}: missing (VITON-HD lists '<person>.jpg <cloth>.jpg' pairs there)")
+                pairs += [{"split": split, "person": a, "cloth": b, "key": f"viton-{split}-{Path(a).stem}-{Path(b).stem}"}
+                          for a, b in _read_pairs(pairs_file)]
+    elif layout == "dresscode":
+        for category in DRESSCODE_CATEGORIES:
+            if not (root / category / "images").is_dir():
+                continue
+            files = sorted((root / category).glob("*pairs*.txt"))
+            if not files:
+                raise SourceError(f"{root / category}: no pairs file (expected train_pairs.txt / test_pairs_paired.txt)")
+            for pairs_file in files:
+                pairs += [{"split": pairs_file.stem, "category": category, "person": a, "cloth": b,
+                           "key": f"dresscode-{category}-{Path(a).stem}-{Path(b).stem}"} for a, b in _read_pairs(pairs_file)]
+    else:
+        raise SourceError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
+    unique = {pair["key"]: pair for pair in pairs}
+    return list(unique.values())
+
+
+def _read_pairs(path: Path) -> list[tuple[str, str]]:
+    pairs = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) < 2:
+            raise SourceError(f"{path}:{number}: expected '<person image> <garment image>', got {line!r}")
+        pairs.append((fields[0], fields[1]))
+    return pairs
+
+
+def _open(path: Path, mode: str) -> Image.Image:
+    if not path.is_file():
+        raise SourceError(f"{path}: missing")
+    try:
+        with Image.open(path) as image:
+            return image.convert(mode) if mode != "P" else image.copy()
+    except Exception as error:  # any decoder failure names the file
+        raise SourceError(f"{path}: not a readable image ({error})") from None
+
+
+class _Letterbox:
+    """Pads a W×H image to a centred square and resizes it to `resolution`; maps points too."""
+
+    def __init__(self, size: tuple[int, int], resolution: int):
+        width, height = size
+        self.side = max(width, height)
+        self.dx, self.dy = (self.side - width) // 2, (self.side - height) // 2
+        self.scale, self.resolution = resolution / self.side, resolution
+
+    def image(self, image: Image.Image, fill, nearest: bool = False) -> Image.Image:
+        canvas = Image.new(image.mode, (self.side, self.side), fill)
+        canvas.paste(image, (self.dx, self.dy))
+        resample = Image.Resampling.NEAREST if nearest else Image.Resampling.LANCZOS
+        return canvas.resize((self.resolution, self.resolution), resample)
+
+    def point(self, x: float, y: float) -> list[float]:
+        return [round((x + self.dx) * self.scale, 2), round((y + self.dy) * self.scale, 2)]
+
+
+def _labels_in(labels: np.ndarray, ids) -> np.ndarray:
+    return np.isin(labels, np.asarray(ids))
+
+
+def _box(region: np.ndarray, fallback: list[float]) -> list[float]:
+    ys, xs = np.nonzero(region)
+    if len(xs) == 0:
+        return fallback
+    return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
+
+
+def _chest_box(garment: np.ndarray, resolution: int) -> list[float]:
+    x0, y0, x1, y1 = _box(garment, [resolution * 0.3, resolution * 0.4, resolution * 0.7, resolution * 0.7])
+    width, height = x1 - x0, y1 - y0
+    return [x0 + 0.25 * width, y0 + 0.15 * height, x1 - 0.25 * width, y0 + 0.5 * height]
+
+
+def _pose_image(points: dict[int, list[float]], resolution: int) -> Image.Image:
+    image = Image.new("RGB", (resolution, resolution), (0, 0, 0))
+    draw = ImageDraw.Draw(image)
+    for index, (a, b) in enumerate(LIMBS):
+        if a in points and b in points:
+            hue = (index * 255) // len(LIMBS)
+            draw.line([tuple(points[a]), tuple(points[b])], fill=(hue, 255 - hue, (hue * 3) % 256), width=max(resolution // 40, 2))
+    return image
+
+
+def _mask(labels: np.ndarray, garment_ids, limb_ids, face_ids, resolution: int) -> np.ndarray:
+    region = Image.fromarray((_labels_in(labels, (*garment_ids, *limb_ids)) * 255).astype(np.uint8))
+    region = np.asarray(region.filter(ImageFilter.MaxFilter(2 * max(resolution // 32, 1) + 1))) > 0
+    return region & ~_labels_in(labels, face_ids)
+
+
+def _sample(key: str, letterbox: _Letterbox, person: Image.Image, labels_image: Image.Image, garment: Image.Image,
+            garment_mask_flat: Image.Image | None, keypoints: dict[int, tuple[float, float]], ids: dict,
+            meta: dict, agnostic: Image.Image | None) -> Sample:
+    resolution = letterbox.resolution
+    target = letterbox.image(person, (255, 255, 255))
+    labels = np.asarray(letterbox.image(labels_image, 0, nearest=True))
+    mask = _mask(labels, ids["garment"], ids["limbs"], ids["face"] + ids["hair"], resolution)
+    mask_image = Image.fromarray((mask * 255).astype(np.uint8))
+    grey = Image.new("RGB", target.size, (128, 128, 128))
+    agnostic_image = letterbox.image(agnostic, (255, 255, 255)) if agnostic is not None else Image.composite(grey, target, mask_image)
+    garment_square = _Letterbox(garment.size, resolution)
+    flat = garment_square.image(garment, (255, 255, 255))
+    if garment_mask_flat is not None:  # clean catalog background
+        cutout = garment_square.image(garment_mask_flat, 0).point(lambda v: 255 if v >= 128 else 0)
+        flat = Image.composite(flat, Image.new("RGB", flat.size, (255, 255, 255)), cutout)
+    worn = _labels_in(labels, ids["garment"])
+    points = {index: letterbox.point(x, y) for index, (x, y) in keypoints.items()}
+    meta = {**meta, "key": key, "resolution": resolution,
+            "face_box": _box(_labels_in(labels, ids["face"]), [resolution * 0.4, 0.0, resolution * 0.6, resolution * 0.2]),
+            "logo_box": _chest_box(worn, resolution), "logo_box_source": "chest of the worn garment (no logo annotation)",
+            "keypoints": {KEYPOINT_NAMES[i] if i < len(KEYPOINT_NAMES) else str(i): p for i, p in points.items()}}
+    return Sample(key, target, agnostic_image, mask_image, _pose_image(points, resolution), flat,
+                  Image.fromarray((worn * 255).astype(np.uint8)), meta)
+
+
+def _openpose(path: Path) -> dict[int, tuple[float, float]]:
+    if not path.is_file():
+        raise SourceError(f"{path}: missing (OpenPose keypoints)")
+    try:
+        data = json.loads(path.read_text())
+        flat = data["people"][0]["pose_keypoints_2d"] if "people" in data else [v for p in data["keypoints"] for v in p[:3]]
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        raise SourceError(f"{path}: not OpenPose keypoints ({type(error).__name__}: {error})") from None
+    return {i: (float(flat[3 * i]), float(flat[3 * i + 1])) for i in range(len(flat) // 3) if float(flat[3 * i + 2]) > 0}
+
+
+def load_pair(root: str | Path, layout: str, pair: dict, resolution: int) -> Sample:
+    """One pair from `list_pairs` as a Sample at `resolution`."""
+    root = Path(root)
+    person_stem, cloth_stem = Path(pair["person"]).stem, Path(pair["cloth"]).stem
+    if layout == "viton-hd":
+        base = root / pair["split"]
+        person = _open(base / "image" / pair["person"], "RGB")
+        labels = _open(base / "image-parse-v3" / f"{person_stem}.png", "P")
+        cloth = _open(base / "cloth" / pair["cloth"], "RGB")
+        cloth_mask_path = base / "cloth-mask" / pair["cloth"]
+        cloth_mask = _open(cloth_mask_path, "L") if cloth_mask_path.is_file() else None
+        agnostic_path = base / "agnostic-v3.2" / pair["person"]
+        agnostic = _open(agnostic_path, "RGB") if agnostic_path.is_file() else None
+        keypoints = _openpose(base / "openpose_json" / f"{person_stem}_keypoints.json")
+        ids = {k: tuple(v) for k, v in VITON_LABELS.items()}
+        meta = {"source": "viton-hd", "split": pair["split"]}
+        key_scale = 1.0
+    else:
+        category = pair["category"]
+        base = root / category
+        person = _open(base / "images" / pair["person"], "RGB")
+        labels = _open(base / "label_maps" / f"{person_stem.rsplit('_', 1)[0]}_4.png", "P")
+        cloth = _open(base / "images" / pair["cloth"], "RGB")
+        cloth_mask, agnostic = None, None
+        keypoints = _openpose(base / "keypoints" / f"{person_stem.rsplit('_', 1)[0]}_2.json")
+        ids = {"face": DRESSCODE_LABELS["face"], "hair": DRESSCODE_LABELS["hair"],
+               "garment": DRESSCODE_LABELS["garment"][category], "limbs": DRESSCODE_LABELS["limbs"][category]}
+        meta = {"source": "dresscode", "category": category, "split": pair["split"]}
+        key_scale = person.width / labels.width  # DressCode's keypoints and label maps share one (smaller) grid
+        if labels.size != person.size:
+            labels = labels.resize(person.size, Image.Resampling.NEAREST)
+    if labels.size != person.size:
+        raise SourceError(f"{pair['person']}: parsing is {labels.size[0]}×{labels.size[1]}, the photo "
+                           f"{person.size[0]}×{person.size[1]}; expected the same size")
+    labels = Image.fromarray(np.asarray(labels).astype(np.uint8), mode="L")
+    keypoints = {i: (x * key_scale, y * key_scale) for i, (x, y) in keypoints.items()}
+    meta.update(identity_id=f"{meta['source']}-{person_stem}", garment_id=f"{meta['source']}-{cloth_stem}")
+    return _sample(pair["key"], _Letterbox(person.size, resolution), person, labels, cloth, cloth_mask, keypoints, ids,
+                   meta, agnostic)
+
+
+def iter_source(root: str | Path, resolution: int, layout: str | None = None) -> Iterator[tuple[dict, Sample]]:
+    layout = layout or detect_layout(root)
+    for pair in list_pairs(root, layout):
+        yield pair, load_pair(root, layout, pair, resolution)

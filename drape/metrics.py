@@ -1,0 +1,66 @@
+"""drape's Prometheus metrics: one registry, names that start with ``drape_`` (a public API).
+
+Long-running processes serve the registry on ``/metrics``; a flow run pushes the series of one
+run and stage to a Pushgateway when `metrics.pushgateway_url` is configured, grouped by
+``run`` and ``stage`` so one stage's push never overwrites another's. A push that fails is
+reported and never fails the work it describes.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest, push_to_gateway
+from prometheus_client.core import Metric
+
+from drape.storage import redact_url
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+DATA_WAIT = Histogram(
+    "drape_data_wait_seconds", "Time a training step blocked waiting for its batch (data-wait), per step",
+    ["run", "stage"], registry=REGISTRY,
+    buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
+)
+STEP_SECONDS = Histogram(
+    "drape_train_step_seconds", "Wall time of one training step, data-wait included", ["run", "stage"], registry=REGISTRY,
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
+)
+
+
+class _Only:
+    """The registry's samples whose labels match `labels` (what one push may carry)."""
+
+    def __init__(self, registry: CollectorRegistry, labels: dict[str, str]):
+        self.registry, self.labels = registry, labels
+
+    def collect(self):
+        for metric in self.registry.collect():
+            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            kept.samples = [s for s in metric.samples if all(s.labels.get(k) == v for k, v in self.labels.items())]
+            if kept.samples:
+                yield kept
+
+
+def series_for(labels: dict[str, str], registry: CollectorRegistry = REGISTRY) -> CollectorRegistry:
+    view = CollectorRegistry(auto_describe=False)
+    view.register(_Only(registry, labels))
+    return view
+
+
+def exposition(labels: dict[str, str] | None = None) -> str:
+    """The text exposition of the registry (or of the series matching `labels`)."""
+    return generate_latest(series_for(labels) if labels else REGISTRY).decode()
+
+
+def push_metrics(config, grouping: dict[str, str]) -> bool:
+    """Push the series labelled `grouping` to the configured Pushgateway; False when none or it failed."""
+    url = config.metrics.pushgateway_url
+    if not url:
+        return False
+    try:
+        push_to_gateway(url, job=config.metrics.job, registry=series_for(grouping), grouping_key=grouping, timeout=10)
+    except OSError as error:  # unreachable or refused: say so, keep training
+        print(f"drape: metrics push to {redact_url(url)} failed ({error}); continuing", file=sys.stderr)
+        return False
+    return True
