@@ -167,7 +167,7 @@ def main() -> int:
     compute = 4 * args.shards * args.batches * args.compute_ms / 1000
     print(f"\nS3 via proxy: +{args.latency_ms:.0f} ms/request, {args.bandwidth_mbps:.0f} MB/s cap; consumer "
           f"{args.batches} batches × {args.compute_ms:.0f} ms per shard ({compute:.1f} s of compute per run)\n")
-    header = f"| {'mode':12s} | volume | shard | total s | train wall s | data-wait s | data-wait % | max stage gap s | batches/s |"
+    header = f"| {'mode':12s} |   volume |   shard | total s | train wall s | data-wait s | data-wait % | max stage gap s | batches/s |"
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
     for row in rows:

@@ -37,7 +37,8 @@ from drape.checksum import sha256_file
 from drape.data.shards import ShardError, check_structure, read_shard
 from drape.storage import ObjectStore, StorageError
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 8 << 20  # local writes
+REMOTE_BLOCK_BYTES = 32 << 20  # one ranged GET per 32 MiB: fewer round trips on 1 GB shards
 
 
 class CacheError(RuntimeError):
@@ -172,7 +173,7 @@ class ShardCache:
                 return
             offset = 0
         try:
-            with self.store.open_read(key, offset, CHUNK_BYTES) as remote, open(part, "ab") as out:
+            with self.store.open_read(key, offset, REMOTE_BLOCK_BYTES) as remote, open(part, "ab") as out:
                 while chunk := remote.read(CHUNK_BYTES):
                     out.write(chunk)
                 out.flush()
