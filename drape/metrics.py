@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest, push_to_gateway
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, push_to_gateway
 from prometheus_client.core import Metric
 
 from drape.storage import redact_url
@@ -26,6 +26,23 @@ STEP_SECONDS = Histogram(
     "drape_train_step_seconds", "Wall time of one training step, data-wait included", ["run", "stage"], registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
+
+# --- the GPU queue (scheduler/), exported by the dispatcher on /metrics -----------------------------
+QUEUE_JOBS = Gauge("drape_queue_jobs", "Jobs in the queue by state", ["state"], registry=REGISTRY)
+QUEUE_WAIT = Histogram("drape_queue_wait_seconds", "Time from submit to start, per started job", ["kind"], registry=REGISTRY,
+                       buckets=(1, 10, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400))
+QUEUE_STARVED = Gauge("drape_queue_starved_jobs", "Queued jobs waiting for more than an hour", registry=REGISTRY)
+QUEUE_OLDEST_WAIT = Gauge("drape_queue_oldest_wait_seconds", "Wait so far of the oldest queued job", registry=REGISTRY)
+QUEUE_PLACEMENTS = Counter("drape_queue_placements", "Jobs started, by kind and GPU model", ["kind", "model"], registry=REGISTRY)
+QUEUE_JOB_RUNNING = Gauge("drape_queue_job_running", "1 per running queue job and GPU it holds (joins runs to GPUs)",
+                          ["job", "kind", "run", "stage", "gpu", "node"], registry=REGISTRY)
+GPU_MEMORY_ALLOCATED = Gauge("drape_gpu_memory_allocated_gib", "GPU memory the queue has allocated to jobs",
+                             ["gpu", "node", "model"], registry=REGISTRY)
+GPU_MEMORY_CAPACITY = Gauge("drape_gpu_memory_capacity_gib", "GPU memory capacity", ["gpu", "node", "model"], registry=REGISTRY)
+DISPATCH_CYCLE = Histogram("drape_queue_dispatch_cycle_seconds", "Wall time of one dispatch cycle", registry=REGISTRY,
+                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
+FLEET_SOURCE = Gauge("drape_queue_fleet_source", "1 for the source of the fleet view in use (prometheus, ledger, static, local)",
+                     ["source"], registry=REGISTRY)
 
 
 class _Only:

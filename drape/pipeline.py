@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -125,7 +126,7 @@ def previous_checkpoint(context: RunContext, stage: str) -> str | None:
 
 
 def train(config: PipelineConfig, context: RunContext, stage: str, init_checkpoint: str | None, progress=None) -> TrainResult:
-    """Train the stage's parameter subset on its pre-staged shards; logs to the stage's MLflow run."""
+    """Train the stage's parameter subset on its pre-staged shards, in this process; logs to the stage's MLflow run."""
     tracker, run = Tracker(config), context.stage_run_ids[stage]
     cache = shard_cache(config, context)
     data = stack_samples(cache.iter_samples(stage))  # pre-staged: read from local disk
@@ -133,11 +134,42 @@ def train(config: PipelineConfig, context: RunContext, stage: str, init_checkpoi
     result = train_stage(config, stage=stage, data=data, out_dir=context.stage_dir(stage), init_checkpoint=init_checkpoint,
                          mode=context.mode, data_manifest_hash=context.data_manifest_hash, log_metrics=sink, progress=progress,
                          metric_labels={"run": context.run_id, "stage": stage})
-    tracker.log_metrics(run, {f"{stage}/train_seconds": result.train_seconds, f"{stage}/data_wait_fraction": result.data_wait_fraction,
-                              f"{stage}/final_loss": result.final_loss, f"{stage}/shard_read_wait_seconds": cache.read_wait_seconds},
-                        result.steps)
     push_metrics(config, grouping={"run": context.run_id, "stage": stage})
+    _log_train_summary(config, context, stage, result, cache.read_wait_seconds)
     return result
+
+
+def train_command(config: PipelineConfig, context: RunContext, stage: str, init_checkpoint: str | None) -> tuple[list[str], Path]:
+    """The trainer as a queue job: `python -m drape.train …` and the file its result lands in."""
+    stage_dir = context.stage_dir(stage)
+    stage_dir.mkdir(parents=True, exist_ok=True)
+    config_path, result_path = stage_dir / "job-config.json", stage_dir / "train-result.json"
+    config_path.write_text(config.model_dump_json(indent=2))
+    result_path.unlink(missing_ok=True)
+    command = [sys.executable, "-m", "drape.train", "--config", str(config_path), "--stage", stage, "--out", str(stage_dir),
+               "--mode", context.mode, "--result", str(result_path), "--mlflow-run", context.stage_run_ids[stage],
+               "--run-id", context.run_id]
+    return command + (["--init", init_checkpoint] if init_checkpoint else []), result_path
+
+
+def finish_train(config: PipelineConfig, context: RunContext, stage: str, result_path: str | Path) -> TrainResult:
+    """The TrainResult a queue job wrote; logs the stage summary and removes the job's files."""
+    path = Path(result_path)
+    if not path.is_file():
+        raise RuntimeError(f"stage {stage}: the train job ended without writing {path}")
+    payload = json.loads(path.read_text())
+    fields = {name: payload[name] for name in TrainResult.__dataclass_fields__}
+    result = TrainResult(**fields)
+    _log_train_summary(config, context, stage, result, payload.get("shard_read_wait_seconds", 0.0))
+    path.unlink()
+    (path.parent / "job-config.json").unlink(missing_ok=True)
+    return result
+
+
+def _log_train_summary(config: PipelineConfig, context: RunContext, stage: str, result: TrainResult, read_wait: float) -> None:
+    Tracker(config).log_metrics(context.stage_run_ids[stage], {
+        f"{stage}/train_seconds": result.train_seconds, f"{stage}/data_wait_fraction": result.data_wait_fraction,
+        f"{stage}/final_loss": result.final_loss, f"{stage}/shard_read_wait_seconds": read_wait}, result.steps)
 
 
 def _baseline(config: PipelineConfig, context: RunContext, stage: str, tracker: Tracker) -> tuple[dict | None, Path | None]:

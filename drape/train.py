@@ -173,36 +173,80 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
                        trained * train.batch_size / seconds if seconds else 0.0)
 
 
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak GPU memory of this process (`torch.cuda.max_memory_allocated`); on CPU its peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def _write_json(path: str | Path, payload: dict) -> None:
+    import json
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(payload, indent=2))
+    os.replace(temporary, path)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Train one stage from the command line, with no orchestrator: data is fetched and verified first."""
+    """Train one stage from the command line, with no orchestrator: data is fetched and verified first.
+
+    As a queue job (the pipeline's train task) it also logs to the stage's MLflow run
+    (`--mlflow-run`), labels and pushes its Prometheus series (`--run-id`), and writes its result
+    with the measured peak memory to `--result` and to $DRAPE_JOB_RESULT.
+    """
+    import os
+    import sys
+
     from drape.config import load_config
     from drape.data.cache import ShardCache
     from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, stack_samples
+    from drape.metrics import push_metrics
     from drape.storage import open_store
 
-    parser = argparse.ArgumentParser(prog="python -m drape.train", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m drape.train", description=main.__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--stage", required=True, choices=STAGES)
     parser.add_argument("--out", default=None, help="stage directory (default <root>/live/runs/manual/<stage>)")
     parser.add_argument("--init", default=None, help="checkpoint to start from")
     parser.add_argument("--mode", default="full", choices=("full", "finetune"))
+    parser.add_argument("--result", default=None, help="write the result (JSON) here")
+    parser.add_argument("--mlflow-run", default=None, help="MLflow run id to log metrics to")
+    parser.add_argument("--run-id", default="manual", help="pipeline run id for metric labels")
     args = parser.parse_args(argv)
     config = load_config(args.config)
     store = open_store(config)
     manifest = ensure_dataset(config, store)
     cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
-    cache.prestage(args.stage)
+    if not all(cache.is_local(shard) for shard in cache.shards(args.stage)):  # the pipeline pre-staged it already
+        cache.prestage(args.stage, keep=["control"])
     out = Path(args.out) if args.out else config.paths.root_path / "live" / "runs" / "manual" / args.stage
-    from rich.progress import Progress
+    sink = None
+    if args.mlflow_run:
+        from drape.tracking import Tracker
 
-    with Progress(transient=False) as bar:
-        task = bar.add_task(f"train {args.stage}", total=None)
-        loss = lambda metrics, step: bar.update(task, description=f"train {args.stage} loss {metrics[f'{args.stage}/loss']:.4f}")  # noqa: E731
-        advance = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
-        result = train_stage(config, stage=args.stage, data=stack_samples(cache.iter_samples(args.stage)), out_dir=out,
-                             init_checkpoint=args.init, mode=args.mode, data_manifest_hash=manifest_hash(manifest),
-                             log_metrics=loss, progress=advance)
-    print(result.to_dict())
+        tracker = Tracker(config)
+        sink = lambda metrics, step: tracker.log_metrics(args.mlflow_run, metrics, step)  # noqa: E731
+
+    def progress(done: int, total: int) -> None:
+        if done == total or done % max(total // 10, 1) == 0:
+            print(f"train-{args.stage}: step {done}/{total} ({100 * done // total}%)", flush=True)
+
+    data = stack_samples(cache.iter_samples(args.stage))
+    result = train_stage(config, stage=args.stage, data=data, out_dir=out, init_checkpoint=args.init, mode=args.mode,
+                         data_manifest_hash=manifest_hash(manifest), log_metrics=sink, progress=progress,
+                         metric_labels={"run": args.run_id, "stage": args.stage})
+    push_metrics(config, grouping={"run": args.run_id, "stage": args.stage})
+    payload = {**result.to_dict(), "peak_memory_gib": peak_memory_gib(resolve_device(config.train.device)),
+               "shard_read_wait_seconds": cache.read_wait_seconds}
+    for path in filter(None, (args.result, os.environ.get("DRAPE_JOB_RESULT"))):
+        _write_json(path, payload)
+    print(f"train-{args.stage}: done, final loss {result.final_loss:.4f}, checkpoint {result.checkpoint}", file=sys.stderr)
     return 0
 
 

@@ -35,7 +35,24 @@ def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str]) -> dic
 
 @task(name="train", task_run_name="train-{stage}", timeout_seconds=14 * 24 * 3600, **_common)
 def train(config: PipelineConfig, context: pipeline.RunContext, stage: str, init_checkpoint: str | None) -> TrainResult:
-    return pipeline.train(config, context, stage, init_checkpoint, progress=_every_tenth(stage))
+    """In this process, or (with `queue.enabled`) as a job through the GPU queue, waiting for it."""
+    if not config.queue.enabled:
+        return pipeline.train(config, context, stage, init_checkpoint, progress=_every_tenth(stage))
+    from scheduler import train_job_spec
+    from scheduler.dispatcher import submit_and_wait
+
+    command, result_path = pipeline.train_command(config, context, stage, init_checkpoint)
+    spec = train_job_spec(config, stage=stage, mode=context.mode, run_id=context.run_id, command=command)
+    submit_and_wait(config, spec, on_line=_relay(stage))
+    return pipeline.finish_train(config, context, stage, result_path)
+
+
+def _relay(stage: str):
+    """The train job's progress and errors into the run log."""
+    def relay(line: str) -> None:
+        if line.startswith(f"train-{stage}") or "Error" in line or "Traceback" in line:
+            print(line)
+    return relay
 
 
 def _every_tenth(stage: str):

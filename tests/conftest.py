@@ -168,3 +168,64 @@ def pushgateway():
     yield url
     process.terminate()
     process.wait(timeout=10)
+
+
+def start_prometheus(directory: Path, scrape: dict[str, list[str]], rule_files: list[str] | None = None,
+                     honor_labels: tuple[str, ...] = ("pushgateway",)):
+    """Debian's prometheus on 127.0.0.1 scraping `scrape` (job → targets) every second: (URL, process)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": [{"job_name": job, "honor_labels": job in honor_labels, "static_configs": [{"targets": targets}]}
+                                 for job, targets in scrape.items()]}
+    if rule_files:
+        config["rule_files"] = rule_files
+    (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = _start_service(["prometheus", f"--config.file={directory / 'prometheus.yml'}",
+                              f"--storage.tsdb.path={directory / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                             f"{url}/-/ready", "prometheus")
+    return url, process
+
+
+def prometheus_query(url: str, expr: str) -> list[dict]:
+    from urllib.parse import urlencode
+
+    answer = json.loads(urllib.request.urlopen(f"{url}/api/v1/query?{urlencode({'query': expr})}", timeout=10).read())
+    if answer.get("status") != "success":
+        raise AssertionError(f"query {expr!r} failed: {answer}")
+    return answer["data"]["result"]
+
+
+def wait_for_series(url: str, expr: str, timeout: float = 30.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = prometheus_query(url, expr)
+        if result or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
+
+
+class DcgmExporter:
+    """Serves DCGM-exporter-named series for made-up GPUs (there is no GPU here): FB used/free (MiB), util (%)."""
+
+    def __init__(self, gpus: list[dict]):
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+
+        self.registry = CollectorRegistry()
+        labels = ["gpu", "UUID", "Hostname", "modelName", "device"]
+        used = Gauge("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB).", labels, registry=self.registry)
+        free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels, registry=self.registry)
+        util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels, registry=self.registry)
+        for gpu in gpus:
+            values = dict(gpu=str(gpu["index"]), UUID=gpu["uuid"], Hostname=gpu["host"], modelName=gpu["model"],
+                          device=f"nvidia{gpu['index']}")
+            used.labels(**values).set(gpu["used_mib"])
+            free.labels(**values).set(gpu["total_mib"] - gpu["used_mib"])
+            util.labels(**values).set(gpu["util"])
+        self.port = _free_port()
+        self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        self.target = f"127.0.0.1:{self.port}"
+
+    def close(self):
+        self.server.shutdown()

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("flow")
-    config = tiny_config(root / "drape")
+    config = tiny_config(root / "drape", queue={"enabled": True, "poll_seconds": 0.2})  # train jobs through the GPU queue
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     return config, path
@@ -70,6 +70,17 @@ def test_all_four_stages_pass_and_record_gate_values(first_run, workspace):
     assert {f"gate/{check}/{aggregate}" for check in ("identity", "texture", "coherence")
             for aggregate in ("mean", "lower", "min")} | {"gate/passed", "texture/loss"} <= set(metrics)
     assert runs[0].data.tags["drape.gate.verdict"] == "pass"
+
+
+def test_train_jobs_ran_through_the_queue_and_taught_it_their_profiles(first_run, workspace):
+    from scheduler.store import JobStore
+
+    config, _ = workspace
+    store = JobStore(config.queue_url)
+    jobs = [j for j in store.jobs() if json.loads(j["labels"]).get("run") == first_run["run_id"]]
+    assert sorted(j["stage"] for j in jobs) == sorted(STAGES)
+    assert all(j["state"] == "succeeded" and j["kind"] == "stage-training" and j["exit_code"] == 0 for j in jobs)
+    assert all(store.measurements(j["shape"]) for j in jobs)  # measured peaks now override the estimates
 
 
 def test_four_aliases_point_at_registered_versions(first_run, workspace):
@@ -130,15 +141,15 @@ def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspa
     config, _ = workspace
     path, webhook = webhook_block
     aliases_before = Tracker(config).aliases()
-    real_train = pipeline.train
+    real_finish = pipeline.finish_train
 
-    def sabotaged_train(config, context, stage, init_checkpoint, progress=None):
-        result = real_train(config, context, stage, init_checkpoint, progress)
+    def sabotaged_finish(config, context, stage, result_path):
+        result = real_finish(config, context, stage, result_path)
         if stage == "identity":
             scramble(result.checkpoint)
         return result
 
-    monkeypatch.setattr(pipeline, "train", sabotaged_train)
+    monkeypatch.setattr(pipeline, "finish_train", sabotaged_finish)
     with pytest.raises(pipeline.GateFailed) as error:
         staged_training(config_path=str(path), run_name="sabotaged")
     message = str(error.value)

@@ -1,0 +1,186 @@
+"""The dispatcher: one cycle = renew leases, requeue expired ones, reap finished jobs, look at the
+fleet, plan with the shared policy, claim transactionally, launch. Several may run at once
+against one queue database; claims keep them from allocating the same memory twice.
+
+`submit_and_wait` is what the pipeline's train task calls: submit, then (with
+`queue.dispatch_in_process`, as the demo does) dispatch in the same process until the job ends,
+relaying the job's log lines.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from drape import metrics
+from scheduler.fleet import FleetView, fleet_view
+from scheduler.launchers import build_launcher
+from scheduler.policy import PolicyConfig, get_policy
+from scheduler.store import JobSpec, JobStore, QueueError
+
+STARVED_AFTER_S = 3600.0
+
+
+@dataclass
+class CycleReport:
+    started: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    requeued: list[str] = field(default_factory=list)
+    conflicts: int = 0
+    seconds: float = 0.0
+    fleet_source: str = ""
+    note: str = ""
+
+
+def policy_config(config) -> PolicyConfig:
+    queue = config.queue
+    return PolicyConfig(aging_per_hour=queue.aging_per_hour, max_jobs_per_gpu=queue.max_jobs_per_gpu)
+
+
+def queue_dir(config) -> Path:
+    return config.paths.root_path.resolve() / "queue"
+
+
+class Dispatcher:
+    def __init__(self, config, store: JobStore | None = None, launcher=None, fleet: Callable[[], FleetView] | None = None,
+                 dispatcher_id: str | None = None):
+        self.config = config
+        self.store = store or JobStore(config.queue_url)
+        self.launcher = launcher or build_launcher(config, queue_dir(config) / "logs")
+        self.fleet = fleet or (lambda: fleet_view(config, self.store))
+        self.id = dispatcher_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.plan = get_policy(config.queue.policy)
+        self.policy = policy_config(config)
+        self.mine: set[str] = set()
+        self._said: str = ""
+
+    def cycle(self, now: float | None = None) -> CycleReport:
+        started_at = time.perf_counter()
+        now = time.time() if now is None else now
+        report = CycleReport()
+        lease = self.config.queue.lease_seconds
+        self.store.heartbeat(self.id, lease, now)
+        report.requeued = self.store.expire_leases(now)
+        report.finished = self._reap(now)
+        view = self.fleet()
+        report.fleet_source, report.note = view.source, view.note
+        if view.note and view.note != self._said:
+            print(f"queue: {view.note}")
+            self._said = view.note
+        by_uuid = {g.uuid: g for g in view.gpus}
+        pending = self.store.pending()
+        planned = self.plan(pending, view.gpus, self.store.running(), now, self.policy) if pending else []
+        granted = self.store.claim_many(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
+        report.conflicts = len(planned) - len(granted)  # another dispatcher got there first; next cycle sees it
+        rows, handles = self.store.get_many([p.job_id for p in granted]), {}
+        for placement in granted:
+            job = rows[placement.job_id]
+            try:
+                handles[job["id"]] = self.launcher.launch(job, [by_uuid[u] for u in placement.gpus])
+            except Exception as error:  # a launch that fails ends the job, with the reason
+                self.store.finish(job["id"], exit_code=-1, message=f"launch failed: {type(error).__name__}: {error}",
+                                  dispatcher=self.id)
+                continue
+            self.mine.add(job["id"])
+            report.started.append(job["id"])
+            metrics.QUEUE_WAIT.labels(kind=job["kind"]).observe(max(now - job["submit_s"], 0.0))
+            metrics.QUEUE_PLACEMENTS.labels(kind=job["kind"], model=by_uuid[placement.gpus[0]].model).inc()
+        self.store.set_handles(handles)
+        self._pending_submits = [job.submit_s for job in pending if job.id not in {p.job_id for p in granted}]
+        report.seconds = time.perf_counter() - started_at
+        self._export(view, report, now)
+        return report
+
+    def _reap(self, now: float) -> list[str]:
+        finished = []
+        states = self.store.states(sorted(self.mine))
+        for job_id in sorted(self.mine):
+            state = states.get(job_id)
+            if state == "cancelled":
+                self.launcher.cancel(job_id)
+                self.mine.discard(job_id)
+                continue
+            if state != "running":  # requeued elsewhere after our lease lapsed
+                self.mine.discard(job_id)
+                continue
+            outcome = self.launcher.poll(job_id)
+            if outcome is None:
+                continue
+            self.store.finish(job_id, exit_code=outcome.exit_code, message=outcome.message, peak_gib=outcome.peak_gib,
+                              dispatcher=self.id, now=now)
+            self.mine.discard(job_id)
+            finished.append(job_id)
+        return finished
+
+    def _export(self, view: FleetView, report: CycleReport, now: float) -> None:
+        for state, count in self.store.counts().items():
+            metrics.QUEUE_JOBS.labels(state=state).set(count)
+        waits = [now - submitted for submitted in getattr(self, "_pending_submits", [])]
+        metrics.QUEUE_STARVED.set(sum(1 for wait in waits if wait > STARVED_AFTER_S))
+        metrics.QUEUE_OLDEST_WAIT.set(max(waits, default=0.0))
+        nodes = {}
+        for gpu in view.gpus:
+            labels = {"gpu": gpu.uuid, "node": gpu.node, "model": gpu.model}
+            nodes[gpu.uuid] = gpu.node
+            metrics.GPU_MEMORY_ALLOCATED.labels(**labels).set(gpu.allocated_gib)
+            metrics.GPU_MEMORY_CAPACITY.labels(**labels).set(gpu.total_gib)
+        metrics.DISPATCH_CYCLE.observe(report.seconds)
+        metrics.FLEET_SOURCE.clear()
+        metrics.FLEET_SOURCE.labels(source=view.source).set(1)
+        metrics.QUEUE_JOB_RUNNING.clear()
+        for job_id, kind, stage, run, assigned in self.store.running_labels():
+            for gpu in assigned:
+                metrics.QUEUE_JOB_RUNNING.labels(job=job_id, kind=kind, run=run, stage=stage, gpu=gpu, node=nodes.get(gpu, "")).set(1)
+
+    def run(self, *, stop: Callable[[], bool] | None = None, max_cycles: int | None = None,
+            on_cycle: Callable[[CycleReport], None] | None = None) -> None:
+        """Cycle every `queue.poll_seconds` until `stop()` is true or `max_cycles` ran."""
+        cycles = 0
+        while not (stop and stop()) and (max_cycles is None or cycles < max_cycles):
+            report = self.cycle()
+            if on_cycle:
+                on_cycle(report)
+            cycles += 1
+            time.sleep(self.config.queue.poll_seconds)
+
+
+def submit_and_wait(config, spec: JobSpec, *, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None) -> dict:
+    """Submit `spec`, wait for it to end (dispatching in-process if configured); returns the job row.
+
+    Raises QueueError naming the job when it fails, is cancelled or exceeds `timeout_s`.
+    """
+    store = JobStore(config.queue_url)
+    job_id = store.submit(spec)
+    dispatcher = Dispatcher(config, store) if config.queue.dispatch_in_process else None
+    log_path = queue_dir(config) / "logs" / f"{job_id}.log"
+    offset, deadline = 0, None if timeout_s is None else time.monotonic() + timeout_s
+    print(f"queue: submitted {job_id} ({spec.kind}, {spec.gpus}×{spec.mem_gib:.1f} GiB)")
+    while True:
+        if dispatcher is not None:
+            report = dispatcher.cycle()
+            if job_id in report.started:
+                print(f"queue: {job_id} started on {store.get(job_id)['assigned']}")
+        if on_line and log_path.is_file():
+            with open(log_path, "rb") as handle:
+                handle.seek(offset)
+                chunk = handle.read()
+            complete = chunk.rfind(b"\n") + 1
+            for line in chunk[:complete].decode(errors="replace").splitlines():
+                on_line(line)
+            offset += complete
+        job = store.get(job_id)
+        if job["state"] == "succeeded":
+            return job
+        if job["state"] in ("failed", "cancelled"):
+            raise QueueError(f"job {job_id} {job['state']}: {job['message']}")
+        if deadline is not None and time.monotonic() > deadline:
+            store.cancel(job_id)
+            if dispatcher is not None:
+                dispatcher.cycle()
+            raise QueueError(f"job {job_id} did not finish within {timeout_s:.0f} s; cancelled")
+        time.sleep(config.queue.poll_seconds)

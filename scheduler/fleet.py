@@ -1,0 +1,92 @@
+"""The fleet view: every GPU with its memory, what is in use and how busy it is.
+
+Sources, by `queue.fleet`:
+- ``prometheus``: the NVIDIA DCGM exporter's series in Prometheus (`DCGM_FI_DEV_FB_USED`,
+  `DCGM_FI_DEV_FB_FREE` in MiB, `DCGM_FI_DEV_GPU_UTIL` in %, labels `gpu`, `UUID`, `Hostname`,
+  `modelName`) through prometheus-api-client. If Prometheus cannot be reached the view falls back
+  to the queue's ledger (the inventory it registered before) and says so: GPUs are then known
+  only by what drape itself allocated, never assumed free beyond that.
+- ``static``: an inventory YAML (`groups: [{model, memory_gib, nodes, gpus_per_node}]`).
+- ``local``: this machine's CUDA devices; without CUDA, one CPU slot of `queue.cpu_slot_gib`.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+
+from scheduler.policy import GpuState
+
+MIB_PER_GIB = 1024.0
+
+
+@dataclass
+class FleetView:
+    gpus: list[GpuState]
+    source: str          # prometheus | ledger | static | local
+    note: str = ""
+
+
+def local_gpus(cpu_slot_gib: float = 16.0) -> list[GpuState]:
+    """This machine's CUDA devices (uuid `<host>/cuda<i>`), or one `cpu` slot when there are none."""
+    host = socket.gethostname()
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return [GpuState(f"{host}/cuda{i}", host, torch.cuda.get_device_name(i),
+                             torch.cuda.get_device_properties(i).total_memory / 2**30) for i in range(torch.cuda.device_count())]
+    except ImportError:
+        pass
+    return [GpuState(f"{host}/cpu", host, "cpu", cpu_slot_gib)]
+
+
+def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
+    """GPUs as the DCGM exporter reports them in Prometheus; raises OSError-like errors when unreachable."""
+    from prometheus_api_client import PrometheusConnect
+
+    client = PrometheusConnect(url=prometheus_url, disable_ssl=True, timeout=timeout)
+    series: dict[str, dict] = {}
+    for metric in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"):
+        for sample in client.custom_query(metric):
+            labels = sample["metric"]
+            key = labels.get("UUID") or f"{labels.get('Hostname')}/gpu{labels.get('gpu')}"
+            entry = series.setdefault(key, {"labels": labels})
+            entry[metric] = float(sample["value"][1])
+    gpus = []
+    for uuid, entry in sorted(series.items()):
+        if "DCGM_FI_DEV_FB_USED" not in entry or "DCGM_FI_DEV_FB_FREE" not in entry:
+            continue
+        labels = entry["labels"]
+        used, free = entry["DCGM_FI_DEV_FB_USED"] / MIB_PER_GIB, entry["DCGM_FI_DEV_FB_FREE"] / MIB_PER_GIB
+        gpus.append(GpuState(uuid, labels.get("Hostname", "unknown"), labels.get("modelName", "unknown"), used + free,
+                             observed_used_gib=used, observed_util=entry.get("DCGM_FI_DEV_GPU_UTIL")))
+    return gpus
+
+
+def fleet_view(config, store) -> FleetView:
+    """The fleet per `config.queue`, with the ledger's allocations applied; registers what it sees."""
+    from scheduler.simulator import load_fleet
+
+    queue = config.queue
+    source, note = queue.fleet, ""
+    if queue.fleet == "prometheus":
+        try:
+            gpus = dcgm_gpus(queue.prometheus_url or "http://127.0.0.1:9090")
+            if not gpus:
+                raise ConnectionError("no DCGM_FI_DEV_FB_* series")
+        except Exception as error:  # unreachable, refused, bad answer: all mean "DCGM unknown"
+            gpus, source = store.inventory(), "ledger"
+            note = f"Prometheus at {queue.prometheus_url} unavailable ({type(error).__name__}: {error}); using the queue's ledger"
+    elif queue.fleet == "static":
+        if not queue.inventory:
+            raise ValueError("queue.fleet 'static' needs queue.inventory (a fleet YAML)")
+        gpus = load_fleet(queue.inventory)
+    else:
+        gpus = local_gpus(queue.cpu_slot_gib)
+    if source != "ledger":
+        store.register_gpus(gpus)
+    ledger = store.ledger()
+    for gpu in gpus:
+        gpu.allocated_gib, gpu.jobs = ledger.get(gpu.uuid, (0.0, 0))
+    return FleetView(gpus, source, note)

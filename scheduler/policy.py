@@ -1,0 +1,246 @@
+"""Placement policies: which waiting job goes on which GPUs now. One module, pure functions, shared
+by the live dispatcher and the trace simulator, so what the simulator measures is what runs.
+
+`drape` (the default):
+- priority with aging: effective priority = priority + `aging_per_hour` × hours waited, so no
+  job waits forever;
+- best fit by memory: a single-GPU job goes to the smallest idle GPU whose memory holds its
+  profile; only when no idle GPU fits is it co-located with other jobs on the GPU whose free
+  memory fits it most tightly (at most `max_jobs_per_gpu` jobs per GPU);
+- idle-aware: a GPU is idle only when the ledger has nothing on it and DCGM agrees (no memory in
+  use beyond `idle_mem_gib`, utilization under `idle_util_percent`); free memory is the total
+  minus the larger of the ledger's allocations and what DCGM sees in use;
+- whole GPUs for multi-GPU jobs, all on one node;
+- EASY backfill: the first job that cannot start gets a reservation (the earliest time and GPUs
+  at which it fits, from the running jobs' expected ends); a later job may start now only if it
+  ends before that time or does not touch the reserved GPUs.
+
+`fifo-exclusive` (the field's ad hoc baseline): first come first served, head-of-line blocking,
+one job per whole GPU, and only the biggest GPUs, whatever a job needs.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    aging_per_hour: float = 1.0
+    max_jobs_per_gpu: int = 4
+    idle_mem_gib: float = 1.0
+    idle_util_percent: float = 5.0
+    backfill: bool = True
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the policy needs to know about a waiting job (memory per GPU, GiB; times in seconds)."""
+
+    id: str
+    priority: int
+    submit_s: float
+    gpus: int
+    mem_gib: float
+    duration_s: float
+
+
+@dataclass
+class GpuState:
+    uuid: str
+    node: str
+    model: str
+    total_gib: float
+    allocated_gib: float = 0.0          # the queue's ledger
+    jobs: int = 0                       # ledger jobs resident
+    observed_used_gib: float | None = None   # DCGM framebuffer used, when known
+    observed_util: float | None = None       # DCGM utilization %, when known
+
+    def free_gib(self) -> float:
+        return self.total_gib - max(self.allocated_gib, self.observed_used_gib or 0.0)
+
+    def is_idle(self, config: PolicyConfig) -> bool:
+        observed_quiet = ((self.observed_used_gib is None or self.observed_used_gib <= config.idle_mem_gib)
+                          and (self.observed_util is None or self.observed_util < config.idle_util_percent))
+        return self.jobs == 0 and self.allocated_gib < 1e-6 and observed_quiet
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: str
+    gpus: tuple[str, ...]
+    mem_gib: float
+    expected_end_s: float
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    gpus: tuple[str, ...]
+    mem_gib: float
+
+
+@dataclass
+class _Reservation:
+    time_s: float
+    gpus: frozenset[str]
+
+
+@dataclass
+class _Pool:
+    """Mutable view of the fleet for one planning pass, indexed for best-fit lookups."""
+
+    gpus: dict[str, GpuState]
+    config: PolicyConfig
+    idle: list[tuple[float, str]] = field(default_factory=list)          # (total, uuid) of idle GPUs
+    shared: list[tuple[float, str]] = field(default_factory=list)        # (free, uuid) of GPUs that take more jobs
+    idle_by_node: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for gpu in self.gpus.values():
+            self._index(gpu)
+        self.idle.sort()
+        self.shared.sort()
+        for entries in self.idle_by_node.values():
+            entries.sort()
+
+    def _index(self, gpu: GpuState, sort: bool = False) -> None:
+        add = bisect.insort if sort else list.append
+        if gpu.is_idle(self.config):
+            add(self.idle, (gpu.total_gib, gpu.uuid))
+            add(self.idle_by_node.setdefault(gpu.node, []), (gpu.total_gib, gpu.uuid))
+        elif 0 < gpu.jobs < self.config.max_jobs_per_gpu:
+            add(self.shared, (gpu.free_gib(), gpu.uuid))
+
+    def _unindex(self, gpu: GpuState) -> None:
+        for entries, key in ((self.idle, (gpu.total_gib, gpu.uuid)), (self.shared, (gpu.free_gib(), gpu.uuid)),
+                             (self.idle_by_node.get(gpu.node, []), (gpu.total_gib, gpu.uuid))):
+            position = bisect.bisect_left(entries, key)
+            if position < len(entries) and entries[position] == key:
+                entries.pop(position)
+
+    def best_fit(self, job: JobRequest, exclude: frozenset[str] = frozenset(), colocate: bool = True) -> tuple[str, ...] | None:
+        if job.gpus == 1:
+            for entries in (self.idle, self.shared if colocate else []):
+                for _, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")):]:
+                    if uuid not in exclude:
+                        return (uuid,)
+            return None
+        best = None
+        for node, entries in self.idle_by_node.items():
+            fitting = [uuid for total, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")):] if uuid not in exclude]
+            if len(fitting) >= job.gpus:
+                chosen = tuple(fitting[: job.gpus])
+                waste = (sum(self.gpus[u].total_gib for u in chosen), len(fitting) - job.gpus, node)
+                if best is None or waste < best[0]:
+                    best = (waste, chosen)
+        return best[1] if best else None
+
+    def take(self, uuids: tuple[str, ...], mem_gib: float) -> None:
+        for uuid in uuids:
+            gpu = self.gpus[uuid]
+            self._unindex(gpu)
+            gpu.allocated_gib += mem_gib
+            gpu.jobs += 1
+            self._index(gpu, sort=True)
+
+
+def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> float:
+    return job.priority + config.aging_per_hour * max(now - job.submit_s, 0.0) / 3600.0
+
+
+def _reserve(head: JobRequest, gpus: dict[str, GpuState], running: list[RunningJob], now: float,
+             config: PolicyConfig) -> _Reservation | None:
+    """When and where `head` fits as running jobs end in expected order (None: never, as things stand)."""
+    future = {uuid: GpuState(g.uuid, g.node, g.model, g.total_gib, g.allocated_gib, g.jobs,
+                             max((g.observed_used_gib or 0.0) - g.allocated_gib, 0.0) or None, None)
+              for uuid, g in gpus.items()}
+    by_node: dict[str, list[GpuState]] = {}
+    for gpu in future.values():
+        by_node.setdefault(gpu.node, []).append(gpu)
+
+    def fits_single(gpu: GpuState) -> bool:
+        free = gpu.total_gib - gpu.allocated_gib - (gpu.observed_used_gib or 0.0)
+        return free >= head.mem_gib and (gpu.jobs == 0 or gpu.jobs < config.max_jobs_per_gpu)
+
+    def fits_node(node: str) -> tuple[str, ...] | None:
+        idle = sorted((g.total_gib, g.uuid) for g in by_node[node]
+                      if g.jobs == 0 and g.allocated_gib < 1e-6 and g.total_gib >= head.mem_gib and not g.observed_used_gib)
+        return tuple(u for _, u in idle[: head.gpus]) if len(idle) >= head.gpus else None
+
+    for job in sorted(running, key=lambda r: r.expected_end_s):
+        for uuid in job.gpus:
+            if uuid in future:
+                future[uuid].allocated_gib = max(future[uuid].allocated_gib - job.mem_gib, 0.0)
+                future[uuid].jobs = max(future[uuid].jobs - 1, 0)
+        when = max(job.expected_end_s, now)
+        if head.gpus == 1:
+            for uuid in job.gpus:
+                if uuid in future and fits_single(future[uuid]):
+                    return _Reservation(when, frozenset({uuid}))
+        else:
+            for node in {future[u].node for u in job.gpus if u in future}:
+                chosen = fits_node(node)
+                if chosen:
+                    return _Reservation(when, frozenset(chosen))
+    return None
+
+
+def plan_drape(pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float,
+               config: PolicyConfig = PolicyConfig()) -> list[Placement]:
+    """Placements to start now under the drape policy (see the module docstring)."""
+    state = {g.uuid: GpuState(**vars(g)) for g in gpus}
+    pool = _Pool(state, config)
+    order = sorted(pending, key=lambda j: (-effective_priority(j, now, config), j.submit_s, j.id))
+    placements: list[Placement] = []
+    reservation: _Reservation | None = None
+    blocked = False
+    for job in order:
+        if not pool.idle and not pool.shared:
+            break  # nothing can start until something ends
+        choice = pool.best_fit(job)
+        if choice is None:
+            if not config.backfill:
+                break
+            if not blocked:
+                blocked = True
+                durations = {j.id: j.duration_s for j in order}
+                ends = running + [RunningJob(p.job_id, p.gpus, p.mem_gib, now + durations[p.job_id]) for p in placements]
+                reservation = _reserve(job, state, ends, now, config)
+            continue
+        if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
+            choice = pool.best_fit(job, exclude=reservation.gpus)
+            if choice is None:
+                continue
+        pool.take(choice, job.mem_gib)
+        placements.append(Placement(job.id, choice, job.mem_gib))
+    return placements
+
+
+def plan_fifo_exclusive(pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float,
+                        config: PolicyConfig = PolicyConfig()) -> list[Placement]:
+    """First come first served, one job per whole GPU, biggest GPUs only; stops at the first job that waits."""
+    biggest = max((g.total_gib for g in gpus), default=0.0)
+    free_by_node: dict[str, list[str]] = {}
+    for gpu in sorted(gpus, key=lambda g: g.uuid):
+        if gpu.total_gib == biggest and gpu.jobs == 0:
+            free_by_node.setdefault(gpu.node, []).append(gpu.uuid)
+    placements = []
+    for job in sorted(pending, key=lambda j: (j.submit_s, j.id)):
+        node = next((n for n, free in free_by_node.items() if len(free) >= job.gpus and job.mem_gib <= biggest), None)
+        if node is None:
+            break
+        chosen, free_by_node[node] = tuple(free_by_node[node][: job.gpus]), free_by_node[node][job.gpus:]
+        placements.append(Placement(job.id, chosen, job.mem_gib))
+    return placements
+
+
+POLICIES: dict[str, Callable[..., list[Placement]]] = {"drape": plan_drape, "fifo-exclusive": plan_fifo_exclusive}
+
+
+def get_policy(name: str) -> Callable[..., list[Placement]]:
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; expected one of {sorted(POLICIES)}")
+    return POLICIES[name]

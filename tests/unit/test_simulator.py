@@ -1,0 +1,56 @@
+"""Trace simulator: contention model, bound, starvation, errors; `drape queue simulate`."""
+
+import pytest
+from typer.testing import CliRunner
+
+from drape.cli import app
+from scheduler.simulator import TraceError, TraceJob, load_fleet, load_trace, offered_load_bound, simulate
+
+FLEET = "groups:\n  - {model: H100-80GB, memory_gib: 80, nodes: 1, gpus_per_node: 1}\n"
+
+
+def test_colocated_jobs_share_the_gpu_by_the_contention_model(tmp_path):
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    gpus = load_fleet(tmp_path / "fleet.yaml")
+    trace = [TraceJob("a", 0, 100, 10, 1, 3, "gate-eval"), TraceJob("b", 0, 100, 10, 1, 3, "gate-eval")]
+    result = simulate(trace, gpus, "drape")
+    assert result.makespan_s == pytest.approx(200 / 1.07, rel=1e-6)   # two jobs at 1.07 together, not 2
+    assert result.utilization == pytest.approx(1.0) and result.bound == pytest.approx(1.0)
+    exclusive = simulate(trace, gpus, "fifo-exclusive")
+    assert exclusive.makespan_s == pytest.approx(200) and exclusive.mean_wait_s == pytest.approx(50)
+
+
+def test_starvation_and_bound_on_a_small_trace(tmp_path):
+    (tmp_path / "fleet.yaml").write_text("groups:\n  - {model: H100-80GB, memory_gib: 80, nodes: 1, gpus_per_node: 2}\n"
+                                         "  - {model: L40S-48GB, memory_gib: 48, nodes: 1, gpus_per_node: 2}\n")
+    gpus = load_fleet(tmp_path / "fleet.yaml")
+    trace = [TraceJob(f"j{i}", i * 10.0, 4000.0, 12.0, 1, 3, "personalization") for i in range(8)]
+    fifo, drape = simulate(trace, gpus, "fifo-exclusive"), simulate(trace, gpus, "drape")
+    assert fifo.starved > 0 and drape.starved == 0
+    assert fifo.placements_by_model == {"H100-80GB": 8} and set(drape.placements_by_model) == {"H100-80GB", "L40S-48GB"}
+    assert offered_load_bound(trace, 4) == pytest.approx(8 * 4000 / (4 * max(70 + 4000, 8000)))
+
+
+def test_bad_trace_and_impossible_jobs_are_named(tmp_path):
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\nx,0,ten,10,1,3,gate-eval\n")
+    with pytest.raises(TraceError, match=r"bad.csv:2: could not convert"):
+        load_trace(bad)
+    with pytest.raises(TraceError, match="missing columns"):
+        (tmp_path / "cols.csv").write_text("job_id,submit_s\n")
+        load_trace(tmp_path / "cols.csv")
+    with pytest.raises(TraceError, match="largest GPU has 80"):
+        simulate([TraceJob("huge", 0, 10, 120, 1, 3, "finetune")], load_fleet(tmp_path / "fleet.yaml"))
+
+
+def test_cli_simulate_prints_both_policies(tmp_path):
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    (tmp_path / "t.csv").write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n"
+                                    "a,0,100,10,1,3,gate-eval\nb,5,100,10,1,3,gate-eval\n")
+    result = CliRunner().invoke(app, ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml")])
+    assert result.exit_code == 0, result.output
+    assert "| fifo-exclusive |" in result.output and "| drape |" in result.output and "contention" in result.output
+    bad = CliRunner().invoke(app, ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"),
+                                   "--policy", "random"])
+    assert bad.exit_code == 2 and "unknown policy" in bad.output
