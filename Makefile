@@ -11,7 +11,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.drape/prefect
 
-.PHONY: demo test install services clean
+.PHONY: demo test install services serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ services:
 demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/drape demo
+
+# a local Prefect server + deployments + a process worker; prints the UI URL and what to run
+serve: $(STAMP)
+	$(BIN)/drape serve
 
 test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"

@@ -124,6 +124,42 @@ def run(config: Path = typer.Option(..., "--config", "-c", help="pipeline config
     _run_flow(config, mode, run_name)
 
 
+@app.command()
+def serve(port: int = typer.Option(4200, help="Prefect server port"),
+          home: Optional[Path] = typer.Option(None, help="PREFECT_HOME for the local server (default .drape/prefect-serve)")) -> None:
+    """Start a local Prefect server, drape's work pools and deployments, and a `local` process worker."""
+    import time
+
+    from drape.serve import REPO, ServeError
+    from drape.serve import serve as bring_up
+
+    home = home or REPO / ".drape" / "prefect-serve"
+    console.print(f"starting the Prefect server on http://127.0.0.1:{port} (PREFECT_HOME={home}) ...")
+    try:
+        stack = bring_up(home, port)
+    except ServeError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(1) from None
+    console.print(Panel("\n".join([
+        f"Prefect UI:   {stack.ui_url}",
+        "deployments:  staged-training/demo, staged-training/h100, staged-training/h100-finetune,",
+        "              retention-sweep/weekly, prestage-dataset/demo, queue-dispatcher/demo",
+        "worker:       pool 'local' (process); 'gpu-k8s' needs a kubernetes worker in the cluster",
+        "",
+        "try it (another shell):",
+        f"  PREFECT_API_URL={stack.api_url} .venv/bin/prefect deployment run 'staged-training/demo' --watch",
+        "",
+        "Ctrl-C stops the worker and the server."]), title="drape serve", expand=False))
+    try:
+        while all(process.poll() is None for process in stack.processes.values()):
+            time.sleep(1)
+        console.print("[red]a process of the stack exited; see the logs in[/red] " + str(home))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
 @data_app.command("synth")
 def data_synth(config: Optional[Path] = ConfigOption,
                out: Optional[Path] = typer.Option(None, help="write shards to this local directory instead of the object store")) -> None:

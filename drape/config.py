@@ -224,6 +224,7 @@ class RetentionConfig(_Strict):
     )
     failed_lifetime_days: int = Field(default=7, gt=0)
     baseline_grace_days: int = Field(default=30, gt=0, description="how long a superseded baseline stays archived")
+    live_budget_bytes: int | None = Field(default=None, gt=0, description="live storage budget; over it, an alert fires")
 
     @model_validator(mode="after")
     def _known_kinds(self) -> "RetentionConfig":

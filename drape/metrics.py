@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, push_to_gateway
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, pushadd_to_gateway
 from prometheus_client.core import Metric
 
 from drape.storage import redact_url
@@ -27,6 +27,33 @@ STEP_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 
+# --- the pipeline: one series per run and stage, pushed to the Pushgateway by the flow -------------
+RUN_STAGE = ["run", "stage"]
+STAGE_STEP_SECONDS = Gauge("drape_stage_step_seconds", "Wall time of a stage's step (prestage, train, gate, snapshot, archive)",
+                           [*RUN_STAGE, "step"], registry=REGISTRY)
+STAGE_FINISHED = Gauge("drape_stage_finished_timestamp_seconds", "When a stage's step finished (Unix time)",
+                       [*RUN_STAGE, "step"], registry=REGISTRY)
+TRAIN_THROUGHPUT = Gauge("drape_train_samples_per_second", "Training throughput of the stage", RUN_STAGE, registry=REGISTRY)
+TRAIN_STEPS = Gauge("drape_train_steps", "Steps the stage trained", RUN_STAGE, registry=REGISTRY)
+GATE_VALUE = Gauge("drape_gate_check_value", "Gate check aggregate over the control set (lower: bootstrap 5th percentile)",
+                   [*RUN_STAGE, "check", "aggregate"], registry=REGISTRY)
+GATE_THRESHOLD = Gauge("drape_gate_check_threshold", "Configured value threshold of a gate check", [*RUN_STAGE, "check"],
+                       registry=REGISTRY)
+GATE_PASSED = Gauge("drape_gate_passed", "1 when the stage's candidate passed its gate, 0 when it failed", RUN_STAGE,
+                    registry=REGISTRY)
+PROMOTIONS = Counter("drape_snapshot_promotions", "Checkpoints promoted to the stage baseline", RUN_STAGE, registry=REGISTRY)
+BASELINE_VERSION = Gauge("drape_snapshot_baseline_version", "Registry version of the stage's baseline after promotion", RUN_STAGE,
+                         registry=REGISTRY)
+ARCHIVED_BYTES = Gauge("drape_archived_bytes", "Bytes archived (verified) to the object store by the stage", RUN_STAGE,
+                       registry=REGISTRY)
+LIVE_BYTES = Gauge("drape_live_bytes", "Live storage bytes after the stage's archive", RUN_STAGE, registry=REGISTRY)
+LIVE_BUDGET = Gauge("drape_live_budget_bytes", "Configured live storage budget (retention.live_budget_bytes)", RUN_STAGE,
+                    registry=REGISTRY)
+PRESTAGED_BYTES = Gauge("drape_prestage_bytes", "Bytes of the stage's shards in the local cache after pre-staging", RUN_STAGE,
+                        registry=REGISTRY)
+PRESTAGE_DOWNLOADED = Gauge("drape_prestage_downloaded_bytes", "Bytes pre-staging downloaded for the stage", RUN_STAGE,
+                            registry=REGISTRY)
+
 # --- the GPU queue (scheduler/), exported by the dispatcher on /metrics -----------------------------
 QUEUE_JOBS = Gauge("drape_queue_jobs", "Jobs in the queue by state", ["state"], registry=REGISTRY)
 QUEUE_WAIT = Histogram("drape_queue_wait_seconds", "Time from submit to start, per started job", ["kind"], registry=REGISTRY,
@@ -34,8 +61,9 @@ QUEUE_WAIT = Histogram("drape_queue_wait_seconds", "Time from submit to start, p
 QUEUE_STARVED = Gauge("drape_queue_starved_jobs", "Queued jobs waiting for more than an hour", registry=REGISTRY)
 QUEUE_OLDEST_WAIT = Gauge("drape_queue_oldest_wait_seconds", "Wait so far of the oldest queued job", registry=REGISTRY)
 QUEUE_PLACEMENTS = Counter("drape_queue_placements", "Jobs started, by kind and GPU model", ["kind", "model"], registry=REGISTRY)
-QUEUE_JOB_RUNNING = Gauge("drape_queue_job_running", "1 per running queue job and GPU it holds (joins runs to GPUs)",
-                          ["job", "kind", "run", "stage", "gpu", "node"], registry=REGISTRY)
+QUEUE_JOB_GPU_MEMORY = Gauge("drape_queue_job_gpu_memory_gib",
+                             "GiB a running queue job holds on a GPU: joins flow runs (run) to queue jobs (job_id) to GPUs (gpu)",
+                             ["job_id", "kind", "run", "stage", "gpu", "node"], registry=REGISTRY)
 GPU_MEMORY_ALLOCATED = Gauge("drape_gpu_memory_allocated_gib", "GPU memory the queue has allocated to jobs",
                              ["gpu", "node", "model"], registry=REGISTRY)
 GPU_MEMORY_CAPACITY = Gauge("drape_gpu_memory_capacity_gib", "GPU memory capacity", ["gpu", "node", "model"], registry=REGISTRY)
@@ -76,7 +104,8 @@ def push_metrics(config, grouping: dict[str, str]) -> bool:
     if not url:
         return False
     try:
-        push_to_gateway(url, job=config.metrics.job, registry=series_for(grouping), grouping_key=grouping, timeout=10)
+        # POST (pushadd): replaces only these metric names in the group, so the trainer's and the flow's pushes coexist
+        pushadd_to_gateway(url, job=config.metrics.job, registry=series_for(grouping), grouping_key=grouping, timeout=10)
     except OSError as error:  # unreachable or refused: say so, keep training
         print(f"drape: metrics push to {redact_url(url)} failed ({error}); continuing", file=sys.stderr)
         return False

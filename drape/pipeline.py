@@ -20,6 +20,8 @@ import json
 import os
 import shutil
 import sys
+import time
+from contextlib import contextmanager
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -35,6 +37,7 @@ from drape.gate_report import GateReport
 from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
 from drape.storage import open_store, remove_tree, tree_bytes
 from drape.sweep import sweep as run_sweep
+from drape import metrics
 from drape.metrics import push_metrics
 from drape.tracking import Tracker
 from drape.train import TrainResult, train_stage
@@ -65,6 +68,19 @@ class RunContext:
 
     def baseline_dir(self, stage: str) -> Path:
         return Path(self.live_root) / "baselines" / stage
+
+
+@contextmanager
+def _timed(config: PipelineConfig, context: RunContext, stage: str, step: str):
+    """Time a stage's step into drape_stage_step_seconds, then push the run's series for the stage."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        labels = {"run": context.run_id, "stage": stage, "step": step}
+        metrics.STAGE_STEP_SECONDS.labels(**labels).set(time.perf_counter() - started)
+        metrics.STAGE_FINISHED.labels(**labels).set(time.time())
+        push_metrics(config, grouping={"run": context.run_id, "stage": stage})
 
 
 def live_root(config: PipelineConfig) -> Path:
@@ -102,7 +118,11 @@ def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=N
     stage before it (which may still be training); returns what was staged and evicted."""
     index = STAGES.index(stage)
     keep = ["control", *STAGES[max(index - 1, 0):index]]
-    return shard_cache(config, context).prestage(stage, keep=keep, progress=progress).to_dict()
+    with _timed(config, context, stage, "prestage"):
+        result = shard_cache(config, context).prestage(stage, keep=keep, progress=progress)
+        metrics.PRESTAGED_BYTES.labels(run=context.run_id, stage=stage).set(result.bytes)
+        metrics.PRESTAGE_DOWNLOADED.labels(run=context.run_id, stage=stage).set(result.downloaded_bytes)
+    return result.to_dict()
 
 
 def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None = None) -> dict:
@@ -134,7 +154,6 @@ def train(config: PipelineConfig, context: RunContext, stage: str, init_checkpoi
     result = train_stage(config, stage=stage, data=data, out_dir=context.stage_dir(stage), init_checkpoint=init_checkpoint,
                          mode=context.mode, data_manifest_hash=context.data_manifest_hash, log_metrics=sink, progress=progress,
                          metric_labels={"run": context.run_id, "stage": stage})
-    push_metrics(config, grouping={"run": context.run_id, "stage": stage})
     _log_train_summary(config, context, stage, result, cache.read_wait_seconds)
     return result
 
@@ -167,6 +186,12 @@ def finish_train(config: PipelineConfig, context: RunContext, stage: str, result
 
 
 def _log_train_summary(config: PipelineConfig, context: RunContext, stage: str, result: TrainResult, read_wait: float) -> None:
+    labels = {"run": context.run_id, "stage": stage}
+    metrics.TRAIN_THROUGHPUT.labels(**labels).set(result.samples_per_second)
+    metrics.TRAIN_STEPS.labels(**labels).set(result.steps)
+    metrics.STAGE_STEP_SECONDS.labels(**labels, step="train").set(result.train_seconds)
+    metrics.STAGE_FINISHED.labels(**labels, step="train").set(time.time())
+    push_metrics(config, grouping=labels)
     Tracker(config).log_metrics(context.stage_run_ids[stage], {
         f"{stage}/train_seconds": result.train_seconds, f"{stage}/data_wait_fraction": result.data_wait_fraction,
         f"{stage}/final_loss": result.final_loss, f"{stage}/shard_read_wait_seconds": read_wait}, result.steps)
@@ -196,6 +221,20 @@ def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: st
 
     A passing gate alerts only when `alerts.notify_on_pass` is set; failures alert in `reject`.
     """
+    with _timed(config, context, stage, "gate"):
+        report = _gate(config, context, stage, checkpoint, webhook_url=webhook_url, links=links)
+        labels = {"run": context.run_id, "stage": stage}
+        for name, check in report.checks.items():
+            for aggregate, value in (("lower", check.lower), ("mean", check.mean), ("min", check.minimum)):
+                metrics.GATE_VALUE.labels(**labels, check=name, aggregate=aggregate).set(value)
+            if check.threshold is not None:
+                metrics.GATE_THRESHOLD.labels(**labels, check=name).set(check.threshold)
+        metrics.GATE_PASSED.labels(**labels).set(1.0 if report.passed else 0.0)
+    return report
+
+
+def _gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, *, webhook_url: str | None,
+          links: dict[str, str] | None) -> GateReport:
     tracker, run = Tracker(config), context.stage_run_ids[stage]
     cache = shard_cache(config, context)
     cache.prestage("control")  # normally local already; restores it if an operator cleared the cache
@@ -219,6 +258,14 @@ def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: st
 
 def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
     """Register the passed checkpoint as `drape-tryon` ``<stage>-baseline`` and make it the live baseline."""
+    with _timed(config, context, stage, "snapshot"):
+        result = _snapshot(config, context, stage, checkpoint, report)
+        metrics.PROMOTIONS.labels(run=context.run_id, stage=stage).inc()
+        metrics.BASELINE_VERSION.labels(run=context.run_id, stage=stage).set(float(result["version"]))
+    return result
+
+
+def _snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
     tracker, run = Tracker(config), context.stage_run_ids[stage]
     gate_dir = context.stage_dir(stage) / "gate"
     staging = context.baseline_dir(stage).with_name(f".{stage}.tmp")
@@ -242,6 +289,17 @@ def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint
 
 def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = "passed") -> dict:
     """Archive the stage's leftovers (verified), free them, and drop its pre-staged shards."""
+    with _timed(config, context, stage, "archive"):
+        result = _archive(config, context, stage, outcome)
+        labels = {"run": context.run_id, "stage": stage}
+        metrics.ARCHIVED_BYTES.labels(**labels).set(result["archived_bytes"])
+        metrics.LIVE_BYTES.labels(**labels).set(result["live_bytes_after"])
+        if config.retention.live_budget_bytes:
+            metrics.LIVE_BUDGET.labels(**labels).set(config.retention.live_budget_bytes)
+    return result
+
+
+def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str) -> dict:
     store, root = open_store(config), Path(context.live_root)
     live_before = tree_bytes(root)
     actions = plan_retention(classify_stage_dir(context.stage_dir(stage), outcome), config.retention,

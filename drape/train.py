@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     (`--mlflow-run`), labels and pushes its Prometheus series (`--run-id`), and writes its result
     with the measured peak memory to `--result` and to $DRAPE_JOB_RESULT.
     """
+    import json
     import os
     import sys
 
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     for path in filter(None, (args.result, os.environ.get("DRAPE_JOB_RESULT"))):
         _write_json(path, payload)
     print(f"train-{args.stage}: done, final loss {result.final_loss:.4f}, checkpoint {result.checkpoint}", file=sys.stderr)
+    print(json.dumps(payload))  # the last line of stdout: the result, for scripts
     return 0
 
 

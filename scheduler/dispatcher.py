@@ -132,10 +132,11 @@ class Dispatcher:
         metrics.DISPATCH_CYCLE.observe(report.seconds)
         metrics.FLEET_SOURCE.clear()
         metrics.FLEET_SOURCE.labels(source=view.source).set(1)
-        metrics.QUEUE_JOB_RUNNING.clear()
-        for job_id, kind, stage, run, assigned in self.store.running_labels():
+        metrics.QUEUE_JOB_GPU_MEMORY.clear()
+        for job_id, kind, stage, run, assigned, mem_gib in self.store.running_labels():
             for gpu in assigned:
-                metrics.QUEUE_JOB_RUNNING.labels(job=job_id, kind=kind, run=run, stage=stage, gpu=gpu, node=nodes.get(gpu, "")).set(1)
+                metrics.QUEUE_JOB_GPU_MEMORY.labels(job_id=job_id, kind=kind, run=run, stage=stage, gpu=gpu,
+                                                    node=nodes.get(gpu, "")).set(mem_gib)
 
     def run(self, *, stop: Callable[[], bool] | None = None, max_cycles: int | None = None,
             on_cycle: Callable[[CycleReport], None] | None = None) -> None:

@@ -194,13 +194,14 @@ class JobStore:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
         return [RunningJob(r.id, tuple(json.loads(r.assigned or "[]")), r.mem_gib, (r.start_s or 0) + r.duration_s) for r in rows]
 
-    def running_labels(self) -> list[tuple[str, str, str, str, list[str]]]:
-        """(job id, kind, stage, run, GPUs) of running jobs: what the join dashboard shows."""
-        columns = (jobs_table.c.id, jobs_table.c.kind, jobs_table.c.stage, jobs_table.c.labels, jobs_table.c.assigned)
+    def running_labels(self) -> list[tuple[str, str, str, str, list[str], float]]:
+        """(job id, kind, stage, run, GPUs, GiB per GPU) of running jobs: what the join dashboard shows."""
+        columns = (jobs_table.c.id, jobs_table.c.kind, jobs_table.c.stage, jobs_table.c.labels, jobs_table.c.assigned,
+                   jobs_table.c.mem_gib)
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
-        return [(r.id, r.kind, r.stage or "", json.loads(r.labels or "{}").get("run", ""), json.loads(r.assigned or "[]"))
-                for r in rows]
+        return [(r.id, r.kind, r.stage or "", json.loads(r.labels or "{}").get("run", ""), json.loads(r.assigned or "[]"),
+                 r.mem_gib) for r in rows]
 
     # --- inventory and ledger -------------------------------------------------------------
     def register_gpus(self, gpus: list[GpuState]) -> None:

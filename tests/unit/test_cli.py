@@ -11,6 +11,7 @@ runner = CliRunner()
 # Public surface: changing any of these breaks users' scripts and deployments. Update on purpose.
 EXPECTED_COMMANDS = {
     "demo": ["run_name"],
+    "serve": ["port", "home"],
     "run": ["config", "mode", "run_name"],
     "train": ["config", "stage", "init", "out"],
     "data synth": ["config", "out"],
@@ -30,7 +31,9 @@ EXPECTED_COMMANDS = {
     "storage restore": ["run_id", "stage", "config", "out"],
 }
 EXPECTED_FLOW_PARAMETERS = {"staged_training": ["config_path", "mode", "run_name"],
-                            "prestage_dataset": ["config_path", "stages"]}
+                            "prestage_dataset": ["config_path", "stages"],
+                            "retention_sweep": ["config_path", "dry_run"],
+                            "queue_dispatcher": ["config_path", "max_minutes", "metrics_port"]}
 
 
 def _commands(group, prefix=""):

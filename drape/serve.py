@@ -1,0 +1,135 @@
+"""`drape serve` / `make serve`: a local Prefect server, drape's work pools and deployments, and a
+process worker for the `local` pool, the way operators run drape.
+
+Everything goes through the `prefect` command (no prefect import here): `prefect server start`,
+`prefect work-pool create`, `prefect deploy --all --prefect-file deployments/prefect.yaml`,
+`prefect worker start`. A process worker needs a second signal to stop; `stop` sends both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PREFECT_FILE = REPO / "deployments" / "prefect.yaml"
+GPU_TEMPLATE = REPO / "deployments" / "gpu-k8s-job-template.json"
+
+
+class ServeError(RuntimeError):
+    """A step of bringing up the local stack that failed; says which and shows its output."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _prefect() -> str:
+    found = shutil.which("prefect", path=str(Path(sys.executable).parent)) or shutil.which("prefect")
+    if not found:
+        raise ServeError("the `prefect` command is not installed in this environment (pip install -e .)")
+    return found
+
+
+@dataclass
+class Stack:
+    home: Path
+    port: int
+    processes: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api"
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_API_URL": self.api_url,
+                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DRAPE_REPO": str(REPO), "PYTHONPATH": str(REPO),
+                "PREFECT_UI_URL": self.ui_url}
+
+    def prefect(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+        """Run `prefect ARGS` against this stack's API from the repository root."""
+        result = subprocess.run([_prefect(), *args], cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=timeout)
+        if check and result.returncode != 0:
+            raise ServeError(f"`prefect {' '.join(args)}` exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        return result
+
+    def start_server(self, timeout: float = 120) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        log = open(self.home / "server.log", "ab")
+        self.processes["server"] = subprocess.Popen([_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                                                    cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                                    start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if json.loads(urllib.request.urlopen(f"{self.api_url}/health", timeout=2).read()) is True:
+                    return
+            except OSError:
+                pass
+            if self.processes["server"].poll() is not None or time.monotonic() > deadline:
+                tail = (self.home / "server.log").read_text(errors="replace")[-3000:]
+                raise ServeError(f"the Prefect server did not come up on {self.ui_url}:\n{tail}")
+            time.sleep(0.5)
+
+    def create_pools(self) -> list[str]:
+        """`local` (process) and `gpu-k8s` (kubernetes, with drape's base job template); returns notes."""
+        notes = []
+        self.prefect("work-pool", "create", "local", "--type", "process", "--overwrite")
+        result = self.prefect("work-pool", "create", "gpu-k8s", "--type", "kubernetes", "--base-job-template", str(GPU_TEMPLATE),
+                              "--overwrite", check=False)
+        if result.returncode != 0:
+            notes.append(f"gpu-k8s pool not created: {(result.stdout + result.stderr).strip()[-300:]}")
+        return notes
+
+    def deploy(self) -> str:
+        return self.prefect("deploy", "--all", "--prefect-file", str(PREFECT_FILE)).stdout
+
+    def start_worker(self, pool: str = "local") -> None:
+        log = open(self.home / f"worker-{pool}.log", "ab")
+        self.processes[f"worker-{pool}"] = subprocess.Popen([_prefect(), "worker", "start", "--pool", pool, "--type", "process"],
+                                                           cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
+                                                           start_new_session=True)
+
+    def stop(self, grace: float = 20) -> None:
+        """Stop workers, then the server: SIGINT twice (a process worker needs the second), then SIGKILL."""
+        for name in sorted(self.processes, key=lambda n: n == "server"):
+            process = self.processes[name]
+            for attempt in range(3):
+                if process.poll() is not None:
+                    break
+                os.killpg(process.pid, signal.SIGKILL if attempt == 2 else signal.SIGINT)
+                try:
+                    process.wait(timeout=grace / 2)
+                except subprocess.TimeoutExpired:
+                    continue
+        self.processes.clear()
+
+
+def serve(home: Path, port: int | None = None) -> Stack:
+    """Bring up server, pools, deployments and a `local` worker; returns the running stack."""
+    stack = Stack(Path(home), port or 4200)
+    stack.start_server()
+    try:
+        for note in stack.create_pools():
+            print(note)
+        stack.deploy()
+        stack.start_worker("local")
+    except BaseException:
+        stack.stop()
+        raise
+    return stack

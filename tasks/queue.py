@@ -1,0 +1,36 @@
+"""Prefect task around the GPU queue dispatcher (scheduler/): one core call."""
+
+from __future__ import annotations
+
+import time
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from drape.config import PipelineConfig
+
+
+@task(name="dispatch", cache_policy=NONE, log_prints=True)
+def dispatch(config: PipelineConfig, max_minutes: float | None, metrics_port: int | None) -> dict:
+    """Run a dispatcher until `max_minutes` pass (forever when None); returns what it did."""
+    from scheduler.dispatcher import Dispatcher
+
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        from drape.metrics import REGISTRY
+
+        start_http_server(metrics_port, registry=REGISTRY)
+    dispatcher = Dispatcher(config)
+    deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
+    totals = {"cycles": 0, "started": 0, "finished": 0, "requeued": 0}
+
+    def count(report) -> None:
+        totals["cycles"] += 1
+        for key in ("started", "finished", "requeued"):
+            totals[key] += len(getattr(report, key))
+        if report.started or report.finished:
+            print(f"dispatcher {dispatcher.id}: started {len(report.started)}, finished {len(report.finished)}")
+
+    dispatcher.run(stop=lambda: deadline is not None and time.monotonic() > deadline, on_cycle=count)
+    return totals

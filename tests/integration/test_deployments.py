@@ -1,0 +1,98 @@
+"""Deployments the way operators run them: a real `prefect server start`, work pools, `prefect deploy`,
+a process worker, `prefect deployment run 'staged-training/demo' --watch`, then a clean teardown."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from drape.serve import GPU_TEMPLATE, PREFECT_FILE, Stack, free_port
+from tests.conftest import tiny_config
+
+pytestmark = pytest.mark.slow
+
+EXPECTED_DEPLOYMENTS = {"staged-training/demo", "staged-training/h100", "staged-training/h100-finetune", "retention-sweep/weekly",
+                        "prestage-dataset/demo", "queue-dispatcher/demo"}
+
+
+def _api(stack: Stack, path: str, body: dict) -> list | dict:
+    request = urllib.request.Request(f"{stack.api_url}{path}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    return json.loads(urllib.request.urlopen(request, timeout=30).read())
+
+
+def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
+    text = PREFECT_FILE.read_text()
+    assert "&local" in text and "*local" in text and "<<: *staged_training" in text
+    config = yaml.safe_load(text)
+    names = {f"{d['entrypoint'].split(':')[1].replace('_', '-')}/{d['name']}" for d in config["deployments"]}
+    assert names == EXPECTED_DEPLOYMENTS
+    template = json.loads(GPU_TEMPLATE.read_text())
+    variables = template["variables"]["properties"]
+    values = {name: spec.get("default") for name, spec in variables.items()}
+    values.update(name="drape-flow-run", command="prefect flow-run execute", labels={"drape.ai/flow": "staged-training"},
+                  env={"PREFECT_API_URL": "http://prefect-server:4200/api"}, finished_job_ttl=86400)
+
+    def render(node):
+        if isinstance(node, dict):
+            return {k: render(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [render(v) for v in node]
+        if isinstance(node, str) and node.startswith("{{ ") and node.endswith(" }}"):
+            value = values.get(node[3:-3])
+            return str(value) if node[3:-3] in ("gpus",) else value
+        return node
+
+    manifest = render(template["job_configuration"]["job_manifest"])
+    manifest["metadata"]["name"] = "drape-flow-run-abc"
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": k, "value": v} for k, v in container["env"].items()]
+    container["args"] = container["args"].split()
+    kubernetes_validate.validate(manifest, "1.33", strict=True)
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert manifest["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache"}
+
+
+def test_deploy_and_run_staged_training_demo_through_a_worker(tmp_path):
+    started = time.monotonic()
+    config = tiny_config(tmp_path / "drape")
+    config_path = tmp_path / "tiny.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    stack = Stack(tmp_path / "prefect", free_port())
+    try:
+        stack.start_server()
+        notes = stack.create_pools()
+        assert not notes, notes
+        stack.deploy()
+        deployments = _api(stack, "/deployments/filter", {})
+        flows = {f["id"]: f["name"] for f in _api(stack, "/flows/filter", {})}
+        assert {f"{flows[d['flow_id']]}/{d['name']}" for d in deployments} == EXPECTED_DEPLOYMENTS
+        sweep = next(d for d in deployments if d["name"] == "weekly")
+        assert sweep["schedules"][0]["schedule"]["cron"] == "0 3 * * 0"
+        pools = {p["name"]: p for p in _api(stack, "/work_pools/filter", {})}
+        assert pools["local"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
+        assert "gpu_product" in pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]
+        stack.start_worker("local")
+        run = stack.prefect("deployment", "run", "staged-training/demo", "--param", f"config_path={config_path}",
+                            "--param", "run_name=deployed-tiny", "--watch", "--watch-timeout", "600", timeout=700, check=False)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert "Completed" in run.stdout
+        flow_runs = _api(stack, "/flow_runs/filter", {"flow_runs": {"name": {"any_": ["deployed-tiny"]}}})
+        assert flow_runs and flow_runs[0]["state"]["type"] == "COMPLETED"
+        tasks = _api(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_runs[0]["id"]]}}})
+        names = {t["name"] for t in tasks}
+        assert {f"{step}-{stage}" for step in ("train", "gate", "snapshot", "archive")
+                for stage in ("identity", "texture", "geometry", "denoise")} <= names
+        artifacts = _api(stack, "/artifacts/filter", {"artifacts": {"key": {"any_": ["gate-report-identity"]}}})
+        assert artifacts and "Gate `identity`" in artifacts[0]["data"]
+    finally:
+        processes = list(stack.processes.values())
+        stack.stop()
+    assert len(processes) == 2 and all(process.poll() is not None for process in processes)  # server and worker gone
+    print(f"deployment test: {time.monotonic() - started:.0f} s")
