@@ -141,7 +141,12 @@ def list_checkpoints(directory: str | Path) -> list[Path]:
     if not directory.is_dir():
         return []
     found = [p for p in directory.glob("step-*") if (p / MANIFEST).is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+    return sorted(found, key=checkpoint_step)
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The step of a checkpoint directory: ``step-0000040`` (safetensors) or ``step-0000040.dcp`` (sharded)."""
+    return int(Path(path).name.split("-")[1].split(".")[0])
 
 
 def checkpoint_name(step: int) -> str:

@@ -139,6 +139,9 @@ class TrainConfig(_Strict):
     log_every: int = Field(default=10, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["fp32", "bf16"] = "fp32"
+    parallelism: Literal["ddp", "fsdp"] = Field(default="ddp", description="under torchrun: DDP, or FSDP2 fully_shard")
+    gradient_checkpointing: bool = False
+    async_checkpoint: bool = Field(default=True, description="under torchrun: DCP saves in the background")
     stages: dict[Stage, StageTrainConfig]
 
     @model_validator(mode="after")

@@ -22,9 +22,12 @@ import torch
 from torch.nn import functional as F
 
 from drape import STAGES
-from drape.checkpoint import checkpoint_name, list_checkpoints, load_model, load_training_state, save_checkpoint
+from drape.checkpoint import (checkpoint_name, checkpoint_step, list_checkpoints, load_model, load_training_state,
+                              save_checkpoint)
 from drape.config import PipelineConfig, trainable_parameter_names
 from drape.data.dataset import to_model_inputs
+from drape.distributed import (DCP_SUFFIX, DistContext, ShardedCheckpointer, full_model_state, init_from_env, load_sharded,
+                               unwrap, wrap_model)
 from drape.metrics import DATA_WAIT, STEP_SECONDS
 from drape.model import build_model, build_noise_scheduler, diffusion_target
 
@@ -41,6 +44,7 @@ class TrainResult:
     train_seconds: float
     data_wait_seconds: float
     samples_per_second: float
+    checkpoint_stall_seconds: float = 0.0  # time the loop blocked in sharded checkpoint saves
 
     @property
     def data_wait_fraction(self) -> float:
@@ -98,7 +102,8 @@ def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[st
 
 def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str | Path, init_checkpoint: str | Path | None,
                 mode: str = "full", data_manifest_hash: str = "", log_metrics: MetricsSink | None = None,
-                progress: Callable[[int, int], None] | None = None, metric_labels: dict[str, str] | None = None) -> TrainResult:
+                progress: Callable[[int, int], None] | None = None, metric_labels: dict[str, str] | None = None,
+                context: DistContext | None = None) -> TrainResult:
     """Train `stage` on `data` (arrays from `load_split`), checkpointing under `out_dir`/checkpoints.
 
     Starts from `init_checkpoint` (or fresh weights), or resumes from the newest checkpoint already
@@ -109,22 +114,32 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
     stage_config, train = config.train.stages[stage], config.train
     if mode not in ("full", "finetune"):
         raise ValueError(f"mode must be 'full' or 'finetune', got {mode!r}")
+    context = context or DistContext(device=resolve_device(train.device))
     total = stage_config.steps if mode == "full" else stage_config.finetune_steps
     checkpoints_dir = Path(out_dir) / "checkpoints"
     existing = list_checkpoints(checkpoints_dir)
     resume_from = existing[-1] if existing else None
-    source = resume_from or init_checkpoint
-    device = resolve_device(train.device)
+    sharded_resume = resume_from is not None and resume_from.name.endswith(DCP_SUFFIX)
+    source = init_checkpoint if sharded_resume or resume_from is None else resume_from
+    device = context.device
     model = (load_model(source) if source else build_model(config)).to(device)
+    if train.gradient_checkpointing:
+        model.transformer.enable_gradient_checkpointing()
     names = _configure_trainable(model, stage_config.trainable)
-    parameters = dict(model.named_parameters())
+    model = wrap_model(model, context, train.parallelism, bf16=train.precision == "bf16")
+    parameters = dict(unwrap(model).named_parameters())
     optimizer = torch.optim.AdamW([parameters[n] for n in names], lr=stage_config.lr or train.lr, weight_decay=train.weight_decay)
     start_step, ema = 0, None
-    if resume_from is not None:
-        ema = load_training_state(resume_from, optimizer, names)
-        start_step = int(resume_from.name.split("-")[1])
-    if train.ema.enabled and ema is None:
+    if train.ema.enabled:
         ema = {n: parameters[n].detach().clone() for n in names}
+    if sharded_resume:
+        load_sharded(resume_from, model, optimizer, ema)
+        start_step = checkpoint_step(resume_from)
+    elif resume_from is not None:
+        restored = load_training_state(resume_from, optimizer, names)
+        if train.ema.enabled and restored is not None:
+            ema = {n: restored[n].to(device) for n in names}
+        start_step = checkpoint_step(resume_from)
     scheduler = build_noise_scheduler(config.diffusion)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16")
     prefetcher = BatchPrefetcher(data, seed=config.seed, stage=stage, batch_size=train.batch_size, start=start_step, stop=total)
@@ -132,14 +147,16 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
                      "data_manifest_hash": data_manifest_hash}
     labels = {"run": "", "stage": stage, **(metric_labels or {})}
     data_wait, step_time = DATA_WAIT.labels(**labels), STEP_SECONDS.labels(**labels)
+    local = context.local_slice(train.batch_size)
+    sharded = ShardedCheckpointer(context, use_async=train.async_checkpoint) if context.is_distributed else None
     loss_value, started, checkpoint = float("nan"), time.perf_counter(), resume_from
     model.train()
     for _ in range(start_step, total):
         (step, batch, generator), waited = prefetcher.next()
         step_started = time.perf_counter()
-        batch = {k: v.to(device) for k, v in batch.items()}
-        noise = torch.randn(batch["target"].shape, generator=generator).to(device)
-        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator).to(device)
+        noise = torch.randn(batch["target"].shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
+        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)[local].to(device)
+        batch = {k: v[local].to(device) for k, v in batch.items()}
         noisy = scheduler.add_noise(batch["target"], noise, timesteps)
         with autocast:
             prediction = model(noisy, timesteps, batch["agnostic"], batch["mask"], batch["pose"], batch["garment"])
@@ -152,25 +169,58 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
             with torch.no_grad():
                 for n in names:
                     ema[n].lerp_(parameters[n].detach(), 1 - train.ema.decay)
-        loss_value, done = float(loss.detach()), step + 1
+        loss_value, done = _global_mean(loss.detach(), context), step + 1
         step_seconds = time.perf_counter() - step_started
         data_wait.observe(waited)
         step_time.observe(step_seconds + waited)
-        if log_metrics and (done % train.log_every == 0 or done == total):
+        if log_metrics and context.is_main and (done % train.log_every == 0 or done == total):
             log_metrics({f"{stage}/loss": loss_value, f"{stage}/step_seconds": step_seconds + waited,
                          f"{stage}/data_wait_seconds": waited,
                          f"{stage}/samples_per_second": train.batch_size / max(step_seconds + waited, 1e-9)}, done)
-        if done % train.checkpoint_every == 0 or done == total:
-            checkpoint = save_checkpoint(checkpoints_dir / checkpoint_name(done), model=model, optimizer=optimizer,
-                                         trainable_names=names, ema=ema, manifest={**manifest_base, "step": done, "loss": loss_value})
-        if progress:
+        step_manifest = {**manifest_base, "step": done, "loss": loss_value}
+        if sharded is not None and done != total and done % train.checkpoint_every == 0:
+            sharded.save(checkpoints_dir / f"{checkpoint_name(done)}{DCP_SUFFIX}", model, optimizer, ema, step_manifest)
+        elif done == total or (sharded is None and done % train.checkpoint_every == 0):
+            if sharded is not None:
+                sharded.wait()
+            checkpoint = _save_full(checkpoints_dir / checkpoint_name(done), config, model, optimizer, names, ema, step_manifest,
+                                    context, with_optimizer=train.parallelism != "fsdp" or not context.is_distributed)
+        if progress and context.is_main:
             progress(done, total)
     if checkpoint is None:
         raise RuntimeError(f"stage {stage}: nothing to train ({total} steps) and no checkpoint to resume from")
     seconds = time.perf_counter() - started
     trained = total - start_step
     return TrainResult(stage, total, start_step, loss_value, str(checkpoint), seconds, prefetcher.wait_seconds,
-                       trained * train.batch_size / seconds if seconds else 0.0)
+                       trained * train.batch_size / seconds if seconds else 0.0,
+                       sharded.stall_seconds if sharded is not None else 0.0)
+
+
+def _global_mean(loss: torch.Tensor, context: DistContext) -> float:
+    if context.is_distributed:
+        loss = loss.clone()
+        torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG if context.device.type == "cuda"
+                                     else torch.distributed.ReduceOp.SUM)
+        if context.device.type != "cuda":  # gloo has no AVG
+            loss /= context.world_size
+    return float(loss)
+
+
+def _save_full(path: Path, config: PipelineConfig, model, optimizer, names: list[str], ema: dict | None, manifest: dict,
+               context: DistContext, with_optimizer: bool) -> Path:
+    """The safetensors checkpoint (rank 0 writes it; the whole model gathered under FSDP)."""
+    plain = unwrap(model)
+    if context.is_distributed and config.train.parallelism == "fsdp":
+        state = full_model_state(model)  # collective: every rank takes part, rank 0 receives the whole state
+        ema = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in ema.items()} if ema is not None else None
+        if context.is_main:
+            plain = build_model(config)
+            plain.load_state_dict(state)
+    if context.is_main:
+        save_checkpoint(path, model=plain, optimizer=optimizer if with_optimizer else None, trainable_names=names, ema=ema,
+                        manifest=manifest)
+    context.barrier()
+    return path
 
 
 def peak_memory_gib(device: torch.device) -> float:
@@ -221,11 +271,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-id", default="manual", help="pipeline run id for metric labels")
     args = parser.parse_args(argv)
     config = load_config(args.config)
+    context = init_from_env(config.train.device)  # torchrun: joins the process group; else one process
     store = open_store(config)
-    manifest = ensure_dataset(config, store)
+    manifest = ensure_dataset(config, store) if context.is_main else None
+    if context.is_distributed:  # rank 0 made sure the dataset exists; the others read its manifest
+        holder = [manifest]
+        torch.distributed.broadcast_object_list(holder, src=0)
+        manifest = holder[0]
     cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
-    if not all(cache.is_local(shard) for shard in cache.shards(args.stage)):  # the pipeline pre-staged it already
+    if context.is_main and not all(cache.is_local(shard) for shard in cache.shards(args.stage)):  # pre-staged already?
         cache.prestage(args.stage, keep=["control"])
+    context.barrier()
     out = Path(args.out) if args.out else config.paths.root_path / "live" / "runs" / "manual" / args.stage
     sink = None
     if args.mlflow_run:
@@ -234,16 +290,20 @@ def main(argv: list[str] | None = None) -> int:
         tracker = Tracker(config)
         sink = lambda metrics, step: tracker.log_metrics(args.mlflow_run, metrics, step)  # noqa: E731
 
-    def progress(done: int, total: int) -> None:
+    def progress(done: int, total: int) -> None:  # rank 0 only (train_stage)
         if done == total or done % max(total // 10, 1) == 0:
             print(f"train-{args.stage}: step {done}/{total} ({100 * done // total}%)", flush=True)
 
     data = stack_samples(cache.iter_samples(args.stage))
     result = train_stage(config, stage=args.stage, data=data, out_dir=out, init_checkpoint=args.init, mode=args.mode,
                          data_manifest_hash=manifest_hash(manifest), log_metrics=sink, progress=progress,
-                         metric_labels={"run": args.run_id, "stage": args.stage})
+                         metric_labels={"run": args.run_id, "stage": args.stage}, context=context)
+    if context.is_distributed:
+        torch.distributed.destroy_process_group()
+    if not context.is_main:
+        return 0
     push_metrics(config, grouping={"run": args.run_id, "stage": args.stage})
-    payload = {**result.to_dict(), "peak_memory_gib": peak_memory_gib(resolve_device(config.train.device)),
+    payload = {**result.to_dict(), "peak_memory_gib": peak_memory_gib(context.device), "world_size": context.world_size,
                "shard_read_wait_seconds": cache.read_wait_seconds}
     for path in filter(None, (args.result, os.environ.get("DRAPE_JOB_RESULT"))):
         _write_json(path, payload)

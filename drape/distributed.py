@@ -1,0 +1,186 @@
+"""Distributed training under torchrun: process group, DDP / FSDP2 wrapping, batch sharding, and
+sharded checkpoints with `torch.distributed.checkpoint` (DCP).
+
+- `init_from_env()` reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK) and joins the
+  process group: NCCL on GPUs, gloo on CPU. Without torchrun it is a 1-process context.
+- Every step draws the *global* batch from the step's seeded generator (as one process does) and
+  each rank takes its contiguous slice, so N ranks with DDP's gradient averaging compute the same
+  update as one process on the whole batch (tested with gloo: 2 ranks = 1 process).
+- `parallelism: ddp` wraps the model in DistributedDataParallel; `fsdp` applies FSDP2
+  `fully_shard` per transformer block and to the root (bf16 params with fp32 reduction on GPU).
+- Intermediate checkpoints are DCP directories (`step-N.dcp/`), saved asynchronously where DCP
+  can (`async_save`) so training does not stall on I/O; each rank writes its shards and rank 0
+  writes `manifest.json` with the sha256 of every file last, which commits the checkpoint. A DCP
+  checkpoint saved by N ranks loads on M (DCP reshards). DCP's `.metadata` is a pickle: drape
+  loads a DCP checkpoint only after its files match the manifest it wrote itself. The checkpoint
+  a stage ends with (the one gated, promoted, archived) is always safetensors + manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from drape.checksum import sha256_file
+
+DCP_SUFFIX = ".dcp"
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def local_slice(self, global_batch: int) -> slice:
+        if global_batch % self.world_size:
+            raise ValueError(f"train.batch_size {global_batch} must be divisible by the {self.world_size} ranks")
+        per_rank = global_batch // self.world_size
+        return slice(self.rank * per_rank, (self.rank + 1) * per_rank)
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            dist.barrier()
+
+
+def init_from_env(device_preference: str = "auto") -> DistContext:
+    """The torchrun context (joins the process group), or a 1-process context without torchrun."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_preference != "cpu" and torch.cuda.is_available()
+    device = torch.device(f"cuda:{local_rank}") if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if world_size > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo", device_id=device if use_cuda else None)
+    return DistContext(rank, world_size, local_rank, device)
+
+
+def wrap_model(model: torch.nn.Module, context: DistContext, parallelism: str, bf16: bool) -> torch.nn.Module:
+    """DDP or FSDP2 around `model` (unchanged in a 1-process context)."""
+    if not context.is_distributed:
+        return model
+    if parallelism == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+        for block in model.transformer.transformer_blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(model, mp_policy=policy)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[context.device.index] if context.device.type == "cuda" else None)
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return getattr(model, "module", model)
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: dict | None) -> dict:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    if ema is not None:
+        state["ema"] = dict(ema)
+    return state
+
+
+class ShardedCheckpointer:
+    """Saves DCP checkpoints (async where possible) and commits each with a manifest once written."""
+
+    def __init__(self, context: DistContext, use_async: bool = True):
+        self.context, self.use_async = context, use_async
+        self.pending = None  # (future, path, manifest)
+        self.stall_seconds = 0.0  # time the training loop spent blocked in save calls
+        # the background save runs its own collectives: on the training group they would interleave
+        # with DDP's all-reduces differently on each rank and deadlock (torchtitan does the same)
+        self.group = dist.new_group(backend="gloo") if use_async and context.is_distributed else None
+
+    def save(self, path: Path, model, optimizer, ema: dict | None, manifest: dict) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        started = time.perf_counter()
+        self.wait()  # one save in flight at a time
+        path = Path(path)
+        state = _state(model, optimizer, ema)
+        if self.use_async and self.context.is_distributed:
+            future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
+            self.pending = (future, path, manifest)
+        else:
+            dcp.save(state, checkpoint_id=str(path))
+            self._commit(path, manifest)
+        self.stall_seconds += time.perf_counter() - started
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            future, path, manifest = self.pending
+            future.result()
+            self.pending = None
+            self._commit(path, manifest)
+
+    def _commit(self, path: Path, manifest: dict) -> None:
+        self.context.barrier()
+        if self.context.is_main:
+            files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != "manifest.json"}
+            temporary = path / ".manifest.json.tmp"
+            temporary.write_text(json.dumps({**manifest, "format": "dcp", "world_size": self.context.world_size,
+                                             "files": files}, indent=2))
+            os.replace(temporary, path / "manifest.json")
+        self.context.barrier()
+
+
+def verify_dcp(path: str | Path) -> dict:
+    """The manifest of a committed DCP checkpoint whose files all match it; raises otherwise."""
+    from drape.checkpoint import CheckpointError
+
+    path = Path(path)
+    manifest_path = path / "manifest.json"
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{path}: no manifest.json (an uncommitted or foreign DCP checkpoint)")
+    manifest = json.loads(manifest_path.read_text())
+    present = {p.name for p in path.iterdir() if p.is_file() and p.name != "manifest.json"}
+    if present != set(manifest["files"]):
+        raise CheckpointError(f"{path}: files {sorted(present ^ set(manifest['files']))} differ from its manifest")
+    for name, digest in manifest["files"].items():
+        if sha256_file(path / name) != digest:
+            raise CheckpointError(f"{path}/{name}: sha256 does not match the manifest drape wrote; not loading it")
+    return manifest
+
+
+def load_sharded(path: str | Path, model, optimizer, ema: dict | None) -> dict:
+    """Load a verified DCP checkpoint into (possibly wrapped) model, optimizer and EMA on any world size."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    manifest = verify_dcp(path)
+    state = _state(model, optimizer, ema)
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    if ema is not None and "ema" in state:
+        for name, tensor in state["ema"].items():
+            ema[name].copy_(tensor)
+    return manifest
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The whole model's state on CPU, gathered from the FSDP shards; a collective, rank 0 receives it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
