@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 
 from sqlalchemy import (Column, Float, Integer, MetaData, String, Table, Text, and_, bindparam, create_engine, delete, event,
                         func, insert, select, update)
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
 
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
 
@@ -129,11 +130,22 @@ class JobStore:
 
             path = url.split("///", 1)[-1]
             if path and path != ":memory:":
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.engine = create_engine(url, connect_args={"timeout": 60} if self.is_sqlite else {}, pool_pre_ping=True)
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                except OSError as error:
+                    raise QueueError(f"queue.url {url}: cannot create the folder for the database ({error})") from None
+        shown = make_url(url).render_as_string(hide_password=True)
+        try:
+            self.engine = create_engine(url, connect_args={"timeout": 60} if self.is_sqlite else {}, pool_pre_ping=True)
+        except ModuleNotFoundError as error:
+            raise QueueError(f"queue.url {shown}: its database driver {error.name!r} is not installed; for PostgreSQL: "
+                             "pip install 'psycopg[binary]' (or psycopg2-binary with a postgresql+psycopg2:// URL)") from None
         if self.is_sqlite:
             _sqlite_immediate(self.engine)
-        metadata.create_all(self.engine)
+        try:
+            metadata.create_all(self.engine)
+        except OperationalError as error:
+            raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from None
 
     # --- submitting and reading ----------------------------------------------------------
     def submit(self, spec: JobSpec, now: float | None = None) -> str:

@@ -68,3 +68,16 @@ def test_fifo_exclusive_uses_only_the_biggest_gpus_and_blocks_at_the_head():
     assert [p.gpus[0][0] for p in placed] == ["h", "h"]   # two H100s; the L40S stay idle, "c" waits
     blocked = plan_fifo_exclusive([job("x", 10, gpus=4, submit=0), job("y", 10, submit=1)], fleet(), [], now=5)
     assert blocked == []
+
+
+def test_queue_database_errors_name_the_url_without_its_password(tmp_path):
+    import pytest
+
+    from scheduler.store import JobStore, QueueError
+
+    with pytest.raises(QueueError, match=r"postgresql://drape:\*\*\*@db:5432/drape(: its database driver| unreachable)") as error:
+        JobStore("postgresql://drape:s3cret@db:5432/drape")
+    assert "s3cret" not in str(error.value)
+    (tmp_path / "file").write_text("")
+    with pytest.raises(QueueError, match="cannot create the folder"):
+        JobStore(f"sqlite:///{tmp_path}/file/sub/queue.db")
