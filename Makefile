@@ -26,10 +26,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 # Debian's Prometheus, promtool and Pushgateway (the tests that need them start them), and kubectl
-# for `kubectl kustomize` (rendering infra/k8s; no cluster is contacted).
-APT_PACKAGES := prometheus prometheus-pushgateway kubectl
+# for `kubectl kustomize` (rendering infra/k8s; no cluster is contacted), and PostgreSQL for the queue tests.
+APT_PACKAGES := prometheus prometheus-pushgateway kubectl postgresql
 services:
-	@if ! command -v prometheus-pushgateway >/dev/null || ! command -v promtool >/dev/null || ! command -v kubectl >/dev/null; then \
+	@if ! command -v prometheus-pushgateway >/dev/null || ! command -v promtool >/dev/null || ! command -v kubectl >/dev/null \
+	     || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		echo "installing $(APT_PACKAGES) with apt-get"; \
 		export DEBIAN_FRONTEND=noninteractive; \

@@ -250,12 +250,13 @@ class JobStore:
         wanted = sorted({g for p in placements for g in p.gpus})
         granted = []
         with self.engine.begin() as connection:
-            gpu_rows = select(gpus_table).where(gpus_table.c.uuid.in_(wanted))
-            if not self.is_sqlite:
-                gpu_rows = gpu_rows.with_for_update()  # PostgreSQL: other dispatchers wait for these GPUs
+            gpu_rows = select(gpus_table).where(gpus_table.c.uuid.in_(wanted)).order_by(gpus_table.c.uuid)
+            job_rows = (select(jobs_table.c.id, jobs_table.c.state).where(jobs_table.c.id.in_(sorted(p.job_id for p in placements)))
+                        .order_by(jobs_table.c.id))
+            if not self.is_sqlite:  # PostgreSQL: lock the GPUs, then the jobs, always in key order (no deadlock cycles);
+                gpu_rows, job_rows = gpu_rows.with_for_update(), job_rows.with_for_update()  # a rival waits, then re-reads
             totals = {r.uuid: r.total_gib for r in connection.execute(gpu_rows)}
-            states = dict(connection.execute(select(jobs_table.c.id, jobs_table.c.state)
-                                             .where(jobs_table.c.id.in_([p.job_id for p in placements]))).all())
+            states = dict(connection.execute(job_rows).all())
             used: dict[str, float] = {}
             jobs_on: dict[str, int] = {}
             for gpu, total, count in connection.execute(

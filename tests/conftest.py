@@ -229,3 +229,32 @@ class DcgmExporter:
 
     def close(self):
         self.server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A throwaway PostgreSQL (Debian's, already on these machines or `make services`) on 127.0.0.1."""
+    import glob
+    import shutil
+
+    bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    if not bins:
+        pytest.fail("PostgreSQL is not installed; `make services` installs it (apt-get install postgresql)")
+    bindir = Path(bins[-1]).parent
+    import tempfile
+
+    directory = Path(tempfile.mkdtemp(prefix="drape-pg-"))  # not under pytest's 0700 root-owned tree: postgres must reach it
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    if as_postgres:
+        shutil.chown(directory, "postgres")
+    port = _free_port()
+    subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(directory / "data"), "-U", "drape", "--auth=trust"],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(directory / "data"), "-l", str(directory / "log"), "-w",
+                    "-o", f"-h 127.0.0.1 -p {port} -k {directory}", "start"], check=True, capture_output=True, timeout=120)
+    subprocess.run([*as_postgres, str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "drape", "queue"],
+                   check=True, capture_output=True, timeout=60)
+    yield f"postgresql+psycopg://drape@127.0.0.1:{port}/queue"
+    subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(directory / "data"), "-m", "fast", "stop"],
+                   capture_output=True, timeout=120)
+    shutil.rmtree(directory, ignore_errors=True)

@@ -59,6 +59,30 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache"}
 
 
+def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:
+    """The queue's Prefect launcher: a queued job becomes a flow run of a deployment on the worker."""
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from scheduler.dispatcher import Dispatcher
+    from scheduler.store import JobSpec, JobStore
+
+    queued = config.model_copy(update={"queue": config.queue.model_copy(update={"launcher": "prefect"})})
+    store = JobStore(queued.queue_url)
+    job_id = store.submit(JobSpec(kind="gate-eval", command=["prefect-flow-run"], mem_gib=2, duration_s=60, labels={
+        "deployment": "prestage-dataset/demo", "parameters": json.dumps({"config_path": str(config_path), "stages": ["control"]})}))
+    with temporary_settings({PREFECT_API_URL: stack.api_url}):
+        dispatcher = Dispatcher(queued, store)
+        deadline = time.monotonic() + 180
+        while store.get(job_id)["state"] in ("queued", "running") and time.monotonic() < deadline:
+            dispatcher.cycle()
+            time.sleep(1)
+    job = store.get(job_id)
+    assert job["state"] == "succeeded", job
+    assert job["handle"].startswith("flow-run:")
+    flow_run = json.loads(urllib.request.urlopen(f"{stack.api_url}/flow_runs/{job['handle'].split(':', 1)[1]}", timeout=10).read())
+    assert flow_run["state"]["type"] == "COMPLETED" and flow_run["job_variables"]["env"]["DRAPE_JOB_ID"] == job_id
+
+
 def test_deploy_and_run_staged_training_demo_through_a_worker(tmp_path):
     started = time.monotonic()
     config = tiny_config(tmp_path / "drape")
@@ -91,6 +115,7 @@ def test_deploy_and_run_staged_training_demo_through_a_worker(tmp_path):
                 for stage in ("identity", "texture", "geometry", "denoise")} <= names
         artifacts = _api(stack, "/artifacts/filter", {"artifacts": {"key": {"any_": ["gate-report-identity"]}}})
         assert artifacts and "Gate `identity`" in artifacts[0]["data"]
+        _queue_job_as_a_flow_run(stack, config, config_path)
     finally:
         processes = list(stack.processes.values())
         stack.stop()

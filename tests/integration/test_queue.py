@@ -53,18 +53,20 @@ def _dispatchers(path, count, seconds, mode="drain"):
     return [subprocess.Popen([sys.executable, "-c", DISPATCH, str(path), str(seconds), mode], env=env) for _ in range(count)]
 
 
-def test_four_dispatchers_1000_jobs_never_double_allocate(tmp_path):
-    config, path = _config_file(tmp_path)
+@pytest.mark.parametrize("database, jobs", [("sqlite", 1000), ("postgresql", 400)])
+def test_four_dispatchers_never_double_allocate(tmp_path, request, database, jobs):
+    queue = {"url": request.getfixturevalue("postgres_url")} if database == "postgresql" else {}
+    config, path = _config_file(tmp_path, **queue)
     store = JobStore(config.queue_url)
     rng = random.Random(0)
     kinds = ("finetune", "gate-eval", "inference-benchmark", "personalization")
-    for index in range(1000):
+    for index in range(jobs):
         store.submit(JobSpec(kind=rng.choice(kinds), command=["true"], mem_gib=rng.uniform(5, 70), duration_s=rng.uniform(1, 30),
                              gpus=2 if index % 50 == 0 else 1, priority=rng.randint(1, 6)))
     processes = _dispatchers(path, 4, 300)
     for process in processes:
         assert process.wait(timeout=330) == 0
-    assert store.counts()["succeeded"] == 1000
+    assert store.counts()["succeeded"] == jobs
     jobs = store.jobs()
     assert all(job["attempts"] == 1 for job in jobs)                   # nobody launched a job twice
     assert len({job["dispatcher"] for job in jobs}) == 4                # all four did work
