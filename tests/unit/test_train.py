@@ -82,3 +82,11 @@ def test_patterns_that_match_nothing_fail_clearly(config, texture_data, tmp_path
     data["train"]["stages"]["texture"]["trainable"] = ["no.such.layer*"]
     with pytest.raises(ValueError, match=r"trainable patterns \['no.such.layer\*'\] match no model parameter"):
         train_stage(type(config).model_validate(data), stage="texture", data=texture_data, out_dir=tmp_path, init_checkpoint=None)
+
+
+def test_gradient_checkpointing_gives_the_same_weights(config, texture_data, tmp_path):
+    plain = train_stage(_config(config), stage="texture", data=texture_data, out_dir=tmp_path / "plain", init_checkpoint=None)
+    checkpointed = train_stage(_config(config, gradient_checkpointing=True), stage="texture", data=texture_data,
+                               out_dir=tmp_path / "ckpt", init_checkpoint=None)
+    a, b = load_model(plain.checkpoint).state_dict(), load_model(checkpointed.checkpoint).state_dict()
+    assert max(float((a[n] - b[n]).abs().max()) for n in a) < 1e-5
