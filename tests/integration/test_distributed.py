@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,9 +28,15 @@ def _train(config_path: Path, out: Path, ranks: int) -> dict:
     args = ["-m", "drape.train", "--config", str(config_path), "--stage", "texture", "--out", str(out)]
     command = [sys.executable, *args] if ranks == 1 else [TORCHRUN, "--standalone", f"--nproc-per-node={ranks}", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)  # torchrun and every rank it started
+        stdout, stderr = process.communicate()
+        pytest.fail(f"training under {ranks} rank(s) hung:\n{stdout[-2000:]}\n{stderr[-2000:]}")
+    assert process.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _weights(out: Path) -> dict[str, torch.Tensor]:
