@@ -20,10 +20,8 @@ from typing import Callable
 from drape import metrics
 from scheduler.fleet import FleetView, fleet_view
 from scheduler.launchers import build_launcher
-from scheduler.policy import PolicyConfig, get_policy
+from scheduler.policy import STARVED_AFTER_S, PolicyConfig, get_policy
 from scheduler.store import JobSpec, JobStore, QueueError
-
-STARVED_AFTER_S = 3600.0
 
 
 @dataclass

@@ -26,6 +26,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 
+STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, simulator, alerts)
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     aging_per_hour: float = 1.0

@@ -19,10 +19,9 @@ from pathlib import Path
 
 import yaml
 
-from scheduler.policy import GpuState, JobRequest, PolicyConfig, RunningJob, get_policy
+from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, PolicyConfig, RunningJob, get_policy
 
 CONTENTION_OVERLAP = 0.07
-STARVED_AFTER_S = 3600.0
 TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
 
 
