@@ -256,28 +256,25 @@ def data_prestage(stage: str = typer.Option(..., help="identity|texture|geometry
                   config: Optional[Path] = ConfigOption,
                   keep: str = typer.Option("control", help="comma-separated splits eviction must not touch")) -> None:
     """Pre-stage a stage's shards from the object store into the node-local shard cache (verified)."""
-    from drape.data.cache import CacheError, ShardCache
-    from drape.data.dataset import dataset_prefix, read_manifest
-    from drape.storage import StorageError, open_store
+    from drape.data.cache import CacheError
+    from drape.pipeline import prestage_dataset
+    from drape.storage import StorageError
 
     cfg = _load(config)
-    store = open_store(cfg)
-    manifest = read_manifest(store, dataset_prefix(cfg))
-    if manifest is None:
-        console.print(f"[red]no dataset at {store.key_url(dataset_prefix(cfg))}[/red] (run `drape data shard` or `drape data synth`)")
-        raise typer.Exit(2)
-    cache = ShardCache.from_config(cfg, store, dataset_prefix(cfg), manifest)
     try:
         with _progress() as progress:
-            bar = progress.add_task(f"prestage {stage}", total=len(cache.shards(stage)))
-            result = cache.prestage(stage, keep=[s for s in keep.split(",") if s],
-                                    progress=lambda done, total: progress.update(bar, completed=done, total=total))
+            bar = progress.add_task(f"prestage {stage}", total=None)
+            result = prestage_dataset(cfg, stage, [s for s in keep.split(",") if s],
+                                      progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    except FileNotFoundError as error:
+        console.print(f"[red]{error}[/red]")
+        raise typer.Exit(2) from None
     except (CacheError, StorageError) as error:
         console.print(f"[red]prestage failed:[/red] {error}")
         raise typer.Exit(1) from None
-    console.print(f"{stage}: {result.shards} shards, {_human(result.bytes)} in {cache.dataset_dir / stage} "
-                  f"({result.downloaded} downloaded, {_human(result.downloaded_bytes)}, {result.seconds:.1f} s"
-                  + (f"; evicted {len(result.evicted)}" if result.evicted else "") + ")")
+    console.print(f"{stage}: {result['shards']} shards, {_human(result['bytes'])} in {result['directory']} "
+                  f"({result['downloaded']} downloaded, {_human(result['downloaded_bytes'])}, {result['seconds']:.1f} s"
+                  + (f"; evicted {len(result['evicted'])}" if result["evicted"] else "") + ")")
 
 
 @app.command()

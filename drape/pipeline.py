@@ -125,14 +125,15 @@ def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=N
     return result.to_dict()
 
 
-def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None = None) -> dict:
+def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None = None, progress=None) -> dict:
     """Pre-stage a split of the config's dataset outside any run (operators, the prestage flow)."""
     store = open_store(config)
     manifest = read_manifest(store, dataset_prefix(config))
     if manifest is None:
         raise FileNotFoundError(f"no dataset at {store.key_url(dataset_prefix(config))}; run `drape data shard` first")
     cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
-    return cache.prestage(stage, keep=keep if keep is not None else ["control"]).to_dict()
+    result = cache.prestage(stage, keep=keep if keep is not None else ["control"], progress=progress)
+    return {**result.to_dict(), "directory": str(cache.dataset_dir / stage)}
 
 
 def previous_checkpoint(context: RunContext, stage: str) -> str | None:

@@ -89,9 +89,9 @@ class Dispatcher:
             metrics.QUEUE_WAIT.labels(kind=job["kind"]).observe(max(now - job["submit_s"], 0.0))
             metrics.QUEUE_PLACEMENTS.labels(kind=job["kind"], model=by_uuid[placement.gpus[0]].model).inc()
         self.store.set_handles(handles)
-        self._pending_submits = [job.submit_s for job in pending if job.id not in {p.job_id for p in granted}]
+        started_ids = {p.job_id for p in granted}
         report.seconds = time.perf_counter() - started_at
-        self._export(view, report, now)
+        self._export(view, report, now, [now - job.submit_s for job in pending if job.id not in started_ids])
         return report
 
     def _reap(self, now: float) -> list[str]:
@@ -115,10 +115,10 @@ class Dispatcher:
             finished.append(job_id)
         return finished
 
-    def _export(self, view: FleetView, report: CycleReport, now: float) -> None:
+    def _export(self, view: FleetView, report: CycleReport, now: float, waits: list[float]) -> None:
+        """Queue metrics; `waits` are the still-queued jobs' waits so far."""
         for state, count in self.store.counts().items():
             metrics.QUEUE_JOBS.labels(state=state).set(count)
-        waits = [now - submitted for submitted in getattr(self, "_pending_submits", [])]
         metrics.QUEUE_STARVED.set(sum(1 for wait in waits if wait > STARVED_AFTER_S))
         metrics.QUEUE_OLDEST_WAIT.set(max(waits, default=0.0))
         nodes = {}
