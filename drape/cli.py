@@ -379,9 +379,11 @@ def storage_apply_lifecycle(config: Optional[Path] = ConfigOption) -> None:
     for column in ("rule", "prefix", "tags", "expires after"):
         table.add_column(column)
     for rule in rules:
-        selector = rule["Filter"]["And"]
-        tags = ", ".join(f"{t['Key']}={t['Value']}" for t in selector["Tags"])
-        table.add_row(rule["ID"], selector.get("Prefix", ""), tags, f"{rule['Expiration']['Days']} days")
+        selector = rule["Filter"].get("And", rule["Filter"])
+        tags = ", ".join(f"{t['Key']}={t['Value']}" for t in selector.get("Tags", []))
+        expires = (f"{rule['Expiration']['Days']} days" if "Expiration" in rule
+                   else f"noncurrent versions after {rule['NoncurrentVersionExpiration']['NoncurrentDays']} days")
+        table.add_row(rule["ID"], selector.get("Prefix", ""), tags, expires)
     console.print(table)
 
 

@@ -142,6 +142,9 @@ class TrainConfig(_Strict):
     parallelism: Literal["ddp", "fsdp"] = Field(default="ddp", description="under torchrun: DDP, or FSDP2 fully_shard")
     gradient_checkpointing: bool = False
     async_checkpoint: bool = Field(default=True, description="under torchrun: DCP saves in the background")
+    data_partitions: int | None = Field(default=None, gt=0, description=(
+        "disjoint shard groups the global batch is drawn from (drape/data/partition.py); default the world size. "
+        "Fix it, a multiple of every world size you use, to train identically on any number of ranks"))
     stages: dict[Stage, StageTrainConfig]
 
     @model_validator(mode="after")
@@ -200,26 +203,38 @@ Outcome = Literal["baseline", "superseded_baseline", "passed", "failed_candidate
 STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE")
 
 
+LiveUntil = Literal["stage_end", "run_end", "baseline"]
+# the pipeline reads a baseline's checkpoint (the next stage starts from it) and its outputs (the
+# coherence reference) from live storage, so for these kinds a baseline stays live while it is one
+BASELINE_LIVE_KINDS = ("checkpoint", "validation_output")
+
+
 class OutcomeRule(_Strict):
     """Overrides for one outcome of one kind; unset fields fall back to the kind's rule."""
 
     lifetime_days: int | None = Field(default=None, gt=0)
     storage_class: Literal[STORAGE_CLASSES] | None = None  # type: ignore[valid-type]
+    live_until: LiveUntil | None = None
 
 
 class RetentionRule(_Strict):
-    archive: bool = Field(default=True, description="free the live copy once the archived one is verified")
+    live_until: LiveUntil = Field(default="stage_end", description=(
+        "how long the live copy stays once its archived copy is verified: 'stage_end' (freed by the stage's "
+        "archive step), 'run_end' (freed when the run ends: passed, gate failed or aborted), 'baseline' (a "
+        "baseline's copy stays in live baselines/<stage>/ until superseded; other outcomes: stage_end)"))
     lifetime_days: int | None = Field(default=None, gt=0, description="None: keep forever")
     storage_class: Literal[STORAGE_CLASSES] = "STANDARD"  # type: ignore[valid-type]
     outcomes: dict[Outcome, OutcomeRule] = Field(default_factory=dict)
 
 
 class RetentionConfig(_Strict):
-    """Object-store lifetimes and classes per artifact kind and outcome.
+    """Object-store lifetimes and classes, and how long the live copy stays, per artifact kind and outcome.
 
     Resolution (`resolve`): a current baseline never expires; a superseded one lives
-    `baseline_grace_days`; failed candidates and aborted runs live `failed_lifetime_days`; a
-    per-outcome override of the kind's rule wins over all of these except the baseline's.
+    `baseline_grace_days` from when it was superseded; failed candidates and aborted runs live
+    `failed_lifetime_days`; a per-outcome override of the kind's rule wins over all of these
+    except the baseline's. `live_until` says when the live copy goes (after its archived copy is
+    verified, always).
     """
 
     rules: dict[str, RetentionRule] = Field(
@@ -234,6 +249,11 @@ class RetentionConfig(_Strict):
         unknown = sorted(set(self.rules) - set(ARTIFACT_KINDS))
         if unknown:
             raise ValueError(f"unknown artifact kinds {unknown}; expected some of {list(ARTIFACT_KINDS)}")
+        for kind in BASELINE_LIVE_KINDS:
+            override = self.rule_for(kind).outcomes.get("baseline")
+            if override is not None and override.live_until not in (None, "baseline"):
+                raise ValueError(f"rules.{kind}.outcomes.baseline.live_until must be 'baseline': the pipeline reads the "
+                                 f"current baseline's {kind} from live storage")
         return self
 
     def rule_for(self, kind: str) -> RetentionRule:
@@ -250,6 +270,15 @@ class RetentionConfig(_Strict):
                     "aborted": self.failed_lifetime_days}
         lifetime = override.lifetime_days or defaults.get(outcome, rule.lifetime_days)
         return lifetime, storage_class
+
+    def live_until(self, kind: str, outcome: str) -> str:
+        """'stage_end', 'run_end' or 'baseline' (only ever for outcome 'baseline') for a `kind` with `outcome`."""
+        if outcome == "baseline" and kind in BASELINE_LIVE_KINDS:
+            return "baseline"
+        rule = self.rule_for(kind)
+        override = rule.outcomes.get(outcome, OutcomeRule())
+        chosen = override.live_until or rule.live_until
+        return "stage_end" if chosen == "baseline" and outcome != "baseline" else chosen
 
 
 class AlertsConfig(_Strict):

@@ -4,7 +4,10 @@ One rule per (artifact kind, outcome) with a lifetime, selecting objects under t
 prefix by the tags drape sets at upload (`drape-kind`, `drape-outcome`). Failed candidates and
 aborted runs get the short `failed_lifetime_days`; kinds kept forever get no rule; objects
 tagged `baseline` get no rule, so a current baseline never expires; once the retention sweep
-retags them `superseded_baseline` they expire `baseline_grace_days` after their creation.
+retags them `superseded_baseline` (copying each onto itself, so its creation date is the retag)
+they expire `baseline_grace_days` later. On a versioned bucket an expired or re-copied object
+leaves a noncurrent version behind; one more rule expires those under the prefix after
+`NONCURRENT_DAYS`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from drape.retention import OUTCOMES, TAG_KIND, TAG_OUTCOME
 from drape.storage import ObjectStore, StorageError
 
 ARCHIVED_OUTCOMES = tuple(o for o in OUTCOMES if o != "baseline")
+NONCURRENT_DAYS = 1
 
 
 def lifecycle_rules(policy: RetentionConfig, prefix: str) -> list[dict]:
@@ -28,6 +32,8 @@ def lifecycle_rules(policy: RetentionConfig, prefix: str) -> list[dict]:
             tags = [{"Key": TAG_KIND, "Value": kind}, {"Key": TAG_OUTCOME, "Value": outcome}]
             rules.append({"ID": f"drape-{kind}-{outcome}", "Status": "Enabled",
                           "Filter": {"And": {"Prefix": prefix, "Tags": tags}}, "Expiration": {"Days": days}})
+    rules.append({"ID": "drape-noncurrent-versions", "Status": "Enabled", "Filter": {"Prefix": prefix},
+                  "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_DAYS}})
     return rules
 
 

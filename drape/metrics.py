@@ -2,7 +2,8 @@
 
 Long-running processes serve the registry on ``/metrics``; a flow run pushes the series of one
 run and stage to a Pushgateway when `metrics.pushgateway_url` is configured, grouped by
-``run`` and ``stage`` so one stage's push never overwrites another's. A push that fails is
+``run`` and ``stage`` so one stage's push never overwrites another's (a distributed trainer's
+ranks each push their own group, ``rank`` added). A push that fails is
 reported and never fails the work it describes.
 """
 
@@ -18,12 +19,13 @@ from drape.storage import redact_url
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 DATA_WAIT = Histogram(
-    "drape_data_wait_seconds", "Time a training step blocked waiting for its batch (data-wait), per step",
-    ["run", "stage"], registry=REGISTRY,
+    "drape_data_wait_seconds", "Time a training step blocked waiting for its batch (data-wait), per step and rank",
+    ["run", "stage", "rank"], registry=REGISTRY,
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
 )
 STEP_SECONDS = Histogram(
-    "drape_train_step_seconds", "Wall time of one training step, data-wait included", ["run", "stage"], registry=REGISTRY,
+    "drape_train_step_seconds", "Wall time of one training step, data-wait included", ["run", "stage", "rank"],
+    registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 

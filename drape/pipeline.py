@@ -6,12 +6,15 @@ storage (``<root>/live``) holds::
     runs/<run id>/<stage>/checkpoints/step-N    the active run's candidate checkpoints
     runs/<run id>/<stage>/gate/                 outputs, latents, report.json, grid.png
     baselines/<stage>/                          the current baseline: checkpoint/, outputs/, baseline.json
+                                                (+ latents.safetensors, report.json if the policy keeps
+                                                those live while baseline)
     shards/<dataset>/<version>/<split>/         the shard cache (`data.cache`): pre-staged shards of
                                                 the stage in progress or next, and the control set
 
-Invariant after every archive: only the active run's newest checkpoint (the weights of the stage
-just promoted, which is its new baseline), the current baselines (weights without optimizer state,
-and their control outputs), the control set, and the shards of the stage in progress or next.
+Invariant after every archive: the current baselines (weights without optimizer state, and their
+control outputs), the control set, the shards of the stage in progress or next, and what the
+retention policy keeps live until the run ends (`live_until: run_end`; by default nothing), which
+`close_run` frees once its archived copy is verified.
 """
 
 from __future__ import annotations
@@ -32,9 +35,10 @@ from drape.alerts import notify_gate
 from drape.checkpoint import export_weights
 from drape.config import PipelineConfig
 from drape.data.cache import ShardCache
-from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, read_manifest, stack_samples
+from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, read_manifest
+from drape.data.partition import load_stage_data, resolve_partitions
 from drape.gate_report import GateReport
-from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention
+from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention, release_run
 from drape.storage import open_store, remove_tree, tree_bytes
 from drape.sweep import sweep as run_sweep
 from drape import metrics
@@ -150,7 +154,8 @@ def train(config: PipelineConfig, context: RunContext, stage: str, init_checkpoi
     """Train the stage's parameter subset on its pre-staged shards, in this process; logs to the stage's MLflow run."""
     tracker, run = Tracker(config), context.stage_run_ids[stage]
     cache = shard_cache(config, context)
-    data = stack_samples(cache.iter_samples(stage))  # pre-staged: read from local disk
+    partitions = resolve_partitions(config.train.data_partitions, 1, config.train.batch_size)
+    data = load_stage_data(cache, stage, partitions=partitions, world_size=1, rank=0, prestage=False)  # pre-staged: local disk
     sink = lambda metrics, step: tracker.log_metrics(run, metrics, step)  # noqa: E731
     result = train_stage(config, stage=stage, data=data, out_dir=context.stage_dir(stage), init_checkpoint=init_checkpoint,
                          mode=context.mode, data_manifest_hash=context.data_manifest_hash, log_metrics=sink, progress=progress,
@@ -274,6 +279,9 @@ def _snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoin
     staging.mkdir(parents=True)
     export_weights(checkpoint, staging / "checkpoint")  # the full checkpoint is archived with the run
     shutil.copytree(gate_dir / "outputs", staging / "outputs")
+    for name, kind in (("latents.safetensors", "latent_snapshot"), ("report.json", "gate_report")):
+        if (gate_dir / name).is_file() and config.retention.live_until(kind, "baseline") == "baseline":
+            shutil.copy2(gate_dir / name, staging / name)  # live while this is the baseline (retention policy)
     tracker.log_artifacts(run, staging / "checkpoint", "snapshot/checkpoint")
     source = tracker.log_artifacts(run, staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
     tags = {"drape.stage": stage, "drape.run_id": context.run_id, "drape.control_set": context.control_set,
@@ -365,19 +373,44 @@ def reject(config: PipelineConfig, context: RunContext, stage: str, report: Gate
     return f"gate failed at stage {stage}: " + "; ".join(report.failures()) + f" ({alert})"
 
 
-def close_run(config: PipelineConfig, context: RunContext, status: str) -> None:
+def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
+    """End the run: free what stayed live until run end (verified copies only), close the MLflow runs."""
+    run_dir = Path(context.live_root) / "runs" / context.run_id
+    released = release_run(open_store(config), run_dir, context.run_id)
+    if released.kept:
+        print(f"drape: run {context.run_id}: {len(released.kept)} live file(s) have no verified archived copy and stay "
+              f"live: {released.kept[:3]}{' …' if len(released.kept) > 3 else ''}", file=sys.stderr)
     tracker = Tracker(config)
     for run in context.stage_run_ids.values():
         tracker.end_run(run, status)
     tracker.end_run(context.mlflow_run_id, status)
-    _remove_empty(Path(context.live_root) / "runs" / context.run_id)
+    _remove_empty(run_dir)
+    return released.to_dict()
+
+
+def abort(config: PipelineConfig, context: RunContext, stage: str, error: BaseException) -> None:
+    """A stage failed for a reason other than its gate: archive what it left as 'aborted', close the run.
+
+    Best effort on each step, so the original error is the one the flow reports; what could not be
+    archived stays live (never freed without a verified copy).
+    """
+    steps = [("archive", lambda: archive(config, context, stage, outcome="aborted")),
+             ("evict shards", lambda: [shard_cache(config, context).evict(s) for s in STAGES[STAGES.index(stage):]]),
+             ("close runs", lambda: close_run(config, context, "FAILED"))]
+    for name, step in steps:
+        try:
+            step()
+        except Exception as failure:  # noqa: BLE001 - reported, the stage's own error is what matters
+            print(f"drape: aborting run {context.run_id} after {type(error).__name__} at stage {stage}: {name} failed: "
+                  f"{failure}", file=sys.stderr)
 
 
 def summarize(config: PipelineConfig, context: RunContext, stages: list[dict]) -> dict:
     """The run summary the CLI prints: one row per stage plus where to look."""
-    close_run(config, context, "FINISHED")
+    released = close_run(config, context, "FINISHED")
     return {"run_id": context.run_id, "run_name": context.run_name, "stages": stages,
-            "live_bytes": tree_bytes(context.live_root), "tracking_uri": config.tracking_uri,
+            "live_bytes": tree_bytes(context.live_root), "released_at_run_end_bytes": released["freed_bytes"],
+            "tracking_uri": config.tracking_uri,
             "object_store": repr(open_store(config)),
             "gate_reports": f"runs/{context.run_id}/<stage>/gate/report.json in the object store; MLflow run {context.mlflow_run_id}"}
 

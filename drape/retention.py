@@ -1,10 +1,12 @@
 """Retention: move what neither the active run nor a current baseline needs to the object store.
 
 `plan_retention` is pure: from the artifacts found in a finished stage's live directory and the
-policy it decides, per artifact, the object key, lifetime and storage class. `execute_plan`
-uploads each artifact, verifies the copy by reading it back (size + sha256), and only then frees
-the live copy; every archived file is recorded in an append-only JSON-lines manifest object
-(one object per archive call, never rewritten).
+policy it decides, per artifact, the object key, lifetime, storage class and how long the live
+copy stays. `execute_plan` uploads each artifact, verifies the copy by reading it back (size +
+sha256), and only then frees the live copies due at stage end; every archived file is recorded in
+an append-only JSON-lines manifest object (one object per archive call, never rewritten).
+`release_run` frees, when the run ends, what the policy kept live until then, each file checked
+against its archived copy first.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ import json
 import os
 import signal
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+from drape.checksum import sha256_file
 from drape.config import RetentionConfig
-from drape.storage import ObjectStore, remove_tree
+from drape.storage import ObjectStore, StorageError, remove_tree
 
 OUTCOMES = ("baseline", "superseded_baseline", "passed", "failed_candidate", "aborted")
 
@@ -37,7 +40,12 @@ class RetentionAction:
     key_prefix: str
     lifetime_days: int | None
     storage_class: str
-    free_live: bool
+    live_until: str  # 'stage_end', 'run_end' or 'baseline' (RetentionConfig.live_until)
+
+    @property
+    def free_at_stage_end(self) -> bool:
+        # a baseline's live copy is the one in baselines/<stage>/; the stage directory's goes now
+        return self.live_until != "run_end"
 
 
 def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact]:
@@ -61,9 +69,14 @@ def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact
     superseded = stage_dir / "superseded-baseline"
     if superseded.exists():
         for child in sorted(superseded.iterdir()):
-            kind = "checkpoint" if child.name == "checkpoint" else "validation_output"
+            kind = BASELINE_FILE_KINDS.get(child.name, "validation_output")
             found.append(LiveArtifact(str(child), kind, "superseded_baseline", f"superseded-baseline/{child.name}"))
     return found
+
+
+# what a live baseline directory (baselines/<stage>/) holds, by name
+BASELINE_FILE_KINDS = {"checkpoint": "checkpoint", "outputs": "validation_output", "latents.safetensors": "latent_snapshot",
+                       "report.json": "gate_report"}  # and baseline.json (its registry link): validation_output
 
 
 def plan_retention(artifacts: list[LiveArtifact], policy: RetentionConfig, *, key_root: str) -> list[RetentionAction]:
@@ -72,7 +85,7 @@ def plan_retention(artifacts: list[LiveArtifact], policy: RetentionConfig, *, ke
     for artifact in artifacts:
         lifetime, storage_class = policy.resolve(artifact.kind, artifact.outcome)
         actions.append(RetentionAction(artifact, f"{key_root}/{artifact.relative}", lifetime, storage_class,
-                                       free_live=policy.rule_for(artifact.kind).archive))
+                                       policy.live_until(artifact.kind, artifact.outcome)))
     return actions
 
 
@@ -109,7 +122,7 @@ def crash_point(name: str) -> None:
 
 def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_prefix: str, *, run_id: str,
                  stage: str, now: datetime | None = None) -> ArchiveResult:
-    """Upload and verify every file, write a new manifest object, then free the live copies.
+    """Upload and verify every file, write a new manifest object, then free the live copies due now.
 
     Killed at any point, nothing is lost and a rerun completes: live files are freed only after
     the manifest recording their verified copies is published; verified objects are not uploaded
@@ -136,12 +149,51 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_pr
     store.put_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode(), manifest_key)
     crash_point("after-manifest")
     for action in actions:
-        if action.free_live:
+        if action.free_at_stage_end:
             path = Path(action.artifact.path)
             for file, _ in _files(path):
                 result.freed_bytes += file.stat().st_size
             remove_tree(path)
             crash_point("after-first-free")
+    return result
+
+
+@dataclass
+class ReleaseResult:
+    freed_files: int = 0
+    freed_bytes: int = 0
+    kept: list[str] = field(default_factory=list)  # live files with no verified archived copy: never freed
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def release_run(store: ObjectStore, run_dir: str | Path, run_id: str) -> ReleaseResult:
+    """At run end: free what stayed live until then, each file only when its archived copy is verified.
+
+    A live file under ``runs/<run_id>/`` is freed when the run's archive manifest records its key
+    with the same size and sha256 as the local file and the object reads back with them; anything
+    else stays where it is and is listed in `kept`. Killed part-way, a rerun finishes the job.
+    """
+    run_dir, result = Path(run_dir), ReleaseResult()
+    if not run_dir.is_dir():
+        return result
+    records = {r["key"]: r for r in read_archive_manifest(store, f"archive/manifests/{run_id}")}  # run ids: fixed length
+    for file in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+        key = f"runs/{run_id}/{file.relative_to(run_dir).as_posix()}"
+        record, size = records.get(key), file.stat().st_size
+        if record is None or record["bytes"] != size or sha256_file(file) != record["sha256"]:
+            result.kept.append(str(file))
+            continue
+        try:
+            store.verify(key, size=size, sha256=record["sha256"])
+        except StorageError:  # the copy is gone or bad (e.g. expired during a long run): keep the live file
+            result.kept.append(str(file))
+            continue
+        file.unlink()
+        result.freed_files += 1
+        result.freed_bytes += size
+        crash_point("after-first-release")
     return result
 
 

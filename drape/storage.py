@@ -22,6 +22,9 @@ import fsspec
 from drape.checksum import sha256_file
 
 
+SINGLE_COPY_LIMIT = 5 * 2**30  # S3 CopyObject's largest source; larger objects are copied in parts
+
+
 class StorageError(RuntimeError):
     """An object-store operation that failed; names the object and what was expected."""
 
@@ -149,6 +152,41 @@ class ObjectStore:
             self.fs.rm(self.path(key))  # never leave a copy that does not match
             raise
         return StoredObject(self.key_url(key), size, digest)
+
+    def restamp(self, key: str, tags: dict[str, str], *, size: int, sha256: str,
+                single_copy_limit: int = SINGLE_COPY_LIMIT, part_bytes: int = 512 * 2**20) -> None:
+        """On S3, copy the object onto itself with `tags`: its creation date becomes now, so lifecycle
+        rules count their days from the retag (a superseded baseline's grace period starts when it is
+        superseded, not when it was uploaded). Storage class and metadata are kept; the copy is
+        verified by reading it back. Objects over `single_copy_limit` (S3's 5 GiB CopyObject limit)
+        are copied part by part (UploadPartCopy), atomically for readers.
+        """
+        if not self.is_s3:
+            raise StorageError(f"{self!r}: restamp is for s3:// stores; elsewhere the archive manifest holds the dates")
+        bucket, inner, _ = self.fs.split_path(self.path(key))
+        head = self.fs.call_s3("head_object", Bucket=bucket, Key=inner)
+        common = {"Tagging": urlencode(tags), "Metadata": head.get("Metadata", {}),
+                  "StorageClass": head.get("StorageClass", "STANDARD"), "ChecksumAlgorithm": "SHA256"}
+        source = {"Bucket": bucket, "Key": inner}
+        if head["ContentLength"] <= single_copy_limit:
+            self.fs.call_s3("copy_object", Bucket=bucket, Key=inner, CopySource=source, MetadataDirective="REPLACE",
+                            TaggingDirective="REPLACE", **common)
+        else:
+            upload = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=inner, **common)["UploadId"]
+            try:
+                parts = []
+                for number, start in enumerate(range(0, head["ContentLength"], part_bytes), 1):
+                    end = min(start + part_bytes, head["ContentLength"]) - 1
+                    copied = self.fs.call_s3("upload_part_copy", Bucket=bucket, Key=inner, UploadId=upload, PartNumber=number,
+                                             CopySource=source, CopySourceRange=f"bytes={start}-{end}")
+                    parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
+                self.fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload,
+                                MultipartUpload={"Parts": parts})
+            except BaseException:
+                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload)  # the original stays
+                raise
+        self.fs.invalidate_cache(self.path(key))
+        self.verify(key, size=size, sha256=sha256)
 
     def get_tags(self, key: str) -> dict[str, str]:
         """The object's tags on S3 (empty elsewhere)."""

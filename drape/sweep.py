@@ -2,7 +2,9 @@
 
 1. Archived checkpoints recorded as outcome 'baseline' whose run is no longer the stage's current
    baseline (the `drape-tryon` alias points elsewhere) become 'superseded_baseline', expiring
-   `baseline_grace_days` from now (on S3 their tags change too, so the lifecycle rules apply).
+   `baseline_grace_days` from now. On S3 each is copied onto itself with the new tags
+   (`ObjectStore.restamp`): its tags select the superseded-baseline lifecycle rule and its new
+   creation date makes S3 count the grace period from now.
 2. On stores without lifecycle rules (file://), objects past their `expires_at` are deleted.
 Each change is appended as a new manifest object under ``archive/manifests/sweep/``; nothing is
 rewritten. `dry_run` reports what would change and changes nothing.
@@ -51,6 +53,6 @@ def sweep(store: ObjectStore, policy: RetentionConfig, current_baseline_runs: di
             if store.exists(update["key"]):
                 store.fs.rm(store.path(update["key"]))
         elif store.is_s3:
-            store.fs.put_tags(store.path(update["key"]), {TAG_KIND: update["kind"], TAG_OUTCOME: update["outcome"],
-                                                          TAG_STAGE: update["stage"]})
+            store.restamp(update["key"], {TAG_KIND: update["kind"], TAG_OUTCOME: update["outcome"], TAG_STAGE: update["stage"]},
+                          size=update["bytes"], sha256=update["sha256"])
     return result

@@ -14,7 +14,7 @@ import argparse
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +26,7 @@ from drape.checkpoint import (checkpoint_name, checkpoint_step, list_checkpoints
                               save_checkpoint)
 from drape.config import PipelineConfig, trainable_parameter_names
 from drape.data.dataset import to_model_inputs
+from drape.data.partition import StageData, rank_partitions, resolve_partitions
 from drape.distributed import (DCP_SUFFIX, DistContext, ShardedCheckpointer, full_model_state, init_from_env, load_sharded,
                                unwrap, wrap_model)
 from drape.metrics import DATA_WAIT, STEP_SECONDS
@@ -45,6 +46,7 @@ class TrainResult:
     data_wait_seconds: float
     samples_per_second: float
     checkpoint_stall_seconds: float = 0.0  # time the loop blocked in sharded checkpoint saves
+    ranks: list[dict] = field(default_factory=list)  # per rank: partitions, shards, samples held, data-wait
 
     @property
     def data_wait_fraction(self) -> float:
@@ -66,26 +68,43 @@ def step_generator(seed: int, stage: str, step: int) -> torch.Generator:
 
 
 class BatchPrefetcher:
-    """Builds the batch of step i+1.. in a thread while step i runs; measures time blocked."""
+    """Builds this rank's rows of the batch of step i+1.. in a thread while step i runs; measures time blocked.
 
-    def __init__(self, arrays: dict, *, seed: int, stage: str, batch_size: int, start: int, stop: int, depth: int = 2):
-        self.arrays, self.seed, self.stage, self.batch_size = arrays, seed, stage, batch_size
-        self.num_samples = len(arrays["keys"])
+    Each step draws B/P indices into every data partition from the step's generator, in partition
+    order (every rank draws all of them, so the generator is in the same state on every rank and
+    world size), and keeps the rows of the partitions this rank holds. With one partition this is
+    a plain uniform draw of B indices over the stage.
+    """
+
+    def __init__(self, data: StageData, owned: range, *, seed: int, stage: str, batch_size: int, start: int, stop: int,
+                 depth: int = 2):
+        data.check_holds(owned)
+        self.data, self.owned, self.seed, self.stage = data, owned, seed, stage
+        self.rows = batch_size // data.count
         self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._fill, args=(start, stop), daemon=True)
         self.thread.start()
         self.wait_seconds = 0.0
 
     def _fill(self, start: int, stop: int) -> None:
-        for step in range(start, stop):
-            generator = step_generator(self.seed, self.stage, step)
-            indices = torch.randint(0, self.num_samples, (self.batch_size,), generator=generator).numpy()
-            self.queue.put((step, to_model_inputs(self.arrays, indices), generator))
+        try:
+            for step in range(start, stop):
+                generator = step_generator(self.seed, self.stage, step)
+                drawn = [torch.randint(0, size, (self.rows,), generator=generator).numpy() for size in self.data.sizes]
+                parts = [to_model_inputs(self.data.partitions[p], drawn[p]) for p in self.owned]
+                batch = parts[0] if len(parts) == 1 else {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+                self.queue.put((step, batch, generator))
+        except BaseException as error:  # surfaced by next(), not lost in the thread
+            self.error = error
+            self.queue.put(None)
 
     def next(self):
         started = time.perf_counter()
         item = self.queue.get()
         waited = time.perf_counter() - started
+        if item is None:
+            raise RuntimeError(f"stage {self.stage}: building a batch failed: {self.error}") from self.error
         self.wait_seconds += waited
         return item, waited
 
@@ -100,21 +119,29 @@ def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[st
     return names
 
 
-def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str | Path, init_checkpoint: str | Path | None,
+def train_stage(config: PipelineConfig, *, stage: str, data: StageData | dict, out_dir: str | Path, init_checkpoint: str | Path | None,
                 mode: str = "full", data_manifest_hash: str = "", log_metrics: MetricsSink | None = None,
                 progress: Callable[[int, int], None] | None = None, metric_labels: dict[str, str] | None = None,
                 context: DistContext | None = None) -> TrainResult:
-    """Train `stage` on `data` (arrays from `load_split`), checkpointing under `out_dir`/checkpoints.
+    """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints.
+
+    `data` is this rank's `StageData` (`load_stage_data`), or arrays as `load_split` gives them,
+    held whole and dealt into the data partitions by sample.
 
     Starts from `init_checkpoint` (or fresh weights), or resumes from the newest checkpoint already
     in `out_dir`. `mode` 'full' runs the stage's `steps`, 'finetune' its `finetune_steps`.
     Every step's data-wait and duration go to the Prometheus histograms ``drape_data_wait_seconds``
-    and ``drape_train_step_seconds`` labelled `metric_labels` (run, stage).
+    and ``drape_train_step_seconds`` labelled `metric_labels` (run, stage) and the rank.
     """
     stage_config, train = config.train.stages[stage], config.train
     if mode not in ("full", "finetune"):
         raise ValueError(f"mode must be 'full' or 'finetune', got {mode!r}")
     context = context or DistContext(device=resolve_device(train.device))
+    partitions = resolve_partitions(train.data_partitions, context.world_size, train.batch_size)
+    if isinstance(data, dict):
+        data = StageData.whole(data, partitions)
+    if data.count != partitions:
+        raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
     total = stage_config.steps if mode == "full" else stage_config.finetune_steps
     checkpoints_dir = Path(out_dir) / "checkpoints"
     existing = list_checkpoints(checkpoints_dir)
@@ -142,10 +169,11 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
         start_step = checkpoint_step(resume_from)
     scheduler = build_noise_scheduler(config.diffusion)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16")
-    prefetcher = BatchPrefetcher(data, seed=config.seed, stage=stage, batch_size=train.batch_size, start=start_step, stop=total)
+    prefetcher = BatchPrefetcher(data, rank_partitions(partitions, context.world_size, context.rank), seed=config.seed,
+                                 stage=stage, batch_size=train.batch_size, start=start_step, stop=total)
     manifest_base = {"config": config.model_dump(mode="json"), "stage": stage, "mode": mode, "total_steps": total,
                      "data_manifest_hash": data_manifest_hash}
-    labels = {"run": "", "stage": stage, **(metric_labels or {})}
+    labels = {"run": "", "stage": stage, **(metric_labels or {}), "rank": str(context.rank)}
     data_wait, step_time = DATA_WAIT.labels(**labels), STEP_SECONDS.labels(**labels)
     local = context.local_slice(train.batch_size)
     sharded = ShardedCheckpointer(context, use_async=train.async_checkpoint) if context.is_distributed else None
@@ -154,9 +182,10 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
     for _ in range(start_step, total):
         (step, batch, generator), waited = prefetcher.next()
         step_started = time.perf_counter()
-        noise = torch.randn(batch["target"].shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
+        global_shape = (train.batch_size, *batch["target"].shape[1:])  # the batch holds this rank's rows only
+        noise = torch.randn(global_shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
         timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)[local].to(device)
-        batch = {k: v[local].to(device) for k, v in batch.items()}
+        batch = {k: v.to(device) for k, v in batch.items()}
         noisy = scheduler.add_noise(batch["target"], noise, timesteps)
         with autocast:
             prediction = model(noisy, timesteps, batch["agnostic"], batch["mask"], batch["pose"], batch["garment"])
@@ -191,9 +220,25 @@ def train_stage(config: PipelineConfig, *, stage: str, data: dict, out_dir: str 
         raise RuntimeError(f"stage {stage}: nothing to train ({total} steps) and no checkpoint to resume from")
     seconds = time.perf_counter() - started
     trained = total - start_step
+    ranks = _per_rank(context, {"rank": context.rank, "partitions": list(prefetcher.owned),
+                                "shards": [path for p in prefetcher.owned for path in data.shards.get(p, [])],
+                                "samples": sum(len(data.partitions[p]["keys"]) for p in prefetcher.owned),
+                                "data_wait_seconds": prefetcher.wait_seconds,
+                                "data_wait_fraction": prefetcher.wait_seconds / seconds if seconds else 0.0})
+    if log_metrics and context.is_main and trained:
+        log_metrics({f"{stage}/data_wait_fraction/rank{r['rank']}": r["data_wait_fraction"] for r in ranks}, total)
     return TrainResult(stage, total, start_step, loss_value, str(checkpoint), seconds, prefetcher.wait_seconds,
                        trained * train.batch_size / seconds if seconds else 0.0,
-                       sharded.stall_seconds if sharded is not None else 0.0)
+                       sharded.stall_seconds if sharded is not None else 0.0, ranks)
+
+
+def _per_rank(context: DistContext, mine: dict) -> list[dict]:
+    """Every rank's `mine`, in rank order (a collective under torchrun)."""
+    if not context.is_distributed:
+        return [mine]
+    gathered: list = [None] * context.world_size
+    torch.distributed.all_gather_object(gathered, mine)
+    return gathered
 
 
 def _global_mean(loss: torch.Tensor, context: DistContext) -> float:
@@ -256,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from drape.config import load_config
     from drape.data.cache import ShardCache
-    from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, stack_samples
+    from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
+    from drape.data.partition import load_stage_data
     from drape.metrics import push_metrics
     from drape.storage import open_store
 
@@ -279,8 +325,9 @@ def main(argv: list[str] | None = None) -> int:
         torch.distributed.broadcast_object_list(holder, src=0)
         manifest = holder[0]
     cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
-    if context.is_main and not all(cache.is_local(shard) for shard in cache.shards(args.stage)):  # pre-staged already?
-        cache.prestage(args.stage, keep=["control"])
+    partitions = resolve_partitions(config.train.data_partitions, context.world_size, config.train.batch_size)
+    # each rank fetches (if not pre-staged already) and reads only its own partitions' shards
+    data = load_stage_data(cache, args.stage, partitions=partitions, world_size=context.world_size, rank=context.rank)
     context.barrier()
     out = Path(args.out) if args.out else config.paths.root_path / "live" / "runs" / "manual" / args.stage
     sink = None
@@ -294,15 +341,15 @@ def main(argv: list[str] | None = None) -> int:
         if done == total or done % max(total // 10, 1) == 0:
             print(f"train-{args.stage}: step {done}/{total} ({100 * done // total}%)", flush=True)
 
-    data = stack_samples(cache.iter_samples(args.stage))
     result = train_stage(config, stage=args.stage, data=data, out_dir=out, init_checkpoint=args.init, mode=args.mode,
                          data_manifest_hash=manifest_hash(manifest), log_metrics=sink, progress=progress,
                          metric_labels={"run": args.run_id, "stage": args.stage}, context=context)
     if context.is_distributed:
         torch.distributed.destroy_process_group()
+    # every rank pushes its own series (data-wait and step time per rank), in a group of its own
+    push_metrics(config, grouping={"run": args.run_id, "stage": args.stage, "rank": str(context.rank)})
     if not context.is_main:
         return 0
-    push_metrics(config, grouping={"run": args.run_id, "stage": args.stage})
     payload = {**result.to_dict(), "peak_memory_gib": peak_memory_gib(context.device), "world_size": context.world_size,
                "shard_read_wait_seconds": cache.read_wait_seconds}
     for path in filter(None, (args.result, os.environ.get("DRAPE_JOB_RESULT"))):

@@ -26,11 +26,16 @@ def staged_training(config_path: str = str(default_config_path()), mode: str = "
     staged = t.prestage.submit(config, context, STAGES[0])
     rows = []
     for index, stage in enumerate(STAGES):
-        staged.result()
-        if index + 1 < len(STAGES):
-            staged = t.prestage.submit(config, context, STAGES[index + 1])
-        trained = t.train(config, context, stage, previous_checkpoint(context, stage))
-        report = t.gate(config, context, stage, trained.checkpoint)
+        try:
+            staged.result()
+            if index + 1 < len(STAGES):
+                staged = t.prestage.submit(config, context, STAGES[index + 1])
+            trained = t.train(config, context, stage, previous_checkpoint(context, stage))
+            report = t.gate(config, context, stage, trained.checkpoint)
+        except Exception as error:  # not a gate verdict: archive what the stage left as 'aborted', close the runs
+            staged.wait()
+            t.abort(config, context, stage, f"{type(error).__name__}: {error}")
+            raise
         if not report.passed:
             staged.wait()
             raise GateFailed(t.reject(config, context, stage, report))

@@ -101,6 +101,11 @@ def reject(config: PipelineConfig, context: pipeline.RunContext, stage: str, rep
     return pipeline.reject(config, context, stage, report, webhook_url=_webhook(config), links=_links())
 
 
+@task(name="abort", task_run_name="abort-{stage}", **_common)
+def abort(config: PipelineConfig, context: pipeline.RunContext, stage: str, error: str) -> None:
+    pipeline.abort(config, context, stage, RuntimeError(error))
+
+
 @task(name="sweep", retries=2, retry_delay_seconds=30, **_common)
 def sweep(config: PipelineConfig, dry_run: bool) -> dict:
     return pipeline.sweep(config, dry_run=dry_run)

@@ -160,10 +160,15 @@ def _start_service(argv: list[str], ready_url: str, name: str):
 
 @pytest.fixture(scope="session")
 def pushgateway():
-    """Debian's prometheus-pushgateway on 127.0.0.1: (base URL)."""
+    """Debian's prometheus-pushgateway on 127.0.0.1, in memory only: (base URL).
+
+    (Debian's build persists to /var/lib/prometheus/pushgateway.data by default, which would carry
+    one session's pushes into the next.)
+    """
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    process = _start_service(["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}"], f"{url}/-/ready",
+    process = _start_service(["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}", "--persistence.file="],
+                             f"{url}/-/ready",
                              "prometheus-pushgateway")
     yield url
     process.terminate()

@@ -223,8 +223,8 @@ class ShardCache:
         files = self._cached_files() + (list(self.root.rglob(".*.part")) if self.root.exists() else [])
         return sum(p.stat().st_size for p in files if p.is_file())
 
-    def make_room(self, split: str, keep: Iterable[str] = ()) -> list[str]:
-        """Evict LRU shards until `split` fits the budget; fail early if what must stay cannot fit."""
+    def make_room(self, split: str, keep: Iterable[str] = (), shards: list[dict] | None = None) -> list[str]:
+        """Evict LRU shards until `split` (or its `shards`) fits the budget; fail early if what must stay cannot fit."""
         keep = [s for s in dict.fromkeys([split, *keep]) if s in self.manifest["splits"]]
         self.root.mkdir(parents=True, exist_ok=True)
         with self._evict_lock:
@@ -238,7 +238,7 @@ class ShardCache:
                 raise CacheError(f"shard cache {self.root}: budget {format_bytes(self.budget_bytes)} cannot hold what must "
                                  f"stay: {parts}" + (f", shards in use {format_bytes(pinned_elsewhere)}" if pinned_elsewhere else "")
                                  + "; raise data.cache.budget_bytes or cut smaller stages")
-            missing = sum(s["bytes"] for s in self.shards(split) if not self.is_local(s))
+            missing = sum(s["bytes"] for s in (self.shards(split) if shards is None else shards) if not self.is_local(s))
             used = self.used_bytes()
             evictable = sorted((p for p in self._cached_files() if str(p) not in protected),
                                key=lambda p: self._marker(p).stat().st_mtime if self._marker(p).exists() else 0.0)
@@ -274,12 +274,12 @@ class ShardCache:
         return freed
 
     # --- pre-staging and reading ---------------------------------------------------------------
-    def prestage(self, split: str, *, keep: Iterable[str] = (), progress: Callable[[int, int], None] | None = None
-                 ) -> PrestageResult:
-        """All of `split`'s shards local and verified; idempotent, resumes partial downloads."""
+    def prestage(self, split: str, *, keep: Iterable[str] = (), progress: Callable[[int, int], None] | None = None,
+                 shards: list[dict] | None = None) -> PrestageResult:
+        """All of `split`'s shards (or the subset `shards`, one rank's) local and verified; idempotent, resumes."""
         started = time.perf_counter()
-        shards = self.shards(split)
-        evicted = self.make_room(split, keep)
+        shards = self.shards(split) if shards is None else shards
+        evicted = self.make_room(split, keep, shards)
         missing = [s for s in shards if not self.is_local(s)]
         done = len(shards) - len(missing)
         if progress:
@@ -296,10 +296,10 @@ class ShardCache:
                 for future in futures:
                     future.cancel()
                 raise
-        return PrestageResult(split, len(shards), self.split_bytes(split), len(missing), sum(s["bytes"] for s in missing),
+        return PrestageResult(split, len(shards), sum(s["bytes"] for s in shards), len(missing), sum(s["bytes"] for s in missing),
                               time.perf_counter() - started, evicted)
 
-    def iter_local_shards(self, split: str, read_ahead: int | None = None) -> Iterator[Path]:
+    def iter_local_shards(self, split: str, read_ahead: int | None = None, shards: list[dict] | None = None) -> Iterator[Path]:
         """`split`'s shards as verified local paths, in order, with the next `read_ahead` fetched ahead.
 
         Shards pre-staged already come straight from disk; a shard that is not local yet is
@@ -309,7 +309,7 @@ class ShardCache:
         (safe from eviction) while the iterator is open.
         """
         read_ahead = self.read_ahead if read_ahead is None else read_ahead
-        shards = self.shards(split)
+        shards = self.shards(split) if shards is None else shards
         with self.pin([split]), ThreadPoolExecutor(max_workers=max(read_ahead, 1), thread_name_prefix="read-ahead") as pool:
             futures: dict[int, object] = {}
             for index in range(len(shards)):
@@ -321,7 +321,7 @@ class ShardCache:
                 self.read_wait_seconds += time.perf_counter() - waited
                 yield local
 
-    def iter_samples(self, split: str, read_ahead: int | None = None) -> Iterator[dict]:
-        """Decoded samples of `split`, shard by shard, read through `iter_local_shards`."""
-        for local in self.iter_local_shards(split, read_ahead):
+    def iter_samples(self, split: str, read_ahead: int | None = None, shards: list[dict] | None = None) -> Iterator[dict]:
+        """Decoded samples of `split` (or of its `shards`), shard by shard, read through `iter_local_shards`."""
+        for local in self.iter_local_shards(split, read_ahead, shards):
             yield from read_shard(local)

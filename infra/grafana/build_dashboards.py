@@ -133,6 +133,9 @@ def data() -> dict:
         panel("Data-wait share of step time", [(f"drape:data_wait_ratio{{{R},{S}}}", "{{run}} {{stage}}")], unit="percentunit"),
         panel("Data-wait per step (p99)", [(f"histogram_quantile(0.99, sum by (le, stage) (drape_data_wait_seconds_bucket{{{R},{S}}}))",
                                             "{{stage}}")], unit="s"),
+        panel("Data-wait share per rank", [(f"sum by (run, stage, rank) (drape_data_wait_seconds_sum{{{R},{S}}}) / "
+                                            f"sum by (run, stage, rank) (drape_train_step_seconds_sum{{{R},{S}}})",
+                                            "{{stage}} rank {{rank}}")], unit="percentunit"),
         panel("Step time (p50)", [(f"histogram_quantile(0.5, sum by (le, stage) (drape_train_step_seconds_bucket{{{R},{S}}}))",
                                    "{{stage}}")], unit="s"),
         panel("Pre-staged shards", [(f"drape_prestage_bytes{{{R},{S}}}", "{{stage}} in cache"),

@@ -50,21 +50,40 @@ def _assert_close(a: dict, b: dict) -> float:
     return worst
 
 
+# the global batch from 2 fixed data partitions, so 1 and 2 ranks train on the same rows
+TRAIN = {"checkpoint_every": 3, "data_partitions": 2, "stages": {"texture": {"steps": 6}}}
+
+
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, pushgateway):
     root = tmp_path_factory.mktemp("dist")
-    config = tiny_config(root / "drape", train={"checkpoint_every": 3, "stages": {"texture": {"steps": 6}}})
+    config = tiny_config(root / "drape", train=TRAIN, metrics={"pushgateway_url": pushgateway})
     path = root / "config.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     reference = _train(path, root / "one", 1)
-    return root, path, reference
+    return root, path, reference, pushgateway
 
 
 def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup):
-    root, path, reference = setup
+    from drape.data.dataset import dataset_prefix, read_manifest
+    from drape.storage import open_store
+    from tests.integration.test_metrics_push import _gateway_samples
+
+    root, path, reference, gateway = setup
     two = _train(path, root / "two", 2)
     assert two["world_size"] == 2 and two["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-4)
     _assert_close(_weights(root / "one"), _weights(root / "two"))
+    # each rank read its own shards, none twice, all of the stage between them; data-wait per rank
+    config = tiny_config(root / "drape", train=TRAIN)
+    stage_shards = [s["path"] for s in read_manifest(open_store(config), dataset_prefix(config))["splits"]["texture"]]
+    ranks = two["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and [r["partitions"] for r in ranks] == [[0], [1]]
+    assert ranks[0]["shards"] and ranks[1]["shards"] and not set(ranks[0]["shards"]) & set(ranks[1]["shards"])
+    assert sorted(ranks[0]["shards"] + ranks[1]["shards"]) == sorted(stage_shards)
+    assert all(0 <= r["data_wait_fraction"] < 1 for r in ranks) and reference["ranks"][0]["shards"] == stage_shards
+    pushed = {s.labels.get("rank"): s.value for s in _gateway_samples(gateway)
+              if s.name == "drape_data_wait_seconds_count" and s.labels.get("run") == "manual"}
+    assert pushed == {"0": 6.0, "1": 6.0}, pushed
     sharded = root / "two" / "checkpoints" / "step-0000003.dcp"
     manifest = verify_dcp(sharded)
     assert manifest["world_size"] == 2 and manifest["step"] == 3 and any(f.endswith(".distcp") for f in manifest["files"])
@@ -80,7 +99,7 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup):
 def test_a_tampered_sharded_checkpoint_is_refused(setup):
     from drape.checkpoint import CheckpointError
 
-    root, path, _ = setup
+    root, path, _, _ = setup
     sharded = next((root / "two" / "checkpoints").glob("*.dcp"), None) or pytest.skip("needs the 2-rank run")
     copy = root / "tampered.dcp"
     shutil.copytree(sharded, copy)
@@ -91,8 +110,8 @@ def test_a_tampered_sharded_checkpoint_is_refused(setup):
 
 
 def test_fsdp2_on_two_gloo_ranks_trains_and_exports_whole_weights(setup, tmp_path):
-    root, _, reference = setup
-    config = tiny_config(root / "drape", train={"checkpoint_every": 3, "parallelism": "fsdp", "stages": {"texture": {"steps": 6}}})
+    root, _, reference, _ = setup
+    config = tiny_config(root / "drape", train={**TRAIN, "parallelism": "fsdp"})
     path = tmp_path / "fsdp.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     result = _train(path, tmp_path / "fsdp", 2)

@@ -54,6 +54,7 @@ def test_apply_lifecycle_and_report(s3_run):
     lifecycle = runner.invoke(app, ["storage", "apply-lifecycle", "--config", str(path)])
     assert lifecycle.exit_code == 0, lifecycle.output
     assert "drape-checkpoint-passed" in lifecycle.output and "30 days" in lifecycle.output
+    assert "drape-noncurrent-versions" in lifecycle.output
     report = runner.invoke(app, ["storage", "report", "--config", str(path)])
     assert report.exit_code == 0, report.output
     assert "checkpoint/passed/STANDARD_IA" in report.output and "modelled monthly cost" in report.output

@@ -15,7 +15,7 @@ def _gateway_samples(url):
 def test_push_groups_by_run_and_stage_without_clobbering(config, pushgateway):
     cfg = config.model_copy(update={"metrics": config.metrics.model_copy(update={"pushgateway_url": pushgateway})})
     for stage, wait in (("identity", 0.002), ("texture", 0.004)):
-        DATA_WAIT.labels(run="push-test", stage=stage).observe(wait)
+        DATA_WAIT.labels(run="push-test", stage=stage, rank="0").observe(wait)
         assert push_metrics(cfg, {"run": "push-test", "stage": stage})
     counts = {s.labels["stage"]: s.value for s in _gateway_samples(pushgateway)
               if s.name == "drape_data_wait_seconds_count" and s.labels.get("run") == "push-test"}

@@ -96,6 +96,62 @@ def test_lifecycle_rules_keyed_on_tags_are_accepted_and_read_back(s3_bucket):
     assert rules["drape-gate_report-failed_candidate"]["Expiration"]["Days"] == 7
     assert "drape-gate_report-passed" not in rules  # kept forever: no rule
     assert not any("baseline-" in rule_id and rule_id.endswith("-baseline") for rule_id in rules)
+    assert rules["drape-noncurrent-versions"]["NoncurrentVersionExpiration"]["NoncurrentDays"] == 1
+
+
+@pytest.mark.parametrize("size,single_copy_limit", [(300_000, None), (12 * 2**20, 2**20)], ids=["copy", "part-copy"])
+def test_restamp_retags_and_restarts_the_lifecycle_clock(s3_bucket, tmp_path, size, single_copy_limit):
+    import time
+
+    bucket, endpoint = s3_bucket
+    store = _store(bucket, endpoint)
+    local = tmp_path / "w.safetensors"
+    local.write_bytes(os.urandom(size))
+    key = "runs/r1/identity/checkpoints/step-0000100/w.safetensors"
+    stored = store.put_file(local, key, tags={"drape-kind": "checkpoint", "drape-outcome": "baseline"},
+                            storage_class="STANDARD_IA")
+    client = boto3.client("s3", endpoint_url=endpoint)
+    before = client.head_object(Bucket=bucket, Key=f"drape/{key}")
+    time.sleep(1.1)  # S3 dates have one-second resolution
+    limits = {"single_copy_limit": single_copy_limit, "part_bytes": 5 * 2**20} if single_copy_limit else {}
+    store.restamp(key, {"drape-kind": "checkpoint", "drape-outcome": "superseded_baseline"}, size=stored.bytes,
+                  sha256=stored.sha256, **limits)
+    after = client.head_object(Bucket=bucket, Key=f"drape/{key}")
+    assert after["LastModified"] > before["LastModified"]  # lifecycle days count from here
+    assert after["StorageClass"] == "STANDARD_IA" and after["ContentLength"] == size
+    assert store.get_tags(key) == {"drape-kind": "checkpoint", "drape-outcome": "superseded_baseline"}
+    assert store.sha256(key) == stored.sha256
+    assert not client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+def test_sweep_on_s3_retags_a_superseded_baseline_and_restarts_its_clock(s3_bucket, tmp_path):
+    import time
+    from datetime import datetime, timedelta, timezone
+
+    from drape.sweep import sweep
+
+    bucket, endpoint = s3_bucket
+    store = _store(bucket, endpoint)
+    stage = tmp_path / "live" / "runs" / "r1" / "identity"
+    (stage / "checkpoints" / "step-0000010").mkdir(parents=True)
+    (stage / "checkpoints" / "step-0000010" / "model.safetensors").write_bytes(os.urandom(50_000))
+    policy = RetentionConfig(baseline_grace_days=30)
+    execute_plan(plan_retention(classify_stage_dir(stage, "passed"), policy, key_root="runs/r1/identity"), store,
+                 "archive/manifests/r1/identity", run_id="r1", stage="identity")
+    key = "runs/r1/identity/checkpoints/step-0000010/model.safetensors"
+    client = boto3.client("s3", endpoint_url=endpoint)
+    uploaded = client.head_object(Bucket=bucket, Key=f"drape/{key}")["LastModified"]
+    assert store.get_tags(key)["drape-outcome"] == "baseline"
+    assert sweep(store, policy, {"identity": "r1"}).retagged == []  # still the current baseline
+    time.sleep(1.1)
+    now = datetime.now(timezone.utc)
+    result = sweep(store, policy, {"identity": "r2"}, now=now)  # a later run's checkpoint is the baseline now
+    assert result.retagged == [key]
+    assert store.get_tags(key)["drape-outcome"] == "superseded_baseline"
+    assert client.head_object(Bucket=bucket, Key=f"drape/{key}")["LastModified"] > uploaded
+    record = next(r for r in read_archive_manifest(store) if r["key"] == key)
+    assert record["outcome"] == "superseded_baseline" and record["expires_at"] == (now + timedelta(days=30)).isoformat()
+    verify_archived(store, [record])
 
 
 def test_lifecycle_on_a_file_store_is_a_clear_error(tmp_path):

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("flow")
-    config = tiny_config(root / "drape", queue={"enabled": True, "poll_seconds": 0.2})  # train jobs through the GPU queue
+    config = tiny_config(root / "drape", queue={"enabled": True, "poll_seconds": 0.2},  # train jobs through the GPU queue
+                         retention={"rules": {"validation_output": {"live_until": "run_end"},  # live until the run ends
+                                              "latent_snapshot": {"live_until": "baseline"}}})  # ... while a baseline
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     return config, path
@@ -54,7 +56,7 @@ def assert_live_invariant(config):
         if parts[0] == "shards":  # shards/<dataset>/<version>/<split>/...
             assert parts[3] == "control", relative
         else:
-            assert parts[1] in STAGES and parts[2] in ("checkpoint", "outputs", "baseline.json"), relative
+            assert parts[1] in STAGES and parts[2] in ("checkpoint", "outputs", "baseline.json", "latents.safetensors"), relative
 
 
 def test_all_four_stages_pass_and_record_gate_values(first_run, workspace):
@@ -70,6 +72,20 @@ def test_all_four_stages_pass_and_record_gate_values(first_run, workspace):
     assert {f"gate/{check}/{aggregate}" for check in ("identity", "texture", "coherence")
             for aggregate in ("mean", "lower", "min")} | {"gate/passed", "texture/loss"} <= set(metrics)
     assert runs[0].data.tags["drape.gate.verdict"] == "pass"
+
+
+def test_live_until_is_honoured_at_stage_end_run_end_and_while_baseline(first_run, workspace):
+    config, _ = workspace
+    # validation outputs stayed live until the run ended, then went (their archived copies verified)
+    assert first_run["released_at_run_end_bytes"] > 0
+    assert not (pipeline.live_root(config) / "runs" / first_run["run_id"]).exists()
+    store = ObjectStore(config.object_store_url)
+    outputs = [r for r in read_archive_manifest(store) if r["run_id"] == first_run["run_id"] and r["kind"] == "validation_output"]
+    assert outputs and all(r["key"].startswith(f"runs/{first_run['run_id']}/") for r in outputs)
+    # latent snapshots stay live while they belong to the current baseline
+    for stage in STAGES:
+        assert (pipeline.live_root(config) / "baselines" / stage / "latents.safetensors").is_file()
+    assert_live_invariant(config)
 
 
 def test_train_jobs_ran_through_the_queue_and_taught_it_their_profiles(first_run, workspace):
@@ -217,3 +233,29 @@ def test_retention_sweep_retags_superseded_baselines_and_expires_old_objects(fir
     assert {r["kind"] for r in remaining} >= {"gate_report", "checkpoint"}  # reports and current baselines kept
     assert all(r["expires_at"] is None for r in remaining)
     verify_archived(store, remaining)
+
+
+def test_a_stage_that_errors_is_aborted_archived_and_its_runs_closed(prefect_harness, tmp_path):
+    """Not a gate verdict but an error (here: the gate's ONNX embedder is missing) after training:
+    the stage's checkpoints are archived as 'aborted' (kept live until run end, then freed), the
+    shards leave, the MLflow runs close as FAILED, and the flow raises the original error."""
+    from flows.staged_training import staged_training
+
+    config = tiny_config(tmp_path / "drape", train={"stages": {"identity": {"steps": 20}}},
+                         gates={"identity": {"embedder": "onnx", "onnx_model_path": str(tmp_path / "missing.onnx")}},
+                         retention={"rules": {"checkpoint": {"live_until": "run_end"}}})
+    path = tmp_path / "abort.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    with pytest.raises(FileNotFoundError, match="missing.onnx does not exist"):
+        staged_training(config_path=str(path), run_name="aborted")
+    store = ObjectStore(config.object_store_url)
+    records = read_archive_manifest(store)
+    assert {(r["stage"], r["outcome"]) for r in records} == {("identity", "aborted")}
+    assert "checkpoint" in {r["kind"] for r in records}
+    assert all(r["expires_at"] for r in records)  # failed_lifetime_days
+    verify_archived(store, records)
+    assert {Path(r).parts[0] for r in live_files(config)} <= {"shards"}  # nothing of the run left live
+    assert all(Path(r).parts[3] == "control" for r in live_files(config))
+    tracker = Tracker(config)
+    runs = tracker.client.search_runs([tracker.experiment_id], "tags.`drape.run_id` = '%s'" % records[0]["run_id"])
+    assert len(runs) == 5 and {run.info.status for run in runs} == {"FAILED"}

@@ -4,8 +4,8 @@ from drape.metrics import REGISTRY
 
 # Update on purpose (and the dashboards, rules and README with it).
 EXPECTED = {
-    "drape_data_wait_seconds": ("histogram", ["run", "stage"]),
-    "drape_train_step_seconds": ("histogram", ["run", "stage"]),
+    "drape_data_wait_seconds": ("histogram", ["run", "stage", "rank"]),
+    "drape_train_step_seconds": ("histogram", ["run", "stage", "rank"]),
     "drape_stage_step_seconds": ("gauge", ["run", "stage", "step"]),
     "drape_stage_finished_timestamp_seconds": ("gauge", ["run", "stage", "step"]),
     "drape_train_samples_per_second": ("gauge", ["run", "stage"]),

@@ -98,3 +98,61 @@ def test_unknown_storage_class_or_outcome_is_a_config_error():
         RetentionRule(storage_class="COLD")
     with pytest.raises(ValidationError, match="outcomes"):
         RetentionRule(outcomes={"won": {"lifetime_days": 1}})
+
+
+def test_live_until_resolves_per_kind_and_outcome_and_baselines_stay_live():
+    from pydantic import ValidationError
+
+    from drape.config import OutcomeRule
+
+    policy = RetentionConfig(rules={
+        "checkpoint": RetentionRule(live_until="run_end", outcomes={"failed_candidate": OutcomeRule(live_until="stage_end")}),
+        "latent_snapshot": RetentionRule(live_until="baseline"),
+        "gate_report": RetentionRule()})
+    assert policy.live_until("checkpoint", "passed") == "run_end"
+    assert policy.live_until("checkpoint", "failed_candidate") == "stage_end"
+    assert policy.live_until("checkpoint", "baseline") == "baseline"  # the next stage starts from it: always live
+    assert policy.live_until("validation_output", "baseline") == "baseline"  # the coherence reference
+    assert policy.live_until("latent_snapshot", "baseline") == "baseline"
+    assert policy.live_until("latent_snapshot", "passed") == "stage_end"  # 'baseline' means nothing for other outcomes
+    assert policy.live_until("gate_report", "baseline") == "stage_end"  # the default
+    with pytest.raises(ValidationError, match="checkpoint.outcomes.baseline.live_until must be 'baseline'"):
+        RetentionConfig(rules={"checkpoint": RetentionRule(outcomes={"baseline": OutcomeRule(live_until="stage_end")})})
+
+
+RUN_END = RetentionConfig(rules={"checkpoint": RetentionRule(live_until="run_end"),
+                                 "validation_output": RetentionRule(live_until="run_end")})
+
+
+def test_run_end_artifacts_stay_live_after_the_stage_and_go_at_run_end(tmp_path):
+    from drape.retention import release_run
+
+    stage = _stage_dir(tmp_path)
+    store = ObjectStore(f"file://{tmp_path / 'objects'}")
+    plan = plan_retention(classify_stage_dir(stage, "passed"), RUN_END, key_root="runs/r1/texture")
+    result = execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
+    assert result.archived_files == 9
+    left = {p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file()}
+    # the promoted checkpoint's stage copy goes (its live copy is baselines/<stage>/); the rest waits for run end
+    assert left == {"checkpoints/step-0000050/manifest.json", "gate/outputs/control-00000.png", "gate/grid.png",
+                    "superseded-baseline/checkpoint/manifest.json", "superseded-baseline/outputs/control-00000.png"}
+    stray = stage / "gate" / "not-archived.txt"
+    stray.write_text("written after the archive")
+    changed = stage / "gate" / "grid.png"
+    changed.write_bytes(b"changed after its copy was archived")
+    released = release_run(store, stage.parent, "r1")
+    assert released.freed_files == 4 and sorted(released.kept) == sorted([str(changed), str(stray)])
+    assert {p.relative_to(stage).as_posix() for p in stage.rglob("*") if p.is_file()} == {"gate/grid.png", "gate/not-archived.txt"}
+    assert release_run(store, stage.parent, "r1").freed_files == 0  # idempotent
+
+
+def test_run_end_release_keeps_a_file_whose_archived_copy_is_gone(tmp_path):
+    from drape.retention import release_run
+
+    stage = _stage_dir(tmp_path)
+    store = ObjectStore(f"file://{tmp_path / 'objects'}")
+    execute_plan(plan_retention(classify_stage_dir(stage, "passed"), RUN_END, key_root="runs/r1/texture"), store,
+                 "archive/manifests/r1/texture", run_id="r1", stage="texture")
+    store.fs.rm(store.path("runs/r1/texture/gate/grid.png"))  # e.g. expired by the sweep during a long run
+    released = release_run(store, stage.parent, "r1")
+    assert released.kept == [str(stage / "gate" / "grid.png")] and (stage / "gate" / "grid.png").is_file()

@@ -69,11 +69,13 @@ def test_metrics_reach_the_sink_and_prometheus(config, texture_data, tmp_path):
     labels = {"run": "run-metrics-test", "stage": "texture"}
     samples = {s.name: s for family in text_string_to_metric_families(exposition(labels)) for s in family.samples
                if s.labels.get("le") is None}
-    assert samples["drape_data_wait_seconds_count"].labels == labels
+    assert samples["drape_data_wait_seconds_count"].labels == {**labels, "rank": "0"}
     assert samples["drape_data_wait_seconds_count"].value == 7 and samples["drape_train_step_seconds_count"].value == 7
     assert abs(samples["drape_data_wait_seconds_sum"].value - result.data_wait_seconds) < 1e-6
-    assert [step for step, _ in logged] == [2, 4, 6, 7]
+    assert [step for step, _ in logged] == [2, 4, 6, 7, 7]  # the last: per-rank data-wait
     assert {"texture/loss", "texture/data_wait_seconds", "texture/samples_per_second"} <= set(logged[0][1])
+    assert logged[-1] == (7, {"texture/data_wait_fraction/rank0": result.ranks[0]["data_wait_fraction"]})
+    assert result.ranks[0]["rank"] == 0 and result.ranks[0]["samples"] == len(texture_data["keys"])
     assert 0 <= result.data_wait_fraction < 1 and result.samples_per_second > 0
 
 

@@ -1,0 +1,98 @@
+"""A stage's shards split across ranks without overlap, and a global batch the same on any world size.
+
+The stage's shards are dealt into P disjoint *partitions* (shard i → partition i mod P). Each
+step's global batch takes B/P rows from every partition, drawn by the step's seeded generator
+from that partition's samples; rank r of W trains on rows r·B/W … (r+1)·B/W − 1, which are
+exactly the rows of partitions r·P/W … (r+1)·P/W − 1. So a rank reads (pre-stages, decodes,
+holds in memory) only its own partitions' shards, no shard is read by two ranks, and, P being
+fixed, the global batch does not depend on W: 2 ranks train what 1 process trains, and a
+checkpoint of one world size resumes on another.
+
+P is `train.data_partitions`, by default the world size; it must be a multiple of the world
+size and divide the global batch, and the stage needs at least P shards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import numpy as np
+
+
+class PartitionError(ValueError):
+    pass
+
+
+def resolve_partitions(configured: int | None, world_size: int, batch_size: int) -> int:
+    """The partition count for this world size, checked against it and the global batch."""
+    partitions = configured or world_size
+    if partitions % world_size:
+        raise PartitionError(f"train.data_partitions={partitions} must be a multiple of the world size {world_size}: "
+                             f"each rank takes a whole number of partitions")
+    if batch_size % partitions:
+        raise PartitionError(f"train.batch_size={batch_size} (the global batch) must be divisible by the "
+                             f"{partitions} data partitions: every partition gives batch_size / partitions rows per step")
+    return partitions
+
+
+def rank_partitions(partitions: int, world_size: int, rank: int) -> range:
+    per_rank = partitions // world_size
+    return range(rank * per_rank, (rank + 1) * per_rank)
+
+
+def partition_shards(shards: list[dict], partitions: int, *, what: str = "the stage") -> list[list[dict]]:
+    """Shard i into partition i mod P; an error when a partition would be empty."""
+    if len(shards) < partitions:
+        raise PartitionError(f"{what} has {len(shards)} shard(s), fewer than the {partitions} data partitions "
+                             f"(one per rank by default): write smaller shards (data.shard_max_samples) or set "
+                             f"train.data_partitions lower")
+    return [shards[p::partitions] for p in range(partitions)]
+
+
+@dataclass
+class StageData:
+    """The partitions one rank holds: {partition: stacked arrays}, and every partition's sample count."""
+
+    partitions: dict[int, dict]
+    sizes: list[int]
+    shards: dict[int, list[str]] = field(default_factory=dict)  # partition → shard paths, for reports
+
+    @property
+    def count(self) -> int:
+        return len(self.sizes)
+
+    @classmethod
+    def whole(cls, arrays: dict, partitions: int = 1) -> "StageData":
+        """In-memory arrays (no shards) dealt into `partitions` by sample index i mod P, all held."""
+        n = len(arrays["keys"])
+        if n < partitions:
+            raise PartitionError(f"{n} samples cannot fill {partitions} data partitions")
+        if partitions == 1:
+            return cls({0: arrays}, [n])
+        groups = {p: _take(arrays, np.arange(p, n, partitions)) for p in range(partitions)}
+        return cls(groups, [len(g["keys"]) for g in groups.values()])
+
+    def check_holds(self, wanted: Iterable[int]) -> None:
+        missing = sorted(set(wanted) - set(self.partitions))
+        if missing:
+            raise PartitionError(f"this rank needs data partitions {missing} but holds {sorted(self.partitions)}")
+
+
+def _take(arrays: dict, indices: np.ndarray) -> dict:
+    return {name: ([values[i] for i in indices] if isinstance(values, list) else values[indices])
+            for name, values in arrays.items()}
+
+
+def load_stage_data(cache, stage: str, *, partitions: int, world_size: int, rank: int, prestage: bool = True) -> StageData:
+    """This rank's partitions of `stage`, read from `cache` (a ShardCache); only its shards are fetched."""
+    from drape.data.dataset import stack_samples
+
+    dealt = partition_shards(cache.shards(stage), partitions, what=f"stage {stage!r}")
+    mine = list(rank_partitions(partitions, world_size, rank))
+    own_shards = [shard for p in mine for shard in dealt[p]]
+    if prestage:
+        cache.prestage(stage, keep=["control"], shards=own_shards)
+    held = {p: stack_samples(cache.iter_samples(stage, shards=dealt[p])) for p in mine}
+    return StageData(held, [sum(shard["samples"] for shard in group) for group in dealt],
+                     {p: [shard["path"] for shard in dealt[p]] for p in mine})
