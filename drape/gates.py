@@ -3,11 +3,13 @@
 - identity: cosine similarity of face embeddings, source person vs raw model output, face box.
   The embedder is pluggable: `PixelFaceEmbedder` needs no downloaded weights; `OnnxFaceEmbedder`
   runs an ArcFace-style ONNX model from a path.
-- texture: normalised cross-correlation of the logo region, output vs target, maximised over
-  shifts of up to `max_shift_pixels` (the logo moves with the cloth; a melted, blurred, mirrored
-  or swapped logo still scores low).
-- coherence: the garment region's structure (edge maps and pooled layout) vs the reference
-  output of the last validated checkpoint, same inputs and seed (first run: the ground truth).
+- texture: normalised cross-correlation of the logo region, output vs target, as codecs keep
+  colour, maximised over shifts of up to `max_shift_pixels` (the logo moves with the cloth),
+  less a penalty when the output looks like the mirrored mark and scaled down when the mark lost
+  its sharpness: a melted, blurred, mirrored or swapped logo scores low.
+- coherence: the garment region's structure (edge maps and pooled layout, and the worst local
+  block) vs the reference output of the last validated checkpoint, same inputs and seed (first
+  run: the ground truth).
 
 Each check is computed per control sample; `drape.gate_report` aggregates the values and applies
 the thresholds.
@@ -112,7 +114,7 @@ def correlation(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def patch_fidelity(output: np.ndarray, target: np.ndarray) -> float:
-    """Normalised cross-correlation of two RGB patches, all channels at once, in [-1, 1].
+    """Normalised cross-correlation of two multi-channel patches, all channels at once, in [-1, 1].
 
     Each channel is centred on its own mean, then the three are correlated together, so a channel
     weighs by its contrast: the mark's structure counts, flat channels and codec noise in them do
@@ -125,19 +127,60 @@ def patch_fidelity(output: np.ndarray, target: np.ndarray) -> float:
     return float((x * y).sum() / scale) if scale > 0 else 0.0
 
 
-def texture_scores(outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, max_shift: int) -> np.ndarray:
-    """Per-sample logo fidelity, the best over shifts of the output window by up to `max_shift` pixels."""
+_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
+
+
+def codec_view(image: np.ndarray) -> np.ndarray:
+    """The image as codecs keep it: YCbCr with chroma box-smoothed 2×2 (JPEG and video keep chroma
+    at half resolution, so chroma detail finer than that says nothing about the model)."""
+    ycc = image.astype(np.float64) @ _YCC.T
+    chroma = torch.from_numpy(ycc[..., 1:]).permute(2, 0, 1)[None]
+    chroma = F.avg_pool2d(F.pad(chroma, (0, 1, 0, 1), mode="replicate"), 2, stride=1)
+    ycc[..., 1:] = chroma[0].permute(1, 2, 0).numpy()
+    return ycc
+
+
+def _gradient_energy(patch: np.ndarray) -> float:
+    return float((np.diff(patch, axis=0) ** 2).sum() + (np.diff(patch, axis=1) ** 2).sum())
+
+
+def texture_scores(outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, max_shift: int, *,
+                   mirror_penalty: float = 2.0, sharpness_floor: float = 0.2) -> np.ndarray:
+    """Per-sample logo fidelity in [-1, 1]: 1 is the mark as drawn.
+
+    fidelity: `patch_fidelity` of the logo window (in `codec_view`) against the target's, the best
+    over shifts of up to `max_shift` pixels (the logo moves with the cloth), then
+    - mirrored: when the output matches the mirrored mark better than the mark, the excess counts
+      `mirror_penalty` times against it. A faithful output never does (it matches the mirrored
+      mark as well as the mark matches its mirror image, at most), and a symmetric mark loses
+      nothing: it looks the same mirrored.
+    - melted: the window's gradient energy over the mark's; below `sharpness_floor` the score is
+      scaled down in proportion (a blurred mark keeps under 13% of it, JPEG q90 over 22%).
+    """
     scores = []
     for output, target, box in zip(outputs, targets, logo_boxes):
         height, width = target.shape[:2]
         x0, y0 = max(int(round(box[0])), 0), max(int(round(box[1])), 0)
         x1, y1 = min(int(round(box[2])), width), min(int(round(box[3])), height)
-        reference, best = target[y0:y1, x0:x1], -1.0
+        seen, reference = codec_view(output), codec_view(target)[y0:y1, x0:x1]
+        mirrored = reference[:, ::-1]
+        best, best_mirrored, window = -1.0, -1.0, None
         for dy in range(-max_shift, max_shift + 1):
             for dx in range(-max_shift, max_shift + 1):
                 if y0 + dy >= 0 and x0 + dx >= 0 and y1 + dy <= height and x1 + dx <= width:
-                    best = max(best, patch_fidelity(output[y0 + dy:y1 + dy, x0 + dx:x1 + dx], reference))
-        scores.append(best)
+                    candidate = seen[y0 + dy:y1 + dy, x0 + dx:x1 + dx]
+                    value = patch_fidelity(candidate, reference)
+                    if value > best:
+                        best, window = value, candidate
+                    best_mirrored = max(best_mirrored, patch_fidelity(candidate, mirrored))
+        if window is None:
+            scores.append(0.0)
+            continue
+        score = best - mirror_penalty * max(0.0, best_mirrored - best)
+        mark_energy = _gradient_energy(reference)
+        if sharpness_floor > 0 and mark_energy > 0:
+            score *= min(1.0, _gradient_energy(window) / mark_energy / sharpness_floor)
+        scores.append(float(np.clip(score, -1.0, 1.0)))
     return np.array(scores)
 
 
@@ -160,9 +203,13 @@ def _pool(array: np.ndarray, factor: int) -> np.ndarray:
 def coherence_scores(outputs: np.ndarray, references: np.ndarray, masks: np.ndarray, layout_factor: int = 4) -> np.ndarray:
     """Per-sample structure agreement in the garment region, in [0, 1].
 
-    Half edge structure (correlation of edge maps inside the region), half layout (correlation of
-    the region's colours pooled over `layout_factor` blocks). Raw pixels are never compared:
-    two diffusion trajectories can differ pixel by pixel and still hold the same garment.
+    Globally: half edge structure (correlation of edge maps inside the region), half layout
+    (correlation of the region's colours pooled over `layout_factor` blocks). Locally: one minus
+    the largest colour distance between the two images' blocks on a 16×16 grid over the region
+    (RGB distance as a share of the largest possible), so a defect confined to one place (a sleeve
+    missing) counts in full instead of being averaged away. The score is the lower of the two.
+    Raw pixels are never compared: two diffusion trajectories can differ pixel by pixel and still
+    hold the same garment.
     """
     scores = []
     for output, reference, mask in zip(outputs, references, masks):
@@ -171,5 +218,11 @@ def coherence_scores(outputs: np.ndarray, references: np.ndarray, masks: np.ndar
         pooled_region = _pool(region.astype(np.float32), layout_factor)[0] > 0.5
         pooled_out, pooled_ref = _pool(output, layout_factor), _pool(reference, layout_factor)
         layout = float(np.mean([correlation(pooled_out[c][pooled_region], pooled_ref[c][pooled_region]) for c in range(3)]))
-        scores.append(0.5 * max(edges, 0.0) + 0.5 * max(layout, 0.0))
+        structure = 0.5 * max(edges, 0.0) + 0.5 * max(layout, 0.0)
+        block = max(output.shape[1] // 16, 1)
+        blocks = _pool(region.astype(np.float32), block)[0] > 0.5
+        if blocks.any():
+            distance = np.sqrt(((_pool(output, block) - _pool(reference, block)) ** 2).sum(axis=0)) / (255 * np.sqrt(3))
+            structure = min(structure, 1.0 - float(distance[blocks].max()))
+        scores.append(max(structure, 0.0))
     return np.array(scores)

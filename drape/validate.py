@@ -92,7 +92,8 @@ def judge(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str, c
     embedder = build_embedder(gates)
     identity = lambda images: identity_scores(images, control["target"], [m["face_box"] for m in meta], embedder)  # noqa: E731
     texture = lambda images: texture_scores(images, control["target"], [m["logo_box"] for m in meta],  # noqa: E731
-                                            gates.texture.max_shift_pixels)
+                                            gates.texture.max_shift_pixels, mirror_penalty=gates.texture.mirror_penalty,
+                                            sharpness_floor=gates.texture.sharpness_floor)
     reference = baseline_outputs if baseline_outputs is not None else control["target"]
     values = {"identity": identity(outputs), "texture": texture(outputs),
               "coherence": coherence_scores(outputs, reference, control["mask"])}

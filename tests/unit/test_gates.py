@@ -68,6 +68,49 @@ def test_texture_tolerates_small_shifts_but_not_blur_mirror_or_swap(control):
     assert texture_scores(np.roll(targets, 1, axis=0), targets, boxes, 1).mean() < 0.6  # another garment's logo
 
 
+def _mark(letter_l: bool = True) -> np.ndarray:
+    """A 40×40 image with a 16×16 mark on a grey plate: an 'L' (asymmetric) or a 'T' (symmetric)."""
+    image = np.full((40, 40, 3), 120, np.uint8)
+    if letter_l:
+        image[12:28, 12:15] = 20
+        image[25:28, 12:26] = 20
+    else:
+        image[12:15, 12:28] = 20
+        image[12:28, 18:22] = 20
+    return image
+
+
+def test_texture_penalises_a_mirrored_mark_but_not_a_symmetric_one_and_scales_down_a_melted_one():
+    box = [[10, 10, 30, 30]]
+    for letter_l in (True, False):
+        target = _mark(letter_l)[None]
+        mirrored = target.copy()
+        mirrored[0, 10:30, 10:30] = target[0, 10:30, 10:30][:, ::-1]
+        plain = texture_scores(mirrored, target, box, 2, mirror_penalty=0, sharpness_floor=0)[0]
+        scored = texture_scores(mirrored, target, box, 2)[0]
+        if letter_l:  # an 'L' mirrored is a 'J'-like mark: fidelity alone leaves some, the penalty takes it
+            assert scored < plain - 0.2 and scored < 0.3
+        else:  # a 'T' mirrored is a 'T'
+            assert scored == pytest.approx(1.0)
+    target = _mark()[None]
+    melted = target.copy()
+    melted[0, 8:32, 8:32] = np.asarray(Image.fromarray(target[0, 8:32, 8:32]).filter(ImageFilter.GaussianBlur(3)))
+    plain = texture_scores(melted, target, box, 2, mirror_penalty=0, sharpness_floor=0)[0]
+    assert texture_scores(melted, target, box, 2)[0] < 0.5 * plain  # correlation survives blur; sharpness does not
+    assert texture_scores(target, target, box, 2)[0] == pytest.approx(1.0)
+
+
+def test_coherence_counts_a_local_defect_in_full():
+    image = np.full((64, 64, 3), 200, np.uint8)
+    image[16:56, 16:48] = (40, 90, 160)  # the garment
+    mask = np.zeros((64, 64), np.uint8)
+    mask[12:60, 12:52] = 255
+    sleeve = image.copy()
+    sleeve[40:56, 16:24] = 200  # one corner painted over with background: a sleeve gone
+    assert coherence_scores(image[None], image[None], mask[None])[0] == pytest.approx(1.0)
+    assert coherence_scores(sleeve[None], image[None], mask[None])[0] < 0.6
+
+
 def test_patch_fidelity_catches_a_mirrored_mark():
     mark = np.zeros((12, 12, 3), np.uint8)
     mark[2:10, 2:4] = 255  # an "L"
