@@ -43,7 +43,7 @@ def gate_message(report: GateReport, *, run_name: str, report_location: str, lin
     """Block Kit payload for a gate verdict: stage, run, each check vs threshold and baseline, links."""
     verdict = "passed" if report.passed else "failed"
     title = f"drape gate {verdict}: {report.stage} ({run_name})"
-    lines = [_check_line(report, name) for name in report.checks]
+    lines = [f":x: *{problem}*" for problem in report.provenance] + [_check_line(report, name) for name in report.checks]
     if not report.passed:
         lines.append("Nothing was promoted; the run stopped.")
     context = [f"<{url}|{label}>" if url.startswith("http") else f"{label}: {url}" for label, url in (links or {}).items()]

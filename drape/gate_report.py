@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 CHECKS = ("identity", "texture", "coherence")
-SCHEMA = "drape.gate_report/v2"
+SCHEMA = "drape.gate_report/v3"  # v3: provenance
 
 
 def bootstrap_lower_bound(values: list[float] | np.ndarray, *, quantile: float = 0.05, resamples: int = 2000,
@@ -90,18 +90,21 @@ class GateReport:
     control_set: str
     checks: dict[str, CheckResult] = field(default_factory=dict)
     baseline: dict | None = None
+    provenance: list[str] = field(default_factory=list)  # problems with where the candidate came from (validate.provenance_problems)
 
     @property
     def passed(self) -> bool:
-        return set(self.checks) == set(CHECKS) and all(check.passed for check in self.checks.values())
+        return (not self.provenance and set(self.checks) == set(CHECKS)
+                and all(check.passed for check in self.checks.values()))
 
     def failures(self) -> list[str]:
-        return [line for check in self.checks.values() for line in check.failures()]
+        return [*self.provenance, *(line for check in self.checks.values() for line in check.failures())]
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "stage": self.stage, "run_id": self.run_id, "checkpoint": self.checkpoint,
                 "control_set": self.control_set, "verdict": "pass" if self.passed else "fail", "baseline": self.baseline,
-                "checks": {name: check.to_dict() for name, check in self.checks.items()}, "failures": self.failures()}
+                "provenance": self.provenance, "checks": {name: check.to_dict() for name, check in self.checks.items()},
+                "failures": self.failures()}
 
     def worst_samples(self, per_check: int) -> list[tuple[str, str, float]]:
         """(check, sample id, value) for the `per_check` lowest values of each check, worst first."""

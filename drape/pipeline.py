@@ -45,7 +45,7 @@ from drape import metrics
 from drape.metrics import push_metrics
 from drape.tracking import Tracker
 from drape.train import TrainResult, train_stage
-from drape.validate import evaluate_gate
+from drape.validate import evaluate_gate, provenance_problems
 
 
 MODES = ("full", "finetune")  # full: each stage's `steps`; finetune: `finetune_steps` from the stage baselines
@@ -247,9 +247,11 @@ def _gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: s
     control = load_split(cache.dataset_dir, cache.manifest, "control")
     baseline, baseline_outputs = _baseline(config, context, stage, tracker)
     gate_dir = context.stage_dir(stage) / "gate"
+    provenance = provenance_problems(config, checkpoint, stage=stage, data_manifest_hash=context.data_manifest_hash,
+                                     start_checkpoint=previous_checkpoint(context, stage))
     report = evaluate_gate(config, stage=stage, run_id=context.run_id, checkpoint=checkpoint, control=control,
                            control_set=context.control_set, gate_dir=gate_dir, baseline=baseline,
-                           baseline_outputs_dir=baseline_outputs)
+                           baseline_outputs_dir=baseline_outputs, provenance=provenance)
     remove_tree(context.stage_dir(stage) / "baseline-download")
     aggregates = {f"gate/{name}/{aggregate}": getattr(check, attribute) for name, check in report.checks.items()
                   for aggregate, attribute in (("mean", "mean"), ("lower", "lower"), ("min", "minimum"))}

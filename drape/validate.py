@@ -116,16 +116,48 @@ def judge(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str, c
     return report
 
 
+def provenance_problems(config: PipelineConfig, checkpoint: str | Path, *, stage: str, data_manifest_hash: str = "",
+                        start_checkpoint: str | Path | None = None) -> list[str]:
+    """Why the candidate is not what this stage trained, if it is not (empty list: it is).
+
+    A reviewer asks first whether they are looking at the right thing; so does the gate. The
+    candidate's manifest must name this stage and the run's dataset, and the stage's trainable
+    parameters must differ from the checkpoint the stage started from: a checkpoint of an earlier
+    stage, or one the stage never trained, is refused even when its outputs look fine (an earlier
+    stage's model renders much the same images; nothing else would tell).
+    """
+    from drape.checkpoint import load_model, read_manifest
+    from drape.config import trainable_parameter_names
+
+    manifest, problems = read_manifest(checkpoint), []
+    if manifest.get("stage") != stage:
+        problems.append(f"provenance: the candidate was trained for stage {manifest.get('stage')!r}, not {stage!r}")
+    recorded = manifest.get("data_manifest_hash")
+    if data_manifest_hash and recorded and recorded != data_manifest_hash:
+        problems.append(f"provenance: the candidate was trained on dataset {recorded[:12]}, this run's is {data_manifest_hash[:12]}")
+    if start_checkpoint is not None:
+        candidate, start = load_model(checkpoint).state_dict(), load_model(start_checkpoint).state_dict()
+        names = trainable_parameter_names(config.train.stages[stage].trainable, list(candidate))
+        if names and all(torch.equal(candidate[name], start[name]) for name in names):
+            problems.append(f"provenance: the stage's trainable parameters ({len(names)} tensors) are identical to its "
+                            f"starting checkpoint {Path(start_checkpoint).name}: the stage did not train")
+    return problems
+
+
 def evaluate_gate(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str | Path, control: dict,
                   control_set: str, gate_dir: str | Path, baseline: dict | None = None,
-                  baseline_outputs_dir: str | Path | None = None) -> GateReport:
-    """Sample the candidate, judge it, and write outputs, latents, report.json and grid.png to `gate_dir`."""
+                  baseline_outputs_dir: str | Path | None = None, provenance: list[str] | None = None) -> GateReport:
+    """Sample the candidate, judge it, and write outputs, latents, report.json and grid.png to `gate_dir`.
+
+    `provenance`: problems `provenance_problems` found; any of them fails the gate.
+    """
     gate_dir = Path(gate_dir)
     gate_dir.mkdir(parents=True, exist_ok=True)
     outputs = generate_outputs(config, checkpoint, control, gate_dir)
     baseline_outputs = read_outputs(baseline_outputs_dir, control["keys"]) if baseline_outputs_dir else None
     report = judge(config, stage=stage, run_id=run_id, checkpoint=str(checkpoint), control=control, control_set=control_set,
                    outputs=outputs, baseline_outputs=baseline_outputs, baseline=baseline)
+    report.provenance = list(provenance or [])
     (gate_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
     save_grid(gate_dir / "grid.png", control, outputs, report, config.gates.grid_samples, baseline_outputs)
     return report

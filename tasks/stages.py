@@ -123,6 +123,7 @@ def gate_markdown(report: GateReport) -> str:
              f"{('v' + report.baseline['version']) if report.baseline else 'none (first run)'}", "",
              "| check | lower bound | mean | min | threshold | baseline mean (max drop) | verdict |",
              "|---|---|---|---|---|---|---|"]
+    lines[2:2] = [f"**{problem}**" for problem in report.provenance] + ([""] if report.provenance else [])
     for name, check in report.checks.items():
         threshold = "not set" if check.threshold is None else f"{check.threshold:.3f}"
         baseline = f"{check.baseline_mean:.3f} ({check.max_drop:.3f})" if check.change_checked else (check.change_note or "-")

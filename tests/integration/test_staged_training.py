@@ -185,6 +185,36 @@ def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspa
     assert_live_invariant(config)
 
 
+def test_a_checkpoint_from_an_earlier_stage_fails_its_gate(first_run, workspace, monkeypatch):
+    """The texture stage's candidate swapped for the identity baseline (a valid checkpoint whose
+    outputs look much like a texture candidate's): the gate refuses it on provenance."""
+    import shutil
+
+    from flows.staged_training import staged_training
+
+    config, path = workspace
+    aliases_before = Tracker(config).aliases()
+    real_finish = pipeline.finish_train
+
+    def swapped_finish(config, context, stage, result_path):
+        result = real_finish(config, context, stage, result_path)
+        if stage == "texture":
+            shutil.rmtree(result.checkpoint)
+            shutil.copytree(context.baseline_dir("identity") / "checkpoint", result.checkpoint)
+        return result
+
+    monkeypatch.setattr(pipeline, "finish_train", swapped_finish)
+    with pytest.raises(pipeline.GateFailed) as error:
+        staged_training(config_path=str(path), run_name="earlier-stage")
+    message = str(error.value)
+    assert "gate failed at stage texture" in message
+    assert "provenance: the candidate was trained for stage 'identity', not 'texture'" in message
+    assert "identical to its starting checkpoint" in message
+    after = Tracker(config).aliases()
+    assert after["texture-baseline"] == aliases_before["texture-baseline"]  # identity passed and moved; texture did not
+    assert_live_invariant(config)
+
+
 def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_run, workspace):
     from flows.staged_training import staged_training
 
@@ -202,7 +232,7 @@ def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_ru
         assert report["baseline"]["version"] == before[f"{report['stage']}-baseline"]
         assert report["checks"]["coherence"]["reference"].startswith("baseline v")
         assert report["checks"]["identity"]["change"]["checked"] and report["checks"]["texture"]["change"]["checked"]
-        assert report["schema"] == "drape.gate_report/v2"
+        assert report["schema"] == "drape.gate_report/v3"
     superseded = [r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"] and r["outcome"] == "superseded_baseline"]
     assert {r["stage"] for r in superseded} == set(STAGES)
     assert_live_invariant(config)

@@ -170,3 +170,37 @@ def test_onnx_embedder(tmp_path, control):
     assert identity_scores(_other_identity(control), control["target"], boxes, embedder).mean() < 0.99
     with pytest.raises(FileNotFoundError, match="onnx_model_path"):
         OnnxFaceEmbedder(tmp_path / "missing.onnx")
+
+
+def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp_path):
+    import torch
+
+    from drape.checkpoint import save_checkpoint
+    from drape.gate_report import GateReport
+    from drape.model import build_model
+    from drape.validate import provenance_problems
+
+    start_model = build_model(config)
+    start = save_checkpoint(tmp_path / "identity-baseline", model=start_model, optimizer=None, trainable_names=[], ema=None,
+                            manifest={"stage": "identity", "data_manifest_hash": "d1"})
+    assert provenance_problems(config, start, stage="texture", data_manifest_hash="d1", start_checkpoint=start) == [
+        "provenance: the candidate was trained for stage 'identity', not 'texture'",
+        f"provenance: the stage's trainable parameters ({len(_trainable(config, start_model))} tensors) are identical to "
+        "its starting checkpoint identity-baseline: the stage did not train"]
+    trained = build_model(config)
+    trained.load_state_dict(start_model.state_dict())
+    with torch.no_grad():
+        dict(trained.named_parameters())[_trainable(config, trained)[0]].add_(0.01)
+    candidate = save_checkpoint(tmp_path / "texture-candidate", model=trained, optimizer=None, trainable_names=[], ema=None,
+                                manifest={"stage": "texture", "data_manifest_hash": "d1"})
+    assert provenance_problems(config, candidate, stage="texture", data_manifest_hash="d1", start_checkpoint=start) == []
+    assert provenance_problems(config, candidate, stage="texture", data_manifest_hash="d2") == [
+        "provenance: the candidate was trained on dataset d1, this run's is d2"]
+    report = GateReport("texture", "r", str(candidate), "control-x", provenance=["provenance: x"])
+    assert not report.passed and report.failures()[0] == "provenance: x" and report.to_dict()["provenance"] == ["provenance: x"]
+
+
+def _trainable(config, model) -> list[str]:
+    from drape.config import trainable_parameter_names
+
+    return trainable_parameter_names(config.train.stages["texture"].trainable, [n for n, _ in model.named_parameters()])
