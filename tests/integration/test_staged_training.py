@@ -151,21 +151,26 @@ def scramble(checkpoint: str) -> None:
     save_checkpoint(checkpoint, model=model, optimizer=None, trainable_names=manifest["trainable"], ema=None, manifest=manifest)
 
 
+def sabotage(monkeypatch, target_stage: str, damage) -> None:
+    """After `target_stage` trains, `damage(context, checkpoint)` replaces its candidate."""
+    real_finish = pipeline.finish_train
+
+    def sabotaged_finish(config, context, stage, result_path):
+        result = real_finish(config, context, stage, result_path)
+        if stage == target_stage:
+            damage(context, result.checkpoint)
+        return result
+
+    monkeypatch.setattr(pipeline, "finish_train", sabotaged_finish)
+
+
 def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspace, monkeypatch, webhook_block):
     from flows.staged_training import staged_training
 
     config, _ = workspace
     path, webhook = webhook_block
     aliases_before = Tracker(config).aliases()
-    real_finish = pipeline.finish_train
-
-    def sabotaged_finish(config, context, stage, result_path):
-        result = real_finish(config, context, stage, result_path)
-        if stage == "identity":
-            scramble(result.checkpoint)
-        return result
-
-    monkeypatch.setattr(pipeline, "finish_train", sabotaged_finish)
+    sabotage(monkeypatch, "identity", lambda context, checkpoint: scramble(checkpoint))
     with pytest.raises(pipeline.GateFailed) as error:
         staged_training(config_path=str(path), run_name="sabotaged")
     message = str(error.value)
@@ -194,16 +199,12 @@ def test_a_checkpoint_from_an_earlier_stage_fails_its_gate(first_run, workspace,
 
     config, path = workspace
     aliases_before = Tracker(config).aliases()
-    real_finish = pipeline.finish_train
 
-    def swapped_finish(config, context, stage, result_path):
-        result = real_finish(config, context, stage, result_path)
-        if stage == "texture":
-            shutil.rmtree(result.checkpoint)
-            shutil.copytree(context.baseline_dir("identity") / "checkpoint", result.checkpoint)
-        return result
+    def swap(context, checkpoint):
+        shutil.rmtree(checkpoint)
+        shutil.copytree(context.baseline_dir("identity") / "checkpoint", checkpoint)
 
-    monkeypatch.setattr(pipeline, "finish_train", swapped_finish)
+    sabotage(monkeypatch, "texture", swap)
     with pytest.raises(pipeline.GateFailed) as error:
         staged_training(config_path=str(path), run_name="earlier-stage")
     message = str(error.value)
