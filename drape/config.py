@@ -185,7 +185,10 @@ class TextureGateConfig(_Strict):
 
 
 class CoherenceGateConfig(_Strict):
-    min_score: Threshold = None
+    min_score: Threshold = Field(default=None, description="vs the ground truth (a stage's first run, no baseline)")
+    min_score_vs_baseline: Threshold = Field(default=None, description=(
+        "vs the baseline's outputs: a successor of a good model scores higher against them than any model against "
+        "the ground truth, so this threshold can be stricter; default min_score"))
 
 
 class GatesConfig(_Strict):
@@ -195,11 +198,14 @@ class GatesConfig(_Strict):
     sample_seed: int = 1234
     grid_samples: int = Field(default=8, gt=0)
 
-    def thresholds(self, stage: str) -> dict[str, float | None]:
-        """Each check's threshold at `stage` (None: not configured, which blocks promotion)."""
+    def thresholds(self, stage: str, *, vs_baseline: bool = False) -> dict[str, float | None]:
+        """Each check's threshold at `stage` (None: not configured, which blocks promotion); coherence
+        measured against a baseline's outputs (`vs_baseline`) uses `min_score_vs_baseline` when set."""
+        coherence = _threshold_for(self.coherence.min_score, stage)
+        if vs_baseline and self.coherence.min_score_vs_baseline is not None:
+            coherence = _threshold_for(self.coherence.min_score_vs_baseline, stage)
         return {"identity": _threshold_for(self.identity.min_similarity, stage),
-                "texture": _threshold_for(self.texture.min_fidelity, stage),
-                "coherence": _threshold_for(self.coherence.min_score, stage)}
+                "texture": _threshold_for(self.texture.min_fidelity, stage), "coherence": coherence}
 
 
 Outcome = Literal["baseline", "superseded_baseline", "passed", "failed_candidate", "aborted"]

@@ -109,7 +109,7 @@ def judge(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str, c
                   "coherence": f"baseline v{baseline['version']} outputs" if baseline_outputs is not None
                   else "ground-truth targets (no baseline yet)"}
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
-    thresholds = gates.thresholds(stage)
+    thresholds = gates.thresholds(stage, vs_baseline=baseline_outputs is not None)
     for name, scores in values.items():
         report.checks[name] = CheckResult(name, {k: round(float(v), 6) for k, v in zip(keys, scores)}, thresholds[name],
                                           references[name], baseline_means[name], max_drops[name], notes[name])

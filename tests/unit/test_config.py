@@ -87,3 +87,13 @@ def test_per_stage_thresholds(config):
     parsed = parse_config(data)
     assert parsed.gates.thresholds("identity")["coherence"] == 0.1
     assert parsed.gates.thresholds("denoise")["coherence"] is None  # not configured: blocks promotion
+    assert parsed.gates.thresholds("identity", vs_baseline=True)["coherence"] == 0.1  # no separate one: min_score
+
+
+def test_coherence_against_a_baseline_has_its_own_threshold(config):
+    from drape.config import GatesConfig
+
+    gates = GatesConfig.model_validate({"coherence": {"min_score": {"identity": 0.18, "texture": 0.3},
+                                                      "min_score_vs_baseline": 0.45}})
+    assert gates.thresholds("texture")["coherence"] == 0.3
+    assert gates.thresholds("texture", vs_baseline=True)["coherence"] == 0.45

@@ -204,3 +204,15 @@ def _trainable(config, model) -> list[str]:
     from drape.config import trainable_parameter_names
 
     return trainable_parameter_names(config.train.stages["texture"].trainable, [n for n, _ in model.named_parameters()])
+
+
+def test_judge_uses_the_vs_baseline_coherence_threshold_only_with_baseline_outputs(config, control):
+    gates = config.gates.model_copy(update={"coherence": config.gates.coherence.model_copy(
+        update={"min_score": 0.2, "min_score_vs_baseline": 0.97})})
+    cfg = config.model_copy(update={"gates": gates})
+    noisy = np.clip(control["target"] + np.random.default_rng(0).normal(0, 8, control["target"].shape), 0, 255).astype(np.uint8)
+    kwargs = dict(stage="texture", run_id="r", checkpoint="c", control=control, control_set="x", outputs=noisy)
+    first = judge(cfg, baseline_outputs=None, baseline=None, **kwargs).checks["coherence"]
+    assert first.threshold == 0.2 and first.passed
+    later = judge(cfg, baseline_outputs=control["target"], baseline={"version": "3"}, **kwargs).checks["coherence"]
+    assert later.threshold == 0.97 and not later.passed and later.reference == "baseline v3 outputs"
