@@ -160,14 +160,24 @@ def wrong_pattern(images, meta, rng, masks=None):
     return _garment_region(images, meta, masks, transform)
 
 
+def _skin(image: np.ndarray, meta: dict) -> np.ndarray:
+    """The person's skin colour: the median of the face box's lower middle (cheeks, below the eyes)."""
+    x0, y0, x1, y1 = _box(meta, "face_box", image.shape)
+    h, w = y1 - y0, x1 - x0
+    cheeks = image[y0 + int(h * 0.55):y0 + max(int(h * 0.85), int(h * 0.55) + 1), x0 + int(w * 0.2):x0 + max(int(w * 0.8), int(w * 0.2) + 1)]
+    return np.median(cheeks.reshape(-1, 3), axis=0).astype(np.uint8)
+
+
 def sleeve_missing(images, meta, rng, masks=None):
-    """One sleeve (the garment below and outside the left shoulder) painted over with background."""
+    """One sleeve gone: the garment below and outside the left shoulder becomes the bare arm (the
+    person's skin colour), as a model that drops the sleeve renders it. Garments without sleeves
+    (dresses) have none to lose: see `applicable`."""
     out = images.copy()
     for i, (image, mask) in enumerate(zip(images, masks)):
         (sx, sy) = meta[i]["keypoints"]["shoulder_l"]
         ys, xs = np.mgrid[0:mask.shape[0], 0:mask.shape[1]]
         sleeve = (mask > 127) & (xs < sx + 1) & (ys > sy - 2)
-        out[i][sleeve] = image[2, 2]  # the background colour at the top-left corner
+        out[i][sleeve] = _skin(image, meta[i])
     return out
 
 
@@ -183,12 +193,16 @@ NEEDS_MASKS = {garment_shift, garment_scale, wrong_pattern, sleeve_missing}
 
 
 MIRROR_SYMMETRIC = {"A", "M", "W"}  # mirroring these marks changes nothing a reviewer would flag
+SLEEVED = {"tee", "long_sleeve"}  # drape.data.synth draws dresses sleeveless
 
 
 def applicable(corruption: Corruption, meta: list[dict]) -> np.ndarray:
-    """Which samples a corruption really damages (a mirrored 'A' is still an 'A')."""
+    """Which samples a corruption really damages (a mirrored 'A' is still an 'A'; a sleeveless dress
+    has no sleeve to lose)."""
     if corruption is logo_mirror:
         return np.array([m["garment"]["logo"] not in MIRROR_SYMMETRIC for m in meta])
+    if corruption is sleeve_missing:
+        return np.array([m["garment"]["category"] in SLEEVED for m in meta])
     return np.ones(len(meta), dtype=bool)
 
 

@@ -4,14 +4,16 @@ import numpy as np
 import pytest
 
 from drape.calibrate import calibrate
-from drape.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror
+from drape.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror, sleeve_missing
 from drape.data.dataset import synthesize_split
 from tests.conftest import tiny_config
 
 
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory):
-    config = tiny_config(tmp_path_factory.mktemp("c") / "drape", data={"resolution": 64}, gates={"texture": {"max_shift_pixels": 2}})
+    # the texture check's melted and mirrored terms at their defaults (the tiny config turns them off for its blurry model)
+    texture = {"max_shift_pixels": 2, "mirror_penalty": 2.0, "sharpness_floor": 0.2}
+    config = tiny_config(tmp_path_factory.mktemp("c") / "drape", data={"resolution": 64}, gates={"texture": texture})
     control = synthesize_split(config, "control", 40)
     thresholds, rows = calibrate(config, control, false_alarm=0.05)
     return control, thresholds, rows
@@ -44,15 +46,30 @@ def test_each_check_flags_the_corruptions_aimed_at_it(suite):
                 assert row.scores.mean() < clean_mean - 0.05, (check, row.outputs, row.scores.mean(), clean_mean)
 
 
-def test_identity_and_cloth_corruptions_are_caught_sample_by_sample(suite):
+def test_corruptions_are_caught_sample_by_sample(suite):
     _, _, rows = suite
     rates = {(row.check, row.outputs): row.rate for row in rows if row.aimed}
     for key in [("identity", "another identity's face"), ("identity", "skin-tone shift"), ("identity", "face geometry warp"),
-                ("coherence", "garment shifted 4 px"), ("coherence", "wrong pattern")]:
+                ("texture", "logo blurred (melted)"), ("texture", "logo mirrored"), ("texture", "logo replaced by another"),
+                ("coherence", "garment shifted 4 px"), ("coherence", "wrong pattern"), ("coherence", "sleeve missing")]:
         assert rates[key] >= 0.95, (key, rates[key])
 
 
-def test_mirroring_a_symmetric_mark_is_not_counted():
-    meta = [{"garment": {"logo": "A"}}, {"garment": {"logo": "R"}}]
+def test_mirroring_a_symmetric_mark_or_unsleeving_a_dress_is_not_counted():
+    meta = [{"garment": {"logo": "A", "category": "dress"}}, {"garment": {"logo": "R", "category": "tee"}}]
     assert applicable(logo_mirror, meta).tolist() == [False, True]
+    assert applicable(sleeve_missing, meta).tolist() == [False, True]
+
+
+def test_a_missing_sleeve_shows_the_bare_arm(suite):
+    """The sleeve's pixels take the person's skin colour (read from the face), not the background."""
+    control, _, _ = suite
+    corrupted = apply(sleeve_missing, control["target"], control["meta"], control["garment_mask"])
+    for i in np.nonzero(applicable(sleeve_missing, control["meta"]))[0][:5]:
+        changed = (corrupted[i] != control["target"][i]).any(axis=-1)
+        assert changed.sum() > 10
+        colours = np.unique(corrupted[i][changed], axis=0)
+        assert len(colours) == 1
+        skin = np.array(control["meta"][i]["identity"]["skin"])
+        assert np.abs(colours[0].astype(int) - skin).max() <= 40, (colours[0], skin)
     assert set(CLEAN) == {"mild noise", "jpeg q90"}

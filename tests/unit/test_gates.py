@@ -8,8 +8,8 @@ from PIL import Image, ImageFilter
 
 from drape.data.dataset import load_split
 from drape.gate_report import CheckResult, GateReport
-from drape.gates import (OnnxFaceEmbedder, PixelFaceEmbedder, coherence_scores, identity_scores, patch_fidelity,
-                         texture_scores)
+from drape.gates import (OnnxFaceEmbedder, PixelFaceEmbedder, codec_view, coherence_scores, handedness, identity_scores,
+                         patch_fidelity, texture_scores)
 from drape.validate import judge
 
 
@@ -98,6 +98,29 @@ def test_texture_penalises_a_mirrored_mark_but_not_a_symmetric_one_and_scales_do
     plain = texture_scores(melted, target, box, 2, mirror_penalty=0, sharpness_floor=0)[0]
     assert texture_scores(melted, target, box, 2)[0] < 0.5 * plain  # correlation survives blur; sharpness does not
     assert texture_scores(target, target, box, 2)[0] == pytest.approx(1.0)
+
+
+def test_handedness_reads_a_small_mark_on_a_large_plate():
+    """A 4x3 px 'L' on a plate in a window of background: plate and background dominate plain
+    correlation (mirrored, the window still correlates 0.8 or more with the mark); handedness reads
+    only what tells the mark from its mirror image."""
+    image = np.full((1, 32, 32, 3), 40, dtype=np.uint8)
+    image[0, 8:20, 8:24] = (30, 60, 200)                          # plate, centred in the window
+    image[0, 12:16, 14] = image[0, 15, 14:17] = (250, 220, 40)    # the 'L', left of the centre line
+    mirrored = image.copy()
+    mirrored[0, 4:24, 4:28] = image[0, 4:24, 4:28][:, ::-1]
+    box = [[4, 4, 28, 24]]
+    view, seen = codec_view(image[0]), codec_view(mirrored[0])
+    reference = view[4:24, 4:28]
+    flipped = codec_view(np.ascontiguousarray(image[0, :, ::-1]))[4:24, 4:28]
+    assert patch_fidelity(seen[4:24, 4:28], reference) > 0.8
+    assert handedness(reference, reference, flipped) == pytest.approx(1.0)
+    assert handedness(seen[4:24, 4:28], reference, flipped) < -0.8
+    blob = np.asarray(Image.fromarray(image[0]).filter(ImageFilter.GaussianBlur(4)))
+    assert abs(handedness(codec_view(blob)[4:24, 4:28], reference, flipped)) < 0.5
+    assert handedness(reference, reference, reference) == 1.0  # symmetric: nothing to tell
+    assert texture_scores(mirrored, image, box, 2, sharpness_floor=0)[0] < 0
+    assert texture_scores(image, image, box, 2)[0] == pytest.approx(1.0)
 
 
 def test_coherence_counts_a_local_defect_in_full():
