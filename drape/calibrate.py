@@ -1,10 +1,17 @@
 """Calibrate and validate the gate checks with a corruption suite.
 
-From clean outputs (by default the control targets themselves: what a perfect model renders) the
-clean variants give each check's per-sample distribution on good outputs; the per-sample threshold
-is its `false_alarm` quantile. Each corruption aimed at a check is then scored against it: its
-detection rate is the share of corrupted samples below the threshold. The false-alarm rate of each
-clean variant is measured the same way.
+From clean outputs (by default the control targets themselves: what a perfect model renders; or a
+trained checkpoint's outputs) the clean variants (mild noise, JPEG) give each check's per-sample
+distribution on good outputs; the per-sample threshold is its `false_alarm` quantile. Each
+corruption aimed at a check is then scored against it: its detection rate is the share of
+corrupted samples below the threshold. The false-alarm rate of each clean variant is measured the
+same way. Coherence is judged against `reference_outputs` (a baseline's outputs) or, as in a
+stage's first run, the ground truth.
+
+The gate itself thresholds the bootstrap lower bound of each check's mean, not single samples:
+`gate_thresholds` redraws control sets of the same size from the samples and gives, per check, the
+lower-bound threshold that a model as good as the clean outputs falls below in `false_alarm` of
+the redraws, and how often each corruption falls below it. Config thresholds come from there.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import numpy as np
 
 from drape.config import PipelineConfig
 from drape.corruptions import CLEAN, CORRUPTIONS, applicable, apply
+from drape.gate_report import bootstrap_lower_bound
 from drape.validate import judge
 
 
@@ -30,19 +38,25 @@ class Row:
         return tuple(float(v) for v in np.percentile(self.scores, [1, 50, 99]))
 
 
-def _scores(config: PipelineConfig, control: dict, outputs: np.ndarray, clean: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-sample values of every check; coherence is judged against the clean outputs."""
+def _scores(config: PipelineConfig, control: dict, outputs: np.ndarray, reference: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-sample values of every check; coherence is judged against `reference`."""
     report = judge(config, stage="denoise", run_id="calibrate", checkpoint="-", control=control, control_set="-",
-                   outputs=outputs, baseline_outputs=clean, baseline={"version": "clean"})
+                   outputs=outputs, baseline_outputs=reference, baseline={"version": "reference"})
     return {name: np.array(list(check.values.values())) for name, check in report.checks.items()}
 
 
-def calibrate(config: PipelineConfig, control: dict, *, clean_outputs: np.ndarray | None = None, false_alarm: float = 0.01,
+def calibrate(config: PipelineConfig, control: dict, *, clean_outputs: np.ndarray | None = None,
+              reference_outputs: np.ndarray | None = None, false_alarm: float = 0.01,
               seed: int = 0) -> tuple[dict[str, float], list[Row]]:
-    """(per-sample threshold per check, table rows) for the given control set."""
+    """(per-sample threshold per check, table rows) for the given control set.
+
+    Coherence is judged against `reference_outputs` when given (a baseline's outputs), else the
+    control targets (the ground truth, as in a stage's first run).
+    """
     clean = control["target"] if clean_outputs is None else clean_outputs
+    reference = control["target"] if reference_outputs is None else reference_outputs
     masks = control["garment_mask"]
-    clean_scores = {name: _scores(config, control, apply(variant, clean, control["meta"], masks, seed), clean)
+    clean_scores = {name: _scores(config, control, apply(variant, clean, control["meta"], masks, seed), reference)
                     for name, variant in CLEAN.items()}
     # the strictest clean variant sets the threshold, so every variant stays within `false_alarm`
     thresholds = {check: min(float(np.quantile(s[check], false_alarm, method="inverted_cdf")) for s in clean_scores.values())
@@ -53,9 +67,66 @@ def calibrate(config: PipelineConfig, control: dict, *, clean_outputs: np.ndarra
             rows.append(Row(check, name, False, scores[check], float(np.mean(scores[check] < threshold))))
         for name, corruption in CORRUPTIONS[check].items():
             corrupted = apply(corruption, clean, control["meta"], masks, seed)
-            score = _scores(config, control, corrupted, clean)[check][applicable(corruption, control["meta"])]
+            score = _scores(config, control, corrupted, reference)[check][applicable(corruption, control["meta"])]
             rows.append(Row(check, name, True, score, float(np.mean(score < threshold))))
     return thresholds, rows
+
+
+@dataclass
+class GateRow:
+    check: str
+    outputs: str
+    aimed: bool
+    lower: float  # the gate's value (bootstrap lower bound of the mean) on these samples
+    redrawn: np.ndarray  # the same over control sets redrawn from them
+    rate: float  # share of redrawn sets below the gate threshold: detection for corruptions, false alarm for clean
+
+
+def redrawn_lower_bounds(scores: np.ndarray, *, redraws: int = 300, seed: int = 0) -> np.ndarray:
+    """The gate's statistic (`bootstrap_lower_bound`) on `redraws` control sets of the same size,
+    drawn with replacement from these per-sample scores: how it varies with the samples drawn."""
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(scores), size=(redraws, len(scores)))
+    return np.array([bootstrap_lower_bound(scores[pick], seed=seed + 1 + i) for i, pick in enumerate(picks)])
+
+
+def gate_thresholds(rows: list[Row], *, false_alarm: float = 0.01, redraws: int = 300,
+                    seed: int = 0) -> tuple[dict[str, float], list[GateRow]]:
+    """(gate threshold per check, rows): the threshold on the bootstrap lower bound that the
+    strictest clean variant falls below in `false_alarm` of redrawn control sets, and per clean
+    variant and corruption its lower bound and how often it falls below that threshold."""
+    gate_rows = [GateRow(row.check, row.outputs, row.aimed, bootstrap_lower_bound(row.scores),
+                         redrawn_lower_bounds(row.scores, redraws=redraws, seed=seed), 0.0) for row in rows if len(row.scores)]
+    thresholds = {}
+    for check in dict.fromkeys(row.check for row in gate_rows):
+        clean = [row.redrawn for row in gate_rows if row.check == check and not row.aimed]
+        thresholds[check] = min(float(np.quantile(redrawn, false_alarm, method="inverted_cdf")) for redrawn in clean)
+    for row in gate_rows:
+        row.rate = float(np.mean(row.redrawn < thresholds[row.check]))
+    return thresholds, gate_rows
+
+
+def render_gate_table(thresholds: dict[str, float], rows: list[GateRow], *, false_alarm: float, title: str,
+                      configured: dict[str, float | None] | None = None):
+    """A rich Table of the gate-level calibration: per check and outputs, the lower bound, its
+    5th-95th percentile over redrawn control sets, and the rate below the gate threshold."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    columns = ["check", "gate threshold"] + (["configured"] if configured is not None else []) + \
+        ["outputs", "lower bound", "redrawn p5", "redrawn p95", "rate"]
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("check", "outputs") else "right")
+    for row in rows:
+        p5, p95 = np.percentile(row.redrawn, [5, 95])
+        kind, met = ("detection", row.rate >= 0.99) if row.aimed else ("false alarm", row.rate <= false_alarm)
+        cells = [row.check, f"{thresholds[row.check]:.3f}"]
+        if configured is not None:
+            value = configured.get(row.check)
+            cells.append("unset" if value is None else f"{value:.3f}")
+        rate = f"{kind} {row.rate:.1%}" if met else f"[red]{kind} {row.rate:.1%}[/red]"
+        table.add_row(*cells, row.outputs, f"{row.lower:.3f}", f"{p5:.3f}", f"{p95:.3f}", rate)
+    return table
 
 
 def render_table(thresholds: dict[str, float], rows: list[Row], *, false_alarm: float, title: str):

@@ -338,11 +338,21 @@ def gate_check(control: Path = typer.Option(..., help="dataset root (with manife
 def gate_calibrate(config: Optional[Path] = ConfigOption,
                    samples: int = typer.Option(200, help="control samples to synthesize (when --control is not given)"),
                    control: Optional[Path] = typer.Option(None, help="dataset root or folder of control shards"),
-                   outputs: Optional[Path] = typer.Option(None, help="clean outputs named by sample id (default: the targets)"),
-                   false_alarm: float = typer.Option(0.01, help="false-alarm rate the thresholds are set for")) -> None:
+                   outputs: Optional[Path] = typer.Option(None, help="clean outputs named by sample id, e.g. a trained "
+                                                          "stage's gate outputs (default: the targets)"),
+                   baseline_outputs: Optional[Path] = typer.Option(None, help="judge coherence against these outputs "
+                                                                   "(default: the ground truth, as a first run)"),
+                   stage: str = typer.Option("denoise", help="whose configured thresholds to show beside the calibrated ones"),
+                   false_alarm: float = typer.Option(0.01, help="false-alarm rate the thresholds are set for"),
+                   redraws: int = typer.Option(300, help="control sets redrawn to calibrate the gate's lower bound")) -> None:
     """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
-    threshold that gives FALSE_ALARM, with each corruption's detection rate."""
-    from drape.calibrate import calibrate, render_table
+    threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
+    gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
+    thresholds a config takes."""
+    import math
+
+    from drape import STAGES
+    from drape.calibrate import calibrate, gate_thresholds, render_gate_table, render_table
     from drape.data.dataset import load_control_dir, synthesize_split
     from drape.data.shards import ShardError
     from drape.validate import read_outputs
@@ -351,16 +361,34 @@ def gate_calibrate(config: Optional[Path] = ConfigOption,
     if not 0 < false_alarm < 0.5:
         console.print(f"[red]--false-alarm must be in (0, 0.5), got {false_alarm}[/red]")
         raise typer.Exit(2)
+    if stage not in STAGES:
+        console.print(f"[red]--stage must be one of {', '.join(STAGES)}, got {stage!r}[/red]")
+        raise typer.Exit(2)
+    if redraws < 20:
+        console.print(f"[red]--redraws must be at least 20, got {redraws}[/red]")
+        raise typer.Exit(2)
     try:
         arrays = load_control_dir(control)[0] if control else synthesize_split(cfg, "control", samples)
         clean = read_outputs(outputs, arrays["keys"]) if outputs else None
+        reference = read_outputs(baseline_outputs, arrays["keys"]) if baseline_outputs else None
     except (FileNotFoundError, ShardError, ValueError) as error:
         console.print(f"[red]input error:[/red] {error}")
         raise typer.Exit(2) from None
-    thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, false_alarm=false_alarm)
+    thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, reference_outputs=reference, false_alarm=false_alarm)
     source = f"outputs in {outputs}" if outputs else "control targets"
+    versus = f"baseline outputs in {baseline_outputs}" if baseline_outputs else "the ground truth"
     console.print(render_table(thresholds, rows, false_alarm=false_alarm,
-                               title=f"gate calibration: {len(arrays['keys'])} samples, clean = {source}"))
+                               title=f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}"))
+    gate, gate_rows = gate_thresholds(rows, false_alarm=false_alarm, redraws=redraws)
+    configured = cfg.gates.thresholds(stage, vs_baseline=baseline_outputs is not None)
+    console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured,
+                                    title=f"gate level: bootstrap lower bound over {redraws} redrawn control sets; "
+                                          f"configured = {stage} thresholds in {config or 'the default config'}"))
+    keys = {"identity": "gates.identity.min_similarity", "texture": "gates.texture.min_fidelity",
+            "coherence": "gates.coherence.min_score_vs_baseline" if baseline_outputs else "gates.coherence.min_score"}
+    for check, value in gate.items():
+        console.print(f"{keys[check]}: {math.floor(value * 100) / 100:.2f}   "
+                      f"# {stage}: {false_alarm:.1%} false alarms at the gate (drape gate calibrate)")
 
 
 @storage_app.command("apply-lifecycle")

@@ -18,7 +18,7 @@ EXPECTED_COMMANDS = {
     "data shard": ["source", "out", "config", "name", "version", "control", "weights", "shard_max_bytes", "shard_max_samples"],
     "data prestage": ["stage", "config", "keep"],
     "gate check": ["control", "outputs", "baseline_outputs", "config", "stage", "report"],
-    "gate calibrate": ["config", "samples", "control", "outputs", "false_alarm"],
+    "gate calibrate": ["config", "samples", "control", "outputs", "baseline_outputs", "stage", "false_alarm", "redraws"],
     "queue submit": ["kind", "mem_gib", "duration", "gpus", "priority", "stage", "config"],
     "queue list": ["config", "state", "limit"],
     "queue cancel": ["job_id", "config"],
@@ -132,3 +132,25 @@ def test_gate_check_on_a_folder_of_shards(tiny_dataset, tmp_path):
     directory, manifest, _ = tiny_dataset
     from_folder, control_set = load_control_dir(directory / "control")
     assert control_set == manifest["control_set"] and len(from_folder["keys"]) == 6
+
+
+def test_gate_calibrate_prints_the_gate_thresholds_a_config_takes(tiny_dataset, tmp_path):
+    import re
+
+    from drape.data.dataset import load_control_dir
+    from tests.conftest import TINY
+
+    directory, _, _ = tiny_dataset
+    control, _ = load_control_dir(directory)
+    _write_outputs(tmp_path / "trained", control, control["target"])
+    args = ["gate", "calibrate", "--control", str(directory), "--config", str(TINY), "--outputs", str(tmp_path / "trained"),
+            "--redraws", "40"]
+    result = runner.invoke(app, [*args, "--baseline-outputs", str(tmp_path / "trained"), "--stage", "texture"])
+    assert result.exit_code == 0, result.output
+    assert "gate level" in result.output and "min_score_vs_baseline:" in result.output
+    value = float(re.search(r"gates\.identity\.min_similarity: ([0-9.]+)", result.output).group(1))
+    assert 0.5 < value < 1.0  # a perfect model's outputs, JPEG'd: the threshold sits just under them
+    assert runner.invoke(app, [*args, "--stage", "polish"]).exit_code == 2
+    (tmp_path / "trained" / f"{control['keys'][0]}.png").unlink()
+    missing = runner.invoke(app, args)
+    assert missing.exit_code == 2 and control["keys"][0] in missing.output

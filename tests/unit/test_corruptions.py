@@ -73,3 +73,20 @@ def test_a_missing_sleeve_shows_the_bare_arm(suite):
         skin = np.array(control["meta"][i]["identity"]["skin"])
         assert np.abs(colours[0].astype(int) - skin).max() <= 40, (colours[0], skin)
     assert set(CLEAN) == {"mild noise", "jpeg q90"}
+
+
+def test_gate_thresholds_sit_under_clean_lower_bounds_and_catch_a_regression():
+    """At the gate's level (bootstrap lower bound of the mean): clean outputs fall below the
+    threshold in at most `false_alarm` of redrawn control sets, a regression of the mean by 0.1
+    in nearly all of them."""
+    from drape.calibrate import Row, gate_thresholds
+
+    rng = np.random.default_rng(0)
+    clean = np.clip(rng.normal(0.9, 0.05, 60), 0, 1)
+    rows = [Row("identity", "jpeg q90", False, clean, 0.0), Row("identity", "mild noise", False, clean + 0.02, 0.0),
+            Row("identity", "regressed", True, clean - 0.1, 0.0)]
+    thresholds, gate_rows = gate_thresholds(rows, false_alarm=0.05, redraws=100)
+    rates = {row.outputs: row.rate for row in gate_rows}
+    assert gate_rows[0].lower > thresholds["identity"] > gate_rows[2].lower
+    assert rates["jpeg q90"] <= 0.05 and rates["mild noise"] <= 0.05
+    assert rates["regressed"] >= 0.99
