@@ -127,6 +127,42 @@ def load_model(path: str | Path, *, prefer_ema: bool = False) -> TryOnTransforme
     return model
 
 
+def _weight_files(path: str | Path) -> list[Path]:
+    files = sorted((Path(path) / "model").glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"checkpoint {path}: no model/*.safetensors weights")
+    return files
+
+
+def model_tensor_names(path: str | Path) -> list[str]:
+    """Names of a checkpoint's model tensors, from the safetensors headers alone."""
+    from safetensors import safe_open
+
+    names = []
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt") as handle:
+            names.extend(handle.keys())
+    return names
+
+
+def read_model_tensors(path: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
+    """Only the named model tensors of a checkpoint, read from its safetensors files without
+    building the model (a stage's trainable slice of a multi-GB model is a small read). Unverified:
+    callers that use the weights load them with `load_model`, which checks every sha256."""
+    from safetensors import safe_open
+
+    wanted, tensors = set(names), {}
+    for file in _weight_files(path):
+        with safe_open(str(file), framework="pt") as handle:
+            for key in wanted.intersection(handle.keys()):
+                tensors[key] = handle.get_tensor(key)
+    missing = wanted - set(tensors)
+    if missing:
+        raise CheckpointError(f"checkpoint {path}: no tensor {sorted(missing)[0]!r} in model/*.safetensors "
+                              f"({len(missing)} of {len(wanted)} asked for are missing)")
+    return tensors
+
+
 def load_training_state(path: str | Path, optimizer: torch.optim.Optimizer, trainable_names: list[str]) -> dict | None:
     """Restore optimizer moments in place; returns EMA tensors if the checkpoint has them."""
     path = Path(path)

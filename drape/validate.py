@@ -124,9 +124,10 @@ def provenance_problems(config: PipelineConfig, checkpoint: str | Path, *, stage
     candidate's manifest must name this stage and the run's dataset, and the stage's trainable
     parameters must differ from the checkpoint the stage started from: a checkpoint of an earlier
     stage, or one the stage never trained, is refused even when its outputs look fine (an earlier
-    stage's model renders much the same images; nothing else would tell).
+    stage's model renders much the same images; nothing else would tell). Reads the manifests and
+    the trainable tensors only, never the whole model.
     """
-    from drape.checkpoint import load_model, read_manifest
+    from drape.checkpoint import model_tensor_names, read_manifest, read_model_tensors
     from drape.config import trainable_parameter_names
 
     manifest, problems = read_manifest(checkpoint), []
@@ -136,8 +137,10 @@ def provenance_problems(config: PipelineConfig, checkpoint: str | Path, *, stage
     if data_manifest_hash and recorded and recorded != data_manifest_hash:
         problems.append(f"provenance: the candidate was trained on dataset {recorded[:12]}, this run's is {data_manifest_hash[:12]}")
     if start_checkpoint is not None:
-        candidate, start = load_model(checkpoint).state_dict(), load_model(start_checkpoint).state_dict()
-        names = trainable_parameter_names(config.train.stages[stage].trainable, list(candidate))
+        # only the stage's trainable tensors are read, from the safetensors files: sampling the candidate
+        # next verifies every sha256 of it, and the stage verified its start when it loaded it
+        names = trainable_parameter_names(config.train.stages[stage].trainable, model_tensor_names(checkpoint))
+        candidate, start = read_model_tensors(checkpoint, names), read_model_tensors(start_checkpoint, names)
         if names and all(torch.equal(candidate[name], start[name]) for name in names):
             problems.append(f"provenance: the stage's trainable parameters ({len(names)} tensors) are identical to its "
                             f"starting checkpoint {Path(start_checkpoint).name}: the stage did not train")

@@ -198,7 +198,7 @@ def test_onnx_embedder(tmp_path, control):
 def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp_path):
     import torch
 
-    from drape.checkpoint import save_checkpoint
+    from drape.checkpoint import CheckpointError, model_tensor_names, read_model_tensors, save_checkpoint
     from drape.gate_report import GateReport
     from drape.model import build_model
     from drape.validate import provenance_problems
@@ -221,6 +221,13 @@ def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp
         "provenance: the candidate was trained on dataset d1, this run's is d2"]
     report = GateReport("texture", "r", str(candidate), "control-x", provenance=["provenance: x"])
     assert not report.passed and report.failures()[0] == "provenance: x" and report.to_dict()["provenance"] == ["provenance: x"]
+    # it reads the trainable tensors from the safetensors files, never the whole model
+    names = _trainable(config, trained)
+    read = read_model_tensors(candidate, names)
+    assert set(read) == set(names) and set(names) < set(model_tensor_names(candidate))
+    assert torch.equal(read[names[0]], dict(trained.named_parameters())[names[0]].detach())
+    with pytest.raises(CheckpointError, match="no tensor 'nope'"):
+        read_model_tensors(candidate, ["nope"])
 
 
 def _trainable(config, model) -> list[str]:
