@@ -8,10 +8,9 @@ Goals: detection >= 99%, false alarms <= 1%.
 
     .venv/bin/python benchmarks/gate_validity.py [--config configs/demo.yaml] [--samples 240] [--resolution 128]
 
-At the demo's 64 px a logo letter is a blob of about 6×4 pixels: a mirrored 'R' differs from
-the mark by a pixel or two, less than JPEG re-encoding changes it. `--resolution` renders the
-control set larger (the production config runs at 1024 px) to measure the checks where marks are
-legible. The texture check is measured with its default melted and mirrored terms on
+At the demo's 64 px a face is 11×14 pixels and a logo letter about 6×4: `--resolution` renders the
+control set larger (the production config runs at 1024 px) to measure the checks where faces and
+marks are legible. The texture check is measured with its default melted and mirrored terms on
 (configs/demo.yaml turns them off for its one-minute model); `--as-configured` measures the
 config's own settings.
 """

@@ -178,7 +178,8 @@ class IdentityGateConfig(_Strict):
 class TextureGateConfig(_Strict):
     min_fidelity: Threshold = None
     max_shift_pixels: int = Field(default=2, ge=0)
-    mirror_penalty: float = Field(default=2.0, ge=0, description="weight of matching the mirrored mark (0: off)")
+    mirror_penalty: float = Field(default=2.0, ge=0, description=(
+        "taken off per unit of negative handedness: the mark read mirrored (0: off)"))
     sharpness_floor: float = Field(default=0.2, ge=0, le=1, description=(
         "share of the mark's gradient energy below which the score scales down (0: off)"))
     max_drop: float | None = Field(default=0.05, ge=0, description="change threshold vs the stage baseline's mean")

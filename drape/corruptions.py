@@ -164,7 +164,8 @@ def _skin(image: np.ndarray, meta: dict) -> np.ndarray:
     """The person's skin colour: the median of the face box's lower middle (cheeks, below the eyes)."""
     x0, y0, x1, y1 = _box(meta, "face_box", image.shape)
     h, w = y1 - y0, x1 - x0
-    cheeks = image[y0 + int(h * 0.55):y0 + max(int(h * 0.85), int(h * 0.55) + 1), x0 + int(w * 0.2):x0 + max(int(w * 0.8), int(w * 0.2) + 1)]
+    top, left = y0 + int(h * 0.55), x0 + int(w * 0.2)
+    cheeks = image[top:max(y0 + int(h * 0.85), top + 1), left:max(x0 + int(w * 0.8), left + 1)]
     return np.median(cheeks.reshape(-1, 3), axis=0).astype(np.uint8)
 
 
