@@ -140,12 +140,15 @@ def webhook_block(monkeypatch, slack_webhook, workspace):
     return alerting, received
 
 
-def scramble(checkpoint: str) -> None:
-    """Overwrite a candidate's weights with a fixed permutation of themselves, manifest kept valid."""
+def scramble(checkpoint: str, only: str = "") -> None:
+    """Overwrite a candidate's weights (those whose name contains `only`) with a fixed permutation
+    of themselves, manifest kept valid."""
     model, manifest = load_model(checkpoint), read_manifest(checkpoint)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for parameter in model.parameters():
+        for name, parameter in model.named_parameters():
+            if only not in name:
+                continue
             flat = parameter.flatten()
             parameter.copy_(flat[torch.randperm(flat.numel(), generator=generator)].view_as(parameter))
     save_checkpoint(checkpoint, model=model, optimizer=None, trainable_names=manifest["trainable"], ema=None, manifest=manifest)
@@ -213,6 +216,27 @@ def test_a_checkpoint_from_an_earlier_stage_fails_its_gate(first_run, workspace,
     assert "identical to its starting checkpoint" in message
     after = Tracker(config).aliases()
     assert after["texture-baseline"] == aliases_before["texture-baseline"]  # identity passed and moved; texture did not
+    assert_live_invariant(config)
+
+
+def test_a_candidate_with_scrambled_attention_fails_against_its_baseline(first_run, workspace, monkeypatch):
+    """A fine-tune run whose texture candidate has its attention weights scrambled: its identity and
+    texture values still pass (at this scale attention carries little of either), but its outputs
+    no longer resemble the texture baseline's, and `min_score_vs_baseline` stops it."""
+    from flows.staged_training import staged_training
+
+    config, path = workspace
+    aliases_before = Tracker(config).aliases()
+    sabotage(monkeypatch, "texture", lambda context, checkpoint: scramble(checkpoint, only=".attn."))
+    with pytest.raises(pipeline.GateFailed) as error:
+        staged_training(config_path=str(path), mode="finetune", run_name="scrambled-attention")
+    message = str(error.value)
+    assert "gate failed at stage texture" in message and "coherence: lower bound" in message
+    threshold = config.gates.thresholds("texture", vs_baseline=True)["coherence"]
+    assert f"< threshold {threshold:.4f}" in message
+    assert "identity: lower bound" not in message and "provenance" not in message
+    after = Tracker(config).aliases()
+    assert after["texture-baseline"] == aliases_before["texture-baseline"]
     assert_live_invariant(config)
 
 
