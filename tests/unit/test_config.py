@@ -83,7 +83,7 @@ def test_per_stage_thresholds(config):
     from drape.config import parse_config
 
     data = config.model_dump(mode="json")
-    data["gates"]["coherence"]["min_score"] = {"identity": 0.1, "texture": 0.2}
+    data["gates"]["coherence"].update(min_score={"identity": 0.1, "texture": 0.2}, min_score_vs_baseline=None)
     parsed = parse_config(data)
     assert parsed.gates.thresholds("identity")["coherence"] == 0.1
     assert parsed.gates.thresholds("denoise")["coherence"] is None  # not configured: blocks promotion
