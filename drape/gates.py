@@ -43,20 +43,25 @@ def _resize(crop: np.ndarray, size: int) -> torch.Tensor:
 class PixelFaceEmbedder:
     """Weight-free embedding: half face structure, half skin tone, each unit length.
 
-    Structure is the mean-centred 16×16 crop (geometry of eyes, nose, hair line); skin tone is the
-    mean colour of the crop's central half, encoded by Gaussian bumps on a 5×5×5 colour grid so
+    Structure is the mean-centred luminance of the crop at 16×16 (geometry of eyes, nose, hair
+    line): codecs keep luminance at full resolution and halve chroma, so structure read from colour
+    channels moves with JPEG as much as with another face. At 64 px, structure alone: JPEG q90's 1st
+    percentile 0.87 and other faces' 99th 0.93 in colour; 0.985 and 0.97 in luminance. Skin tone is
+    the mean colour of the crop's central half, encoded by Gaussian bumps on a 5×5×5 colour grid so
     that the cosine of two tones falls with their distance. Cosine similarity of two embeddings is
     then the average of the two similarities.
     """
 
     name = "pixel"
     _grid = torch.stack(torch.meshgrid(*[torch.linspace(0, 1, 5)] * 3, indexing="ij"), dim=-1).reshape(-1, 3)
+    _luma = torch.tensor([0.299, 0.587, 0.114])[:, None, None]
 
     def embed(self, crops: list[np.ndarray]) -> np.ndarray:
         rows = []
         for crop in crops:
             image = _resize(crop, 16) / 255.0
-            structure = (image - image.mean(dim=(1, 2), keepdim=True)).flatten()
+            luma = (image * self._luma).sum(dim=0)
+            structure = (luma - luma.mean()).flatten()
             tone = image[:, 4:12, 4:12].mean(dim=(1, 2))
             bumps = torch.exp(-((self._grid - tone) ** 2).sum(dim=1) / (2 * 0.1**2))
             parts = [part / part.norm().clamp_min(1e-8) for part in (structure, bumps)]
