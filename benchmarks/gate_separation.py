@@ -24,6 +24,7 @@ from rich.table import Table
 from drape import STAGES
 from drape.checkpoint import load_model
 from drape.config import default_config_path, load_config
+from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, load_split, to_model_inputs
 from drape.gate_report import CHECKS
 from drape.model import build_model, sample
@@ -46,8 +47,11 @@ def main() -> None:
     parser.add_argument("--config", default=str(default_config_path()))
     config = load_config(parser.parse_args().config)
     live = live_root(config)
-    manifest = json.loads(open_store(config).read_bytes(f"{dataset_prefix(config)}/manifest.json"))
-    control = load_split(live / "shards", manifest, "control")
+    store = open_store(config)
+    manifest = json.loads(store.read_bytes(f"{dataset_prefix(config)}/manifest.json"))
+    cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
+    cache.prestage("control")  # local after a run; fetched (and verified) if the cache was cleared
+    control = load_split(cache.dataset_dir, manifest, "control")
     inputs = to_model_inputs(control)
     generate = lambda model: to_uint8(sample(model.eval(), config.diffusion, inputs, seed=config.gates.sample_seed))  # noqa: E731
 
