@@ -217,11 +217,18 @@ class JobStore:
 
     # --- inventory and ledger -------------------------------------------------------------
     def register_gpus(self, gpus: list[GpuState]) -> None:
+        """Add GPUs the inventory does not know yet. Dispatchers starting together may register the
+        same GPUs at once: a row another one inserted first is skipped (ON CONFLICT DO NOTHING),
+        not an error."""
+        if self.is_sqlite:
+            from sqlalchemy.dialects.sqlite import insert as upsert
+        else:
+            from sqlalchemy.dialects.postgresql import insert as upsert
         with self.engine.begin() as connection:
             known = {row[0] for row in connection.execute(select(gpus_table.c.uuid))}
             new = [{"uuid": g.uuid, "node": g.node, "model": g.model, "total_gib": g.total_gib} for g in gpus if g.uuid not in known]
             if new:
-                connection.execute(insert(gpus_table), new)
+                connection.execute(upsert(gpus_table).on_conflict_do_nothing(index_elements=["uuid"]), new)
 
     def inventory(self) -> list[GpuState]:
         with self.engine.connect() as connection:

@@ -53,6 +53,27 @@ def _dispatchers(path, count, seconds, mode="drain"):
     return [subprocess.Popen([sys.executable, "-c", DISPATCH, str(path), str(seconds), mode], env=env) for _ in range(count)]
 
 
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_dispatchers_starting_together_register_the_fleet_once(tmp_path, request, monkeypatch, database):
+    """Two dispatchers read the inventory before either inserts it: the second one's insert skips
+    the rows the first one wrote instead of failing on the primary key (it used to crash a
+    dispatcher at start-up on PostgreSQL)."""
+    import scheduler.store as store_module
+    from scheduler.policy import GpuState
+
+    queue = {"url": request.getfixturevalue("postgres_url")} if database == "postgresql" else {}
+    config, _ = _config_file(tmp_path, **queue)
+    first, second = JobStore(config.queue_url), JobStore(config.queue_url)
+    gpus = [GpuState(f"n0/gpu{i}", "n0", "H100-80GB", 80.0) for i in range(4)]
+    first.register_gpus(gpus[:3])
+    real_select = store_module.select
+    # the second dispatcher's read happened before the first one's insert: it sees no GPUs
+    monkeypatch.setattr(store_module, "select", lambda *columns: real_select(*columns).where(store_module.gpus_table.c.uuid == ""))
+    second.register_gpus(gpus)
+    monkeypatch.setattr(store_module, "select", real_select)
+    assert sorted(g.uuid for g in second.inventory()) == [g.uuid for g in gpus]
+
+
 @pytest.mark.parametrize("database, jobs", [("sqlite", 1000), ("postgresql", 400)])
 def test_four_dispatchers_never_double_allocate(tmp_path, request, database, jobs):
     queue = {"url": request.getfixturevalue("postgres_url")} if database == "postgresql" else {}
