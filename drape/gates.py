@@ -35,6 +35,9 @@ class FaceEmbedder(Protocol):
         """(N, D) embeddings of RGB uint8 face crops."""
 
 
+_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])  # RGB → YCbCr (JPEG)
+
+
 def _resize(crop: np.ndarray, size: int) -> torch.Tensor:
     tensor = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1)[None].float()
     return F.interpolate(tensor, size=(size, size), mode="bilinear", align_corners=False)[0]
@@ -54,7 +57,7 @@ class PixelFaceEmbedder:
 
     name = "pixel"
     _grid = torch.stack(torch.meshgrid(*[torch.linspace(0, 1, 5)] * 3, indexing="ij"), dim=-1).reshape(-1, 3)
-    _luma = torch.tensor([0.299, 0.587, 0.114])[:, None, None]
+    _luma = torch.tensor(_YCC[0], dtype=torch.float32)[:, None, None]
 
     def embed(self, crops: list[np.ndarray]) -> np.ndarray:
         rows = []
@@ -130,9 +133,6 @@ def patch_fidelity(output: np.ndarray, target: np.ndarray) -> float:
     y = target.astype(np.float64) - target.reshape(-1, target.shape[-1]).mean(axis=0)
     scale = np.sqrt((x * x).sum() * (y * y).sum())
     return float((x * y).sum() / scale) if scale > 0 else 0.0
-
-
-_YCC = np.array([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
 
 
 def codec_view(image: np.ndarray) -> np.ndarray:
