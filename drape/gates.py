@@ -162,7 +162,8 @@ def handedness(window: np.ndarray, mark: np.ndarray, mirrored: np.ndarray) -> fl
     def centred(patch: np.ndarray) -> np.ndarray:
         return patch - patch.reshape(-1, patch.shape[-1]).mean(axis=0)
 
-    mark, difference = centred(mark), centred(mark) - centred(mirrored)
+    mark = centred(mark)
+    difference = mark - centred(mirrored)
     own = float((mark * difference).sum())
     if own <= 1e-3 * float((mark * mark).sum()):  # symmetric: the mirror changes nothing
         return 1.0
@@ -188,8 +189,10 @@ def texture_scores(outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, m
         x1, y1 = min(int(round(box[2])), width), min(int(round(box[3])), height)
         seen, reference = codec_view(output), codec_view(target)[y0:y1, x0:x1]
         # the mark mirrored in pixels, then seen as codecs see it (mirroring the codec view instead would
-        # move its half-resolution chroma by a pixel, and a mirrored output would not match it)
-        mirrored = codec_view(np.ascontiguousarray(target[:, ::-1]))[y0:y1, width - x1:width - x0]
+        # move its half-resolution chroma by a pixel, and a mirrored output would not match it); only
+        # when the mirror term is on
+        mirrored = (codec_view(np.ascontiguousarray(target[:, ::-1]))[y0:y1, width - x1:width - x0]
+                    if mirror_penalty > 0 else None)
         best, window, aligned, aligned_value = -1.0, None, None, -1.0
         for dy in range(-max_shift, max_shift + 1):
             for dx in range(-max_shift, max_shift + 1):
@@ -198,14 +201,15 @@ def texture_scores(outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, m
                     value = patch_fidelity(candidate, reference)
                     if value > best:
                         best, window = value, candidate
-                    either = max(value, patch_fidelity(candidate, mirrored))
-                    if either > aligned_value:
-                        aligned, aligned_value = candidate, either
+                    if mirrored is not None:
+                        either = max(value, patch_fidelity(candidate, mirrored))
+                        if either > aligned_value:
+                            aligned, aligned_value = candidate, either
         if window is None:
             scores.append(0.0)
             continue
         score = best
-        if mirror_penalty > 0:
+        if mirrored is not None:
             score -= mirror_penalty * max(0.0, -handedness(aligned, reference, mirrored))
         mark_energy = _gradient_energy(reference)
         if sharpness_floor > 0 and mark_energy > 0:
