@@ -22,15 +22,15 @@ from rich.console import Console
 from rich.table import Table
 
 from drape import STAGES
-from drape.checkpoint import load_model
+from drape.training.checkpoint import load_model
 from drape.config import default_config_path, load_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, load_split, to_model_inputs
-from drape.gate_report import CHECKS
-from drape.model import build_model, sample
+from drape.gates.report import CHECKS
+from drape.training.model import build_model, sample
 from drape.pipeline import live_root
-from drape.storage import open_store
-from drape.validate import judge, to_uint8
+from drape.storage.store import open_store
+from drape.gates.run import judge, to_uint8
 
 
 def scrambled(model: torch.nn.Module) -> torch.nn.Module:

@@ -22,7 +22,7 @@ import time
 
 from rich.console import Console
 
-from drape.calibrate import calibrate, render_table
+from drape.gates.calibration import calibrate, render_table
 from drape.config import default_config_path, load_config
 from drape.data.dataset import synthesize_split
 

@@ -25,8 +25,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drape.config import deep_merge, parse_config  # noqa: E402
-from drape.distributed import init_from_env  # noqa: E402
-from drape.train import train_stage  # noqa: E402
+from drape.training.distributed import init_from_env  # noqa: E402
+from drape.training.trainer import train_stage  # noqa: E402
 
 
 def random_split(resolution: int, samples: int, seed: int = 0) -> dict:

@@ -37,9 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drape import STAGES  # noqa: E402
-from drape.checksum import sha256_file  # noqa: E402
+from drape.storage.checksum import sha256_file  # noqa: E402
 from drape.data.cache import ShardCache  # noqa: E402
-from drape.storage import ObjectStore  # noqa: E402
+from drape.storage.store import ObjectStore  # noqa: E402
 from tests.integration.fault_proxy import FaultProxy  # noqa: E402
 
 MIB = 2**20

@@ -30,9 +30,9 @@ from rich.table import Table
 
 from drape import STAGES
 from drape.config import load_config
-from drape.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest
-from drape.storage import ObjectStore, tree_bytes
-from drape.sweep import sweep
+from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest
+from drape.storage.store import ObjectStore, tree_bytes
+from drape.storage.sweep import sweep
 
 GB = 1e9
 # bytes at production scale, per stage of one cycle

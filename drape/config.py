@@ -15,9 +15,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from drape import ARTIFACT_KINDS, REGISTERED_MODEL, STAGES
-
-Stage = Literal["identity", "texture", "geometry", "denoise"]
+from drape import layout
+from drape import ARTIFACT_KINDS, REGISTERED_MODEL, STAGES, ArtifactKind, Outcome, Stage
 
 
 class ConfigError(ValueError):
@@ -209,14 +208,13 @@ class GatesConfig(_Strict):
                 "texture": _threshold_for(self.texture.min_fidelity, stage), "coherence": coherence}
 
 
-Outcome = Literal["baseline", "superseded_baseline", "passed", "failed_candidate", "aborted"]
 STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE")
 
 
 LiveUntil = Literal["stage_end", "run_end", "baseline"]
 # the pipeline reads a baseline's checkpoint (the next stage starts from it) and its outputs (the
 # coherence reference) from live storage, so for these kinds a baseline stays live while it is one
-BASELINE_LIVE_KINDS = ("checkpoint", "validation_output")
+BASELINE_LIVE_KINDS = (ArtifactKind.CHECKPOINT, ArtifactKind.VALIDATION_OUTPUT)
 
 
 class OutcomeRule(_Strict):
@@ -370,25 +368,26 @@ class PipelineConfig(_Strict):
                 raise ValueError(f"model.{field} {patch} must divide data.resolution {self.data.resolution}")
         return self
 
+    # where things live when the config leaves them unset: drape.layout decides
     @property
     def object_store_url(self) -> str:
-        return self.storage.object_store_url or f"file://{self.paths.root_path.resolve()}/objects"
+        return self.storage.object_store_url or layout.default_object_store_url(self.paths.root)
 
     @property
     def cache_dir(self) -> Path:
-        return Path(self.data.cache.dir) if self.data.cache.dir else self.paths.root_path.resolve() / "live" / "shards"
+        return layout.shard_cache_root(self)
 
     @property
     def queue_url(self) -> str:
-        return self.queue.url or f"sqlite:///{self.paths.root_path.resolve()}/queue.db"
+        return self.queue.url or layout.default_queue_url(self.paths.root)
 
     @property
     def tracking_uri(self) -> str:
-        return self.tracking.uri or f"sqlite:///{self.paths.root_path.resolve()}/mlflow.db"
+        return self.tracking.uri or layout.default_tracking_uri(self.paths.root)
 
     @property
     def artifact_root(self) -> str:
-        return self.tracking.artifact_root or str(self.paths.root_path.resolve() / "mlartifacts")
+        return self.tracking.artifact_root or layout.default_artifact_root(self.paths.root)
 
 
 def trainable_parameter_names(patterns: list[str], names: list[str]) -> list[str]:

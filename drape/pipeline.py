@@ -1,15 +1,8 @@
 """The stage operations a pipeline run is made of, one function per box of the DAG.
 
-Each is one call for a Prefect task (`tasks/`), and runs just as well without Prefect. Live
-storage (``<root>/live``) holds::
-
-    runs/<run id>/<stage>/checkpoints/step-N    the active run's candidate checkpoints
-    runs/<run id>/<stage>/gate/                 outputs, latents, report.json, grid.png
-    baselines/<stage>/                          the current baseline: checkpoint/, outputs/, baseline.json
-                                                (+ latents.safetensors, report.json if the policy keeps
-                                                those live while baseline)
-    shards/<dataset>/<version>/<split>/         the shard cache (`data.cache`): pre-staged shards of
-                                                the stage in progress or next, and the control set
+Each is one call for a Prefect task (`tasks/`), and runs just as well without Prefect. What they
+read and write in live storage and the object store is laid out by `drape.layout`. A run's
+object store, tracker and shard cache are built once (`resources`) and shared by its steps.
 
 Invariant after every archive: the current baselines (weights without optimizer state, and their
 control outputs), the control set, the shards of the stage in progress or next, and what the
@@ -23,32 +16,33 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
-from contextlib import contextmanager
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
-from drape import STAGES
-from drape.alerts import notify_gate
-from drape.checkpoint import export_weights
+from drape import STAGES, Mode, Outcome, Stage, parse_mode, previous_stage, stages_from
 from drape.config import PipelineConfig
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, read_manifest
-from drape.data.partition import load_stage_data, resolve_partitions
-from drape.gate_report import GateReport
-from drape.retention import ArchiveResult, classify_stage_dir, execute_plan, plan_retention, release_run
-from drape.storage import open_store, remove_tree, tree_bytes
-from drape.sweep import sweep as run_sweep
-from drape import metrics
-from drape.metrics import push_metrics
-from drape.tracking import Tracker
-from drape.train import TrainResult, train_stage
-from drape.validate import evaluate_gate, provenance_problems
+from drape.gates.report import GateReport
+from drape.gates.run import evaluate_gate, provenance_problems
+from drape.layout import LiveLayout, StagePaths, archive_manifest_prefix, live_root, run_key
+from drape.ops import metrics
+from drape.ops.alerts import notify_gate
+from drape.ops.metrics import push_metrics
+from drape.ops.tracking import Tracker
+from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, release_run
+from drape.storage.store import ObjectStore, open_store, remove_tree, tree_bytes
+from drape.storage.sweep import sweep as run_sweep
+from drape.training.checkpoint import export_weights
+from drape.training.stage_job import StageJob, StageJobResult
+from drape.training.trainer import TrainResult
 
-
-MODES = ("full", "finetune")  # full: each stage's `steps`; finetune: `finetune_steps` from the stage baselines
+__all__ = ["GateFailed", "RunContext", "StageRecord", "live_root"]
 
 
 class GateFailed(RuntimeError):
@@ -59,7 +53,7 @@ class GateFailed(RuntimeError):
 class RunContext:
     run_id: str
     run_name: str
-    mode: str
+    mode: Mode
     live_root: str
     mlflow_run_id: str
     stage_run_ids: dict[str, str]
@@ -67,11 +61,44 @@ class RunContext:
     data_manifest_hash: str
     control_set: str
 
+    @property
+    def layout(self) -> LiveLayout:
+        return LiveLayout(Path(self.live_root))
+
+    def paths(self, stage: str) -> StagePaths:
+        return self.layout.stage(self.run_id, stage)
+
     def stage_dir(self, stage: str) -> Path:
-        return Path(self.live_root) / "runs" / self.run_id / stage
+        return self.paths(stage).root
 
     def baseline_dir(self, stage: str) -> Path:
-        return Path(self.live_root) / "baselines" / stage
+        return self.layout.baseline(stage).root
+
+
+@dataclass
+class RunResources:
+    """What every step of one run talks to, built once per run (and per process)."""
+
+    store: ObjectStore
+    tracker: Tracker
+    cache: ShardCache
+
+
+_RESOURCES: dict[str, RunResources] = {}
+_RESOURCES_LOCK = threading.Lock()
+
+
+def resources(config: PipelineConfig, context: RunContext) -> RunResources:
+    """The run's store, tracker and shard cache (the dataset manifest read once); `close_run` drops them."""
+    with _RESOURCES_LOCK:
+        if context.run_id not in _RESOURCES:
+            store = open_store(config)
+            manifest = read_manifest(store, context.dataset_prefix)
+            if manifest is None:
+                raise FileNotFoundError(f"run {context.run_id}: no dataset at {store.key_url(context.dataset_prefix)}")
+            _RESOURCES[context.run_id] = RunResources(store, Tracker(config),
+                                                      ShardCache.from_config(config, store, context.dataset_prefix, manifest))
+        return _RESOURCES[context.run_id]
 
 
 @contextmanager
@@ -87,14 +114,9 @@ def _timed(config: PipelineConfig, context: RunContext, stage: str, step: str):
         push_metrics(config, grouping={"run": context.run_id, "stage": stage})
 
 
-def live_root(config: PipelineConfig) -> Path:
-    return config.paths.root_path.resolve() / "live"
-
-
-def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str = "full", progress=None) -> RunContext:
+def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str = Mode.FULL, progress=None) -> RunContext:
     """Create the run: dataset ready in the object store, MLflow runs open, control set staged."""
-    if mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    mode = parse_mode(mode)
     store, tracker = open_store(config), Tracker(config)
     manifest = ensure_dataset(config, store, progress)
     run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
@@ -105,25 +127,16 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
     children = {stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES}
     context = RunContext(run_id, run_name, mode, str(live_root(config)), parent, children, dataset_prefix(config),
                          manifest_hash(manifest), manifest["control_set"])
-    shard_cache(config, context).prestage("control")
+    resources(config, context).cache.prestage("control")
     return context
-
-
-def _manifest(config: PipelineConfig, context: RunContext) -> dict:
-    return json.loads(open_store(config).read_bytes(f"{context.dataset_prefix}/manifest.json"))
-
-
-def shard_cache(config: PipelineConfig, context: RunContext) -> ShardCache:
-    return ShardCache.from_config(config, open_store(config), context.dataset_prefix, _manifest(config, context))
 
 
 def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> dict:
     """Pre-stage `stage`'s shards into the shard cache, verified, keeping the control set and the
     stage before it (which may still be training); returns what was staged and evicted."""
-    index = STAGES.index(stage)
-    keep = ["control", *STAGES[max(index - 1, 0):index]]
+    keep = ["control", *filter(None, [previous_stage(stage)])]
     with _timed(config, context, stage, "prestage"):
-        result = shard_cache(config, context).prestage(stage, keep=keep, progress=progress)
+        result = resources(config, context).cache.prestage(stage, keep=keep, progress=progress)
         metrics.PRESTAGED_BYTES.labels(run=context.run_id, stage=stage).set(result.bytes)
         metrics.PRESTAGE_DOWNLOADED.labels(run=context.run_id, stage=stage).set(result.downloaded_bytes)
     return result.to_dict()
@@ -140,41 +153,34 @@ def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None 
     return {**result.to_dict(), "directory": str(cache.dataset_dir / stage)}
 
 
-def previous_checkpoint(context: RunContext, stage: str) -> str | None:
-    """Where `stage` starts: fine-tunes from its own baseline; a full run from the previous stage's baseline."""
-    index = STAGES.index(stage)
-    source = stage if context.mode == "finetune" else (STAGES[index - 1] if index else None)
-    if source is None:
-        return None
-    checkpoint = context.baseline_dir(source) / "checkpoint"
-    return str(checkpoint) if checkpoint.is_dir() else None
+def start_checkpoint(context: RunContext, stage: str) -> str | None:
+    """Where `stage` starts: a fine-tune from its own baseline, a full run from the previous stage's
+    baseline (None: fresh weights)."""
+    source = stage if context.mode is Mode.FINETUNE else previous_stage(stage)
+    checkpoint = context.layout.baseline(source).checkpoint if source else None
+    return str(checkpoint) if checkpoint is not None and checkpoint.is_dir() else None
 
 
-def train(config: PipelineConfig, context: RunContext, stage: str, init_checkpoint: str | None, progress=None) -> TrainResult:
-    """Train the stage's parameter subset on its pre-staged shards, in this process; logs to the stage's MLflow run."""
-    tracker, run = Tracker(config), context.stage_run_ids[stage]
-    cache = shard_cache(config, context)
-    partitions = resolve_partitions(config.train.data_partitions, 1, config.train.batch_size)
-    data = load_stage_data(cache, stage, partitions=partitions, world_size=1, rank=0, prestage=False)  # pre-staged: local disk
-    sink = lambda metrics, step: tracker.log_metrics(run, metrics, step)  # noqa: E731
-    result = train_stage(config, stage=stage, data=data, out_dir=context.stage_dir(stage), init_checkpoint=init_checkpoint,
-                         mode=context.mode, data_manifest_hash=context.data_manifest_hash, log_metrics=sink, progress=progress,
-                         metric_labels={"run": context.run_id, "stage": stage})
-    _log_train_summary(config, context, stage, result, cache.read_wait_seconds)
-    return result
+def stage_job(config: PipelineConfig, context: RunContext, stage: str) -> StageJob:
+    """The stage's training job in this run: from `start_checkpoint`, into the run's stage directory."""
+    return StageJob(config, Stage(stage), context.stage_dir(stage), context.mode, start_checkpoint(context, stage),
+                    context.run_id, context.stage_run_ids[stage])
 
 
-def train_command(config: PipelineConfig, context: RunContext, stage: str, init_checkpoint: str | None) -> tuple[list[str], Path]:
-    """The trainer as a queue job: `python -m drape.train …` and the file its result lands in."""
-    stage_dir = context.stage_dir(stage)
-    stage_dir.mkdir(parents=True, exist_ok=True)
-    config_path, result_path = stage_dir / "job-config.json", stage_dir / "train-result.json"
-    config_path.write_text(config.model_dump_json(indent=2))
-    result_path.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "drape.train", "--config", str(config_path), "--stage", stage, "--out", str(stage_dir),
-               "--mode", context.mode, "--result", str(result_path), "--mlflow-run", context.stage_run_ids[stage],
-               "--run-id", context.run_id]
-    return command + (["--init", init_checkpoint] if init_checkpoint else []), result_path
+def train(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> TrainResult:
+    """Train the stage in this process on its pre-staged shards; logs to the stage's MLflow run."""
+    run = resources(config, context)
+    result = stage_job(config, context, stage).run(cache=run.cache, tracker=run.tracker, progress=progress)
+    _log_train_summary(config, context, stage, result)
+    return result.train
+
+
+def train_command(config: PipelineConfig, context: RunContext, stage: str) -> tuple[list[str], Path]:
+    """The stage's training as a queue job: the command (`python -m drape.train --job …`) and the
+    file its result lands in."""
+    paths = context.paths(stage)
+    paths.train_result.unlink(missing_ok=True)
+    return stage_job(config, context, stage).write(paths.job_config, result=paths.train_result), paths.train_result
 
 
 def finish_train(config: PipelineConfig, context: RunContext, stage: str, result_path: str | Path) -> TrainResult:
@@ -182,28 +188,26 @@ def finish_train(config: PipelineConfig, context: RunContext, stage: str, result
     path = Path(result_path)
     if not path.is_file():
         raise RuntimeError(f"stage {stage}: the train job ended without writing {path}")
-    payload = json.loads(path.read_text())
-    fields = {name: payload[name] for name in TrainResult.__dataclass_fields__}
-    result = TrainResult(**fields)
-    _log_train_summary(config, context, stage, result, payload.get("shard_read_wait_seconds", 0.0))
+    result = StageJobResult.from_dict(json.loads(path.read_text()))
+    _log_train_summary(config, context, stage, result)
     path.unlink()
-    (path.parent / "job-config.json").unlink(missing_ok=True)
-    return result
+    context.paths(stage).job_config.unlink(missing_ok=True)
+    return result.train
 
 
-def _log_train_summary(config: PipelineConfig, context: RunContext, stage: str, result: TrainResult, read_wait: float) -> None:
-    labels = {"run": context.run_id, "stage": stage}
+def _log_train_summary(config: PipelineConfig, context: RunContext, stage: str, job: StageJobResult) -> None:
+    labels, result = {"run": context.run_id, "stage": stage}, job.train
     metrics.TRAIN_THROUGHPUT.labels(**labels).set(result.samples_per_second)
     metrics.TRAIN_STEPS.labels(**labels).set(result.steps)
     metrics.STAGE_STEP_SECONDS.labels(**labels, step="train").set(result.train_seconds)
     metrics.STAGE_FINISHED.labels(**labels, step="train").set(time.time())
     push_metrics(config, grouping=labels)
-    Tracker(config).log_metrics(context.stage_run_ids[stage], {
+    resources(config, context).tracker.log_metrics(context.stage_run_ids[stage], {
         f"{stage}/train_seconds": result.train_seconds, f"{stage}/data_wait_fraction": result.data_wait_fraction,
-        f"{stage}/final_loss": result.final_loss, f"{stage}/shard_read_wait_seconds": read_wait}, result.steps)
+        f"{stage}/final_loss": result.final_loss, f"{stage}/shard_read_wait_seconds": job.shard_read_wait_seconds}, result.steps)
 
 
-def _baseline(config: PipelineConfig, context: RunContext, stage: str, tracker: Tracker) -> tuple[dict | None, Path | None]:
+def _baseline(context: RunContext, stage: str, tracker: Tracker) -> tuple[dict | None, Path | None]:
     """The stage baseline's version info and a local directory with its control outputs."""
     version = tracker.get_baseline(stage)
     if version is None:
@@ -213,12 +217,11 @@ def _baseline(config: PipelineConfig, context: RunContext, stage: str, tracker: 
     if info["control_set"] != context.control_set:
         raise ValueError(f"stage {stage}: baseline v{info['version']} was judged on control set {info['control_set']!r}, "
                          f"this run uses {context.control_set!r}; outputs on different control sets cannot be compared")
-    local = context.baseline_dir(stage)
-    recorded = json.loads((local / "baseline.json").read_text()) if (local / "baseline.json").is_file() else {}
-    if recorded.get("version") == info["version"] and (local / "outputs").is_dir():
-        return info, local / "outputs"
-    cache = Path(context.live_root) / "runs" / context.run_id / stage / "baseline-download"
-    return info, tracker.download(f"{version.source}/outputs", cache)
+    local = context.layout.baseline(stage)
+    recorded = json.loads(local.record.read_text()) if local.record.is_file() else {}
+    if recorded.get("version") == info["version"] and local.outputs.is_dir():
+        return info, local.outputs
+    return info, tracker.download(f"{version.source}/outputs", context.paths(stage).baseline_download)
 
 
 def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, *, webhook_url: str | None = None,
@@ -228,39 +231,38 @@ def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: st
     A passing gate alerts only when `alerts.notify_on_pass` is set; failures alert in `reject`.
     """
     with _timed(config, context, stage, "gate"):
-        report = _gate(config, context, stage, checkpoint, webhook_url=webhook_url, links=links)
+        report = _gate(config, context, stage, checkpoint)
         labels = {"run": context.run_id, "stage": stage}
         for name, check in report.checks.items():
-            for aggregate, value in (("lower", check.lower), ("mean", check.mean), ("min", check.minimum)):
+            for aggregate, value in check.aggregates().items():
                 metrics.GATE_VALUE.labels(**labels, check=name, aggregate=aggregate).set(value)
             if check.threshold is not None:
                 metrics.GATE_THRESHOLD.labels(**labels, check=name).set(check.threshold)
         metrics.GATE_PASSED.labels(**labels).set(1.0 if report.passed else 0.0)
+    if report.passed:
+        print(f"gate-{stage}: passed ({_notify(config, context, report, webhook_url, links)})")
     return report
 
 
-def _gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, *, webhook_url: str | None,
-          links: dict[str, str] | None) -> GateReport:
-    tracker, run = Tracker(config), context.stage_run_ids[stage]
-    cache = shard_cache(config, context)
-    cache.prestage("control")  # normally local already; restores it if an operator cleared the cache
-    control = load_split(cache.dataset_dir, cache.manifest, "control")
-    baseline, baseline_outputs = _baseline(config, context, stage, tracker)
-    gate_dir = context.stage_dir(stage) / "gate"
+def _gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str) -> GateReport:
+    run = resources(config, context)
+    run.cache.prestage("control")  # normally local already; restores it if an operator cleared the cache
+    control = load_split(run.cache.dataset_dir, run.cache.manifest, "control")
+    baseline, baseline_outputs = _baseline(context, stage, run.tracker)
+    paths = context.paths(stage)
     provenance = provenance_problems(config, checkpoint, stage=stage, data_manifest_hash=context.data_manifest_hash,
-                                     start_checkpoint=previous_checkpoint(context, stage))
+                                     start_checkpoint=start_checkpoint(context, stage))
     report = evaluate_gate(config, stage=stage, run_id=context.run_id, checkpoint=checkpoint, control=control,
-                           control_set=context.control_set, gate_dir=gate_dir, baseline=baseline,
+                           control_set=context.control_set, gate_dir=paths.gate, baseline=baseline,
                            baseline_outputs_dir=baseline_outputs, provenance=provenance)
-    remove_tree(context.stage_dir(stage) / "baseline-download")
-    aggregates = {f"gate/{name}/{aggregate}": getattr(check, attribute) for name, check in report.checks.items()
-                  for aggregate, attribute in (("mean", "mean"), ("lower", "lower"), ("min", "minimum"))}
-    tracker.log_metrics(run, {**aggregates, "gate/passed": float(report.passed)})
-    tracker.set_tags(run, {"drape.gate.verdict": "pass" if report.passed else "fail"})
-    tracker.log_artifact(run, gate_dir / "report.json", "gate")
-    tracker.log_artifact(run, gate_dir / "grid.png", "gate")
-    if report.passed:
-        print(f"gate-{stage}: passed ({_notify(config, context, report, webhook_url, links)})")
+    remove_tree(paths.baseline_download)
+    stage_run = context.stage_run_ids[stage]
+    aggregates = {f"gate/{name}/{aggregate}": value for name, check in report.checks.items()
+                  for aggregate, value in check.aggregates().items()}
+    run.tracker.log_metrics(stage_run, {**aggregates, "gate/passed": float(report.passed)})
+    run.tracker.set_tags(stage_run, {"drape.gate.verdict": report.verdict})
+    run.tracker.log_artifact(stage_run, paths.gate_report, "gate")
+    run.tracker.log_artifact(stage_run, paths.gate_grid, "gate")
     return report
 
 
@@ -273,32 +275,35 @@ def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint
     return result
 
 
-def _snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
-    tracker, run = Tracker(config), context.stage_run_ids[stage]
-    gate_dir = context.stage_dir(stage) / "gate"
-    staging = context.baseline_dir(stage).with_name(f".{stage}.tmp")
+def _stage_baseline(config: PipelineConfig, paths: StagePaths, checkpoint: str, staging: Path) -> None:
+    """Assemble the next baseline in `staging`: weights, control outputs, and what the policy keeps live."""
     remove_tree(staging)
     staging.mkdir(parents=True)
     export_weights(checkpoint, staging / "checkpoint")  # the full checkpoint is archived with the run
-    shutil.copytree(gate_dir / "outputs", staging / "outputs")
-    for name, kind in (("latents.safetensors", "latent_snapshot"), ("report.json", "gate_report")):
-        if (gate_dir / name).is_file() and config.retention.live_until(kind, "baseline") == "baseline":
-            shutil.copy2(gate_dir / name, staging / name)  # live while this is the baseline (retention policy)
-    tracker.log_artifacts(run, staging / "checkpoint", "snapshot/checkpoint")
-    source = tracker.log_artifacts(run, staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
+    shutil.copytree(paths.gate_outputs, staging / "outputs")
+    for file, kind in ((paths.gate_latents, "latent_snapshot"), (paths.gate_report, "gate_report")):
+        if file.is_file() and config.retention.live_until(kind, Outcome.BASELINE) == "baseline":
+            shutil.copy2(file, staging / file.name)  # live while this is the baseline (retention policy)
+
+
+def _snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
+    tracker, stage_run = resources(config, context).tracker, context.stage_run_ids[stage]
+    paths, baseline = context.paths(stage), context.layout.baseline(stage)
+    _stage_baseline(config, paths, checkpoint, baseline.staging)
+    tracker.log_artifacts(stage_run, baseline.staging / "checkpoint", "snapshot/checkpoint")
+    source = tracker.log_artifacts(stage_run, baseline.staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
     tags = {"drape.stage": stage, "drape.run_id": context.run_id, "drape.control_set": context.control_set,
             **{f"drape.gate.{name}": f"{check.mean:.6f}" for name, check in report.checks.items()}}
-    version = tracker.register_baseline(run, source, stage, tags)
-    (staging / "baseline.json").write_text(json.dumps({"version": version, "run_id": context.run_id, "stage": stage,
-                                                      "control_set": context.control_set}))
-    current = context.baseline_dir(stage)
-    if current.exists():
-        os.replace(current, context.stage_dir(stage) / "superseded-baseline")
-    os.replace(staging, current)
-    return {"stage": stage, "version": version, "alias": f"{stage}-baseline", "checkpoint": str(current / "checkpoint")}
+    version = tracker.register_baseline(stage_run, source, stage, tags)
+    (baseline.staging / "baseline.json").write_text(json.dumps({"version": version, "run_id": context.run_id, "stage": stage,
+                                                                "control_set": context.control_set}))
+    if baseline.root.exists():
+        os.replace(baseline.root, paths.superseded_baseline)
+    os.replace(baseline.staging, baseline.root)
+    return {"stage": stage, "version": version, "alias": f"{stage}-baseline", "checkpoint": str(baseline.checkpoint)}
 
 
-def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = "passed") -> dict:
+def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = Outcome.PASSED) -> dict:
     """Archive the stage's leftovers (verified), free them, and drop its pre-staged shards."""
     with _timed(config, context, stage, "archive"):
         result = _archive(config, context, stage, outcome)
@@ -311,26 +316,24 @@ def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: st
 
 
 def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str) -> dict:
-    store, root = open_store(config), Path(context.live_root)
+    run, root, stage_dir = resources(config, context), Path(context.live_root), context.stage_dir(stage)
     live_before = tree_bytes(root)
-    actions = plan_retention(classify_stage_dir(context.stage_dir(stage), outcome), config.retention,
-                             key_root=f"runs/{context.run_id}/{stage}")
-    result: ArchiveResult = execute_plan(actions, store, f"archive/manifests/{context.run_id}/{stage}",
-                                         run_id=context.run_id, stage=stage)
-    cache = shard_cache(config, context)
-    for shard in cache.shards(stage):  # the object store holds the verified original
-        store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
-    cache.evict(stage)
-    _remove_empty(context.stage_dir(stage))
+    actions = plan_retention(classify_stage_dir(stage_dir, outcome), config.retention, key_root=run_key(context.run_id, stage))
+    result = execute_plan(actions, run.store, archive_manifest_prefix(context.run_id, stage), run_id=context.run_id,
+                          stage=stage)
+    for shard in run.cache.shards(stage):  # the object store holds the verified original
+        run.store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
+    run.cache.evict(stage)
+    _remove_empty(stage_dir)
     live_after = tree_bytes(root)
-    Tracker(config).log_metrics(context.stage_run_ids[stage], {f"{stage}/archived_bytes": result.archived_bytes,
-                                                               f"{stage}/live_bytes_before": live_before,
-                                                               f"{stage}/live_bytes_after": live_after})
+    run.tracker.log_metrics(context.stage_run_ids[stage], {f"{stage}/archived_bytes": result.archived_bytes,
+                                                           f"{stage}/live_bytes_before": live_before,
+                                                           f"{stage}/live_bytes_after": live_after})
     return {**result.to_dict(), "stage": stage, "live_bytes_before": live_before, "live_bytes_after": live_after}
 
 
 def sweep(config: PipelineConfig, *, dry_run: bool = False, now: datetime | None = None) -> dict:
-    """The retention sweep (drape.sweep) against the registry's current baselines."""
+    """The retention sweep (`drape.storage.sweep`) against the registry's current baselines."""
     tracker = Tracker(config)
     current = {}
     for stage in STAGES:
@@ -352,24 +355,28 @@ def _remove_empty(directory: Path) -> None:
 
 def _notify(config: PipelineConfig, context: RunContext, report: GateReport, webhook_url: str | None,
             links: dict[str, str] | None) -> str:
-    store = open_store(config)
-    location = f"{store.key_url(f'runs/{context.run_id}/{report.stage}/gate/report.json')}"
-    links = {**(links or {}), "MLflow run": Tracker(config).run_link(context.stage_run_ids[report.stage])}
+    run = resources(config, context)
+    location = run.store.key_url(run_key(context.run_id, report.stage, "gate/report.json"))
+    links = {**(links or {}), "MLflow run": run.tracker.run_link(context.stage_run_ids[report.stage])}
     return notify_gate(config.alerts, report, run_name=context.run_name, report_location=location, links=links,
                        webhook_url=webhook_url)
+
+
+def _evict_from(config: PipelineConfig, context: RunContext, stage: str) -> None:
+    """The run is over at `stage`: the shards pre-staged for it and later stages leave live storage."""
+    cache = resources(config, context).cache
+    for later in stages_from(stage):
+        cache.evict(later)
 
 
 def reject(config: PipelineConfig, context: RunContext, stage: str, report: GateReport, *, webhook_url: str | None = None,
            links: dict[str, str] | None = None) -> str:
     """A failed gate: archive the candidate with the short lifetime, alert Slack, close the runs.
 
-    The run is over, so the shards pre-staged for later stages leave live storage too. A Slack
-    outage is noted in the returned message; it never turns the failure into anything else.
+    A Slack outage is noted in the returned message; it never turns the failure into anything else.
     """
-    archive(config, context, stage, outcome="failed_candidate")
-    cache = shard_cache(config, context)
-    for later in STAGES[STAGES.index(stage):]:
-        cache.evict(later)
+    archive(config, context, stage, outcome=Outcome.FAILED_CANDIDATE)
+    _evict_from(config, context, stage)
     alert = _notify(config, context, report, webhook_url, links)
     close_run(config, context, "FAILED")
     return f"gate failed at stage {stage}: " + "; ".join(report.failures()) + f" ({alert})"
@@ -377,16 +384,17 @@ def reject(config: PipelineConfig, context: RunContext, stage: str, report: Gate
 
 def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
     """End the run: free what stayed live until run end (verified copies only), close the MLflow runs."""
-    run_dir = Path(context.live_root) / "runs" / context.run_id
-    released = release_run(open_store(config), run_dir, context.run_id)
+    run, run_dir = resources(config, context), context.layout.run_dir(context.run_id)
+    released = release_run(run.store, run_dir, context.run_id)
     if released.kept:
         print(f"drape: run {context.run_id}: {len(released.kept)} live file(s) have no verified archived copy and stay "
               f"live: {released.kept[:3]}{' …' if len(released.kept) > 3 else ''}", file=sys.stderr)
-    tracker = Tracker(config)
-    for run in context.stage_run_ids.values():
-        tracker.end_run(run, status)
-    tracker.end_run(context.mlflow_run_id, status)
+    for stage_run in context.stage_run_ids.values():
+        run.tracker.end_run(stage_run, status)
+    run.tracker.end_run(context.mlflow_run_id, status)
     _remove_empty(run_dir)
+    with _RESOURCES_LOCK:
+        _RESOURCES.pop(context.run_id, None)
     return released.to_dict()
 
 
@@ -396,8 +404,8 @@ def abort(config: PipelineConfig, context: RunContext, stage: str, error: BaseEx
     Best effort on each step, so the original error is the one the flow reports; what could not be
     archived stays live (never freed without a verified copy).
     """
-    steps = [("archive", lambda: archive(config, context, stage, outcome="aborted")),
-             ("evict shards", lambda: [shard_cache(config, context).evict(s) for s in STAGES[STAGES.index(stage):]]),
+    steps = [("archive", lambda: archive(config, context, stage, outcome=Outcome.ABORTED)),
+             ("evict shards", lambda: _evict_from(config, context, stage)),
              ("close runs", lambda: close_run(config, context, "FAILED"))]
     for name, step in steps:
         try:
@@ -407,20 +415,30 @@ def abort(config: PipelineConfig, context: RunContext, stage: str, error: BaseEx
                   f"{failure}", file=sys.stderr)
 
 
-def summarize(config: PipelineConfig, context: RunContext, stages: list[dict]) -> dict:
-    """The run summary the CLI prints: one row per stage plus where to look."""
+@dataclass(frozen=True)
+class StageRecord:
+    """What one passed stage did: the summary's row."""
+
+    train: TrainResult
+    gate: GateReport
+    snapshot: dict
+    archive: dict
+
+    def row(self) -> dict:
+        checks = {n: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
+                  for n, c in self.gate.checks.items()}
+        return {"stage": self.train.stage, "steps": self.train.steps, "final_loss": self.train.final_loss,
+                "train_seconds": self.train.train_seconds, "data_wait_fraction": self.train.data_wait_fraction,
+                "checks": checks, "verdict": self.gate.verdict, "version": self.snapshot["version"],
+                "archived_bytes": self.archive["archived_bytes"], "live_bytes": self.archive["live_bytes_after"]}
+
+
+def summarize(config: PipelineConfig, context: RunContext, records: list[StageRecord]) -> dict:
+    """Close the run and return its summary (what the CLI prints): one row per stage plus where to look."""
+    object_store = repr(resources(config, context).store)
     released = close_run(config, context, "FINISHED")
-    return {"run_id": context.run_id, "run_name": context.run_name, "stages": stages,
+    return {"run_id": context.run_id, "run_name": context.run_name, "stages": [record.row() for record in records],
             "live_bytes": tree_bytes(context.live_root), "released_at_run_end_bytes": released["freed_bytes"],
-            "tracking_uri": config.tracking_uri,
-            "object_store": repr(open_store(config)),
-            "gate_reports": f"runs/{context.run_id}/<stage>/gate/report.json in the object store; MLflow run {context.mlflow_run_id}"}
-
-
-def stage_row(train_result: TrainResult, report: GateReport, snap: dict, archived: dict) -> dict:
-    return {"stage": train_result.stage, "steps": train_result.steps, "final_loss": train_result.final_loss,
-            "train_seconds": train_result.train_seconds, "data_wait_fraction": train_result.data_wait_fraction,
-            "checks": {n: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
-                       for n, c in report.checks.items()},
-            "verdict": "pass" if report.passed else "fail", "version": snap["version"],
-            "archived_bytes": archived["archived_bytes"], "live_bytes": archived["live_bytes_after"]}
+            "tracking_uri": config.tracking_uri, "object_store": object_store,
+            "gate_reports": f"{run_key(context.run_id, '<stage>', 'gate/report.json')} in the object store; "
+                            f"MLflow run {context.mlflow_run_id}"}

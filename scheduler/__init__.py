@@ -12,6 +12,7 @@ launchers and the trace simulator. Imports run `tasks → scheduler → drape`.
 
 from __future__ import annotations
 
+from drape import JobKind, job_kind_for
 from scheduler.store import JobSpec
 
 
@@ -20,7 +21,7 @@ def train_job_spec(config, *, stage: str, mode: str, run_id: str, command: list[
     from scheduler.profiles import profile
     from scheduler.store import JobStore
 
-    kind = "stage-training" if mode == "full" else "finetune"
+    kind = job_kind_for(mode)
     sized = profile(config, JobStore(config.queue_url), kind, stage)
     return JobSpec(kind=kind, command=command, mem_gib=sized.mem_gib, duration_s=sized.duration_s, stage=stage,
-                   shape=sized.shape, priority=5 if kind == "stage-training" else 4, labels={"run": run_id})
+                   shape=sized.shape, priority=5 if kind is JobKind.STAGE_TRAINING else 4, labels={"run": run_id})

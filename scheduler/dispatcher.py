@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from drape import metrics
+from drape.ops import metrics
 from scheduler.fleet import FleetView, fleet_view
 from scheduler.launchers import build_launcher
 from scheduler.policy import STARVED_AFTER_S, PolicyConfig, get_policy

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from drape import JobKind
+
 GIB = 2**30
 CONTEXT_GIB = 1.5
 H100_DENSE_BF16_FLOPS = 989e12
@@ -45,7 +47,7 @@ def parameter_counts(config, stage: str | None) -> tuple[int, int]:
     import torch
 
     from drape.config import trainable_parameter_names
-    from drape.model import build_model
+    from drape.training.model import build_model
 
     with torch.device("meta"):
         model = build_model(config)
@@ -67,7 +69,7 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
     hidden = config.model.num_attention_heads * config.model.attention_head_dim
     tokens, batch = tokens_per_sample(config), config.train.batch_size
     element = 2 if config.train.precision == "bf16" else 4
-    training = kind in ("stage-training", "finetune", "personalization")
+    training = kind in (JobKind.STAGE_TRAINING, JobKind.FINETUNE, JobKind.PERSONALIZATION)
     states = trainable * (4 + 8 + (4 if config.train.ema.enabled else 0)) if training else 0
     activations = tokens * hidden * config.model.num_layers * 34 * (element / 2) * batch
     if not training:
@@ -76,7 +78,7 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
     steps = 0
     if stage is not None:
         stage_config = config.train.stages[stage]
-        steps = stage_config.steps if kind == "stage-training" else stage_config.finetune_steps
+        steps = stage_config.steps if kind == JobKind.STAGE_TRAINING else stage_config.finetune_steps
     flops = 6 * total * tokens * batch * max(steps, 1) if training else 2 * total * tokens * batch * config.diffusion.sampling_steps
     return peak / GIB, flops / (H100_DENSE_BF16_FLOPS * ASSUMED_MFU * gpus)
 

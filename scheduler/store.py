@@ -22,10 +22,11 @@ from sqlalchemy import (Column, Float, Integer, MetaData, String, Table, Text, a
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
+from drape import JOB_KINDS
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-KINDS = ("stage-training", "finetune", "gate-eval", "inference-benchmark", "personalization")
+KINDS = JOB_KINDS
 
 metadata = MetaData()
 jobs_table = Table(

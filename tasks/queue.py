@@ -16,11 +16,9 @@ def dispatch(config: PipelineConfig, max_minutes: float | None, metrics_port: in
     from scheduler.dispatcher import Dispatcher
 
     if metrics_port:
-        from prometheus_client import start_http_server
+        from drape.ops.metrics import serve_metrics
 
-        from drape.metrics import REGISTRY
-
-        start_http_server(metrics_port, registry=REGISTRY)
+        serve_metrics(metrics_port)
     dispatcher = Dispatcher(config)
     deadline = None if max_minutes is None else time.monotonic() + 60 * max_minutes
     totals = {"cycles": 0, "started": 0, "finished": 0, "requeued": 0}

@@ -12,8 +12,10 @@ from prefect.cache_policies import NONE
 
 from drape import pipeline
 from drape.config import PipelineConfig
-from drape.gate_report import GateReport
-from drape.train import TrainResult
+from drape.gates import render
+from drape.gates.report import GateReport
+from drape.training.stage_job import progress_lines
+from drape.training.trainer import TrainResult
 
 _common = {"cache_policy": NONE, "log_prints": True}
 
@@ -34,14 +36,14 @@ def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str]) -> dic
 
 
 @task(name="train", task_run_name="train-{stage}", timeout_seconds=14 * 24 * 3600, **_common)
-def train(config: PipelineConfig, context: pipeline.RunContext, stage: str, init_checkpoint: str | None) -> TrainResult:
+def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> TrainResult:
     """In this process, or (with `queue.enabled`) as a job through the GPU queue, waiting for it."""
     if not config.queue.enabled:
-        return pipeline.train(config, context, stage, init_checkpoint, progress=_every_tenth(stage))
+        return pipeline.train(config, context, stage, progress=progress_lines(stage))
     from scheduler import train_job_spec
     from scheduler.dispatcher import submit_and_wait
 
-    command, result_path = pipeline.train_command(config, context, stage, init_checkpoint)
+    command, result_path = pipeline.train_command(config, context, stage)
     spec = train_job_spec(config, stage=stage, mode=context.mode, run_id=context.run_id, command=command)
     submit_and_wait(config, spec, on_line=_relay(stage))
     return pipeline.finish_train(config, context, stage, result_path)
@@ -53,14 +55,6 @@ def _relay(stage: str):
         if line.startswith(f"train-{stage}") or "Error" in line or "Traceback" in line:
             print(line)
     return relay
-
-
-def _every_tenth(stage: str):
-    """Progress for the run log: one line per tenth of the stage."""
-    def report(done: int, total: int) -> None:
-        if done == total or done % max(total // 10, 1) == 0:
-            print(f"train-{stage}: step {done}/{total} ({100 * done // total}%)")
-    return report
 
 
 def _webhook(config: PipelineConfig) -> str | None:
@@ -82,7 +76,7 @@ def _links() -> dict[str, str]:
 @task(name="gate", task_run_name="gate-{stage}", timeout_seconds=3600, **_common)
 def gate(config: PipelineConfig, context: pipeline.RunContext, stage: str, checkpoint: str) -> GateReport:
     report = pipeline.gate(config, context, stage, checkpoint, webhook_url=_webhook(config), links=_links())
-    create_markdown_artifact(gate_markdown(report), key=f"gate-report-{stage}", description=f"{stage} gate report")
+    create_markdown_artifact(render.markdown(report), key=f"gate-report-{stage}", description=f"{stage} gate report")
     return report
 
 
@@ -112,22 +106,5 @@ def sweep(config: PipelineConfig, dry_run: bool) -> dict:
 
 
 @task(name="summarize", **_common)
-def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[dict]) -> dict:
-    return pipeline.summarize(config, context, rows)
-
-
-def gate_markdown(report: GateReport) -> str:
-    """The gate report as a Markdown table for the Prefect UI."""
-    lines = [f"# Gate `{report.stage}`: **{'PASS' if report.passed else 'FAIL'}**", "",
-             f"Run `{report.run_id}`, control set `{report.control_set}`, baseline "
-             f"{('v' + report.baseline['version']) if report.baseline else 'none (first run)'}", "",
-             "| check | lower bound | mean | min | threshold | baseline mean (max drop) | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    lines[2:2] = [f"**{problem}**" for problem in report.provenance] + ([""] if report.provenance else [])
-    for name, check in report.checks.items():
-        threshold = "not set" if check.threshold is None else f"{check.threshold:.3f}"
-        baseline = f"{check.baseline_mean:.3f} ({check.max_drop:.3f})" if check.change_checked else (check.change_note or "-")
-        lines.append(f"| {name} | {check.lower:.3f} | {check.mean:.3f} | {check.minimum:.3f} | {threshold} | {baseline} "
-                     f"| {'pass' if check.passed else 'FAIL'} |")
-    failures = report.failures()
-    return "\n".join(lines + ([""] + [f"- {line}" for line in failures] if failures else []))
+def summarize(config: PipelineConfig, context: pipeline.RunContext, records: list[pipeline.StageRecord]) -> dict:
+    return pipeline.summarize(config, context, records)

@@ -33,9 +33,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from drape.checksum import sha256_file
+from drape import format_bytes
+from drape.layout import shard_cache_dataset_dir
+from drape.storage.checksum import sha256_file
 from drape.data.shards import ShardError, check_structure, read_shard
-from drape.storage import ObjectStore, StorageError
+from drape.storage.store import ObjectStore, StorageError
 
 CHUNK_BYTES = 8 << 20  # local writes
 REMOTE_BLOCK_BYTES = 32 << 20  # one ranged GET per 32 MiB: fewer round trips on 1 GB shards
@@ -59,14 +61,6 @@ class PrestageResult:
         return asdict(self)
 
 
-def format_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count} B"
-
-
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -84,7 +78,7 @@ class ShardCache:
                  concurrency: int = 4, read_ahead: int = 2):
         self.root = Path(root)
         self.store, self.prefix, self.manifest = store, prefix, manifest
-        self.dataset_dir = self.root / manifest["name"] / manifest["version"]
+        self.dataset_dir = shard_cache_dataset_dir(self.root, manifest["name"], manifest["version"])
         self.budget_bytes, self.concurrency, self.read_ahead = budget_bytes, concurrency, read_ahead
         self.read_wait_seconds = 0.0  # time `iter_samples` blocked on a shard that was not local yet
         self._evict_lock = threading.Lock()

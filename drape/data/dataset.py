@@ -18,18 +18,19 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from drape.checksum import sha256_bytes, sha256_file
+from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.config import PipelineConfig
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, read_shard
-from drape import STAGES
+from drape import STAGES, layout
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
-from drape.storage import ObjectStore
+from drape.storage.store import ObjectStore
 
-MANIFEST = "manifest.json"
+MANIFEST = layout.DATASET_MANIFEST
 
 
 def dataset_prefix(config: PipelineConfig) -> str:
-    return f"datasets/{config.data.name}/{config.data.version}"
+    """The object-store prefix of the config's dataset (`drape.layout`)."""
+    return layout.dataset_prefix(config.data.name, config.data.version)
 
 
 def _split_sizes(config: PipelineConfig) -> dict[str, int]:

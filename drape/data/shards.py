@@ -19,7 +19,7 @@ from typing import Iterator
 import numpy as np
 from PIL import Image
 
-from drape.checksum import sha256_file
+from drape.storage.checksum import sha256_file
 
 IMAGE_FIELDS = ("target", "agnostic", "mask", "pose", "garment", "garment_mask")
 

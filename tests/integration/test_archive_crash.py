@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from drape.checksum import sha256_file
-from drape.retention import read_archive_manifest, verify_archived
-from drape.storage import ObjectStore
+from drape.storage.checksum import sha256_file
+from drape.storage.retention import read_archive_manifest, verify_archived
+from drape.storage.store import ObjectStore
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import sys
 from drape.config import RetentionConfig
-from drape.retention import classify_stage_dir, execute_plan, plan_retention
-from drape.storage import ObjectStore
+from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention
+from drape.storage.store import ObjectStore
 stage_dir, store_url = sys.argv[1:3]
 plan = plan_retention(classify_stage_dir(stage_dir, "passed"), RetentionConfig(), key_root="runs/r1/texture")
 execute_plan(plan, ObjectStore(store_url), "archive/manifests/r1/texture", run_id="r1", stage="texture")

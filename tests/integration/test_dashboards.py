@@ -71,7 +71,7 @@ def fed_prometheus(tmp_path_factory, pushgateway, prefect_harness):
     and a DCGM exporter, after a tiny staged-training run whose train jobs went through the queue."""
     from prometheus_client import start_http_server
 
-    from drape.metrics import REGISTRY
+    from drape.ops.metrics import REGISTRY
     from flows.staged_training import staged_training
 
     root = tmp_path_factory.mktemp("dashboards")

@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from drape.serve import GPU_TEMPLATE, PREFECT_FILE, Stack, free_port
+from drape.cli.stack import GPU_TEMPLATE, PREFECT_FILE, Stack, free_port
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow

@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from drape.checkpoint import list_checkpoints, load_model
-from drape.distributed import verify_dcp
+from drape.training.checkpoint import list_checkpoints, load_model
+from drape.training.distributed import verify_dcp
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -66,7 +66,7 @@ def setup(tmp_path_factory, pushgateway):
 
 def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup):
     from drape.data.dataset import dataset_prefix, read_manifest
-    from drape.storage import open_store
+    from drape.storage.store import open_store
     from tests.integration.test_metrics_push import _gateway_samples
 
     root, path, reference, gateway = setup
@@ -97,7 +97,7 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup):
 
 
 def test_a_tampered_sharded_checkpoint_is_refused(setup):
-    from drape.checkpoint import CheckpointError
+    from drape.training.checkpoint import CheckpointError
 
     root, path, _, _ = setup
     sharded = next((root / "two" / "checkpoints").glob("*.dcp"), None) or pytest.skip("needs the 2-rank run")

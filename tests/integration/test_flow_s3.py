@@ -10,10 +10,10 @@ import yaml
 from typer.testing import CliRunner
 
 from drape import STAGES
-from drape.checkpoint import list_checkpoints, load_model
+from drape.training.checkpoint import list_checkpoints, load_model
 from drape.cli import app
-from drape.retention import read_archive_manifest, verify_archived
-from drape.storage import open_store
+from drape.storage.retention import read_archive_manifest, verify_archived
+from drape.storage.store import open_store
 from tests.conftest import tiny_config
 from tests.integration.test_staged_training import assert_live_invariant
 

@@ -4,7 +4,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from drape.metrics import DATA_WAIT, push_metrics
+from drape.ops.metrics import DATA_WAIT, push_metrics
 
 
 def _gateway_samples(url):

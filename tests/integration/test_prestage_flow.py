@@ -6,7 +6,7 @@ from typer.testing import CliRunner
 from drape.cli import app
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset
-from drape.storage import open_store
+from drape.storage.store import open_store
 from tests.conftest import tiny_config
 
 

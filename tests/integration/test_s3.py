@@ -8,9 +8,9 @@ import boto3
 import pytest
 
 from drape.config import RetentionConfig, RetentionRule
-from drape.lifecycle import apply_lifecycle
-from drape.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest, verify_archived
-from drape.storage import ObjectStore, StorageError
+from drape.storage.lifecycle import apply_lifecycle
+from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest, verify_archived
+from drape.storage.store import ObjectStore, StorageError
 
 pytestmark = pytest.mark.slow
 
@@ -128,7 +128,7 @@ def test_sweep_on_s3_retags_a_superseded_baseline_and_restarts_its_clock(s3_buck
     import time
     from datetime import datetime, timedelta, timezone
 
-    from drape.sweep import sweep
+    from drape.storage.sweep import sweep
 
     bucket, endpoint = s3_bucket
     store = _store(bucket, endpoint)

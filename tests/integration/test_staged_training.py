@@ -15,10 +15,10 @@ import torch
 import yaml
 
 from drape import STAGES, pipeline
-from drape.checkpoint import load_model, read_manifest, save_checkpoint
-from drape.retention import read_archive_manifest, verify_archived
-from drape.storage import ObjectStore
-from drape.tracking import Tracker
+from drape.training.checkpoint import load_model, read_manifest, save_checkpoint
+from drape.storage.retention import read_archive_manifest, verify_archived
+from drape.storage.store import ObjectStore
+from drape.ops.tracking import Tracker
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow

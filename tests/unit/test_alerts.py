@@ -4,9 +4,9 @@ import time
 
 import pytest
 
-from drape.alerts import AlertError, gate_message, notify_gate, post_to_slack
+from drape.ops.alerts import AlertError, gate_message, notify_gate, post_to_slack
 from drape.config import AlertsConfig
-from drape.gate_report import CheckResult, GateReport
+from drape.gates.report import CheckResult, GateReport
 
 
 def _report(passed: bool) -> GateReport:

@@ -10,7 +10,7 @@ import pytest
 
 from drape.data.cache import CacheError, ShardCache
 from drape.data.dataset import MANIFEST, load_split, publish_dataset
-from drape.storage import ObjectStore
+from drape.storage.store import ObjectStore
 
 PREFIX = "datasets/synth-tryon/v1"
 
@@ -168,7 +168,7 @@ def test_disk_full_leaves_the_cache_consistent(published, tmp_path):
     script = textwrap.dedent(f"""
         import json, resource
         from drape.data.cache import CacheError, ShardCache
-        from drape.storage import ObjectStore
+        from drape.storage.store import ObjectStore
         manifest = json.load(open({str(tmp_path / "manifest.json")!r}))
         cache = ShardCache({str(tmp_path / "cache")!r}, ObjectStore({f"file://{tmp_path / 'objects'}"!r}), {PREFIX!r}, manifest,
                            budget_bytes=1 << 30)

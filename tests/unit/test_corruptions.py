@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from drape.calibrate import calibrate
-from drape.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror, sleeve_missing
+from drape.gates.calibration import calibrate
+from drape.gates.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror, sleeve_missing
 from drape.data.dataset import synthesize_split
 from tests.conftest import tiny_config
 
@@ -79,7 +79,7 @@ def test_gate_thresholds_sit_under_clean_lower_bounds_and_catch_a_regression():
     """At the gate's level (bootstrap lower bound of the mean): clean outputs fall below the
     threshold in at most `false_alarm` of redrawn control sets, a regression of the mean by 0.1
     in nearly all of them."""
-    from drape.calibrate import Row, gate_thresholds
+    from drape.gates.calibration import Row, gate_thresholds
 
     rng = np.random.default_rng(0)
     clean = np.clip(rng.normal(0.9, 0.05, 60), 0, 1)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from drape.gate_report import CheckResult, GateReport, bootstrap_lower_bound
+from drape.gates.report import CheckResult, GateReport, bootstrap_lower_bound
 
 
 def test_bootstrap_lower_bound_matches_a_direct_resampling():

@@ -7,10 +7,10 @@ import pytest
 from PIL import Image, ImageFilter
 
 from drape.data.dataset import load_split
-from drape.gate_report import CheckResult, GateReport
-from drape.gates import (OnnxFaceEmbedder, PixelFaceEmbedder, codec_view, coherence_scores, handedness, identity_scores,
+from drape.gates.report import CheckResult, GateReport
+from drape.gates.checks import (OnnxFaceEmbedder, PixelFaceEmbedder, codec_view, coherence_scores, handedness, identity_scores,
                          patch_fidelity, texture_scores)
-from drape.validate import judge
+from drape.gates.run import judge
 
 
 @pytest.fixture(scope="module")
@@ -198,10 +198,10 @@ def test_onnx_embedder(tmp_path, control):
 def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp_path):
     import torch
 
-    from drape.checkpoint import CheckpointError, model_tensor_names, read_model_tensors, save_checkpoint
-    from drape.gate_report import GateReport
-    from drape.model import build_model
-    from drape.validate import provenance_problems
+    from drape.training.checkpoint import CheckpointError, model_tensor_names, read_model_tensors, save_checkpoint
+    from drape.gates.report import GateReport
+    from drape.training.model import build_model
+    from drape.gates.run import provenance_problems
 
     start_model = build_model(config)
     start = save_checkpoint(tmp_path / "identity-baseline", model=start_model, optimizer=None, trainable_names=[], ema=None,

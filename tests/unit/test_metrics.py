@@ -1,6 +1,6 @@
 """drape's Prometheus metrics are a public API: dashboards and alerts depend on these names and labels."""
 
-from drape.metrics import REGISTRY
+from drape.ops.metrics import REGISTRY
 
 # Update on purpose (and the dashboards, rules and README with it).
 EXPECTED = {

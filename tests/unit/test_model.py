@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from drape.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint, verify_checkpoint
-from drape.model import build_model, sample
+from drape.training.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint, verify_checkpoint
+from drape.training.model import build_model, sample
 
 
 def _inputs(batch, resolution):
@@ -78,7 +78,7 @@ def test_ema_weights_are_used_when_preferred(config, tmp_path):
 
 
 def test_export_weights_drops_optimizer_state(config, tmp_path):
-    from drape.checkpoint import export_weights
+    from drape.training.checkpoint import export_weights
 
     model = build_model(config)
     optimizer = torch.optim.AdamW(model.parameters())

@@ -4,8 +4,8 @@
 import pytest
 
 from drape.config import RetentionConfig, RetentionRule
-from drape.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest, verify_archived
-from drape.storage import ObjectStore, StorageError
+from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest, verify_archived
+from drape.storage.store import ObjectStore, StorageError
 
 
 def _stage_dir(tmp_path):
@@ -125,7 +125,7 @@ RUN_END = RetentionConfig(rules={"checkpoint": RetentionRule(live_until="run_end
 
 
 def test_run_end_artifacts_stay_live_after_the_stage_and_go_at_run_end(tmp_path):
-    from drape.retention import release_run
+    from drape.storage.retention import release_run
 
     stage = _stage_dir(tmp_path)
     store = ObjectStore(f"file://{tmp_path / 'objects'}")
@@ -147,7 +147,7 @@ def test_run_end_artifacts_stay_live_after_the_stage_and_go_at_run_end(tmp_path)
 
 
 def test_run_end_release_keeps_a_file_whose_archived_copy_is_gone(tmp_path):
-    from drape.retention import release_run
+    from drape.storage.retention import release_run
 
     stage = _stage_dir(tmp_path)
     store = ObjectStore(f"file://{tmp_path / 'objects'}")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from drape.storage import ObjectStore, StorageError, redact_url
+from drape.storage.store import ObjectStore, StorageError, redact_url
 
 
 def test_put_get_round_trip_is_verified(tmp_path):

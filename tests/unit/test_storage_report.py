@@ -5,8 +5,8 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from drape.storage import ObjectStore
-from drape.storage_report import live_bytes_by_kind, storage_report
+from drape.storage.store import ObjectStore
+from drape.storage.report import live_bytes_by_kind, storage_report
 
 
 def test_report_counts_live_and_archived_bytes_and_models_cost(config, tmp_path):

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from drape.checkpoint import list_checkpoints, load_model
+from drape.training.checkpoint import list_checkpoints, load_model
 from drape.data.dataset import load_split
-from drape.train import train_stage
+from drape.training.trainer import train_stage
 
 
 class Killed(Exception):
@@ -60,7 +60,7 @@ def test_only_the_stage_subset_trains(config, texture_data, tmp_path):
 def test_metrics_reach_the_sink_and_prometheus(config, texture_data, tmp_path):
     from prometheus_client.parser import text_string_to_metric_families
 
-    from drape.metrics import exposition
+    from drape.ops.metrics import exposition
 
     logged = []
     result = train_stage(_config(config, log_every=2), stage="texture", data=texture_data, out_dir=tmp_path,

@@ -14,17 +14,16 @@ from __future__ import annotations
 import json
 import os
 import signal
-import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from drape.checksum import sha256_file
+from drape import ArtifactKind, Outcome
 from drape.config import RetentionConfig
-from drape.storage import ObjectStore, StorageError, remove_tree
-
-OUTCOMES = ("baseline", "superseded_baseline", "passed", "failed_candidate", "aborted")
-
+from drape.layout import (ARCHIVE_MANIFESTS, GATE_FILES, SUPERSEDED_BASELINE, StagePaths, archive_manifest_prefix, artifact_kind, checkpoint_dirs,
+                          is_sharded_checkpoint, new_manifest_key, run_key_of)
+from drape.storage.checksum import sha256_file
+from drape.storage.store import ObjectStore, StorageError, remove_tree
 
 @dataclass(frozen=True)
 class LiveArtifact:
@@ -51,32 +50,26 @@ class RetentionAction:
 def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact]:
     """Artifacts a stage left in its live directory (checkpoints, gate files, superseded baseline).
 
-    When the stage passed, its newest checkpoint is the one just promoted: it is archived as
-    outcome 'baseline' (kept while it is the baseline; the sweep retags it once superseded).
+    Checkpoints are whole (``step-N``) or sharded intermediates (``step-N.dcp``), named and ordered
+    by `drape.layout`. When the stage passed, its newest whole checkpoint is the one just promoted:
+    it is archived as outcome 'baseline' (kept while it is the baseline; the sweep retags it once
+    superseded).
     """
-    stage_dir, found = Path(stage_dir), []
-    steps = sorted((stage_dir / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1])) \
-        if (stage_dir / "checkpoints").is_dir() else []
+    paths, found = StagePaths(Path(stage_dir)), []
+    steps = checkpoint_dirs(paths.checkpoints)
+    whole = [step for step in steps if not is_sharded_checkpoint(step)]
+    promoted = whole[-1] if outcome == Outcome.PASSED and whole else None
     for step in steps:
-        promoted = outcome == "passed" and step == steps[-1]
-        found.append(LiveArtifact(str(step), "checkpoint", "baseline" if promoted else outcome, f"checkpoints/{step.name}"))
-    kinds = {"gate/outputs": "validation_output", "gate/latents.safetensors": "latent_snapshot",
-             "gate/report.json": "gate_report", "gate/grid.png": "validation_output"}
-    for relative, kind in kinds.items():
-        path = stage_dir / relative
-        if path.exists():
-            found.append(LiveArtifact(str(path), kind, outcome, relative))
-    superseded = stage_dir / "superseded-baseline"
-    if superseded.exists():
-        for child in sorted(superseded.iterdir()):
-            kind = BASELINE_FILE_KINDS.get(child.name, "validation_output")
-            found.append(LiveArtifact(str(child), kind, "superseded_baseline", f"superseded-baseline/{child.name}"))
+        found.append(LiveArtifact(str(step), ArtifactKind.CHECKPOINT, Outcome.BASELINE if step == promoted else outcome,
+                                  f"checkpoints/{step.name}"))
+    for relative in GATE_FILES:
+        if (paths.root / relative).exists():
+            found.append(LiveArtifact(str(paths.root / relative), artifact_kind(relative), outcome, relative))
+    if paths.superseded_baseline.exists():
+        for child in sorted(paths.superseded_baseline.iterdir()):
+            relative = f"{SUPERSEDED_BASELINE}/{child.name}"
+            found.append(LiveArtifact(str(child), artifact_kind(relative), Outcome.SUPERSEDED_BASELINE, relative))
     return found
-
-
-# what a live baseline directory (baselines/<stage>/) holds, by name
-BASELINE_FILE_KINDS = {"checkpoint": "checkpoint", "outputs": "validation_output", "latents.safetensors": "latent_snapshot",
-                       "report.json": "gate_report"}  # and baseline.json (its registry link): validation_output
 
 
 def plan_retention(artifacts: list[LiveArtifact], policy: RetentionConfig, *, key_root: str) -> list[RetentionAction]:
@@ -130,7 +123,7 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_pr
     rewriting one, and readers keep one record per key.
     """
     now = now or datetime.now(timezone.utc)  # lifetimes count from here
-    manifest_key = f"{manifest_prefix}-{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    manifest_key = new_manifest_key(manifest_prefix, now)
     result, records = ArchiveResult(manifest_key=manifest_key), []
     for action in actions:
         for file, inner in _files(Path(action.artifact.path)):
@@ -178,9 +171,9 @@ def release_run(store: ObjectStore, run_dir: str | Path, run_id: str) -> Release
     run_dir, result = Path(run_dir), ReleaseResult()
     if not run_dir.is_dir():
         return result
-    records = {r["key"]: r for r in read_archive_manifest(store, f"archive/manifests/{run_id}")}  # run ids: fixed length
+    records = {r["key"]: r for r in read_archive_manifest(store, archive_manifest_prefix(run_id))}  # run ids: fixed length
     for file in sorted(p for p in run_dir.rglob("*") if p.is_file()):
-        key = f"runs/{run_id}/{file.relative_to(run_dir).as_posix()}"
+        key = run_key_of(run_dir, run_id, file)
         record, size = records.get(key), file.stat().st_size
         if record is None or record["bytes"] != size or sha256_file(file) != record["sha256"]:
             result.kept.append(str(file))
@@ -197,7 +190,7 @@ def release_run(store: ObjectStore, run_dir: str | Path, run_id: str) -> Release
     return result
 
 
-def read_archive_manifest(store: ObjectStore, prefix: str = "archive/manifests", *, include_deleted: bool = False) -> list[dict]:
+def read_archive_manifest(store: ObjectStore, prefix: str = ARCHIVE_MANIFESTS, *, include_deleted: bool = False) -> list[dict]:
     """One record per archived key, the most recent (by `recorded_at`, else `archived_at`), from
     every manifest object under `prefix`; keys the sweep deleted are left out unless asked for."""
     records: dict[str, dict] = {}

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from drape.config import PipelineConfig
-from drape.corruptions import CLEAN, CORRUPTIONS, applicable, apply
-from drape.gate_report import bootstrap_lower_bound
-from drape.validate import judge
+from drape.gates.corruptions import CLEAN, CORRUPTIONS, applicable, apply
+from drape.gates.report import bootstrap_lower_bound
+from drape.gates.run import judge
 
 
 @dataclass

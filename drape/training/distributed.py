@@ -27,10 +27,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from drape.checksum import sha256_file
-
-DCP_SUFFIX = ".dcp"
-
+from drape.storage.checksum import sha256_file
 
 @dataclass(frozen=True)
 class DistContext:
@@ -148,7 +145,7 @@ class ShardedCheckpointer:
 
 def verify_dcp(path: str | Path) -> dict:
     """The manifest of a committed DCP checkpoint whose files all match it; raises otherwise."""
-    from drape.checkpoint import CheckpointError
+    from drape.training.checkpoint import CheckpointError
 
     path = Path(path)
     manifest_path = path / "manifest.json"

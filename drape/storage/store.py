@@ -19,7 +19,7 @@ from urllib.parse import urlencode, urlsplit
 
 import fsspec
 
-from drape.checksum import sha256_file
+from drape.storage.checksum import sha256_file
 
 
 SINGLE_COPY_LIMIT = 5 * 2**30  # S3 CopyObject's largest source; larger objects are copied in parts

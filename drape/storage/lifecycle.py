@@ -12,12 +12,13 @@ leaves a noncurrent version behind; one more rule expires those under the prefix
 
 from __future__ import annotations
 
-from drape import ARTIFACT_KINDS
+from drape import ARTIFACT_KINDS, OUTCOMES, Outcome
 from drape.config import RetentionConfig
-from drape.retention import OUTCOMES, TAG_KIND, TAG_OUTCOME
-from drape.storage import ObjectStore, StorageError
+from drape.layout import RUNS_PREFIX
+from drape.storage.retention import TAG_KIND, TAG_OUTCOME
+from drape.storage.store import ObjectStore, StorageError
 
-ARCHIVED_OUTCOMES = tuple(o for o in OUTCOMES if o != "baseline")
+ARCHIVED_OUTCOMES = tuple(o for o in OUTCOMES if o != Outcome.BASELINE)
 NONCURRENT_DAYS = 1
 
 
@@ -37,7 +38,7 @@ def lifecycle_rules(policy: RetentionConfig, prefix: str) -> list[dict]:
     return rules
 
 
-def apply_lifecycle(store: ObjectStore, policy: RetentionConfig, prefix: str = "runs/") -> list[dict]:
+def apply_lifecycle(store: ObjectStore, policy: RetentionConfig, prefix: str = RUNS_PREFIX) -> list[dict]:
     """Write the rules to the store's bucket and return them as S3 reads them back."""
     if not store.is_s3:
         raise StorageError(f"{store!r}: lifecycle rules need an s3:// object store; on other stores the retention "

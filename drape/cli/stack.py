@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PREFECT_FILE = REPO / "deployments" / "prefect.yaml"
 GPU_TEMPLATE = REPO / "deployments" / "gpu-k8s-job-template.json"
 

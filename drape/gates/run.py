@@ -16,13 +16,13 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
-from drape.checkpoint import load_model
+from drape.training.checkpoint import load_model
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gate_report import CheckResult, GateReport
-from drape.gates import build_embedder, coherence_scores, identity_scores, texture_scores
-from drape.model import sample
-from drape.train import resolve_device
+from drape.gates.report import CheckResult, GateReport
+from drape.gates.checks import build_embedder, coherence_scores, identity_scores, texture_scores
+from drape.training.model import sample
+from drape.training.trainer import resolve_device
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -127,7 +127,7 @@ def provenance_problems(config: PipelineConfig, checkpoint: str | Path, *, stage
     stage's model renders much the same images; nothing else would tell). Reads the manifests and
     the trainable tensors only, never the whole model.
     """
-    from drape.checkpoint import model_tensor_names, read_manifest, read_model_tensors
+    from drape.training.checkpoint import model_tensor_names, read_manifest, read_model_tensors
     from drape.config import trainable_parameter_names
 
     manifest, problems = read_manifest(checkpoint), []

@@ -13,13 +13,14 @@ rewritten. `dry_run` reports what would change and changes nothing.
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 
+from drape import Outcome
 from drape.config import RetentionConfig
-from drape.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest
-from drape.storage import ObjectStore
+from drape.layout import SWEEP_MANIFESTS, new_manifest_key
+from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest
+from drape.storage.store import ObjectStore
 
 
 @dataclass
@@ -36,9 +37,9 @@ def sweep(store: ObjectStore, policy: RetentionConfig, current_baseline_runs: di
     now = now or datetime.now(timezone.utc)
     result, updates = SweepResult(), []
     for record in read_archive_manifest(store):
-        if record["outcome"] == "baseline" and current_baseline_runs.get(record["stage"]) != record["run_id"]:
-            expires = (now + timedelta(days=policy.resolve(record["kind"], "superseded_baseline")[0])).isoformat()
-            updates.append({**record, "outcome": "superseded_baseline", "expires_at": expires, "recorded_at": now.isoformat()})
+        if record["outcome"] == Outcome.BASELINE and current_baseline_runs.get(record["stage"]) != record["run_id"]:
+            expires = (now + timedelta(days=policy.resolve(record["kind"], Outcome.SUPERSEDED_BASELINE)[0])).isoformat()
+            updates.append({**record, "outcome": Outcome.SUPERSEDED_BASELINE.value, "expires_at": expires, "recorded_at": now.isoformat()})
             result.retagged.append(record["key"])
         elif not store.is_s3 and record["expires_at"] and datetime.fromisoformat(record["expires_at"]) <= now:
             updates.append({**record, "deleted_at": now.isoformat(), "recorded_at": now.isoformat()})
@@ -46,7 +47,7 @@ def sweep(store: ObjectStore, policy: RetentionConfig, current_baseline_runs: di
             result.freed_bytes += record["bytes"]
     if dry_run or not updates:
         return result
-    result.manifest_key = f"archive/manifests/sweep/{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"
+    result.manifest_key = new_manifest_key(SWEEP_MANIFESTS, now, separator="/")
     store.put_bytes("".join(json.dumps(u, sort_keys=True) + "\n" for u in updates).encode(), result.manifest_key)
     for update in updates:  # the manifest says it first; then the store is made to match
         if update.get("deleted_at"):

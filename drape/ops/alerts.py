@@ -18,7 +18,8 @@ import urllib.request
 from typing import Callable
 
 from drape.config import AlertsConfig
-from drape.gate_report import GateReport
+from drape.gates.render import slack_lines
+from drape.gates.report import GateReport
 
 log = logging.getLogger(__name__)
 
@@ -31,19 +32,11 @@ def webhook_from_env(config: AlertsConfig) -> str | None:
     return os.environ.get(config.slack_webhook_env, "").strip() or None
 
 
-def _check_line(report: GateReport, name: str) -> str:
-    check = report.checks[name]
-    threshold = "not set" if check.threshold is None else f"{check.threshold:.3f}"
-    baseline = f", baseline mean {check.baseline_mean:.3f}" if check.baseline_mean is not None else ""
-    mark = ":white_check_mark:" if check.passed else ":x:"
-    return f"{mark} *{name}*: {check.lower:.3f} (mean {check.mean:.3f}) vs threshold {threshold}{baseline}"
-
-
 def gate_message(report: GateReport, *, run_name: str, report_location: str, links: dict[str, str] | None = None) -> dict:
     """Block Kit payload for a gate verdict: stage, run, each check vs threshold and baseline, links."""
     verdict = "passed" if report.passed else "failed"
     title = f"drape gate {verdict}: {report.stage} ({run_name})"
-    lines = [f":x: *{problem}*" for problem in report.provenance] + [_check_line(report, name) for name in report.checks]
+    lines = slack_lines(report)
     if not report.passed:
         lines.append("Nothing was promoted; the run stopped.")
     context = [f"<{url}|{label}>" if url.startswith("http") else f"{label}: {url}" for label, url in (links or {}).items()]

@@ -62,6 +62,10 @@ class CheckResult:
     def passed(self) -> bool:
         return self.value_passed and self.change_passed
 
+    def aggregates(self) -> dict[str, float]:
+        """The aggregates metrics carry: ``lower`` (bootstrap 5th percentile), ``mean``, ``min``."""
+        return {"lower": self.lower, "mean": self.mean, "min": self.minimum}
+
     def failures(self) -> list[str]:
         """One line per failed condition, naming the check, the value and the threshold."""
         lines = []
@@ -97,12 +101,16 @@ class GateReport:
         return (not self.provenance and set(self.checks) == set(CHECKS)
                 and all(check.passed for check in self.checks.values()))
 
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.passed else "fail"
+
     def failures(self) -> list[str]:
         return [*self.provenance, *(line for check in self.checks.values() for line in check.failures())]
 
     def to_dict(self) -> dict:
         return {"schema": SCHEMA, "stage": self.stage, "run_id": self.run_id, "checkpoint": self.checkpoint,
-                "control_set": self.control_set, "verdict": "pass" if self.passed else "fail", "baseline": self.baseline,
+                "control_set": self.control_set, "verdict": self.verdict, "baseline": self.baseline,
                 "provenance": self.provenance, "checks": {name: check.to_dict() for name, check in self.checks.items()},
                 "failures": self.failures()}
 

@@ -14,7 +14,7 @@ import sys
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, pushadd_to_gateway
 from prometheus_client.core import Metric
 
-from drape.storage import redact_url
+from drape.storage.store import redact_url
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -98,6 +98,14 @@ def series_for(labels: dict[str, str], registry: CollectorRegistry = REGISTRY) -
 def exposition(labels: dict[str, str] | None = None) -> str:
     """The text exposition of the registry (or of the series matching `labels`)."""
     return generate_latest(series_for(labels) if labels else REGISTRY).decode()
+
+
+def serve_metrics(port: int) -> str:
+    """Serve the registry on ``/metrics`` at `port` (all interfaces) from a background thread; returns the URL."""
+    from prometheus_client import start_http_server
+
+    start_http_server(port, registry=REGISTRY)
+    return f"http://0.0.0.0:{port}/metrics"
 
 
 def push_metrics(config, grouping: dict[str, str]) -> bool:

@@ -19,8 +19,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import drape
-from drape.checksum import sha256_file
-from drape.model import TryOnTransformer
+from drape.layout import checkpoint_dirs
+from drape.storage.checksum import sha256_file
+from drape.training.model import TryOnTransformer
 
 MANIFEST = "manifest.json"
 
@@ -172,18 +173,5 @@ def load_training_state(path: str | Path, optimizer: torch.optim.Optimizer, trai
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:
-    """Complete checkpoints (with a manifest) under `directory`, oldest step first."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return []
-    found = [p for p in directory.glob("step-*") if (p / MANIFEST).is_file()]
-    return sorted(found, key=checkpoint_step)
-
-
-def checkpoint_step(path: str | Path) -> int:
-    """The step of a checkpoint directory: ``step-0000040`` (safetensors) or ``step-0000040.dcp`` (sharded)."""
-    return int(Path(path).name.split("-")[1].split(".")[0])
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:07d}"
+    """Complete checkpoints (committed by their manifest) under `directory`, oldest first (`drape.layout`)."""
+    return [path for path in checkpoint_dirs(directory) if (path / MANIFEST).is_file()]

@@ -1,0 +1,34 @@
+"""The `drape` command: the composition root (it alone in drape/ may reach the flows and the queue).
+
+    drape demo                      the whole pipeline on the embedded demo config
+    drape run --config FILE         the staged-training flow on any config
+    drape serve                     a local Prefect server, deployments and a worker
+    drape train --config FILE --stage S   one stage, no orchestrator
+    drape data synth | shard | prestage    datasets as stage shards; the node's shard cache
+    drape gate check | calibrate    judge outputs from anywhere; measure the checks themselves
+    drape storage apply-lifecycle | report | sweep | restore   the object store
+    drape queue submit|list|cancel|dispatch|profile|simulate   the memory-profile-aware GPU queue
+
+One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`); `common` holds the
+console and config loading, `render` the report tables, `stack` the local Prefect stack.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from drape.cli import data, gate, pipeline, queue, storage
+
+app = typer.Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
+for command in (pipeline.demo, pipeline.run, pipeline.serve, pipeline.train):
+    app.command()(command)
+app.add_typer(data.app, name="data")
+app.add_typer(gate.app, name="gate")
+app.add_typer(storage.app, name="storage")
+app.add_typer(queue.app, name="queue")
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    sys.exit(app())

@@ -1,0 +1,125 @@
+"""`drape data synth | shard | prestage`: datasets as stage shards, and the node's shard cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from drape import STAGES, format_bytes
+from drape.cli.common import ConfigOption, console, fail, load, progress_bar
+from drape.cli.render import table_of
+from drape.layout import DATASET_MANIFEST, dataset_prefix
+
+app = typer.Typer(help='Datasets: synthesize, shard, pre-stage.', no_args_is_help=True)
+
+
+@app.command("synth")
+def data_synth(config: Optional[Path] = ConfigOption,
+               out: Optional[Path] = typer.Option(None, help="write shards to this local directory instead of the object store")) -> None:
+    """Generate the synthetic try-on dataset as stage shards plus the control set."""
+    from drape.data.dataset import build_dataset, dataset_prefix, ensure_dataset
+    from drape.storage.store import open_store
+
+    cfg = load(config)
+    sizes = {**cfg.data.samples_per_stage, "control": cfg.data.control_samples}
+    with progress_bar() as progress:
+        bars = {split: progress.add_task(f"synth {split}", total=count) for split, count in sizes.items()}
+        advance = lambda split, n: progress.advance(bars[split], n)  # noqa: E731
+        if out is not None:
+            manifest = build_dataset(cfg, out, advance)
+            where = str(out)
+        else:
+            store = open_store(cfg)
+            manifest = ensure_dataset(cfg, store, advance)
+            where = f"{store!r} {dataset_prefix(cfg)}"
+    shards = sum(len(s) for s in manifest["splits"].values())
+    console.print(f"dataset {manifest['name']}/{manifest['version']}: {shards} shards, control set {manifest['control_set']} → {where}")
+
+
+def _weights(text: str) -> dict[str, float]:
+    weights = {}
+    for item in filter(None, text.split(",")):
+        stage, _, value = item.partition("=")
+        if stage not in STAGES:
+            raise typer.BadParameter(f"unknown stage {stage!r} in --weights; expected {'|'.join(STAGES)}")
+        try:
+            weights[stage] = float(value)
+        except ValueError:
+            raise typer.BadParameter(f"--weights {item!r}: expected <stage>=<number>") from None
+    return weights
+
+
+@app.command("shard")
+def data_shard(source: str = typer.Argument(..., help="'synth', or the root of a VITON-HD or DressCode tree"),
+               out: str = typer.Option(..., help="object store URL (s3://bucket/prefix, file:///path or a path)"),
+               config: Optional[Path] = ConfigOption,
+               name: Optional[str] = typer.Option(None, help="dataset name (default: data.name)"),
+               version: Optional[str] = typer.Option(None, help="dataset version (default: data.version)"),
+               control: Optional[int] = typer.Option(None, help="control-set samples held apart (default: data.control_samples)"),
+               weights: str = typer.Option("identity=1,texture=1,geometry=1,denoise=1",
+                                           help="share of the other samples per stage, by hash of the pair key"),
+               shard_max_bytes: Optional[int] = typer.Option(None, help="close a shard at this size (default: data.shard_max_bytes)"),
+               shard_max_samples: Optional[int] = typer.Option(None, help="close a shard at this many samples")) -> None:
+    """Cut SOURCE into datasets/<name>/<version>/<stage>/shard-NNNNN.tar + manifest.json at OUT."""
+    import tempfile
+
+    from drape.data.dataset import build_dataset, import_dataset, publish_dataset
+    from drape.data.importers import SourceError
+    from drape.storage.store import StorageError, open_store
+
+    cfg = load(config)
+    name, version = name or cfg.data.name, version or cfg.data.version
+    max_bytes, max_samples = shard_max_bytes or cfg.data.shard_max_bytes, shard_max_samples or cfg.data.shard_max_samples
+    store = open_store(cfg, out)
+    prefix = dataset_prefix(name, version)
+    if store.exists(f"{prefix}/{DATASET_MANIFEST}"):
+        fail(f"{store.key_url(prefix)} already exists; dataset versions are immutable, pick a new --version")
+    with tempfile.TemporaryDirectory(prefix="drape-shard-") as scratch, progress_bar() as progress:
+        bar = progress.add_task(f"shard {source}", total=None)
+        advance = lambda split, n: progress.advance(bar, n)  # noqa: E731
+        try:
+            if source == "synth":
+                overrides = cfg.model_copy(update={"data": cfg.data.model_copy(update={
+                    "name": name, "version": version, "shard_max_bytes": max_bytes, "shard_max_samples": max_samples,
+                    **({"control_samples": control} if control else {})})})
+                manifest = build_dataset(overrides, scratch, advance)
+            else:
+                manifest = import_dataset(source, scratch, name=name, version=version, resolution=cfg.data.resolution,
+                                          control=control or cfg.data.control_samples, weights=_weights(weights),
+                                          max_samples=max_samples, max_bytes=max_bytes, progress=advance)
+            progress.update(bar, description=f"upload → {store!r}")
+            publish_dataset(scratch, store, prefix)
+        except (SourceError, ValueError, FileExistsError, StorageError) as error:
+            fail(f"cannot shard {source}: {error}")
+    table = table_of(f"dataset {name}/{version} → {store.key_url(prefix)}", ("split", "shards", "samples", "bytes"),
+                     left=("split",))
+    for split, shards in manifest["splits"].items():
+        table.add_row(split, str(len(shards)), str(sum(s["samples"] for s in shards)), format_bytes(sum(s["bytes"] for s in shards)))
+    console.print(table)
+    console.print(f"control set {manifest['control_set']}; stage rule {manifest['stage_rule'].get('rule')}")
+
+
+@app.command("prestage")
+def data_prestage(stage: str = typer.Option(..., help="identity|texture|geometry|denoise|control"),
+                  config: Optional[Path] = ConfigOption,
+                  keep: str = typer.Option("control", help="comma-separated splits eviction must not touch")) -> None:
+    """Pre-stage a stage's shards from the object store into the node-local shard cache (verified)."""
+    from drape.data.cache import CacheError
+    from drape.pipeline import prestage_dataset
+    from drape.storage.store import StorageError
+
+    cfg = load(config)
+    try:
+        with progress_bar() as progress:
+            bar = progress.add_task(f"prestage {stage}", total=None)
+            result = prestage_dataset(cfg, stage, [s for s in keep.split(",") if s],
+                                      progress=lambda done, total: progress.update(bar, completed=done, total=total))
+    except FileNotFoundError as error:
+        fail(str(error))
+    except (CacheError, StorageError) as error:
+        fail(f"prestage failed: {error}", 1)
+    console.print(f"{stage}: {result['shards']} shards, {format_bytes(result['bytes'])} in {result['directory']} "
+                  f"({result['downloaded']} downloaded, {format_bytes(result['downloaded_bytes'])}, {result['seconds']:.1f} s"
+                  + (f"; evicted {len(result['evicted'])}" if result["evicted"] else "") + ")")

@@ -1,0 +1,94 @@
+"""`drape demo`, `drape run`, `drape serve`, `drape train`: the pipeline as a whole, or one stage."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.panel import Panel
+
+from drape import MODES, Mode, parse_mode
+from drape.cli.common import ConfigOption, console, fail, load, stage_option
+from drape.cli.render import print_summary
+from drape.config import default_config_path
+
+
+def _run_flow(config_path: Path, mode: str, run_name: Optional[str]) -> None:
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")  # cold first start
+    if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
+        Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
+    load(config_path)  # fail fast with a readable message before Prefect starts
+    from drape.pipeline import GateFailed
+    from flows.staged_training import staged_training
+
+    started = time.perf_counter()
+    try:
+        summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name)
+    except GateFailed as error:
+        console.print(f"[red bold]run stopped:[/red bold] {error}")
+        raise typer.Exit(1) from None
+    print_summary(summary, time.perf_counter() - started)
+
+
+def demo(run_name: Optional[str] = typer.Option(None, help="flow run name")) -> None:
+    """Run the whole pipeline on the embedded demo config (CPU, a few minutes)."""
+    _run_flow(default_config_path(), Mode.FULL, run_name)
+
+
+def run(config: Path = typer.Option(..., "--config", "-c", help="pipeline config YAML"),
+        mode: str = typer.Option("full", help=f"{'|'.join(MODES)}: each stage's steps, or fine-tune passes from the baselines"),
+        run_name: Optional[str] = typer.Option(None, help="flow run name")) -> None:
+    """Run the staged-training flow on CONFIG."""
+    try:
+        parse_mode(mode, what="--mode")
+    except ValueError as error:
+        fail(str(error))
+    _run_flow(config, mode, run_name)
+
+
+def serve(port: int = typer.Option(4200, help="Prefect server port"),
+          home: Optional[Path] = typer.Option(None, help="PREFECT_HOME for the local server (default .drape/prefect-serve)")) -> None:
+    """Start a local Prefect server, drape's work pools and deployments, and a `local` process worker."""
+    from drape.cli.stack import REPO, ServeError
+    from drape.cli.stack import serve as bring_up
+
+    home = home or REPO / ".drape" / "prefect-serve"
+    console.print(f"starting the Prefect server on http://127.0.0.1:{port} (PREFECT_HOME={home}) ...")
+    try:
+        stack = bring_up(home, port)
+    except ServeError as error:
+        fail(str(error), 1)
+    console.print(Panel("\n".join([
+        f"Prefect UI:   {stack.ui_url}",
+        "deployments:  staged-training/demo, staged-training/h100, staged-training/h100-finetune,",
+        "              retention-sweep/weekly, prestage-dataset/demo, queue-dispatcher/demo",
+        "worker:       pool 'local' (process); 'gpu-k8s' needs a kubernetes worker in the cluster",
+        "",
+        "try it (another shell):",
+        f"  PREFECT_API_URL={stack.api_url} .venv/bin/prefect deployment run 'staged-training/demo' --watch",
+        "",
+        "Ctrl-C stops the worker and the server."]), title="drape serve", expand=False))
+    try:
+        while all(process.poll() is None for process in stack.processes.values()):
+            time.sleep(1)
+        console.print("[red]a process of the stack exited; see the logs in[/red] " + str(home))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stack.stop()
+
+
+def train(config: Optional[Path] = ConfigOption, stage: str = stage_option(..., "identity|texture|geometry|denoise"),
+          init: Optional[Path] = typer.Option(None, help="checkpoint to start from"),
+          out: Optional[Path] = typer.Option(None, help="stage directory for checkpoints")) -> None:
+    """Train one stage without an orchestrator (same code path as the flow's train task)."""
+    from drape.training.stage_job import main
+
+    args = ["--config", str(config or default_config_path()), "--stage", stage]
+    args += ["--init", str(init)] if init else []
+    args += ["--out", str(out)] if out else []
+    raise typer.Exit(main(args))

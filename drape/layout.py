@@ -1,0 +1,243 @@
+"""Every live path and every object key drape makes, in one place (nothing else joins them).
+
+Live storage, ``<paths.root>/live``::
+
+    runs/<run>/<stage>/checkpoints/step-NNNNNNN        the stage's safetensors checkpoints
+    runs/<run>/<stage>/checkpoints/step-NNNNNNN.dcp    sharded intermediates (torchrun)
+    runs/<run>/<stage>/gate/                           outputs/, latents.safetensors, report.json, grid.png
+    runs/<run>/<stage>/superseded-baseline/            the baseline this stage replaced, until archived
+    runs/<run>/<stage>/baseline-download/              a baseline's outputs fetched for the gate
+    runs/<run>/<stage>/job-config.json                 a queue job's config; train-result.json its result
+    runs/manual/<stage>/                               `python -m drape.train` without --out
+    baselines/<stage>/                                 checkpoint/, outputs/, baseline.json (+ latents, report)
+    shards/<dataset>/<version>/<split>/                the shard cache (`data.cache.dir` moves it)
+    restored/<run>/<stage>/                            `drape storage restore`
+
+The object store::
+
+    datasets/<name>/<version>/manifest.json            written last: its presence commits the dataset
+    datasets/<name>/<version>/<split>/shard-NNNNN.tar
+    runs/<run>/<stage>/<path under the live stage directory>      archived artifacts
+    archive/manifests/<run>/<stage>-<time>-<id>.jsonl  append-only archive records, one object per call
+    archive/manifests/sweep/<time>-<id>.jsonl          the retention sweep's records
+
+An artifact's kind follows from where it lives (`artifact_kind`), the same rule for archiving,
+the storage report and baselines.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path, PurePosixPath
+
+from drape import ArtifactKind
+
+CHECKPOINT_PREFIX = "step-"
+DCP_SUFFIX = ".dcp"
+_CHECKPOINT_NAME = re.compile(r"^step-(\d+)(\.dcp)?$")
+DATASET_MANIFEST = "manifest.json"
+RUNS_PREFIX = "runs/"
+ARCHIVE_MANIFESTS = "archive/manifests"
+SWEEP_MANIFESTS = f"{ARCHIVE_MANIFESTS}/sweep"
+MANUAL_RUN = "manual"
+
+# what a stage directory holds besides its checkpoints, relative to it, in archive order
+GATE_FILES = ("gate/outputs", "gate/latents.safetensors", "gate/report.json", "gate/grid.png")
+SUPERSEDED_BASELINE = "superseded-baseline"
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+def checkpoint_name(step: int, *, sharded: bool = False) -> str:
+    """``step-0000040`` (safetensors) or ``step-0000040.dcp`` (a sharded DCP checkpoint)."""
+    return f"{CHECKPOINT_PREFIX}{step:07d}{DCP_SUFFIX if sharded else ''}"
+
+
+def checkpoint_step(path: str | Path) -> int:
+    """The step of a checkpoint directory named by `checkpoint_name`; ValueError for any other name."""
+    match = _CHECKPOINT_NAME.match(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path}: not a checkpoint directory name (expected step-NNNNNNN or step-NNNNNNN.dcp)")
+    return int(match.group(1))
+
+
+def is_checkpoint_dir(path: str | Path) -> bool:
+    return _CHECKPOINT_NAME.match(Path(path).name) is not None
+
+
+def is_sharded_checkpoint(path: str | Path) -> bool:
+    return is_checkpoint_dir(path) and Path(path).name.endswith(DCP_SUFFIX)
+
+
+def checkpoint_order(path: str | Path) -> tuple[int, bool]:
+    """Sort key, oldest first: by step, and at one step the whole (safetensors) checkpoint after the
+    sharded one, since a stage's final checkpoint is always whole."""
+    return checkpoint_step(path), not is_sharded_checkpoint(path)
+
+
+def checkpoint_dirs(directory: str | Path) -> list[Path]:
+    """Checkpoint directories under `directory` (committed or not), oldest first."""
+    directory = Path(directory)
+    found = [p for p in directory.iterdir() if p.is_dir() and is_checkpoint_dir(p)] if directory.is_dir() else []
+    return sorted(found, key=checkpoint_order)
+
+
+# --- what a path holds ---------------------------------------------------------------------------
+def artifact_kind(relative: str | Path) -> ArtifactKind:
+    """The artifact kind of a file or directory, from its path under live storage, a stage
+    directory or a baseline directory."""
+    parts = PurePosixPath(Path(relative).as_posix()).parts
+    if parts and parts[0] == "shards":
+        return ArtifactKind.SYNTHETIC_IMAGERY
+    if "checkpoint" in parts or "checkpoints" in parts or (parts and is_checkpoint_dir(parts[-1])):
+        return ArtifactKind.CHECKPOINT
+    if parts and parts[-1] == "report.json":
+        return ArtifactKind.GATE_REPORT
+    if parts and parts[-1] == "latents.safetensors":
+        return ArtifactKind.LATENT_SNAPSHOT
+    return ArtifactKind.VALIDATION_OUTPUT  # outputs/, grid.png, baseline.json
+
+
+# --- live storage ------------------------------------------------------------------------------------
+def live_root(config) -> Path:
+    """``<paths.root>/live`` (absolute) of a PipelineConfig."""
+    return Path(config.paths.root).resolve() / "live"
+
+
+def shard_cache_root(config) -> Path:
+    return Path(config.data.cache.dir) if config.data.cache.dir else live_root(config) / "shards"
+
+
+def default_object_store_url(root: str | Path) -> str:
+    return f"file://{Path(root).resolve()}/objects"
+
+
+def default_queue_url(root: str | Path) -> str:
+    return f"sqlite:///{Path(root).resolve()}/queue.db"
+
+
+def default_tracking_uri(root: str | Path) -> str:
+    return f"sqlite:///{Path(root).resolve()}/mlflow.db"
+
+
+def default_artifact_root(root: str | Path) -> str:
+    return str(Path(root).resolve() / "mlartifacts")
+
+
+def shard_cache_dataset_dir(cache_root: str | Path, name: str, version: str) -> Path:
+    return Path(cache_root) / name / version
+
+
+@dataclass(frozen=True)
+class StagePaths:
+    """The live directory of one stage of one run, and what lives in it."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def gate(self) -> Path:
+        return self.root / "gate"
+
+    @property
+    def gate_outputs(self) -> Path:
+        return self.gate / "outputs"
+
+    @property
+    def gate_report(self) -> Path:
+        return self.gate / "report.json"
+
+    @property
+    def gate_grid(self) -> Path:
+        return self.gate / "grid.png"
+
+    @property
+    def gate_latents(self) -> Path:
+        return self.gate / "latents.safetensors"
+
+    @property
+    def superseded_baseline(self) -> Path:
+        return self.root / SUPERSEDED_BASELINE
+
+    @property
+    def baseline_download(self) -> Path:
+        return self.root / "baseline-download"
+
+    @property
+    def job_config(self) -> Path:
+        return self.root / "job-config.json"
+
+    @property
+    def train_result(self) -> Path:
+        return self.root / "train-result.json"
+
+
+@dataclass(frozen=True)
+class BaselinePaths:
+    """``baselines/<stage>/``: the current baseline's weights, control outputs and registry link."""
+
+    root: Path
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.root / "checkpoint"
+
+    @property
+    def outputs(self) -> Path:
+        return self.root / "outputs"
+
+    @property
+    def record(self) -> Path:
+        return self.root / "baseline.json"
+
+    @property
+    def staging(self) -> Path:
+        """Where the next baseline is assembled before it replaces this one by a rename."""
+        return self.root.with_name(f".{self.root.name}.tmp")
+
+
+@dataclass(frozen=True)
+class LiveLayout:
+    root: Path
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.root / "runs" / run_id
+
+    def stage(self, run_id: str, stage: str) -> StagePaths:
+        return StagePaths(self.run_dir(run_id) / stage)
+
+    def baseline(self, stage: str) -> BaselinePaths:
+        return BaselinePaths(self.root / "baselines" / stage)
+
+    def restored(self, run_id: str, stage: str) -> Path:
+        return self.root / "restored" / run_id / stage
+
+
+# --- object keys ---------------------------------------------------------------------------------------
+def dataset_prefix(name: str, version: str) -> str:
+    return f"datasets/{name}/{version}"
+
+
+def run_key(run_id: str, stage: str | None = None, relative: str = "") -> str:
+    """``runs/<run>[/<stage>][/<relative>]``: where a live stage file is archived."""
+    parts = [RUNS_PREFIX + run_id, stage, relative.strip("/") or None]
+    return "/".join(part for part in parts if part)
+
+
+def run_key_of(run_dir: str | Path, run_id: str, file: str | Path) -> str:
+    """The archive key of `file` under the live run directory `run_dir`."""
+    return run_key(run_id, relative=Path(file).relative_to(run_dir).as_posix())
+
+
+def archive_manifest_prefix(run_id: str, stage: str | None = None) -> str:
+    return f"{ARCHIVE_MANIFESTS}/{run_id}/{stage}" if stage else f"{ARCHIVE_MANIFESTS}/{run_id}"
+
+
+def new_manifest_key(prefix: str, now: datetime, *, separator: str = "-") -> str:
+    """A manifest object never written before: ``<prefix><separator><time>-<id>.jsonl``."""
+    return f"{prefix}{separator}{now:%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:8]}.jsonl"

@@ -1,0 +1,198 @@
+"""One StageJob: the one way a stage trains, in the pipeline's process or as a queue job.
+
+A `StageJob` names the stage, the mode, the run it belongs to and where it writes. `run()`
+reads the dataset manifest, deals the stage's shards to this rank's data partitions, fetches
+whichever of this rank's shards are not in the node's shard cache yet (none, when the pipeline
+pre-staged them) and trains. In the pipeline it runs in-process with the run's store, cache and
+tracker; as a queue job the pipeline writes it to ``job-config.json`` (`write`) and the job runs
+``python -m drape.train --job FILE`` (`main`), which reads it back unchanged (`read`). Operators
+run the same thing with ``python -m drape.train --config F --stage S``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from drape import MODES, STAGES, Mode, Stage, parse_mode, parse_stage
+from drape.config import PipelineConfig, load_config, parse_config
+from drape.data.cache import ShardCache
+from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
+from drape.data.partition import load_stage_data, resolve_partitions
+from drape.layout import MANUAL_RUN, LiveLayout, live_root
+from drape.ops.metrics import push_metrics
+from drape.storage.store import open_store
+from drape.training.distributed import DistContext, init_from_env
+from drape.training.trainer import TrainResult, peak_memory_gib, resolve_device, train_stage
+
+JOB_SCHEMA = "drape.stage_job/v1"
+
+
+@dataclass(frozen=True)
+class StageJobResult:
+    train: TrainResult
+    shard_read_wait_seconds: float  # time reading blocked on a shard that was not local yet
+    peak_memory_gib: float
+    world_size: int
+
+    def to_dict(self) -> dict:
+        return {**self.train.to_dict(), "peak_memory_gib": self.peak_memory_gib, "world_size": self.world_size,
+                "shard_read_wait_seconds": self.shard_read_wait_seconds}
+
+    @classmethod
+    def from_dict(cls, payload: dict) -> "StageJobResult":
+        return cls(TrainResult.from_dict(payload), payload.get("shard_read_wait_seconds", 0.0),
+                   payload.get("peak_memory_gib", 0.0), payload.get("world_size", 1))
+
+
+@dataclass(frozen=True)
+class StageJob:
+    config: PipelineConfig
+    stage: Stage
+    out_dir: Path
+    mode: Mode = Mode.FULL
+    init_checkpoint: str | None = None
+    run_id: str = MANUAL_RUN
+    mlflow_run: str | None = None  # the stage's MLflow run, when it belongs to a pipeline run
+
+    def __post_init__(self) -> None:  # the one place stage and mode are checked
+        object.__setattr__(self, "stage", parse_stage(self.stage))
+        object.__setattr__(self, "mode", parse_mode(self.mode))
+        object.__setattr__(self, "out_dir", Path(self.out_dir))
+
+    @classmethod
+    def manual(cls, config: PipelineConfig, stage: str, **fields) -> "StageJob":
+        """A job outside any pipeline run, in ``runs/manual/<stage>`` unless `out_dir` is given."""
+        out_dir = fields.pop("out_dir", None) or LiveLayout(live_root(config)).stage(MANUAL_RUN, stage).root
+        return cls(config, stage, out_dir, **fields)
+
+    # --- as a queue job: one file, read back as it was written --------------------------------
+    def to_dict(self) -> dict:
+        return {"schema": JOB_SCHEMA, "config": self.config.model_dump(mode="json"), "stage": self.stage, "mode": self.mode,
+                "out_dir": str(self.out_dir), "init_checkpoint": self.init_checkpoint, "run_id": self.run_id,
+                "mlflow_run": self.mlflow_run}
+
+    def write(self, path: str | Path, *, result: str | Path | None = None) -> list[str]:
+        """Write the job to `path` (atomically) and return the command that runs it (writing its
+        result to `result`)."""
+        _write_json(path, self.to_dict())
+        return [sys.executable, "-m", "drape.train", "--job", str(path), *(["--result", str(result)] if result else [])]
+
+    @classmethod
+    def read(cls, path: str | Path) -> "StageJob":
+        payload = json.loads(Path(path).read_text())
+        if payload.get("schema") != JOB_SCHEMA:
+            raise ValueError(f"{path}: not a drape stage job (schema {payload.get('schema')!r}, expected {JOB_SCHEMA!r})")
+        fields = {k: payload[k] for k in ("stage", "mode", "out_dir", "init_checkpoint", "run_id", "mlflow_run")}
+        return cls(parse_config(payload["config"], str(path)), **fields)
+
+    # --- running it -------------------------------------------------------------------------------
+    def run(self, *, context: DistContext | None = None, cache: ShardCache | None = None, tracker=None,
+            progress: Callable[[int, int], None] | None = None) -> StageJobResult:
+        """Train the stage on this rank's shards. `cache` and `tracker` are the run's when the
+        pipeline runs the job in its own process; otherwise they are built here."""
+        context = context or DistContext(device=resolve_device(self.config.train.device))
+        cache = cache or self._cache(context)
+        read_wait_before = cache.read_wait_seconds
+        partitions = resolve_partitions(self.config.train.data_partitions, context.world_size, self.config.train.batch_size)
+        # each rank fetches (if not pre-staged already) and reads only its own partitions' shards
+        data = load_stage_data(cache, self.stage, partitions=partitions, world_size=context.world_size, rank=context.rank)
+        context.barrier()
+        result = train_stage(self.config, stage=self.stage, data=data, out_dir=self.out_dir, init_checkpoint=self.init_checkpoint,
+                             mode=self.mode, data_manifest_hash=manifest_hash(cache.manifest), log_metrics=self._sink(tracker),
+                             progress=progress, metric_labels={"run": self.run_id, "stage": self.stage}, context=context)
+        return StageJobResult(result, cache.read_wait_seconds - read_wait_before, peak_memory_gib(context.device),
+                              context.world_size)
+
+    def _cache(self, context: DistContext) -> ShardCache:
+        """The node's shard cache for the config's dataset; rank 0 makes sure the dataset exists."""
+        store = open_store(self.config)
+        manifest = ensure_dataset(self.config, store) if context.is_main else None
+        if context.is_distributed:  # the other ranks read rank 0's manifest
+            holder = [manifest]
+            torch.distributed.broadcast_object_list(holder, src=0)
+            manifest = holder[0]
+        return ShardCache.from_config(self.config, store, dataset_prefix(self.config), manifest)
+
+    def _sink(self, tracker):
+        if self.mlflow_run is None:
+            return None
+        if tracker is None:
+            from drape.ops.tracking import Tracker
+
+            tracker = Tracker(self.config)
+        return lambda metrics, step: tracker.log_metrics(self.mlflow_run, metrics, step)
+
+
+def progress_lines(stage: str) -> Callable[[int, int], None]:
+    """Progress for logs: one line per tenth of the stage (``train-<stage>: step 30/300 (10%)``)."""
+    def report(done: int, total: int) -> None:
+        if done == total or done % max(total // 10, 1) == 0:
+            print(f"train-{stage}: step {done}/{total} ({100 * done // total}%)", flush=True)
+    return report
+
+
+def _write_json(path: str | Path, payload: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(json.dumps(payload, indent=2))
+    os.replace(temporary, path)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m drape.train", description=main.__doc__.split("\n\n")[0])
+    parser.add_argument("--job", default=None, help="a stage job file the pipeline wrote (replaces the options below)")
+    parser.add_argument("--config", default=None)
+    parser.add_argument("--stage", default=None, choices=STAGES)
+    parser.add_argument("--out", default=None, help="stage directory (default <root>/live/runs/manual/<stage>)")
+    parser.add_argument("--init", default=None, help="checkpoint to start from")
+    parser.add_argument("--mode", default=Mode.FULL.value, choices=MODES)
+    parser.add_argument("--result", default=None, help="write the result (JSON) here")
+    parser.add_argument("--mlflow-run", default=None, help="MLflow run id to log metrics to")
+    parser.add_argument("--run-id", default=MANUAL_RUN, help="pipeline run id for metric labels")
+    return parser
+
+
+def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> StageJob:
+    if args.job:
+        return StageJob.read(args.job)
+    if not args.config or not args.stage:
+        parser.error("--config and --stage are required (or --job)")
+    config = load_config(args.config)
+    return StageJob.manual(config, args.stage, out_dir=args.out, mode=args.mode, init_checkpoint=args.init,
+                           run_id=args.run_id, mlflow_run=args.mlflow_run)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train one stage from the command line, with no orchestrator: data is fetched and verified first.
+
+    As a queue job (`--job`, or `--mlflow-run` and `--run-id`) it also logs to the stage's MLflow
+    run, labels and pushes its Prometheus series, and writes its result with the measured peak
+    memory to `--result` and to $DRAPE_JOB_RESULT. Under torchrun every rank runs this.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    job = job_from_args(args, parser)
+    context = init_from_env(job.config.train.device)  # torchrun: joins the process group; else one process
+    result = job.run(context=context, progress=progress_lines(job.stage))
+    if context.is_distributed:
+        torch.distributed.destroy_process_group()
+    # every rank pushes its own series (data-wait and step time per rank), in a group of its own
+    push_metrics(job.config, grouping={"run": job.run_id, "stage": job.stage, "rank": str(context.rank)})
+    if not context.is_main:
+        return 0
+    payload = result.to_dict()
+    for path in filter(None, (args.result, os.environ.get("DRAPE_JOB_RESULT"))):
+        _write_json(path, payload)
+    print(f"train-{job.stage}: done, final loss {result.train.final_loss:.4f}, checkpoint {result.train.checkpoint}",
+          file=sys.stderr)
+    print(json.dumps(payload))  # the last line of stdout: the result, for scripts
+    return 0

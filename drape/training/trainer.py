@@ -1,0 +1,349 @@
+"""Stage trainer: trains one stage's parameter subset, checkpoints, resumes. No Prefect inside.
+
+Every source of randomness in a step (batch indices, noise, timesteps) comes from a generator
+seeded by (seed, stage, step), so a run killed mid-stage and resumed from its newest
+checkpoint ends with exactly the weights of an uninterrupted run. Batches are prepared by a
+background thread (`BatchPrefetcher`); the time the loop blocks on it is the data-wait that gets
+logged. The loop asks and the components decide: `Checkpointer` owns when and how to save,
+`StepMetrics` when to log.
+
+`drape.training.stage_job` runs a stage end to end (data, then this); `python -m drape.train`
+is its command line.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.nn import functional as F
+
+from drape import Mode, parse_mode, stage_index
+from drape.config import PipelineConfig, trainable_parameter_names
+from drape.data.dataset import to_model_inputs
+from drape.data.partition import StageData, rank_partitions, resolve_partitions
+from drape.layout import checkpoint_name, checkpoint_step, is_sharded_checkpoint
+from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
+from drape.training.checkpoint import list_checkpoints, load_model, load_training_state, save_checkpoint
+from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, load_sharded, unwrap, wrap_model
+from drape.training.model import build_model, build_noise_scheduler, diffusion_target
+
+MetricsSink = Callable[[dict[str, float], int], None]
+
+
+@dataclass
+class TrainResult:
+    stage: str
+    steps: int
+    resumed_from_step: int
+    final_loss: float
+    checkpoint: str
+    train_seconds: float
+    data_wait_seconds: float
+    samples_per_second: float
+    checkpoint_stall_seconds: float = 0.0  # time the loop blocked in sharded checkpoint saves
+    ranks: list[dict] = field(default_factory=list)  # per rank: partitions, shards, samples held, data-wait
+
+    @property
+    def data_wait_fraction(self) -> float:
+        return self.data_wait_seconds / self.train_seconds if self.train_seconds else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "data_wait_fraction": self.data_wait_fraction}
+
+    @classmethod
+    def from_dict(cls, payload: dict) -> "TrainResult":
+        """The result a job wrote (`to_dict`); extra keys (peak memory, world size) are ignored."""
+        return cls(**{name: payload[name] for name in cls.__dataclass_fields__})
+
+
+def resolve_device(requested: str) -> torch.device:
+    """'auto' picks CUDA when present; asking for 'cuda' without a GPU is an error."""
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("train.device is 'cuda' but no CUDA device is available")
+    return torch.device("cuda" if requested != "cpu" and torch.cuda.is_available() else "cpu")
+
+
+def step_generator(seed: int, stage: str, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + stage_index(stage) * 100_003 + step)
+
+
+def total_steps(config: PipelineConfig, stage: str, mode: str) -> int:
+    """Steps of `stage` in `mode`: the stage's `steps` in a full run, `finetune_steps` in a fine-tune pass."""
+    stage_config = config.train.stages[stage]
+    return stage_config.steps if parse_mode(mode) is Mode.FULL else stage_config.finetune_steps
+
+
+class BatchPrefetcher:
+    """Builds this rank's rows of the batch of step i+1.. in a thread while step i runs; measures time blocked.
+
+    Each step draws B/P indices into every data partition from the step's generator, in partition
+    order (every rank draws all of them, so the generator is in the same state on every rank and
+    world size), and keeps the rows of the partitions this rank holds. With one partition this is
+    a plain uniform draw of B indices over the stage.
+    """
+
+    def __init__(self, data: StageData, owned: range, *, seed: int, stage: str, batch_size: int, start: int, stop: int,
+                 depth: int = 2):
+        data.check_holds(owned)
+        self.data, self.owned, self.seed, self.stage = data, owned, seed, stage
+        self.rows = batch_size // data.count
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._fill, args=(start, stop), daemon=True)
+        self.thread.start()
+        self.wait_seconds = 0.0
+
+    def _fill(self, start: int, stop: int) -> None:
+        try:
+            for step in range(start, stop):
+                generator = step_generator(self.seed, self.stage, step)
+                drawn = [torch.randint(0, size, (self.rows,), generator=generator).numpy() for size in self.data.sizes]
+                parts = [to_model_inputs(self.data.partitions[p], drawn[p]) for p in self.owned]
+                batch = parts[0] if len(parts) == 1 else {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+                self.queue.put((step, batch, generator))
+        except BaseException as error:  # surfaced by next(), not lost in the thread
+            self.error = error
+            self.queue.put(None)
+
+    def next(self):
+        started = time.perf_counter()
+        item = self.queue.get()
+        waited = time.perf_counter() - started
+        if item is None:
+            raise RuntimeError(f"stage {self.stage}: building a batch failed: {self.error}") from self.error
+        self.wait_seconds += waited
+        return item, waited
+
+    def rank_summary(self, rank: int, seconds: float) -> dict:
+        """What this rank held and waited for, for the result and the run's MLflow metrics."""
+        owned = list(self.owned)
+        return {"rank": rank, "partitions": owned, "shards": [path for p in owned for path in self.data.shards.get(p, [])],
+                "samples": sum(len(self.data.partitions[p]["keys"]) for p in owned), "data_wait_seconds": self.wait_seconds,
+                "data_wait_fraction": self.wait_seconds / seconds if seconds else 0.0}
+
+
+@dataclass
+class TrainingState:
+    """What a stage trains and where it resumes: model (wrapped), optimizer, EMA and the first step."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    names: list[str]  # the trainable parameters
+    parameters: dict[str, torch.nn.Parameter]
+    ema: dict[str, torch.Tensor] | None
+    start_step: int
+    resumed_from: Path | None
+
+
+def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[str]:
+    names = trainable_parameter_names(patterns, [name for name, _ in model.named_parameters()])
+    if not names:
+        raise ValueError(f"train.stages: trainable patterns {patterns} match no model parameter")
+    chosen = set(names)
+    for name, parameter in model.named_parameters():
+        parameter.requires_grad_(name in chosen)
+    return names
+
+
+def prepare_training(config: PipelineConfig, stage: str, checkpoints_dir: Path, init_checkpoint: str | Path | None,
+                     context: DistContext) -> TrainingState:
+    """Model, optimizer and EMA for `stage`, resumed from the newest checkpoint in `checkpoints_dir`
+    (sharded or whole), else started from `init_checkpoint` or fresh weights."""
+    train = config.train
+    existing = list_checkpoints(checkpoints_dir)
+    resume_from = existing[-1] if existing else None
+    sharded_resume = resume_from is not None and is_sharded_checkpoint(resume_from)
+    source = init_checkpoint if sharded_resume or resume_from is None else resume_from
+    model = (load_model(source) if source else build_model(config)).to(context.device)
+    if train.gradient_checkpointing:
+        model.transformer.enable_gradient_checkpointing()
+    names = _configure_trainable(model, train.stages[stage].trainable)
+    model = wrap_model(model, context, train.parallelism, bf16=train.precision == "bf16")
+    parameters = dict(unwrap(model).named_parameters())
+    optimizer = torch.optim.AdamW([parameters[n] for n in names], lr=train.stages[stage].lr or train.lr,
+                                  weight_decay=train.weight_decay)
+    ema = {n: parameters[n].detach().clone() for n in names} if train.ema.enabled else None
+    if sharded_resume:
+        load_sharded(resume_from, model, optimizer, ema)
+    elif resume_from is not None:
+        restored = load_training_state(resume_from, optimizer, names)
+        if ema is not None and restored is not None:
+            ema = {n: restored[n].to(context.device) for n in names}
+    start = checkpoint_step(resume_from) if resume_from is not None else 0
+    return TrainingState(model, optimizer, names, parameters, ema, start, resume_from)
+
+
+class Checkpointer:
+    """Owns the save cadence: whole checkpoints every `checkpoint_every` steps in one process; under
+    torchrun sharded DCP intermediates (`step-N.dcp`) and one whole checkpoint at the stage's end,
+    which is what gates, promotion and the archive read."""
+
+    def __init__(self, config: PipelineConfig, directory: Path, total: int, context: DistContext, manifest: dict):
+        self.config, self.directory, self.total, self.context, self.manifest = config, directory, total, context, manifest
+        self.every = config.train.checkpoint_every
+        self.sharded = ShardedCheckpointer(context, use_async=config.train.async_checkpoint) if context.is_distributed else None
+        self.latest: Path | None = None
+
+    @property
+    def stall_seconds(self) -> float:
+        return self.sharded.stall_seconds if self.sharded is not None else 0.0
+
+    def save(self, step: int, state: TrainingState, loss: float) -> None:
+        """Save after `step` if the cadence says so."""
+        final, due = step == self.total, step % self.every == 0
+        manifest = {**self.manifest, "step": step, "loss": loss}
+        if self.sharded is not None and due and not final:
+            self.sharded.save(self.directory / checkpoint_name(step, sharded=True), state.model, state.optimizer, state.ema,
+                              manifest)
+        elif final or (self.sharded is None and due):
+            if self.sharded is not None:
+                self.sharded.wait()
+            self.latest = _save_whole(self.directory / checkpoint_name(step), self.config, state, manifest, self.context)
+
+
+def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manifest: dict, context: DistContext) -> Path:
+    """The safetensors checkpoint (rank 0 writes it; the whole model gathered under FSDP, which keeps
+    no optimizer state in it)."""
+    fsdp = context.is_distributed and config.train.parallelism == "fsdp"
+    plain, ema = unwrap(state.model), state.ema
+    if fsdp:
+        whole = full_model_state(state.model)  # collective: every rank takes part, rank 0 receives the whole state
+        ema = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in ema.items()} if ema is not None else None
+        if context.is_main:
+            plain = build_model(config)
+            plain.load_state_dict(whole)
+    if context.is_main:
+        save_checkpoint(path, model=plain, optimizer=None if fsdp else state.optimizer, trainable_names=state.names, ema=ema,
+                        manifest=manifest)
+    context.barrier()
+    return path
+
+
+class StepMetrics:
+    """Per-step Prometheus histograms (labelled run, stage, rank) and, every `log_every` steps, the sink."""
+
+    def __init__(self, config: PipelineConfig, stage: str, total: int, context: DistContext, sink: MetricsSink | None,
+                 labels: dict[str, str] | None):
+        full = {"run": "", "stage": stage, **(labels or {}), "rank": str(context.rank)}
+        self.data_wait, self.step_time = DATA_WAIT.labels(**full), STEP_SECONDS.labels(**full)
+        self.stage, self.total, self.batch_size, self.every = stage, total, config.train.batch_size, config.train.log_every
+        self.sink = sink if context.is_main else None
+
+    def record(self, step: int, loss: float, step_seconds: float, waited: float) -> None:
+        self.data_wait.observe(waited)
+        self.step_time.observe(step_seconds + waited)
+        if self.sink and (step % self.every == 0 or step == self.total):
+            self.sink({f"{self.stage}/loss": loss, f"{self.stage}/step_seconds": step_seconds + waited,
+                       f"{self.stage}/data_wait_seconds": waited,
+                       f"{self.stage}/samples_per_second": self.batch_size / max(step_seconds + waited, 1e-9)}, step)
+
+    def record_ranks(self, ranks: list[dict]) -> None:
+        if self.sink:
+            self.sink({f"{self.stage}/data_wait_fraction/rank{r['rank']}": r["data_wait_fraction"] for r in ranks}, self.total)
+
+
+def _step(config: PipelineConfig, state: TrainingState, scheduler, batch: dict, generator: torch.Generator,
+          context: DistContext) -> torch.Tensor:
+    """One optimizer step on this rank's rows of the global batch; returns the loss."""
+    train, device = config.train, context.device
+    local = context.local_slice(train.batch_size)
+    global_shape = (train.batch_size, *batch["target"].shape[1:])  # the batch holds this rank's rows only
+    noise = torch.randn(global_shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
+    timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)[local].to(device)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    noisy = scheduler.add_noise(batch["target"], noise, timesteps)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16"):
+        prediction = state.model(noisy, timesteps, batch["agnostic"], batch["mask"], batch["pose"], batch["garment"])
+    loss = F.mse_loss(prediction.float(), diffusion_target(scheduler, batch["target"], noise, timesteps))
+    state.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([state.parameters[n] for n in state.names], train.grad_clip)
+    state.optimizer.step()
+    if state.ema is not None:
+        with torch.no_grad():
+            for n in state.names:
+                state.ema[n].lerp_(state.parameters[n].detach(), 1 - train.ema.decay)
+    return loss.detach()
+
+
+def train_stage(config: PipelineConfig, *, stage: str, data: StageData | dict, out_dir: str | Path, init_checkpoint: str | Path | None,
+                mode: str = Mode.FULL, data_manifest_hash: str = "", log_metrics: MetricsSink | None = None,
+                progress: Callable[[int, int], None] | None = None, metric_labels: dict[str, str] | None = None,
+                context: DistContext | None = None) -> TrainResult:
+    """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints.
+
+    `data` is this rank's `StageData` (`load_stage_data`), or arrays as `load_split` gives them,
+    held whole and dealt into the data partitions by sample. Starts from `init_checkpoint` (or
+    fresh weights), or resumes from the newest checkpoint already in `out_dir`. `mode` 'full' runs
+    the stage's `steps`, 'finetune' its `finetune_steps`. Every step's data-wait and duration go to
+    the Prometheus histograms ``drape_data_wait_seconds`` and ``drape_train_step_seconds``
+    labelled `metric_labels` (run, stage) and the rank.
+    """
+    total, train = total_steps(config, stage, mode), config.train
+    context = context or DistContext(device=resolve_device(train.device))
+    partitions = resolve_partitions(train.data_partitions, context.world_size, train.batch_size)
+    data = StageData.whole(data, partitions) if isinstance(data, dict) else data
+    if data.count != partitions:
+        raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
+    checkpoints_dir = Path(out_dir) / "checkpoints"
+    state = prepare_training(config, stage, checkpoints_dir, init_checkpoint, context)
+    checkpointer = Checkpointer(config, checkpoints_dir, total, context, {
+        "config": config.model_dump(mode="json"), "stage": stage, "mode": mode, "total_steps": total,
+        "data_manifest_hash": data_manifest_hash})
+    checkpointer.latest = state.resumed_from
+    metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
+    prefetcher = BatchPrefetcher(data, rank_partitions(partitions, context.world_size, context.rank), seed=config.seed,
+                                 stage=stage, batch_size=train.batch_size, start=state.start_step, stop=total)
+    scheduler = build_noise_scheduler(config.diffusion)
+    loss, started = float("nan"), time.perf_counter()
+    state.model.train()
+    for _ in range(state.start_step, total):
+        (step, batch, generator), waited = prefetcher.next()
+        step_started = time.perf_counter()
+        loss, done = _global_mean(_step(config, state, scheduler, batch, generator, context), context), step + 1
+        metrics.record(done, loss, time.perf_counter() - step_started, waited)
+        checkpointer.save(done, state, loss)
+        if progress and context.is_main:
+            progress(done, total)
+    if checkpointer.latest is None:
+        raise RuntimeError(f"stage {stage}: nothing to train ({total} steps) and no checkpoint to resume from")
+    seconds, trained = time.perf_counter() - started, total - state.start_step
+    ranks = _per_rank(context, prefetcher.rank_summary(context.rank, seconds))
+    if trained:
+        metrics.record_ranks(ranks)
+    return TrainResult(stage, total, state.start_step, loss, str(checkpointer.latest), seconds, prefetcher.wait_seconds,
+                       trained * train.batch_size / seconds if seconds else 0.0, checkpointer.stall_seconds, ranks)
+
+
+def _per_rank(context: DistContext, mine: dict) -> list[dict]:
+    """Every rank's `mine`, in rank order (a collective under torchrun)."""
+    if not context.is_distributed:
+        return [mine]
+    gathered: list = [None] * context.world_size
+    torch.distributed.all_gather_object(gathered, mine)
+    return gathered
+
+
+def _global_mean(loss: torch.Tensor, context: DistContext) -> float:
+    if context.is_distributed:
+        loss = loss.clone()
+        torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG if context.device.type == "cuda"
+                                     else torch.distributed.ReduceOp.SUM)
+        if context.device.type != "cuda":  # gloo has no AVG
+            loss /= context.world_size
+    return float(loss)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """Peak GPU memory of this process (`torch.cuda.max_memory_allocated`); on CPU its peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
