@@ -27,8 +27,19 @@ from drape.config import deep_merge, load_config  # noqa: E402
 
 
 def run(config_path: Path, out: Path, nproc: int) -> dict:
-    command = [str(Path(sys.executable).with_name("torchrun")), "--standalone", f"--nproc-per-node={nproc}", "-m", "drape.train",
-               "--config", str(config_path), "--stage", "identity", "--out", str(out)]
+    command = [
+        str(Path(sys.executable).with_name("torchrun")),
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "drape.train",
+        "--config",
+        str(config_path),
+        "--stage",
+        "identity",
+        "--out",
+        str(out),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
     if result.returncode:
@@ -48,11 +59,20 @@ def main() -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="drape-stall-") as scratch:
         for mode in ("async", "blocking"):
-            data = deep_merge(base, {"paths": {"root": f"{scratch}/drape"}, "queue": {"enabled": False},
-                                     "data": {"resolution": args.resolution},
-                                     "model": {"num_layers": args.layers, "num_attention_heads": 4, "attention_head_dim": 32},
-                                     "train": {"checkpoint_every": args.every, "async_checkpoint": mode == "async",
-                                               "stages": {"identity": {"steps": args.steps}}}})
+            data = deep_merge(
+                base,
+                {
+                    "paths": {"root": f"{scratch}/drape"},
+                    "queue": {"enabled": False},
+                    "data": {"resolution": args.resolution},
+                    "model": {"num_layers": args.layers, "num_attention_heads": 4, "attention_head_dim": 32},
+                    "train": {
+                        "checkpoint_every": args.every,
+                        "async_checkpoint": mode == "async",
+                        "stages": {"identity": {"steps": args.steps}},
+                    },
+                },
+            )
             path = Path(scratch) / f"{mode}.yaml"
             path.write_text(yaml.safe_dump(data))
             config = load_config(path)
@@ -61,18 +81,24 @@ def main() -> int:
             size = sum(p.stat().st_size for p in (Path(scratch) / mode / "checkpoints").rglob("*") if p.is_file())
             rows.append((mode, result, saves, size, config))
             print(f"  {mode}: {result['train_seconds']:.1f} s, stall {result['checkpoint_stall_seconds']:.2f} s", file=sys.stderr)
-    print(f"\nCheckpoint stall, {args.nproc} ranks ({'NCCL' if os.environ.get('CUDA_VISIBLE_DEVICES') else 'gloo, CPU'}), "
-          f"{args.steps} steps, a sharded checkpoint every {args.every} steps\n")
+    print(
+        f"\nCheckpoint stall, {args.nproc} ranks ({'NCCL' if os.environ.get('CUDA_VISIBLE_DEVICES') else 'gloo, CPU'}), "
+        f"{args.steps} steps, a sharded checkpoint every {args.every} steps\n"
+    )
     print("| mode | train s | step s (mean) | saves | stall s | stall per save s | stall share of train time |")
     print("|---|---|---|---|---|---|---|")
     for mode, result, saves, _size, _ in rows:
         step = result["train_seconds"] / args.steps
-        print(f"| {mode} DCP | {result['train_seconds']:.1f} | {step:.3f} | {saves} | {result['checkpoint_stall_seconds']:.2f} | "
-              f"{result['checkpoint_stall_seconds'] / max(saves, 1):.3f} | "
-              f"{100 * result['checkpoint_stall_seconds'] / result['train_seconds']:.2f}% |")
+        print(
+            f"| {mode} DCP | {result['train_seconds']:.1f} | {step:.3f} | {saves} | {result['checkpoint_stall_seconds']:.2f} | "
+            f"{result['checkpoint_stall_seconds'] / max(saves, 1):.3f} | "
+            f"{100 * result['checkpoint_stall_seconds'] / result['train_seconds']:.2f}% |"
+        )
     (_, fast, *_), (_, slow, *_) = rows
-    print(f"\nasync stall / blocking stall = {fast['checkpoint_stall_seconds'] / max(slow['checkpoint_stall_seconds'], 1e-9):.2f}× "
-          f"(goal: stall < 1% of step time)")
+    print(
+        f"\nasync stall / blocking stall = {fast['checkpoint_stall_seconds'] / max(slow['checkpoint_stall_seconds'], 1e-9):.2f}× "
+        f"(goal: stall < 1% of step time)"
+    )
     return 0
 
 

@@ -6,7 +6,8 @@ through, and the right images of the wrong person and garment (targets rolled by
 Prints each check's thresholded value, the bootstrap lower bound of its mean (the mean in
 brackets), the thresholds, and per check the ratio of the worst trained
 value to the best broken value among the breakages aimed at that check (a copied agnostic
-input keeps the face intact, so it is not counted against the identity check). Run after `make demo` (it reads .drape/live/baselines):
+input keeps the face intact, so it is not counted against the identity check). Run after `make demo`
+(it reads .drape/live/baselines):
 
     .venv/bin/python benchmarks/gate_separation.py [--config configs/demo.yaml]
 """
@@ -22,15 +23,15 @@ from rich.console import Console
 from rich.table import Table
 
 from drape import STAGES
-from drape.training.checkpoint import load_model
 from drape.config import default_config_path, load_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, load_split, to_model_inputs
 from drape.gates.report import CHECKS
-from drape.training.model import build_model, sample
+from drape.gates.run import judge, to_uint8
 from drape.pipeline import live_root
 from drape.storage.store import open_store
-from drape.gates.run import judge, to_uint8
+from drape.training.checkpoint import load_model
+from drape.training.model import build_model, sample
 
 
 def scrambled(model: torch.nn.Module) -> torch.nn.Module:
@@ -61,20 +62,32 @@ def main() -> None:
         model = load_model(live / "baselines" / stage / "checkpoint", prefer_ema=True)
         rows.append((f"trained: {stage} baseline", stage, generate(model), set()))
     last = live / "baselines" / STAGES[-1] / "checkpoint"
-    rows += [("broken: scrambled weights", STAGES[-1], generate(scrambled(load_model(last))), set(CHECKS)),
-             ("broken: fresh initialisation", STAGES[-1], generate(build_model(config)), set(CHECKS)),
-             ("broken: agnostic input copied (face intact)", STAGES[-1], control["agnostic"], {"texture", "coherence"}),
-             ("broken: wrong person and garment", STAGES[-1], np.roll(control["target"], 1, axis=0), set(CHECKS))]
+    rows += [
+        ("broken: scrambled weights", STAGES[-1], generate(scrambled(load_model(last))), set(CHECKS)),
+        ("broken: fresh initialisation", STAGES[-1], generate(build_model(config)), set(CHECKS)),
+        ("broken: agnostic input copied (face intact)", STAGES[-1], control["agnostic"], {"texture", "coherence"}),
+        ("broken: wrong person and garment", STAGES[-1], np.roll(control["target"], 1, axis=0), set(CHECKS)),
+    ]
 
-    table = Table(title=f"gate separation on control set {manifest['control_set']} ({len(control['keys'])} samples): "
-                        "lower bound (mean)")
+    table = Table(
+        title=f"gate separation on control set {manifest['control_set']} ({len(control['keys'])} samples): lower bound (mean)"
+    )
     table.add_column("outputs")
     for check in CHECKS:
         table.add_column(check, justify="right")
     means: dict[str, dict[str, float]] = {}  # the thresholded value: the lower bound
     for name, stage, outputs, _ in rows:
-        report = judge(config, stage=stage, run_id="benchmark", checkpoint=name, control=control,
-                       control_set=manifest["control_set"], outputs=outputs, baseline_outputs=None, baseline=None)
+        report = judge(
+            config,
+            stage=stage,
+            run_id="benchmark",
+            checkpoint=name,
+            control=control,
+            control_set=manifest["control_set"],
+            outputs=outputs,
+            baseline_outputs=None,
+            baseline=None,
+        )
         means[name] = {check: report.checks[check].lower for check in CHECKS}
         table.add_row(name, *(f"{report.checks[c].lower:.3f} ({report.checks[c].mean:.3f})" for c in CHECKS))
     thresholds = [config.gates.thresholds(stage) for stage in STAGES]

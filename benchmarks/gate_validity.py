@@ -22,9 +22,9 @@ import time
 
 from rich.console import Console
 
-from drape.gates.calibration import calibrate, render_table
 from drape.config import default_config_path, load_config
 from drape.data.dataset import synthesize_split
+from drape.gates.calibration import calibrate, render_table
 
 
 def main() -> None:
@@ -32,7 +32,9 @@ def main() -> None:
     parser.add_argument("--config", default=str(default_config_path()))
     parser.add_argument("--samples", type=int, default=240)
     parser.add_argument("--false-alarm", type=float, default=0.01)
-    parser.add_argument("--resolution", type=int, default=None, help="render the control set at this size (default: the config's)")
+    parser.add_argument(
+        "--resolution", type=int, default=None, help="render the control set at this size (default: the config's)"
+    )
     parser.add_argument("--as-configured", action="store_true", help="the config's texture terms, not the defaults")
     args = parser.parse_args()
     config = load_config(args.config)
@@ -40,8 +42,9 @@ def main() -> None:
         from drape.config import TextureGateConfig
 
         defaults = TextureGateConfig()
-        texture = config.gates.texture.model_copy(update={"mirror_penalty": defaults.mirror_penalty,
-                                                          "sharpness_floor": defaults.sharpness_floor})
+        texture = config.gates.texture.model_copy(
+            update={"mirror_penalty": defaults.mirror_penalty, "sharpness_floor": defaults.sharpness_floor}
+        )
         config = config.model_copy(update={"gates": config.gates.model_copy(update={"texture": texture})})
     if args.resolution:
         config = config.model_copy(update={"data": config.data.model_copy(update={"resolution": args.resolution})})
@@ -49,9 +52,11 @@ def main() -> None:
     control = synthesize_split(config, "control", args.samples)
     thresholds, rows = calibrate(config, control, false_alarm=args.false_alarm)
     texture = config.gates.texture
-    title = (f"gate validity: {args.samples} samples at {config.data.resolution} px, per-sample thresholds at "
-             f"{args.false_alarm:.0%} false alarms, texture mirror_penalty {texture.mirror_penalty:g} sharpness_floor "
-             f"{texture.sharpness_floor:g} ({time.perf_counter() - started:.0f} s)")
+    title = (
+        f"gate validity: {args.samples} samples at {config.data.resolution} px, per-sample thresholds at "
+        f"{args.false_alarm:.0%} false alarms, texture mirror_penalty {texture.mirror_penalty:g} sharpness_floor "
+        f"{texture.sharpness_floor:g} ({time.perf_counter() - started:.0f} s)"
+    )
     table = render_table(thresholds, rows, false_alarm=args.false_alarm, title=title)
     Console(width=150).print(table)
 

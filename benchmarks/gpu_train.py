@@ -32,10 +32,16 @@ from drape.training.trainer import train_stage  # noqa: E402
 def random_split(resolution: int, samples: int, seed: int = 0) -> dict:
     rng = np.random.default_rng(seed)
     image = lambda: rng.integers(0, 256, (samples, resolution, resolution, 3), dtype=np.uint8)  # noqa: E731
-    return {"target": image(), "agnostic": image(), "pose": image(), "garment": image(),
-            "mask": rng.integers(0, 2, (samples, resolution, resolution), dtype=np.uint8) * 255,
-            "garment_mask": rng.integers(0, 2, (samples, resolution, resolution), dtype=np.uint8) * 255,
-            "keys": [f"s{i}" for i in range(samples)], "meta": [{} for _ in range(samples)]}
+    return {
+        "target": image(),
+        "agnostic": image(),
+        "pose": image(),
+        "garment": image(),
+        "mask": rng.integers(0, 2, (samples, resolution, resolution), dtype=np.uint8) * 255,
+        "garment_mask": rng.integers(0, 2, (samples, resolution, resolution), dtype=np.uint8) * 255,
+        "keys": [f"s{i}" for i in range(samples)],
+        "meta": [{} for _ in range(samples)],
+    }
 
 
 def main() -> int:
@@ -52,10 +58,16 @@ def main() -> int:
 
     cuda = torch.cuda.is_available()
     data = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "h100.yaml").read_text())
-    overrides = {"queue": {"enabled": False}, "train": {"checkpoint_every": args.every, "device": "cuda" if cuda else "cpu",
-                                                        "gradient_checkpointing": args.gradient_checkpointing,
-                                                        "precision": "bf16" if cuda else "fp32",
-                                                        "stages": {"identity": {"steps": args.steps}}}}
+    overrides = {
+        "queue": {"enabled": False},
+        "train": {
+            "checkpoint_every": args.every,
+            "device": "cuda" if cuda else "cpu",
+            "gradient_checkpointing": args.gradient_checkpointing,
+            "precision": "bf16" if cuda else "fp32",
+            "stages": {"identity": {"steps": args.steps}},
+        },
+    }
     if args.layers:
         overrides["model"] = {"num_layers": args.layers}
     if args.batch:
@@ -77,11 +89,20 @@ def main() -> int:
     step_seconds = result.train_seconds / args.steps
     flops = 6 * parameters * tokens_per_sample(config) * config.train.batch_size / step_seconds
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
-    row = {"device": torch.cuda.get_device_name(0) if cuda else "cpu (smoke test)", "ranks": context.world_size,
-           "parameters_m": parameters / 1e6, "resolution": config.data.resolution, "layers": config.model.num_layers,
-           "global_batch": config.train.batch_size, "step_s": step_seconds, "samples_per_s": result.samples_per_second,
-           "peak_gib_rank0": peak, "mfu": flops / (context.world_size * args.peak_tflops * 1e12) if cuda else float("nan"),
-           "checkpoint_stall_share": result.checkpoint_stall_seconds / result.train_seconds, "wall_s": wall}
+    row = {
+        "device": torch.cuda.get_device_name(0) if cuda else "cpu (smoke test)",
+        "ranks": context.world_size,
+        "parameters_m": parameters / 1e6,
+        "resolution": config.data.resolution,
+        "layers": config.model.num_layers,
+        "global_batch": config.train.batch_size,
+        "step_s": step_seconds,
+        "samples_per_s": result.samples_per_second,
+        "peak_gib_rank0": peak,
+        "mfu": flops / (context.world_size * args.peak_tflops * 1e12) if cuda else float("nan"),
+        "checkpoint_stall_share": result.checkpoint_stall_seconds / result.train_seconds,
+        "wall_s": wall,
+    }
     print("| " + " | ".join(row) + " |\n|" + "---|" * len(row))
     print("| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in row.values()) + " |")
     print(json.dumps(row))

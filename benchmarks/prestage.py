@@ -37,8 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drape import STAGES  # noqa: E402
-from drape.storage.checksum import sha256_file  # noqa: E402
 from drape.data.cache import ShardCache  # noqa: E402
+from drape.storage.checksum import sha256_file  # noqa: E402
 from drape.storage.store import ObjectStore  # noqa: E402
 from tests.integration.fault_proxy import FaultProxy  # noqa: E402
 
@@ -49,8 +49,11 @@ def start_moto() -> tuple[subprocess.Popen, str]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    process = subprocess.Popen([str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(Path(sys.executable).with_name("moto_server")), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
     for _ in range(300):
         try:
@@ -122,9 +125,15 @@ def run_mode(mode: str, cache: ShardCache, batches: int, compute: float, read_ah
         stage_times.append(time.perf_counter() - train_started)
     wall = time.perf_counter() - train_started
     shards = sum(len(cache.shards(s)) for s in STAGES)
-    return {"mode": mode, "wall": wall, "total": time.perf_counter() - started, "wait": waits,
-            "wait_fraction": waits / wall, "max_gap": max(gaps) if gaps else 0.0,
-            "batches_per_s": shards * batches / wall}
+    return {
+        "mode": mode,
+        "wall": wall,
+        "total": time.perf_counter() - started,
+        "wait": waits,
+        "wait_fraction": waits / wall,
+        "max_gap": max(gaps) if gaps else 0.0,
+        "batches_per_s": shards * batches / wall,
+    }
 
 
 def main() -> int:
@@ -155,31 +164,51 @@ def main() -> int:
                 prefix = f"datasets/bench/x{volume:g}"
                 manifest = make_dataset(Path(scratch) / "src", direct, prefix, args.shards, shard_bytes)
                 for mode in ("demand-paged", "drape"):
-                    cache = ShardCache(Path(scratch) / f"cache-{mode}", slow, prefix, manifest, budget_bytes=64 * 2**30,
-                                       concurrency=args.concurrency, read_ahead=args.read_ahead)
+                    cache = ShardCache(
+                        Path(scratch) / f"cache-{mode}",
+                        slow,
+                        prefix,
+                        manifest,
+                        budget_bytes=64 * 2**30,
+                        concurrency=args.concurrency,
+                        read_ahead=args.read_ahead,
+                    )
                     result = run_mode(mode, cache, args.batches, args.compute_ms / 1000, args.read_ahead)
                     rows.append({**result, "volume_mb": 4 * args.shards * shard_bytes / MIB, "shard_mb": shard_bytes / MIB})
-                    print(f"  {mode:12s} {rows[-1]['volume_mb']:6.0f} MiB: wall {result['wall']:.1f} s, wait "
-                          f"{100 * result['wait_fraction']:.2f}%", file=sys.stderr)
+                    print(
+                        f"  {mode:12s} {rows[-1]['volume_mb']:6.0f} MiB: wall {result['wall']:.1f} s, wait "
+                        f"{100 * result['wait_fraction']:.2f}%",
+                        file=sys.stderr,
+                    )
     finally:
         proxy.close()
         moto.terminate()
     compute = 4 * args.shards * args.batches * args.compute_ms / 1000
-    print(f"\nS3 via proxy: +{args.latency_ms:.0f} ms/request, {args.bandwidth_mbps:.0f} MB/s cap; consumer "
-          f"{args.batches} batches × {args.compute_ms:.0f} ms per shard ({compute:.1f} s of compute per run)\n")
-    header = f"| {'mode':12s} |   volume |   shard | total s | train wall s | data-wait s | data-wait % | max stage gap s | batches/s |"
+    print(
+        f"\nS3 via proxy: +{args.latency_ms:.0f} ms/request, {args.bandwidth_mbps:.0f} MB/s cap; consumer "
+        f"{args.batches} batches × {args.compute_ms:.0f} ms per shard ({compute:.1f} s of compute per run)\n"
+    )
+    header = (
+        f"| {'mode':12s} |   volume |   shard | total s | train wall s | data-wait s | data-wait % "
+        "| max stage gap s | batches/s |"
+    )
     print(header)
     print("|" + "|".join("-" * (len(cell)) for cell in header.split("|")[1:-1]) + "|")
     for row in rows:
-        print(f"| {row['mode']:12s} | {row['volume_mb']:4.0f} MiB | {row['shard_mb']:3.0f} MiB | {row['total']:7.2f} | {row['wall']:12.2f} | "
-              f"{row['wait']:11.2f} | {100 * row['wait_fraction']:10.2f}% | {row['max_gap']:15.3f} | {row['batches_per_s']:9.1f} |")
+        print(
+            f"| {row['mode']:12s} | {row['volume_mb']:4.0f} MiB | {row['shard_mb']:3.0f} MiB | {row['total']:7.2f} "
+            f"| {row['wall']:12.2f} | "
+            f"{row['wait']:11.2f} | {100 * row['wait_fraction']:10.2f}% | {row['max_gap']:15.3f} | {row['batches_per_s']:9.1f} |"
+        )
     print()
     for volume in sorted({row["volume_mb"] for row in rows}):
         demand = next(r for r in rows if r["volume_mb"] == volume and r["mode"] == "demand-paged")
         drape = next(r for r in rows if r["volume_mb"] == volume and r["mode"] == "drape")
-        print(f"{volume:.0f} MiB: throughput drape / demand-paged = {drape['batches_per_s'] / demand['batches_per_s']:.2f}×; "
-              f"data-wait {100 * demand['wait_fraction']:.1f}% → {100 * drape['wait_fraction']:.2f}% "
-              f"(goal < 1%); stage gap {demand['max_gap']:.2f} s → {drape['max_gap']:.3f} s (goal < 5 s)")
+        print(
+            f"{volume:.0f} MiB: throughput drape / demand-paged = {drape['batches_per_s'] / demand['batches_per_s']:.2f}×; "
+            f"data-wait {100 * demand['wait_fraction']:.1f}% → {100 * drape['wait_fraction']:.2f}% "
+            f"(goal < 1%); stage gap {demand['max_gap']:.2f} s → {drape['max_gap']:.3f} s (goal < 5 s)"
+        )
     drape_rows = [r for r in rows if r["mode"] == "drape"]
     print(f"median drape data-wait {100 * statistics.median(r['wait_fraction'] for r in drape_rows):.2f}% of wall time")
     return 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from rich.console import Console
@@ -52,7 +52,11 @@ def _file(path: Path, size: float, tag: str) -> None:
 
 def _stage_outputs(stage_dir: Path, scale: float, tag: str) -> None:
     for index in range(CHECKPOINTS_PER_STAGE):
-        _file(stage_dir / "checkpoints" / f"step-{(index + 1) * 1000:07d}" / "model.safetensors", FULL_CHECKPOINT * scale, f"{tag}{index}")
+        _file(
+            stage_dir / "checkpoints" / f"step-{(index + 1) * 1000:07d}" / "model.safetensors",
+            FULL_CHECKPOINT * scale,
+            f"{tag}{index}",
+        )
     _file(stage_dir / "gate" / "outputs" / "outputs.tar", VALIDATION * scale, tag + "v")
     _file(stage_dir / "gate" / "latents.safetensors", LATENTS * scale, tag + "l")
     _file(stage_dir / "gate" / "report.json", REPORT * scale, tag + "r")
@@ -61,7 +65,7 @@ def _stage_outputs(stage_dir: Path, scale: float, tag: str) -> None:
 def run_drape(root: Path, cycles: int, scale: float) -> list[dict]:
     live, store = root / "live", ObjectStore(f"file://{root / 'objects'}")
     baseline_runs: dict[str, str] = {}
-    start, rows = datetime(2026, 1, 5, tzinfo=timezone.utc), []
+    start, rows = datetime(2026, 1, 5, tzinfo=UTC), []
     for cycle in range(cycles):
         run = f"run{cycle:02d}"
         for stage in STAGES:
@@ -106,8 +110,15 @@ def main() -> None:
         archived = sum(r["bytes"] for r in row["archived"]) / args.scale
         drape_cost = row["live"] / GB * prices["live"] + archived_cost
         keep_cost = kept / GB * prices["live"]
-        table.add_row(str(cycle), f"{row['live'] / GB:,.1f} GB", f"{kept / GB:,.1f} GB", f"{kept / row['live']:.1f}x",
-                      f"{archived / GB:,.1f} GB", f"${drape_cost:,.2f}", f"${keep_cost:,.2f}")
+        table.add_row(
+            str(cycle),
+            f"{row['live'] / GB:,.1f} GB",
+            f"{kept / GB:,.1f} GB",
+            f"{kept / row['live']:.1f}x",
+            f"{archived / GB:,.1f} GB",
+            f"${drape_cost:,.2f}",
+            f"${keep_cost:,.2f}",
+        )
     Console(width=150).print(table)
     last = drape_rows[-1]["live"]
     console = Console(width=150)

@@ -55,10 +55,12 @@ def policies() -> None:
     print(f"## A week of the field's workload on {len(fleet)} GPUs ({len(trace)} jobs)\n")
     print(render(results))
     fifo, drape = results
-    print(f"\ndrape: utilization {100 * drape.utilization:.1f}% (goal >= 65%), {drape.of_bound:.2f} of the bound (goal >= 0.9); "
-          f"starved jobs {fifo.starved} → {drape.starved} ({100 * (drape.starved - fifo.starved) / max(fifo.starved, 1):+.1f}%, "
-          f"goal -90%); utilization ratio drape / fifo-exclusive {drape.utilization / fifo.utilization:.2f}×; "
-          f"p95 wait {fifo.p95_wait_s / 60:.0f} → {drape.p95_wait_s / 60:.1f} min")
+    print(
+        f"\ndrape: utilization {100 * drape.utilization:.1f}% (goal >= 65%), {drape.of_bound:.2f} of the bound (goal >= 0.9); "
+        f"starved jobs {fifo.starved} → {drape.starved} ({100 * (drape.starved - fifo.starved) / max(fifo.starved, 1):+.1f}%, "
+        f"goal -90%); utilization ratio drape / fifo-exclusive {drape.utilization / fifo.utilization:.2f}×; "
+        f"p95 wait {fifo.p95_wait_s / 60:.0f} → {drape.p95_wait_s / 60:.1f} min"
+    )
 
 
 def big_state(rng: random.Random) -> tuple[list[GpuState], list[JobRequest]]:
@@ -70,8 +72,17 @@ def big_state(rng: random.Random) -> tuple[list[GpuState], list[JobRequest]]:
         if rng.random() < 0.85:
             gpu.jobs = rng.choice((1, 1, 2))
             gpu.allocated_gib = min(gpu.total_gib - 4, rng.uniform(10, 40) * gpu.jobs)
-    pending = [JobRequest(f"q{i:05d}", rng.randint(1, 6), rng.uniform(0, 3600), 8 if i % 200 == 0 else 1,
-                          rng.choice((10.0, 12.0, 24.0, 36.0, 75.0)), rng.uniform(300, 20000)) for i in range(10_000)]
+    pending = [
+        JobRequest(
+            f"q{i:05d}",
+            rng.randint(1, 6),
+            rng.uniform(0, 3600),
+            8 if i % 200 == 0 else 1,
+            rng.choice((10.0, 12.0, 24.0, 36.0, 75.0)),
+            rng.uniform(300, 20000),
+        )
+        for i in range(10_000)
+    ]
     return gpus, pending
 
 
@@ -89,24 +100,52 @@ def cycle_cost() -> None:
         rows.append((f"policy only: {name}", statistics.median(times), len(placed)))
     with tempfile.TemporaryDirectory(prefix="drape-queue-bench-") as scratch:
         fleet_file = Path(scratch) / "fleet.yaml"
-        fleet_file.write_text(yaml.safe_dump({"groups": [
-            {"model": "H100-80GB", "memory_gib": 80, "nodes": 96, "gpus_per_node": 8, "node_prefix": "h"},
-            {"model": "L40S-48GB", "memory_gib": 48, "nodes": 32, "gpus_per_node": 8, "node_prefix": "l"}]}))
-        config = parse_config({"paths": {"root": scratch}, "queue": {"fleet": "static", "inventory": str(fleet_file)},
-                               "train": {"stages": {s: {"steps": 1, "trainable": ["*"]}
-                                                    for s in ("identity", "texture", "geometry", "denoise")}}})
+        fleet_file.write_text(
+            yaml.safe_dump(
+                {
+                    "groups": [
+                        {"model": "H100-80GB", "memory_gib": 80, "nodes": 96, "gpus_per_node": 8, "node_prefix": "h"},
+                        {"model": "L40S-48GB", "memory_gib": 48, "nodes": 32, "gpus_per_node": 8, "node_prefix": "l"},
+                    ]
+                }
+            )
+        )
+        config = parse_config(
+            {
+                "paths": {"root": scratch},
+                "queue": {"fleet": "static", "inventory": str(fleet_file)},
+                "train": {
+                    "stages": {s: {"steps": 1, "trainable": ["*"]} for s in ("identity", "texture", "geometry", "denoise")}
+                },
+            }
+        )
         store = JobStore(config.queue_url)
         started = time.perf_counter()
         for job in pending:
-            store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=job.mem_gib, duration_s=job.duration_s,
-                                 gpus=job.gpus, priority=job.priority, id=job.id), now=job.submit_s)
+            store.submit(
+                JobSpec(
+                    kind="gate-eval",
+                    command=["true"],
+                    mem_gib=job.mem_gib,
+                    duration_s=job.duration_s,
+                    gpus=job.gpus,
+                    priority=job.priority,
+                    id=job.id,
+                ),
+                now=job.submit_s,
+            )
         print(f"  queued 10,000 jobs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         dispatcher = Dispatcher(config, store, launcher=NullLauncher())
         first = dispatcher.cycle()
         rows.append(("dispatcher cycle, fleet empty (claims + launches)", first.seconds, len(first.started)))
         steady = [dispatcher.cycle() for _ in range(5)]
-        rows.append(("dispatcher cycle, fleet full (10,000 - placed still queued)", statistics.median(r.seconds for r in steady),
-                     sum(len(r.started) for r in steady)))
+        rows.append(
+            (
+                "dispatcher cycle, fleet full (10,000 - placed still queued)",
+                statistics.median(r.seconds for r in steady),
+                sum(len(r.started) for r in steady),
+            )
+        )
     print("\n## One dispatch cycle: 10,000 queued jobs, 1,024 GPUs (median of 5; goal < 1 s)\n")
     print("| what | seconds | jobs started |\n|---|---|---|")
     for what, seconds, started in rows:

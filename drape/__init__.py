@@ -102,7 +102,7 @@ def next_stage(stage: str) -> Stage | None:
 
 def stages_from(stage: str) -> tuple[Stage, ...]:
     """`stage` and every stage after it: what a run that stops at `stage` never finishes."""
-    return STAGES[STAGES.index(parse_stage(stage)):]
+    return STAGES[STAGES.index(parse_stage(stage)) :]
 
 
 def stage_index(stage: str) -> int:

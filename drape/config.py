@@ -8,15 +8,13 @@ should be greater than 0 (got -5)``.
 
 from __future__ import annotations
 
-import fnmatch
 from pathlib import Path
 from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from drape import layout
-from drape import ARTIFACT_KINDS, REGISTERED_MODEL, STAGES, ArtifactKind, Outcome, Stage
+from drape import ARTIFACT_KINDS, REGISTERED_MODEL, STAGES, ArtifactKind, Outcome, Stage, layout
 
 
 class ConfigError(ValueError):
@@ -38,9 +36,7 @@ class PathsConfig(_Strict):
 class StorageConfig(_Strict):
     """Where artifacts go. Credentials never live here: S3 uses the standard AWS chain."""
 
-    object_store_url: str | None = Field(
-        default=None, description="fsspec URL; default file://<root>/objects"
-    )
+    object_store_url: str | None = Field(default=None, description="fsspec URL; default file://<root>/objects")
     endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, Ceph, a test server)")
     region: str | None = None
     multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")
@@ -48,17 +44,25 @@ class StorageConfig(_Strict):
     connect_timeout_seconds: float = Field(default=10.0, gt=0)
     read_timeout_seconds: float = Field(default=60.0, gt=0)
     prices_per_gb_month: dict[str, float] = Field(
-        default_factory=lambda: {"live": 0.08, "STANDARD": 0.023, "STANDARD_IA": 0.0125, "GLACIER_IR": 0.004,
-                                 "GLACIER": 0.0036, "DEEP_ARCHIVE": 0.00099},
+        default_factory=lambda: {
+            "live": 0.08,
+            "STANDARD": 0.023,
+            "STANDARD_IA": 0.0125,
+            "GLACIER_IR": 0.004,
+            "GLACIER": 0.0036,
+            "DEEP_ARCHIVE": 0.00099,
+        },
         description="USD per GB-month by storage class ('live': the nodes' disks), for the storage report",
     )
 
     @model_validator(mode="after")
-    def _no_credentials_in_urls(self) -> "StorageConfig":
+    def _no_credentials_in_urls(self) -> StorageConfig:
         for name in ("object_store_url", "endpoint_url"):
             value = getattr(self, name) or ""
             if "@" in value.split("/")[2 if "://" in value else 0]:
-                raise ValueError(f"{name} must not carry credentials; S3 reads them from the AWS chain (environment, profile, role)")
+                raise ValueError(
+                    f"{name} must not carry credentials; S3 reads them from the AWS chain (environment, profile, role)"
+                )
         return self
 
 
@@ -84,16 +88,14 @@ class DataConfig(_Strict):
     resolution: int = Field(default=64, ge=32, le=2048)
     num_identities: int = Field(default=24, gt=0)
     num_garments: int = Field(default=48, gt=0)
-    samples_per_stage: dict[Stage, int] = Field(
-        default_factory=lambda: {stage: 96 for stage in STAGES}
-    )
+    samples_per_stage: dict[Stage, int] = Field(default_factory=lambda: {stage: 96 for stage in STAGES})
     control_samples: int = Field(default=16, gt=0)
     shard_max_samples: int = Field(default=64, gt=0)
     shard_max_bytes: int = Field(default=512 * 2**20, ge=2**20, description="a shard closes at this size or max samples")
-    cache: "CacheConfig" = Field(default_factory=lambda: CacheConfig())
+    cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
 
     @model_validator(mode="after")
-    def _every_stage_has_samples(self) -> "DataConfig":
+    def _every_stage_has_samples(self) -> DataConfig:
         missing = [stage for stage in STAGES if self.samples_per_stage.get(stage, 0) <= 0]
         if missing:
             raise ValueError(f"samples_per_stage needs a positive count for {missing}")
@@ -141,13 +143,18 @@ class TrainConfig(_Strict):
     parallelism: Literal["ddp", "fsdp"] = Field(default="ddp", description="under torchrun: DDP, or FSDP2 fully_shard")
     gradient_checkpointing: bool = False
     async_checkpoint: bool = Field(default=True, description="under torchrun: DCP saves in the background")
-    data_partitions: int | None = Field(default=None, gt=0, description=(
-        "disjoint shard groups the global batch is drawn from (drape/data/partition.py); default the world size. "
-        "Fix it, a multiple of every world size you use, to train identically on any number of ranks"))
+    data_partitions: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "disjoint shard groups the global batch is drawn from (drape/data/partition.py); default the world size. "
+            "Fix it, a multiple of every world size you use, to train identically on any number of ranks"
+        ),
+    )
     stages: dict[Stage, StageTrainConfig]
 
     @model_validator(mode="after")
-    def _all_stages_configured(self) -> "TrainConfig":
+    def _all_stages_configured(self) -> TrainConfig:
         missing = [stage for stage in STAGES if stage not in self.stages]
         if missing:
             raise ValueError(f"stages must configure every stage; missing {missing}")
@@ -168,7 +175,7 @@ class IdentityGateConfig(_Strict):
     max_drop: float | None = Field(default=0.05, ge=0, description="change threshold vs the stage baseline's mean")
 
     @model_validator(mode="after")
-    def _onnx_needs_path(self) -> "IdentityGateConfig":
+    def _onnx_needs_path(self) -> IdentityGateConfig:
         if self.embedder == "onnx" and not self.onnx_model_path:
             raise ValueError("embedder 'onnx' needs onnx_model_path")
         return self
@@ -177,18 +184,24 @@ class IdentityGateConfig(_Strict):
 class TextureGateConfig(_Strict):
     min_fidelity: Threshold = None
     max_shift_pixels: int = Field(default=2, ge=0)
-    mirror_penalty: float = Field(default=2.0, ge=0, description=(
-        "taken off per unit of negative handedness: the mark read mirrored (0: off)"))
-    sharpness_floor: float = Field(default=0.2, ge=0, le=1, description=(
-        "share of the mark's gradient energy below which the score scales down (0: off)"))
+    mirror_penalty: float = Field(
+        default=2.0, ge=0, description=("taken off per unit of negative handedness: the mark read mirrored (0: off)")
+    )
+    sharpness_floor: float = Field(
+        default=0.2, ge=0, le=1, description=("share of the mark's gradient energy below which the score scales down (0: off)")
+    )
     max_drop: float | None = Field(default=0.05, ge=0, description="change threshold vs the stage baseline's mean")
 
 
 class CoherenceGateConfig(_Strict):
     min_score: Threshold = Field(default=None, description="vs the ground truth (a stage's first run, no baseline)")
-    min_score_vs_baseline: Threshold = Field(default=None, description=(
-        "vs the baseline's outputs: a successor of a good model scores higher against them than any model against "
-        "the ground truth, so this threshold can be stricter; default min_score"))
+    min_score_vs_baseline: Threshold = Field(
+        default=None,
+        description=(
+            "vs the baseline's outputs: a successor of a good model scores higher against them than any model against "
+            "the ground truth, so this threshold can be stricter; default min_score"
+        ),
+    )
 
 
 class GatesConfig(_Strict):
@@ -204,8 +217,11 @@ class GatesConfig(_Strict):
         coherence = _threshold_for(self.coherence.min_score, stage)
         if vs_baseline and self.coherence.min_score_vs_baseline is not None:
             coherence = _threshold_for(self.coherence.min_score_vs_baseline, stage)
-        return {"identity": _threshold_for(self.identity.min_similarity, stage),
-                "texture": _threshold_for(self.texture.min_fidelity, stage), "coherence": coherence}
+        return {
+            "identity": _threshold_for(self.identity.min_similarity, stage),
+            "texture": _threshold_for(self.texture.min_fidelity, stage),
+            "coherence": coherence,
+        }
 
 
 STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE")
@@ -226,10 +242,14 @@ class OutcomeRule(_Strict):
 
 
 class RetentionRule(_Strict):
-    live_until: LiveUntil = Field(default="stage_end", description=(
-        "how long the live copy stays once its archived copy is verified: 'stage_end' (freed by the stage's "
-        "archive step), 'run_end' (freed when the run ends: passed, gate failed or aborted), 'baseline' (a "
-        "baseline's copy stays in live baselines/<stage>/ until superseded; other outcomes: stage_end)"))
+    live_until: LiveUntil = Field(
+        default="stage_end",
+        description=(
+            "how long the live copy stays once its archived copy is verified: 'stage_end' (freed by the stage's "
+            "archive step), 'run_end' (freed when the run ends: passed, gate failed or aborted), 'baseline' (a "
+            "baseline's copy stays in live baselines/<stage>/ until superseded; other outcomes: stage_end)"
+        ),
+    )
     lifetime_days: int | None = Field(default=None, gt=0, description="None: keep forever")
     storage_class: Literal[STORAGE_CLASSES] = "STANDARD"  # type: ignore[valid-type]
     outcomes: dict[Outcome, OutcomeRule] = Field(default_factory=dict)
@@ -238,55 +258,30 @@ class RetentionRule(_Strict):
 class RetentionConfig(_Strict):
     """Object-store lifetimes and classes, and how long the live copy stays, per artifact kind and outcome.
 
-    Resolution (`resolve`): a current baseline never expires; a superseded one lives
-    `baseline_grace_days` from when it was superseded; failed candidates and aborted runs live
-    `failed_lifetime_days`; a per-outcome override of the kind's rule wins over all of these
-    except the baseline's. `live_until` says when the live copy goes (after its archived copy is
-    verified, always).
+    How an artifact's rule is resolved from these (`drape.storage.retention.resolve` and
+    `live_until`): a current baseline never expires; a superseded one lives `baseline_grace_days`
+    from when it was superseded; failed candidates and aborted runs live `failed_lifetime_days`; a
+    per-outcome override of the kind's rule wins over all of these except the baseline's.
     """
 
-    rules: dict[str, RetentionRule] = Field(
-        default_factory=lambda: {kind: RetentionRule() for kind in ARTIFACT_KINDS}
-    )
+    rules: dict[str, RetentionRule] = Field(default_factory=lambda: {kind: RetentionRule() for kind in ARTIFACT_KINDS})
     failed_lifetime_days: int = Field(default=7, gt=0)
     baseline_grace_days: int = Field(default=30, gt=0, description="how long a superseded baseline stays archived")
     live_budget_bytes: int | None = Field(default=None, gt=0, description="live storage budget; over it, an alert fires")
 
     @model_validator(mode="after")
-    def _known_kinds(self) -> "RetentionConfig":
+    def _known_kinds(self) -> RetentionConfig:
         unknown = sorted(set(self.rules) - set(ARTIFACT_KINDS))
         if unknown:
             raise ValueError(f"unknown artifact kinds {unknown}; expected some of {list(ARTIFACT_KINDS)}")
         for kind in BASELINE_LIVE_KINDS:
-            override = self.rule_for(kind).outcomes.get("baseline")
+            override = self.rules.get(kind, RetentionRule()).outcomes.get(Outcome.BASELINE)
             if override is not None and override.live_until not in (None, "baseline"):
-                raise ValueError(f"rules.{kind}.outcomes.baseline.live_until must be 'baseline': the pipeline reads the "
-                                 f"current baseline's {kind} from live storage")
+                raise ValueError(
+                    f"rules.{kind}.outcomes.baseline.live_until must be 'baseline': the pipeline reads the "
+                    f"current baseline's {kind} from live storage"
+                )
         return self
-
-    def rule_for(self, kind: str) -> RetentionRule:
-        return self.rules.get(kind, RetentionRule())
-
-    def resolve(self, kind: str, outcome: str) -> tuple[int | None, str]:
-        """(lifetime in days or None for forever, storage class) of an archived `kind` with `outcome`."""
-        rule = self.rule_for(kind)
-        override = rule.outcomes.get(outcome, OutcomeRule())
-        storage_class = override.storage_class or rule.storage_class
-        if outcome == "baseline":
-            return None, storage_class
-        defaults = {"superseded_baseline": self.baseline_grace_days, "failed_candidate": self.failed_lifetime_days,
-                    "aborted": self.failed_lifetime_days}
-        lifetime = override.lifetime_days or defaults.get(outcome, rule.lifetime_days)
-        return lifetime, storage_class
-
-    def live_until(self, kind: str, outcome: str) -> str:
-        """'stage_end', 'run_end' or 'baseline' (only ever for outcome 'baseline') for a `kind` with `outcome`."""
-        if outcome == "baseline" and kind in BASELINE_LIVE_KINDS:
-            return "baseline"
-        rule = self.rule_for(kind)
-        override = rule.outcomes.get(outcome, OutcomeRule())
-        chosen = override.live_until or rule.live_until
-        return "stage_end" if chosen == "baseline" and outcome != "baseline" else chosen
 
 
 class AlertsConfig(_Strict):
@@ -300,7 +295,7 @@ class AlertsConfig(_Strict):
     notify_on_pass: bool = False
 
     @model_validator(mode="after")
-    def _no_inline_secret(self) -> "AlertsConfig":
+    def _no_inline_secret(self) -> AlertsConfig:
         if "://" in self.slack_webhook_env:
             raise ValueError("slack_webhook_env names an environment variable, not the webhook URL")
         return self
@@ -311,11 +306,17 @@ class KubernetesLauncherConfig(_Strict):
     image: str = "ghcr.io/drape-ai/drape:latest"
     service_account: str | None = "drape-job"
     product_label: str = Field(default="nvidia.com/gpu.product", description="node label that names the GPU product")
-    products: dict[str, str] = Field(default_factory=lambda: {"H100-80GB": "NVIDIA-H100-80GB-HBM3", "L40S-48GB": "NVIDIA-L40S",
-                                                               "A100-40GB": "NVIDIA-A100-SXM4-40GB"},
-                                     description="fleet GPU model → node label value")
-    tolerations: list[dict[str, str]] = Field(default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists",
-                                                                        "effect": "NoSchedule"}])
+    products: dict[str, str] = Field(
+        default_factory=lambda: {
+            "H100-80GB": "NVIDIA-H100-80GB-HBM3",
+            "L40S-48GB": "NVIDIA-L40S",
+            "A100-40GB": "NVIDIA-A100-SXM4-40GB",
+        },
+        description="fleet GPU model → node label value",
+    )
+    tolerations: list[dict[str, str]] = Field(
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    )
     shard_cache_host_path: str = "/mnt/nvme/drape-shards"
     training_operator: bool = Field(default=False, description="multi-node jobs as Kubeflow PyTorchJobs instead of indexed Jobs")
 
@@ -324,7 +325,9 @@ class QueueConfig(_Strict):
     """The GPU queue (scheduler/): where jobs wait, how GPUs are seen, how jobs start."""
 
     enabled: bool = Field(default=False, description="train jobs go through the queue")
-    url: str | None = Field(default=None, description="SQLAlchemy URL; default sqlite:///<root>/queue.db (postgresql://… at scale)")
+    url: str | None = Field(
+        default=None, description="SQLAlchemy URL; default sqlite:///<root>/queue.db (postgresql://… at scale)"
+    )
     fleet: Literal["local", "static", "prometheus"] = "local"
     inventory: str | None = Field(default=None, description="fleet YAML for 'static' (and the ledger's inventory)")
     prometheus_url: str | None = Field(default=None, description="Prometheus with the DCGM exporter's series")
@@ -362,7 +365,7 @@ class PipelineConfig(_Strict):
     queue: QueueConfig = QueueConfig()
 
     @model_validator(mode="after")
-    def _patch_divides_resolution(self) -> "PipelineConfig":
+    def _patch_divides_resolution(self) -> PipelineConfig:
         for field, patch in (("patch_size", self.model.patch_size), ("garment_patch_size", self.model.garment_patch_size)):
             if self.data.resolution % patch:
                 raise ValueError(f"model.{field} {patch} must divide data.resolution {self.data.resolution}")
@@ -388,11 +391,6 @@ class PipelineConfig(_Strict):
     @property
     def artifact_root(self) -> str:
         return self.tracking.artifact_root or layout.default_artifact_root(self.paths.root)
-
-
-def trainable_parameter_names(patterns: list[str], names: list[str]) -> list[str]:
-    """Parameter names matched by any glob pattern (``*`` matches everything)."""
-    return [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
 
 
 def _format_errors(source: str, error: ValidationError) -> str:

@@ -21,7 +21,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from drape import STAGES, Mode, Outcome, Stage, parse_mode, previous_stage, stages_from
@@ -35,7 +35,7 @@ from drape.ops import metrics
 from drape.ops.alerts import notify_gate
 from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
-from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, release_run
+from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention, release_run
 from drape.storage.store import ObjectStore, open_store, remove_tree, tree_bytes
 from drape.storage.sweep import sweep as run_sweep
 from drape.training.checkpoint import export_weights
@@ -96,8 +96,9 @@ def resources(config: PipelineConfig, context: RunContext) -> RunResources:
             manifest = read_manifest(store, context.dataset_prefix)
             if manifest is None:
                 raise FileNotFoundError(f"run {context.run_id}: no dataset at {store.key_url(context.dataset_prefix)}")
-            _RESOURCES[context.run_id] = RunResources(store, Tracker(config),
-                                                      ShardCache.from_config(config, store, context.dataset_prefix, manifest))
+            _RESOURCES[context.run_id] = RunResources(
+                store, Tracker(config), ShardCache.from_config(config, store, context.dataset_prefix, manifest)
+            )
         return _RESOURCES[context.run_id]
 
 
@@ -119,14 +120,23 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
     mode = parse_mode(mode)
     store, tracker = open_store(config), Tracker(config)
     manifest = ensure_dataset(config, store, progress)
-    run_id = f"{datetime.now(timezone.utc):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
+    run_id = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     run_name = run_name or f"{config.name}-{mode}-{run_id}"
     tags = {"drape.run_id": run_id, "drape.config": config.name, "drape.mode": mode}
     parent = tracker.start_run(run_name, tags)
     tracker.log_params(parent, {"config": json.dumps(config.model_dump(mode="json"), sort_keys=True), "mode": mode})
     children = {stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES}
-    context = RunContext(run_id, run_name, mode, str(live_root(config)), parent, children, dataset_prefix(config),
-                         manifest_hash(manifest), manifest["control_set"])
+    context = RunContext(
+        run_id,
+        run_name,
+        mode,
+        str(live_root(config)),
+        parent,
+        children,
+        dataset_prefix(config),
+        manifest_hash(manifest),
+        manifest["control_set"],
+    )
     resources(config, context).cache.prestage("control")
     return context
 
@@ -163,8 +173,15 @@ def start_checkpoint(context: RunContext, stage: str) -> str | None:
 
 def stage_job(config: PipelineConfig, context: RunContext, stage: str) -> StageJob:
     """The stage's training job in this run: from `start_checkpoint`, into the run's stage directory."""
-    return StageJob(config, Stage(stage), context.stage_dir(stage), context.mode, start_checkpoint(context, stage),
-                    context.run_id, context.stage_run_ids[stage])
+    return StageJob(
+        config,
+        Stage(stage),
+        context.stage_dir(stage),
+        context.mode,
+        start_checkpoint(context, stage),
+        context.run_id,
+        context.stage_run_ids[stage],
+    )
 
 
 def train(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> TrainResult:
@@ -202,9 +219,16 @@ def _log_train_summary(config: PipelineConfig, context: RunContext, stage: str, 
     metrics.STAGE_STEP_SECONDS.labels(**labels, step="train").set(result.train_seconds)
     metrics.STAGE_FINISHED.labels(**labels, step="train").set(time.time())
     push_metrics(config, grouping=labels)
-    resources(config, context).tracker.log_metrics(context.stage_run_ids[stage], {
-        f"{stage}/train_seconds": result.train_seconds, f"{stage}/data_wait_fraction": result.data_wait_fraction,
-        f"{stage}/final_loss": result.final_loss, f"{stage}/shard_read_wait_seconds": job.shard_read_wait_seconds}, result.steps)
+    resources(config, context).tracker.log_metrics(
+        context.stage_run_ids[stage],
+        {
+            f"{stage}/train_seconds": result.train_seconds,
+            f"{stage}/data_wait_fraction": result.data_wait_fraction,
+            f"{stage}/final_loss": result.final_loss,
+            f"{stage}/shard_read_wait_seconds": job.shard_read_wait_seconds,
+        },
+        result.steps,
+    )
 
 
 def _baseline(context: RunContext, stage: str, tracker: Tracker) -> tuple[dict | None, Path | None]:
@@ -212,11 +236,16 @@ def _baseline(context: RunContext, stage: str, tracker: Tracker) -> tuple[dict |
     version = tracker.get_baseline(stage)
     if version is None:
         return None, None
-    info = {"version": str(version.version), "run_id": version.tags.get("drape.run_id", ""),
-            "control_set": version.tags.get("drape.control_set", "")}
+    info = {
+        "version": str(version.version),
+        "run_id": version.tags.get("drape.run_id", ""),
+        "control_set": version.tags.get("drape.control_set", ""),
+    }
     if info["control_set"] != context.control_set:
-        raise ValueError(f"stage {stage}: baseline v{info['version']} was judged on control set {info['control_set']!r}, "
-                         f"this run uses {context.control_set!r}; outputs on different control sets cannot be compared")
+        raise ValueError(
+            f"stage {stage}: baseline v{info['version']} was judged on control set {info['control_set']!r}, "
+            f"this run uses {context.control_set!r}; outputs on different control sets cannot be compared"
+        )
     local = context.layout.baseline(stage)
     recorded = json.loads(local.record.read_text()) if local.record.is_file() else {}
     if recorded.get("version") == info["version"] and local.outputs.is_dir():
@@ -224,8 +253,15 @@ def _baseline(context: RunContext, stage: str, tracker: Tracker) -> tuple[dict |
     return info, tracker.download(f"{version.source}/outputs", context.paths(stage).baseline_download)
 
 
-def gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, *, webhook_url: str | None = None,
-         links: dict[str, str] | None = None) -> GateReport:
+def gate(
+    config: PipelineConfig,
+    context: RunContext,
+    stage: str,
+    checkpoint: str,
+    *,
+    webhook_url: str | None = None,
+    links: dict[str, str] | None = None,
+) -> GateReport:
     """Judge the candidate on the control set vs thresholds and the stage baseline; log the report.
 
     A passing gate alerts only when `alerts.notify_on_pass` is set; failures alert in `reject`.
@@ -250,15 +286,32 @@ def _gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: s
     control = load_split(run.cache.dataset_dir, run.cache.manifest, "control")
     baseline, baseline_outputs = _baseline(context, stage, run.tracker)
     paths = context.paths(stage)
-    provenance = provenance_problems(config, checkpoint, stage=stage, data_manifest_hash=context.data_manifest_hash,
-                                     start_checkpoint=start_checkpoint(context, stage))
-    report = evaluate_gate(config, stage=stage, run_id=context.run_id, checkpoint=checkpoint, control=control,
-                           control_set=context.control_set, gate_dir=paths.gate, baseline=baseline,
-                           baseline_outputs_dir=baseline_outputs, provenance=provenance)
+    provenance = provenance_problems(
+        config,
+        checkpoint,
+        stage=stage,
+        data_manifest_hash=context.data_manifest_hash,
+        start_checkpoint=start_checkpoint(context, stage),
+    )
+    report = evaluate_gate(
+        config,
+        stage=stage,
+        run_id=context.run_id,
+        checkpoint=checkpoint,
+        control=control,
+        control_set=context.control_set,
+        gate_dir=paths.gate,
+        baseline=baseline,
+        baseline_outputs_dir=baseline_outputs,
+        provenance=provenance,
+    )
     remove_tree(paths.baseline_download)
     stage_run = context.stage_run_ids[stage]
-    aggregates = {f"gate/{name}/{aggregate}": value for name, check in report.checks.items()
-                  for aggregate, value in check.aggregates().items()}
+    aggregates = {
+        f"gate/{name}/{aggregate}": value
+        for name, check in report.checks.items()
+        for aggregate, value in check.aggregates().items()
+    }
     run.tracker.log_metrics(stage_run, {**aggregates, "gate/passed": float(report.passed)})
     run.tracker.set_tags(stage_run, {"drape.gate.verdict": report.verdict})
     run.tracker.log_artifact(stage_run, paths.gate_report, "gate")
@@ -282,7 +335,7 @@ def _stage_baseline(config: PipelineConfig, paths: StagePaths, checkpoint: str, 
     export_weights(checkpoint, staging / "checkpoint")  # the full checkpoint is archived with the run
     shutil.copytree(paths.gate_outputs, staging / "outputs")
     for file, kind in ((paths.gate_latents, "latent_snapshot"), (paths.gate_report, "gate_report")):
-        if file.is_file() and config.retention.live_until(kind, Outcome.BASELINE) == "baseline":
+        if file.is_file() and live_until(config.retention, kind, Outcome.BASELINE) == "baseline":
             shutil.copy2(file, staging / file.name)  # live while this is the baseline (retention policy)
 
 
@@ -292,11 +345,16 @@ def _snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoin
     _stage_baseline(config, paths, checkpoint, baseline.staging)
     tracker.log_artifacts(stage_run, baseline.staging / "checkpoint", "snapshot/checkpoint")
     source = tracker.log_artifacts(stage_run, baseline.staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
-    tags = {"drape.stage": stage, "drape.run_id": context.run_id, "drape.control_set": context.control_set,
-            **{f"drape.gate.{name}": f"{check.mean:.6f}" for name, check in report.checks.items()}}
+    tags = {
+        "drape.stage": stage,
+        "drape.run_id": context.run_id,
+        "drape.control_set": context.control_set,
+        **{f"drape.gate.{name}": f"{check.mean:.6f}" for name, check in report.checks.items()},
+    }
     version = tracker.register_baseline(stage_run, source, stage, tags)
-    (baseline.staging / "baseline.json").write_text(json.dumps({"version": version, "run_id": context.run_id, "stage": stage,
-                                                                "control_set": context.control_set}))
+    (baseline.staging / "baseline.json").write_text(
+        json.dumps({"version": version, "run_id": context.run_id, "stage": stage, "control_set": context.control_set})
+    )
     if baseline.root.exists():
         os.replace(baseline.root, paths.superseded_baseline)
     os.replace(baseline.staging, baseline.root)
@@ -319,16 +377,20 @@ def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: s
     run, root, stage_dir = resources(config, context), Path(context.live_root), context.stage_dir(stage)
     live_before = tree_bytes(root)
     actions = plan_retention(classify_stage_dir(stage_dir, outcome), config.retention, key_root=run_key(context.run_id, stage))
-    result = execute_plan(actions, run.store, archive_manifest_prefix(context.run_id, stage), run_id=context.run_id,
-                          stage=stage)
+    result = execute_plan(actions, run.store, archive_manifest_prefix(context.run_id, stage), run_id=context.run_id, stage=stage)
     for shard in run.cache.shards(stage):  # the object store holds the verified original
         run.store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
     run.cache.evict(stage)
     _remove_empty(stage_dir)
     live_after = tree_bytes(root)
-    run.tracker.log_metrics(context.stage_run_ids[stage], {f"{stage}/archived_bytes": result.archived_bytes,
-                                                           f"{stage}/live_bytes_before": live_before,
-                                                           f"{stage}/live_bytes_after": live_after})
+    run.tracker.log_metrics(
+        context.stage_run_ids[stage],
+        {
+            f"{stage}/archived_bytes": result.archived_bytes,
+            f"{stage}/live_bytes_before": live_before,
+            f"{stage}/live_bytes_after": live_after,
+        },
+    )
     return {**result.to_dict(), "stage": stage, "live_bytes_before": live_before, "live_bytes_after": live_after}
 
 
@@ -341,25 +403,34 @@ def sweep(config: PipelineConfig, *, dry_run: bool = False, now: datetime | None
         if version is not None:
             current[stage] = version.tags.get("drape.run_id", "")
     result = run_sweep(open_store(config), config.retention, current, now=now, dry_run=dry_run)
-    return {"dry_run": dry_run, "retagged": result.retagged, "deleted": result.deleted, "freed_bytes": result.freed_bytes,
-            "manifest_key": result.manifest_key}
+    return {
+        "dry_run": dry_run,
+        "retagged": result.retagged,
+        "deleted": result.deleted,
+        "freed_bytes": result.freed_bytes,
+        "manifest_key": result.manifest_key,
+    }
 
 
 def _remove_empty(directory: Path) -> None:
-    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if directory.exists() else []:
+    for path in (
+        sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if directory.exists() else []
+    ):
         if not any(path.iterdir()):
             path.rmdir()
     if directory.exists() and not any(directory.iterdir()):
         directory.rmdir()
 
 
-def _notify(config: PipelineConfig, context: RunContext, report: GateReport, webhook_url: str | None,
-            links: dict[str, str] | None) -> str:
+def _notify(
+    config: PipelineConfig, context: RunContext, report: GateReport, webhook_url: str | None, links: dict[str, str] | None
+) -> str:
     run = resources(config, context)
     location = run.store.key_url(run_key(context.run_id, report.stage, "gate/report.json"))
     links = {**(links or {}), "MLflow run": run.tracker.run_link(context.stage_run_ids[report.stage])}
-    return notify_gate(config.alerts, report, run_name=context.run_name, report_location=location, links=links,
-                       webhook_url=webhook_url)
+    return notify_gate(
+        config.alerts, report, run_name=context.run_name, report_location=location, links=links, webhook_url=webhook_url
+    )
 
 
 def _evict_from(config: PipelineConfig, context: RunContext, stage: str) -> None:
@@ -369,8 +440,15 @@ def _evict_from(config: PipelineConfig, context: RunContext, stage: str) -> None
         cache.evict(later)
 
 
-def reject(config: PipelineConfig, context: RunContext, stage: str, report: GateReport, *, webhook_url: str | None = None,
-           links: dict[str, str] | None = None) -> str:
+def reject(
+    config: PipelineConfig,
+    context: RunContext,
+    stage: str,
+    report: GateReport,
+    *,
+    webhook_url: str | None = None,
+    links: dict[str, str] | None = None,
+) -> str:
     """A failed gate: archive the candidate with the short lifetime, alert Slack, close the runs.
 
     A Slack outage is noted in the returned message; it never turns the failure into anything else.
@@ -387,8 +465,11 @@ def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
     run, run_dir = resources(config, context), context.layout.run_dir(context.run_id)
     released = release_run(run.store, run_dir, context.run_id)
     if released.kept:
-        print(f"drape: run {context.run_id}: {len(released.kept)} live file(s) have no verified archived copy and stay "
-              f"live: {released.kept[:3]}{' …' if len(released.kept) > 3 else ''}", file=sys.stderr)
+        print(
+            f"drape: run {context.run_id}: {len(released.kept)} live file(s) have no verified archived copy and stay "
+            f"live: {released.kept[:3]}{' …' if len(released.kept) > 3 else ''}",
+            file=sys.stderr,
+        )
     for stage_run in context.stage_run_ids.values():
         run.tracker.end_run(stage_run, status)
     run.tracker.end_run(context.mlflow_run_id, status)
@@ -404,15 +485,19 @@ def abort(config: PipelineConfig, context: RunContext, stage: str, error: BaseEx
     Best effort on each step, so the original error is the one the flow reports; what could not be
     archived stays live (never freed without a verified copy).
     """
-    steps = [("archive", lambda: archive(config, context, stage, outcome=Outcome.ABORTED)),
-             ("evict shards", lambda: _evict_from(config, context, stage)),
-             ("close runs", lambda: close_run(config, context, "FAILED"))]
+    steps = [
+        ("archive", lambda: archive(config, context, stage, outcome=Outcome.ABORTED)),
+        ("evict shards", lambda: _evict_from(config, context, stage)),
+        ("close runs", lambda: close_run(config, context, "FAILED")),
+    ]
     for name, step in steps:
         try:
             step()
         except Exception as failure:  # noqa: BLE001 - reported, the stage's own error is what matters
-            print(f"drape: aborting run {context.run_id} after {type(error).__name__} at stage {stage}: {name} failed: "
-                  f"{failure}", file=sys.stderr)
+            print(
+                f"drape: aborting run {context.run_id} after {type(error).__name__} at stage {stage}: {name} failed: {failure}",
+                file=sys.stderr,
+            )
 
 
 @dataclass(frozen=True)
@@ -425,20 +510,36 @@ class StageRecord:
     archive: dict
 
     def row(self) -> dict:
-        checks = {n: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
-                  for n, c in self.gate.checks.items()}
-        return {"stage": self.train.stage, "steps": self.train.steps, "final_loss": self.train.final_loss,
-                "train_seconds": self.train.train_seconds, "data_wait_fraction": self.train.data_wait_fraction,
-                "checks": checks, "verdict": self.gate.verdict, "version": self.snapshot["version"],
-                "archived_bytes": self.archive["archived_bytes"], "live_bytes": self.archive["live_bytes_after"]}
+        checks = {
+            n: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
+            for n, c in self.gate.checks.items()
+        }
+        return {
+            "stage": self.train.stage,
+            "steps": self.train.steps,
+            "final_loss": self.train.final_loss,
+            "train_seconds": self.train.train_seconds,
+            "data_wait_fraction": self.train.data_wait_fraction,
+            "checks": checks,
+            "verdict": self.gate.verdict,
+            "version": self.snapshot["version"],
+            "archived_bytes": self.archive["archived_bytes"],
+            "live_bytes": self.archive["live_bytes_after"],
+        }
 
 
 def summarize(config: PipelineConfig, context: RunContext, records: list[StageRecord]) -> dict:
     """Close the run and return its summary (what the CLI prints): one row per stage plus where to look."""
     object_store = repr(resources(config, context).store)
     released = close_run(config, context, "FINISHED")
-    return {"run_id": context.run_id, "run_name": context.run_name, "stages": [record.row() for record in records],
-            "live_bytes": tree_bytes(context.live_root), "released_at_run_end_bytes": released["freed_bytes"],
-            "tracking_uri": config.tracking_uri, "object_store": object_store,
-            "gate_reports": f"{run_key(context.run_id, '<stage>', 'gate/report.json')} in the object store; "
-                            f"MLflow run {context.mlflow_run_id}"}
+    return {
+        "run_id": context.run_id,
+        "run_name": context.run_name,
+        "stages": [record.row() for record in records],
+        "live_bytes": tree_bytes(context.live_root),
+        "released_at_run_end_bytes": released["freed_bytes"],
+        "tracking_uri": config.tracking_uri,
+        "object_store": object_store,
+        "gate_reports": f"{run_key(context.run_id, '<stage>', 'gate/report.json')} in the object store; "
+        f"MLflow run {context.mlflow_run_id}",
+    }

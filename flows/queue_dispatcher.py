@@ -13,7 +13,8 @@ from tasks import queue as q
 
 
 @flow(name="queue-dispatcher", log_prints=True)
-def queue_dispatcher(config_path: str = str(default_config_path()), max_minutes: float | None = None,
-                     metrics_port: int | None = 9400) -> dict:
+def queue_dispatcher(
+    config_path: str = str(default_config_path()), max_minutes: float | None = None, metrics_port: int | None = 9400
+) -> dict:
     config = load_config(config_path)
     return q.dispatch(config, max_minutes, metrics_port)

@@ -23,5 +23,13 @@ def train_job_spec(config, *, stage: str, mode: str, run_id: str, command: list[
 
     kind = job_kind_for(mode)
     sized = profile(config, JobStore(config.queue_url), kind, stage)
-    return JobSpec(kind=kind, command=command, mem_gib=sized.mem_gib, duration_s=sized.duration_s, stage=stage,
-                   shape=sized.shape, priority=5 if kind is JobKind.STAGE_TRAINING else 4, labels={"run": run_id})
+    return JobSpec(
+        kind=kind,
+        command=command,
+        mem_gib=sized.mem_gib,
+        duration_s=sized.duration_s,
+        stage=stage,
+        shape=sized.shape,
+        priority=5 if kind is JobKind.STAGE_TRAINING else 4,
+        labels={"run": run_id},
+    )

@@ -13,9 +13,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from drape.ops import metrics
 from scheduler.fleet import FleetView, fleet_view
@@ -45,8 +45,14 @@ def queue_dir(config) -> Path:
 
 
 class Dispatcher:
-    def __init__(self, config, store: JobStore | None = None, launcher=None, fleet: Callable[[], FleetView] | None = None,
-                 dispatcher_id: str | None = None):
+    def __init__(
+        self,
+        config,
+        store: JobStore | None = None,
+        launcher=None,
+        fleet: Callable[[], FleetView] | None = None,
+        dispatcher_id: str | None = None,
+    ):
         self.config = config
         self.store = store or JobStore(config.queue_url)
         self.launcher = launcher or build_launcher(config, queue_dir(config) / "logs")
@@ -80,9 +86,10 @@ class Dispatcher:
             job = rows[placement.job_id]
             try:
                 handles[job["id"]] = self.launcher.launch(job, [by_uuid[u] for u in placement.gpus])
-            except Exception as error:  # a launch that fails ends the job, with the reason
-                self.store.finish(job["id"], exit_code=-1, message=f"launch failed: {type(error).__name__}: {error}",
-                                  dispatcher=self.id)
+            except Exception as error:  # noqa: BLE001 - a launch that fails ends the job, with the reason
+                self.store.finish(
+                    job["id"], exit_code=-1, message=f"launch failed: {type(error).__name__}: {error}", dispatcher=self.id
+                )
                 continue
             self.mine.add(job["id"])
             report.started.append(job["id"])
@@ -109,8 +116,14 @@ class Dispatcher:
             outcome = self.launcher.poll(job_id)
             if outcome is None:
                 continue
-            self.store.finish(job_id, exit_code=outcome.exit_code, message=outcome.message, peak_gib=outcome.peak_gib,
-                              dispatcher=self.id, now=now)
+            self.store.finish(
+                job_id,
+                exit_code=outcome.exit_code,
+                message=outcome.message,
+                peak_gib=outcome.peak_gib,
+                dispatcher=self.id,
+                now=now,
+            )
             self.mine.discard(job_id)
             finished.append(job_id)
         return finished
@@ -133,11 +146,17 @@ class Dispatcher:
         metrics.QUEUE_JOB_GPU_MEMORY.clear()
         for job_id, kind, stage, run, assigned, mem_gib in self.store.running_labels():
             for gpu in assigned:
-                metrics.QUEUE_JOB_GPU_MEMORY.labels(job_id=job_id, kind=kind, run=run, stage=stage, gpu=gpu,
-                                                    node=nodes.get(gpu, "")).set(mem_gib)
+                metrics.QUEUE_JOB_GPU_MEMORY.labels(
+                    job_id=job_id, kind=kind, run=run, stage=stage, gpu=gpu, node=nodes.get(gpu, "")
+                ).set(mem_gib)
 
-    def run(self, *, stop: Callable[[], bool] | None = None, max_cycles: int | None = None,
-            on_cycle: Callable[[CycleReport], None] | None = None) -> None:
+    def run(
+        self,
+        *,
+        stop: Callable[[], bool] | None = None,
+        max_cycles: int | None = None,
+        on_cycle: Callable[[CycleReport], None] | None = None,
+    ) -> None:
         """Cycle every `queue.poll_seconds` until `stop()` is true or `max_cycles` ran."""
         cycles = 0
         while not (stop and stop()) and (max_cycles is None or cycles < max_cycles):
@@ -148,7 +167,9 @@ class Dispatcher:
             time.sleep(self.config.queue.poll_seconds)
 
 
-def submit_and_wait(config, spec: JobSpec, *, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None) -> dict:
+def submit_and_wait(
+    config, spec: JobSpec, *, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None
+) -> dict:
     """Submit `spec`, wait for it to end (dispatching in-process if configured); returns the job row.
 
     Raises QueueError naming the job when it fails, is cancelled or exceeds `timeout_s`.

@@ -23,7 +23,7 @@ MIB_PER_GIB = 1024.0
 @dataclass
 class FleetView:
     gpus: list[GpuState]
-    source: str          # prometheus | ledger | static | local
+    source: str  # prometheus | ledger | static | local
     note: str = ""
 
 
@@ -34,8 +34,15 @@ def local_gpus(cpu_slot_gib: float = 16.0) -> list[GpuState]:
         import torch
 
         if torch.cuda.is_available():
-            return [GpuState(f"{host}/cuda{i}", host, torch.cuda.get_device_name(i),
-                             torch.cuda.get_device_properties(i).total_memory / 2**30) for i in range(torch.cuda.device_count())]
+            return [
+                GpuState(
+                    f"{host}/cuda{i}",
+                    host,
+                    torch.cuda.get_device_name(i),
+                    torch.cuda.get_device_properties(i).total_memory / 2**30,
+                )
+                for i in range(torch.cuda.device_count())
+            ]
     except ImportError:
         pass
     return [GpuState(f"{host}/cpu", host, "cpu", cpu_slot_gib)]
@@ -59,8 +66,16 @@ def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
             continue
         labels = entry["labels"]
         used, free = entry["DCGM_FI_DEV_FB_USED"] / MIB_PER_GIB, entry["DCGM_FI_DEV_FB_FREE"] / MIB_PER_GIB
-        gpus.append(GpuState(uuid, labels.get("Hostname", "unknown"), labels.get("modelName", "unknown"), used + free,
-                             observed_used_gib=used, observed_util=entry.get("DCGM_FI_DEV_GPU_UTIL")))
+        gpus.append(
+            GpuState(
+                uuid,
+                labels.get("Hostname", "unknown"),
+                labels.get("modelName", "unknown"),
+                used + free,
+                observed_used_gib=used,
+                observed_util=entry.get("DCGM_FI_DEV_GPU_UTIL"),
+            )
+        )
     return gpus
 
 
@@ -75,7 +90,7 @@ def fleet_view(config, store) -> FleetView:
             gpus = dcgm_gpus(queue.prometheus_url or "http://127.0.0.1:9090")
             if not gpus:
                 raise ConnectionError("no DCGM_FI_DEV_FB_* series")
-        except Exception as error:  # unreachable, refused, bad answer: all mean "DCGM unknown"
+        except Exception as error:  # noqa: BLE001 - unreachable, refused, bad answer: all mean "DCGM unknown"
             gpus, source = store.inventory(), "ledger"
             note = f"Prometheus at {queue.prometheus_url} unavailable ({type(error).__name__}: {error}); using the queue's ledger"
     elif queue.fleet == "static":

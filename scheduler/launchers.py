@@ -51,12 +51,18 @@ class LocalLauncher:
         return self.log_dir / f"{job_id}.log"
 
     def launch(self, job: dict, gpus: list[GpuState]) -> str:
-        env = {**os.environ, **json.loads(job["env"] or "{}"), "CUDA_VISIBLE_DEVICES": device_indices(gpus),
-               "DRAPE_JOB_ID": job["id"], "DRAPE_JOB_RESULT": str(self.result_path(job["id"]))}
+        env = {
+            **os.environ,
+            **json.loads(job["env"] or "{}"),
+            "CUDA_VISIBLE_DEVICES": device_indices(gpus),
+            "DRAPE_JOB_ID": job["id"],
+            "DRAPE_JOB_RESULT": str(self.result_path(job["id"])),
+        }
         log = open(self.log_path(job["id"]), "ab")
         try:
-            child = subprocess.Popen(json.loads(job["command"]), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+            child = subprocess.Popen(
+                json.loads(job["command"]), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         finally:
             log.close()
         self.children[job["id"]] = child
@@ -92,8 +98,12 @@ def _k8s_name(job_id: str) -> str:
 
 
 def _labels(job: dict) -> dict[str, str]:
-    labels = {"app.kubernetes.io/name": "drape", "app.kubernetes.io/component": "gpu-job", "drape.ai/job-id": _k8s_name(job["id"])[6:],
-              "drape.ai/kind": job["kind"]}
+    labels = {
+        "app.kubernetes.io/name": "drape",
+        "app.kubernetes.io/component": "gpu-job",
+        "drape.ai/job-id": _k8s_name(job["id"])[6:],
+        "drape.ai/kind": job["kind"],
+    }
     if job.get("stage"):
         labels["drape.ai/stage"] = job["stage"]
     return labels
@@ -104,19 +114,32 @@ def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[
 
     product = settings.products.get(model, model)
     container = client.V1Container(
-        name="trainer", image=settings.image, command=command,
+        name="trainer",
+        image=settings.image,
+        command=command,
         env=[client.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())],
-        resources=client.V1ResourceRequirements(limits={"nvidia.com/gpu": str(gpus_per_pod)},
-                                                requests={"nvidia.com/gpu": str(gpus_per_pod)}),
-        volume_mounts=[client.V1VolumeMount(name="shard-cache", mount_path="/shard-cache"),
-                       client.V1VolumeMount(name="dshm", mount_path="/dev/shm")])
+        resources=client.V1ResourceRequirements(
+            limits={"nvidia.com/gpu": str(gpus_per_pod)}, requests={"nvidia.com/gpu": str(gpus_per_pod)}
+        ),
+        volume_mounts=[
+            client.V1VolumeMount(name="shard-cache", mount_path="/shard-cache"),
+            client.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+        ],
+    )
     return client.V1PodSpec(
-        restart_policy="Never", service_account_name=settings.service_account, containers=[container],
+        restart_policy="Never",
+        service_account_name=settings.service_account,
+        containers=[container],
         node_selector={settings.product_label: product},
         tolerations=[client.V1Toleration(**t) for t in settings.tolerations],
-        volumes=[client.V1Volume(name="shard-cache", host_path=client.V1HostPathVolumeSource(
-                     path=settings.shard_cache_host_path, type="DirectoryOrCreate")),
-                 client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory"))])
+        volumes=[
+            client.V1Volume(
+                name="shard-cache",
+                host_path=client.V1HostPathVolumeSource(path=settings.shard_cache_host_path, type="DirectoryOrCreate"),
+            ),
+            client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory")),
+        ],
+    )
 
 
 def build_job(job: dict, gpus: list[GpuState], settings, gpus_per_node: int = 8):
@@ -130,34 +153,61 @@ def build_job(job: dict, gpus: list[GpuState], settings, gpus_per_node: int = 8)
     model = gpus[0].model if gpus else "unknown"
     if len(nodes) <= 1:
         pod = _pod_spec(job, per_pod, model, settings, command, env)
-        return client.V1Job(api_version="batch/v1", kind="Job",
-                            metadata=client.V1ObjectMeta(name=name, namespace=settings.namespace, labels=labels),
-                            spec=client.V1JobSpec(backoff_limit=0, ttl_seconds_after_finished=86400,
-                                                  template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod)))
-    torchrun = ["torchrun", f"--nnodes={len(nodes)}", f"--nproc-per-node={per_pod}", "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={name}-0.{name}:29500", f"--rdzv-id={name}"]
+        return client.V1Job(
+            api_version="batch/v1",
+            kind="Job",
+            metadata=client.V1ObjectMeta(name=name, namespace=settings.namespace, labels=labels),
+            spec=client.V1JobSpec(
+                backoff_limit=0,
+                ttl_seconds_after_finished=86400,
+                template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod),
+            ),
+        )
+    torchrun = [
+        "torchrun",
+        f"--nnodes={len(nodes)}",
+        f"--nproc-per-node={per_pod}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={name}-0.{name}:29500",
+        f"--rdzv-id={name}",
+    ]
     if settings.training_operator:
         return _pytorchjob(name, labels, job, per_pod, len(nodes), model, settings, command, env)
-    script = (" ".join(shlex.quote(part) for part in torchrun) + ' --node-rank="$JOB_COMPLETION_INDEX" '
-              + " ".join(shlex.quote(part) for part in _module_args(command)))
+    script = (
+        " ".join(shlex.quote(part) for part in torchrun)
+        + ' --node-rank="$JOB_COMPLETION_INDEX" '
+        + " ".join(shlex.quote(part) for part in _module_args(command))
+    )
     wrapped = ["/bin/sh", "-c", script]
     pod = _pod_spec(job, per_pod, model, settings, wrapped, env)
     pod.subdomain = name  # stable DNS for the rendezvous: <name>-<index>.<name>
-    return client.V1Job(api_version="batch/v1", kind="Job",
-                        metadata=client.V1ObjectMeta(name=name, namespace=settings.namespace, labels=labels),
-                        spec=client.V1JobSpec(completion_mode="Indexed", completions=len(nodes), parallelism=len(nodes),
-                                              backoff_limit=0, ttl_seconds_after_finished=86400,
-                                              template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod)))
+    return client.V1Job(
+        api_version="batch/v1",
+        kind="Job",
+        metadata=client.V1ObjectMeta(name=name, namespace=settings.namespace, labels=labels),
+        spec=client.V1JobSpec(
+            completion_mode="Indexed",
+            completions=len(nodes),
+            parallelism=len(nodes),
+            backoff_limit=0,
+            ttl_seconds_after_finished=86400,
+            template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod),
+        ),
+    )
 
 
 def headless_service(job_name: str, namespace: str, labels: dict[str, str]):
     """The headless Service an indexed Job's pods resolve each other by."""
     from kubernetes import client
 
-    return client.V1Service(api_version="v1", kind="Service", metadata=client.V1ObjectMeta(name=job_name, namespace=namespace,
-                                                                                          labels=labels),
-                            spec=client.V1ServiceSpec(cluster_ip="None", selector={"job-name": job_name},
-                                                      ports=[client.V1ServicePort(name="rdzv", port=29500)]))
+    return client.V1Service(
+        api_version="v1",
+        kind="Service",
+        metadata=client.V1ObjectMeta(name=job_name, namespace=namespace, labels=labels),
+        spec=client.V1ServiceSpec(
+            cluster_ip="None", selector={"job-name": job_name}, ports=[client.V1ServicePort(name="rdzv", port=29500)]
+        ),
+    )
 
 
 def _module_args(command: list[str]) -> list[str]:
@@ -171,10 +221,16 @@ def _pytorchjob(name, labels, job, per_pod, nodes, model, settings, command, env
     api = client.ApiClient()
     pod = api.sanitize_for_serialization(_pod_spec(job, per_pod, model, settings, command, env))
     pod["containers"][0]["name"] = "pytorch"
-    replica = lambda count: {"replicas": count, "restartPolicy": "Never", "template": {"metadata": {"labels": labels}, "spec": pod}}  # noqa: E731
-    return {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name, "namespace": settings.namespace,
-                                                                               "labels": labels},
-            "spec": {"nprocPerNode": str(per_pod), "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(nodes - 1)}}}
+
+    def replica(count: int) -> dict:
+        return {"replicas": count, "restartPolicy": "Never", "template": {"metadata": {"labels": labels}, "spec": pod}}
+
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "spec": {"nprocPerNode": str(per_pod), "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(nodes - 1)}},
+    }
 
 
 class KubernetesLauncher:
@@ -200,15 +256,16 @@ class KubernetesLauncher:
         if isinstance(body, dict):
             from kubernetes import client
 
-            client.CustomObjectsApi().create_namespaced_custom_object("kubeflow.org", "v1", self.settings.namespace,
-                                                                     "pytorchjobs", body)
+            client.CustomObjectsApi().create_namespaced_custom_object(
+                "kubeflow.org", "v1", self.settings.namespace, "pytorchjobs", body
+            )
             return f"pytorchjob:{body['metadata']['name']}"
         if body.spec.completion_mode == "Indexed":
             from kubernetes import client
 
-            client.CoreV1Api().create_namespaced_service(self.settings.namespace,
-                                                         headless_service(body.metadata.name, self.settings.namespace,
-                                                                          body.metadata.labels))
+            client.CoreV1Api().create_namespaced_service(
+                self.settings.namespace, headless_service(body.metadata.name, self.settings.namespace, body.metadata.labels)
+            )
         self._api().create_namespaced_job(self.settings.namespace, body)
         return f"job:{body.metadata.name}"
 
@@ -236,8 +293,12 @@ class PrefectLauncher:
         labels = json.loads(job["labels"] or "{}")
         if "deployment" not in labels:
             raise ValueError(f"job {job['id']}: the prefect launcher needs labels.deployment ('<flow>/<deployment>')")
-        run = run_deployment(labels["deployment"], parameters=json.loads(labels.get("parameters", "{}")), timeout=0,
-                             job_variables={"env": {"CUDA_VISIBLE_DEVICES": device_indices(gpus), "DRAPE_JOB_ID": job["id"]}})
+        run = run_deployment(
+            labels["deployment"],
+            parameters=json.loads(labels.get("parameters", "{}")),
+            timeout=0,
+            job_variables={"env": {"CUDA_VISIBLE_DEVICES": device_indices(gpus), "DRAPE_JOB_ID": job["id"]}},
+        )
         self.runs[job["id"]] = str(run.id)
         return f"flow-run:{run.id}"
 

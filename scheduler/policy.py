@@ -22,9 +22,8 @@ one job per whole GPU, and only the biggest GPUs, whatever a job needs.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
 
 STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, simulator, alerts)
 
@@ -56,17 +55,18 @@ class GpuState:
     node: str
     model: str
     total_gib: float
-    allocated_gib: float = 0.0          # the queue's ledger
-    jobs: int = 0                       # ledger jobs resident
-    observed_used_gib: float | None = None   # DCGM framebuffer used, when known
-    observed_util: float | None = None       # DCGM utilization %, when known
+    allocated_gib: float = 0.0  # the queue's ledger
+    jobs: int = 0  # ledger jobs resident
+    observed_used_gib: float | None = None  # DCGM framebuffer used, when known
+    observed_util: float | None = None  # DCGM utilization %, when known
 
     def free_gib(self) -> float:
         return self.total_gib - max(self.allocated_gib, self.observed_used_gib or 0.0)
 
     def is_idle(self, config: PolicyConfig) -> bool:
-        observed_quiet = ((self.observed_used_gib is None or self.observed_used_gib <= config.idle_mem_gib)
-                          and (self.observed_util is None or self.observed_util < config.idle_util_percent))
+        observed_quiet = (self.observed_used_gib is None or self.observed_used_gib <= config.idle_mem_gib) and (
+            self.observed_util is None or self.observed_util < config.idle_util_percent
+        )
         return self.jobs == 0 and self.allocated_gib < 1e-6 and observed_quiet
 
 
@@ -97,8 +97,8 @@ class _Pool:
 
     gpus: dict[str, GpuState]
     config: PolicyConfig
-    idle: list[tuple[float, str]] = field(default_factory=list)          # (total, uuid) of idle GPUs
-    shared: list[tuple[float, str]] = field(default_factory=list)        # (free, uuid) of GPUs that take more jobs
+    idle: list[tuple[float, str]] = field(default_factory=list)  # (total, uuid) of idle GPUs
+    shared: list[tuple[float, str]] = field(default_factory=list)  # (free, uuid) of GPUs that take more jobs
     idle_by_node: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -118,8 +118,11 @@ class _Pool:
             add(self.shared, (gpu.free_gib(), gpu.uuid))
 
     def _unindex(self, gpu: GpuState) -> None:
-        for entries, key in ((self.idle, (gpu.total_gib, gpu.uuid)), (self.shared, (gpu.free_gib(), gpu.uuid)),
-                             (self.idle_by_node.get(gpu.node, []), (gpu.total_gib, gpu.uuid))):
+        for entries, key in (
+            (self.idle, (gpu.total_gib, gpu.uuid)),
+            (self.shared, (gpu.free_gib(), gpu.uuid)),
+            (self.idle_by_node.get(gpu.node, []), (gpu.total_gib, gpu.uuid)),
+        ):
             position = bisect.bisect_left(entries, key)
             if position < len(entries) and entries[position] == key:
                 entries.pop(position)
@@ -127,13 +130,13 @@ class _Pool:
     def best_fit(self, job: JobRequest, exclude: frozenset[str] = frozenset(), colocate: bool = True) -> tuple[str, ...] | None:
         if job.gpus == 1:
             for entries in (self.idle, self.shared if colocate else []):
-                for _, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")):]:
+                for _, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")) :]:
                     if uuid not in exclude:
                         return (uuid,)
             return None
         best = None
         for node, entries in self.idle_by_node.items():
-            fitting = [uuid for total, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")):] if uuid not in exclude]
+            fitting = [uuid for total, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")) :] if uuid not in exclude]
             if len(fitting) >= job.gpus:
                 chosen = tuple(fitting[: job.gpus])
                 waste = (sum(self.gpus[u].total_gib for u in chosen), len(fitting) - job.gpus, node)
@@ -154,12 +157,23 @@ def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> flo
     return job.priority + config.aging_per_hour * max(now - job.submit_s, 0.0) / 3600.0
 
 
-def _reserve(head: JobRequest, gpus: dict[str, GpuState], running: list[RunningJob], now: float,
-             config: PolicyConfig) -> _Reservation | None:
+def _reserve(
+    head: JobRequest, gpus: dict[str, GpuState], running: list[RunningJob], now: float, config: PolicyConfig
+) -> _Reservation | None:
     """When and where `head` fits as running jobs end in expected order (None: never, as things stand)."""
-    future = {uuid: GpuState(g.uuid, g.node, g.model, g.total_gib, g.allocated_gib, g.jobs,
-                             max((g.observed_used_gib or 0.0) - g.allocated_gib, 0.0) or None, None)
-              for uuid, g in gpus.items()}
+    future = {
+        uuid: GpuState(
+            g.uuid,
+            g.node,
+            g.model,
+            g.total_gib,
+            g.allocated_gib,
+            g.jobs,
+            max((g.observed_used_gib or 0.0) - g.allocated_gib, 0.0) or None,
+            None,
+        )
+        for uuid, g in gpus.items()
+    }
     by_node: dict[str, list[GpuState]] = {}
     for gpu in future.values():
         by_node.setdefault(gpu.node, []).append(gpu)
@@ -169,8 +183,11 @@ def _reserve(head: JobRequest, gpus: dict[str, GpuState], running: list[RunningJ
         return free >= head.mem_gib and (gpu.jobs == 0 or gpu.jobs < config.max_jobs_per_gpu)
 
     def fits_node(node: str) -> tuple[str, ...] | None:
-        idle = sorted((g.total_gib, g.uuid) for g in by_node[node]
-                      if g.jobs == 0 and g.allocated_gib < 1e-6 and g.total_gib >= head.mem_gib and not g.observed_used_gib)
+        idle = sorted(
+            (g.total_gib, g.uuid)
+            for g in by_node[node]
+            if g.jobs == 0 and g.allocated_gib < 1e-6 and g.total_gib >= head.mem_gib and not g.observed_used_gib
+        )
         return tuple(u for _, u in idle[: head.gpus]) if len(idle) >= head.gpus else None
 
     for job in sorted(running, key=lambda r: r.expected_end_s):
@@ -191,8 +208,9 @@ def _reserve(head: JobRequest, gpus: dict[str, GpuState], running: list[RunningJ
     return None
 
 
-def plan_drape(pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float,
-               config: PolicyConfig = PolicyConfig()) -> list[Placement]:
+def plan_drape(
+    pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float, config: PolicyConfig = PolicyConfig()
+) -> list[Placement]:
     """Placements to start now under the drape policy (see the module docstring)."""
     state = {g.uuid: GpuState(**vars(g)) for g in gpus}
     pool = _Pool(state, config)
@@ -222,8 +240,9 @@ def plan_drape(pending: list[JobRequest], gpus: list[GpuState], running: list[Ru
     return placements
 
 
-def plan_fifo_exclusive(pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float,
-                        config: PolicyConfig = PolicyConfig()) -> list[Placement]:
+def plan_fifo_exclusive(
+    pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float, config: PolicyConfig = PolicyConfig()
+) -> list[Placement]:
     """First come first served, one job per whole GPU, biggest GPUs only; stops at the first job that waits."""
     biggest = max((g.total_gib for g in gpus), default=0.0)
     free_by_node: dict[str, list[str]] = {}
@@ -235,7 +254,7 @@ def plan_fifo_exclusive(pending: list[JobRequest], gpus: list[GpuState], running
         node = next((n for n, free in free_by_node.items() if len(free) >= job.gpus and job.mem_gib <= biggest), None)
         if node is None:
             break
-        chosen, free_by_node[node] = tuple(free_by_node[node][: job.gpus]), free_by_node[node][job.gpus:]
+        chosen, free_by_node[node] = tuple(free_by_node[node][: job.gpus]), free_by_node[node][job.gpus :]
         placements.append(Placement(job.id, chosen, job.mem_gib))
     return placements
 

@@ -32,22 +32,23 @@ class Profile:
     measured_p95_gib: float | None
     measured_p95_duration_s: float | None
     measurements: int
-    mem_gib: float          # what the queue uses
+    mem_gib: float  # what the queue uses
     duration_s: float
-    source: str             # estimate | measured
+    source: str  # estimate | measured
 
 
 def shape_key(config, kind: str, stage: str | None, gpus: int = 1) -> str:
-    return (f"{kind}/{config.name}/{stage or '-'}/{config.data.resolution}px/b{config.train.batch_size}/"
-            f"{config.train.precision}/{gpus}gpu")
+    return (
+        f"{kind}/{config.name}/{stage or '-'}/{config.data.resolution}px/b{config.train.batch_size}/"
+        f"{config.train.precision}/{gpus}gpu"
+    )
 
 
 def parameter_counts(config, stage: str | None) -> tuple[int, int]:
     """(all parameters, the stage's trainable ones), from the model built on the meta device."""
     import torch
 
-    from drape.config import trainable_parameter_names
-    from drape.training.model import build_model
+    from drape.training.model import build_model, trainable_parameter_names
 
     with torch.device("meta"):
         model = build_model(config)
@@ -79,7 +80,9 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
     if stage is not None:
         stage_config = config.train.stages[stage]
         steps = stage_config.steps if kind == JobKind.STAGE_TRAINING else stage_config.finetune_steps
-    flops = 6 * total * tokens * batch * max(steps, 1) if training else 2 * total * tokens * batch * config.diffusion.sampling_steps
+    flops = (
+        6 * total * tokens * batch * max(steps, 1) if training else 2 * total * tokens * batch * config.diffusion.sampling_steps
+    )
     return peak / GIB, flops / (H100_DENSE_BF16_FLOPS * ASSUMED_MFU * gpus)
 
 
@@ -97,5 +100,14 @@ def profile(config, store, kind: str, stage: str | None, gpus: int = 1, counts: 
         return Profile(shape, estimate_gib, estimate_seconds, None, None, 0, estimate_gib, estimate_seconds, "estimate")
     peak = _p95([p for p, _ in history])
     seconds = _p95([d for _, d in history])
-    return Profile(shape, estimate_gib, estimate_seconds, peak, seconds, len(history), peak * (1 + config.queue.headroom),
-                   seconds, "measured")
+    return Profile(
+        shape,
+        estimate_gib,
+        estimate_seconds,
+        peak,
+        seconds,
+        len(history),
+        peak * (1 + config.queue.headroom),
+        seconds,
+        "measured",
+    )

@@ -52,8 +52,15 @@ def load_trace(path: str | Path) -> list[TraceJob]:
         jobs = []
         for line, row in enumerate(reader, 2):
             try:
-                job = TraceJob(row["job_id"], float(row["submit_s"]), float(row["duration_s"]), float(row["peak_mem_gib"]),
-                               int(row["gpus"]), int(row["priority"]), row["kind"])
+                job = TraceJob(
+                    row["job_id"],
+                    float(row["submit_s"]),
+                    float(row["duration_s"]),
+                    float(row["peak_mem_gib"]),
+                    int(row["gpus"]),
+                    int(row["priority"]),
+                    row["kind"],
+                )
             except ValueError as error:
                 raise TraceError(f"{path}:{line}: {error}") from None
             if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
@@ -71,7 +78,12 @@ def load_fleet(path: str | Path) -> list[GpuState]:
     gpus = []
     for number, group in enumerate(data.get("groups", [])):
         try:
-            model, memory, nodes, per_node = group["model"], float(group["memory_gib"]), int(group["nodes"]), int(group["gpus_per_node"])
+            model, memory, nodes, per_node = (
+                group["model"],
+                float(group["memory_gib"]),
+                int(group["nodes"]),
+                int(group["gpus_per_node"]),
+            )
         except (KeyError, TypeError, ValueError) as error:
             raise TraceError(f"{path}: groups[{number}]: expected model, memory_gib, nodes, gpus_per_node ({error})") from None
         for node in range(nodes):
@@ -112,15 +124,18 @@ def offered_load_bound(trace: list[TraceJob], num_gpus: int) -> float:
     return work / (num_gpus * shortest)
 
 
-def simulate(trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape",
-             config: PolicyConfig = PolicyConfig()) -> SimResult:
+def simulate(
+    trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape", config: PolicyConfig = PolicyConfig()
+) -> SimResult:
     """Replay `trace` on `fleet` under `policy`; see the module docstring for the model."""
     plan = get_policy(policy)
     gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet}
     biggest = max(g.total_gib for g in fleet)
     for job in trace:
         if job.peak_mem_gib > biggest or job.gpus > len(gpus):
-            raise TraceError(f"job {job.job_id} needs {job.gpus}×{job.peak_mem_gib} GiB; the fleet's largest GPU has {biggest} GiB")
+            raise TraceError(
+                f"job {job.job_id} needs {job.gpus}×{job.peak_mem_gib} GiB; the fleet's largest GPU has {biggest} GiB"
+            )
     by_id = {j.job_id: j for j in trace}
     pending: dict[str, JobRequest] = {}
     running: dict[str, dict] = {}
@@ -159,8 +174,12 @@ def simulate(trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape"
             for uuid in placement.gpus:
                 gpus[uuid].jobs += 1
                 gpus[uuid].allocated_gib += placement.mem_gib
-            running[placement.job_id] = {"gpus": placement.gpus, "mem": placement.mem_gib, "remaining": request.duration_s,
-                                         "expected_end": clock + request.duration_s}
+            running[placement.job_id] = {
+                "gpus": placement.gpus,
+                "mem": placement.mem_gib,
+                "remaining": request.duration_s,
+                "expected_end": clock + request.duration_s,
+            }
             waits.append(clock - by_id[placement.job_id].submit_s)
             model = gpus[placement.gpus[0]].model
             placed_on[model] = placed_on.get(model, 0) + 1
@@ -168,23 +187,38 @@ def simulate(trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape"
     makespan = max(finish_last - start, 1e-9)
     total_memory = sum(g.total_gib for g in gpus.values())
     ordered = sorted(waits)
-    return SimResult(policy, len(trace), len(gpus), busy / (len(gpus) * makespan), allocated / (total_memory * makespan),
-                     statistics.fmean(waits) if waits else 0.0, ordered[int(0.95 * (len(ordered) - 1))] if ordered else 0.0,
-                     sum(1 for w in waits if w > STARVED_AFTER_S), makespan,
-                     offered_load_bound(trace, len(gpus)) if trace else 0.0, placed_on)
+    return SimResult(
+        policy,
+        len(trace),
+        len(gpus),
+        busy / (len(gpus) * makespan),
+        allocated / (total_memory * makespan),
+        statistics.fmean(waits) if waits else 0.0,
+        ordered[int(0.95 * (len(ordered) - 1))] if ordered else 0.0,
+        sum(1 for w in waits if w > STARVED_AFTER_S),
+        makespan,
+        offered_load_bound(trace, len(gpus)) if trace else 0.0,
+        placed_on,
+    )
 
 
 def render(results: list[SimResult]) -> str:
     """A Markdown table of simulation results, plus the contention model in one line."""
-    lines = ["| policy | jobs | GPUs | GPU util | of bound | mem util | mean wait | p95 wait | starved (>1 h) | makespan | placements by GPU model |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| policy | jobs | GPUs | GPU util | of bound | mem util | mean wait | p95 wait | starved (>1 h) | makespan "
+        "| placements by GPU model |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         models = ", ".join(f"{m}: {n}" for m, n in sorted(r.placements_by_model.items()))
-        lines.append(f"| {r.policy} | {r.jobs} | {r.gpus} | {100 * r.utilization:.1f}% | {r.of_bound:.2f} | "
-                     f"{100 * r.memory_utilization:.1f}% | {r.mean_wait_s / 60:.1f} min | {r.p95_wait_s / 60:.1f} min | "
-                     f"{r.starved} | {r.makespan_s / 3600:.1f} h | {models} |")
+        lines.append(
+            f"| {r.policy} | {r.jobs} | {r.gpus} | {100 * r.utilization:.1f}% | {r.of_bound:.2f} | "
+            f"{100 * r.memory_utilization:.1f}% | {r.mean_wait_s / 60:.1f} min | {r.p95_wait_s / 60:.1f} min | "
+            f"{r.starved} | {r.makespan_s / 3600:.1f} h | {models} |"
+        )
     if results:
-        lines.append(f"\noffered-load bound {100 * results[0].bound:.1f}%; contention: n jobs on one GPU progress at "
-                     f"(1 + {CONTENTION_OVERLAP} × (n − 1)) / n each (compute-bound); utilization = busy GPU-time / capacity")
+        lines.append(
+            f"\noffered-load bound {100 * results[0].bound:.1f}%; contention: n jobs on one GPU progress at "
+            f"(1 + {CONTENTION_OVERLAP} × (n − 1)) / n each (compute-bound); utilization = busy GPU-time / capacity"
+        )
     return "\n".join(lines)
-

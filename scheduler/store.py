@@ -17,8 +17,24 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from sqlalchemy import (Column, Float, Integer, MetaData, String, Table, Text, and_, bindparam, create_engine, delete, event,
-                        func, insert, select, update)
+from sqlalchemy import (
+    Column,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    and_,
+    bindparam,
+    create_engine,
+    delete,
+    event,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
@@ -30,7 +46,8 @@ KINDS = JOB_KINDS
 
 metadata = MetaData()
 jobs_table = Table(
-    "jobs", metadata,
+    "jobs",
+    metadata,
     Column("id", String(64), primary_key=True),
     Column("kind", String(32), nullable=False),
     Column("stage", String(32)),
@@ -55,20 +72,23 @@ jobs_table = Table(
     Column("message", Text),
 )
 gpus_table = Table(
-    "gpus", metadata,
+    "gpus",
+    metadata,
     Column("uuid", String(128), primary_key=True),
     Column("node", String(128), nullable=False),
     Column("model", String(64), nullable=False),
     Column("total_gib", Float, nullable=False),
 )
 allocations_table = Table(
-    "allocations", metadata,
+    "allocations",
+    metadata,
     Column("job_id", String(64), primary_key=True),
     Column("gpu_uuid", String(128), primary_key=True),
     Column("mem_gib", Float, nullable=False),
 )
 allocation_log = Table(
-    "allocation_log", metadata,
+    "allocation_log",
+    metadata,
     Column("seq", Integer, primary_key=True, autoincrement=True),
     Column("job_id", String(64), nullable=False),
     Column("gpu_uuid", String(128), nullable=False),
@@ -78,7 +98,8 @@ allocation_log = Table(
     Column("at_s", Float, nullable=False),
 )
 measurements_table = Table(
-    "measurements", metadata,
+    "measurements",
+    metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("shape", String(256), nullable=False, index=True),
     Column("peak_gib", Float, nullable=False),
@@ -139,8 +160,10 @@ class JobStore:
         try:
             self.engine = create_engine(url, connect_args={"timeout": 60} if self.is_sqlite else {}, pool_pre_ping=True)
         except ModuleNotFoundError as error:
-            raise QueueError(f"queue.url {shown}: its database driver {error.name!r} is not installed; for PostgreSQL: "
-                             "pip install 'psycopg[binary]' (or psycopg2-binary with a postgresql+psycopg2:// URL)") from None
+            raise QueueError(
+                f"queue.url {shown}: its database driver {error.name!r} is not installed; for PostgreSQL: "
+                "pip install 'psycopg[binary]' (or psycopg2-binary with a postgresql+psycopg2:// URL)"
+            ) from None
         if self.is_sqlite:
             _sqlite_immediate(self.engine)
         try:
@@ -156,11 +179,24 @@ class JobStore:
             raise QueueError(f"job needs gpus >= 1 and mem_gib > 0, got {spec.gpus} and {spec.mem_gib}")
         job_id = spec.id or f"{spec.kind}-{uuid.uuid4().hex[:10]}"
         with self.engine.begin() as connection:
-            connection.execute(insert(jobs_table).values(
-                id=job_id, kind=spec.kind, stage=spec.stage, shape=spec.shape or spec.kind, priority=spec.priority,
-                gpus=spec.gpus, mem_gib=spec.mem_gib, duration_s=spec.duration_s, command=json.dumps(spec.command),
-                env=json.dumps(spec.env), labels=json.dumps(spec.labels), state="queued",
-                submit_s=time.time() if now is None else now, attempts=0))
+            connection.execute(
+                insert(jobs_table).values(
+                    id=job_id,
+                    kind=spec.kind,
+                    stage=spec.stage,
+                    shape=spec.shape or spec.kind,
+                    priority=spec.priority,
+                    gpus=spec.gpus,
+                    mem_gib=spec.mem_gib,
+                    duration_s=spec.duration_s,
+                    command=json.dumps(spec.command),
+                    env=json.dumps(spec.env),
+                    labels=json.dumps(spec.labels),
+                    state="queued",
+                    submit_s=time.time() if now is None else now,
+                    attempts=0,
+                )
+            )
         return job_id
 
     def get(self, job_id: str) -> dict:
@@ -175,8 +211,10 @@ class JobStore:
         found: dict[str, str] = {}
         with self.engine.connect() as connection:
             for start in range(0, len(job_ids), 500):
-                chunk = job_ids[start:start + 500]
-                found.update(connection.execute(select(jobs_table.c.id, jobs_table.c.state).where(jobs_table.c.id.in_(chunk))).all())
+                chunk = job_ids[start : start + 500]
+                found.update(
+                    connection.execute(select(jobs_table.c.id, jobs_table.c.state).where(jobs_table.c.id.in_(chunk))).all()
+                )
         return found
 
     def jobs(self, states: tuple[str, ...] | None = None, limit: int | None = None) -> list[dict]:
@@ -194,27 +232,49 @@ class JobStore:
         return {state: 0 for state in STATES} | {state: count for state, count in rows}
 
     def pending(self) -> list[JobRequest]:
-        columns = (jobs_table.c.id, jobs_table.c.priority, jobs_table.c.submit_s, jobs_table.c.gpus, jobs_table.c.mem_gib,
-                   jobs_table.c.duration_s)
+        columns = (
+            jobs_table.c.id,
+            jobs_table.c.priority,
+            jobs_table.c.submit_s,
+            jobs_table.c.gpus,
+            jobs_table.c.mem_gib,
+            jobs_table.c.duration_s,
+        )
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "queued")).all()
         return [JobRequest(*row) for row in rows]
 
     def running(self) -> list[RunningJob]:
-        columns = (jobs_table.c.id, jobs_table.c.assigned, jobs_table.c.mem_gib, jobs_table.c.start_s, jobs_table.c.duration_s,
-                   jobs_table.c.kind, jobs_table.c.stage, jobs_table.c.labels)
+        columns = (
+            jobs_table.c.id,
+            jobs_table.c.assigned,
+            jobs_table.c.mem_gib,
+            jobs_table.c.start_s,
+            jobs_table.c.duration_s,
+            jobs_table.c.kind,
+            jobs_table.c.stage,
+            jobs_table.c.labels,
+        )
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
         return [RunningJob(r.id, tuple(json.loads(r.assigned or "[]")), r.mem_gib, (r.start_s or 0) + r.duration_s) for r in rows]
 
     def running_labels(self) -> list[tuple[str, str, str, str, list[str], float]]:
         """(job id, kind, stage, run, GPUs, GiB per GPU) of running jobs: what the join dashboard shows."""
-        columns = (jobs_table.c.id, jobs_table.c.kind, jobs_table.c.stage, jobs_table.c.labels, jobs_table.c.assigned,
-                   jobs_table.c.mem_gib)
+        columns = (
+            jobs_table.c.id,
+            jobs_table.c.kind,
+            jobs_table.c.stage,
+            jobs_table.c.labels,
+            jobs_table.c.assigned,
+            jobs_table.c.mem_gib,
+        )
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
-        return [(r.id, r.kind, r.stage or "", json.loads(r.labels or "{}").get("run", ""), json.loads(r.assigned or "[]"),
-                 r.mem_gib) for r in rows]
+        return [
+            (r.id, r.kind, r.stage or "", json.loads(r.labels or "{}").get("run", ""), json.loads(r.assigned or "[]"), r.mem_gib)
+            for r in rows
+        ]
 
     # --- inventory and ledger -------------------------------------------------------------
     def register_gpus(self, gpus: list[GpuState]) -> None:
@@ -227,7 +287,9 @@ class JobStore:
             from sqlalchemy.dialects.postgresql import insert as upsert
         with self.engine.begin() as connection:
             known = {row[0] for row in connection.execute(select(gpus_table.c.uuid))}
-            new = [{"uuid": g.uuid, "node": g.node, "model": g.model, "total_gib": g.total_gib} for g in gpus if g.uuid not in known]
+            new = [
+                {"uuid": g.uuid, "node": g.node, "model": g.model, "total_gib": g.total_gib} for g in gpus if g.uuid not in known
+            ]
             if new:
                 connection.execute(upsert(gpus_table).on_conflict_do_nothing(index_elements=["uuid"]), new)
 
@@ -238,18 +300,23 @@ class JobStore:
     def ledger(self) -> dict[str, tuple[float, int]]:
         """GPU uuid → (allocated GiB, jobs) from the allocations of running jobs."""
         with self.engine.connect() as connection:
-            rows = connection.execute(select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count())
-                                      .group_by(allocations_table.c.gpu_uuid)).all()
+            rows = connection.execute(
+                select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count()).group_by(
+                    allocations_table.c.gpu_uuid
+                )
+            ).all()
         return {uuid: (float(total), int(count)) for uuid, total, count in rows}
 
     # --- claims, leases, completion ---------------------------------------------------------
-    def claim(self, placement: Placement, dispatcher: str, lease_seconds: float, max_jobs_per_gpu: int,
-              now: float | None = None) -> bool:
+    def claim(
+        self, placement: Placement, dispatcher: str, lease_seconds: float, max_jobs_per_gpu: int, now: float | None = None
+    ) -> bool:
         """Allocate the placement's GPUs to its job if the job is still queued and they still fit."""
         return bool(self.claim_many([placement], dispatcher, lease_seconds, max_jobs_per_gpu, now))
 
-    def claim_many(self, placements: list[Placement], dispatcher: str, lease_seconds: float, max_jobs_per_gpu: int,
-                   now: float | None = None) -> list[Placement]:
+    def claim_many(
+        self, placements: list[Placement], dispatcher: str, lease_seconds: float, max_jobs_per_gpu: int, now: float | None = None
+    ) -> list[Placement]:
         """Claim placements in one transaction, each checked against the ledger as it stands (including
         the claims before it); returns those that were granted."""
         now = time.time() if now is None else now
@@ -259,8 +326,11 @@ class JobStore:
         granted = []
         with self.engine.begin() as connection:
             gpu_rows = select(gpus_table).where(gpus_table.c.uuid.in_(wanted)).order_by(gpus_table.c.uuid)
-            job_rows = (select(jobs_table.c.id, jobs_table.c.state).where(jobs_table.c.id.in_(sorted(p.job_id for p in placements)))
-                        .order_by(jobs_table.c.id))
+            job_rows = (
+                select(jobs_table.c.id, jobs_table.c.state)
+                .where(jobs_table.c.id.in_(sorted(p.job_id for p in placements)))
+                .order_by(jobs_table.c.id)
+            )
             if not self.is_sqlite:  # PostgreSQL: lock the GPUs, then the jobs, always in key order (no deadlock cycles);
                 gpu_rows, job_rows = gpu_rows.with_for_update(), job_rows.with_for_update()  # a rival waits, then re-reads
             totals = {r.uuid: r.total_gib for r in connection.execute(gpu_rows)}
@@ -268,15 +338,21 @@ class JobStore:
             used: dict[str, float] = {}
             jobs_on: dict[str, int] = {}
             for gpu, total, count in connection.execute(
-                    select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count())
-                    .where(allocations_table.c.gpu_uuid.in_(wanted)).group_by(allocations_table.c.gpu_uuid)):
+                select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count())
+                .where(allocations_table.c.gpu_uuid.in_(wanted))
+                .group_by(allocations_table.c.gpu_uuid)
+            ):
                 used[gpu], jobs_on[gpu] = float(total), int(count)
             for placement in placements:
                 if states.get(placement.job_id) != "queued" or not all(g in totals for g in placement.gpus):
                     continue
                 whole_gpus = len(placement.gpus) > 1  # multi-GPU jobs share with nobody
-                if any(used.get(g, 0.0) + placement.mem_gib > totals[g] + 1e-9 or jobs_on.get(g, 0) >= max_jobs_per_gpu
-                       or (whole_gpus and jobs_on.get(g, 0)) for g in placement.gpus):
+                if any(
+                    used.get(g, 0.0) + placement.mem_gib > totals[g] + 1e-9
+                    or jobs_on.get(g, 0) >= max_jobs_per_gpu
+                    or (whole_gpus and jobs_on.get(g, 0))
+                    for g in placement.gpus
+                ):
                     continue
                 for g in placement.gpus:
                     used[g], jobs_on[g] = used.get(g, 0.0) + placement.mem_gib, jobs_on.get(g, 0) + 1
@@ -285,42 +361,70 @@ class JobStore:
             if granted:
                 rows = [{"job_id": p.job_id, "gpu_uuid": g, "mem_gib": p.mem_gib} for p in granted for g in p.gpus]
                 connection.execute(insert(allocations_table), rows)
-                connection.execute(insert(allocation_log), [{**row, "event": "claim", "dispatcher": dispatcher, "at_s": now}
-                                                            for row in rows])
                 connection.execute(
-                    update(jobs_table).where(jobs_table.c.id == bindparam("job")).values(
-                        state="running", start_s=now, dispatcher=dispatcher, lease_expires_s=now + lease_seconds,
-                        assigned=bindparam("b_assigned"), attempts=jobs_table.c.attempts + 1),
-                    [{"job": p.job_id, "b_assigned": json.dumps(list(p.gpus))} for p in granted])
+                    insert(allocation_log), [{**row, "event": "claim", "dispatcher": dispatcher, "at_s": now} for row in rows]
+                )
+                connection.execute(
+                    update(jobs_table)
+                    .where(jobs_table.c.id == bindparam("job"))
+                    .values(
+                        state="running",
+                        start_s=now,
+                        dispatcher=dispatcher,
+                        lease_expires_s=now + lease_seconds,
+                        assigned=bindparam("b_assigned"),
+                        attempts=jobs_table.c.attempts + 1,
+                    ),
+                    [{"job": p.job_id, "b_assigned": json.dumps(list(p.gpus))} for p in granted],
+                )
         return granted
-
-    def set_handle(self, job_id: str, handle: str) -> None:
-        self.set_handles({job_id: handle})
 
     def set_handles(self, handles: dict[str, str]) -> None:
         if not handles:
             return
         with self.engine.begin() as connection:
-            connection.execute(update(jobs_table).where(jobs_table.c.id == bindparam("job")).values(handle=bindparam("value")),
-                               [{"job": job_id, "value": handle} for job_id, handle in handles.items()])
+            connection.execute(
+                update(jobs_table).where(jobs_table.c.id == bindparam("job")).values(handle=bindparam("value")),
+                [{"job": job_id, "value": handle} for job_id, handle in handles.items()],
+            )
 
     def get_many(self, job_ids: list[str]) -> dict[str, dict]:
         found: dict[str, dict] = {}
         with self.engine.connect() as connection:
             for start in range(0, len(job_ids), 500):
-                query = select(jobs_table).where(jobs_table.c.id.in_(job_ids[start:start + 500]))
+                query = select(jobs_table).where(jobs_table.c.id.in_(job_ids[start : start + 500]))
                 found.update((row["id"], dict(row)) for row in connection.execute(query).mappings())
         return found
 
     def _release(self, connection, job_id: str, dispatcher: str | None, now: float) -> None:
         rows = connection.execute(select(allocations_table).where(allocations_table.c.job_id == job_id)).mappings().all()
         if rows:
-            connection.execute(insert(allocation_log), [{"job_id": job_id, "gpu_uuid": r["gpu_uuid"], "mem_gib": r["mem_gib"],
-                                                         "event": "release", "dispatcher": dispatcher, "at_s": now} for r in rows])
+            connection.execute(
+                insert(allocation_log),
+                [
+                    {
+                        "job_id": job_id,
+                        "gpu_uuid": r["gpu_uuid"],
+                        "mem_gib": r["mem_gib"],
+                        "event": "release",
+                        "dispatcher": dispatcher,
+                        "at_s": now,
+                    }
+                    for r in rows
+                ],
+            )
         connection.execute(delete(allocations_table).where(allocations_table.c.job_id == job_id))
 
-    def finish(self, job_id: str, *, exit_code: int | None, message: str = "", peak_gib: float | None = None,
-               dispatcher: str | None = None, now: float | None = None) -> None:
+    def finish(
+        self,
+        job_id: str,
+        *,
+        exit_code: int | None,
+        message: str = "",
+        peak_gib: float | None = None,
+        dispatcher: str | None = None,
+        now: float | None = None,
+    ) -> None:
         """Record the end of a running job, free its GPUs, and learn its measured profile."""
         now = time.time() if now is None else now
         with self.engine.begin() as connection:
@@ -329,11 +433,17 @@ class JobStore:
                 return
             self._release(connection, job_id, dispatcher, now)
             state = "succeeded" if exit_code == 0 else "failed"
-            connection.execute(update(jobs_table).where(jobs_table.c.id == job_id).values(
-                state=state, finish_s=now, exit_code=exit_code, message=message[-2000:], lease_expires_s=None))
+            connection.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id)
+                .values(state=state, finish_s=now, exit_code=exit_code, message=message[-2000:], lease_expires_s=None)
+            )
             if state == "succeeded" and peak_gib is not None:
-                connection.execute(insert(measurements_table).values(shape=job["shape"], peak_gib=peak_gib,
-                                                                     duration_s=now - (job["start_s"] or now), recorded_s=now))
+                connection.execute(
+                    insert(measurements_table).values(
+                        shape=job["shape"], peak_gib=peak_gib, duration_s=now - (job["start_s"] or now), recorded_s=now
+                    )
+                )
 
     def cancel(self, job_id: str, now: float | None = None) -> dict:
         """Cancel a queued job, or mark a running one for its dispatcher to stop; returns the job."""
@@ -344,34 +454,57 @@ class JobStore:
                 raise QueueError(f"no job {job_id!r} to cancel")
             if job["state"] in ("queued", "running"):
                 self._release(connection, job_id, None, now)
-                connection.execute(update(jobs_table).where(jobs_table.c.id == job_id).values(
-                    state="cancelled", finish_s=now, message="cancelled by request"))
+                connection.execute(
+                    update(jobs_table)
+                    .where(jobs_table.c.id == job_id)
+                    .values(state="cancelled", finish_s=now, message="cancelled by request")
+                )
         return self.get(job_id)
 
     def heartbeat(self, dispatcher: str, lease_seconds: float, now: float | None = None) -> None:
         now = time.time() if now is None else now
         with self.engine.begin() as connection:
-            connection.execute(update(jobs_table).where(and_(jobs_table.c.dispatcher == dispatcher, jobs_table.c.state == "running"))
-                               .values(lease_expires_s=now + lease_seconds))
+            connection.execute(
+                update(jobs_table)
+                .where(and_(jobs_table.c.dispatcher == dispatcher, jobs_table.c.state == "running"))
+                .values(lease_expires_s=now + lease_seconds)
+            )
 
     def expire_leases(self, now: float | None = None) -> list[str]:
         """Jobs whose dispatcher stopped renewing go back to the queue; returns their ids."""
         now = time.time() if now is None else now
         with self.engine.begin() as connection:
-            stale = [r[0] for r in connection.execute(select(jobs_table.c.id).where(and_(
-                jobs_table.c.state == "running", jobs_table.c.lease_expires_s < now)))]
+            stale = [
+                r[0]
+                for r in connection.execute(
+                    select(jobs_table.c.id).where(and_(jobs_table.c.state == "running", jobs_table.c.lease_expires_s < now))
+                )
+            ]
             for job_id in stale:
                 self._release(connection, job_id, None, now)
-                connection.execute(update(jobs_table).where(jobs_table.c.id == job_id).values(
-                    state="queued", dispatcher=None, lease_expires_s=None, start_s=None, assigned=None, handle=None,
-                    message="requeued: its dispatcher's lease expired"))
+                connection.execute(
+                    update(jobs_table)
+                    .where(jobs_table.c.id == job_id)
+                    .values(
+                        state="queued",
+                        dispatcher=None,
+                        lease_expires_s=None,
+                        start_s=None,
+                        assigned=None,
+                        handle=None,
+                        message="requeued: its dispatcher's lease expired",
+                    )
+                )
         return stale
 
     def measurements(self, shape: str, limit: int = 50) -> list[tuple[float, float]]:
         with self.engine.connect() as connection:
-            rows = connection.execute(select(measurements_table.c.peak_gib, measurements_table.c.duration_s)
-                                      .where(measurements_table.c.shape == shape)
-                                      .order_by(measurements_table.c.id.desc()).limit(limit)).all()
+            rows = connection.execute(
+                select(measurements_table.c.peak_gib, measurements_table.c.duration_s)
+                .where(measurements_table.c.shape == shape)
+                .order_by(measurements_table.c.id.desc())
+                .limit(limit)
+            ).all()
         return [(float(p), float(d)) for p, d in rows]
 
     def allocation_events(self) -> list[dict]:

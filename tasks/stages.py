@@ -6,6 +6,8 @@ Task run names carry the stage so the Prefect UI reads like the DAG.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NONE
@@ -17,7 +19,7 @@ from drape.gates.report import GateReport
 from drape.training.stage_job import progress_lines
 from drape.training.trainer import TrainResult
 
-_common = {"cache_policy": NONE, "log_prints": True}
+_common: dict[str, Any] = {"cache_policy": NONE, "log_prints": True}
 
 
 @task(name="start-run", retries=2, retry_delay_seconds=5, timeout_seconds=1800, **_common)
@@ -51,9 +53,11 @@ def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> T
 
 def _relay(stage: str):
     """The train job's progress and errors into the run log."""
+
     def relay(line: str) -> None:
         if line.startswith(f"train-{stage}") or "Error" in line or "Traceback" in line:
             print(line)
+
     return relay
 
 

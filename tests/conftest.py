@@ -18,9 +18,9 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
-from drape.config import deep_merge, parse_config  # noqa: E402
-
 import yaml  # noqa: E402
+
+from drape.config import deep_merge, parse_config  # noqa: E402
 
 TESTS = Path(__file__).parent
 TINY = TESTS / "configs" / "tiny.yaml"
@@ -44,8 +44,14 @@ def tiny_dataset(tmp_path_factory):
     from drape.data.dataset import build_dataset
 
     root = tmp_path_factory.mktemp("dataset")
-    cfg = tiny_config(root / "drape", data={"samples_per_stage": {"identity": 24, "texture": 16, "geometry": 16, "denoise": 16},
-                                            "control_samples": 6, "shard_max_samples": 10})
+    cfg = tiny_config(
+        root / "drape",
+        data={
+            "samples_per_stage": {"identity": 24, "texture": 16, "geometry": 16, "denoise": 16},
+            "control_samples": 6,
+            "shard_max_samples": 10,
+        },
+    )
     manifest = build_dataset(cfg, root / "shards")
     return root / "shards", manifest, cfg
 
@@ -88,8 +94,9 @@ def moto_server():
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     server_bin = Path(sys.executable).with_name("moto_server")
-    process = subprocess.Popen([str(server_bin), "-H", "127.0.0.1", "-p", str(port)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [str(server_bin), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:
@@ -143,8 +150,10 @@ def _start_service(argv: list[str], ready_url: str, name: str):
     import shutil
 
     if shutil.which(argv[0]) is None:
-        pytest.fail(f"{argv[0]} is not installed; `make services` installs it (apt-get install prometheus "
-                    f"prometheus-pushgateway), as .ci/run does")
+        pytest.fail(
+            f"{argv[0]} is not installed; `make services` installs it (apt-get install prometheus "
+            f"prometheus-pushgateway), as .ci/run does"
+        )
     process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 30
     while True:
@@ -167,29 +176,46 @@ def pushgateway():
     """
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    process = _start_service(["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}", "--persistence.file="],
-                             f"{url}/-/ready",
-                             "prometheus-pushgateway")
+    process = _start_service(
+        ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{port}", "--persistence.file="],
+        f"{url}/-/ready",
+        "prometheus-pushgateway",
+    )
     yield url
     process.terminate()
     process.wait(timeout=10)
 
 
-def start_prometheus(directory: Path, scrape: dict[str, list[str]], rule_files: list[str] | None = None,
-                     honor_labels: tuple[str, ...] = ("pushgateway",)):
+def start_prometheus(
+    directory: Path,
+    scrape: dict[str, list[str]],
+    rule_files: list[str] | None = None,
+    honor_labels: tuple[str, ...] = ("pushgateway",),
+):
     """Debian's prometheus on 127.0.0.1 scraping `scrape` (job → targets) every second: (URL, process)."""
     directory.mkdir(parents=True, exist_ok=True)
-    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-              "scrape_configs": [{"job_name": job, "honor_labels": job in honor_labels, "static_configs": [{"targets": targets}]}
-                                 for job, targets in scrape.items()]}
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [
+            {"job_name": job, "honor_labels": job in honor_labels, "static_configs": [{"targets": targets}]}
+            for job, targets in scrape.items()
+        ],
+    }
     if rule_files:
         config["rule_files"] = rule_files
     (directory / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    process = _start_service(["prometheus", f"--config.file={directory / 'prometheus.yml'}",
-                              f"--storage.tsdb.path={directory / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                             f"{url}/-/ready", "prometheus")
+    process = _start_service(
+        [
+            "prometheus",
+            f"--config.file={directory / 'prometheus.yml'}",
+            f"--storage.tsdb.path={directory / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        f"{url}/-/ready",
+        "prometheus",
+    )
     return url, process
 
 
@@ -223,8 +249,13 @@ class DcgmExporter:
         free = Gauge("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).", labels, registry=self.registry)
         util = Gauge("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", labels, registry=self.registry)
         for gpu in gpus:
-            values = dict(gpu=str(gpu["index"]), UUID=gpu["uuid"], Hostname=gpu["host"], modelName=gpu["model"],
-                          device=f"nvidia{gpu['index']}")
+            values = dict(
+                gpu=str(gpu["index"]),
+                UUID=gpu["uuid"],
+                Hostname=gpu["host"],
+                modelName=gpu["model"],
+                device=f"nvidia{gpu['index']}",
+            )
             used.labels(**values).set(gpu["used_mib"])
             free.labels(**values).set(gpu["total_mib"] - gpu["used_mib"])
             util.labels(**values).set(gpu["util"])
@@ -253,13 +284,39 @@ def postgres_url():
     if as_postgres:
         shutil.chown(directory, "postgres")
     port = _free_port()
-    subprocess.run([*as_postgres, str(bindir / "initdb"), "-D", str(directory / "data"), "-U", "drape", "--auth=trust"],
-                   check=True, capture_output=True, timeout=120)
-    subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(directory / "data"), "-l", str(directory / "log"), "-w",
-                    "-o", f"-h 127.0.0.1 -p {port} -k {directory}", "start"], check=True, capture_output=True, timeout=120)
-    subprocess.run([*as_postgres, str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "drape", "queue"],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [*as_postgres, str(bindir / "initdb"), "-D", str(directory / "data"), "-U", "drape", "--auth=trust"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [
+            *as_postgres,
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(directory / "data"),
+            "-l",
+            str(directory / "log"),
+            "-w",
+            "-o",
+            f"-h 127.0.0.1 -p {port} -k {directory}",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [*as_postgres, str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "drape", "queue"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     yield f"postgresql+psycopg://drape@127.0.0.1:{port}/queue"
-    subprocess.run([*as_postgres, str(bindir / "pg_ctl"), "-D", str(directory / "data"), "-m", "fast", "stop"],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [*as_postgres, str(bindir / "pg_ctl"), "-D", str(directory / "data"), "-m", "fast", "stop"],
+        capture_output=True,
+        timeout=120,
+    )
     shutil.rmtree(directory, ignore_errors=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn, Optional
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -19,7 +19,7 @@ console = Console() if sys.stdout.isatty() else Console(width=160)
 ConfigOption = typer.Option(None, "--config", "-c", help="pipeline config YAML (default: configs/demo.yaml)")
 
 
-def load(config: Optional[Path]) -> PipelineConfig:
+def load(config: Path | None) -> PipelineConfig:
     """The config at `config` (default: the demo's); a readable error and exit 2 when it is bad."""
     try:
         return load_config(config or default_config_path())
@@ -34,7 +34,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _stage(value: Optional[str]) -> Optional[str]:
+def _stage(value: str | None) -> str | None:
     try:
         return None if value is None else parse_stage(value)
     except ValueError as error:

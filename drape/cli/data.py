@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -12,12 +11,14 @@ from drape.cli.common import ConfigOption, console, fail, load, progress_bar
 from drape.cli.render import table_of
 from drape.layout import DATASET_MANIFEST, dataset_prefix
 
-app = typer.Typer(help='Datasets: synthesize, shard, pre-stage.', no_args_is_help=True)
+app = typer.Typer(help="Datasets: synthesize, shard, pre-stage.", no_args_is_help=True)
 
 
 @app.command("synth")
-def data_synth(config: Optional[Path] = ConfigOption,
-               out: Optional[Path] = typer.Option(None, help="write shards to this local directory instead of the object store")) -> None:
+def data_synth(
+    config: Path | None = ConfigOption,
+    out: Path | None = typer.Option(None, help="write shards to this local directory instead of the object store"),
+) -> None:
     """Generate the synthetic try-on dataset as stage shards plus the control set."""
     from drape.data.dataset import build_dataset, dataset_prefix, ensure_dataset
     from drape.storage.store import open_store
@@ -35,7 +36,9 @@ def data_synth(config: Optional[Path] = ConfigOption,
             manifest = ensure_dataset(cfg, store, advance)
             where = f"{store!r} {dataset_prefix(cfg)}"
     shards = sum(len(s) for s in manifest["splits"].values())
-    console.print(f"dataset {manifest['name']}/{manifest['version']}: {shards} shards, control set {manifest['control_set']} → {where}")
+    console.print(
+        f"dataset {manifest['name']}/{manifest['version']}: {shards} shards, control set {manifest['control_set']} → {where}"
+    )
 
 
 def _weights(text: str) -> dict[str, float]:
@@ -52,16 +55,19 @@ def _weights(text: str) -> dict[str, float]:
 
 
 @app.command("shard")
-def data_shard(source: str = typer.Argument(..., help="'synth', or the root of a VITON-HD or DressCode tree"),
-               out: str = typer.Option(..., help="object store URL (s3://bucket/prefix, file:///path or a path)"),
-               config: Optional[Path] = ConfigOption,
-               name: Optional[str] = typer.Option(None, help="dataset name (default: data.name)"),
-               version: Optional[str] = typer.Option(None, help="dataset version (default: data.version)"),
-               control: Optional[int] = typer.Option(None, help="control-set samples held apart (default: data.control_samples)"),
-               weights: str = typer.Option("identity=1,texture=1,geometry=1,denoise=1",
-                                           help="share of the other samples per stage, by hash of the pair key"),
-               shard_max_bytes: Optional[int] = typer.Option(None, help="close a shard at this size (default: data.shard_max_bytes)"),
-               shard_max_samples: Optional[int] = typer.Option(None, help="close a shard at this many samples")) -> None:
+def data_shard(
+    source: str = typer.Argument(..., help="'synth', or the root of a VITON-HD or DressCode tree"),
+    out: str = typer.Option(..., help="object store URL (s3://bucket/prefix, file:///path or a path)"),
+    config: Path | None = ConfigOption,
+    name: str | None = typer.Option(None, help="dataset name (default: data.name)"),
+    version: str | None = typer.Option(None, help="dataset version (default: data.version)"),
+    control: int | None = typer.Option(None, help="control-set samples held apart (default: data.control_samples)"),
+    weights: str = typer.Option(
+        "identity=1,texture=1,geometry=1,denoise=1", help="share of the other samples per stage, by hash of the pair key"
+    ),
+    shard_max_bytes: int | None = typer.Option(None, help="close a shard at this size (default: data.shard_max_bytes)"),
+    shard_max_samples: int | None = typer.Option(None, help="close a shard at this many samples"),
+) -> None:
     """Cut SOURCE into datasets/<name>/<version>/<stage>/shard-NNNNN.tar + manifest.json at OUT."""
     import tempfile
 
@@ -81,30 +87,54 @@ def data_shard(source: str = typer.Argument(..., help="'synth', or the root of a
         advance = lambda split, n: progress.advance(bar, n)  # noqa: E731
         try:
             if source == "synth":
-                overrides = cfg.model_copy(update={"data": cfg.data.model_copy(update={
-                    "name": name, "version": version, "shard_max_bytes": max_bytes, "shard_max_samples": max_samples,
-                    **({"control_samples": control} if control else {})})})
+                overrides = cfg.model_copy(
+                    update={
+                        "data": cfg.data.model_copy(
+                            update={
+                                "name": name,
+                                "version": version,
+                                "shard_max_bytes": max_bytes,
+                                "shard_max_samples": max_samples,
+                                **({"control_samples": control} if control else {}),
+                            }
+                        )
+                    }
+                )
                 manifest = build_dataset(overrides, scratch, advance)
             else:
-                manifest = import_dataset(source, scratch, name=name, version=version, resolution=cfg.data.resolution,
-                                          control=control or cfg.data.control_samples, weights=_weights(weights),
-                                          max_samples=max_samples, max_bytes=max_bytes, progress=advance)
+                manifest = import_dataset(
+                    source,
+                    scratch,
+                    name=name,
+                    version=version,
+                    resolution=cfg.data.resolution,
+                    control=control or cfg.data.control_samples,
+                    weights=_weights(weights),
+                    max_samples=max_samples,
+                    max_bytes=max_bytes,
+                    progress=advance,
+                )
             progress.update(bar, description=f"upload → {store!r}")
             publish_dataset(scratch, store, prefix)
         except (SourceError, ValueError, FileExistsError, StorageError) as error:
             fail(f"cannot shard {source}: {error}")
-    table = table_of(f"dataset {name}/{version} → {store.key_url(prefix)}", ("split", "shards", "samples", "bytes"),
-                     left=("split",))
+    table = table_of(
+        f"dataset {name}/{version} → {store.key_url(prefix)}", ("split", "shards", "samples", "bytes"), left=("split",)
+    )
     for split, shards in manifest["splits"].items():
-        table.add_row(split, str(len(shards)), str(sum(s["samples"] for s in shards)), format_bytes(sum(s["bytes"] for s in shards)))
+        table.add_row(
+            split, str(len(shards)), str(sum(s["samples"] for s in shards)), format_bytes(sum(s["bytes"] for s in shards))
+        )
     console.print(table)
     console.print(f"control set {manifest['control_set']}; stage rule {manifest['stage_rule'].get('rule')}")
 
 
 @app.command("prestage")
-def data_prestage(stage: str = typer.Option(..., help="identity|texture|geometry|denoise|control"),
-                  config: Optional[Path] = ConfigOption,
-                  keep: str = typer.Option("control", help="comma-separated splits eviction must not touch")) -> None:
+def data_prestage(
+    stage: str = typer.Option(..., help="identity|texture|geometry|denoise|control"),
+    config: Path | None = ConfigOption,
+    keep: str = typer.Option("control", help="comma-separated splits eviction must not touch"),
+) -> None:
     """Pre-stage a stage's shards from the object store into the node-local shard cache (verified)."""
     from drape.data.cache import CacheError
     from drape.pipeline import prestage_dataset
@@ -114,12 +144,19 @@ def data_prestage(stage: str = typer.Option(..., help="identity|texture|geometry
     try:
         with progress_bar() as progress:
             bar = progress.add_task(f"prestage {stage}", total=None)
-            result = prestage_dataset(cfg, stage, [s for s in keep.split(",") if s],
-                                      progress=lambda done, total: progress.update(bar, completed=done, total=total))
+            result = prestage_dataset(
+                cfg,
+                stage,
+                [s for s in keep.split(",") if s],
+                progress=lambda done, total: progress.update(bar, completed=done, total=total),
+            )
     except FileNotFoundError as error:
         fail(str(error))
     except (CacheError, StorageError) as error:
         fail(f"prestage failed: {error}", 1)
-    console.print(f"{stage}: {result['shards']} shards, {format_bytes(result['bytes'])} in {result['directory']} "
-                  f"({result['downloaded']} downloaded, {format_bytes(result['downloaded_bytes'])}, {result['seconds']:.1f} s"
-                  + (f"; evicted {len(result['evicted'])}" if result["evicted"] else "") + ")")
+    console.print(
+        f"{stage}: {result['shards']} shards, {format_bytes(result['bytes'])} in {result['directory']} "
+        f"({result['downloaded']} downloaded, {format_bytes(result['downloaded_bytes'])}, {result['seconds']:.1f} s"
+        + (f"; evicted {len(result['evicted'])}" if result["evicted"] else "")
+        + ")"
+    )

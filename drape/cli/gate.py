@@ -3,22 +3,23 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from drape.cli.common import ConfigOption, console, fail, load, stage_option
 
-app = typer.Typer(help='Validation gates, on outputs from anywhere.', no_args_is_help=True)
+app = typer.Typer(help="Validation gates, on outputs from anywhere.", no_args_is_help=True)
 
 
 @app.command("check")
-def gate_check(control: Path = typer.Option(..., help="dataset root (with manifest.json) or a folder of control shards"),
-               outputs: Path = typer.Option(..., help="folder of output PNGs named <control sample id>.png"),
-               baseline_outputs: Optional[Path] = typer.Option(None, help="the last validated checkpoint's outputs, same names"),
-               config: Optional[Path] = ConfigOption,
-               stage: str = stage_option("denoise", "whose thresholds apply: identity|texture|geometry|denoise"),
-               report: Optional[Path] = typer.Option(None, help="write the GateReport JSON here")) -> None:
+def gate_check(
+    control: Path = typer.Option(..., help="dataset root (with manifest.json) or a folder of control shards"),
+    outputs: Path = typer.Option(..., help="folder of output PNGs named <control sample id>.png"),
+    baseline_outputs: Path | None = typer.Option(None, help="the last validated checkpoint's outputs, same names"),
+    config: Path | None = ConfigOption,
+    stage: str = stage_option("denoise", "whose thresholds apply: identity|texture|geometry|denoise"),
+    report: Path | None = typer.Option(None, help="write the GateReport JSON here"),
+) -> None:
     """Judge a folder of outputs on the control set. Exit 0 pass, 1 fail, 2 usage or input error."""
     import json
 
@@ -35,8 +36,17 @@ def gate_check(control: Path = typer.Option(..., help="dataset root (with manife
     except (FileNotFoundError, ShardError, ValueError) as error:
         fail(f"input error: {error}")
     baseline = {"version": str(baseline_outputs)} if baseline_outputs else None
-    result = judge(cfg, stage=stage, run_id="gate-check", checkpoint=str(outputs), control=arrays, control_set=control_set,
-                   outputs=produced, baseline_outputs=reference, baseline=baseline)
+    result = judge(
+        cfg,
+        stage=stage,
+        run_id="gate-check",
+        checkpoint=str(outputs),
+        control=arrays,
+        control_set=control_set,
+        outputs=produced,
+        baseline_outputs=reference,
+        baseline=baseline,
+    )
     console.print(rich_table(result, f"gate ({stage} thresholds) on {control_set}: {result.verdict.upper()}"))
     for line in result.failures():
         console.print(f"[red]- {line}[/red]")
@@ -46,25 +56,29 @@ def gate_check(control: Path = typer.Option(..., help="dataset root (with manife
 
 
 @app.command("calibrate")
-def gate_calibrate(config: Optional[Path] = ConfigOption,
-                   samples: int = typer.Option(200, help="control samples to synthesize (when --control is not given)"),
-                   control: Optional[Path] = typer.Option(None, help="dataset root or folder of control shards"),
-                   outputs: Optional[Path] = typer.Option(None, help="clean outputs named by sample id, e.g. a trained "
-                                                          "stage's gate outputs (default: the targets)"),
-                   baseline_outputs: Optional[Path] = typer.Option(None, help="judge coherence against these outputs "
-                                                                   "(default: the ground truth, as a first run)"),
-                   stage: str = stage_option("denoise", "whose configured thresholds to show beside the calibrated ones"),
-                   false_alarm: float = typer.Option(0.01, help="false-alarm rate the thresholds are set for"),
-                   redraws: int = typer.Option(300, help="control sets redrawn to calibrate the gate's lower bound")) -> None:
+def gate_calibrate(
+    config: Path | None = ConfigOption,
+    samples: int = typer.Option(200, help="control samples to synthesize (when --control is not given)"),
+    control: Path | None = typer.Option(None, help="dataset root or folder of control shards"),
+    outputs: Path | None = typer.Option(
+        None, help="clean outputs named by sample id, e.g. a trained stage's gate outputs (default: the targets)"
+    ),
+    baseline_outputs: Path | None = typer.Option(
+        None, help="judge coherence against these outputs (default: the ground truth, as a first run)"
+    ),
+    stage: str = stage_option("denoise", "whose configured thresholds to show beside the calibrated ones"),
+    false_alarm: float = typer.Option(0.01, help="false-alarm rate the thresholds are set for"),
+    redraws: int = typer.Option(300, help="control sets redrawn to calibrate the gate's lower bound"),
+) -> None:
     """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
     threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
     gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
     thresholds a config takes."""
     import math
 
-    from drape.gates.calibration import calibrate, gate_thresholds, render_gate_table, render_table
     from drape.data.dataset import load_control_dir, synthesize_split
     from drape.data.shards import ShardError
+    from drape.gates.calibration import calibrate, gate_thresholds, render_gate_table, render_table
     from drape.gates.run import read_outputs
 
     cfg = load(config)
@@ -81,15 +95,33 @@ def gate_calibrate(config: Optional[Path] = ConfigOption,
     thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, reference_outputs=reference, false_alarm=false_alarm)
     source = f"outputs in {outputs}" if outputs else "control targets"
     versus = f"baseline outputs in {baseline_outputs}" if baseline_outputs else "the ground truth"
-    console.print(render_table(thresholds, rows, false_alarm=false_alarm,
-                               title=f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}"))
+    console.print(
+        render_table(
+            thresholds,
+            rows,
+            false_alarm=false_alarm,
+            title=f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}",
+        )
+    )
     gate, gate_rows = gate_thresholds(rows, false_alarm=false_alarm, redraws=redraws)
     configured = cfg.gates.thresholds(stage, vs_baseline=baseline_outputs is not None)
-    console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured,
-                                    title=f"gate level: bootstrap lower bound over {redraws} redrawn control sets; "
-                                          f"configured = {stage} thresholds in {config or 'the default config'}"))
-    keys = {"identity": "gates.identity.min_similarity", "texture": "gates.texture.min_fidelity",
-            "coherence": "gates.coherence.min_score_vs_baseline" if baseline_outputs else "gates.coherence.min_score"}
+    console.print(
+        render_gate_table(
+            gate,
+            gate_rows,
+            false_alarm=false_alarm,
+            configured=configured,
+            title=f"gate level: bootstrap lower bound over {redraws} redrawn control sets; "
+            f"configured = {stage} thresholds in {config or 'the default config'}",
+        )
+    )
+    keys = {
+        "identity": "gates.identity.min_similarity",
+        "texture": "gates.texture.min_fidelity",
+        "coherence": "gates.coherence.min_score_vs_baseline" if baseline_outputs else "gates.coherence.min_score",
+    }
     for check, value in gate.items():
-        console.print(f"{keys[check]}: {math.floor(value * 100) / 100:.2f}   "
-                      f"# {stage}: {false_alarm:.1%} false alarms at the gate (drape gate calibrate)")
+        console.print(
+            f"{keys[check]}: {math.floor(value * 100) / 100:.2f}   "
+            f"# {stage}: {false_alarm:.1%} false alarms at the gate (drape gate calibrate)"
+        )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.panel import Panel
@@ -16,7 +15,7 @@ from drape.cli.render import print_summary
 from drape.config import default_config_path
 
 
-def _run_flow(config_path: Path, mode: str, run_name: Optional[str]) -> None:
+def _run_flow(config_path: Path, mode: str, run_name: str | None) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")  # cold first start
     if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
@@ -34,14 +33,16 @@ def _run_flow(config_path: Path, mode: str, run_name: Optional[str]) -> None:
     print_summary(summary, time.perf_counter() - started)
 
 
-def demo(run_name: Optional[str] = typer.Option(None, help="flow run name")) -> None:
+def demo(run_name: str | None = typer.Option(None, help="flow run name")) -> None:
     """Run the whole pipeline on the embedded demo config (CPU, a few minutes)."""
     _run_flow(default_config_path(), Mode.FULL, run_name)
 
 
-def run(config: Path = typer.Option(..., "--config", "-c", help="pipeline config YAML"),
-        mode: str = typer.Option("full", help=f"{'|'.join(MODES)}: each stage's steps, or fine-tune passes from the baselines"),
-        run_name: Optional[str] = typer.Option(None, help="flow run name")) -> None:
+def run(
+    config: Path = typer.Option(..., "--config", "-c", help="pipeline config YAML"),
+    mode: str = typer.Option("full", help=f"{'|'.join(MODES)}: each stage's steps, or fine-tune passes from the baselines"),
+    run_name: str | None = typer.Option(None, help="flow run name"),
+) -> None:
     """Run the staged-training flow on CONFIG."""
     try:
         parse_mode(mode, what="--mode")
@@ -50,8 +51,10 @@ def run(config: Path = typer.Option(..., "--config", "-c", help="pipeline config
     _run_flow(config, mode, run_name)
 
 
-def serve(port: int = typer.Option(4200, help="Prefect server port"),
-          home: Optional[Path] = typer.Option(None, help="PREFECT_HOME for the local server (default .drape/prefect-serve)")) -> None:
+def serve(
+    port: int = typer.Option(4200, help="Prefect server port"),
+    home: Path | None = typer.Option(None, help="PREFECT_HOME for the local server (default .drape/prefect-serve)"),
+) -> None:
     """Start a local Prefect server, drape's work pools and deployments, and a `local` process worker."""
     from drape.cli.stack import REPO, ServeError
     from drape.cli.stack import serve as bring_up
@@ -62,16 +65,25 @@ def serve(port: int = typer.Option(4200, help="Prefect server port"),
         stack = bring_up(home, port)
     except ServeError as error:
         fail(str(error), 1)
-    console.print(Panel("\n".join([
-        f"Prefect UI:   {stack.ui_url}",
-        "deployments:  staged-training/demo, staged-training/h100, staged-training/h100-finetune,",
-        "              retention-sweep/weekly, prestage-dataset/demo, queue-dispatcher/demo",
-        "worker:       pool 'local' (process); 'gpu-k8s' needs a kubernetes worker in the cluster",
-        "",
-        "try it (another shell):",
-        f"  PREFECT_API_URL={stack.api_url} .venv/bin/prefect deployment run 'staged-training/demo' --watch",
-        "",
-        "Ctrl-C stops the worker and the server."]), title="drape serve", expand=False))
+    console.print(
+        Panel(
+            "\n".join(
+                [
+                    f"Prefect UI:   {stack.ui_url}",
+                    "deployments:  staged-training/demo, staged-training/h100, staged-training/h100-finetune,",
+                    "              retention-sweep/weekly, prestage-dataset/demo, queue-dispatcher/demo",
+                    "worker:       pool 'local' (process); 'gpu-k8s' needs a kubernetes worker in the cluster",
+                    "",
+                    "try it (another shell):",
+                    f"  PREFECT_API_URL={stack.api_url} .venv/bin/prefect deployment run 'staged-training/demo' --watch",
+                    "",
+                    "Ctrl-C stops the worker and the server.",
+                ]
+            ),
+            title="drape serve",
+            expand=False,
+        )
+    )
     try:
         while all(process.poll() is None for process in stack.processes.values()):
             time.sleep(1)
@@ -82,9 +94,12 @@ def serve(port: int = typer.Option(4200, help="Prefect server port"),
         stack.stop()
 
 
-def train(config: Optional[Path] = ConfigOption, stage: str = stage_option(..., "identity|texture|geometry|denoise"),
-          init: Optional[Path] = typer.Option(None, help="checkpoint to start from"),
-          out: Optional[Path] = typer.Option(None, help="stage directory for checkpoints")) -> None:
+def train(
+    config: Path | None = ConfigOption,
+    stage: str = stage_option(..., "identity|texture|geometry|denoise"),
+    init: Path | None = typer.Option(None, help="checkpoint to start from"),
+    out: Path | None = typer.Option(None, help="stage directory for checkpoints"),
+) -> None:
     """Train one stage without an orchestrator (same code path as the flow's train task)."""
     from drape.training.stage_job import main
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -11,16 +10,20 @@ from drape import JOB_KINDS, STAGES, JobKind
 from drape.cli.common import ConfigOption, console, fail, load
 from drape.cli.render import table_of
 
-app = typer.Typer(help='The GPU queue: submit, list, cancel, dispatch, profile, simulate.', no_args_is_help=True)
+app = typer.Typer(help="The GPU queue: submit, list, cancel, dispatch, profile, simulate.", no_args_is_help=True)
 
 
 @app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def queue_submit(ctx: typer.Context, kind: str = typer.Option(..., help="|".join(JOB_KINDS)),
-                 mem_gib: float = typer.Option(..., help="peak GPU memory per GPU (GiB)"),
-                 duration: float = typer.Option(3600.0, help="expected run time (s)"),
-                 gpus: int = typer.Option(1, help="GPUs (more than one: whole GPUs on one node)"),
-                 priority: int = typer.Option(3, help="higher runs first; waiting raises it (aging)"),
-                 stage: Optional[str] = typer.Option(None), config: Optional[Path] = ConfigOption) -> None:
+def queue_submit(
+    ctx: typer.Context,
+    kind: str = typer.Option(..., help="|".join(JOB_KINDS)),
+    mem_gib: float = typer.Option(..., help="peak GPU memory per GPU (GiB)"),
+    duration: float = typer.Option(3600.0, help="expected run time (s)"),
+    gpus: int = typer.Option(1, help="GPUs (more than one: whole GPUs on one node)"),
+    priority: int = typer.Option(3, help="higher runs first; waiting raises it (aging)"),
+    stage: str | None = typer.Option(None),
+    config: Path | None = ConfigOption,
+) -> None:
     """Queue the command after `--` (e.g. drape queue submit --kind gate-eval --mem-gib 12 -- python -m x)."""
     from scheduler.store import JobSpec, JobStore, QueueError
 
@@ -28,16 +31,22 @@ def queue_submit(ctx: typer.Context, kind: str = typer.Option(..., help="|".join
     if not ctx.args:
         fail("no command: put it after --")
     try:
-        job_id = JobStore(cfg.queue_url).submit(JobSpec(kind=kind, command=list(ctx.args), mem_gib=mem_gib, duration_s=duration,
-                                                        gpus=gpus, priority=priority, stage=stage))
+        job_id = JobStore(cfg.queue_url).submit(
+            JobSpec(
+                kind=kind, command=list(ctx.args), mem_gib=mem_gib, duration_s=duration, gpus=gpus, priority=priority, stage=stage
+            )
+        )
     except QueueError as error:
         fail(str(error))
     console.print(job_id)
 
 
 @app.command("list")
-def queue_list(config: Optional[Path] = ConfigOption, state: Optional[str] = typer.Option(None, help="only jobs in this state"),
-               limit: int = typer.Option(50)) -> None:
+def queue_list(
+    config: Path | None = ConfigOption,
+    state: str | None = typer.Option(None, help="only jobs in this state"),
+    limit: int = typer.Option(50),
+) -> None:
     """Jobs, oldest first, with state, GPUs, memory and waits."""
     import json
     import time
@@ -45,18 +54,29 @@ def queue_list(config: Optional[Path] = ConfigOption, state: Optional[str] = typ
     from scheduler.store import JobStore
 
     store = JobStore(load(config).queue_url)
-    table = table_of(f"queue: {', '.join(f'{k} {v}' for k, v in store.counts().items() if v)}",
-                     ("job", "kind", "stage", "state", "prio", "gpus", "mem GiB", "waited", "on"))
+    table = table_of(
+        f"queue: {', '.join(f'{k} {v}' for k, v in store.counts().items() if v)}",
+        ("job", "kind", "stage", "state", "prio", "gpus", "mem GiB", "waited", "on"),
+    )
     now = time.time()
     for job in store.jobs((state,) if state else None, limit):
         waited = (job["start_s"] or now) - job["submit_s"]
-        table.add_row(job["id"], job["kind"], job["stage"] or "", job["state"], str(job["priority"]), str(job["gpus"]),
-                      f"{job['mem_gib']:.1f}", f"{waited:.0f} s", ", ".join(json.loads(job["assigned"] or "[]")))
+        table.add_row(
+            job["id"],
+            job["kind"],
+            job["stage"] or "",
+            job["state"],
+            str(job["priority"]),
+            str(job["gpus"]),
+            f"{job['mem_gib']:.1f}",
+            f"{waited:.0f} s",
+            ", ".join(json.loads(job["assigned"] or "[]")),
+        )
     console.print(table)
 
 
 @app.command("cancel")
-def queue_cancel(job_id: str = typer.Argument(...), config: Optional[Path] = ConfigOption) -> None:
+def queue_cancel(job_id: str = typer.Argument(...), config: Path | None = ConfigOption) -> None:
     """Cancel a queued job, or stop a running one (its dispatcher ends it on its next cycle)."""
     from scheduler.store import JobStore, QueueError
 
@@ -68,8 +88,11 @@ def queue_cancel(job_id: str = typer.Argument(...), config: Optional[Path] = Con
 
 
 @app.command("dispatch")
-def queue_dispatch(config: Optional[Path] = ConfigOption, once: bool = typer.Option(False, help="one cycle, then exit"),
-                   metrics_port: Optional[int] = typer.Option(None, help="serve Prometheus /metrics on this port")) -> None:
+def queue_dispatch(
+    config: Path | None = ConfigOption,
+    once: bool = typer.Option(False, help="one cycle, then exit"),
+    metrics_port: int | None = typer.Option(None, help="serve Prometheus /metrics on this port"),
+) -> None:
     """Run a dispatcher: place queued jobs on idle capacity, launch them, reap them."""
     from scheduler.dispatcher import Dispatcher
 
@@ -79,12 +102,16 @@ def queue_dispatch(config: Optional[Path] = ConfigOption, once: bool = typer.Opt
 
         console.print(f"metrics on {serve_metrics(metrics_port)}")
     dispatcher = Dispatcher(cfg)
-    console.print(f"dispatcher {dispatcher.id}: policy {cfg.queue.policy}, fleet {cfg.queue.fleet}, launcher {cfg.queue.launcher}")
+    console.print(
+        f"dispatcher {dispatcher.id}: policy {cfg.queue.policy}, fleet {cfg.queue.fleet}, launcher {cfg.queue.launcher}"
+    )
 
     def show(report) -> None:
         if report.started or report.finished or report.requeued:
-            console.print(f"started {len(report.started)}, finished {len(report.finished)}, requeued {len(report.requeued)} "
-                          f"({report.seconds * 1000:.0f} ms, fleet: {report.fleet_source})")
+            console.print(
+                f"started {len(report.started)}, finished {len(report.finished)}, requeued {len(report.requeued)} "
+                f"({report.seconds * 1000:.0f} ms, fleet: {report.fleet_source})"
+            )
 
     try:
         dispatcher.run(max_cycles=1 if once else None, on_cycle=show)
@@ -93,28 +120,40 @@ def queue_dispatch(config: Optional[Path] = ConfigOption, once: bool = typer.Opt
 
 
 @app.command("profile")
-def queue_profile(config: Optional[Path] = ConfigOption) -> None:
+def queue_profile(config: Path | None = ConfigOption) -> None:
     """Memory profiles per job kind and stage: the estimate from the config vs the measured history."""
     from scheduler.profiles import parameter_counts, profile
     from scheduler.store import JobStore
 
     cfg = load(config)
     store = JobStore(cfg.queue_url)
-    table = table_of(f"memory profiles: {cfg.name} ({cfg.data.resolution} px, batch {cfg.train.batch_size}, {cfg.train.precision})",
-                     ("kind", "stage", "estimate GiB", "est. duration", "measured p95 GiB", "runs", "queue uses GiB", "from"))
+    table = table_of(
+        f"memory profiles: {cfg.name} ({cfg.data.resolution} px, batch {cfg.train.batch_size}, {cfg.train.precision})",
+        ("kind", "stage", "estimate GiB", "est. duration", "measured p95 GiB", "runs", "queue uses GiB", "from"),
+    )
     for kind in (JobKind.STAGE_TRAINING, JobKind.FINETUNE, JobKind.GATE_EVAL):
         for stage in STAGES:
             p = profile(cfg, store, kind, stage, counts=parameter_counts(cfg, stage))
             measured = "-" if p.measured_p95_gib is None else f"{p.measured_p95_gib:.2f}"
-            table.add_row(kind, stage, f"{p.estimate_gib:.2f}", f"{p.estimate_duration_s / 60:.1f} min", measured,
-                          str(p.measurements), f"{p.mem_gib:.2f}", p.source)
+            table.add_row(
+                kind,
+                stage,
+                f"{p.estimate_gib:.2f}",
+                f"{p.estimate_duration_s / 60:.1f} min",
+                measured,
+                str(p.measurements),
+                f"{p.mem_gib:.2f}",
+                p.source,
+            )
     console.print(table)
 
 
 @app.command("simulate")
-def queue_simulate(trace: Path = typer.Option(..., help="CSV: job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind"),
-                   fleet: Path = typer.Option(..., help="fleet YAML: groups: [{model, memory_gib, nodes, gpus_per_node}]"),
-                   policy: str = typer.Option("fifo-exclusive,drape", help="policies to compare, comma-separated")) -> None:
+def queue_simulate(
+    trace: Path = typer.Option(..., help="CSV: job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind"),
+    fleet: Path = typer.Option(..., help="fleet YAML: groups: [{model, memory_gib, nodes, gpus_per_node}]"),
+    policy: str = typer.Option("fifo-exclusive,drape", help="policies to compare, comma-separated"),
+) -> None:
     """Replay a trace against a fleet with the live policy code; utilization, waits, starvation, bound."""
     from scheduler.policy import POLICIES
     from scheduler.simulator import TraceError, load_fleet, load_trace, render, simulate

@@ -23,18 +23,33 @@ def _check_cell(check: dict) -> str:
 
 def print_summary(summary: dict, wall_seconds: float | None = None) -> None:
     """The end-of-run table and where to look next."""
-    table = table_of(f"drape run {summary['run_name']}", ("stage", "steps", "final loss", "train s", "data wait", *CHECKS,
-                                                        "verdict", "snapshot", "archived", "live left"), left=("stage", "verdict"))
+    table = table_of(
+        f"drape run {summary['run_name']}",
+        ("stage", "steps", "final loss", "train s", "data wait", *CHECKS, "verdict", "snapshot", "archived", "live left"),
+        left=("stage", "verdict"),
+    )
     for row in summary["stages"]:
-        table.add_row(row["stage"], str(row["steps"]), f"{row['final_loss']:.4f}", f"{row['train_seconds']:.1f}",
-                      f"{100 * row['data_wait_fraction']:.2f}%", *(_check_cell(row["checks"][name]) for name in CHECKS),
-                      "[green]pass[/green]" if row["verdict"] == "pass" else "[red]FAIL[/red]", f"v{row['version']}",
-                      format_bytes(row["archived_bytes"]), format_bytes(row["live_bytes"]))
+        table.add_row(
+            row["stage"],
+            str(row["steps"]),
+            f"{row['final_loss']:.4f}",
+            f"{row['train_seconds']:.1f}",
+            f"{100 * row['data_wait_fraction']:.2f}%",
+            *(_check_cell(row["checks"][name]) for name in CHECKS),
+            "[green]pass[/green]" if row["verdict"] == "pass" else "[red]FAIL[/red]",
+            f"v{row['version']}",
+            format_bytes(row["archived_bytes"]),
+            format_bytes(row["live_bytes"]),
+        )
     console.print(table)
     uri = summary["tracking_uri"]
-    lines = [f"MLflow tracking URI: {uri}", f"  browse it: mlflow ui --backend-store-uri {uri}",
-             f"Object store: {summary['object_store']}", f"Gate reports: {summary['gate_reports']}",
-             f"Live storage left: {format_bytes(summary['live_bytes'])}"]
+    lines = [
+        f"MLflow tracking URI: {uri}",
+        f"  browse it: mlflow ui --backend-store-uri {uri}",
+        f"Object store: {summary['object_store']}",
+        f"Gate reports: {summary['gate_reports']}",
+        f"Live storage left: {format_bytes(summary['live_bytes'])}",
+    ]
     if wall_seconds is not None:
         lines.append(f"Wall time: {wall_seconds:.0f} s")
     console.print(Panel("\n".join(lines), title="where to look", expand=False))
@@ -54,8 +69,11 @@ def lifecycle_table(title: str, rules: list[dict]) -> Table:
     for rule in rules:
         selector = rule["Filter"].get("And", rule["Filter"])
         tags = ", ".join(f"{t['Key']}={t['Value']}" for t in selector.get("Tags", []))
-        expires = (f"{rule['Expiration']['Days']} days" if "Expiration" in rule
-                   else f"noncurrent versions after {rule['NoncurrentVersionExpiration']['NoncurrentDays']} days")
+        expires = (
+            f"{rule['Expiration']['Days']} days"
+            if "Expiration" in rule
+            else f"noncurrent versions after {rule['NoncurrentVersionExpiration']['NoncurrentDays']} days"
+        )
         table.add_row(rule["ID"], selector.get("Prefix", ""), tags, expires)
     return table
 

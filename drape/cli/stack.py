@@ -57,23 +57,36 @@ class Stack:
         return f"http://127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        return {**os.environ, "PREFECT_HOME": str(self.home), "PREFECT_API_URL": self.api_url,
-                "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DRAPE_REPO": str(REPO), "PYTHONPATH": str(REPO),
-                "PREFECT_UI_URL": self.ui_url}
+        return {
+            **os.environ,
+            "PREFECT_HOME": str(self.home),
+            "PREFECT_API_URL": self.api_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "DRAPE_REPO": str(REPO),
+            "PYTHONPATH": str(REPO),
+            "PREFECT_UI_URL": self.ui_url,
+        }
 
     def prefect(self, *args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
         """Run `prefect ARGS` against this stack's API from the repository root."""
         result = subprocess.run([_prefect(), *args], cwd=REPO, env=self.env(), capture_output=True, text=True, timeout=timeout)
         if check and result.returncode != 0:
-            raise ServeError(f"`prefect {' '.join(args)}` exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+            raise ServeError(
+                f"`prefect {' '.join(args)}` exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+            )
         return result
 
     def start_server(self, timeout: float = 120) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
         log = open(self.home / "server.log", "ab")
-        self.processes["server"] = subprocess.Popen([_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
-                                                    cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                                    start_new_session=True)
+        self.processes["server"] = subprocess.Popen(
+            [_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=REPO,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -90,8 +103,17 @@ class Stack:
         """`local` (process) and `gpu-k8s` (kubernetes, with drape's base job template); returns notes."""
         notes = []
         self.prefect("work-pool", "create", "local", "--type", "process", "--overwrite")
-        result = self.prefect("work-pool", "create", "gpu-k8s", "--type", "kubernetes", "--base-job-template", str(GPU_TEMPLATE),
-                              "--overwrite", check=False)
+        result = self.prefect(
+            "work-pool",
+            "create",
+            "gpu-k8s",
+            "--type",
+            "kubernetes",
+            "--base-job-template",
+            str(GPU_TEMPLATE),
+            "--overwrite",
+            check=False,
+        )
         if result.returncode != 0:
             notes.append(f"gpu-k8s pool not created: {(result.stdout + result.stderr).strip()[-300:]}")
         return notes
@@ -101,9 +123,14 @@ class Stack:
 
     def start_worker(self, pool: str = "local") -> None:
         log = open(self.home / f"worker-{pool}.log", "ab")
-        self.processes[f"worker-{pool}"] = subprocess.Popen([_prefect(), "worker", "start", "--pool", pool, "--type", "process"],
-                                                           cwd=REPO, env=self.env(), stdout=log, stderr=subprocess.STDOUT,
-                                                           start_new_session=True)
+        self.processes[f"worker-{pool}"] = subprocess.Popen(
+            [_prefect(), "worker", "start", "--pool", pool, "--type", "process"],
+            cwd=REPO,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def stop(self, grace: float = 20) -> None:
         """Stop workers, then the server: SIGINT twice (a process worker needs the second), then SIGKILL."""

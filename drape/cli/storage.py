@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -11,11 +10,11 @@ from drape import format_bytes
 from drape.cli.common import ConfigOption, console, fail, load, stage_argument
 from drape.cli.render import lifecycle_table, print_storage_report
 
-app = typer.Typer(help='The object store: lifecycle rules, report, restore.', no_args_is_help=True)
+app = typer.Typer(help="The object store: lifecycle rules, report, restore.", no_args_is_help=True)
 
 
 @app.command("apply-lifecycle")
-def storage_apply_lifecycle(config: Optional[Path] = ConfigOption) -> None:
+def storage_apply_lifecycle(config: Path | None = ConfigOption) -> None:
     """Write the bucket lifecycle rules generated from the retention policy (s3:// stores)."""
     from drape.storage.lifecycle import apply_lifecycle
     from drape.storage.store import StorageError, open_store
@@ -30,7 +29,7 @@ def storage_apply_lifecycle(config: Optional[Path] = ConfigOption) -> None:
 
 
 @app.command("report")
-def storage_report_command(config: Optional[Path] = ConfigOption) -> None:
+def storage_report_command(config: Path | None = ConfigOption) -> None:
     """Live bytes by kind, archived bytes by kind/outcome/class, modelled monthly cost, next expiries."""
     from drape.layout import live_root
     from drape.storage.report import storage_report
@@ -41,24 +40,29 @@ def storage_report_command(config: Optional[Path] = ConfigOption) -> None:
 
 
 @app.command("sweep")
-def storage_sweep(config: Optional[Path] = ConfigOption,
-                  dry_run: bool = typer.Option(False, help="say what would change, change nothing")) -> None:
+def storage_sweep(
+    config: Path | None = ConfigOption, dry_run: bool = typer.Option(False, help="say what would change, change nothing")
+) -> None:
     """Retag superseded baselines and delete expired objects where lifecycle rules cannot (file://)."""
     from drape import pipeline
 
     cfg = load(config)
     result = pipeline.sweep(cfg, dry_run=dry_run)
     verb = "would retag" if dry_run else "retagged"
-    console.print(f"{verb} {len(result['retagged'])} superseded baseline object(s); "
-                  f"{'would delete' if dry_run else 'deleted'} {len(result['deleted'])} expired object(s) "
-                  f"({format_bytes(result['freed_bytes'])})")
+    console.print(
+        f"{verb} {len(result['retagged'])} superseded baseline object(s); "
+        f"{'would delete' if dry_run else 'deleted'} {len(result['deleted'])} expired object(s) "
+        f"({format_bytes(result['freed_bytes'])})"
+    )
 
 
 @app.command("restore")
-def storage_restore(run_id: str = typer.Argument(..., help="run id (as in the archive manifest)"),
-                    stage: str = typer.Argument(..., help="identity|texture|geometry|denoise", callback=stage_argument),
-                    config: Optional[Path] = ConfigOption,
-                    out: Optional[Path] = typer.Option(None, help="destination (default <root>/live/restored/RUN/STAGE)")) -> None:
+def storage_restore(
+    run_id: str = typer.Argument(..., help="run id (as in the archive manifest)"),
+    stage: str = typer.Argument(..., help="identity|texture|geometry|denoise", callback=stage_argument),
+    config: Path | None = ConfigOption,
+    out: Path | None = typer.Option(None, help="destination (default <root>/live/restored/RUN/STAGE)"),
+) -> None:
     """Bring a stage's archived snapshot back to live storage, verified, for resume or audit."""
     from drape.layout import LiveLayout, live_root
     from drape.storage.restore import restore_stage

@@ -27,16 +27,16 @@ import shutil
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 from drape import format_bytes
+from drape.data.shards import ShardError, check_structure, read_shard
 from drape.layout import shard_cache_dataset_dir
 from drape.storage.checksum import sha256_file
-from drape.data.shards import ShardError, check_structure, read_shard
 from drape.storage.store import ObjectStore, StorageError
 
 CHUNK_BYTES = 8 << 20  # local writes
@@ -74,8 +74,17 @@ def _pid_alive(pid: int) -> bool:
 class ShardCache:
     """One dataset's view of a shard cache directory (see the module docstring)."""
 
-    def __init__(self, root: str | Path, store: ObjectStore, prefix: str, manifest: dict, *, budget_bytes: int,
-                 concurrency: int = 4, read_ahead: int = 2):
+    def __init__(
+        self,
+        root: str | Path,
+        store: ObjectStore,
+        prefix: str,
+        manifest: dict,
+        *,
+        budget_bytes: int,
+        concurrency: int = 4,
+        read_ahead: int = 2,
+    ):
         self.root = Path(root)
         self.store, self.prefix, self.manifest = store, prefix, manifest
         self.dataset_dir = shard_cache_dataset_dir(self.root, manifest["name"], manifest["version"])
@@ -84,10 +93,17 @@ class ShardCache:
         self._evict_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, config, store: ObjectStore, prefix: str, manifest: dict) -> "ShardCache":
+    def from_config(cls, config, store: ObjectStore, prefix: str, manifest: dict) -> ShardCache:
         cache = config.data.cache
-        return cls(config.cache_dir, store, prefix, manifest, budget_bytes=cache.budget_bytes,
-                   concurrency=cache.concurrency, read_ahead=cache.read_ahead)
+        return cls(
+            config.cache_dir,
+            store,
+            prefix,
+            manifest,
+            budget_bytes=cache.budget_bytes,
+            concurrency=cache.concurrency,
+            read_ahead=cache.read_ahead,
+        )
 
     # --- what the manifest says -------------------------------------------------------------
     def shards(self, split: str) -> list[dict]:
@@ -117,8 +133,11 @@ class ShardCache:
             stat, recorded = local.stat(), json.loads(self._marker(local).read_text())
         except (OSError, ValueError):
             return False
-        return (recorded.get("sha256") == shard["sha256"] and recorded.get("bytes") == stat.st_size == shard["bytes"]
-                and recorded.get("mtime_ns") == stat.st_mtime_ns)
+        return (
+            recorded.get("sha256") == shard["sha256"]
+            and recorded.get("bytes") == stat.st_size == shard["bytes"]
+            and recorded.get("mtime_ns") == stat.st_mtime_ns
+        )
 
     @contextmanager
     def _locked(self, local: Path):
@@ -151,12 +170,15 @@ class ShardCache:
                         raise CacheError(f"shard {self.store.key_url(key)}: {str(error).split(': ', 1)[1]}") from None
                     os.replace(part, local)
                     stat = local.stat()
-                    self._marker(local).write_text(json.dumps({"sha256": actual, "bytes": stat.st_size,
-                                                               "mtime_ns": stat.st_mtime_ns}))
+                    self._marker(local).write_text(
+                        json.dumps({"sha256": actual, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns})
+                    )
                     return local
                 part.unlink(missing_ok=True)
-            raise CacheError(f"shard {self.store.key_url(key)}: sha256 mismatch after a re-download: manifest says "
-                             f"{shard['sha256']}, the store serves {actual}; the dataset copy in the store is corrupt")
+            raise CacheError(
+                f"shard {self.store.key_url(key)}: sha256 mismatch after a re-download: manifest says "
+                f"{shard['sha256']}, the store serves {actual}; the dataset copy in the store is corrupt"
+            )
 
     def _download(self, key: str, part: Path, size: int) -> None:
         offset = part.stat().st_size if part.exists() else 0
@@ -179,9 +201,11 @@ class ShardCache:
                 part.unlink(missing_ok=True)
                 free = shutil.disk_usage(part.parent).free
                 what = "file size limit reached" if error.errno == errno.EFBIG else "disk full"
-                raise CacheError(f"shard cache {self.root}: {what} while pre-staging {key} ({size} bytes, "
-                                 f"{format_bytes(free)} free); the partial download was removed, the cache is "
-                                 f"consistent") from None
+                raise CacheError(
+                    f"shard cache {self.root}: {what} while pre-staging {key} ({size} bytes, "
+                    f"{format_bytes(free)} free); the partial download was removed, the cache is "
+                    f"consistent"
+                ) from None
             raise
 
     # --- pins and eviction --------------------------------------------------------------------
@@ -229,13 +253,18 @@ class ShardCache:
             pinned_elsewhere = sum(Path(p).stat().st_size for p in pinned - kept if Path(p).is_file())
             if must_stay + pinned_elsewhere > self.budget_bytes:
                 parts = ", ".join(f"{s} {format_bytes(self.split_bytes(s))}" for s in keep)
-                raise CacheError(f"shard cache {self.root}: budget {format_bytes(self.budget_bytes)} cannot hold what must "
-                                 f"stay: {parts}" + (f", shards in use {format_bytes(pinned_elsewhere)}" if pinned_elsewhere else "")
-                                 + "; raise data.cache.budget_bytes or cut smaller stages")
+                raise CacheError(
+                    f"shard cache {self.root}: budget {format_bytes(self.budget_bytes)} cannot hold what must "
+                    f"stay: {parts}"
+                    + (f", shards in use {format_bytes(pinned_elsewhere)}" if pinned_elsewhere else "")
+                    + "; raise data.cache.budget_bytes or cut smaller stages"
+                )
             missing = sum(s["bytes"] for s in (self.shards(split) if shards is None else shards) if not self.is_local(s))
             used = self.used_bytes()
-            evictable = sorted((p for p in self._cached_files() if str(p) not in protected),
-                               key=lambda p: self._marker(p).stat().st_mtime if self._marker(p).exists() else 0.0)
+            evictable = sorted(
+                (p for p in self._cached_files() if str(p) not in protected),
+                key=lambda p: self._marker(p).stat().st_mtime if self._marker(p).exists() else 0.0,
+            )
             evicted = []
             while used + missing > self.budget_bytes and evictable:
                 victim = evictable.pop(0)
@@ -244,8 +273,10 @@ class ShardCache:
                 evicted.append(str(victim.relative_to(self.root)))
             free = shutil.disk_usage(self.root).free
             if missing > free:
-                raise CacheError(f"shard cache {self.root}: {split} needs {format_bytes(missing)} more, the disk has "
-                                 f"{format_bytes(free)} free; nothing was downloaded")
+                raise CacheError(
+                    f"shard cache {self.root}: {split} needs {format_bytes(missing)} more, the disk has "
+                    f"{format_bytes(free)} free; nothing was downloaded"
+                )
             return evicted
 
     def _remove(self, local: Path) -> None:
@@ -268,8 +299,14 @@ class ShardCache:
         return freed
 
     # --- pre-staging and reading ---------------------------------------------------------------
-    def prestage(self, split: str, *, keep: Iterable[str] = (), progress: Callable[[int, int], None] | None = None,
-                 shards: list[dict] | None = None) -> PrestageResult:
+    def prestage(
+        self,
+        split: str,
+        *,
+        keep: Iterable[str] = (),
+        progress: Callable[[int, int], None] | None = None,
+        shards: list[dict] | None = None,
+    ) -> PrestageResult:
         """All of `split`'s shards (or the subset `shards`, one rank's) local and verified; idempotent, resumes."""
         started = time.perf_counter()
         shards = self.shards(split) if shards is None else shards
@@ -290,8 +327,15 @@ class ShardCache:
                 for future in futures:
                     future.cancel()
                 raise
-        return PrestageResult(split, len(shards), sum(s["bytes"] for s in shards), len(missing), sum(s["bytes"] for s in missing),
-                              time.perf_counter() - started, evicted)
+        return PrestageResult(
+            split,
+            len(shards),
+            sum(s["bytes"] for s in shards),
+            len(missing),
+            sum(s["bytes"] for s in missing),
+            time.perf_counter() - started,
+            evicted,
+        )
 
     def iter_local_shards(self, split: str, read_ahead: int | None = None, shards: list[dict] | None = None) -> Iterator[Path]:
         """`split`'s shards as verified local paths, in order, with the next `read_ahead` fetched ahead.

@@ -12,17 +12,17 @@ from __future__ import annotations
 
 import json
 import tempfile
-from datetime import datetime, timezone
+from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
-from drape.storage.checksum import sha256_bytes, sha256_file
+from drape import STAGES, layout
 from drape.config import PipelineConfig
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, read_shard
-from drape import STAGES, layout
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
+from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore
 
 MANIFEST = layout.DATASET_MANIFEST
@@ -41,13 +41,24 @@ SPLITS = ("control", *STAGES)
 
 
 def _writers_for(out_dir: Path, max_samples: int, max_bytes: int | None) -> dict[str, ShardWriter]:
-    return {split: ShardWriter(out_dir=out_dir / split, root=out_dir, max_samples=max_samples, max_bytes=max_bytes)
-            for split in SPLITS}
+    return {
+        split: ShardWriter(out_dir=out_dir / split, root=out_dir, max_samples=max_samples, max_bytes=max_bytes)
+        for split in SPLITS
+    }
 
 
-def write_dataset(out_dir: str | Path, samples: Iterable[tuple[str, Sample]], *, name: str, version: str, source: dict,
-                  stage_rule: dict, max_samples: int, max_bytes: int | None = None,
-                  progress: Callable[[str, int], None] | None = None) -> dict:
+def write_dataset(
+    out_dir: str | Path,
+    samples: Iterable[tuple[str, Sample]],
+    *,
+    name: str,
+    version: str,
+    source: dict,
+    stage_rule: dict,
+    max_samples: int,
+    max_bytes: int | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict:
     """Shard (split, sample) pairs into `out_dir`/<split>/ and write the manifest; returns it.
 
     Every stage and the control set must receive samples: a rule that starves one is an error.
@@ -67,8 +78,15 @@ def write_dataset(out_dir: str | Path, samples: Iterable[tuple[str, Sample]], *,
     empty = [split for split, shards in splits.items() if not shards]
     if empty:
         raise ValueError(f"dataset {name}/{version}: no samples for {empty} under stage rule {stage_rule}")
-    manifest = {"name": name, "version": version, "created": datetime.now(timezone.utc).isoformat(), "source": source,
-                "stage_rule": stage_rule, "splits": splits, "control_set": control_set_id(splits["control"])}
+    manifest = {
+        "name": name,
+        "version": version,
+        "created": datetime.now(UTC).isoformat(),
+        "source": source,
+        "stage_rule": stage_rule,
+        "splits": splits,
+        "control_set": control_set_id(splits["control"]),
+    }
     (out_dir / MANIFEST).write_text(json.dumps(manifest, indent=2))
     return manifest
 
@@ -79,16 +97,41 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
 
     def samples():
         for split, count in _split_sizes(config).items():
-            for sample in generate_split(seed=config.seed, split=split, num_samples=count, num_identities=data.num_identities,
-                                         num_garments=data.num_garments, resolution=data.resolution):
+            for sample in generate_split(
+                seed=config.seed,
+                split=split,
+                num_samples=count,
+                num_identities=data.num_identities,
+                num_garments=data.num_garments,
+                resolution=data.resolution,
+            ):
                 yield split, sample
 
-    source = {"generator": "drape.data.synth", "seed": config.seed, "resolution": data.resolution,
-              "num_identities": data.num_identities, "num_garments": data.num_garments}
-    rule = {"rule": "generated per split", **{split: {"samples": count, **{k: list(v) for k, v in STAGE_BIAS[split].items()}}
-                                             for split, count in _split_sizes(config).items()}}
-    return write_dataset(out_dir, samples(), name=data.name, version=data.version, source=source, stage_rule=rule,
-                         max_samples=data.shard_max_samples, max_bytes=data.shard_max_bytes, progress=progress)
+    source = {
+        "generator": "drape.data.synth",
+        "seed": config.seed,
+        "resolution": data.resolution,
+        "num_identities": data.num_identities,
+        "num_garments": data.num_garments,
+    }
+    rule = {
+        "rule": "generated per split",
+        **{
+            split: {"samples": count, **{k: list(v) for k, v in STAGE_BIAS[split].items()}}
+            for split, count in _split_sizes(config).items()
+        },
+    }
+    return write_dataset(
+        out_dir,
+        samples(),
+        name=data.name,
+        version=data.version,
+        source=source,
+        stage_rule=rule,
+        max_samples=data.shard_max_samples,
+        max_bytes=data.shard_max_bytes,
+        progress=progress,
+    )
 
 
 def assign_splits(keys: list[str], *, control: int, weights: dict[str, float], salt: str = "") -> dict[str, str]:
@@ -111,9 +154,20 @@ def assign_splits(keys: list[str], *, control: int, weights: dict[str, float], s
     return assignment
 
 
-def import_dataset(source_root: str | Path, out_dir: str | Path, *, name: str, version: str, resolution: int, control: int,
-                   weights: dict[str, float], max_samples: int, max_bytes: int | None = None, layout: str | None = None,
-                   progress: Callable[[str, int], None] | None = None) -> dict:
+def import_dataset(
+    source_root: str | Path,
+    out_dir: str | Path,
+    *,
+    name: str,
+    version: str,
+    resolution: int,
+    control: int,
+    weights: dict[str, float],
+    max_samples: int,
+    max_bytes: int | None = None,
+    layout: str | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict:
     """Cut a VITON-HD or DressCode tree into stage shards by the hash rule of `assign_splits`."""
     from drape.data.importers import detect_layout, list_pairs, load_pair
 
@@ -123,8 +177,17 @@ def import_dataset(source_root: str | Path, out_dir: str | Path, *, name: str, v
     samples = ((assignment[pair["key"]], load_pair(source_root, layout, pair, resolution)) for pair in pairs)
     rule = {"rule": "sha256 of the pair key", "control_samples": control, "weights": {s: weights.get(s, 0) for s in STAGES}}
     source = {"layout": layout, "root": str(Path(source_root).resolve()), "pairs": len(pairs), "resolution": resolution}
-    return write_dataset(out_dir, samples, name=name, version=version, source=source, stage_rule=rule,
-                         max_samples=max_samples, max_bytes=max_bytes, progress=progress)
+    return write_dataset(
+        out_dir,
+        samples,
+        name=name,
+        version=version,
+        source=source,
+        stage_rule=rule,
+        max_samples=max_samples,
+        max_bytes=max_bytes,
+        progress=progress,
+    )
 
 
 def control_set_id(shards: list[dict]) -> str:
@@ -171,8 +234,11 @@ def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callabl
 
 def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:
     """All samples of a split as stacked uint8 arrays {field: (N, H, W[, C])} plus 'keys' and 'meta'."""
-    return stack_samples(sample for shard in manifest["splits"][split]
-                         for sample in read_shard(Path(cache_dir) / shard["path"], sha256=shard["sha256"], size=shard["bytes"]))
+    return stack_samples(
+        sample
+        for shard in manifest["splits"][split]
+        for sample in read_shard(Path(cache_dir) / shard["path"], sha256=shard["sha256"], size=shard["bytes"])
+    )
 
 
 def stack_samples(samples) -> dict:
@@ -190,10 +256,17 @@ def stack_samples(samples) -> dict:
 def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> dict:
     """A split generated in memory (no shards), as `load_split` returns it."""
     data = config.data
-    generated = generate_split(seed=config.seed, split=split, num_samples=num_samples, num_identities=data.num_identities,
-                               num_garments=data.num_garments, resolution=data.resolution)
-    return stack_samples({"key": s.key, "meta": s.meta, **{f: np.asarray(getattr(s, f)) for f in IMAGE_FIELDS}}
-                         for s in generated)
+    generated = generate_split(
+        seed=config.seed,
+        split=split,
+        num_samples=num_samples,
+        num_identities=data.num_identities,
+        num_garments=data.num_garments,
+        resolution=data.resolution,
+    )
+    return stack_samples(
+        {"key": s.key, "meta": s.meta, **{f: np.asarray(getattr(s, f)) for f in IMAGE_FIELDS}} for s in generated
+    )
 
 
 def load_control_dir(directory: str | Path) -> tuple[dict, str]:
@@ -217,7 +290,9 @@ def to_model_inputs(arrays: dict, indices=None) -> dict:
     import torch
 
     pick = (lambda a: a) if indices is None else (lambda a: a[indices])
-    inputs = {name: torch.from_numpy(pick(arrays[name])).permute(0, 3, 1, 2).float() / 127.5 - 1
-              for name in ("target", "agnostic", "pose", "garment")}
+    inputs = {
+        name: torch.from_numpy(pick(arrays[name])).permute(0, 3, 1, 2).float() / 127.5 - 1
+        for name in ("target", "agnostic", "pose", "garment")
+    }
     inputs["mask"] = torch.from_numpy(pick(arrays["mask"])).float()[:, None] / 255.0
     return inputs

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -37,8 +36,12 @@ LAYOUTS = ("viton-hd", "dresscode")
 
 # label ids of the parsers each dataset ships
 VITON_LABELS = {"face": (4, 13), "hair": (1, 2), "garment": (5, 6, 7), "limbs": (14, 15)}
-DRESSCODE_LABELS = {"face": (11,), "hair": (2,), "garment": {"upper_body": (4,), "lower_body": (5, 6), "dresses": (7,)},
-                    "limbs": {"upper_body": (14, 15), "lower_body": (12, 13), "dresses": (12, 13, 14, 15)}}
+DRESSCODE_LABELS = {
+    "face": (11,),
+    "hair": (2,),
+    "garment": {"upper_body": (4,), "lower_body": (5, 6), "dresses": (7,)},
+    "limbs": {"upper_body": (14, 15), "lower_body": (12, 13), "dresses": (12, 13, 14, 15)},
+}
 DRESSCODE_CATEGORIES = ("upper_body", "lower_body", "dresses")
 # OpenPose 18-point skeleton (BODY_25 shares these indices for the points used here)
 KEYPOINT_NAMES = ("nose", "neck", "r_shoulder", "r_elbow", "r_wrist", "l_shoulder", "l_elbow", "l_wrist")
@@ -57,8 +60,9 @@ def detect_layout(root: str | Path) -> str:
         return "viton-hd"
     if any((root / category / "images").is_dir() for category in DRESSCODE_CATEGORIES):
         return "dresscode"
-    raise SourceError(f"{root}: neither VITON-HD (train|test/image/...) nor DressCode "
-                       f"({'|'.join(DRESSCODE_CATEGORIES)}/images/...) layout")
+    raise SourceError(
+        f"{root}: neither VITON-HD (train|test/image/...) nor DressCode ({'|'.join(DRESSCODE_CATEGORIES)}/images/...) layout"
+    )
 
 
 def list_pairs(root: str | Path, layout: str) -> list[dict]:
@@ -71,8 +75,10 @@ def list_pairs(root: str | Path, layout: str) -> list[dict]:
             if (root / split / "image").is_dir():
                 if not pairs_file.is_file():
                     raise SourceError(f"{pairs_file}: missing (VITON-HD lists '<person>.jpg <cloth>.jpg' pairs there)")
-                pairs += [{"split": split, "person": a, "cloth": b, "key": f"viton-{split}-{Path(a).stem}-{Path(b).stem}"}
-                          for a, b in _read_pairs(pairs_file)]
+                pairs += [
+                    {"split": split, "person": a, "cloth": b, "key": f"viton-{split}-{Path(a).stem}-{Path(b).stem}"}
+                    for a, b in _read_pairs(pairs_file)
+                ]
     elif layout == "dresscode":
         for category in DRESSCODE_CATEGORIES:
             if not (root / category / "images").is_dir():
@@ -81,8 +87,16 @@ def list_pairs(root: str | Path, layout: str) -> list[dict]:
             if not files:
                 raise SourceError(f"{root / category}: no pairs file (expected train_pairs.txt / test_pairs_paired.txt)")
             for pairs_file in files:
-                pairs += [{"split": pairs_file.stem, "category": category, "person": a, "cloth": b,
-                           "key": f"dresscode-{category}-{Path(a).stem}-{Path(b).stem}"} for a, b in _read_pairs(pairs_file)]
+                pairs += [
+                    {
+                        "split": pairs_file.stem,
+                        "category": category,
+                        "person": a,
+                        "cloth": b,
+                        "key": f"dresscode-{category}-{Path(a).stem}-{Path(b).stem}",
+                    }
+                    for a, b in _read_pairs(pairs_file)
+                ]
     else:
         raise SourceError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     unique = {pair["key"]: pair for pair in pairs}
@@ -107,7 +121,7 @@ def _open(path: Path, mode: str) -> Image.Image:
     try:
         with Image.open(path) as image:
             return image.convert(mode) if mode != "P" else image.copy()
-    except Exception as error:  # any decoder failure names the file
+    except Exception as error:  # noqa: BLE001 - any decoder failure names the file
         raise SourceError(f"{path}: not a readable image ({error})") from None
 
 
@@ -153,7 +167,9 @@ def _pose_image(points: dict[int, list[float]], resolution: int) -> Image.Image:
     for index, (a, b) in enumerate(LIMBS):
         if a in points and b in points:
             hue = (index * 255) // len(LIMBS)
-            draw.line([tuple(points[a]), tuple(points[b])], fill=(hue, 255 - hue, (hue * 3) % 256), width=max(resolution // 40, 2))
+            draw.line(
+                [tuple(points[a]), tuple(points[b])], fill=(hue, 255 - hue, (hue * 3) % 256), width=max(resolution // 40, 2)
+            )
     return image
 
 
@@ -163,16 +179,27 @@ def _mask(labels: np.ndarray, garment_ids, limb_ids, face_ids, resolution: int) 
     return region & ~_labels_in(labels, face_ids)
 
 
-def _sample(key: str, letterbox: _Letterbox, person: Image.Image, labels_image: Image.Image, garment: Image.Image,
-            garment_mask_flat: Image.Image | None, keypoints: dict[int, tuple[float, float]], ids: dict,
-            meta: dict, agnostic: Image.Image | None) -> Sample:
+def _sample(
+    key: str,
+    letterbox: _Letterbox,
+    person: Image.Image,
+    labels_image: Image.Image,
+    garment: Image.Image,
+    garment_mask_flat: Image.Image | None,
+    keypoints: dict[int, tuple[float, float]],
+    ids: dict,
+    meta: dict,
+    agnostic: Image.Image | None,
+) -> Sample:
     resolution = letterbox.resolution
     target = letterbox.image(person, (255, 255, 255))
     labels = np.asarray(letterbox.image(labels_image, 0, nearest=True))
     mask = _mask(labels, ids["garment"], ids["limbs"], ids["face"] + ids["hair"], resolution)
     mask_image = Image.fromarray((mask * 255).astype(np.uint8))
     grey = Image.new("RGB", target.size, (128, 128, 128))
-    agnostic_image = letterbox.image(agnostic, (255, 255, 255)) if agnostic is not None else Image.composite(grey, target, mask_image)
+    agnostic_image = (
+        letterbox.image(agnostic, (255, 255, 255)) if agnostic is not None else Image.composite(grey, target, mask_image)
+    )
     garment_square = _Letterbox(garment.size, resolution)
     flat = garment_square.image(garment, (255, 255, 255))
     if garment_mask_flat is not None:  # clean catalog background
@@ -180,12 +207,25 @@ def _sample(key: str, letterbox: _Letterbox, person: Image.Image, labels_image: 
         flat = Image.composite(flat, Image.new("RGB", flat.size, (255, 255, 255)), cutout)
     worn = _labels_in(labels, ids["garment"])
     points = {index: letterbox.point(x, y) for index, (x, y) in keypoints.items()}
-    meta = {**meta, "key": key, "resolution": resolution,
-            "face_box": _box(_labels_in(labels, ids["face"]), [resolution * 0.4, 0.0, resolution * 0.6, resolution * 0.2]),
-            "logo_box": _chest_box(worn, resolution), "logo_box_source": "chest of the worn garment (no logo annotation)",
-            "keypoints": {KEYPOINT_NAMES[i] if i < len(KEYPOINT_NAMES) else str(i): p for i, p in points.items()}}
-    return Sample(key, target, agnostic_image, mask_image, _pose_image(points, resolution), flat,
-                  Image.fromarray((worn * 255).astype(np.uint8)), meta)
+    meta = {
+        **meta,
+        "key": key,
+        "resolution": resolution,
+        "face_box": _box(_labels_in(labels, ids["face"]), [resolution * 0.4, 0.0, resolution * 0.6, resolution * 0.2]),
+        "logo_box": _chest_box(worn, resolution),
+        "logo_box_source": "chest of the worn garment (no logo annotation)",
+        "keypoints": {KEYPOINT_NAMES[i] if i < len(KEYPOINT_NAMES) else str(i): p for i, p in points.items()},
+    }
+    return Sample(
+        key,
+        target,
+        agnostic_image,
+        mask_image,
+        _pose_image(points, resolution),
+        flat,
+        Image.fromarray((worn * 255).astype(np.uint8)),
+        meta,
+    )
 
 
 def _openpose(path: Path) -> dict[int, tuple[float, float]]:
@@ -224,23 +264,24 @@ def load_pair(root: str | Path, layout: str, pair: dict, resolution: int) -> Sam
         cloth = _open(base / "images" / pair["cloth"], "RGB")
         cloth_mask, agnostic = None, None
         keypoints = _openpose(base / "keypoints" / f"{person_stem.rsplit('_', 1)[0]}_2.json")
-        ids = {"face": DRESSCODE_LABELS["face"], "hair": DRESSCODE_LABELS["hair"],
-               "garment": DRESSCODE_LABELS["garment"][category], "limbs": DRESSCODE_LABELS["limbs"][category]}
+        ids = {
+            "face": DRESSCODE_LABELS["face"],
+            "hair": DRESSCODE_LABELS["hair"],
+            "garment": DRESSCODE_LABELS["garment"][category],
+            "limbs": DRESSCODE_LABELS["limbs"][category],
+        }
         meta = {"source": "dresscode", "category": category, "split": pair["split"]}
         key_scale = person.width / labels.width  # DressCode's keypoints and label maps share one (smaller) grid
         if labels.size != person.size:
             labels = labels.resize(person.size, Image.Resampling.NEAREST)
     if labels.size != person.size:
-        raise SourceError(f"{pair['person']}: parsing is {labels.size[0]}×{labels.size[1]}, the photo "
-                           f"{person.size[0]}×{person.size[1]}; expected the same size")
+        raise SourceError(
+            f"{pair['person']}: parsing is {labels.size[0]}×{labels.size[1]}, the photo "
+            f"{person.size[0]}×{person.size[1]}; expected the same size"
+        )
     labels = Image.fromarray(np.asarray(labels).astype(np.uint8), mode="L")
     keypoints = {i: (x * key_scale, y * key_scale) for i, (x, y) in keypoints.items()}
     meta.update(identity_id=f"{meta['source']}-{person_stem}", garment_id=f"{meta['source']}-{cloth_stem}")
-    return _sample(pair["key"], _Letterbox(person.size, resolution), person, labels, cloth, cloth_mask, keypoints, ids,
-                   meta, agnostic)
-
-
-def iter_source(root: str | Path, resolution: int, layout: str | None = None) -> Iterator[tuple[dict, Sample]]:
-    layout = layout or detect_layout(root)
-    for pair in list_pairs(root, layout):
-        yield pair, load_pair(root, layout, pair, resolution)
+    return _sample(
+        pair["key"], _Letterbox(person.size, resolution), person, labels, cloth, cloth_mask, keypoints, ids, meta, agnostic
+    )

@@ -14,8 +14,8 @@ size and divide the global batch, and the stage needs at least P shards.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import numpy as np
 
@@ -28,11 +28,15 @@ def resolve_partitions(configured: int | None, world_size: int, batch_size: int)
     """The partition count for this world size, checked against it and the global batch."""
     partitions = configured or world_size
     if partitions % world_size:
-        raise PartitionError(f"train.data_partitions={partitions} must be a multiple of the world size {world_size}: "
-                             f"each rank takes a whole number of partitions")
+        raise PartitionError(
+            f"train.data_partitions={partitions} must be a multiple of the world size {world_size}: "
+            f"each rank takes a whole number of partitions"
+        )
     if batch_size % partitions:
-        raise PartitionError(f"train.batch_size={batch_size} (the global batch) must be divisible by the "
-                             f"{partitions} data partitions: every partition gives batch_size / partitions rows per step")
+        raise PartitionError(
+            f"train.batch_size={batch_size} (the global batch) must be divisible by the "
+            f"{partitions} data partitions: every partition gives batch_size / partitions rows per step"
+        )
     return partitions
 
 
@@ -44,9 +48,11 @@ def rank_partitions(partitions: int, world_size: int, rank: int) -> range:
 def partition_shards(shards: list[dict], partitions: int, *, what: str = "the stage") -> list[list[dict]]:
     """Shard i into partition i mod P; an error when a partition would be empty."""
     if len(shards) < partitions:
-        raise PartitionError(f"{what} has {len(shards)} shard(s), fewer than the {partitions} data partitions "
-                             f"(one per rank by default): write smaller shards (data.shard_max_samples) or set "
-                             f"train.data_partitions lower")
+        raise PartitionError(
+            f"{what} has {len(shards)} shard(s), fewer than the {partitions} data partitions "
+            f"(one per rank by default): write smaller shards (data.shard_max_samples) or set "
+            f"train.data_partitions lower"
+        )
     return [shards[p::partitions] for p in range(partitions)]
 
 
@@ -63,7 +69,7 @@ class StageData:
         return len(self.sizes)
 
     @classmethod
-    def whole(cls, arrays: dict, partitions: int = 1) -> "StageData":
+    def whole(cls, arrays: dict, partitions: int = 1) -> StageData:
         """In-memory arrays (no shards) dealt into `partitions` by sample index i mod P, all held."""
         n = len(arrays["keys"])
         if n < partitions:
@@ -80,8 +86,9 @@ class StageData:
 
 
 def _take(arrays: dict, indices: np.ndarray) -> dict:
-    return {name: ([values[i] for i in indices] if isinstance(values, list) else values[indices])
-            for name, values in arrays.items()}
+    return {
+        name: ([values[i] for i in indices] if isinstance(values, list) else values[indices]) for name, values in arrays.items()
+    }
 
 
 def load_stage_data(cache, stage: str, *, partitions: int, world_size: int, rank: int, prestage: bool = True) -> StageData:
@@ -94,5 +101,8 @@ def load_stage_data(cache, stage: str, *, partitions: int, world_size: int, rank
     if prestage:
         cache.prestage(stage, keep=["control"], shards=own_shards)
     held = {p: stack_samples(cache.iter_samples(stage, shards=dealt[p])) for p in mine}
-    return StageData(held, [sum(shard["samples"] for shard in group) for group in dealt],
-                     {p: [shard["path"] for shard in dealt[p]] for p in mine})
+    return StageData(
+        held,
+        [sum(shard["samples"] for shard in group) for group in dealt],
+        {p: [shard["path"] for shard in dealt[p]] for p in mine},
+    )

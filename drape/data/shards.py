@@ -12,9 +12,9 @@ import io
 import json
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 from PIL import Image
@@ -57,8 +57,9 @@ class ShardWriter:
     With `max_bytes` a shard also closes once it reaches that size (so it exceeds it by at most one sample).
     """
 
-    def __init__(self, *, out_dir: str | Path, root: str | Path, prefix: str = "shard", max_samples: int = 64,
-                 max_bytes: int | None = None):
+    def __init__(
+        self, *, out_dir: str | Path, root: str | Path, prefix: str = "shard", max_samples: int = 64, max_bytes: int | None = None
+    ):
         self.out_dir, self.root = Path(out_dir), Path(root)
         self.prefix, self.max_samples, self.max_bytes = prefix, max_samples, max_bytes
         self.shards: list[ShardInfo] = []
@@ -97,7 +98,7 @@ class ShardWriter:
             self._finish_shard()
         return self.shards
 
-    def __enter__(self) -> "ShardWriter":
+    def __enter__(self) -> ShardWriter:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -126,12 +127,18 @@ def _decode_member(shard: Path, name: str, payload: bytes):
             return json.loads(payload)
         with Image.open(io.BytesIO(payload)) as image:
             return np.asarray(image.convert("L" if "mask" in name else "RGB"))
-    except Exception as error:  # any decoder failure is the shard's fault
+    except Exception as error:  # noqa: BLE001 - any decoder failure is the shard's fault
         raise ShardError(f"shard {shard}: member {name!r} cannot be decoded: {error}") from None
 
 
-_MEMBER_TYPES = {tarfile.SYMTYPE: "symbolic link", tarfile.LNKTYPE: "hard link", tarfile.DIRTYPE: "directory",
-                 tarfile.CHRTYPE: "character device", tarfile.BLKTYPE: "block device", tarfile.FIFOTYPE: "fifo"}
+_MEMBER_TYPES = {
+    tarfile.SYMTYPE: "symbolic link",
+    tarfile.LNKTYPE: "hard link",
+    tarfile.DIRTYPE: "directory",
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+    tarfile.FIFOTYPE: "fifo",
+}
 
 
 def _check_member(shard: Path, member: tarfile.TarInfo) -> None:
@@ -155,8 +162,10 @@ def check_structure(path: str | Path) -> int:
             for member in tar:
                 _check_member(path, member)
                 if member.offset_data + member.size > size:
-                    raise ShardError(f"shard {path}: truncated: member {member.name!r} needs "
-                                     f"{member.offset_data + member.size} bytes, the file has {size}")
+                    raise ShardError(
+                        f"shard {path}: truncated: member {member.name!r} needs "
+                        f"{member.offset_data + member.size} bytes, the file has {size}"
+                    )
                 count += 1
     except (tarfile.TarError, EOFError) as error:
         raise ShardError(f"shard {path}: not a readable tar ({error})") from None

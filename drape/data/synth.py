@@ -27,9 +27,27 @@ ARM_POSES = ("down", "out", "crossed", "raised")
 LOGO_TEXTS = ("A", "K", "Z", "M", "R", "OK", "ZX", "DR", "W", "Q")
 SKIN_TONES = ((255, 224, 196), (241, 194, 150), (224, 172, 105), (198, 134, 66), (141, 85, 36), (92, 56, 30))
 HAIR_COLOURS = ((20, 20, 20), (90, 56, 37), (180, 140, 70), (200, 60, 30), (230, 230, 220))
-GARMENT_COLOURS = ((200, 30, 40), (30, 90, 200), (30, 150, 70), (240, 200, 40), (120, 40, 160), (240, 240, 240), (30, 30, 30), (250, 130, 30))
-LIMBS = (("neck", "head"), ("shoulder_l", "shoulder_r"), ("shoulder_l", "elbow_l"), ("elbow_l", "wrist_l"),
-         ("shoulder_r", "elbow_r"), ("elbow_r", "wrist_r"), ("shoulder_l", "hip_l"), ("shoulder_r", "hip_r"), ("hip_l", "hip_r"))
+GARMENT_COLOURS = (
+    (200, 30, 40),
+    (30, 90, 200),
+    (30, 150, 70),
+    (240, 200, 40),
+    (120, 40, 160),
+    (240, 240, 240),
+    (30, 30, 30),
+    (250, 130, 30),
+)
+LIMBS = (
+    ("neck", "head"),
+    ("shoulder_l", "shoulder_r"),
+    ("shoulder_l", "elbow_l"),
+    ("elbow_l", "wrist_l"),
+    ("shoulder_r", "elbow_r"),
+    ("elbow_r", "wrist_r"),
+    ("shoulder_l", "hip_l"),
+    ("shoulder_r", "hip_r"),
+    ("hip_l", "hip_r"),
+)
 
 # Stage emphasis: which patterns and arm poses each stage's samples draw from.
 STAGE_BIAS = {
@@ -86,9 +104,15 @@ def _pick(rng: np.random.Generator, options):
 def make_identity(seed: int, identity_id: int) -> Identity:
     """The fixed face attributes of one identity."""
     rng = _rng(seed, 1, identity_id)
-    return Identity(identity_id, _pick(rng, SKIN_TONES), float(rng.uniform(0.7, 1.0)),
-                    float(rng.uniform(0.3, 0.5)), float(rng.uniform(0.12, 0.28)),
-                    _pick(rng, HAIR_COLOURS), bool(rng.integers(2)))
+    return Identity(
+        identity_id,
+        _pick(rng, SKIN_TONES),
+        float(rng.uniform(0.7, 1.0)),
+        float(rng.uniform(0.3, 0.5)),
+        float(rng.uniform(0.12, 0.28)),
+        _pick(rng, HAIR_COLOURS),
+        bool(rng.integers(2)),
+    )
 
 
 def make_garment(seed: int, garment_id: int) -> Garment:
@@ -96,8 +120,15 @@ def make_garment(seed: int, garment_id: int) -> Garment:
     rng = _rng(seed, 2, garment_id)
     colour = _pick(rng, GARMENT_COLOURS)
     others = [c for c in GARMENT_COLOURS if c != colour]
-    return Garment(garment_id, _pick(rng, CATEGORIES), colour, _pick(rng, others), _pick(rng, PATTERNS),
-                   _pick(rng, LOGO_TEXTS), _pick(rng, [c for c in others if sum(abs(a - b) for a, b in zip(c, colour)) > 200] or others))
+    return Garment(
+        garment_id,
+        _pick(rng, CATEGORIES),
+        colour,
+        _pick(rng, others),
+        _pick(rng, PATTERNS),
+        _pick(rng, LOGO_TEXTS),
+        _pick(rng, [c for c in others if sum(abs(a - b) for a, b in zip(c, colour)) > 200] or others),
+    )
 
 
 def garment_texture(garment: Garment, width: int, height: int) -> tuple[Image.Image, tuple[int, int, int, int]]:
@@ -130,8 +161,14 @@ def _draw_logo(draw: ImageDraw.ImageDraw, garment: Garment, width: int, height: 
     left, top, right, bottom = draw.textbbox((0, 0), garment.logo, font=font)
     tx = x0 + (plate_w - (right - left)) // 2 - left
     ty = y0 + (plate_h - (bottom - top)) // 2 - top
-    draw.text((tx, ty), garment.logo, fill=garment.logo_colour, font=font, stroke_width=max(plate_h // 14, 1),
-              stroke_fill=garment.logo_colour)
+    draw.text(
+        (tx, ty),
+        garment.logo,
+        fill=garment.logo_colour,
+        font=font,
+        stroke_width=max(plate_h // 14, 1),
+        stroke_fill=garment.logo_colour,
+    )
     return x0, y0, x0 + plate_w, y0 + plate_h
 
 
@@ -160,9 +197,14 @@ def make_pose(rng: np.random.Generator, arm_pose: str, size: float) -> dict[str,
     shoulder_y, hip_y = size * rng.uniform(0.36, 0.40), size * rng.uniform(0.70, 0.74)
     half = size * rng.uniform(0.15, 0.18)
     hip_half = half * rng.uniform(0.8, 0.95)
-    points = {"neck": (cx + lean, shoulder_y - size * 0.03), "head": (cx + lean, size * 0.19),
-              "shoulder_l": (cx - half + lean, shoulder_y), "shoulder_r": (cx + half + lean, shoulder_y),
-              "hip_l": (cx - hip_half, hip_y), "hip_r": (cx + hip_half, hip_y)}
+    points = {
+        "neck": (cx + lean, shoulder_y - size * 0.03),
+        "head": (cx + lean, size * 0.19),
+        "shoulder_l": (cx - half + lean, shoulder_y),
+        "shoulder_r": (cx + half + lean, shoulder_y),
+        "hip_l": (cx - hip_half, hip_y),
+        "hip_r": (cx + hip_half, hip_y),
+    }
     arm = size * 0.17
     for side, sign in (("l", -1), ("r", 1)):
         sx, sy = points[f"shoulder_{side}"]
@@ -204,8 +246,9 @@ def _draw_both(photo: ImageDraw.ImageDraw, labels: ImageDraw.ImageDraw, label: i
     getattr(labels, method)(*args, **kwargs)
 
 
-def render_person(identity: Identity, garment: Garment, points: dict, rng: np.random.Generator,
-                  size: int) -> tuple[Image.Image, Image.Image, tuple, tuple]:
+def render_person(
+    identity: Identity, garment: Garment, points: dict, rng: np.random.Generator, size: int
+) -> tuple[Image.Image, Image.Image, tuple, tuple]:
     """Draw the person wearing the garment: (photo, part labels, face box, logo box) in canvas px."""
     top, bottom = _pick(rng, GARMENT_COLOURS), _pick(rng, SKIN_TONES)
     photo = Image.new("RGB", (size, size), tuple(int(0.6 * t + 0.4 * b) for t, b in zip(top, bottom)))
@@ -225,8 +268,10 @@ def render_person(identity: Identity, garment: Garment, points: dict, rng: np.ra
     ImageDraw.Draw(quad_mask).polygon(quad, fill=255)
     photo.paste(warped, (0, 0), quad_mask)
     lab.polygon(quad, fill=GARMENT)
-    corners = [_forward_map(quad, tex_w, tex_h, p) for p in ((logo_box[0], logo_box[1]), (logo_box[2], logo_box[1]),
-                                                            (logo_box[2], logo_box[3]), (logo_box[0], logo_box[3]))]
+    corners = [
+        _forward_map(quad, tex_w, tex_h, p)
+        for p in ((logo_box[0], logo_box[1]), (logo_box[2], logo_box[1]), (logo_box[2], logo_box[3]), (logo_box[0], logo_box[3]))
+    ]
     logo_bbox = (min(x for x, _ in corners), min(y for _, y in corners), max(x for x, _ in corners), max(y for _, y in corners))
     _draw_arms(draw, lab, identity, garment, points, limb)
     face_box = _draw_head(draw, lab, identity, points, size)
@@ -253,16 +298,36 @@ def _draw_head(draw, lab, identity: Identity, points: dict, size: int) -> tuple:
     _draw_both(draw, lab, SKIN, "rectangle", [nx - face_w * 0.22, hy, nx + face_w * 0.22, ny + size * 0.01], fill=identity.skin)
     box = (hx - face_w / 2, hy - face_h / 2, hx + face_w / 2, hy + face_h / 2)
     if identity.hair_long:
-        _draw_both(draw, lab, HAIR, "rectangle", [box[0] - face_w * 0.08, hy - face_h * 0.1, box[2] + face_w * 0.08, hy + face_h * 0.55], fill=identity.hair)
+        _draw_both(
+            draw,
+            lab,
+            HAIR,
+            "rectangle",
+            [box[0] - face_w * 0.08, hy - face_h * 0.1, box[2] + face_w * 0.08, hy + face_h * 0.55],
+            fill=identity.hair,
+        )
     _draw_both(draw, lab, FACE, "ellipse", list(box), fill=identity.skin)
-    _draw_both(draw, lab, HAIR, "chord", [box[0] - face_w * 0.04, box[1] - face_h * 0.08, box[2] + face_w * 0.04, box[3] - face_h * 0.3], 180, 360, fill=identity.hair)
+    _draw_both(
+        draw,
+        lab,
+        HAIR,
+        "chord",
+        [box[0] - face_w * 0.04, box[1] - face_h * 0.08, box[2] + face_w * 0.04, box[3] - face_h * 0.3],
+        180,
+        360,
+        fill=identity.hair,
+    )
     eye_dx, eye_y, eye_r = face_w * identity.eye_spacing / 2, hy - face_h * 0.02, face_h * 0.06
     for ex in (hx - eye_dx, hx + eye_dx):
         draw.ellipse([ex - eye_r, eye_y - eye_r, ex + eye_r, eye_y + eye_r], fill=(25, 25, 35))
     shade = tuple(int(c * 0.72) for c in identity.skin)
-    draw.line([(hx, eye_y + eye_r), (hx, eye_y + eye_r + face_h * identity.nose_length)], fill=shade, width=max(int(face_w * 0.07), 1))
+    draw.line(
+        [(hx, eye_y + eye_r), (hx, eye_y + eye_r + face_h * identity.nose_length)], fill=shade, width=max(int(face_w * 0.07), 1)
+    )
     mouth_y = hy + face_h * 0.3
-    draw.line([(hx - face_w * 0.15, mouth_y), (hx + face_w * 0.15, mouth_y)], fill=(150, 50, 60), width=max(int(face_h * 0.04), 1))
+    draw.line(
+        [(hx - face_w * 0.15, mouth_y), (hx + face_w * 0.15, mouth_y)], fill=(150, 50, 60), width=max(int(face_h * 0.04), 1)
+    )
     return box
 
 
@@ -278,8 +343,11 @@ def render_flat_lay(garment: Garment, size: int) -> Image.Image:
     if garment.category != "dress":
         sleeve_len = size * (0.38 if garment.category == "long_sleeve" else 0.14)
         for sign, sx in ((-1, x0), (1, x0 + tex_w)):
-            draw.line([(sx, y0 + size * 0.05), (sx + sign * sleeve_len * 0.7, y0 + size * 0.05 + sleeve_len)],
-                      fill=garment.colour, width=int(size * 0.11))
+            draw.line(
+                [(sx, y0 + size * 0.05), (sx + sign * sleeve_len * 0.7, y0 + size * 0.05 + sleeve_len)],
+                fill=garment.colour,
+                width=int(size * 0.11),
+            )
     image.paste(texture.resize((tex_w, tex_h), Image.Resampling.LANCZOS), (x0, y0))
     return image
 
@@ -297,8 +365,9 @@ def _downsample(image: Image.Image, resolution: int) -> Image.Image:
     return image.resize((resolution, resolution), Image.Resampling.LANCZOS if image.mode == "RGB" else Image.Resampling.BOX)
 
 
-def make_sample(seed: int, key: str, identity: Identity, garment: Garment, arm_pose: str, photo_seed: int,
-                resolution: int) -> Sample:
+def make_sample(
+    seed: int, key: str, identity: Identity, garment: Garment, arm_pose: str, photo_seed: int, resolution: int
+) -> Sample:
     """One try-on training sample at `resolution` (square)."""
     size = resolution * SUPERSAMPLE
     rng = _rng(seed, 3, photo_seed)
@@ -309,22 +378,37 @@ def make_sample(seed: int, key: str, identity: Identity, garment: Garment, arm_p
     face = labels.point(lambda v: 255 if v in (FACE, HAIR) else 0)
     masked = Image.composite(Image.new("L", (size, size), 0), masked, face)
     scale = resolution / size
-    meta = {"key": key, "identity_id": identity.identity_id, "garment_id": garment.garment_id, "arm_pose": arm_pose,
-            "identity": asdict(identity), "garment": asdict(garment), "resolution": resolution,
-            "face_box": [round(v * scale, 2) for v in face_box], "logo_box": [round(v * scale, 2) for v in logo_box],
-            "keypoints": {name: [round(x * scale, 2), round(y * scale, 2)] for name, (x, y) in points.items()}}
+    meta = {
+        "key": key,
+        "identity_id": identity.identity_id,
+        "garment_id": garment.garment_id,
+        "arm_pose": arm_pose,
+        "identity": asdict(identity),
+        "garment": asdict(garment),
+        "resolution": resolution,
+        "face_box": [round(v * scale, 2) for v in face_box],
+        "logo_box": [round(v * scale, 2) for v in logo_box],
+        "keypoints": {name: [round(x * scale, 2), round(y * scale, 2)] for name, (x, y) in points.items()},
+    }
     target, mask = _downsample(photo, resolution), _binarise(masked, resolution)
     agnostic = Image.composite(Image.new("RGB", target.size, (128, 128, 128)), target, mask)
-    return Sample(key, target, agnostic, mask, _downsample(_pose_map(points, size), resolution),
-                  _downsample(render_flat_lay(garment, size), resolution), _binarise(garment_mask, resolution), meta)
+    return Sample(
+        key,
+        target,
+        agnostic,
+        mask,
+        _downsample(_pose_map(points, size), resolution),
+        _downsample(render_flat_lay(garment, size), resolution),
+        _binarise(garment_mask, resolution),
+        meta,
+    )
 
 
 def _binarise(mask: Image.Image, resolution: int) -> Image.Image:
     return _downsample(mask, resolution).point(lambda v: 255 if v >= 128 else 0)
 
 
-def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int,
-                   resolution: int):
+def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int, resolution: int):
     """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]."""
     bias = STAGE_BIAS[split]
     split_index = list(STAGE_BIAS).index(split)

@@ -40,14 +40,29 @@ class Row:
 
 def _scores(config: PipelineConfig, control: dict, outputs: np.ndarray, reference: np.ndarray) -> dict[str, np.ndarray]:
     """Per-sample values of every check; coherence is judged against `reference`."""
-    report = judge(config, stage="denoise", run_id="calibrate", checkpoint="-", control=control, control_set="-",
-                   outputs=outputs, baseline_outputs=reference, baseline={"version": "reference"})
+    report = judge(
+        config,
+        stage="denoise",
+        run_id="calibrate",
+        checkpoint="-",
+        control=control,
+        control_set="-",
+        outputs=outputs,
+        baseline_outputs=reference,
+        baseline={"version": "reference"},
+    )
     return {name: np.array(list(check.values.values())) for name, check in report.checks.items()}
 
 
-def calibrate(config: PipelineConfig, control: dict, *, clean_outputs: np.ndarray | None = None,
-              reference_outputs: np.ndarray | None = None, false_alarm: float = 0.01,
-              seed: int = 0) -> tuple[dict[str, float], list[Row]]:
+def calibrate(
+    config: PipelineConfig,
+    control: dict,
+    *,
+    clean_outputs: np.ndarray | None = None,
+    reference_outputs: np.ndarray | None = None,
+    false_alarm: float = 0.01,
+    seed: int = 0,
+) -> tuple[dict[str, float], list[Row]]:
     """(per-sample threshold per check, table rows) for the given control set.
 
     Coherence is judged against `reference_outputs` when given (a baseline's outputs), else the
@@ -56,11 +71,15 @@ def calibrate(config: PipelineConfig, control: dict, *, clean_outputs: np.ndarra
     clean = control["target"] if clean_outputs is None else clean_outputs
     reference = control["target"] if reference_outputs is None else reference_outputs
     masks = control["garment_mask"]
-    clean_scores = {name: _scores(config, control, apply(variant, clean, control["meta"], masks, seed), reference)
-                    for name, variant in CLEAN.items()}
+    clean_scores = {
+        name: _scores(config, control, apply(variant, clean, control["meta"], masks, seed), reference)
+        for name, variant in CLEAN.items()
+    }
     # the strictest clean variant sets the threshold, so every variant stays within `false_alarm`
-    thresholds = {check: min(float(np.quantile(s[check], false_alarm, method="inverted_cdf")) for s in clean_scores.values())
-                  for check in CORRUPTIONS}
+    thresholds = {
+        check: min(float(np.quantile(s[check], false_alarm, method="inverted_cdf")) for s in clean_scores.values())
+        for check in CORRUPTIONS
+    }
     rows = []
     for check, threshold in thresholds.items():
         for name, scores in clean_scores.items():
@@ -90,13 +109,24 @@ def redrawn_lower_bounds(scores: np.ndarray, *, redraws: int = 300, seed: int = 
     return np.array([bootstrap_lower_bound(scores[pick], seed=seed + 1 + i) for i, pick in enumerate(picks)])
 
 
-def gate_thresholds(rows: list[Row], *, false_alarm: float = 0.01, redraws: int = 300,
-                    seed: int = 0) -> tuple[dict[str, float], list[GateRow]]:
+def gate_thresholds(
+    rows: list[Row], *, false_alarm: float = 0.01, redraws: int = 300, seed: int = 0
+) -> tuple[dict[str, float], list[GateRow]]:
     """(gate threshold per check, rows): the threshold on the bootstrap lower bound that the
     strictest clean variant falls below in `false_alarm` of redrawn control sets, and per clean
     variant and corruption its lower bound and how often it falls below that threshold."""
-    gate_rows = [GateRow(row.check, row.outputs, row.aimed, bootstrap_lower_bound(row.scores),
-                         redrawn_lower_bounds(row.scores, redraws=redraws, seed=seed), 0.0) for row in rows if len(row.scores)]
+    gate_rows = [
+        GateRow(
+            row.check,
+            row.outputs,
+            row.aimed,
+            bootstrap_lower_bound(row.scores),
+            redrawn_lower_bounds(row.scores, redraws=redraws, seed=seed),
+            0.0,
+        )
+        for row in rows
+        if len(row.scores)
+    ]
     thresholds = {}
     for check in dict.fromkeys(row.check for row in gate_rows):
         clean = [row.redrawn for row in gate_rows if row.check == check and not row.aimed]
@@ -106,15 +136,24 @@ def gate_thresholds(rows: list[Row], *, false_alarm: float = 0.01, redraws: int 
     return thresholds, gate_rows
 
 
-def render_gate_table(thresholds: dict[str, float], rows: list[GateRow], *, false_alarm: float, title: str,
-                      configured: dict[str, float | None] | None = None):
+def render_gate_table(
+    thresholds: dict[str, float],
+    rows: list[GateRow],
+    *,
+    false_alarm: float,
+    title: str,
+    configured: dict[str, float | None] | None = None,
+):
     """A rich Table of the gate-level calibration: per check and outputs, the lower bound, its
     5th-95th percentile over redrawn control sets, and the rate below the gate threshold."""
     from rich.table import Table
 
     table = Table(title=title)
-    columns = ["check", "gate threshold"] + (["configured"] if configured is not None else []) + \
-        ["outputs", "lower bound", "redrawn p5", "redrawn p95", "rate"]
+    columns = (
+        ["check", "gate threshold"]
+        + (["configured"] if configured is not None else [])
+        + ["outputs", "lower bound", "redrawn p5", "redrawn p95", "rate"]
+    )
     for column in columns:
         table.add_column(column, justify="left" if column in ("check", "outputs") else "right")
     for row in rows:
@@ -140,6 +179,14 @@ def render_table(thresholds: dict[str, float], rows: list[Row], *, false_alarm: 
     for row in rows:
         p1, p50, p99 = row.percentiles()
         kind, met = ("detection", row.rate >= 0.99) if row.aimed else ("false alarm", row.rate <= false_alarm)
-        table.add_row(row.check, f"{thresholds[row.check]:.3f}", row.outputs, f"{p1:.3f}", f"{p50:.3f}", f"{p99:.3f}",
-                      f"{kind} {row.rate:.1%}", "met" if met else "[red]missed[/red]")
+        table.add_row(
+            row.check,
+            f"{thresholds[row.check]:.3f}",
+            row.outputs,
+            f"{p1:.3f}",
+            f"{p50:.3f}",
+            f"{p99:.3f}",
+            f"{kind} {row.rate:.1%}",
+            "met" if met else "[red]missed[/red]",
+        )
     return table

@@ -27,7 +27,6 @@ from torch.nn import functional as F
 from drape.config import GatesConfig
 
 
-
 class FaceEmbedder(Protocol):
     name: str
 
@@ -48,8 +47,7 @@ class PixelFaceEmbedder:
 
     Structure is the mean-centred luminance of the crop at 16×16 (geometry of eyes, nose, hair
     line): codecs keep luminance at full resolution and halve chroma, so structure read from colour
-    channels moves with JPEG as much as with another face. At 64 px, structure alone: JPEG q90's 1st
-    percentile 0.87 and other faces' 99th 0.93 in colour; 0.985 and 0.97 in luminance. Skin tone is
+    channels moves with JPEG as much as with another face (figures in benchmarks/README.md). Skin tone is
     the mean colour of the crop's central half, encoded by Gaussian bumps on a 5×5×5 colour grid so
     that the cosine of two tones falls with their distance. Cosine similarity of two embeddings is
     then the average of the two similarities.
@@ -159,6 +157,7 @@ def handedness(window: np.ndarray, mark: np.ndarray, mirrored: np.ndarray) -> fl
     plain correlation when the mark is a few pixels. 1.0 for a mark that looks the same mirrored:
     nothing to tell.
     """
+
     def centred(patch: np.ndarray) -> np.ndarray:
         return patch - patch.reshape(-1, patch.shape[-1]).mean(axis=0)
 
@@ -170,17 +169,24 @@ def handedness(window: np.ndarray, mark: np.ndarray, mirrored: np.ndarray) -> fl
     return float((centred(window) * difference).sum()) / own
 
 
-def texture_scores(outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, max_shift: int, *,
-                   mirror_penalty: float = 2.0, sharpness_floor: float = 0.2) -> np.ndarray:
+def texture_scores(
+    outputs: np.ndarray,
+    targets: np.ndarray,
+    logo_boxes: list,
+    max_shift: int,
+    *,
+    mirror_penalty: float = 2.0,
+    sharpness_floor: float = 0.2,
+) -> np.ndarray:
     """Per-sample logo fidelity in [-1, 1]: 1 is the mark as drawn.
 
     fidelity: `patch_fidelity` of the logo window (in `codec_view`) against the target's, the best
     over shifts of up to `max_shift` pixels (the logo moves with the cloth), then
     - mirrored: `handedness` of the window that best matches the mark or its mirror image; when it
-      reads the wrong way round (below 0), `mirror_penalty` times that is taken off. Faithful
-      outputs read 0.17 or more even through JPEG at 64 px, mirrored ones -0.6 or less.
+      reads the wrong way round (below 0), `mirror_penalty` times that is taken off.
     - melted: the window's gradient energy over the mark's; below `sharpness_floor` the score is
-      scaled down in proportion (a blurred mark keeps under 13% of it, JPEG q90 over 22%).
+      scaled down in proportion.
+    Where faithful, mirrored, blurred and JPEG'd marks fall on both terms: benchmarks/README.md.
     """
     scores = []
     for output, target, box in zip(outputs, targets, logo_boxes):
@@ -191,13 +197,14 @@ def texture_scores(outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, m
         # the mark mirrored in pixels, then seen as codecs see it (mirroring the codec view instead would
         # move its half-resolution chroma by a pixel, and a mirrored output would not match it); only
         # when the mirror term is on
-        mirrored = (codec_view(np.ascontiguousarray(target[:, ::-1]))[y0:y1, width - x1:width - x0]
-                    if mirror_penalty > 0 else None)
+        mirrored = (
+            codec_view(np.ascontiguousarray(target[:, ::-1]))[y0:y1, width - x1 : width - x0] if mirror_penalty > 0 else None
+        )
         best, window, aligned, aligned_value = -1.0, None, None, -1.0
         for dy in range(-max_shift, max_shift + 1):
             for dx in range(-max_shift, max_shift + 1):
                 if y0 + dy >= 0 and x0 + dx >= 0 and y1 + dy <= height and x1 + dx <= width:
-                    candidate = seen[y0 + dy:y1 + dy, x0 + dx:x1 + dx]
+                    candidate = seen[y0 + dy : y1 + dy, x0 + dx : x1 + dx]
                     value = patch_fidelity(candidate, reference)
                     if value > best:
                         best, window = value, candidate

@@ -9,7 +9,7 @@ must pass. Used by `drape gate calibrate`, benchmarks/gate_validity.py and the t
 from __future__ import annotations
 
 import io
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 from PIL import Image, ImageFilter
@@ -20,8 +20,12 @@ Corruption = Callable[[np.ndarray, list[dict], np.random.Generator], np.ndarray]
 def _box(meta: dict, name: str, shape: tuple[int, ...], pad: int = 0) -> tuple[int, int, int, int]:
     x0, y0, x1, y1 = meta[name]
     height, width = shape[:2]
-    return (max(int(np.floor(x0)) - pad, 0), max(int(np.floor(y0)) - pad, 0),
-            min(int(np.ceil(x1)) + pad, width), min(int(np.ceil(y1)) + pad, height))
+    return (
+        max(int(np.floor(x0)) - pad, 0),
+        max(int(np.floor(y0)) - pad, 0),
+        min(int(np.ceil(x1)) + pad, width),
+        min(int(np.ceil(y1)) + pad, height),
+    )
 
 
 def _donor(meta: list[dict], index: int, key: str) -> int:
@@ -48,6 +52,7 @@ def _resize(patch: np.ndarray, width: int, height: int) -> np.ndarray:
 
 # --- clean variants: what a good output looks like ------------------------------------------------
 
+
 def mild_noise(images, meta, rng):
     return np.clip(images + rng.normal(0, 3, images.shape), 0, 255).astype(np.uint8)
 
@@ -63,12 +68,15 @@ def jpeg(images, meta, rng, quality: int = 90):
 
 # --- identity ------------------------------------------------------------------------------------
 
+
 def _paste_from_donor(images, meta, box: str, differing: str) -> np.ndarray:
     """Each sample's `box` region replaced by that region of a sample whose `differing` id differs."""
+
     def edit(patch, i):
         donor = _donor(meta, i, differing)
         x0, y0, x1, y1 = _box(meta[donor], box, images[donor].shape)
         return _resize(images[donor][y0:y1, x0:x1], patch.shape[1], patch.shape[0])
+
     return _edit_region(images, meta, box, 0, edit)
 
 
@@ -79,29 +87,37 @@ def other_face(images, meta, rng):
 
 def skin_tone_shift(images, meta, rng):
     """Skin pixels of the face pushed towards another tone."""
+
     def edit(patch, i):
         shift = np.array([40, -25, -45]) if patch.mean() > 110 else np.array([70, 45, 25])
         return np.clip(patch.astype(int) + shift, 0, 255).astype(np.uint8)
+
     return _edit_region(images, meta, "face_box", 0, edit)
 
 
 def face_warp(images, meta, rng):
     """Face geometry squeezed: the central band of the face stretched over the whole box."""
+
     def edit(patch, i):
         h, w = patch.shape[:2]
-        return _resize(patch[h // 4: h - h // 4 or h, :], w, h)
+        return _resize(patch[h // 4 : h - h // 4 or h, :], w, h)
+
     return _edit_region(images, meta, "face_box", 0, edit)
 
 
 # --- logo ----------------------------------------------------------------------------------------
 
+
 def logo_blur(images, meta, rng):
     """The logo melted: blurred past recognition, damage reaching past the shift tolerance."""
-    return _edit_region(images, meta, "logo_box", 2, lambda p, i: np.asarray(Image.fromarray(p).filter(ImageFilter.GaussianBlur(2))))
+    return _edit_region(
+        images, meta, "logo_box", 2, lambda p, i: np.asarray(Image.fromarray(p).filter(ImageFilter.GaussianBlur(2)))
+    )
 
 
 def logo_elastic(images, meta, rng):
     """The logo alone warped by a smooth random displacement field."""
+
     def edit(patch, i):
         h, w = patch.shape[:2]
         ys, xs = np.mgrid[0:h, 0:w]
@@ -110,6 +126,7 @@ def logo_elastic(images, meta, rng):
         dy = 2.0 * np.sin(2 * np.pi * xs / max(w, 1) + phase[1])
         src_x, src_y = np.clip((xs + dx).round().astype(int), 0, w - 1), np.clip((ys + dy).round().astype(int), 0, h - 1)
         return patch[src_y, src_x]
+
     return _edit_region(images, meta, "logo_box", 0, edit)
 
 
@@ -125,6 +142,7 @@ def logo_swap(images, meta, rng):
 
 # --- cloth ---------------------------------------------------------------------------------------
 
+
 def _garment_region(images, meta, masks, transform):
     out = images.copy()
     for i, (image, mask) in enumerate(zip(images, masks)):
@@ -137,11 +155,14 @@ def _garment_region(images, meta, masks, transform):
 
 def garment_shift(images, meta, rng, masks=None, pixels: int = 4):
     """The garment moved sideways by `pixels`."""
-    return _garment_region(images, meta, masks, lambda image, region, i: (np.roll(image, pixels, axis=1), np.roll(region, pixels, axis=1)))
+    return _garment_region(
+        images, meta, masks, lambda image, region, i: (np.roll(image, pixels, axis=1), np.roll(region, pixels, axis=1))
+    )
 
 
 def garment_scale(images, meta, rng, masks=None, factor: float = 0.8):
     """The garment shrunk about its centre."""
+
     def transform(image, region, i):
         h, w = region.shape
         ys, xs = np.nonzero(region)
@@ -150,13 +171,16 @@ def garment_scale(images, meta, rng, masks=None, factor: float = 0.8):
         src_y = np.clip(((grid_y - cy) / factor + cy).round().astype(int), 0, h - 1)
         src_x = np.clip(((grid_x - cx) / factor + cx).round().astype(int), 0, w - 1)
         return image[src_y, src_x], region[src_y, src_x]
+
     return _garment_region(images, meta, masks, transform)
 
 
 def wrong_pattern(images, meta, rng, masks=None):
     """Another garment's cloth inside this garment's silhouette."""
+
     def transform(image, region, i):
         return images[_donor(meta, i, "garment_id")], region
+
     return _garment_region(images, meta, masks, transform)
 
 
@@ -165,7 +189,7 @@ def _skin(image: np.ndarray, meta: dict) -> np.ndarray:
     x0, y0, x1, y1 = _box(meta, "face_box", image.shape)
     h, w = y1 - y0, x1 - x0
     top, left = y0 + int(h * 0.55), x0 + int(w * 0.2)
-    cheeks = image[top:max(y0 + int(h * 0.85), top + 1), left:max(x0 + int(w * 0.8), left + 1)]
+    cheeks = image[top : max(y0 + int(h * 0.85), top + 1), left : max(x0 + int(w * 0.8), left + 1)]
     return np.median(cheeks.reshape(-1, 3), axis=0).astype(np.uint8)
 
 
@@ -176,7 +200,7 @@ def sleeve_missing(images, meta, rng, masks=None):
     out = images.copy()
     for i, (image, mask) in enumerate(zip(images, masks)):
         (sx, sy) = meta[i]["keypoints"]["shoulder_l"]
-        ys, xs = np.mgrid[0:mask.shape[0], 0:mask.shape[1]]
+        ys, xs = np.mgrid[0 : mask.shape[0], 0 : mask.shape[1]]
         sleeve = (mask > 127) & (xs < sx + 1) & (ys > sy - 2)
         out[i][sleeve] = _skin(image, meta[i])
     return out
@@ -185,10 +209,18 @@ def sleeve_missing(images, meta, rng, masks=None):
 CLEAN: dict[str, Corruption] = {"mild noise": mild_noise, "jpeg q90": jpeg}
 CORRUPTIONS: dict[str, dict[str, Corruption]] = {
     "identity": {"another identity's face": other_face, "skin-tone shift": skin_tone_shift, "face geometry warp": face_warp},
-    "texture": {"logo blurred (melted)": logo_blur, "logo elastic warp": logo_elastic, "logo mirrored": logo_mirror,
-                "logo replaced by another": logo_swap},
-    "coherence": {"garment shifted 4 px": garment_shift, "garment scaled 0.8": garment_scale, "wrong pattern": wrong_pattern,
-                  "sleeve missing": sleeve_missing},
+    "texture": {
+        "logo blurred (melted)": logo_blur,
+        "logo elastic warp": logo_elastic,
+        "logo mirrored": logo_mirror,
+        "logo replaced by another": logo_swap,
+    },
+    "coherence": {
+        "garment shifted 4 px": garment_shift,
+        "garment scaled 0.8": garment_scale,
+        "wrong pattern": wrong_pattern,
+        "sleeve missing": sleeve_missing,
+    },
 }
 NEEDS_MASKS = {garment_shift, garment_scale, wrong_pattern, sleeve_missing}
 

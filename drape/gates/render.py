@@ -33,9 +33,17 @@ class CheckCells:
 def _cells(check: CheckResult) -> CheckCells:
     baseline_mean = "" if check.baseline_mean is None else f"{check.baseline_mean:.3f}"
     change = f"{baseline_mean} ({check.max_drop:.3f})" if check.change_checked else (check.change_note or "-")
-    return CheckCells(check.name, f"{check.lower:.3f}", f"{check.mean:.3f}", f"{check.minimum:.3f}",
-                      "not set" if check.threshold is None else f"{check.threshold:.3f}", change, baseline_mean,
-                      "pass" if check.passed else "FAIL", check.passed)
+    return CheckCells(
+        check.name,
+        f"{check.lower:.3f}",
+        f"{check.mean:.3f}",
+        f"{check.minimum:.3f}",
+        "not set" if check.threshold is None else f"{check.threshold:.3f}",
+        change,
+        baseline_mean,
+        "pass" if check.passed else "FAIL",
+        check.passed,
+    )
 
 
 def check_cells(report: GateReport) -> list[CheckCells]:
@@ -48,8 +56,12 @@ def baseline_label(report: GateReport) -> str:
 
 def markdown(report: GateReport) -> str:
     """The report as a Markdown table (the Prefect UI's gate artifact)."""
-    lines = [f"# Gate `{report.stage}`: **{report.verdict.upper()}**", "",
-             f"Run `{report.run_id}`, control set `{report.control_set}`, baseline {baseline_label(report)}", ""]
+    lines = [
+        f"# Gate `{report.stage}`: **{report.verdict.upper()}**",
+        "",
+        f"Run `{report.run_id}`, control set `{report.control_set}`, baseline {baseline_label(report)}",
+        "",
+    ]
     lines += [f"**{problem}**" for problem in report.provenance] + ([""] if report.provenance else [])
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells.row()) + " |" for cells in check_cells(report)]

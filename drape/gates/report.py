@@ -17,8 +17,9 @@ CHECKS = ("identity", "texture", "coherence")
 SCHEMA = "drape.gate_report/v3"  # v3: provenance
 
 
-def bootstrap_lower_bound(values: list[float] | np.ndarray, *, quantile: float = 0.05, resamples: int = 2000,
-                          seed: int = 0) -> float:
+def bootstrap_lower_bound(
+    values: list[float] | np.ndarray, *, quantile: float = 0.05, resamples: int = 2000, seed: int = 0
+) -> float:
     """The `quantile` of the bootstrap distribution of the mean (fixed seed: reports are reproducible)."""
     values = np.asarray(values, dtype=np.float64)
     if len(values) < 2:
@@ -74,16 +75,32 @@ class CheckResult:
         elif not self.value_passed:
             lines.append(f"{self.name}: lower bound {self.lower:.4f} (mean {self.mean:.4f}) < threshold {self.threshold:.4f}")
         if not self.change_passed:
-            lines.append(f"{self.name}: mean {self.mean:.4f} fell more than {self.max_drop:.4f} below the baseline's "
-                         f"{self.baseline_mean:.4f}")
+            lines.append(
+                f"{self.name}: mean {self.mean:.4f} fell more than {self.max_drop:.4f} below the baseline's "
+                f"{self.baseline_mean:.4f}"
+            )
         return lines
 
     def to_dict(self) -> dict:
-        change = {"baseline_mean": self.baseline_mean, "max_drop": self.max_drop, "checked": self.change_checked,
-                  "passed": self.change_passed, "note": self.change_note}
-        return {"values": self.values, "mean": self.mean, "lower": self.lower, "min": self.minimum,
-                "threshold": self.threshold, "value_passed": self.value_passed, "change": change,
-                "passed": self.passed, "reference": self.reference, "failures": self.failures()}
+        change = {
+            "baseline_mean": self.baseline_mean,
+            "max_drop": self.max_drop,
+            "checked": self.change_checked,
+            "passed": self.change_passed,
+            "note": self.change_note,
+        }
+        return {
+            "values": self.values,
+            "mean": self.mean,
+            "lower": self.lower,
+            "min": self.minimum,
+            "threshold": self.threshold,
+            "value_passed": self.value_passed,
+            "change": change,
+            "passed": self.passed,
+            "reference": self.reference,
+            "failures": self.failures(),
+        }
 
 
 @dataclass
@@ -94,12 +111,13 @@ class GateReport:
     control_set: str
     checks: dict[str, CheckResult] = field(default_factory=dict)
     baseline: dict | None = None
-    provenance: list[str] = field(default_factory=list)  # problems with where the candidate came from (validate.provenance_problems)
+    provenance: list[str] = field(
+        default_factory=list
+    )  # problems with where the candidate came from (validate.provenance_problems)
 
     @property
     def passed(self) -> bool:
-        return (not self.provenance and set(self.checks) == set(CHECKS)
-                and all(check.passed for check in self.checks.values()))
+        return not self.provenance and set(self.checks) == set(CHECKS) and all(check.passed for check in self.checks.values())
 
     @property
     def verdict(self) -> str:
@@ -109,10 +127,18 @@ class GateReport:
         return [*self.provenance, *(line for check in self.checks.values() for line in check.failures())]
 
     def to_dict(self) -> dict:
-        return {"schema": SCHEMA, "stage": self.stage, "run_id": self.run_id, "checkpoint": self.checkpoint,
-                "control_set": self.control_set, "verdict": self.verdict, "baseline": self.baseline,
-                "provenance": self.provenance, "checks": {name: check.to_dict() for name, check in self.checks.items()},
-                "failures": self.failures()}
+        return {
+            "schema": SCHEMA,
+            "stage": self.stage,
+            "run_id": self.run_id,
+            "checkpoint": self.checkpoint,
+            "control_set": self.control_set,
+            "verdict": self.verdict,
+            "baseline": self.baseline,
+            "provenance": self.provenance,
+            "checks": {name: check.to_dict() for name, check in self.checks.items()},
+            "failures": self.failures(),
+        }
 
     def worst_samples(self, per_check: int) -> list[tuple[str, str, float]]:
         """(check, sample id, value) for the `per_check` lowest values of each check, worst first."""

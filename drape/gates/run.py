@@ -16,11 +16,11 @@ import torch
 from PIL import Image, ImageDraw
 from safetensors.torch import save_file
 
-from drape.training.checkpoint import load_model
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gates.report import CheckResult, GateReport
 from drape.gates.checks import build_embedder, coherence_scores, identity_scores, texture_scores
+from drape.gates.report import CheckResult, GateReport
+from drape.training.checkpoint import load_model
 from drape.training.model import sample
 from drape.training.trainer import resolve_device
 
@@ -55,8 +55,9 @@ def read_outputs(directory: str | Path, keys: list[str]) -> np.ndarray:
     return np.stack(images)
 
 
-def save_grid(path: Path, control: dict, outputs: np.ndarray, report: GateReport, count: int,
-              baseline_outputs: np.ndarray | None = None) -> None:
+def save_grid(
+    path: Path, control: dict, outputs: np.ndarray, report: GateReport, count: int, baseline_outputs: np.ndarray | None = None
+) -> None:
     """PNG grid, worst samples of each check first: label, input, garment, output, target[, baseline]."""
     index = {key: i for i, key in enumerate(control["keys"])}
     rows: list[tuple[str, int]] = []
@@ -80,8 +81,18 @@ def save_grid(path: Path, control: dict, outputs: np.ndarray, report: GateReport
     grid.save(path)
 
 
-def judge(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str, control: dict, control_set: str,
-          outputs: np.ndarray, baseline_outputs: np.ndarray | None, baseline: dict | None) -> GateReport:
+def judge(
+    config: PipelineConfig,
+    *,
+    stage: str,
+    run_id: str,
+    checkpoint: str,
+    control: dict,
+    control_set: str,
+    outputs: np.ndarray,
+    baseline_outputs: np.ndarray | None,
+    baseline: dict | None,
+) -> GateReport:
     """The GateReport for `outputs` on the control set; pure given its inputs.
 
     With baseline outputs, coherence is measured against them, and the identity and texture
@@ -90,34 +101,67 @@ def judge(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str, c
     """
     keys, meta, gates = control["keys"], control["meta"], config.gates
     embedder = build_embedder(gates)
-    identity = lambda images: identity_scores(images, control["target"], [m["face_box"] for m in meta], embedder)  # noqa: E731
-    texture = lambda images: texture_scores(images, control["target"], [m["logo_box"] for m in meta],  # noqa: E731
-                                            gates.texture.max_shift_pixels, mirror_penalty=gates.texture.mirror_penalty,
-                                            sharpness_floor=gates.texture.sharpness_floor)
+
+    def identity(images: np.ndarray) -> np.ndarray:
+        return identity_scores(images, control["target"], [m["face_box"] for m in meta], embedder)
+
+    def texture(images: np.ndarray) -> np.ndarray:
+        texture_config = gates.texture
+        return texture_scores(
+            images,
+            control["target"],
+            [m["logo_box"] for m in meta],
+            texture_config.max_shift_pixels,
+            mirror_penalty=texture_config.mirror_penalty,
+            sharpness_floor=texture_config.sharpness_floor,
+        )
+
     reference = baseline_outputs if baseline_outputs is not None else control["target"]
-    values = {"identity": identity(outputs), "texture": texture(outputs),
-              "coherence": coherence_scores(outputs, reference, control["mask"])}
+    values = {
+        "identity": identity(outputs),
+        "texture": texture(outputs),
+        "coherence": coherence_scores(outputs, reference, control["mask"]),
+    }
     first_run = "no baseline yet (first run of this stage): change check skipped"
     baseline_means = {name: None for name in values}
     if baseline_outputs is not None:
         baseline_means.update(identity=float(identity(baseline_outputs).mean()), texture=float(texture(baseline_outputs).mean()))
-    notes = {"identity": "" if baseline_outputs is not None else first_run,
-             "texture": "" if baseline_outputs is not None else first_run,
-             "coherence": "coherence is measured against the baseline's own outputs: no separate change check"}
+    notes = {
+        "identity": "" if baseline_outputs is not None else first_run,
+        "texture": "" if baseline_outputs is not None else first_run,
+        "coherence": "coherence is measured against the baseline's own outputs: no separate change check",
+    }
     max_drops = {"identity": gates.identity.max_drop, "texture": gates.texture.max_drop, "coherence": None}
-    references = {"identity": "control targets", "texture": "control targets",
-                  "coherence": f"baseline v{baseline['version']} outputs" if baseline_outputs is not None
-                  else "ground-truth targets (no baseline yet)"}
+    references = {
+        "identity": "control targets",
+        "texture": "control targets",
+        "coherence": f"baseline v{baseline['version']} outputs"
+        if baseline_outputs is not None
+        else "ground-truth targets (no baseline yet)",
+    }
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
     thresholds = gates.thresholds(stage, vs_baseline=baseline_outputs is not None)
     for name, scores in values.items():
-        report.checks[name] = CheckResult(name, {k: round(float(v), 6) for k, v in zip(keys, scores)}, thresholds[name],
-                                          references[name], baseline_means[name], max_drops[name], notes[name])
+        report.checks[name] = CheckResult(
+            name,
+            {k: round(float(v), 6) for k, v in zip(keys, scores)},
+            thresholds[name],
+            references[name],
+            baseline_means[name],
+            max_drops[name],
+            notes[name],
+        )
     return report
 
 
-def provenance_problems(config: PipelineConfig, checkpoint: str | Path, *, stage: str, data_manifest_hash: str = "",
-                        start_checkpoint: str | Path | None = None) -> list[str]:
+def provenance_problems(
+    config: PipelineConfig,
+    checkpoint: str | Path,
+    *,
+    stage: str,
+    data_manifest_hash: str = "",
+    start_checkpoint: str | Path | None = None,
+) -> list[str]:
     """Why the candidate is not what this stage trained, if it is not (empty list: it is).
 
     A reviewer asks first whether they are looking at the right thing; so does the gate. The
@@ -128,28 +172,42 @@ def provenance_problems(config: PipelineConfig, checkpoint: str | Path, *, stage
     the trainable tensors only, never the whole model.
     """
     from drape.training.checkpoint import model_tensor_names, read_manifest, read_model_tensors
-    from drape.config import trainable_parameter_names
+    from drape.training.model import trainable_parameter_names
 
     manifest, problems = read_manifest(checkpoint), []
     if manifest.get("stage") != stage:
         problems.append(f"provenance: the candidate was trained for stage {manifest.get('stage')!r}, not {stage!r}")
     recorded = manifest.get("data_manifest_hash")
     if data_manifest_hash and recorded and recorded != data_manifest_hash:
-        problems.append(f"provenance: the candidate was trained on dataset {recorded[:12]}, this run's is {data_manifest_hash[:12]}")
+        problems.append(
+            f"provenance: the candidate was trained on dataset {recorded[:12]}, this run's is {data_manifest_hash[:12]}"
+        )
     if start_checkpoint is not None:
         # only the stage's trainable tensors are read, from the safetensors files: sampling the candidate
         # next verifies every sha256 of it, and the stage verified its start when it loaded it
         names = trainable_parameter_names(config.train.stages[stage].trainable, model_tensor_names(checkpoint))
         candidate, start = read_model_tensors(checkpoint, names), read_model_tensors(start_checkpoint, names)
         if names and all(torch.equal(candidate[name], start[name]) for name in names):
-            problems.append(f"provenance: the stage's trainable parameters ({len(names)} tensors) are identical to its "
-                            f"starting checkpoint {Path(start_checkpoint).name}: the stage did not train")
+            problems.append(
+                f"provenance: the stage's trainable parameters ({len(names)} tensors) are identical to its "
+                f"starting checkpoint {Path(start_checkpoint).name}: the stage did not train"
+            )
     return problems
 
 
-def evaluate_gate(config: PipelineConfig, *, stage: str, run_id: str, checkpoint: str | Path, control: dict,
-                  control_set: str, gate_dir: str | Path, baseline: dict | None = None,
-                  baseline_outputs_dir: str | Path | None = None, provenance: list[str] | None = None) -> GateReport:
+def evaluate_gate(
+    config: PipelineConfig,
+    *,
+    stage: str,
+    run_id: str,
+    checkpoint: str | Path,
+    control: dict,
+    control_set: str,
+    gate_dir: str | Path,
+    baseline: dict | None = None,
+    baseline_outputs_dir: str | Path | None = None,
+    provenance: list[str] | None = None,
+) -> GateReport:
     """Sample the candidate, judge it, and write outputs, latents, report.json and grid.png to `gate_dir`.
 
     `provenance`: problems `provenance_problems` found; any of them fails the gate.
@@ -158,8 +216,17 @@ def evaluate_gate(config: PipelineConfig, *, stage: str, run_id: str, checkpoint
     gate_dir.mkdir(parents=True, exist_ok=True)
     outputs = generate_outputs(config, checkpoint, control, gate_dir)
     baseline_outputs = read_outputs(baseline_outputs_dir, control["keys"]) if baseline_outputs_dir else None
-    report = judge(config, stage=stage, run_id=run_id, checkpoint=str(checkpoint), control=control, control_set=control_set,
-                   outputs=outputs, baseline_outputs=baseline_outputs, baseline=baseline)
+    report = judge(
+        config,
+        stage=stage,
+        run_id=run_id,
+        checkpoint=str(checkpoint),
+        control=control,
+        control_set=control_set,
+        outputs=outputs,
+        baseline_outputs=baseline_outputs,
+        baseline=baseline,
+    )
     report.provenance = list(provenance or [])
     (gate_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
     save_grid(gate_dir / "grid.png", control, outputs, report, config.gates.grid_samples, baseline_outputs)

@@ -15,7 +15,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from collections.abc import Callable
 
 from drape.config import AlertsConfig
 from drape.gates.render import slack_lines
@@ -41,9 +41,11 @@ def gate_message(report: GateReport, *, run_name: str, report_location: str, lin
         lines.append("Nothing was promoted; the run stopped.")
     context = [f"<{url}|{label}>" if url.startswith("http") else f"{label}: {url}" for label, url in (links or {}).items()]
     context.append(f"report: {report_location}")
-    blocks = [{"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
-              {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}},
-              {"type": "context", "elements": [{"type": "mrkdwn", "text": item} for item in context]}]
+    blocks = [
+        {"type": "header", "text": {"type": "plain_text", "text": title[:150]}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": "\n".join(lines)}},
+        {"type": "context", "elements": [{"type": "mrkdwn", "text": item} for item in context]},
+    ]
     fallback = f"{title}: " + ("; ".join(report.failures()) or "all checks passed")
     return {"text": fallback, "blocks": blocks}
 
@@ -56,8 +58,16 @@ def _retry_after(error: urllib.error.HTTPError, default: float, cap: float) -> f
         return default
 
 
-def post_to_slack(url: str, payload: dict, *, attempts: int = 4, backoff_seconds: float = 1.0, max_wait_seconds: float = 30.0,
-                  timeout_seconds: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> None:
+def post_to_slack(
+    url: str,
+    payload: dict,
+    *,
+    attempts: int = 4,
+    backoff_seconds: float = 1.0,
+    max_wait_seconds: float = 30.0,
+    timeout_seconds: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
     """POST `payload`; retry 429 and 5xx; raise AlertError (without the URL) when Slack never accepts it."""
     body = json.dumps(payload).encode()
     last = ""
@@ -81,8 +91,15 @@ def post_to_slack(url: str, payload: dict, *, attempts: int = 4, backoff_seconds
     raise AlertError(f"Slack webhook did not accept the alert after {attempts} attempt(s): {last}")
 
 
-def notify_gate(config: AlertsConfig, report: GateReport, *, run_name: str, report_location: str,
-                links: dict[str, str] | None = None, webhook_url: str | None = None) -> str:
+def notify_gate(
+    config: AlertsConfig,
+    report: GateReport,
+    *,
+    run_name: str,
+    report_location: str,
+    links: dict[str, str] | None = None,
+    webhook_url: str | None = None,
+) -> str:
     """Send the gate verdict if it should be sent; returns what happened, for the run log."""
     if report.passed and not config.notify_on_pass:
         return "no alert: gate passed"

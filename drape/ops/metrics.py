@@ -19,60 +19,97 @@ from drape.storage.store import redact_url
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 DATA_WAIT = Histogram(
-    "drape_data_wait_seconds", "Time a training step blocked waiting for its batch (data-wait), per step and rank",
-    ["run", "stage", "rank"], registry=REGISTRY,
+    "drape_data_wait_seconds",
+    "Time a training step blocked waiting for its batch (data-wait), per step and rank",
+    ["run", "stage", "rank"],
+    registry=REGISTRY,
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0),
 )
 STEP_SECONDS = Histogram(
-    "drape_train_step_seconds", "Wall time of one training step, data-wait included", ["run", "stage", "rank"],
+    "drape_train_step_seconds",
+    "Wall time of one training step, data-wait included",
+    ["run", "stage", "rank"],
     registry=REGISTRY,
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 
 # --- the pipeline: one series per run and stage, pushed to the Pushgateway by the flow -------------
 RUN_STAGE = ["run", "stage"]
-STAGE_STEP_SECONDS = Gauge("drape_stage_step_seconds", "Wall time of a stage's step (prestage, train, gate, snapshot, archive)",
-                           [*RUN_STAGE, "step"], registry=REGISTRY)
-STAGE_FINISHED = Gauge("drape_stage_finished_timestamp_seconds", "When a stage's step finished (Unix time)",
-                       [*RUN_STAGE, "step"], registry=REGISTRY)
+STAGE_STEP_SECONDS = Gauge(
+    "drape_stage_step_seconds",
+    "Wall time of a stage's step (prestage, train, gate, snapshot, archive)",
+    [*RUN_STAGE, "step"],
+    registry=REGISTRY,
+)
+STAGE_FINISHED = Gauge(
+    "drape_stage_finished_timestamp_seconds", "When a stage's step finished (Unix time)", [*RUN_STAGE, "step"], registry=REGISTRY
+)
 TRAIN_THROUGHPUT = Gauge("drape_train_samples_per_second", "Training throughput of the stage", RUN_STAGE, registry=REGISTRY)
 TRAIN_STEPS = Gauge("drape_train_steps", "Steps the stage trained", RUN_STAGE, registry=REGISTRY)
-GATE_VALUE = Gauge("drape_gate_check_value", "Gate check aggregate over the control set (lower: bootstrap 5th percentile)",
-                   [*RUN_STAGE, "check", "aggregate"], registry=REGISTRY)
-GATE_THRESHOLD = Gauge("drape_gate_check_threshold", "Configured value threshold of a gate check", [*RUN_STAGE, "check"],
-                       registry=REGISTRY)
-GATE_PASSED = Gauge("drape_gate_passed", "1 when the stage's candidate passed its gate, 0 when it failed", RUN_STAGE,
-                    registry=REGISTRY)
+GATE_VALUE = Gauge(
+    "drape_gate_check_value",
+    "Gate check aggregate over the control set (lower: bootstrap 5th percentile)",
+    [*RUN_STAGE, "check", "aggregate"],
+    registry=REGISTRY,
+)
+GATE_THRESHOLD = Gauge(
+    "drape_gate_check_threshold", "Configured value threshold of a gate check", [*RUN_STAGE, "check"], registry=REGISTRY
+)
+GATE_PASSED = Gauge(
+    "drape_gate_passed", "1 when the stage's candidate passed its gate, 0 when it failed", RUN_STAGE, registry=REGISTRY
+)
 PROMOTIONS = Counter("drape_snapshot_promotions", "Checkpoints promoted to the stage baseline", RUN_STAGE, registry=REGISTRY)
-BASELINE_VERSION = Gauge("drape_snapshot_baseline_version", "Registry version of the stage's baseline after promotion", RUN_STAGE,
-                         registry=REGISTRY)
-ARCHIVED_BYTES = Gauge("drape_archived_bytes", "Bytes archived (verified) to the object store by the stage", RUN_STAGE,
-                       registry=REGISTRY)
+BASELINE_VERSION = Gauge(
+    "drape_snapshot_baseline_version", "Registry version of the stage's baseline after promotion", RUN_STAGE, registry=REGISTRY
+)
+ARCHIVED_BYTES = Gauge(
+    "drape_archived_bytes", "Bytes archived (verified) to the object store by the stage", RUN_STAGE, registry=REGISTRY
+)
 LIVE_BYTES = Gauge("drape_live_bytes", "Live storage bytes after the stage's archive", RUN_STAGE, registry=REGISTRY)
-LIVE_BUDGET = Gauge("drape_live_budget_bytes", "Configured live storage budget (retention.live_budget_bytes)", RUN_STAGE,
-                    registry=REGISTRY)
-PRESTAGED_BYTES = Gauge("drape_prestage_bytes", "Bytes of the stage's shards in the local cache after pre-staging", RUN_STAGE,
-                        registry=REGISTRY)
-PRESTAGE_DOWNLOADED = Gauge("drape_prestage_downloaded_bytes", "Bytes pre-staging downloaded for the stage", RUN_STAGE,
-                            registry=REGISTRY)
+LIVE_BUDGET = Gauge(
+    "drape_live_budget_bytes", "Configured live storage budget (retention.live_budget_bytes)", RUN_STAGE, registry=REGISTRY
+)
+PRESTAGED_BYTES = Gauge(
+    "drape_prestage_bytes", "Bytes of the stage's shards in the local cache after pre-staging", RUN_STAGE, registry=REGISTRY
+)
+PRESTAGE_DOWNLOADED = Gauge(
+    "drape_prestage_downloaded_bytes", "Bytes pre-staging downloaded for the stage", RUN_STAGE, registry=REGISTRY
+)
 
 # --- the GPU queue (scheduler/), exported by the dispatcher on /metrics -----------------------------
 QUEUE_JOBS = Gauge("drape_queue_jobs", "Jobs in the queue by state", ["state"], registry=REGISTRY)
-QUEUE_WAIT = Histogram("drape_queue_wait_seconds", "Time from submit to start, per started job", ["kind"], registry=REGISTRY,
-                       buckets=(1, 10, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400))
+QUEUE_WAIT = Histogram(
+    "drape_queue_wait_seconds",
+    "Time from submit to start, per started job",
+    ["kind"],
+    registry=REGISTRY,
+    buckets=(1, 10, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400),
+)
 QUEUE_STARVED = Gauge("drape_queue_starved_jobs", "Queued jobs waiting for more than an hour", registry=REGISTRY)
 QUEUE_OLDEST_WAIT = Gauge("drape_queue_oldest_wait_seconds", "Wait so far of the oldest queued job", registry=REGISTRY)
 QUEUE_PLACEMENTS = Counter("drape_queue_placements", "Jobs started, by kind and GPU model", ["kind", "model"], registry=REGISTRY)
-QUEUE_JOB_GPU_MEMORY = Gauge("drape_queue_job_gpu_memory_gib",
-                             "GiB a running queue job holds on a GPU: joins flow runs (run) to queue jobs (job_id) to GPUs (gpu)",
-                             ["job_id", "kind", "run", "stage", "gpu", "node"], registry=REGISTRY)
-GPU_MEMORY_ALLOCATED = Gauge("drape_gpu_memory_allocated_gib", "GPU memory the queue has allocated to jobs",
-                             ["gpu", "node", "model"], registry=REGISTRY)
+QUEUE_JOB_GPU_MEMORY = Gauge(
+    "drape_queue_job_gpu_memory_gib",
+    "GiB a running queue job holds on a GPU: joins flow runs (run) to queue jobs (job_id) to GPUs (gpu)",
+    ["job_id", "kind", "run", "stage", "gpu", "node"],
+    registry=REGISTRY,
+)
+GPU_MEMORY_ALLOCATED = Gauge(
+    "drape_gpu_memory_allocated_gib", "GPU memory the queue has allocated to jobs", ["gpu", "node", "model"], registry=REGISTRY
+)
 GPU_MEMORY_CAPACITY = Gauge("drape_gpu_memory_capacity_gib", "GPU memory capacity", ["gpu", "node", "model"], registry=REGISTRY)
-DISPATCH_CYCLE = Histogram("drape_queue_dispatch_cycle_seconds", "Wall time of one dispatch cycle", registry=REGISTRY,
-                           buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0))
-FLEET_SOURCE = Gauge("drape_queue_fleet_source", "1 for the source of the fleet view in use (prometheus, ledger, static, local)",
-                     ["source"], registry=REGISTRY)
+DISPATCH_CYCLE = Histogram(
+    "drape_queue_dispatch_cycle_seconds",
+    "Wall time of one dispatch cycle",
+    registry=REGISTRY,
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
+FLEET_SOURCE = Gauge(
+    "drape_queue_fleet_source",
+    "1 for the source of the fleet view in use (prometheus, ledger, static, local)",
+    ["source"],
+    registry=REGISTRY,
+)
 
 
 class _Only:

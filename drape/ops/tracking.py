@@ -10,7 +10,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from drape import STAGES
 from drape.config import PipelineConfig
+
+# plain text: the MLflow UI renders descriptions as Markdown, where "<stage>" would be read as an HTML tag
+REGISTERED_MODEL_DESCRIPTION = (
+    "drape try-on model. Each stage's validated baseline is an alias: " + ", ".join(f"{stage}-baseline" for stage in STAGES) + "."
+)
 
 
 def _quiet_mlflow() -> None:
@@ -54,9 +60,9 @@ class Tracker:
         self.client.set_terminated(run_id, status=status)
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
-        from mlflow.entities import Metric
-
         import time
+
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         self.client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
@@ -84,7 +90,7 @@ class Tracker:
         try:
             self.client.get_registered_model(self.model_name)
         except MlflowException:
-            self.client.create_registered_model(self.model_name, description="drape try-on model; aliases <stage>-baseline")
+            self.client.create_registered_model(self.model_name, description=REGISTERED_MODEL_DESCRIPTION)
         version = self.client.create_model_version(self.model_name, source=source, run_id=run_id, tags=tags)
         self.client.set_registered_model_alias(self.model_name, f"{stage}-baseline", version.version)
         return str(version.version)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from drape import ARTIFACT_KINDS, OUTCOMES, Outcome
 from drape.config import RetentionConfig
 from drape.layout import RUNS_PREFIX
-from drape.storage.retention import TAG_KIND, TAG_OUTCOME
+from drape.storage.retention import TAG_KIND, TAG_OUTCOME, resolve
 from drape.storage.store import ObjectStore, StorageError
 
 ARCHIVED_OUTCOMES = tuple(o for o in OUTCOMES if o != Outcome.BASELINE)
@@ -27,22 +27,35 @@ def lifecycle_rules(policy: RetentionConfig, prefix: str) -> list[dict]:
     rules = []
     for kind in ARTIFACT_KINDS:
         for outcome in ARCHIVED_OUTCOMES:
-            days, _ = policy.resolve(kind, outcome)  # superseded baselines: S3 counts from the object's creation
+            days, _ = resolve(policy, kind, outcome)  # superseded baselines: S3 counts from the object's creation
             if days is None:
                 continue
             tags = [{"Key": TAG_KIND, "Value": kind}, {"Key": TAG_OUTCOME, "Value": outcome}]
-            rules.append({"ID": f"drape-{kind}-{outcome}", "Status": "Enabled",
-                          "Filter": {"And": {"Prefix": prefix, "Tags": tags}}, "Expiration": {"Days": days}})
-    rules.append({"ID": "drape-noncurrent-versions", "Status": "Enabled", "Filter": {"Prefix": prefix},
-                  "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_DAYS}})
+            rules.append(
+                {
+                    "ID": f"drape-{kind}-{outcome}",
+                    "Status": "Enabled",
+                    "Filter": {"And": {"Prefix": prefix, "Tags": tags}},
+                    "Expiration": {"Days": days},
+                }
+            )
+    rules.append(
+        {
+            "ID": "drape-noncurrent-versions",
+            "Status": "Enabled",
+            "Filter": {"Prefix": prefix},
+            "NoncurrentVersionExpiration": {"NoncurrentDays": NONCURRENT_DAYS},
+        }
+    )
     return rules
 
 
 def apply_lifecycle(store: ObjectStore, policy: RetentionConfig, prefix: str = RUNS_PREFIX) -> list[dict]:
     """Write the rules to the store's bucket and return them as S3 reads them back."""
     if not store.is_s3:
-        raise StorageError(f"{store!r}: lifecycle rules need an s3:// object store; on other stores the retention "
-                           "sweep enforces the lifetimes")
+        raise StorageError(
+            f"{store!r}: lifecycle rules need an s3:// object store; on other stores the retention sweep enforces the lifetimes"
+        )
     bucket, _, base = store.base.partition("/")
     full_prefix = f"{base}/{prefix}" if base else prefix
     rules = lifecycle_rules(policy, full_prefix)

@@ -4,7 +4,7 @@ a modelled monthly cost, and what expires next."""
 from __future__ import annotations
 
 from collections import defaultdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from drape.config import PipelineConfig
@@ -26,7 +26,7 @@ def live_bytes_by_kind(live_root: str | Path) -> dict[str, int]:
 
 def storage_report(config: PipelineConfig, store: ObjectStore, live_root: str | Path, *, now: datetime | None = None) -> dict:
     """Live and archived bytes, modelled monthly cost in USD, and the next expiries."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     prices = config.storage.prices_per_gb_month
     records = [r for r in read_archive_manifest(store) if not r["expires_at"] or datetime.fromisoformat(r["expires_at"]) > now]
     archived: dict[tuple[str, str, str], int] = defaultdict(int)
@@ -36,6 +36,9 @@ def storage_report(config: PipelineConfig, store: ObjectStore, live_root: str | 
     live_cost = sum(live.values()) / GB * prices.get("live", 0.0)
     archive_cost = sum(size / GB * prices.get(cls, prices.get("STANDARD", 0.0)) for (_, _, cls), size in archived.items())
     upcoming = sorted((r for r in records if r["expires_at"]), key=lambda r: r["expires_at"])[:5]
-    return {"live_bytes": live, "archived_bytes": {"/".join(k): v for k, v in sorted(archived.items())},
-            "monthly_cost_usd": {"live": live_cost, "archive": archive_cost, "total": live_cost + archive_cost},
-            "expires_next": [{"key": r["key"], "expires_at": r["expires_at"], "bytes": r["bytes"]} for r in upcoming]}
+    return {
+        "live_bytes": live,
+        "archived_bytes": {"/".join(k): v for k, v in sorted(archived.items())},
+        "monthly_cost_usd": {"live": live_cost, "archive": archive_cost, "total": live_cost + archive_cost},
+        "expires_next": [{"key": r["key"], "expires_at": r["expires_at"], "bytes": r["bytes"]} for r in upcoming],
+    }

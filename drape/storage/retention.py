@@ -15,15 +15,26 @@ import json
 import os
 import signal
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from drape import ArtifactKind, Outcome
-from drape.config import RetentionConfig
-from drape.layout import (ARCHIVE_MANIFESTS, GATE_FILES, SUPERSEDED_BASELINE, StagePaths, archive_manifest_prefix, artifact_kind, checkpoint_dirs,
-                          is_sharded_checkpoint, new_manifest_key, run_key_of)
+from drape.config import BASELINE_LIVE_KINDS, OutcomeRule, RetentionConfig, RetentionRule
+from drape.layout import (
+    ARCHIVE_MANIFESTS,
+    GATE_FILES,
+    SUPERSEDED_BASELINE,
+    StagePaths,
+    archive_manifest_prefix,
+    artifact_kind,
+    checkpoint_dirs,
+    is_sharded_checkpoint,
+    new_manifest_key,
+    run_key_of,
+)
 from drape.storage.checksum import sha256_file
 from drape.storage.store import ObjectStore, StorageError, remove_tree
+
 
 @dataclass(frozen=True)
 class LiveArtifact:
@@ -60,8 +71,11 @@ def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact
     whole = [step for step in steps if not is_sharded_checkpoint(step)]
     promoted = whole[-1] if outcome == Outcome.PASSED and whole else None
     for step in steps:
-        found.append(LiveArtifact(str(step), ArtifactKind.CHECKPOINT, Outcome.BASELINE if step == promoted else outcome,
-                                  f"checkpoints/{step.name}"))
+        found.append(
+            LiveArtifact(
+                str(step), ArtifactKind.CHECKPOINT, Outcome.BASELINE if step == promoted else outcome, f"checkpoints/{step.name}"
+            )
+        )
     for relative in GATE_FILES:
         if (paths.root / relative).exists():
             found.append(LiveArtifact(str(paths.root / relative), artifact_kind(relative), outcome, relative))
@@ -72,13 +86,48 @@ def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact
     return found
 
 
+def _rule(policy: RetentionConfig, kind: str) -> RetentionRule:
+    return policy.rules.get(kind, RetentionRule())
+
+
+def resolve(policy: RetentionConfig, kind: str, outcome: str) -> tuple[int | None, str]:
+    """(lifetime in days or None for forever, storage class) of an archived `kind` with `outcome`."""
+    rule = _rule(policy, kind)
+    override = rule.outcomes.get(outcome, OutcomeRule())
+    storage_class = override.storage_class or rule.storage_class
+    if outcome == Outcome.BASELINE:
+        return None, storage_class
+    defaults = {
+        Outcome.SUPERSEDED_BASELINE: policy.baseline_grace_days,
+        Outcome.FAILED_CANDIDATE: policy.failed_lifetime_days,
+        Outcome.ABORTED: policy.failed_lifetime_days,
+    }
+    return override.lifetime_days or defaults.get(outcome, rule.lifetime_days), storage_class
+
+
+def live_until(policy: RetentionConfig, kind: str, outcome: str) -> str:
+    """'stage_end', 'run_end' or 'baseline' (only ever for outcome 'baseline') for a `kind` with `outcome`."""
+    if outcome == Outcome.BASELINE and kind in BASELINE_LIVE_KINDS:
+        return "baseline"
+    rule = _rule(policy, kind)
+    chosen = rule.outcomes.get(outcome, OutcomeRule()).live_until or rule.live_until
+    return "stage_end" if chosen == "baseline" and outcome != Outcome.BASELINE else chosen
+
+
 def plan_retention(artifacts: list[LiveArtifact], policy: RetentionConfig, *, key_root: str) -> list[RetentionAction]:
     """One action per artifact: archive under `key_root`, with the policy's lifetime and class."""
     actions = []
     for artifact in artifacts:
-        lifetime, storage_class = policy.resolve(artifact.kind, artifact.outcome)
-        actions.append(RetentionAction(artifact, f"{key_root}/{artifact.relative}", lifetime, storage_class,
-                                       policy.live_until(artifact.kind, artifact.outcome)))
+        lifetime, storage_class = resolve(policy, artifact.kind, artifact.outcome)
+        actions.append(
+            RetentionAction(
+                artifact,
+                f"{key_root}/{artifact.relative}",
+                lifetime,
+                storage_class,
+                live_until(policy, artifact.kind, artifact.outcome),
+            )
+        )
     return actions
 
 
@@ -113,8 +162,15 @@ def crash_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_prefix: str, *, run_id: str,
-                 stage: str, now: datetime | None = None) -> ArchiveResult:
+def execute_plan(
+    actions: list[RetentionAction],
+    store: ObjectStore,
+    manifest_prefix: str,
+    *,
+    run_id: str,
+    stage: str,
+    now: datetime | None = None,
+) -> ArchiveResult:
     """Upload and verify every file, write a new manifest object, then free the live copies due now.
 
     Killed at any point, nothing is lost and a rerun completes: live files are freed only after
@@ -122,7 +178,7 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_pr
     again; each call writes its own manifest object (``<prefix>-<time>-<id>.jsonl``), never
     rewriting one, and readers keep one record per key.
     """
-    now = now or datetime.now(timezone.utc)  # lifetimes count from here
+    now = now or datetime.now(UTC)  # lifetimes count from here
     manifest_key = new_manifest_key(manifest_prefix, now)
     result, records = ArchiveResult(manifest_key=manifest_key), []
     for action in actions:
@@ -130,9 +186,21 @@ def execute_plan(actions: list[RetentionAction], store: ObjectStore, manifest_pr
             key = f"{action.key_prefix}/{inner}" if inner else action.key_prefix
             stored = store.put_file(file, key, tags=object_tags(action.artifact, stage), storage_class=action.storage_class)
             expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
-            records.append({"key": key, "url": stored.url, "bytes": stored.bytes, "sha256": stored.sha256, "run_id": run_id,
-                            "stage": stage, "kind": action.artifact.kind, "outcome": action.artifact.outcome,
-                            "storage_class": action.storage_class, "archived_at": now.isoformat(), "expires_at": expires})
+            records.append(
+                {
+                    "key": key,
+                    "url": stored.url,
+                    "bytes": stored.bytes,
+                    "sha256": stored.sha256,
+                    "run_id": run_id,
+                    "stage": stage,
+                    "kind": action.artifact.kind,
+                    "outcome": action.artifact.outcome,
+                    "storage_class": action.storage_class,
+                    "archived_at": now.isoformat(),
+                    "expires_at": expires,
+                }
+            )
             result.archived_files += 1
             result.archived_bytes += stored.bytes
             crash_point(f"after-upload-{result.archived_files}")

@@ -21,7 +21,6 @@ import fsspec
 
 from drape.storage.checksum import sha256_file
 
-
 SINGLE_COPY_LIMIT = 5 * 2**30  # S3 CopyObject's largest source; larger objects are copied in parts
 
 
@@ -54,9 +53,17 @@ class ObjectStore:
     is read back and checked before the call returns.
     """
 
-    def __init__(self, url: str, *, endpoint_url: str | None = None, region: str | None = None,
-                 multipart_chunk_bytes: int = 64 * 2**20, retry_attempts: int = 8, connect_timeout: float = 10.0,
-                 read_timeout: float = 60.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        multipart_chunk_bytes: int = 64 * 2**20,
+        retry_attempts: int = 8,
+        connect_timeout: float = 10.0,
+        read_timeout: float = 60.0,
+    ):
         self.url = url.rstrip("/")
         options = {}
         if self.url.startswith("s3://"):
@@ -64,8 +71,10 @@ class ObjectStore:
             # botocore's standard retry mode: 500, 502-504, 503 SlowDown, throttling, connection
             # resets and timeouts, with exponential backoff and jitter
             retries = {"max_attempts": retry_attempts, "mode": "standard"}
-            options = {"client_kwargs": client,
-                       "config_kwargs": {"retries": retries, "connect_timeout": connect_timeout, "read_timeout": read_timeout}}
+            options = {
+                "client_kwargs": client,
+                "config_kwargs": {"retries": retries, "connect_timeout": connect_timeout, "read_timeout": read_timeout},
+            }
         self.fs, self.base = fsspec.core.url_to_fs(self.url, **options)
         self.base = self.base.rstrip("/")
         self.is_s3 = self.url.startswith("s3://")
@@ -106,8 +115,9 @@ class ObjectStore:
         if actual != sha256:
             raise StorageError(f"{self.key_url(key)}: sha256 mismatch: expected {sha256}, the store has {actual}")
 
-    def put_file(self, local: str | Path, key: str, *, tags: dict[str, str] | None = None,
-                 storage_class: str | None = None) -> StoredObject:
+    def put_file(
+        self, local: str | Path, key: str, *, tags: dict[str, str] | None = None, storage_class: str | None = None
+    ) -> StoredObject:
         """Upload, verify by reading back, publish under `key`. Idempotent for identical content.
 
         `tags` and `storage_class` apply on S3 (lifecycle rules key on the tags); elsewhere the
@@ -138,8 +148,9 @@ class ObjectStore:
         self.verify(key, size=size, sha256=digest)
         return StoredObject(self.key_url(key), size, digest)
 
-    def _put_s3(self, local: Path, key: str, size: int, digest: str, tags: dict[str, str] | None,
-                storage_class: str | None) -> StoredObject:
+    def _put_s3(
+        self, local: Path, key: str, size: int, digest: str, tags: dict[str, str] | None, storage_class: str | None
+    ) -> StoredObject:
         extra = {"ChecksumAlgorithm": "SHA256"}
         if tags:
             extra["Tagging"] = urlencode(tags)
@@ -153,8 +164,16 @@ class ObjectStore:
             raise
         return StoredObject(self.key_url(key), size, digest)
 
-    def restamp(self, key: str, tags: dict[str, str], *, size: int, sha256: str,
-                single_copy_limit: int = SINGLE_COPY_LIMIT, part_bytes: int = 512 * 2**20) -> None:
+    def restamp(
+        self,
+        key: str,
+        tags: dict[str, str],
+        *,
+        size: int,
+        sha256: str,
+        single_copy_limit: int = SINGLE_COPY_LIMIT,
+        part_bytes: int = 512 * 2**20,
+    ) -> None:
         """On S3, copy the object onto itself with `tags`: its creation date becomes now, so lifecycle
         rules count their days from the retag (a superseded baseline's grace period starts when it is
         superseded, not when it was uploaded). Storage class and metadata are kept; the copy is
@@ -165,23 +184,42 @@ class ObjectStore:
             raise StorageError(f"{self!r}: restamp is for s3:// stores; elsewhere the archive manifest holds the dates")
         bucket, inner, _ = self.fs.split_path(self.path(key))
         head = self.fs.call_s3("head_object", Bucket=bucket, Key=inner)
-        common = {"Tagging": urlencode(tags), "Metadata": head.get("Metadata", {}),
-                  "StorageClass": head.get("StorageClass", "STANDARD"), "ChecksumAlgorithm": "SHA256"}
+        common = {
+            "Tagging": urlencode(tags),
+            "Metadata": head.get("Metadata", {}),
+            "StorageClass": head.get("StorageClass", "STANDARD"),
+            "ChecksumAlgorithm": "SHA256",
+        }
         source = {"Bucket": bucket, "Key": inner}
         if head["ContentLength"] <= single_copy_limit:
-            self.fs.call_s3("copy_object", Bucket=bucket, Key=inner, CopySource=source, MetadataDirective="REPLACE",
-                            TaggingDirective="REPLACE", **common)
+            self.fs.call_s3(
+                "copy_object",
+                Bucket=bucket,
+                Key=inner,
+                CopySource=source,
+                MetadataDirective="REPLACE",
+                TaggingDirective="REPLACE",
+                **common,
+            )
         else:
             upload = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=inner, **common)["UploadId"]
             try:
                 parts = []
                 for number, start in enumerate(range(0, head["ContentLength"], part_bytes), 1):
                     end = min(start + part_bytes, head["ContentLength"]) - 1
-                    copied = self.fs.call_s3("upload_part_copy", Bucket=bucket, Key=inner, UploadId=upload, PartNumber=number,
-                                             CopySource=source, CopySourceRange=f"bytes={start}-{end}")
+                    copied = self.fs.call_s3(
+                        "upload_part_copy",
+                        Bucket=bucket,
+                        Key=inner,
+                        UploadId=upload,
+                        PartNumber=number,
+                        CopySource=source,
+                        CopySourceRange=f"bytes={start}-{end}",
+                    )
                     parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
-                self.fs.call_s3("complete_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload,
-                                MultipartUpload={"Parts": parts})
+                self.fs.call_s3(
+                    "complete_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload, MultipartUpload={"Parts": parts}
+                )
             except BaseException:
                 self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload)  # the original stays
                 raise
@@ -248,9 +286,15 @@ def open_store(config, url: str | None = None) -> ObjectStore:
     storage = config.storage
     if url and "://" not in url:
         url = f"file://{Path(url).resolve()}"
-    return ObjectStore(url or config.object_store_url, endpoint_url=storage.endpoint_url, region=storage.region,
-                       multipart_chunk_bytes=storage.multipart_chunk_bytes, retry_attempts=storage.retry_attempts,
-                       connect_timeout=storage.connect_timeout_seconds, read_timeout=storage.read_timeout_seconds)
+    return ObjectStore(
+        url or config.object_store_url,
+        endpoint_url=storage.endpoint_url,
+        region=storage.region,
+        multipart_chunk_bytes=storage.multipart_chunk_bytes,
+        retry_attempts=storage.retry_attempts,
+        connect_timeout=storage.connect_timeout_seconds,
+        read_timeout=storage.read_timeout_seconds,
+    )
 
 
 def tree_bytes(path: str | Path) -> int:

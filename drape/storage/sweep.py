@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from drape import Outcome
 from drape.config import RetentionConfig
 from drape.layout import SWEEP_MANIFESTS, new_manifest_key
-from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest
+from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest, resolve
 from drape.storage.store import ObjectStore
 
 
@@ -31,15 +31,24 @@ class SweepResult:
     manifest_key: str = ""
 
 
-def sweep(store: ObjectStore, policy: RetentionConfig, current_baseline_runs: dict[str, str], *,
-          now: datetime | None = None, dry_run: bool = False) -> SweepResult:
+def sweep(
+    store: ObjectStore,
+    policy: RetentionConfig,
+    current_baseline_runs: dict[str, str],
+    *,
+    now: datetime | None = None,
+    dry_run: bool = False,
+) -> SweepResult:
     """`current_baseline_runs` maps stage → run id of its current baseline (from the registry)."""
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     result, updates = SweepResult(), []
     for record in read_archive_manifest(store):
         if record["outcome"] == Outcome.BASELINE and current_baseline_runs.get(record["stage"]) != record["run_id"]:
-            expires = (now + timedelta(days=policy.resolve(record["kind"], Outcome.SUPERSEDED_BASELINE)[0])).isoformat()
-            updates.append({**record, "outcome": Outcome.SUPERSEDED_BASELINE.value, "expires_at": expires, "recorded_at": now.isoformat()})
+            grace = resolve(policy, record["kind"], Outcome.SUPERSEDED_BASELINE)[0] or policy.baseline_grace_days
+            expires = (now + timedelta(days=grace)).isoformat()
+            updates.append(
+                {**record, "outcome": Outcome.SUPERSEDED_BASELINE.value, "expires_at": expires, "recorded_at": now.isoformat()}
+            )
             result.retagged.append(record["key"])
         elif not store.is_s3 and record["expires_at"] and datetime.fromisoformat(record["expires_at"]) <= now:
             updates.append({**record, "deleted_at": now.isoformat(), "recorded_at": now.isoformat()})
@@ -54,6 +63,10 @@ def sweep(store: ObjectStore, policy: RetentionConfig, current_baseline_runs: di
             if store.exists(update["key"]):
                 store.fs.rm(store.path(update["key"]))
         elif store.is_s3:
-            store.restamp(update["key"], {TAG_KIND: update["kind"], TAG_OUTCOME: update["outcome"], TAG_STAGE: update["stage"]},
-                          size=update["bytes"], sha256=update["sha256"])
+            store.restamp(
+                update["key"],
+                {TAG_KIND: update["kind"], TAG_OUTCOME: update["outcome"], TAG_STAGE: update["stage"]},
+                size=update["bytes"],
+                sha256=update["sha256"],
+            )
     return result

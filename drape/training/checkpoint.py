@@ -33,8 +33,9 @@ class CheckpointError(ValueError):
 def code_version() -> str:
     """drape's version plus the git commit when run from a checkout."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-                                capture_output=True, text=True, timeout=5).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
     return f"{drape.__version__}+{commit}" if commit else drape.__version__
@@ -58,8 +59,15 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tenso
     optimizer.load_state_dict(state)
 
 
-def save_checkpoint(path: str | Path, *, model: TryOnTransformer, optimizer: torch.optim.Optimizer | None,
-                    trainable_names: list[str], ema: dict[str, torch.Tensor] | None, manifest: dict) -> Path:
+def save_checkpoint(
+    path: str | Path,
+    *,
+    model: TryOnTransformer,
+    optimizer: torch.optim.Optimizer | None,
+    trainable_names: list[str],
+    ema: dict[str, torch.Tensor] | None,
+    manifest: dict,
+) -> Path:
     """Write a complete checkpoint at `path` atomically; returns `path`."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
@@ -159,8 +167,10 @@ def read_model_tensors(path: str | Path, names: list[str]) -> dict[str, torch.Te
                 tensors[key] = handle.get_tensor(key)
     missing = wanted - set(tensors)
     if missing:
-        raise CheckpointError(f"checkpoint {path}: no tensor {sorted(missing)[0]!r} in model/*.safetensors "
-                              f"({len(missing)} of {len(wanted)} asked for are missing)")
+        raise CheckpointError(
+            f"checkpoint {path}: no tensor {sorted(missing)[0]!r} in model/*.safetensors "
+            f"({len(missing)} of {len(wanted)} asked for are missing)"
+        )
     return tensors
 
 

@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from drape.storage.checksum import sha256_file
 
+
 @dataclass(frozen=True)
 class DistContext:
     rank: int = 0
@@ -137,8 +138,9 @@ class ShardedCheckpointer:
         if self.context.is_main:
             files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != "manifest.json"}
             temporary = path / ".manifest.json.tmp"
-            temporary.write_text(json.dumps({**manifest, "format": "dcp", "world_size": self.context.world_size,
-                                             "files": files}, indent=2))
+            temporary.write_text(
+                json.dumps({**manifest, "format": "dcp", "world_size": self.context.world_size, "files": files}, indent=2)
+            )
             os.replace(temporary, path / "manifest.json")
         self.context.barrier()
 

@@ -15,9 +15,9 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -43,13 +43,21 @@ class StageJobResult:
     world_size: int
 
     def to_dict(self) -> dict:
-        return {**self.train.to_dict(), "peak_memory_gib": self.peak_memory_gib, "world_size": self.world_size,
-                "shard_read_wait_seconds": self.shard_read_wait_seconds}
+        return {
+            **self.train.to_dict(),
+            "peak_memory_gib": self.peak_memory_gib,
+            "world_size": self.world_size,
+            "shard_read_wait_seconds": self.shard_read_wait_seconds,
+        }
 
     @classmethod
-    def from_dict(cls, payload: dict) -> "StageJobResult":
-        return cls(TrainResult.from_dict(payload), payload.get("shard_read_wait_seconds", 0.0),
-                   payload.get("peak_memory_gib", 0.0), payload.get("world_size", 1))
+    def from_dict(cls, payload: dict) -> StageJobResult:
+        return cls(
+            TrainResult.from_dict(payload),
+            payload.get("shard_read_wait_seconds", 0.0),
+            payload.get("peak_memory_gib", 0.0),
+            payload.get("world_size", 1),
+        )
 
 
 @dataclass(frozen=True)
@@ -68,16 +76,23 @@ class StageJob:
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
     @classmethod
-    def manual(cls, config: PipelineConfig, stage: str, **fields) -> "StageJob":
+    def manual(cls, config: PipelineConfig, stage: str, **fields) -> StageJob:
         """A job outside any pipeline run, in ``runs/manual/<stage>`` unless `out_dir` is given."""
         out_dir = fields.pop("out_dir", None) or LiveLayout(live_root(config)).stage(MANUAL_RUN, stage).root
         return cls(config, stage, out_dir, **fields)
 
     # --- as a queue job: one file, read back as it was written --------------------------------
     def to_dict(self) -> dict:
-        return {"schema": JOB_SCHEMA, "config": self.config.model_dump(mode="json"), "stage": self.stage, "mode": self.mode,
-                "out_dir": str(self.out_dir), "init_checkpoint": self.init_checkpoint, "run_id": self.run_id,
-                "mlflow_run": self.mlflow_run}
+        return {
+            "schema": JOB_SCHEMA,
+            "config": self.config.model_dump(mode="json"),
+            "stage": self.stage,
+            "mode": self.mode,
+            "out_dir": str(self.out_dir),
+            "init_checkpoint": self.init_checkpoint,
+            "run_id": self.run_id,
+            "mlflow_run": self.mlflow_run,
+        }
 
     def write(self, path: str | Path, *, result: str | Path | None = None) -> list[str]:
         """Write the job to `path` (atomically) and return the command that runs it (writing its
@@ -86,7 +101,7 @@ class StageJob:
         return [sys.executable, "-m", "drape.train", "--job", str(path), *(["--result", str(result)] if result else [])]
 
     @classmethod
-    def read(cls, path: str | Path) -> "StageJob":
+    def read(cls, path: str | Path) -> StageJob:
         payload = json.loads(Path(path).read_text())
         if payload.get("schema") != JOB_SCHEMA:
             raise ValueError(f"{path}: not a drape stage job (schema {payload.get('schema')!r}, expected {JOB_SCHEMA!r})")
@@ -94,8 +109,14 @@ class StageJob:
         return cls(parse_config(payload["config"], str(path)), **fields)
 
     # --- running it -------------------------------------------------------------------------------
-    def run(self, *, context: DistContext | None = None, cache: ShardCache | None = None, tracker=None,
-            progress: Callable[[int, int], None] | None = None) -> StageJobResult:
+    def run(
+        self,
+        *,
+        context: DistContext | None = None,
+        cache: ShardCache | None = None,
+        tracker=None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> StageJobResult:
         """Train the stage on this rank's shards. `cache` and `tracker` are the run's when the
         pipeline runs the job in its own process; otherwise they are built here."""
         context = context or DistContext(device=resolve_device(self.config.train.device))
@@ -105,11 +126,22 @@ class StageJob:
         # each rank fetches (if not pre-staged already) and reads only its own partitions' shards
         data = load_stage_data(cache, self.stage, partitions=partitions, world_size=context.world_size, rank=context.rank)
         context.barrier()
-        result = train_stage(self.config, stage=self.stage, data=data, out_dir=self.out_dir, init_checkpoint=self.init_checkpoint,
-                             mode=self.mode, data_manifest_hash=manifest_hash(cache.manifest), log_metrics=self._sink(tracker),
-                             progress=progress, metric_labels={"run": self.run_id, "stage": self.stage}, context=context)
-        return StageJobResult(result, cache.read_wait_seconds - read_wait_before, peak_memory_gib(context.device),
-                              context.world_size)
+        result = train_stage(
+            self.config,
+            stage=self.stage,
+            data=data,
+            out_dir=self.out_dir,
+            init_checkpoint=self.init_checkpoint,
+            mode=self.mode,
+            data_manifest_hash=manifest_hash(cache.manifest),
+            log_metrics=self._sink(tracker),
+            progress=progress,
+            metric_labels={"run": self.run_id, "stage": self.stage},
+            context=context,
+        )
+        return StageJobResult(
+            result, cache.read_wait_seconds - read_wait_before, peak_memory_gib(context.device), context.world_size
+        )
 
     def _cache(self, context: DistContext) -> ShardCache:
         """The node's shard cache for the config's dataset; rank 0 makes sure the dataset exists."""
@@ -133,9 +165,11 @@ class StageJob:
 
 def progress_lines(stage: str) -> Callable[[int, int], None]:
     """Progress for logs: one line per tenth of the stage (``train-<stage>: step 30/300 (10%)``)."""
+
     def report(done: int, total: int) -> None:
         if done == total or done % max(total // 10, 1) == 0:
             print(f"train-{stage}: step {done}/{total} ({100 * done // total}%)", flush=True)
+
     return report
 
 
@@ -167,8 +201,15 @@ def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     if not args.config or not args.stage:
         parser.error("--config and --stage are required (or --job)")
     config = load_config(args.config)
-    return StageJob.manual(config, args.stage, out_dir=args.out, mode=args.mode, init_checkpoint=args.init,
-                           run_id=args.run_id, mlflow_run=args.mlflow_run)
+    return StageJob.manual(
+        config,
+        args.stage,
+        out_dir=args.out,
+        mode=args.mode,
+        init_checkpoint=args.init,
+        run_id=args.run_id,
+        mlflow_run=args.mlflow_run,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     payload = result.to_dict()
     for path in filter(None, (args.result, os.environ.get("DRAPE_JOB_RESULT"))):
         _write_json(path, payload)
-    print(f"train-{job.stage}: done, final loss {result.train.final_loss:.4f}, checkpoint {result.train.checkpoint}",
-          file=sys.stderr)
+    print(
+        f"train-{job.stage}: done, final loss {result.train.final_loss:.4f}, checkpoint {result.train.checkpoint}",
+        file=sys.stderr,
+    )
     print(json.dumps(payload))  # the last line of stdout: the result, for scripts
     return 0

@@ -16,22 +16,22 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 from torch.nn import functional as F
 
 from drape import Mode, parse_mode, stage_index
-from drape.config import PipelineConfig, trainable_parameter_names
+from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
 from drape.data.partition import StageData, rank_partitions, resolve_partitions
 from drape.layout import checkpoint_name, checkpoint_step, is_sharded_checkpoint
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
 from drape.training.checkpoint import list_checkpoints, load_model, load_training_state, save_checkpoint
 from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, load_sharded, unwrap, wrap_model
-from drape.training.model import build_model, build_noise_scheduler, diffusion_target
+from drape.training.model import build_model, build_noise_scheduler, diffusion_target, trainable_parameter_names
 
 MetricsSink = Callable[[dict[str, float], int], None]
 
@@ -57,7 +57,7 @@ class TrainResult:
         return {**asdict(self), "data_wait_fraction": self.data_wait_fraction}
 
     @classmethod
-    def from_dict(cls, payload: dict) -> "TrainResult":
+    def from_dict(cls, payload: dict) -> TrainResult:
         """The result a job wrote (`to_dict`); extra keys (peak memory, world size) are ignored."""
         return cls(**{name: payload[name] for name in cls.__dataclass_fields__})
 
@@ -88,8 +88,9 @@ class BatchPrefetcher:
     a plain uniform draw of B indices over the stage.
     """
 
-    def __init__(self, data: StageData, owned: range, *, seed: int, stage: str, batch_size: int, start: int, stop: int,
-                 depth: int = 2):
+    def __init__(
+        self, data: StageData, owned: range, *, seed: int, stage: str, batch_size: int, start: int, stop: int, depth: int = 2
+    ):
         data.check_holds(owned)
         self.data, self.owned, self.seed, self.stage = data, owned, seed, stage
         self.rows = batch_size // data.count
@@ -107,7 +108,7 @@ class BatchPrefetcher:
                 parts = [to_model_inputs(self.data.partitions[p], drawn[p]) for p in self.owned]
                 batch = parts[0] if len(parts) == 1 else {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
                 self.queue.put((step, batch, generator))
-        except BaseException as error:  # surfaced by next(), not lost in the thread
+        except BaseException as error:  # noqa: BLE001 - surfaced by next(), not lost in the thread
             self.error = error
             self.queue.put(None)
 
@@ -123,9 +124,14 @@ class BatchPrefetcher:
     def rank_summary(self, rank: int, seconds: float) -> dict:
         """What this rank held and waited for, for the result and the run's MLflow metrics."""
         owned = list(self.owned)
-        return {"rank": rank, "partitions": owned, "shards": [path for p in owned for path in self.data.shards.get(p, [])],
-                "samples": sum(len(self.data.partitions[p]["keys"]) for p in owned), "data_wait_seconds": self.wait_seconds,
-                "data_wait_fraction": self.wait_seconds / seconds if seconds else 0.0}
+        return {
+            "rank": rank,
+            "partitions": owned,
+            "shards": [path for p in owned for path in self.data.shards.get(p, [])],
+            "samples": sum(len(self.data.partitions[p]["keys"]) for p in owned),
+            "data_wait_seconds": self.wait_seconds,
+            "data_wait_fraction": self.wait_seconds / seconds if seconds else 0.0,
+        }
 
 
 @dataclass
@@ -151,8 +157,9 @@ def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[st
     return names
 
 
-def prepare_training(config: PipelineConfig, stage: str, checkpoints_dir: Path, init_checkpoint: str | Path | None,
-                     context: DistContext) -> TrainingState:
+def prepare_training(
+    config: PipelineConfig, stage: str, checkpoints_dir: Path, init_checkpoint: str | Path | None, context: DistContext
+) -> TrainingState:
     """Model, optimizer and EMA for `stage`, resumed from the newest checkpoint in `checkpoints_dir`
     (sharded or whole), else started from `init_checkpoint` or fresh weights."""
     train = config.train
@@ -166,8 +173,9 @@ def prepare_training(config: PipelineConfig, stage: str, checkpoints_dir: Path, 
     names = _configure_trainable(model, train.stages[stage].trainable)
     model = wrap_model(model, context, train.parallelism, bf16=train.precision == "bf16")
     parameters = dict(unwrap(model).named_parameters())
-    optimizer = torch.optim.AdamW([parameters[n] for n in names], lr=train.stages[stage].lr or train.lr,
-                                  weight_decay=train.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [parameters[n] for n in names], lr=train.stages[stage].lr or train.lr, weight_decay=train.weight_decay
+    )
     ema = {n: parameters[n].detach().clone() for n in names} if train.ema.enabled else None
     if sharded_resume:
         load_sharded(resume_from, model, optimizer, ema)
@@ -199,8 +207,9 @@ class Checkpointer:
         final, due = step == self.total, step % self.every == 0
         manifest = {**self.manifest, "step": step, "loss": loss}
         if self.sharded is not None and due and not final:
-            self.sharded.save(self.directory / checkpoint_name(step, sharded=True), state.model, state.optimizer, state.ema,
-                              manifest)
+            self.sharded.save(
+                self.directory / checkpoint_name(step, sharded=True), state.model, state.optimizer, state.ema, manifest
+            )
         elif final or (self.sharded is None and due):
             if self.sharded is not None:
                 self.sharded.wait()
@@ -219,8 +228,14 @@ def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manife
             plain = build_model(config)
             plain.load_state_dict(whole)
     if context.is_main:
-        save_checkpoint(path, model=plain, optimizer=None if fsdp else state.optimizer, trainable_names=state.names, ema=ema,
-                        manifest=manifest)
+        save_checkpoint(
+            path,
+            model=plain,
+            optimizer=None if fsdp else state.optimizer,
+            trainable_names=state.names,
+            ema=ema,
+            manifest=manifest,
+        )
     context.barrier()
     return path
 
@@ -228,8 +243,15 @@ def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manife
 class StepMetrics:
     """Per-step Prometheus histograms (labelled run, stage, rank) and, every `log_every` steps, the sink."""
 
-    def __init__(self, config: PipelineConfig, stage: str, total: int, context: DistContext, sink: MetricsSink | None,
-                 labels: dict[str, str] | None):
+    def __init__(
+        self,
+        config: PipelineConfig,
+        stage: str,
+        total: int,
+        context: DistContext,
+        sink: MetricsSink | None,
+        labels: dict[str, str] | None,
+    ):
         full = {"run": "", "stage": stage, **(labels or {}), "rank": str(context.rank)}
         self.data_wait, self.step_time = DATA_WAIT.labels(**full), STEP_SECONDS.labels(**full)
         self.stage, self.total, self.batch_size, self.every = stage, total, config.train.batch_size, config.train.log_every
@@ -239,17 +261,24 @@ class StepMetrics:
         self.data_wait.observe(waited)
         self.step_time.observe(step_seconds + waited)
         if self.sink and (step % self.every == 0 or step == self.total):
-            self.sink({f"{self.stage}/loss": loss, f"{self.stage}/step_seconds": step_seconds + waited,
-                       f"{self.stage}/data_wait_seconds": waited,
-                       f"{self.stage}/samples_per_second": self.batch_size / max(step_seconds + waited, 1e-9)}, step)
+            self.sink(
+                {
+                    f"{self.stage}/loss": loss,
+                    f"{self.stage}/step_seconds": step_seconds + waited,
+                    f"{self.stage}/data_wait_seconds": waited,
+                    f"{self.stage}/samples_per_second": self.batch_size / max(step_seconds + waited, 1e-9),
+                },
+                step,
+            )
 
     def record_ranks(self, ranks: list[dict]) -> None:
         if self.sink:
             self.sink({f"{self.stage}/data_wait_fraction/rank{r['rank']}": r["data_wait_fraction"] for r in ranks}, self.total)
 
 
-def _step(config: PipelineConfig, state: TrainingState, scheduler, batch: dict, generator: torch.Generator,
-          context: DistContext) -> torch.Tensor:
+def _step(
+    config: PipelineConfig, state: TrainingState, scheduler, batch: dict, generator: torch.Generator, context: DistContext
+) -> torch.Tensor:
     """One optimizer step on this rank's rows of the global batch; returns the loss."""
     train, device = config.train, context.device
     local = context.local_slice(train.batch_size)
@@ -272,10 +301,20 @@ def _step(config: PipelineConfig, state: TrainingState, scheduler, batch: dict, 
     return loss.detach()
 
 
-def train_stage(config: PipelineConfig, *, stage: str, data: StageData | dict, out_dir: str | Path, init_checkpoint: str | Path | None,
-                mode: str = Mode.FULL, data_manifest_hash: str = "", log_metrics: MetricsSink | None = None,
-                progress: Callable[[int, int], None] | None = None, metric_labels: dict[str, str] | None = None,
-                context: DistContext | None = None) -> TrainResult:
+def train_stage(
+    config: PipelineConfig,
+    *,
+    stage: str,
+    data: StageData | dict,
+    out_dir: str | Path,
+    init_checkpoint: str | Path | None,
+    mode: str = Mode.FULL,
+    data_manifest_hash: str = "",
+    log_metrics: MetricsSink | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    metric_labels: dict[str, str] | None = None,
+    context: DistContext | None = None,
+) -> TrainResult:
     """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints.
 
     `data` is this rank's `StageData` (`load_stage_data`), or arrays as `load_split` gives them,
@@ -293,13 +332,30 @@ def train_stage(config: PipelineConfig, *, stage: str, data: StageData | dict, o
         raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
     checkpoints_dir = Path(out_dir) / "checkpoints"
     state = prepare_training(config, stage, checkpoints_dir, init_checkpoint, context)
-    checkpointer = Checkpointer(config, checkpoints_dir, total, context, {
-        "config": config.model_dump(mode="json"), "stage": stage, "mode": mode, "total_steps": total,
-        "data_manifest_hash": data_manifest_hash})
+    checkpointer = Checkpointer(
+        config,
+        checkpoints_dir,
+        total,
+        context,
+        {
+            "config": config.model_dump(mode="json"),
+            "stage": stage,
+            "mode": mode,
+            "total_steps": total,
+            "data_manifest_hash": data_manifest_hash,
+        },
+    )
     checkpointer.latest = state.resumed_from
     metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
-    prefetcher = BatchPrefetcher(data, rank_partitions(partitions, context.world_size, context.rank), seed=config.seed,
-                                 stage=stage, batch_size=train.batch_size, start=state.start_step, stop=total)
+    prefetcher = BatchPrefetcher(
+        data,
+        rank_partitions(partitions, context.world_size, context.rank),
+        seed=config.seed,
+        stage=stage,
+        batch_size=train.batch_size,
+        start=state.start_step,
+        stop=total,
+    )
     scheduler = build_noise_scheduler(config.diffusion)
     loss, started = float("nan"), time.perf_counter()
     state.model.train()
@@ -317,8 +373,18 @@ def train_stage(config: PipelineConfig, *, stage: str, data: StageData | dict, o
     ranks = _per_rank(context, prefetcher.rank_summary(context.rank, seconds))
     if trained:
         metrics.record_ranks(ranks)
-    return TrainResult(stage, total, state.start_step, loss, str(checkpointer.latest), seconds, prefetcher.wait_seconds,
-                       trained * train.batch_size / seconds if seconds else 0.0, checkpointer.stall_seconds, ranks)
+    return TrainResult(
+        stage,
+        total,
+        state.start_step,
+        loss,
+        str(checkpointer.latest),
+        seconds,
+        prefetcher.wait_seconds,
+        trained * train.batch_size / seconds if seconds else 0.0,
+        checkpointer.stall_seconds,
+        ranks,
+    )
 
 
 def _per_rank(context: DistContext, mine: dict) -> list[dict]:
@@ -333,8 +399,9 @@ def _per_rank(context: DistContext, mine: dict) -> list[dict]:
 def _global_mean(loss: torch.Tensor, context: DistContext) -> float:
     if context.is_distributed:
         loss = loss.clone()
-        torch.distributed.all_reduce(loss, op=torch.distributed.ReduceOp.AVG if context.device.type == "cuda"
-                                     else torch.distributed.ReduceOp.SUM)
+        torch.distributed.all_reduce(
+            loss, op=torch.distributed.ReduceOp.AVG if context.device.type == "cuda" else torch.distributed.ReduceOp.SUM
+        )
         if context.device.type != "cuda":  # gloo has no AVG
             loss /= context.world_size
     return float(loss)

@@ -15,15 +15,28 @@ from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-SLOWDOWN = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>"
-INTERNAL = b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code><Message>We encountered an internal error.</Message></Error>"
+SLOWDOWN = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>SlowDown</Code>"
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
+INTERNAL = (
+    b"<?xml version='1.0' encoding='UTF-8'?><Error><Code>InternalError</Code>"
+    b"<Message>We encountered an internal error.</Message></Error>"
+)
 
 
 class FaultProxy:
     """`schedule` maps request number modulo `period` to a fault: 'slowdown', 'internal', 'reset', 'stall'."""
 
-    def __init__(self, upstream: str, schedule: dict[int, str] | None = None, period: int = 10, stall_seconds: float = 3.0,
-                 latency_seconds: float = 0.0, bandwidth_bytes_per_second: float | None = None):
+    def __init__(
+        self,
+        upstream: str,
+        schedule: dict[int, str] | None = None,
+        period: int = 10,
+        stall_seconds: float = 3.0,
+        latency_seconds: float = 0.0,
+        bandwidth_bytes_per_second: float | None = None,
+    ):
         self.upstream = urlsplit(upstream)
         self.schedule, self.period, self.stall_seconds = schedule or {}, period, stall_seconds
         self.latency, self.bandwidth, self.link_free_at = latency_seconds, bandwidth_bytes_per_second, 0.0
@@ -69,8 +82,9 @@ class FaultProxy:
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(key, value)
                 # a HEAD answer has no body but reports the object's length
-                self.send_header("Content-Length", response.getheader("Content-Length", "0") if self.command == "HEAD"
-                                 else str(len(data)))
+                self.send_header(
+                    "Content-Length", response.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+                )
                 self.end_headers()
                 if self.command != "HEAD":
                     proxy.send(self.wfile, data)
@@ -93,7 +107,7 @@ class FaultProxy:
             out.write(data)
             return
         for start in range(0, len(data), chunk):
-            piece = data[start:start + chunk]
+            piece = data[start : start + chunk]
             with self.lock:
                 begin = max(time.monotonic(), self.link_free_at)
                 self.link_free_at = begin + len(piece) / self.bandwidth

@@ -24,9 +24,15 @@ stage_dir, store_url = sys.argv[1:3]
 plan = plan_retention(classify_stage_dir(stage_dir, "passed"), RetentionConfig(), key_root="runs/r1/texture")
 execute_plan(plan, ObjectStore(store_url), "archive/manifests/r1/texture", run_id="r1", stage="texture")
 """
-FILES = {"checkpoints/step-0000010/model/w.safetensors": 40_000, "checkpoints/step-0000010/manifest.json": 300,
-         "checkpoints/step-0000020/model/w.safetensors": 40_000, "gate/outputs/control-00000.png": 2_000,
-         "gate/outputs/control-00001.png": 2_000, "gate/report.json": 500, "gate/latents.safetensors": 8_000}
+FILES = {
+    "checkpoints/step-0000010/model/w.safetensors": 40_000,
+    "checkpoints/step-0000010/manifest.json": 300,
+    "checkpoints/step-0000020/model/w.safetensors": 40_000,
+    "gate/outputs/control-00000.png": 2_000,
+    "gate/outputs/control-00001.png": 2_000,
+    "gate/report.json": 500,
+    "gate/latents.safetensors": 8_000,
+}
 
 
 def _archive(stage: Path, store_url: str, crash_at: str | None) -> int:
@@ -37,7 +43,9 @@ def _archive(stage: Path, store_url: str, crash_at: str | None) -> int:
     return subprocess.run([sys.executable, "-c", SCRIPT, str(stage), store_url], env=env, timeout=120).returncode
 
 
-@pytest.mark.parametrize("crash_at", ["after-upload-1", "after-upload-4", "before-manifest", "after-manifest", "after-first-free"])
+@pytest.mark.parametrize(
+    "crash_at", ["after-upload-1", "after-upload-4", "before-manifest", "after-manifest", "after-first-free"]
+)
 def test_kill_9_loses_nothing_and_rerun_completes(tmp_path, crash_at):
     stage = tmp_path / "live" / "runs" / "r1" / "texture"
     originals = {}

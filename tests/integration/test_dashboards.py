@@ -33,8 +33,11 @@ def _substitute(expr: str) -> str:
 
 def test_promtool_checks_config_rules_and_rule_unit_tests():
     infra = REPO / "infra" / "prometheus"
-    for args in (["check", "config", str(infra / "prometheus.yml")], ["check", "rules", str(RULES)],
-                 ["test", "rules", "drape_test.yml"]):
+    for args in (
+        ["check", "config", str(infra / "prometheus.yml")],
+        ["check", "rules", str(RULES)],
+        ["test", "rules", "drape_test.yml"],
+    ):
         result = subprocess.run(["promtool", *args], cwd=infra / "tests", capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, f"promtool {' '.join(args)}:\n{result.stdout}\n{result.stderr}"
 
@@ -43,9 +46,19 @@ def test_dashboards_are_grafana_dashboard_json_and_match_their_generator():
     from grafana_foundation_sdk.models.dashboard import Dashboard
 
     assert {p.stem for p in DASHBOARDS} == {"fleet", "queue", "pipeline", "storage", "data", "run-gpus"}
-    generated = subprocess.run(["python", "-c", "import json, sys; sys.path.insert(0, 'infra/grafana'); import build_dashboards as b; "
-                                "print(json.dumps({n: f() for n, f in b.DASHBOARDS.items()}))"],
-                               cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    generated = subprocess.run(
+        [
+            "python",
+            "-c",
+            "import json, sys; sys.path.insert(0, 'infra/grafana'); import build_dashboards as b; "
+            "print(json.dumps({n: f() for n, f in b.DASHBOARDS.items()}))",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     built = json.loads(generated.stdout)
     uids = set()
     for path in DASHBOARDS:
@@ -75,19 +88,40 @@ def fed_prometheus(tmp_path_factory, pushgateway, prefect_harness):
     from flows.staged_training import staged_training
 
     root = tmp_path_factory.mktemp("dashboards")
-    exporter = DcgmExporter([{"index": i, "uuid": f"GPU-{i:04d}", "host": "gpu-node-a", "model": "NVIDIA H100 80GB HBM3",
-                              "total_mib": 81559, "used_mib": 512 + 30000 * i, "util": 0 if i == 0 else 93} for i in range(2)])
+    exporter = DcgmExporter(
+        [
+            {
+                "index": i,
+                "uuid": f"GPU-{i:04d}",
+                "host": "gpu-node-a",
+                "model": "NVIDIA H100 80GB HBM3",
+                "total_mib": 81559,
+                "used_mib": 512 + 30000 * i,
+                "util": 0 if i == 0 else 93,
+            }
+            for i in range(2)
+        ]
+    )
     port = _free_port()
     server, _ = start_http_server(port, addr="127.0.0.1", registry=REGISTRY)
-    url, process = start_prometheus(root / "prometheus", {"pushgateway": [pushgateway.removeprefix("http://")],
-                                                          "drape-dispatcher": [f"127.0.0.1:{port}"], "dcgm": [exporter.target]},
-                                    rule_files=[str(RULES)])
+    url, process = start_prometheus(
+        root / "prometheus",
+        {
+            "pushgateway": [pushgateway.removeprefix("http://")],
+            "drape-dispatcher": [f"127.0.0.1:{port}"],
+            "dcgm": [exporter.target],
+        },
+        rule_files=[str(RULES)],
+    )
     started = time.time()
     try:
         assert wait_for_series(url, "DCGM_FI_DEV_FB_USED"), "Prometheus never scraped the DCGM exporter"
-        config = tiny_config(root / "drape", metrics={"pushgateway_url": pushgateway},
-                             queue={"enabled": True, "fleet": "prometheus", "prometheus_url": url, "poll_seconds": 0.2},
-                             retention={"live_budget_bytes": 10**9})
+        config = tiny_config(
+            root / "drape",
+            metrics={"pushgateway_url": pushgateway},
+            queue={"enabled": True, "fleet": "prometheus", "prometheus_url": url, "poll_seconds": 0.2},
+            retention={"live_budget_bytes": 10**9},
+        )
         path = root / "tiny.yaml"
         path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
         summary = staged_training(config_path=str(path), run_name="dashboards")
@@ -128,8 +162,10 @@ def test_run_joins_to_its_queue_jobs_and_gpus(fed_prometheus):
     run = summary["run_id"]
     expr = f'drape_queue_job_gpu_memory_gib{{run="{run}"}}'
     assert _range_has_data(url, expr, started)
-    joined = (f'DCGM_FI_DEV_GPU_UTIL and on (UUID) label_replace(drape_queue_job_gpu_memory_gib{{run="{run}"}}, '
-              '"UUID", "$1", "gpu", "(.*)")')
+    joined = (
+        f'DCGM_FI_DEV_GPU_UTIL and on (UUID) label_replace(drape_queue_job_gpu_memory_gib{{run="{run}"}}, '
+        '"UUID", "$1", "gpu", "(.*)")'
+    )
     assert _range_has_data(url, joined, started)  # the run's train jobs sat on the idle DCGM GPU
 
 
@@ -137,7 +173,13 @@ def test_alert_rules_load_and_the_live_budget_series_is_there(fed_prometheus):
     url, _, summary = fed_prometheus
     rules = json.loads(urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10).read())["data"]["groups"]
     names = {rule["name"] for group in rules for rule in group["rules"]}
-    assert {"DrapeGateFailed", "DrapeDataWaitHigh", "DrapeJobsStarved", "DrapeGpusIdleWhileJobsWait",
-            "DrapeLiveStorageOverBudget", "drape:data_wait_ratio"} <= names
+    assert {
+        "DrapeGateFailed",
+        "DrapeDataWaitHigh",
+        "DrapeJobsStarved",
+        "DrapeGpusIdleWhileJobsWait",
+        "DrapeLiveStorageOverBudget",
+        "drape:data_wait_ratio",
+    } <= names
     assert all(rule.get("health") == "ok" for group in rules for rule in group["rules"])
     assert prometheus_query(url, f'drape_live_budget_bytes{{run="{summary["run_id"]}"}}')

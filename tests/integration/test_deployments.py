@@ -16,13 +16,20 @@ from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
 
-EXPECTED_DEPLOYMENTS = {"staged-training/demo", "staged-training/h100", "staged-training/h100-finetune", "retention-sweep/weekly",
-                        "prestage-dataset/demo", "queue-dispatcher/demo"}
+EXPECTED_DEPLOYMENTS = {
+    "staged-training/demo",
+    "staged-training/h100",
+    "staged-training/h100-finetune",
+    "retention-sweep/weekly",
+    "prestage-dataset/demo",
+    "queue-dispatcher/demo",
+}
 
 
 def _api(stack: Stack, path: str, body: dict) -> list | dict:
-    request = urllib.request.Request(f"{stack.api_url}{path}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"}, method="POST")
+    request = urllib.request.Request(
+        f"{stack.api_url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
     return json.loads(urllib.request.urlopen(request, timeout=30).read())
 
 
@@ -35,8 +42,13 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     template = json.loads(GPU_TEMPLATE.read_text())
     variables = template["variables"]["properties"]
     values = {name: spec.get("default") for name, spec in variables.items()}
-    values.update(name="drape-flow-run", command="prefect flow-run execute", labels={"drape.ai/flow": "staged-training"},
-                  env={"PREFECT_API_URL": "http://prefect-server:4200/api"}, finished_job_ttl=86400)
+    values.update(
+        name="drape-flow-run",
+        command="prefect flow-run execute",
+        labels={"drape.ai/flow": "staged-training"},
+        env={"PREFECT_API_URL": "http://prefect-server:4200/api"},
+        finished_job_ttl=86400,
+    )
 
     def render(node):
         if isinstance(node, dict):
@@ -68,8 +80,18 @@ def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:
 
     queued = config.model_copy(update={"queue": config.queue.model_copy(update={"launcher": "prefect"})})
     store = JobStore(queued.queue_url)
-    job_id = store.submit(JobSpec(kind="gate-eval", command=["prefect-flow-run"], mem_gib=2, duration_s=60, labels={
-        "deployment": "prestage-dataset/demo", "parameters": json.dumps({"config_path": str(config_path), "stages": ["control"]})}))
+    job_id = store.submit(
+        JobSpec(
+            kind="gate-eval",
+            command=["prefect-flow-run"],
+            mem_gib=2,
+            duration_s=60,
+            labels={
+                "deployment": "prestage-dataset/demo",
+                "parameters": json.dumps({"config_path": str(config_path), "stages": ["control"]}),
+            },
+        )
+    )
     with temporary_settings({PREFECT_API_URL: stack.api_url}):
         dispatcher = Dispatcher(queued, store)
         deadline = time.monotonic() + 180
@@ -79,7 +101,9 @@ def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:
     job = store.get(job_id)
     assert job["state"] == "succeeded", job
     assert job["handle"].startswith("flow-run:")
-    flow_run = json.loads(urllib.request.urlopen(f"{stack.api_url}/flow_runs/{job['handle'].split(':', 1)[1]}", timeout=10).read())
+    flow_run = json.loads(
+        urllib.request.urlopen(f"{stack.api_url}/flow_runs/{job['handle'].split(':', 1)[1]}", timeout=10).read()
+    )
     assert flow_run["state"]["type"] == "COMPLETED" and flow_run["job_variables"]["env"]["DRAPE_JOB_ID"] == job_id
 
 
@@ -103,16 +127,31 @@ def test_deploy_and_run_staged_training_demo_through_a_worker(tmp_path):
         assert pools["local"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
         assert "gpu_product" in pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]
         stack.start_worker("local")
-        run = stack.prefect("deployment", "run", "staged-training/demo", "--param", f"config_path={config_path}",
-                            "--param", "run_name=deployed-tiny", "--watch", "--watch-timeout", "600", timeout=700, check=False)
+        run = stack.prefect(
+            "deployment",
+            "run",
+            "staged-training/demo",
+            "--param",
+            f"config_path={config_path}",
+            "--param",
+            "run_name=deployed-tiny",
+            "--watch",
+            "--watch-timeout",
+            "600",
+            timeout=700,
+            check=False,
+        )
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
         assert "Completed" in run.stdout
         flow_runs = _api(stack, "/flow_runs/filter", {"flow_runs": {"name": {"any_": ["deployed-tiny"]}}})
         assert flow_runs and flow_runs[0]["state"]["type"] == "COMPLETED"
         tasks = _api(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_runs[0]["id"]]}}})
         names = {t["name"] for t in tasks}
-        assert {f"{step}-{stage}" for step in ("train", "gate", "snapshot", "archive")
-                for stage in ("identity", "texture", "geometry", "denoise")} <= names
+        assert {
+            f"{step}-{stage}"
+            for step in ("train", "gate", "snapshot", "archive")
+            for stage in ("identity", "texture", "geometry", "denoise")
+        } <= names
         artifacts = _api(stack, "/artifacts/filter", {"artifacts": {"key": {"any_": ["gate-report-identity"]}}})
         assert artifacts and "Gate `identity`" in artifacts[0]["data"]
         _queue_job_as_a_flow_run(stack, config, config_path)

@@ -28,7 +28,9 @@ def _train(config_path: Path, out: Path, ranks: int) -> dict:
     args = ["-m", "drape.train", "--config", str(config_path), "--stage", "texture", "--out", str(out)]
     command = [sys.executable, *args] if ranks == 1 else [TORCHRUN, "--standalone", f"--nproc-per-node={ranks}", *args]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         stdout, stderr = process.communicate(timeout=240)
     except subprocess.TimeoutExpired:
@@ -81,8 +83,11 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup):
     assert ranks[0]["shards"] and ranks[1]["shards"] and not set(ranks[0]["shards"]) & set(ranks[1]["shards"])
     assert sorted(ranks[0]["shards"] + ranks[1]["shards"]) == sorted(stage_shards)
     assert all(0 <= r["data_wait_fraction"] < 1 for r in ranks) and reference["ranks"][0]["shards"] == stage_shards
-    pushed = {s.labels.get("rank"): s.value for s in _gateway_samples(gateway)
-              if s.name == "drape_data_wait_seconds_count" and s.labels.get("run") == "manual"}
+    pushed = {
+        s.labels.get("rank"): s.value
+        for s in _gateway_samples(gateway)
+        if s.name == "drape_data_wait_seconds_count" and s.labels.get("run") == "manual"
+    }
     assert pushed == {"0": 6.0, "1": 6.0}, pushed
     sharded = root / "two" / "checkpoints" / "step-0000003.dcp"
     manifest = verify_dcp(sharded)

@@ -10,10 +10,10 @@ import yaml
 from typer.testing import CliRunner
 
 from drape import STAGES
-from drape.training.checkpoint import list_checkpoints, load_model
 from drape.cli import app
 from drape.storage.retention import read_archive_manifest, verify_archived
 from drape.storage.store import open_store
+from drape.training.checkpoint import list_checkpoints, load_model
 from tests.conftest import tiny_config
 from tests.integration.test_staged_training import assert_live_invariant
 
@@ -27,8 +27,11 @@ def s3_run(prefect_harness, moto_server, tmp_path_factory):
 
     boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket="drape-flow")
     root = tmp_path_factory.mktemp("s3flow")
-    config = tiny_config(root / "drape", storage={"object_store_url": "s3://drape-flow/drape", "endpoint_url": moto_server},
-                         train={"stages": {stage: {"steps": 30} for stage in STAGES[1:]}})
+    config = tiny_config(
+        root / "drape",
+        storage={"object_store_url": "s3://drape-flow/drape", "endpoint_url": moto_server},
+        train={"stages": {stage: {"steps": 30} for stage in STAGES[1:]}},
+    )
     path = root / "s3.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     return config, path, staged_training(config_path=str(path), run_name="s3")

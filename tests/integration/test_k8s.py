@@ -40,16 +40,30 @@ def _walk(node, key):
 def test_every_rendered_object_validates_against_the_api_schema(target):
     objects = render(K8S / target)
     kinds = {obj["kind"] for obj in objects}
-    assert {"Namespace", "ServiceAccount", "Role", "RoleBinding", "Deployment", "StatefulSet", "Service", "ConfigMap",
-            "StorageClass"} <= kinds
+    assert {
+        "Namespace",
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "StatefulSet",
+        "Service",
+        "ConfigMap",
+        "StorageClass",
+    } <= kinds
     for obj in objects:
         kubernetes_validate.validate(obj, "1.33", strict=True)
         if obj["kind"] not in ("Namespace", "StorageClass", "PersistentVolume"):
             assert obj["metadata"]["namespace"] == "drape", obj["metadata"]["name"]
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "drape"
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
-    assert {("Deployment", "drape-dispatcher"), ("Deployment", "prefect-worker-gpu-k8s"), ("Deployment", "mlflow"),
-            ("Deployment", "pushgateway"), ("StatefulSet", "drape-postgres")} <= names
+    assert {
+        ("Deployment", "drape-dispatcher"),
+        ("Deployment", "prefect-worker-gpu-k8s"),
+        ("Deployment", "mlflow"),
+        ("Deployment", "pushgateway"),
+        ("StatefulSet", "drape-postgres"),
+    } <= names
 
 
 def test_secrets_are_referenced_never_inlined():
@@ -59,14 +73,22 @@ def test_secrets_are_referenced_never_inlined():
     assert {"drape-s3", "drape-postgres"} <= referenced <= SECRETS
     for env in _walk(objects, "env"):
         for item in env:
-            assert not any(word in item["name"].upper() for word in ("SECRET", "PASSWORD", "TOKEN", "WEBHOOK")) or "value" not in item
+            assert (
+                not any(word in item["name"].upper() for word in ("SECRET", "PASSWORD", "TOKEN", "WEBHOOK"))
+                or "value" not in item
+            )
 
 
 def test_dispatcher_rbac_is_jobs_and_pods_only():
     objects = render(K8S / "base")
     role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "drape-dispatcher")
-    granted = {(group, resource, verb) for rule in role["rules"] for group in rule["apiGroups"] for resource in rule["resources"]
-               for verb in rule["verbs"]}
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
     assert {resource for _, resource, _ in granted} <= {"jobs", "jobs/status", "pods", "services"}
     assert not {verb for *_, verb in granted} & {"*", "update", "patch", "escalate", "bind", "impersonate"}
     assert ("", "pods", "create") not in granted

@@ -27,8 +27,16 @@ def test_flow_and_cli_prestage(tmp_path, prefect_harness):
     assert result.exit_code == 0, result.output
     assert "geometry:" in result.output and all(cache.is_local(s) for s in manifest["splits"]["geometry"])
     tight = tmp_path / "tight.yaml"
-    tight.write_text(yaml.safe_dump(config.model_copy(update={"data": config.data.model_copy(
-        update={"cache": config.data.cache.model_copy(update={"budget_bytes": 2**20})})}).model_dump(mode="json")))
-    refused = CliRunner().invoke(app, ["data", "prestage", "--stage", "denoise", "--config", str(tight), "--keep",
-                                       "control,identity,texture,geometry"])
+    tight.write_text(
+        yaml.safe_dump(
+            config.model_copy(
+                update={
+                    "data": config.data.model_copy(update={"cache": config.data.cache.model_copy(update={"budget_bytes": 2**20})})
+                }
+            ).model_dump(mode="json")
+        )
+    )
+    refused = CliRunner().invoke(
+        app, ["data", "prestage", "--stage", "denoise", "--config", str(tight), "--keep", "control,identity,texture,geometry"]
+    )
     assert refused.exit_code == 1 and "cannot hold what must stay" in refused.output

@@ -20,8 +20,12 @@ from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
 
-FLEET = {"groups": [{"model": "H100-80GB", "memory_gib": 80, "nodes": 2, "gpus_per_node": 4, "node_prefix": "h100"},
-                    {"model": "L40S-48GB", "memory_gib": 48, "nodes": 1, "gpus_per_node": 4, "node_prefix": "l40s"}]}
+FLEET = {
+    "groups": [
+        {"model": "H100-80GB", "memory_gib": 80, "nodes": 2, "gpus_per_node": 4, "node_prefix": "h100"},
+        {"model": "L40S-48GB", "memory_gib": 48, "nodes": 1, "gpus_per_node": 4, "node_prefix": "l40s"},
+    ]
+}
 
 DISPATCH = textwrap.dedent("""
     import sys, time
@@ -41,8 +45,9 @@ DISPATCH = textwrap.dedent("""
 
 def _config_file(tmp_path, **queue):
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
-    config = tiny_config(tmp_path / "drape", queue={"fleet": "static", "inventory": str(tmp_path / "fleet.yaml"),
-                                                     "poll_seconds": 0.02, **queue})
+    config = tiny_config(
+        tmp_path / "drape", queue={"fleet": "static", "inventory": str(tmp_path / "fleet.yaml"), "poll_seconds": 0.02, **queue}
+    )
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     return config, path
@@ -68,7 +73,9 @@ def test_dispatchers_starting_together_register_the_fleet_once(tmp_path, request
     first.register_gpus(gpus[:3])
     real_select = store_module.select
     # the second dispatcher's read happened before the first one's insert: it sees no GPUs
-    monkeypatch.setattr(store_module, "select", lambda *columns: real_select(*columns).where(store_module.gpus_table.c.uuid == ""))
+    monkeypatch.setattr(
+        store_module, "select", lambda *columns: real_select(*columns).where(store_module.gpus_table.c.uuid == "")
+    )
     second.register_gpus(gpus)
     monkeypatch.setattr(store_module, "select", real_select)
     assert sorted(g.uuid for g in second.inventory()) == [g.uuid for g in gpus]
@@ -82,18 +89,26 @@ def test_four_dispatchers_never_double_allocate(tmp_path, request, database, job
     rng = random.Random(0)
     kinds = ("finetune", "gate-eval", "inference-benchmark", "personalization")
     for index in range(jobs):
-        store.submit(JobSpec(kind=rng.choice(kinds), command=["true"], mem_gib=rng.uniform(5, 70), duration_s=rng.uniform(1, 30),
-                             gpus=2 if index % 50 == 0 else 1, priority=rng.randint(1, 6)))
+        store.submit(
+            JobSpec(
+                kind=rng.choice(kinds),
+                command=["true"],
+                mem_gib=rng.uniform(5, 70),
+                duration_s=rng.uniform(1, 30),
+                gpus=2 if index % 50 == 0 else 1,
+                priority=rng.randint(1, 6),
+            )
+        )
     processes = _dispatchers(path, 4, 300)
     for process in processes:
         assert process.wait(timeout=330) == 0
     assert store.counts()["succeeded"] == jobs
     jobs = store.jobs()
-    assert all(job["attempts"] == 1 for job in jobs)                   # nobody launched a job twice
-    assert len({job["dispatcher"] for job in jobs}) == 4                # all four did work
+    assert all(job["attempts"] == 1 for job in jobs)  # nobody launched a job twice
+    assert len({job["dispatcher"] for job in jobs}) == 4  # all four did work
     totals = {g.uuid: g.total_gib for g in store.inventory()}
     used, claimed = defaultdict(float), defaultdict(int)
-    for event in store.allocation_events():                            # replay the ledger in commit order
+    for event in store.allocation_events():  # replay the ledger in commit order
         sign = 1 if event["event"] == "claim" else -1
         used[event["gpu_uuid"]] += sign * event["mem_gib"]
         claimed[event["job_id"]] += sign
@@ -105,8 +120,14 @@ def test_a_dead_dispatchers_jobs_return_to_the_queue(tmp_path):
     config, path = _config_file(tmp_path, lease_seconds=2.0)
     marker = tmp_path / "first-attempt"
     store = JobStore(config.queue_url)
-    job_id = store.submit(JobSpec(kind="finetune", mem_gib=20, duration_s=60,
-                                  command=["sh", "-c", f"test -f {marker} && exit 0; touch {marker}; sleep 120"]))
+    job_id = store.submit(
+        JobSpec(
+            kind="finetune",
+            mem_gib=20,
+            duration_s=60,
+            command=["sh", "-c", f"test -f {marker} && exit 0; touch {marker}; sleep 120"],
+        )
+    )
     (first,) = _dispatchers(path, 1, 60, mode="forever")
     deadline = time.monotonic() + 60
     while store.get(job_id)["state"] != "running" or not marker.exists():
@@ -118,7 +139,9 @@ def test_a_dead_dispatchers_jobs_return_to_the_queue(tmp_path):
     (second,) = _dispatchers(path, 1, 60)
     assert second.wait(timeout=90) == 0
     job = store.get(job_id)
-    assert job["state"] == "succeeded" and job["attempts"] == 2 and job["dispatcher"] != store.allocation_events()[0]["dispatcher"]
+    assert (
+        job["state"] == "succeeded" and job["attempts"] == 2 and job["dispatcher"] != store.allocation_events()[0]["dispatcher"]
+    )
     os.killpg(int(orphan.split(":")[1]), signal.SIGKILL)  # the first attempt's process outlived its dispatcher
 
 
@@ -127,10 +150,13 @@ def test_local_launcher_sets_cuda_visible_devices_and_records_peak_memory(tmp_pa
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
-    script = ("import json, os; json.dump({'peak_memory_gib': 3.5}, open(os.environ['DRAPE_JOB_RESULT'], 'w')); "
-              "print('devices', repr(os.environ['CUDA_VISIBLE_DEVICES']))")
-    job_id = store.submit(JobSpec(kind="stage-training", command=[sys.executable, "-c", script], mem_gib=70, gpus=4,
-                                  duration_s=10, shape="shape-x"))
+    script = (
+        "import json, os; json.dump({'peak_memory_gib': 3.5}, open(os.environ['DRAPE_JOB_RESULT'], 'w')); "
+        "print('devices', repr(os.environ['CUDA_VISIBLE_DEVICES']))"
+    )
+    job_id = store.submit(
+        JobSpec(kind="stage-training", command=[sys.executable, "-c", script], mem_gib=70, gpus=4, duration_s=10, shape="shape-x")
+    )
     dispatcher = Dispatcher(config, store)
     for _ in range(200):
         dispatcher.cycle()
@@ -139,8 +165,9 @@ def test_local_launcher_sets_cuda_visible_devices_and_records_peak_memory(tmp_pa
         time.sleep(0.05)
     job = store.get(job_id)
     assert job["state"] == "succeeded", job["message"]
-    assert sorted(json.loads(job["assigned"])) == [f"h100-00/gpu{i}" for i in range(4)] or \
-        sorted(json.loads(job["assigned"])) == [f"h100-01/gpu{i}" for i in range(4)]
+    assert sorted(json.loads(job["assigned"])) == [f"h100-00/gpu{i}" for i in range(4)] or sorted(
+        json.loads(job["assigned"])
+    ) == [f"h100-01/gpu{i}" for i in range(4)]
     log = (tmp_path / "drape" / "queue" / "logs" / f"{job_id}.log").read_text()
     assert "devices '0,1,2,3'" in log
     assert store.measurements("shape-x")[0][0] == 3.5
@@ -153,8 +180,9 @@ def test_cli_submit_list_cancel(tmp_path):
 
     _, path = _config_file(tmp_path)
     runner = CliRunner()
-    submitted = runner.invoke(app, ["queue", "submit", "--kind", "gate-eval", "--mem-gib", "12", "--config", str(path), "--",
-                                    "echo", "hi"])
+    submitted = runner.invoke(
+        app, ["queue", "submit", "--kind", "gate-eval", "--mem-gib", "12", "--config", str(path), "--", "echo", "hi"]
+    )
     assert submitted.exit_code == 0, submitted.output
     job_id = submitted.output.strip().splitlines()[-1]
     listed = runner.invoke(app, ["queue", "list", "--config", str(path)])
@@ -171,8 +199,20 @@ def test_fleet_from_dcgm_in_prometheus_and_fallback_to_the_ledger(tmp_path):
     from scheduler.fleet import fleet_view
     from tests.conftest import DcgmExporter, start_prometheus, wait_for_series
 
-    exporter = DcgmExporter([{"index": i, "uuid": f"GPU-{i:04d}", "host": "node-a", "model": "NVIDIA H100 80GB HBM3",
-                              "total_mib": 81559, "used_mib": 0 if i else 20480, "util": 0 if i else 87} for i in range(2)])
+    exporter = DcgmExporter(
+        [
+            {
+                "index": i,
+                "uuid": f"GPU-{i:04d}",
+                "host": "node-a",
+                "model": "NVIDIA H100 80GB HBM3",
+                "total_mib": 81559,
+                "used_mib": 0 if i else 20480,
+                "util": 0 if i else 87,
+            }
+            for i in range(2)
+        ]
+    )
     url, process = start_prometheus(tmp_path / "prom", {"dcgm": [exporter.target]})
     try:
         assert wait_for_series(url, "DCGM_FI_DEV_FB_USED"), "Prometheus never scraped the DCGM exporter"
@@ -200,8 +240,13 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     from scheduler.policy import GpuState
 
     settings = KubernetesLauncherConfig()
-    job = {"id": "stage-training-abc123", "kind": "stage-training", "stage": "geometry", "env": json.dumps({"DRAPE_RUN": "r1"}),
-           "command": json.dumps([sys.executable, "-m", "drape.train", "--config", "/etc/drape/h100.yaml", "--stage", "geometry"])}
+    job = {
+        "id": "stage-training-abc123",
+        "kind": "stage-training",
+        "stage": "geometry",
+        "env": json.dumps({"DRAPE_RUN": "r1"}),
+        "command": json.dumps([sys.executable, "-m", "drape.train", "--config", "/etc/drape/h100.yaml", "--stage", "geometry"]),
+    }
     one_node = [GpuState(f"h100-00/gpu{i}", "h100-00", "H100-80GB", 80) for i in range(8)]
     two_nodes = one_node + [GpuState(f"h100-01/gpu{i}", "h100-01", "H100-80GB", 80) for i in range(8)]
     api = client.ApiClient()
@@ -211,14 +256,21 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     pod = single.spec.template.spec
     assert pod.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert pod.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
-    assert single.metadata.labels["drape.ai/stage"] == "geometry" and single.metadata.labels["drape.ai/job-id"] == "stage-training-abc123"
+    assert (
+        single.metadata.labels["drape.ai/stage"] == "geometry"
+        and single.metadata.labels["drape.ai/job-id"] == "stage-training-abc123"
+    )
     assert indexed.spec.completion_mode == "Indexed" and indexed.spec.completions == 2
     script = indexed.spec.template.spec.containers[0].command[2]
     assert "--nnodes=2" in script and '--node-rank="$JOB_COMPLETION_INDEX"' in script and "-m drape.train" in script
     operator = build_job(job, two_nodes, settings.model_copy(update={"training_operator": True}))
     assert operator["kind"] == "PyTorchJob" and operator["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
-    template = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"},
-                "spec": operator["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]}
+    template = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "x"},
+        "spec": operator["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"],
+    }
     kubernetes_validate.validate(template, "1.33", strict=True)
     broken = api.sanitize_for_serialization(single)
     broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limitz"] = {}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import UTC
 
 import boto3
 import pytest
@@ -24,12 +25,18 @@ def test_put_verify_get_with_tags_and_storage_class(s3_bucket, tmp_path):
     store = _store(bucket, endpoint)
     local = tmp_path / "ckpt.safetensors"
     local.write_bytes(os.urandom(300_000))
-    stored = store.put_file(local, "runs/r1/identity/checkpoints/w.safetensors",
-                            tags={"drape-kind": "checkpoint", "drape-outcome": "passed"}, storage_class="STANDARD_IA")
+    stored = store.put_file(
+        local,
+        "runs/r1/identity/checkpoints/w.safetensors",
+        tags={"drape-kind": "checkpoint", "drape-outcome": "passed"},
+        storage_class="STANDARD_IA",
+    )
     assert stored.url == f"s3://{bucket}/drape/runs/r1/identity/checkpoints/w.safetensors"
     store.verify("runs/r1/identity/checkpoints/w.safetensors", size=stored.bytes, sha256=stored.sha256)
     assert store.get_tags("runs/r1/identity/checkpoints/w.safetensors") == {"drape-kind": "checkpoint", "drape-outcome": "passed"}
-    head = boto3.client("s3", endpoint_url=endpoint).head_object(Bucket=bucket, Key="drape/runs/r1/identity/checkpoints/w.safetensors")
+    head = boto3.client("s3", endpoint_url=endpoint).head_object(
+        Bucket=bucket, Key="drape/runs/r1/identity/checkpoints/w.safetensors"
+    )
     assert head["StorageClass"] == "STANDARD_IA"
     back = store.get_file("runs/r1/identity/checkpoints/w.safetensors", tmp_path / "back", sha256=stored.sha256)
     assert back.read_bytes() == local.read_bytes()
@@ -74,7 +81,9 @@ def test_archive_to_s3_tags_objects_and_frees_live_only_after_verifying(s3_bucke
     (stage / "gate").mkdir()
     (stage / "gate" / "report.json").write_text('{"verdict": "fail"}')
     store = _store(bucket, endpoint)
-    policy = RetentionConfig(rules={"checkpoint": RetentionRule(lifetime_days=30, storage_class="STANDARD_IA")}, failed_lifetime_days=3)
+    policy = RetentionConfig(
+        rules={"checkpoint": RetentionRule(lifetime_days=30, storage_class="STANDARD_IA")}, failed_lifetime_days=3
+    )
     plan = plan_retention(classify_stage_dir(stage, "failed_candidate"), policy, key_root="runs/r1/texture")
     result = execute_plan(plan, store, "archive/manifests/r1/texture", run_id="r1", stage="texture")
     assert result.archived_files == 2 and not any(p.is_file() for p in stage.rglob("*"))
@@ -86,8 +95,10 @@ def test_archive_to_s3_tags_objects_and_frees_live_only_after_verifying(s3_bucke
 
 def test_lifecycle_rules_keyed_on_tags_are_accepted_and_read_back(s3_bucket):
     bucket, endpoint = s3_bucket
-    policy = RetentionConfig(rules={"checkpoint": RetentionRule(lifetime_days=90), "gate_report": RetentionRule(lifetime_days=None)},
-                             failed_lifetime_days=7)
+    policy = RetentionConfig(
+        rules={"checkpoint": RetentionRule(lifetime_days=90), "gate_report": RetentionRule(lifetime_days=None)},
+        failed_lifetime_days=7,
+    )
     rules = {rule["ID"]: rule for rule in apply_lifecycle(_store(bucket, endpoint), policy)}
     passed = rules["drape-checkpoint-passed"]
     assert passed["Expiration"]["Days"] == 90 and passed["Status"] == "Enabled"
@@ -108,14 +119,20 @@ def test_restamp_retags_and_restarts_the_lifecycle_clock(s3_bucket, tmp_path, si
     local = tmp_path / "w.safetensors"
     local.write_bytes(os.urandom(size))
     key = "runs/r1/identity/checkpoints/step-0000100/w.safetensors"
-    stored = store.put_file(local, key, tags={"drape-kind": "checkpoint", "drape-outcome": "baseline"},
-                            storage_class="STANDARD_IA")
+    stored = store.put_file(
+        local, key, tags={"drape-kind": "checkpoint", "drape-outcome": "baseline"}, storage_class="STANDARD_IA"
+    )
     client = boto3.client("s3", endpoint_url=endpoint)
     before = client.head_object(Bucket=bucket, Key=f"drape/{key}")
     time.sleep(1.1)  # S3 dates have one-second resolution
     limits = {"single_copy_limit": single_copy_limit, "part_bytes": 5 * 2**20} if single_copy_limit else {}
-    store.restamp(key, {"drape-kind": "checkpoint", "drape-outcome": "superseded_baseline"}, size=stored.bytes,
-                  sha256=stored.sha256, **limits)
+    store.restamp(
+        key,
+        {"drape-kind": "checkpoint", "drape-outcome": "superseded_baseline"},
+        size=stored.bytes,
+        sha256=stored.sha256,
+        **limits,
+    )
     after = client.head_object(Bucket=bucket, Key=f"drape/{key}")
     assert after["LastModified"] > before["LastModified"]  # lifecycle days count from here
     assert after["StorageClass"] == "STANDARD_IA" and after["ContentLength"] == size
@@ -126,7 +143,7 @@ def test_restamp_retags_and_restarts_the_lifecycle_clock(s3_bucket, tmp_path, si
 
 def test_sweep_on_s3_retags_a_superseded_baseline_and_restarts_its_clock(s3_bucket, tmp_path):
     import time
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from drape.storage.sweep import sweep
 
@@ -136,15 +153,20 @@ def test_sweep_on_s3_retags_a_superseded_baseline_and_restarts_its_clock(s3_buck
     (stage / "checkpoints" / "step-0000010").mkdir(parents=True)
     (stage / "checkpoints" / "step-0000010" / "model.safetensors").write_bytes(os.urandom(50_000))
     policy = RetentionConfig(baseline_grace_days=30)
-    execute_plan(plan_retention(classify_stage_dir(stage, "passed"), policy, key_root="runs/r1/identity"), store,
-                 "archive/manifests/r1/identity", run_id="r1", stage="identity")
+    execute_plan(
+        plan_retention(classify_stage_dir(stage, "passed"), policy, key_root="runs/r1/identity"),
+        store,
+        "archive/manifests/r1/identity",
+        run_id="r1",
+        stage="identity",
+    )
     key = "runs/r1/identity/checkpoints/step-0000010/model.safetensors"
     client = boto3.client("s3", endpoint_url=endpoint)
     uploaded = client.head_object(Bucket=bucket, Key=f"drape/{key}")["LastModified"]
     assert store.get_tags(key)["drape-outcome"] == "baseline"
     assert sweep(store, policy, {"identity": "r1"}).retagged == []  # still the current baseline
     time.sleep(1.1)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     result = sweep(store, policy, {"identity": "r2"}, now=now)  # a later run's checkpoint is the baseline now
     assert result.retagged == [key]
     assert store.get_tags(key)["drape-outcome"] == "superseded_baseline"
@@ -166,8 +188,9 @@ def test_s3_faults_are_retried_with_backoff(s3_bucket, tmp_path):
     bucket, endpoint = s3_bucket
     proxy = FaultProxy(endpoint, {2: "slowdown", 4: "internal", 6: "reset", 8: "stall"}, period=9, stall_seconds=1.5)
     try:
-        store = ObjectStore(f"s3://{bucket}/faulty", endpoint_url=proxy.url, multipart_chunk_bytes=5 * 2**20,
-                            retry_attempts=10, read_timeout=1.0)
+        store = ObjectStore(
+            f"s3://{bucket}/faulty", endpoint_url=proxy.url, multipart_chunk_bytes=5 * 2**20, retry_attempts=10, read_timeout=1.0
+        )
         stored = []
         for index, size in enumerate((1000, 300_000, 11 * 2**20)):
             local = tmp_path / f"f{index}"
@@ -186,7 +209,6 @@ def test_prestage_from_s3_through_faults_resumes_and_verifies(s3_bucket, tmp_pat
     """Shards pre-staged over HTTP with 503s and resets in the way, one download resumed from a part."""
     from drape.data.cache import ShardCache
     from drape.data.dataset import publish_dataset
-
     from tests.integration.fault_proxy import FaultProxy
 
     bucket, endpoint = s3_bucket

@@ -7,7 +7,7 @@ weights: its gate must fail, the run stop with a clear message, Slack be alerted
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -15,10 +15,10 @@ import torch
 import yaml
 
 from drape import STAGES, pipeline
-from drape.training.checkpoint import load_model, read_manifest, save_checkpoint
+from drape.ops.tracking import Tracker
 from drape.storage.retention import read_archive_manifest, verify_archived
 from drape.storage.store import ObjectStore
-from drape.ops.tracking import Tracker
+from drape.training.checkpoint import load_model, read_manifest, save_checkpoint
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -27,9 +27,16 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp("flow")
-    config = tiny_config(root / "drape", queue={"enabled": True, "poll_seconds": 0.2},  # train jobs through the GPU queue
-                         retention={"rules": {"validation_output": {"live_until": "run_end"},  # live until the run ends
-                                              "latent_snapshot": {"live_until": "baseline"}}})  # ... while a baseline
+    config = tiny_config(
+        root / "drape",
+        queue={"enabled": True, "poll_seconds": 0.2},  # train jobs through the GPU queue
+        retention={
+            "rules": {
+                "validation_output": {"live_until": "run_end"},  # live until the run ends
+                "latent_snapshot": {"live_until": "baseline"},
+            }
+        },
+    )  # ... while a baseline
     path = root / "tiny.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     return config, path
@@ -69,8 +76,9 @@ def test_all_four_stages_pass_and_record_gate_values(first_run, workspace):
         assert all(check["value"] >= check["threshold"] for check in row["checks"].values())
     runs = tracker.client.search_runs([tracker.experiment_id], "tags.`drape.stage` = 'texture'")
     metrics = runs[0].data.metrics
-    assert {f"gate/{check}/{aggregate}" for check in ("identity", "texture", "coherence")
-            for aggregate in ("mean", "lower", "min")} | {"gate/passed", "texture/loss"} <= set(metrics)
+    assert {
+        f"gate/{check}/{aggregate}" for check in ("identity", "texture", "coherence") for aggregate in ("mean", "lower", "min")
+    } | {"gate/passed", "texture/loss"} <= set(metrics)
     assert runs[0].data.tags["drape.gate.verdict"] == "pass"
 
 
@@ -250,28 +258,35 @@ def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_ru
     after = Tracker(config).aliases()
     assert all(int(after[alias]) > int(before[alias]) for alias in before)
     store = ObjectStore(config.object_store_url)
-    reports = [json.loads(store.read_bytes(r["key"])) for r in read_archive_manifest(store)
-               if r["run_id"] == summary["run_id"] and r["kind"] == "gate_report"]
+    reports = [
+        json.loads(store.read_bytes(r["key"]))
+        for r in read_archive_manifest(store)
+        if r["run_id"] == summary["run_id"] and r["kind"] == "gate_report"
+    ]
     assert len(reports) == 4
     for report in reports:
         assert report["baseline"]["version"] == before[f"{report['stage']}-baseline"]
         assert report["checks"]["coherence"]["reference"].startswith("baseline v")
         assert report["checks"]["identity"]["change"]["checked"] and report["checks"]["texture"]["change"]["checked"]
         assert report["schema"] == "drape.gate_report/v3"
-    superseded = [r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"] and r["outcome"] == "superseded_baseline"]
+    superseded = [
+        r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"] and r["outcome"] == "superseded_baseline"
+    ]
     assert {r["stage"] for r in superseded} == set(STAGES)
     assert_live_invariant(config)
 
 
 def test_retention_sweep_retags_superseded_baselines_and_expires_old_objects(first_run, workspace):
     """After the fine-tune pass, the first run's promoted checkpoints are no longer baselines."""
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from flows.retention_sweep import retention_sweep
 
     config, path = workspace
     store = ObjectStore(config.object_store_url)
-    promoted = {r["key"] for r in read_archive_manifest(store) if r["run_id"] == first_run["run_id"] and r["outcome"] == "baseline"}
+    promoted = {
+        r["key"] for r in read_archive_manifest(store) if r["run_id"] == first_run["run_id"] and r["outcome"] == "baseline"
+    }
     assert len(promoted) > 0
     preview = retention_sweep(config_path=str(path), dry_run=True)
     assert set(preview["retagged"]) >= promoted and not preview["manifest_key"]
@@ -282,7 +297,7 @@ def test_retention_sweep_retags_superseded_baselines_and_expires_old_objects(fir
     current = [r for r in records.values() if r["outcome"] == "baseline"]
     assert {r["stage"] for r in current} == set(STAGES)  # the fine-tune run's promoted checkpoints stay
 
-    later = pipeline.sweep(config, now=datetime.now(timezone.utc) + timedelta(days=365))
+    later = pipeline.sweep(config, now=datetime.now(UTC) + timedelta(days=365))
     assert later["deleted"] and all(not store.exists(key) for key in later["deleted"])
     remaining = read_archive_manifest(store)
     assert {r["kind"] for r in remaining} >= {"gate_report", "checkpoint"}  # reports and current baselines kept
@@ -296,9 +311,12 @@ def test_a_stage_that_errors_is_aborted_archived_and_its_runs_closed(prefect_har
     shards leave, the MLflow runs close as FAILED, and the flow raises the original error."""
     from flows.staged_training import staged_training
 
-    config = tiny_config(tmp_path / "drape", train={"stages": {"identity": {"steps": 20}}},
-                         gates={"identity": {"embedder": "onnx", "onnx_model_path": str(tmp_path / "missing.onnx")}},
-                         retention={"rules": {"checkpoint": {"live_until": "run_end"}}})
+    config = tiny_config(
+        tmp_path / "drape",
+        train={"stages": {"identity": {"steps": 20}}},
+        gates={"identity": {"embedder": "onnx", "onnx_model_path": str(tmp_path / "missing.onnx")}},
+        retention={"rules": {"checkpoint": {"live_until": "run_end"}}},
+    )
     path = tmp_path / "abort.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     with pytest.raises(FileNotFoundError, match="missing.onnx does not exist"):
@@ -312,5 +330,5 @@ def test_a_stage_that_errors_is_aborted_archived_and_its_runs_closed(prefect_har
     assert {Path(r).parts[0] for r in live_files(config)} <= {"shards"}  # nothing of the run left live
     assert all(Path(r).parts[3] == "control" for r in live_files(config))
     tracker = Tracker(config)
-    runs = tracker.client.search_runs([tracker.experiment_id], "tags.`drape.run_id` = '%s'" % records[0]["run_id"])
+    runs = tracker.client.search_runs([tracker.experiment_id], f"tags.`drape.run_id` = '{records[0]['run_id']}'")
     assert len(runs) == 5 and {run.info.status for run in runs} == {"FAILED"}

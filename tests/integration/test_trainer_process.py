@@ -30,7 +30,9 @@ def test_sigkill_mid_stage_then_resume_equals_uninterrupted(tmp_path):
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    reference = subprocess.run(_command(config_path, tmp_path / "reference"), env=env, capture_output=True, text=True, timeout=300)
+    reference = subprocess.run(
+        _command(config_path, tmp_path / "reference"), env=env, capture_output=True, text=True, timeout=300
+    )
     assert reference.returncode == 0, reference.stderr[-2000:]
 
     killed_dir = tmp_path / "killed"

@@ -4,20 +4,26 @@ import time
 
 import pytest
 
-from drape.ops.alerts import AlertError, gate_message, notify_gate, post_to_slack
 from drape.config import AlertsConfig
 from drape.gates.report import CheckResult, GateReport
+from drape.ops.alerts import AlertError, gate_message, notify_gate, post_to_slack
 
 
 def _report(passed: bool) -> GateReport:
     values = {"a": 0.9, "b": 0.85} if passed else {"a": 0.1, "b": 0.2}
-    checks = {name: CheckResult(name, values, 0.5, baseline_mean=0.88, max_drop=0.05) for name in ("identity", "texture", "coherence")}
+    checks = {
+        name: CheckResult(name, values, 0.5, baseline_mean=0.88, max_drop=0.05) for name in ("identity", "texture", "coherence")
+    }
     return GateReport("texture", "run-1", "ckpt", "control-x", checks)
 
 
 def test_block_kit_message_names_stage_checks_thresholds_and_links():
-    payload = gate_message(_report(False), run_name="demo-full", report_location="s3://b/report.json",
-                           links={"Prefect flow run": "http://127.0.0.1:4200/runs/flow-run/1", "MLflow run": "run 1 in sqlite:///x"})
+    payload = gate_message(
+        _report(False),
+        run_name="demo-full",
+        report_location="s3://b/report.json",
+        links={"Prefect flow run": "http://127.0.0.1:4200/runs/flow-run/1", "MLflow run": "run 1 in sqlite:///x"},
+    )
     header, section, context = payload["blocks"]
     assert header["type"] == "header" and "failed" in header["text"]["text"] and "texture" in header["text"]["text"]
     assert "*identity*: 0.100 (mean 0.150) vs threshold 0.500, baseline mean 0.880" in section["text"]["text"]

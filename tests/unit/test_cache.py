@@ -178,10 +178,12 @@ def test_disk_full_leaves_the_cache_consistent(published, tmp_path):
         except CacheError as error:
             print("CacheError:", error)
     """)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "PYTHONPATH": os.getcwd()})
-    assert "CacheError:" in result.stdout and "file size limit" in result.stdout and "cache is consistent" in result.stdout, \
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": os.getcwd()}
+    )
+    assert "CacheError:" in result.stdout and "file size limit" in result.stdout and "cache is consistent" in result.stdout, (
         result.stdout + result.stderr
+    )
     assert not list((tmp_path / "cache").rglob("*.part"))
     cache = _cache(tmp_path, store, manifest)
     for path in (tmp_path / "cache").rglob("*.tar"):  # whatever made it in is whole and verified

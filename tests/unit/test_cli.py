@@ -30,10 +30,12 @@ EXPECTED_COMMANDS = {
     "storage sweep": ["config", "dry_run"],
     "storage restore": ["run_id", "stage", "config", "out"],
 }
-EXPECTED_FLOW_PARAMETERS = {"staged_training": ["config_path", "mode", "run_name"],
-                            "prestage_dataset": ["config_path", "stages"],
-                            "retention_sweep": ["config_path", "dry_run"],
-                            "queue_dispatcher": ["config_path", "max_minutes", "metrics_port"]}
+EXPECTED_FLOW_PARAMETERS = {
+    "staged_training": ["config_path", "mode", "run_name"],
+    "prestage_dataset": ["config_path", "stages"],
+    "retention_sweep": ["config_path", "dry_run"],
+    "queue_dispatcher": ["config_path", "max_minutes", "metrics_port"],
+}
 
 
 def _commands(group, prefix=""):
@@ -143,8 +145,18 @@ def test_gate_calibrate_prints_the_gate_thresholds_a_config_takes(tiny_dataset, 
     directory, _, _ = tiny_dataset
     control, _ = load_control_dir(directory)
     _write_outputs(tmp_path / "trained", control, control["target"])
-    args = ["gate", "calibrate", "--control", str(directory), "--config", str(TINY), "--outputs", str(tmp_path / "trained"),
-            "--redraws", "40"]
+    args = [
+        "gate",
+        "calibrate",
+        "--control",
+        str(directory),
+        "--config",
+        str(TINY),
+        "--outputs",
+        str(tmp_path / "trained"),
+        "--redraws",
+        "40",
+    ]
     result = runner.invoke(app, [*args, "--baseline-outputs", str(tmp_path / "trained"), "--stage", "texture"])
     assert result.exit_code == 0, result.output
     assert "gate level" in result.output and "min_score_vs_baseline:" in result.output

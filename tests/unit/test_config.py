@@ -93,7 +93,8 @@ def test_per_stage_thresholds(config):
 def test_coherence_against_a_baseline_has_its_own_threshold(config):
     from drape.config import GatesConfig
 
-    gates = GatesConfig.model_validate({"coherence": {"min_score": {"identity": 0.18, "texture": 0.3},
-                                                      "min_score_vs_baseline": 0.45}})
+    gates = GatesConfig.model_validate(
+        {"coherence": {"min_score": {"identity": 0.18, "texture": 0.3}, "min_score_vs_baseline": 0.45}}
+    )
     assert gates.thresholds("texture")["coherence"] == 0.3
     assert gates.thresholds("texture", vs_baseline=True)["coherence"] == 0.45

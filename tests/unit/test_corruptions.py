@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from drape.data.dataset import synthesize_split
 from drape.gates.calibration import calibrate
 from drape.gates.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror, sleeve_missing
-from drape.data.dataset import synthesize_split
 from tests.conftest import tiny_config
 
 
@@ -21,7 +21,7 @@ def suite(tmp_path_factory):
 
 def test_every_corruption_changes_the_image(suite):
     control, _, _ = suite
-    for check, corruptions in CORRUPTIONS.items():
+    for corruptions in CORRUPTIONS.values():
         for name, corruption in corruptions.items():
             corrupted = apply(corruption, control["target"], control["meta"], control["garment_mask"])
             changed = (corrupted != control["target"]).any(axis=(1, 2, 3))
@@ -49,9 +49,17 @@ def test_each_check_flags_the_corruptions_aimed_at_it(suite):
 def test_corruptions_are_caught_sample_by_sample(suite):
     _, _, rows = suite
     rates = {(row.check, row.outputs): row.rate for row in rows if row.aimed}
-    for key in [("identity", "another identity's face"), ("identity", "skin-tone shift"), ("identity", "face geometry warp"),
-                ("texture", "logo blurred (melted)"), ("texture", "logo mirrored"), ("texture", "logo replaced by another"),
-                ("coherence", "garment shifted 4 px"), ("coherence", "wrong pattern"), ("coherence", "sleeve missing")]:
+    for key in [
+        ("identity", "another identity's face"),
+        ("identity", "skin-tone shift"),
+        ("identity", "face geometry warp"),
+        ("texture", "logo blurred (melted)"),
+        ("texture", "logo mirrored"),
+        ("texture", "logo replaced by another"),
+        ("coherence", "garment shifted 4 px"),
+        ("coherence", "wrong pattern"),
+        ("coherence", "sleeve missing"),
+    ]:
         assert rates[key] >= 0.95, (key, rates[key])
 
 
@@ -83,8 +91,11 @@ def test_gate_thresholds_sit_under_clean_lower_bounds_and_catch_a_regression():
 
     rng = np.random.default_rng(0)
     clean = np.clip(rng.normal(0.9, 0.05, 60), 0, 1)
-    rows = [Row("identity", "jpeg q90", False, clean, 0.0), Row("identity", "mild noise", False, clean + 0.02, 0.0),
-            Row("identity", "regressed", True, clean - 0.1, 0.0)]
+    rows = [
+        Row("identity", "jpeg q90", False, clean, 0.0),
+        Row("identity", "mild noise", False, clean + 0.02, 0.0),
+        Row("identity", "regressed", True, clean - 0.1, 0.0),
+    ]
     thresholds, gate_rows = gate_thresholds(rows, false_alarm=0.05, redraws=100)
     rates = {row.outputs: row.rate for row in gate_rows}
     assert gate_rows[0].lower > thresholds["identity"] > gate_rows[2].lower

@@ -7,9 +7,17 @@ import pytest
 from PIL import Image, ImageFilter
 
 from drape.data.dataset import load_split
+from drape.gates.checks import (
+    OnnxFaceEmbedder,
+    PixelFaceEmbedder,
+    codec_view,
+    coherence_scores,
+    handedness,
+    identity_scores,
+    patch_fidelity,
+    texture_scores,
+)
 from drape.gates.report import CheckResult, GateReport
-from drape.gates.checks import (OnnxFaceEmbedder, PixelFaceEmbedder, codec_view, coherence_scores, handedness, identity_scores,
-                         patch_fidelity, texture_scores)
 from drape.gates.run import judge
 
 
@@ -105,8 +113,8 @@ def test_handedness_reads_a_small_mark_on_a_large_plate():
     correlation (mirrored, the window still correlates 0.8 or more with the mark); handedness reads
     only what tells the mark from its mirror image."""
     image = np.full((1, 32, 32, 3), 40, dtype=np.uint8)
-    image[0, 8:20, 8:24] = (30, 60, 200)                          # plate, centred in the window
-    image[0, 12:16, 14] = image[0, 15, 14:17] = (250, 220, 40)    # the 'L', left of the centre line
+    image[0, 8:20, 8:24] = (30, 60, 200)  # plate, centred in the window
+    image[0, 12:16, 14] = image[0, 15, 14:17] = (250, 220, 40)  # the 'L', left of the centre line
     mirrored = image.copy()
     mirrored[0, 4:24, 4:28] = image[0, 4:24, 4:28][:, ::-1]
     box = [[4, 4, 28, 24]]
@@ -161,8 +169,17 @@ def test_missing_threshold_blocks_promotion():
 
 
 def test_report_names_check_value_and_threshold(config, control):
-    report = judge(config, stage="identity", run_id="r1", checkpoint="c", control=control, control_set="control-abc",
-                   outputs=np.full_like(control["target"], 128), baseline_outputs=None, baseline=None)
+    report = judge(
+        config,
+        stage="identity",
+        run_id="r1",
+        checkpoint="c",
+        control=control,
+        control_set="control-abc",
+        outputs=np.full_like(control["target"], 128),
+        baseline_outputs=None,
+        baseline=None,
+    )
     assert not report.passed
     data = json.loads(json.dumps(report.to_dict()))
     assert data["verdict"] == "fail" and data["control_set"] == "control-abc"
@@ -181,9 +198,11 @@ def test_onnx_embedder(tmp_path, control):
     weights = rng.normal(size=(3 * 8 * 8, 16)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Flatten", ["input"], ["flat"]), helper.make_node("MatMul", ["flat", "w"], ["embedding"])],
-        "tiny-face", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        "tiny-face",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
         [helper.make_tensor_value_info("embedding", TensorProto.FLOAT, ["N", 16])],
-        initializer=[helper.make_tensor("w", TensorProto.FLOAT, weights.shape, weights.flatten())])
+        initializer=[helper.make_tensor("w", TensorProto.FLOAT, weights.shape, weights.flatten())],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     path = tmp_path / "face.onnx"
@@ -198,27 +217,41 @@ def test_onnx_embedder(tmp_path, control):
 def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp_path):
     import torch
 
-    from drape.training.checkpoint import CheckpointError, model_tensor_names, read_model_tensors, save_checkpoint
     from drape.gates.report import GateReport
-    from drape.training.model import build_model
     from drape.gates.run import provenance_problems
+    from drape.training.checkpoint import CheckpointError, model_tensor_names, read_model_tensors, save_checkpoint
+    from drape.training.model import build_model
 
     start_model = build_model(config)
-    start = save_checkpoint(tmp_path / "identity-baseline", model=start_model, optimizer=None, trainable_names=[], ema=None,
-                            manifest={"stage": "identity", "data_manifest_hash": "d1"})
+    start = save_checkpoint(
+        tmp_path / "identity-baseline",
+        model=start_model,
+        optimizer=None,
+        trainable_names=[],
+        ema=None,
+        manifest={"stage": "identity", "data_manifest_hash": "d1"},
+    )
     assert provenance_problems(config, start, stage="texture", data_manifest_hash="d1", start_checkpoint=start) == [
         "provenance: the candidate was trained for stage 'identity', not 'texture'",
         f"provenance: the stage's trainable parameters ({len(_trainable(config, start_model))} tensors) are identical to "
-        "its starting checkpoint identity-baseline: the stage did not train"]
+        "its starting checkpoint identity-baseline: the stage did not train",
+    ]
     trained = build_model(config)
     trained.load_state_dict(start_model.state_dict())
     with torch.no_grad():
         dict(trained.named_parameters())[_trainable(config, trained)[0]].add_(0.01)
-    candidate = save_checkpoint(tmp_path / "texture-candidate", model=trained, optimizer=None, trainable_names=[], ema=None,
-                                manifest={"stage": "texture", "data_manifest_hash": "d1"})
+    candidate = save_checkpoint(
+        tmp_path / "texture-candidate",
+        model=trained,
+        optimizer=None,
+        trainable_names=[],
+        ema=None,
+        manifest={"stage": "texture", "data_manifest_hash": "d1"},
+    )
     assert provenance_problems(config, candidate, stage="texture", data_manifest_hash="d1", start_checkpoint=start) == []
     assert provenance_problems(config, candidate, stage="texture", data_manifest_hash="d2") == [
-        "provenance: the candidate was trained on dataset d1, this run's is d2"]
+        "provenance: the candidate was trained on dataset d1, this run's is d2"
+    ]
     report = GateReport("texture", "r", str(candidate), "control-x", provenance=["provenance: x"])
     assert not report.passed and report.failures()[0] == "provenance: x" and report.to_dict()["provenance"] == ["provenance: x"]
     # it reads the trainable tensors from the safetensors files, never the whole model
@@ -231,14 +264,15 @@ def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp
 
 
 def _trainable(config, model) -> list[str]:
-    from drape.config import trainable_parameter_names
+    from drape.training.model import trainable_parameter_names
 
     return trainable_parameter_names(config.train.stages["texture"].trainable, [n for n, _ in model.named_parameters()])
 
 
 def test_judge_uses_the_vs_baseline_coherence_threshold_only_with_baseline_outputs(config, control):
-    gates = config.gates.model_copy(update={"coherence": config.gates.coherence.model_copy(
-        update={"min_score": 0.2, "min_score_vs_baseline": 0.97})})
+    gates = config.gates.model_copy(
+        update={"coherence": config.gates.coherence.model_copy(update={"min_score": 0.2, "min_score_vs_baseline": 0.97})}
+    )
     cfg = config.model_copy(update={"gates": gates})
     noisy = np.clip(control["target"] + np.random.default_rng(0).normal(0, 8, control["target"].shape), 0, 255).astype(np.uint8)
     kwargs = dict(stage="texture", run_id="r", checkpoint="c", control=control, control_set="x", outputs=noisy)

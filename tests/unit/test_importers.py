@@ -20,9 +20,9 @@ def _person(seed: int, face_label: int, garment_label: int, limb_label: int):
     rng = np.random.default_rng(seed)
     photo = np.full((H, W, 3), 235, np.uint8)
     labels = np.zeros((H, W), np.uint8)
-    labels[4:16, 18:30] = face_label          # face
-    labels[18:44, 12:36] = garment_label      # torso garment
-    labels[18:40, 6:12] = limb_label          # one arm
+    labels[4:16, 18:30] = face_label  # face
+    labels[18:44, 12:36] = garment_label  # torso garment
+    labels[18:40, 6:12] = limb_label  # one arm
     colour = rng.integers(0, 255, 3)
     photo[labels == garment_label] = colour
     photo[labels == face_label] = (200, 160, 130)
@@ -46,11 +46,14 @@ def make_viton_hd(root: Path, pairs: int = 14) -> Path:
                 (root / split / folder).mkdir(parents=True, exist_ok=True)
             photo.save(root / split / "image" / person)
             labels.save(root / split / "image-parse-v3" / f"{Path(person).stem}.png")
-            Image.new("RGB", (W, H), tuple(int(v) for v in np.random.default_rng(i).integers(0, 255, 3))).save(root / split / "cloth" / person)
+            Image.new("RGB", (W, H), tuple(int(v) for v in np.random.default_rng(i).integers(0, 255, 3))).save(
+                root / split / "cloth" / person
+            )
             Image.new("L", (W, H), 255).save(root / split / "cloth-mask" / person)
             Image.new("RGB", (W, H), (128, 128, 128)).save(root / split / "agnostic-v3.2" / person)
             (root / split / "openpose_json" / f"{Path(person).stem}_keypoints.json").write_text(
-                json.dumps({"version": 1.3, "people": [{"pose_keypoints_2d": _keypoints_body25()}]}))
+                json.dumps({"version": 1.3, "people": [{"pose_keypoints_2d": _keypoints_body25()}]})
+            )
         (root / f"{split}_pairs.txt").write_text("\n".join(lines) + "\n")
     return root
 
@@ -69,7 +72,8 @@ def make_dresscode(root: Path, per_category: int = 6) -> Path:
             labels.resize((W // 2, H // 2), Image.Resampling.NEAREST).save(root / category / "label_maps" / f"{ident}_4.png")
             flat = _keypoints_body25(0.5)[: 18 * 3]
             (root / category / "keypoints" / f"{ident}_2.json").write_text(
-                json.dumps({"keypoints": [[flat[3 * k], flat[3 * k + 1], flat[3 * k + 2], k] for k in range(18)]}))
+                json.dumps({"keypoints": [[flat[3 * k], flat[3 * k + 1], flat[3 * k + 2], k] for k in range(18)]})
+            )
             lines.append(f"{ident}_0.jpg {ident}_1.jpg")
         (root / category / "train_pairs.txt").write_text("\n".join(lines) + "\n")
     return root
@@ -80,8 +84,16 @@ def test_import_cuts_stage_shards_with_gate_meta(tmp_path, maker, layout, pairs)
     source = maker(tmp_path / "src")
     assert detect_layout(source) == layout
     assert len(list_pairs(source, layout)) == pairs
-    manifest = import_dataset(source, tmp_path / "out", name="ext", version="v1", resolution=32, control=4,
-                              weights={stage: 1 for stage in STAGES}, max_samples=3)
+    manifest = import_dataset(
+        source,
+        tmp_path / "out",
+        name="ext",
+        version="v1",
+        resolution=32,
+        control=4,
+        weights={stage: 1 for stage in STAGES},
+        max_samples=3,
+    )
     counts = {split: sum(s["samples"] for s in shards) for split, shards in manifest["splits"].items()}
     assert counts["control"] == 4 and sum(counts.values()) == pairs and all(counts[s] > 0 for s in STAGES)
     assert manifest["stage_rule"]["control_samples"] == 4 and manifest["source"]["layout"] == layout
@@ -100,7 +112,9 @@ def test_import_cuts_stage_shards_with_gate_meta(tmp_path, maker, layout, pairs)
 def test_assignment_is_deterministic_and_follows_weights():
     keys = [f"k{i}" for i in range(4000)]
     first = assign_splits(keys, control=100, weights={"identity": 2, "texture": 1, "geometry": 1, "denoise": 0})
-    assert first == assign_splits(list(reversed(keys)), control=100, weights={"identity": 2, "texture": 1, "geometry": 1, "denoise": 0})
+    assert first == assign_splits(
+        list(reversed(keys)), control=100, weights={"identity": 2, "texture": 1, "geometry": 1, "denoise": 0}
+    )
     counts = {split: list(first.values()).count(split) for split in ("control", *STAGES)}
     assert counts["control"] == 100 and counts["denoise"] == 0
     assert abs(counts["identity"] / 3900 - 0.5) < 0.03 and abs(counts["texture"] / 3900 - 0.25) < 0.03
@@ -112,13 +126,29 @@ def test_missing_and_broken_source_files_are_named(tmp_path):
     source = make_viton_hd(tmp_path / "src", pairs=6)
     (source / "train" / "openpose_json" / "00002_00_keypoints.json").unlink()
     with pytest.raises(SourceError, match=r"00002_00_keypoints.json: missing"):
-        import_dataset(source, tmp_path / "out", name="x", version="v1", resolution=32, control=2,
-                       weights={s: 1 for s in STAGES}, max_samples=4)
+        import_dataset(
+            source,
+            tmp_path / "out",
+            name="x",
+            version="v1",
+            resolution=32,
+            control=2,
+            weights={s: 1 for s in STAGES},
+            max_samples=4,
+        )
     source = make_viton_hd(tmp_path / "src2", pairs=6)
     (source / "train" / "image" / "00003_00.jpg").write_bytes(b"not a jpeg")
     with pytest.raises(SourceError, match=r"00003_00.jpg: not a readable image"):
-        import_dataset(source, tmp_path / "out2", name="x", version="v1", resolution=32, control=2,
-                       weights={s: 1 for s in STAGES}, max_samples=4)
+        import_dataset(
+            source,
+            tmp_path / "out2",
+            name="x",
+            version="v1",
+            resolution=32,
+            control=2,
+            weights={s: 1 for s in STAGES},
+            max_samples=4,
+        )
     with pytest.raises(SourceError, match="neither VITON-HD"):
         detect_layout(tmp_path)
 
@@ -130,8 +160,23 @@ def test_cli_shard_publishes_and_refuses_to_overwrite_a_version(tmp_path, config
 
     config_file.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     out = tmp_path / "objects"
-    args = ["data", "shard", str(source), "--out", str(out), "--config", str(config_file), "--name", "dresscode",
-            "--version", "v1", "--control", "3", "--shard-max-samples", "2"]
+    args = [
+        "data",
+        "shard",
+        str(source),
+        "--out",
+        str(out),
+        "--config",
+        str(config_file),
+        "--name",
+        "dresscode",
+        "--version",
+        "v1",
+        "--control",
+        "3",
+        "--shard-max-samples",
+        "2",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     manifest = json.loads((out / "datasets/dresscode/v1" / MANIFEST).read_text())

@@ -1,6 +1,5 @@
 """Model shapes, checkpoint round trip (safetensors + manifest), deterministic sampling."""
 
-
 import pytest
 import torch
 
@@ -11,8 +10,12 @@ from drape.training.model import build_model, sample
 def _inputs(batch, resolution):
     generator = torch.Generator().manual_seed(0)
     image = lambda: torch.rand(batch, 3, resolution, resolution, generator=generator) * 2 - 1  # noqa: E731
-    return {"agnostic": image(), "pose": image(), "garment": image(),
-            "mask": (torch.rand(batch, 1, resolution, resolution, generator=generator) > 0.5).float()}
+    return {
+        "agnostic": image(),
+        "pose": image(),
+        "garment": image(),
+        "mask": (torch.rand(batch, 1, resolution, resolution, generator=generator) > 0.5).float(),
+    }
 
 
 def test_forward_shapes(config):
@@ -35,8 +38,14 @@ def test_garment_changes_the_output(config):
 
 def test_checkpoint_round_trip_and_manifest(config, tmp_path):
     model = build_model(config)
-    path = save_checkpoint(tmp_path / "step-0000001", model=model, optimizer=None, trainable_names=["x"], ema=None,
-                           manifest={"stage": "identity", "step": 1, "data_manifest_hash": "abc", "config": {}})
+    path = save_checkpoint(
+        tmp_path / "step-0000001",
+        model=model,
+        optimizer=None,
+        trainable_names=["x"],
+        ema=None,
+        manifest={"stage": "identity", "step": 1, "data_manifest_hash": "abc", "config": {}},
+    )
     manifest = read_manifest(path)
     assert manifest["stage"] == "identity" and manifest["step"] == 1 and manifest["data_manifest_hash"] == "abc"
     assert manifest["code_version"]
@@ -48,7 +57,9 @@ def test_checkpoint_round_trip_and_manifest(config, tmp_path):
 
 
 def test_tampered_checkpoint_is_refused(config, tmp_path):
-    path = save_checkpoint(tmp_path / "ckpt", model=build_model(config), optimizer=None, trainable_names=[], ema=None, manifest={})
+    path = save_checkpoint(
+        tmp_path / "ckpt", model=build_model(config), optimizer=None, trainable_names=[], ema=None, manifest={}
+    )
     weights = next(path.rglob("*.safetensors"))
     weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
     with pytest.raises(CheckpointError, match="does not match its sha256"):
@@ -82,11 +93,19 @@ def test_export_weights_drops_optimizer_state(config, tmp_path):
 
     model = build_model(config)
     optimizer = torch.optim.AdamW(model.parameters())
-    model(torch.zeros(1, 3, 32, 32), torch.tensor([1]), *([torch.zeros(1, 3, 32, 32)] * 1), torch.zeros(1, 1, 32, 32),
-          torch.zeros(1, 3, 32, 32), torch.zeros(1, 3, 32, 32)).sum().backward()
+    model(
+        torch.zeros(1, 3, 32, 32),
+        torch.tensor([1]),
+        *([torch.zeros(1, 3, 32, 32)] * 1),
+        torch.zeros(1, 1, 32, 32),
+        torch.zeros(1, 3, 32, 32),
+        torch.zeros(1, 3, 32, 32),
+    ).sum().backward()
     optimizer.step()
     names = [n for n, _ in model.named_parameters()]
-    full = save_checkpoint(tmp_path / "full", model=model, optimizer=optimizer, trainable_names=names, ema=None, manifest={"step": 3})
+    full = save_checkpoint(
+        tmp_path / "full", model=model, optimizer=optimizer, trainable_names=names, ema=None, manifest={"step": 3}
+    )
     exported = export_weights(full, tmp_path / "weights")
     assert (full / "optimizer.safetensors").is_file() and not (exported / "optimizer.safetensors").exists()
     manifest = verify_checkpoint(exported)

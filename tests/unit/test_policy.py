@@ -29,8 +29,8 @@ def test_dcgm_usage_makes_a_gpu_busy_and_shrinks_its_free_memory():
     gpus[1].observed_used_gib, gpus[1].observed_util = 30.0, 90.0  # someone outside the queue uses the L40S
     placed = plan_drape([job("a", 10), job("b", 20)], gpus, [], now=0)
     on = {p.job_id: p.gpus[0] for p in placed}
-    assert on["a"] == "h0/gpu0"               # the L40S is not idle: the idle H100 comes first
-    assert on["b"] == "h0/gpu0"               # 18 GiB left on the L40S is too little; the H100 takes it
+    assert on["a"] == "h0/gpu0"  # the L40S is not idle: the idle H100 comes first
+    assert on["b"] == "h0/gpu0"  # 18 GiB left on the L40S is too little; the H100 takes it
     assert not plan_drape([job("c", 2, gpus=2)], gpus, [], now=0)  # multi-GPU needs two idle GPUs on one node
 
 
@@ -54,18 +54,18 @@ def test_easy_backfill_never_delays_the_head_job():
     gpus = fleet(h100=2, l40s=0, per_node=2)
     gpus[0].jobs, gpus[0].allocated_gib = 1, 70.0
     running = [RunningJob("r", ("h0/gpu0",), 70.0, expected_end_s=1000.0)]
-    head = job("head", 70, gpus=2, priority=9)          # needs both GPUs of h0: reserved at t=1000
+    head = job("head", 70, gpus=2, priority=9)  # needs both GPUs of h0: reserved at t=1000
     long_small = job("long", 20, priority=1, duration=5000.0)
     short_small = job("short", 20, priority=1, duration=500.0)
     placed = {p.job_id for p in plan_drape([head, long_small, short_small], gpus, running, now=0.0)}
-    assert placed == {"short"}                            # ends before 1000: backfilled; "long" would delay head
+    assert placed == {"short"}  # ends before 1000: backfilled; "long" would delay head
     no_backfill = plan_drape([head, short_small], gpus, running, now=0.0, config=PolicyConfig(backfill=False))
     assert no_backfill == []
 
 
 def test_fifo_exclusive_uses_only_the_biggest_gpus_and_blocks_at_the_head():
     placed = plan_fifo_exclusive([job("a", 10, submit=0), job("b", 10, submit=1), job("c", 10, submit=2)], fleet(), [], now=5)
-    assert [p.gpus[0][0] for p in placed] == ["h", "h"]   # two H100s; the L40S stay idle, "c" waits
+    assert [p.gpus[0][0] for p in placed] == ["h", "h"]  # two H100s; the L40S stay idle, "c" waits
     blocked = plan_fifo_exclusive([job("x", 10, gpus=4, submit=0), job("y", 10, submit=1)], fleet(), [], now=5)
     assert blocked == []
 

@@ -68,15 +68,18 @@ def _tar_with(path, name, kind=tarfile.REGTYPE, payload=b"{}"):
     return path
 
 
-@pytest.mark.parametrize("name, kind, message", [
-    ("../escape.json", tarfile.REGTYPE, "escapes the shard directory"),
-    ("/etc/cron.d/x.json", tarfile.REGTYPE, "escapes the shard directory"),
-    ("sub/dir.json", tarfile.REGTYPE, "escapes the shard directory"),
-    ("a.target.png", tarfile.SYMTYPE, "is a symbolic link"),
-    ("a.target.png", tarfile.LNKTYPE, "is a hard link"),
-    ("a.target.png", tarfile.CHRTYPE, "is a character device"),
-    ("a.target.png", tarfile.FIFOTYPE, "is a fifo"),
-])
+@pytest.mark.parametrize(
+    "name, kind, message",
+    [
+        ("../escape.json", tarfile.REGTYPE, "escapes the shard directory"),
+        ("/etc/cron.d/x.json", tarfile.REGTYPE, "escapes the shard directory"),
+        ("sub/dir.json", tarfile.REGTYPE, "escapes the shard directory"),
+        ("a.target.png", tarfile.SYMTYPE, "is a symbolic link"),
+        ("a.target.png", tarfile.LNKTYPE, "is a hard link"),
+        ("a.target.png", tarfile.CHRTYPE, "is a character device"),
+        ("a.target.png", tarfile.FIFOTYPE, "is a fifo"),
+    ],
+)
 def test_hostile_members_are_rejected_by_reader_and_structure_check(tmp_path, name, kind, message):
     path = _tar_with(tmp_path / "evil.tar", name, kind)
     with pytest.raises(ShardError, match=message) as error:

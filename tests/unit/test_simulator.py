@@ -14,15 +14,17 @@ def test_colocated_jobs_share_the_gpu_by_the_contention_model(tmp_path):
     gpus = load_fleet(tmp_path / "fleet.yaml")
     trace = [TraceJob("a", 0, 100, 10, 1, 3, "gate-eval"), TraceJob("b", 0, 100, 10, 1, 3, "gate-eval")]
     result = simulate(trace, gpus, "drape")
-    assert result.makespan_s == pytest.approx(200 / 1.07, rel=1e-6)   # two jobs at 1.07 together, not 2
+    assert result.makespan_s == pytest.approx(200 / 1.07, rel=1e-6)  # two jobs at 1.07 together, not 2
     assert result.utilization == pytest.approx(1.0) and result.bound == pytest.approx(1.0)
     exclusive = simulate(trace, gpus, "fifo-exclusive")
     assert exclusive.makespan_s == pytest.approx(200) and exclusive.mean_wait_s == pytest.approx(50)
 
 
 def test_starvation_and_bound_on_a_small_trace(tmp_path):
-    (tmp_path / "fleet.yaml").write_text("groups:\n  - {model: H100-80GB, memory_gib: 80, nodes: 1, gpus_per_node: 2}\n"
-                                         "  - {model: L40S-48GB, memory_gib: 48, nodes: 1, gpus_per_node: 2}\n")
+    (tmp_path / "fleet.yaml").write_text(
+        "groups:\n  - {model: H100-80GB, memory_gib: 80, nodes: 1, gpus_per_node: 2}\n"
+        "  - {model: L40S-48GB, memory_gib: 48, nodes: 1, gpus_per_node: 2}\n"
+    )
     gpus = load_fleet(tmp_path / "fleet.yaml")
     trace = [TraceJob(f"j{i}", i * 10.0, 4000.0, 12.0, 1, 3, "personalization") for i in range(8)]
     fifo, drape = simulate(trace, gpus, "fifo-exclusive"), simulate(trace, gpus, "drape")
@@ -46,11 +48,16 @@ def test_bad_trace_and_impossible_jobs_are_named(tmp_path):
 
 def test_cli_simulate_prints_both_policies(tmp_path):
     (tmp_path / "fleet.yaml").write_text(FLEET)
-    (tmp_path / "t.csv").write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n"
-                                    "a,0,100,10,1,3,gate-eval\nb,5,100,10,1,3,gate-eval\n")
-    result = CliRunner().invoke(app, ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml")])
+    (tmp_path / "t.csv").write_text(
+        "job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\na,0,100,10,1,3,gate-eval\nb,5,100,10,1,3,gate-eval\n"
+    )
+    result = CliRunner().invoke(
+        app, ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml")]
+    )
     assert result.exit_code == 0, result.output
     assert "| fifo-exclusive |" in result.output and "| drape |" in result.output and "contention" in result.output
-    bad = CliRunner().invoke(app, ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"),
-                                   "--policy", "random"])
+    bad = CliRunner().invoke(
+        app,
+        ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy", "random"],
+    )
     assert bad.exit_code == 2 and "unknown policy" in bad.output

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from drape.data.synth import FACE, GARMENT, make_garment, make_identity, render_person, make_pose, generate_split, _rng
+from drape.data.synth import FACE, GARMENT, _rng, generate_split, make_garment, make_identity, make_pose, render_person
 
 
 def test_identity_and_garment_attributes_are_fixed_by_id():
@@ -42,7 +42,7 @@ def test_agnostic_hides_the_garment_and_keeps_the_face():
     agnostic, target = np.asarray(sample.agnostic), np.asarray(sample.target)
     assert np.all(agnostic[mask] == 128)
     x0, y0, x1, y1 = (int(v) for v in sample.meta["face_box"])
-    np.testing.assert_array_equal(agnostic[y0 + 2:y1 - 2, x0 + 2:x1 - 2], target[y0 + 2:y1 - 2, x0 + 2:x1 - 2])
+    np.testing.assert_array_equal(agnostic[y0 + 2 : y1 - 2, x0 + 2 : x1 - 2], target[y0 + 2 : y1 - 2, x0 + 2 : x1 - 2])
 
 
 def test_stage_bias_shapes_the_splits():

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from drape.training.checkpoint import list_checkpoints, load_model
 from drape.data.dataset import load_split
+from drape.training.checkpoint import list_checkpoints, load_model
 from drape.training.trainer import train_stage
 
 
@@ -34,7 +34,9 @@ def test_resume_after_kill_matches_uninterrupted(config, texture_data, tmp_path)
             raise Killed
 
     with pytest.raises(Killed):
-        train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "killed", init_checkpoint=None, progress=die_at_step_5)
+        train_stage(
+            cfg, stage="texture", data=texture_data, out_dir=tmp_path / "killed", init_checkpoint=None, progress=die_at_step_5
+        )
     assert [p.name for p in list_checkpoints(tmp_path / "killed" / "checkpoints")] == ["step-0000003"]
     resumed = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "killed", init_checkpoint=None)
     assert resumed.resumed_from_step == 3 and resumed.steps == 7
@@ -50,8 +52,13 @@ def test_only_the_stage_subset_trains(config, texture_data, tmp_path):
     before = load_model(first.checkpoint).state_dict()
     data = cfg.model_dump(mode="json")
     data["train"]["stages"]["denoise"] = {"steps": 3, "trainable": ["transformer.proj_out.*"]}
-    second = train_stage(type(cfg).model_validate(data), stage="denoise", data=texture_data, out_dir=tmp_path / "b",
-                         init_checkpoint=first.checkpoint)
+    second = train_stage(
+        type(cfg).model_validate(data),
+        stage="denoise",
+        data=texture_data,
+        out_dir=tmp_path / "b",
+        init_checkpoint=first.checkpoint,
+    )
     after = load_model(second.checkpoint).state_dict()
     changed = {name for name in before if not torch.equal(before[name], after[name])}
     assert changed == {"transformer.proj_out.weight", "transformer.proj_out.bias"}
@@ -63,12 +70,22 @@ def test_metrics_reach_the_sink_and_prometheus(config, texture_data, tmp_path):
     from drape.ops.metrics import exposition
 
     logged = []
-    result = train_stage(_config(config, log_every=2), stage="texture", data=texture_data, out_dir=tmp_path,
-                         init_checkpoint=None, log_metrics=lambda m, step: logged.append((step, m)),
-                         metric_labels={"run": "run-metrics-test"})
+    result = train_stage(
+        _config(config, log_every=2),
+        stage="texture",
+        data=texture_data,
+        out_dir=tmp_path,
+        init_checkpoint=None,
+        log_metrics=lambda m, step: logged.append((step, m)),
+        metric_labels={"run": "run-metrics-test"},
+    )
     labels = {"run": "run-metrics-test", "stage": "texture"}
-    samples = {s.name: s for family in text_string_to_metric_families(exposition(labels)) for s in family.samples
-               if s.labels.get("le") is None}
+    samples = {
+        s.name: s
+        for family in text_string_to_metric_families(exposition(labels))
+        for s in family.samples
+        if s.labels.get("le") is None
+    }
     assert samples["drape_data_wait_seconds_count"].labels == {**labels, "rank": "0"}
     assert samples["drape_data_wait_seconds_count"].value == 7 and samples["drape_train_step_seconds_count"].value == 7
     assert abs(samples["drape_data_wait_seconds_sum"].value - result.data_wait_seconds) < 1e-6
@@ -88,7 +105,12 @@ def test_patterns_that_match_nothing_fail_clearly(config, texture_data, tmp_path
 
 def test_gradient_checkpointing_gives_the_same_weights(config, texture_data, tmp_path):
     plain = train_stage(_config(config), stage="texture", data=texture_data, out_dir=tmp_path / "plain", init_checkpoint=None)
-    checkpointed = train_stage(_config(config, gradient_checkpointing=True), stage="texture", data=texture_data,
-                               out_dir=tmp_path / "ckpt", init_checkpoint=None)
+    checkpointed = train_stage(
+        _config(config, gradient_checkpointing=True),
+        stage="texture",
+        data=texture_data,
+        out_dir=tmp_path / "ckpt",
+        init_checkpoint=None,
+    )
     a, b = load_model(plain.checkpoint).state_dict(), load_model(checkpointed.checkpoint).state_dict()
     assert max(float((a[n] - b[n]).abs().max()) for n in a) < 1e-5
