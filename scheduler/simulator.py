@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, PolicyConfig, RunningJob, get_policy
+from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, get_policy
 
 CONTENTION_OVERLAP = 0.07
 TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
@@ -124,69 +124,53 @@ def offered_load_bound(trace: list[TraceJob], num_gpus: int) -> float:
     return work / (num_gpus * shortest)
 
 
-def simulate(
-    trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape", config: PolicyConfig = PolicyConfig()
-) -> SimResult:
-    """Replay `trace` on `fleet` under `policy`; see the module docstring for the model."""
-    plan = get_policy(policy)
-    gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet}
+def _check_fits(trace: list[TraceJob], fleet: list[GpuState]) -> None:
     biggest = max(g.total_gib for g in fleet)
     for job in trace:
-        if job.peak_mem_gib > biggest or job.gpus > len(gpus):
+        if job.peak_mem_gib > biggest or job.gpus > len(fleet):
             raise TraceError(
                 f"job {job.job_id} needs {job.gpus}×{job.peak_mem_gib} GiB; the fleet's largest GPU has {biggest} GiB"
             )
-    by_id = {j.job_id: j for j in trace}
-    pending: dict[str, JobRequest] = {}
-    running: dict[str, dict] = {}
-    waits, placed_on = [], {}
-    clock, arrival, busy, allocated = trace[0].submit_s if trace else 0.0, 0, 0.0, 0.0
-    finish_last = clock
-    while arrival < len(trace) or pending or running:
-        rates = {jid: min(_share(gpus[u].jobs) for u in r["gpus"]) for jid, r in running.items()}
-        next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
-        next_arrival = trace[arrival].submit_s if arrival < len(trace) else float("inf")
-        upcoming = min(next_finish, next_arrival)
-        if upcoming == float("inf"):
-            stuck = sorted(pending)[:3]
-            raise TraceError(f"policy {policy} can never place {stuck} on this fleet")
-        elapsed = upcoming - clock
-        busy += elapsed * sum(1 for g in gpus.values() if g.jobs)
-        allocated += elapsed * sum(g.allocated_gib for g in gpus.values())
-        for jid, r in running.items():
-            r["remaining"] -= rates[jid] * elapsed
-        clock = upcoming
-        for jid in [jid for jid, r in running.items() if r["remaining"] <= 1e-6]:
-            record = running.pop(jid)
-            for uuid in record["gpus"]:
-                gpus[uuid].jobs -= 1
-                gpus[uuid].allocated_gib = gpus[uuid].allocated_gib - record["mem"] if gpus[uuid].jobs else 0.0
-            finish_last = clock
-        while arrival < len(trace) and trace[arrival].submit_s <= clock:
-            job = trace[arrival]
-            pending[job.job_id] = JobRequest(job.job_id, job.priority, job.submit_s, job.gpus, job.peak_mem_gib, job.duration_s)
-            arrival += 1
-        if not pending:
-            continue
-        ongoing = [RunningJob(jid, tuple(r["gpus"]), r["mem"], r["expected_end"]) for jid, r in running.items()]
-        for placement in plan(list(pending.values()), list(gpus.values()), ongoing, clock, config):
-            request = pending.pop(placement.job_id)
-            for uuid in placement.gpus:
-                gpus[uuid].jobs += 1
-                gpus[uuid].allocated_gib += placement.mem_gib
-            running[placement.job_id] = {
-                "gpus": placement.gpus,
-                "mem": placement.mem_gib,
-                "remaining": request.duration_s,
-                "expected_end": clock + request.duration_s,
-            }
-            waits.append(clock - by_id[placement.job_id].submit_s)
-            model = gpus[placement.gpus[0]].model
-            placed_on[model] = placed_on.get(model, 0) + 1
+
+
+def _release_finished(running: dict[str, dict], gpus: dict[str, GpuState]) -> bool:
+    """Free the GPUs of the jobs that are done; True when any was."""
+    done = [jid for jid, r in running.items() if r["remaining"] <= 1e-6]
+    for jid in done:
+        record = running.pop(jid)
+        for uuid in record["gpus"]:
+            gpus[uuid].jobs -= 1
+            gpus[uuid].allocated_gib = gpus[uuid].allocated_gib - record["mem"] if gpus[uuid].jobs else 0.0
+    return bool(done)
+
+
+def _start(placement: Placement, request: JobRequest, running: dict[str, dict], gpus: dict[str, GpuState], clock: float) -> None:
+    for uuid in placement.gpus:
+        gpus[uuid].jobs += 1
+        gpus[uuid].allocated_gib += placement.mem_gib
+    running[placement.job_id] = {
+        "gpus": placement.gpus,
+        "mem": placement.mem_gib,
+        "remaining": request.duration_s,
+        "expected_end": clock + request.duration_s,
+    }
+
+
+def _result(
+    policy: str,
+    trace: list[TraceJob],
+    gpus: dict[str, GpuState],
+    busy: float,
+    allocated: float,
+    waits: list[float],
+    placed_on: dict[str, int],
+    finish_last: float,
+) -> SimResult:
     start = trace[0].submit_s if trace else 0.0
     makespan = max(finish_last - start, 1e-9)
     total_memory = sum(g.total_gib for g in gpus.values())
     ordered = sorted(waits)
+    p95 = ordered[int(0.95 * (len(ordered) - 1))] if ordered else 0.0
     return SimResult(
         policy,
         len(trace),
@@ -194,12 +178,58 @@ def simulate(
         busy / (len(gpus) * makespan),
         allocated / (total_memory * makespan),
         statistics.fmean(waits) if waits else 0.0,
-        ordered[int(0.95 * (len(ordered) - 1))] if ordered else 0.0,
+        p95,
         sum(1 for w in waits if w > STARVED_AFTER_S),
         makespan,
         offered_load_bound(trace, len(gpus)) if trace else 0.0,
         placed_on,
     )
+
+
+def simulate(
+    trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape", config: PolicyConfig = PolicyConfig()
+) -> SimResult:
+    """Replay `trace` on `fleet` under `policy`; see the module docstring for the model."""
+    plan = get_policy(policy)
+    _check_fits(trace, fleet)
+    gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet}
+    by_id = {j.job_id: j for j in trace}
+    pending: dict[str, JobRequest] = {}
+    running: dict[str, dict] = {}
+    waits: list[float] = []
+    placed_on: dict[str, int] = {}
+    clock, arrival, busy, allocated = trace[0].submit_s if trace else 0.0, 0, 0.0, 0.0
+    finish_last = clock
+    while arrival < len(trace) or pending or running:
+        # 1. advance the clock to the next finish or arrival, progressing running jobs at their shared rates
+        rates = {jid: min(_share(gpus[u].jobs) for u in r["gpus"]) for jid, r in running.items()}
+        next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
+        upcoming = min(next_finish, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
+        if upcoming == float("inf"):
+            raise TraceError(f"policy {policy} can never place {sorted(pending)[:3]} on this fleet")
+        elapsed = upcoming - clock
+        busy += elapsed * sum(1 for g in gpus.values() if g.jobs)
+        allocated += elapsed * sum(g.allocated_gib for g in gpus.values())
+        for jid, r in running.items():
+            r["remaining"] -= rates[jid] * elapsed
+        clock = upcoming
+        # 2. finished jobs free their GPUs; arrivals join the queue
+        if _release_finished(running, gpus):
+            finish_last = clock
+        while arrival < len(trace) and trace[arrival].submit_s <= clock:
+            job = trace[arrival]
+            pending[job.job_id] = JobRequest(job.job_id, job.priority, job.submit_s, job.gpus, job.peak_mem_gib, job.duration_s)
+            arrival += 1
+        if not pending:
+            continue
+        # 3. the live policy places what it can
+        ongoing = [RunningJob(jid, tuple(r["gpus"]), r["mem"], r["expected_end"]) for jid, r in running.items()]
+        for placement in plan(list(pending.values()), list(gpus.values()), ongoing, clock, config):
+            _start(placement, pending.pop(placement.job_id), running, gpus, clock)
+            waits.append(clock - by_id[placement.job_id].submit_s)
+            model = gpus[placement.gpus[0]].model
+            placed_on[model] = placed_on.get(model, 0) + 1
+    return _result(policy, trace, gpus, busy, allocated, waits, placed_on, finish_last)
 
 
 def render(results: list[SimResult]) -> str:

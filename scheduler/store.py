@@ -18,127 +18,54 @@ import uuid
 from dataclasses import dataclass, field
 
 from sqlalchemy import (
-    Column,
-    Float,
-    Integer,
-    MetaData,
-    String,
-    Table,
-    Text,
     and_,
     bindparam,
-    create_engine,
     delete,
-    event,
     func,
     insert,
     select,
     update,
 )
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError
 
-from drape import JOB_KINDS
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
-
-STATES = ("queued", "running", "succeeded", "failed", "cancelled")
-KINDS = JOB_KINDS
-
-metadata = MetaData()
-jobs_table = Table(
-    "jobs",
-    metadata,
-    Column("id", String(64), primary_key=True),
-    Column("kind", String(32), nullable=False),
-    Column("stage", String(32)),
-    Column("shape", String(256), nullable=False),
-    Column("priority", Integer, nullable=False),
-    Column("gpus", Integer, nullable=False),
-    Column("mem_gib", Float, nullable=False),
-    Column("duration_s", Float, nullable=False),
-    Column("command", Text, nullable=False),
-    Column("env", Text, nullable=False, default="{}"),
-    Column("labels", Text, nullable=False, default="{}"),
-    Column("state", String(16), nullable=False, index=True),
-    Column("submit_s", Float, nullable=False),
-    Column("start_s", Float),
-    Column("finish_s", Float),
-    Column("dispatcher", String(64)),
-    Column("lease_expires_s", Float),
-    Column("assigned", Text),
-    Column("handle", String(256)),
-    Column("attempts", Integer, nullable=False, default=0),
-    Column("exit_code", Integer),
-    Column("message", Text),
+from scheduler.schema import (
+    KINDS,
+    STATES,
+    JobSpec,
+    QueueError,
+    allocation_log,
+    allocations_table,
+    gpus_table,
+    jobs_table,
+    measurements_table,
+    open_engine,
 )
-gpus_table = Table(
-    "gpus",
-    metadata,
-    Column("uuid", String(128), primary_key=True),
-    Column("node", String(128), nullable=False),
-    Column("model", String(64), nullable=False),
-    Column("total_gib", Float, nullable=False),
-)
-allocations_table = Table(
-    "allocations",
-    metadata,
-    Column("job_id", String(64), primary_key=True),
-    Column("gpu_uuid", String(128), primary_key=True),
-    Column("mem_gib", Float, nullable=False),
-)
-allocation_log = Table(
-    "allocation_log",
-    metadata,
-    Column("seq", Integer, primary_key=True, autoincrement=True),
-    Column("job_id", String(64), nullable=False),
-    Column("gpu_uuid", String(128), nullable=False),
-    Column("mem_gib", Float, nullable=False),
-    Column("event", String(8), nullable=False),  # claim | release
-    Column("dispatcher", String(64)),
-    Column("at_s", Float, nullable=False),
-)
-measurements_table = Table(
-    "measurements",
-    metadata,
-    Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("shape", String(256), nullable=False, index=True),
-    Column("peak_gib", Float, nullable=False),
-    Column("duration_s", Float, nullable=False),
-    Column("recorded_s", Float, nullable=False),
-)
-
-
-class QueueError(RuntimeError):
-    """A queue operation that cannot be done; names the job and the reason."""
 
 
 @dataclass
-class JobSpec:
-    """A job to submit; `mem_gib` is per GPU, `duration_s` the expected run time."""
+class _ClaimLedger:
+    """One claim transaction's view of the GPUs it touches: capacity, GiB allocated and jobs on each."""
 
-    kind: str
-    command: list[str]
-    mem_gib: float
-    duration_s: float
-    gpus: int = 1
-    priority: int = 3
-    stage: str | None = None
-    shape: str = ""
-    env: dict[str, str] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    id: str | None = None
+    totals: dict[str, float]
+    states: dict[str, str]
+    used: dict[str, float] = field(default_factory=dict)
+    jobs_on: dict[str, int] = field(default_factory=dict)
 
+    def admits(self, placement: Placement, max_jobs_per_gpu: int) -> bool:
+        if self.states.get(placement.job_id) != "queued" or not all(g in self.totals for g in placement.gpus):
+            return False
+        whole_gpus = len(placement.gpus) > 1  # multi-GPU jobs share with nobody
+        return not any(
+            self.used.get(g, 0.0) + placement.mem_gib > self.totals[g] + 1e-9
+            or self.jobs_on.get(g, 0) >= max_jobs_per_gpu
+            or (whole_gpus and self.jobs_on.get(g, 0))
+            for g in placement.gpus
+        )
 
-def _sqlite_immediate(engine: Engine) -> None:
-    @event.listens_for(engine, "connect")
-    def _connect(dbapi_connection, _record):
-        dbapi_connection.isolation_level = None  # let SQLAlchemy's BEGIN below through
-        dbapi_connection.execute("PRAGMA journal_mode=WAL")
-        dbapi_connection.execute("PRAGMA busy_timeout=60000")
-
-    @event.listens_for(engine, "begin")
-    def _begin(connection):
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+    def take(self, placement: Placement) -> None:
+        for g in placement.gpus:
+            self.used[g], self.jobs_on[g] = self.used.get(g, 0.0) + placement.mem_gib, self.jobs_on.get(g, 0) + 1
+        self.states[placement.job_id] = "running"
 
 
 class JobStore:
@@ -147,29 +74,7 @@ class JobStore:
     def __init__(self, url: str):
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
-        if self.is_sqlite:
-            from pathlib import Path
-
-            path = url.split("///", 1)[-1]
-            if path and path != ":memory:":
-                try:
-                    Path(path).parent.mkdir(parents=True, exist_ok=True)
-                except OSError as error:
-                    raise QueueError(f"queue.url {url}: cannot create the folder for the database ({error})") from None
-        shown = make_url(url).render_as_string(hide_password=True)
-        try:
-            self.engine = create_engine(url, connect_args={"timeout": 60} if self.is_sqlite else {}, pool_pre_ping=True)
-        except ModuleNotFoundError as error:
-            raise QueueError(
-                f"queue.url {shown}: its database driver {error.name!r} is not installed; for PostgreSQL: "
-                "pip install 'psycopg[binary]' (or psycopg2-binary with a postgresql+psycopg2:// URL)"
-            ) from None
-        if self.is_sqlite:
-            _sqlite_immediate(self.engine)
-        try:
-            metadata.create_all(self.engine)
-        except OperationalError as error:
-            raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from None
+        self.engine = open_engine(url)
 
     # --- submitting and reading ----------------------------------------------------------
     def submit(self, spec: JobSpec, now: float | None = None) -> str:
@@ -232,43 +137,22 @@ class JobStore:
         return {state: 0 for state in STATES} | {state: count for state, count in rows}
 
     def pending(self) -> list[JobRequest]:
-        columns = (
-            jobs_table.c.id,
-            jobs_table.c.priority,
-            jobs_table.c.submit_s,
-            jobs_table.c.gpus,
-            jobs_table.c.mem_gib,
-            jobs_table.c.duration_s,
-        )
+        columns = [jobs_table.c[name] for name in ("id", "priority", "submit_s", "gpus", "mem_gib", "duration_s")]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "queued")).all()
         return [JobRequest(*row) for row in rows]
 
     def running(self) -> list[RunningJob]:
-        columns = (
-            jobs_table.c.id,
-            jobs_table.c.assigned,
-            jobs_table.c.mem_gib,
-            jobs_table.c.start_s,
-            jobs_table.c.duration_s,
-            jobs_table.c.kind,
-            jobs_table.c.stage,
-            jobs_table.c.labels,
-        )
+        columns = [
+            jobs_table.c[name] for name in ("id", "assigned", "mem_gib", "start_s", "duration_s", "kind", "stage", "labels")
+        ]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
         return [RunningJob(r.id, tuple(json.loads(r.assigned or "[]")), r.mem_gib, (r.start_s or 0) + r.duration_s) for r in rows]
 
     def running_labels(self) -> list[tuple[str, str, str, str, list[str], float]]:
         """(job id, kind, stage, run, GPUs, GiB per GPU) of running jobs: what the join dashboard shows."""
-        columns = (
-            jobs_table.c.id,
-            jobs_table.c.kind,
-            jobs_table.c.stage,
-            jobs_table.c.labels,
-            jobs_table.c.assigned,
-            jobs_table.c.mem_gib,
-        )
+        columns = [jobs_table.c[name] for name in ("id", "kind", "stage", "labels", "assigned", "mem_gib")]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
         return [
@@ -322,62 +206,59 @@ class JobStore:
         now = time.time() if now is None else now
         if not placements:
             return []
-        wanted = sorted({g for p in placements for g in p.gpus})
         granted = []
         with self.engine.begin() as connection:
-            gpu_rows = select(gpus_table).where(gpus_table.c.uuid.in_(wanted)).order_by(gpus_table.c.uuid)
-            job_rows = (
-                select(jobs_table.c.id, jobs_table.c.state)
-                .where(jobs_table.c.id.in_(sorted(p.job_id for p in placements)))
-                .order_by(jobs_table.c.id)
-            )
-            if not self.is_sqlite:  # PostgreSQL: lock the GPUs, then the jobs, always in key order (no deadlock cycles);
-                gpu_rows, job_rows = gpu_rows.with_for_update(), job_rows.with_for_update()  # a rival waits, then re-reads
-            totals = {r.uuid: r.total_gib for r in connection.execute(gpu_rows)}
-            states = dict(connection.execute(job_rows).all())
-            used: dict[str, float] = {}
-            jobs_on: dict[str, int] = {}
-            for gpu, total, count in connection.execute(
-                select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count())
-                .where(allocations_table.c.gpu_uuid.in_(wanted))
-                .group_by(allocations_table.c.gpu_uuid)
-            ):
-                used[gpu], jobs_on[gpu] = float(total), int(count)
+            ledger = self._locked_ledger(connection, placements)
             for placement in placements:
-                if states.get(placement.job_id) != "queued" or not all(g in totals for g in placement.gpus):
-                    continue
-                whole_gpus = len(placement.gpus) > 1  # multi-GPU jobs share with nobody
-                if any(
-                    used.get(g, 0.0) + placement.mem_gib > totals[g] + 1e-9
-                    or jobs_on.get(g, 0) >= max_jobs_per_gpu
-                    or (whole_gpus and jobs_on.get(g, 0))
-                    for g in placement.gpus
-                ):
-                    continue
-                for g in placement.gpus:
-                    used[g], jobs_on[g] = used.get(g, 0.0) + placement.mem_gib, jobs_on.get(g, 0) + 1
-                states[placement.job_id] = "running"
-                granted.append(placement)
+                if ledger.admits(placement, max_jobs_per_gpu):
+                    ledger.take(placement)
+                    granted.append(placement)
             if granted:
-                rows = [{"job_id": p.job_id, "gpu_uuid": g, "mem_gib": p.mem_gib} for p in granted for g in p.gpus]
-                connection.execute(insert(allocations_table), rows)
-                connection.execute(
-                    insert(allocation_log), [{**row, "event": "claim", "dispatcher": dispatcher, "at_s": now} for row in rows]
-                )
-                connection.execute(
-                    update(jobs_table)
-                    .where(jobs_table.c.id == bindparam("job"))
-                    .values(
-                        state="running",
-                        start_s=now,
-                        dispatcher=dispatcher,
-                        lease_expires_s=now + lease_seconds,
-                        assigned=bindparam("b_assigned"),
-                        attempts=jobs_table.c.attempts + 1,
-                    ),
-                    [{"job": p.job_id, "b_assigned": json.dumps(list(p.gpus))} for p in granted],
-                )
+                self._record_claims(connection, granted, dispatcher, lease_seconds, now)
         return granted
+
+    def _locked_ledger(self, connection, placements: list[Placement]) -> _ClaimLedger:
+        """The wanted GPUs' capacity and allocations and the jobs' states, read under the claim's locks."""
+        wanted = sorted({g for p in placements for g in p.gpus})
+        gpu_rows = select(gpus_table).where(gpus_table.c.uuid.in_(wanted)).order_by(gpus_table.c.uuid)
+        job_rows = (
+            select(jobs_table.c.id, jobs_table.c.state)
+            .where(jobs_table.c.id.in_(sorted(p.job_id for p in placements)))
+            .order_by(jobs_table.c.id)
+        )
+        if not self.is_sqlite:  # PostgreSQL: lock the GPUs, then the jobs, always in key order (no deadlock cycles);
+            gpu_rows, job_rows = gpu_rows.with_for_update(), job_rows.with_for_update()  # a rival waits, then re-reads
+        ledger = _ClaimLedger(
+            {r.uuid: r.total_gib for r in connection.execute(gpu_rows)}, dict(connection.execute(job_rows).all())
+        )
+        for gpu, total, count in connection.execute(
+            select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count())
+            .where(allocations_table.c.gpu_uuid.in_(wanted))
+            .group_by(allocations_table.c.gpu_uuid)
+        ):
+            ledger.used[gpu], ledger.jobs_on[gpu] = float(total), int(count)
+        return ledger
+
+    @staticmethod
+    def _record_claims(connection, granted: list[Placement], dispatcher: str, lease_seconds: float, now: float) -> None:
+        rows = [{"job_id": p.job_id, "gpu_uuid": g, "mem_gib": p.mem_gib} for p in granted for g in p.gpus]
+        connection.execute(insert(allocations_table), rows)
+        connection.execute(
+            insert(allocation_log), [{**row, "event": "claim", "dispatcher": dispatcher, "at_s": now} for row in rows]
+        )
+        connection.execute(
+            update(jobs_table)
+            .where(jobs_table.c.id == bindparam("job"))
+            .values(
+                state="running",
+                start_s=now,
+                dispatcher=dispatcher,
+                lease_expires_s=now + lease_seconds,
+                assigned=bindparam("b_assigned"),
+                attempts=jobs_table.c.attempts + 1,
+            ),
+            [{"job": p.job_id, "b_assigned": json.dumps(list(p.gpus))} for p in granted],
+        )
 
     def set_handles(self, handles: dict[str, str]) -> None:
         if not handles:

@@ -71,60 +71,67 @@ def data_shard(
     """Cut SOURCE into datasets/<name>/<version>/<stage>/shard-NNNNN.tar + manifest.json at OUT."""
     import tempfile
 
-    from drape.data.dataset import build_dataset, import_dataset, publish_dataset
+    from drape.data.dataset import publish_dataset
     from drape.data.importers import SourceError
     from drape.storage.store import StorageError, open_store
 
     cfg = load(config)
-    name, version = name or cfg.data.name, version or cfg.data.version
-    max_bytes, max_samples = shard_max_bytes or cfg.data.shard_max_bytes, shard_max_samples or cfg.data.shard_max_samples
+    data = cfg.data.model_copy(
+        update={
+            "name": name or cfg.data.name,
+            "version": version or cfg.data.version,
+            "shard_max_bytes": shard_max_bytes or cfg.data.shard_max_bytes,
+            "shard_max_samples": shard_max_samples or cfg.data.shard_max_samples,
+            "control_samples": control or cfg.data.control_samples,
+        }
+    )
     store = open_store(cfg, out)
-    prefix = dataset_prefix(name, version)
+    prefix = dataset_prefix(data.name, data.version)
     if store.exists(f"{prefix}/{DATASET_MANIFEST}"):
         fail(f"{store.key_url(prefix)} already exists; dataset versions are immutable, pick a new --version")
     with tempfile.TemporaryDirectory(prefix="drape-shard-") as scratch, progress_bar() as progress:
         bar = progress.add_task(f"shard {source}", total=None)
-        advance = lambda split, n: progress.advance(bar, n)  # noqa: E731
         try:
-            if source == "synth":
-                overrides = cfg.model_copy(
-                    update={
-                        "data": cfg.data.model_copy(
-                            update={
-                                "name": name,
-                                "version": version,
-                                "shard_max_bytes": max_bytes,
-                                "shard_max_samples": max_samples,
-                                **({"control_samples": control} if control else {}),
-                            }
-                        )
-                    }
-                )
-                manifest = build_dataset(overrides, scratch, advance)
-            else:
-                manifest = import_dataset(
-                    source,
-                    scratch,
-                    name=name,
-                    version=version,
-                    resolution=cfg.data.resolution,
-                    control=control or cfg.data.control_samples,
-                    weights=_weights(weights),
-                    max_samples=max_samples,
-                    max_bytes=max_bytes,
-                    progress=advance,
-                )
+            manifest = _cut(
+                source,
+                cfg.model_copy(update={"data": data}),
+                scratch,
+                _weights(weights),
+                lambda split, n: progress.advance(bar, n),
+            )
             progress.update(bar, description=f"upload → {store!r}")
             publish_dataset(scratch, store, prefix)
         except (SourceError, ValueError, FileExistsError, StorageError) as error:
             fail(f"cannot shard {source}: {error}")
-    table = table_of(
-        f"dataset {name}/{version} → {store.key_url(prefix)}", ("split", "shards", "samples", "bytes"), left=("split",)
+    _print_dataset(manifest, f"dataset {data.name}/{data.version} → {store.key_url(prefix)}")
+
+
+def _cut(source: str, config, scratch: str, weights: dict[str, float], advance) -> dict:
+    """The dataset's shards and manifest in `scratch`: generated (`synth`) or imported from a VITON-HD or DressCode tree."""
+    from drape.data.dataset import build_dataset, import_dataset
+
+    if source == "synth":
+        return build_dataset(config, scratch, advance)
+    data = config.data
+    return import_dataset(
+        source,
+        scratch,
+        name=data.name,
+        version=data.version,
+        resolution=data.resolution,
+        control=data.control_samples,
+        weights=weights,
+        max_samples=data.shard_max_samples,
+        max_bytes=data.shard_max_bytes,
+        progress=advance,
     )
+
+
+def _print_dataset(manifest: dict, title: str) -> None:
+    table = table_of(title, ("split", "shards", "samples", "bytes"), left=("split",))
     for split, shards in manifest["splits"].items():
-        table.add_row(
-            split, str(len(shards)), str(sum(s["samples"] for s in shards)), format_bytes(sum(s["bytes"] for s in shards))
-        )
+        samples, size = sum(s["samples"] for s in shards), sum(s["bytes"] for s in shards)
+        table.add_row(split, str(len(shards)), str(samples), format_bytes(size))
     console.print(table)
     console.print(f"control set {manifest['control_set']}; stage rule {manifest['stage_rule'].get('rule')}")
 

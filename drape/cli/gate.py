@@ -74,8 +74,6 @@ def gate_calibrate(
     threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
     gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
     thresholds a config takes."""
-    import math
-
     from drape.data.dataset import load_control_dir, synthesize_split
     from drape.data.shards import ShardError
     from drape.gates.calibration import calibrate, gate_thresholds, render_gate_table, render_table
@@ -95,31 +93,24 @@ def gate_calibrate(
     thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, reference_outputs=reference, false_alarm=false_alarm)
     source = f"outputs in {outputs}" if outputs else "control targets"
     versus = f"baseline outputs in {baseline_outputs}" if baseline_outputs else "the ground truth"
-    console.print(
-        render_table(
-            thresholds,
-            rows,
-            false_alarm=false_alarm,
-            title=f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}",
-        )
-    )
+    title = f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}"
+    console.print(render_table(thresholds, rows, false_alarm=false_alarm, title=title))
     gate, gate_rows = gate_thresholds(rows, false_alarm=false_alarm, redraws=redraws)
     configured = cfg.gates.thresholds(stage, vs_baseline=baseline_outputs is not None)
-    console.print(
-        render_gate_table(
-            gate,
-            gate_rows,
-            false_alarm=false_alarm,
-            configured=configured,
-            title=f"gate level: bootstrap lower bound over {redraws} redrawn control sets; "
-            f"configured = {stage} thresholds in {config or 'the default config'}",
-        )
+    title = (
+        f"gate level: bootstrap lower bound over {redraws} redrawn control sets; "
+        f"configured = {stage} thresholds in {config or 'the default config'}"
     )
-    keys = {
-        "identity": "gates.identity.min_similarity",
-        "texture": "gates.texture.min_fidelity",
-        "coherence": "gates.coherence.min_score_vs_baseline" if baseline_outputs else "gates.coherence.min_score",
-    }
+    console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured, title=title))
+    _print_config_lines(gate, stage, false_alarm, vs_baseline=baseline_outputs is not None)
+
+
+def _print_config_lines(gate: dict[str, float], stage: str, false_alarm: float, *, vs_baseline: bool) -> None:
+    """The calibrated gate thresholds as the config keys that take them, rounded down to 2 decimals."""
+    import math
+
+    coherence = "gates.coherence.min_score_vs_baseline" if vs_baseline else "gates.coherence.min_score"
+    keys = {"identity": "gates.identity.min_similarity", "texture": "gates.texture.min_fidelity", "coherence": coherence}
     for check, value in gate.items():
         console.print(
             f"{keys[check]}: {math.floor(value * 100) / 100:.2f}   "

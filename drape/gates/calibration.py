@@ -23,7 +23,7 @@ import numpy as np
 from drape.config import PipelineConfig
 from drape.gates.corruptions import CLEAN, CORRUPTIONS, applicable, apply
 from drape.gates.report import bootstrap_lower_bound
-from drape.gates.run import judge
+from drape.gates.run import check_scores
 
 
 @dataclass
@@ -39,19 +39,12 @@ class Row:
 
 
 def _scores(config: PipelineConfig, control: dict, outputs: np.ndarray, reference: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-sample values of every check; coherence is judged against `reference`."""
-    report = judge(
-        config,
-        stage="denoise",
-        run_id="calibrate",
-        checkpoint="-",
-        control=control,
-        control_set="-",
-        outputs=outputs,
-        baseline_outputs=reference,
-        baseline={"version": "reference"},
-    )
-    return {name: np.array(list(check.values.values())) for name, check in report.checks.items()}
+    """Per-sample values of every check, as a gate report records them (6 decimals); coherence is
+    judged against `reference`."""
+    return {
+        name: np.array([round(float(v), 6) for v in values])
+        for name, values in check_scores(config, control, outputs, reference).items()
+    }
 
 
 def calibrate(

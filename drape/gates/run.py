@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gates.checks import build_embedder, coherence_scores, identity_scores, texture_scores
+from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.report import CheckResult, GateReport
 from drape.training.checkpoint import load_model
 from drape.training.model import sample
@@ -81,6 +81,43 @@ def save_grid(
     grid.save(path)
 
 
+def check_scores(
+    config: PipelineConfig,
+    control: dict,
+    outputs: np.ndarray,
+    reference: np.ndarray | None = None,
+    *,
+    embedder: FaceEmbedder | None = None,
+) -> dict[str, np.ndarray]:
+    """Per-sample values of the checks on `outputs`: identity and texture against the control
+    targets, coherence against `reference` (a baseline's outputs or the targets; None: not scored)."""
+    meta, texture = control["meta"], config.gates.texture
+    embedder = embedder or build_embedder(config.gates)
+    values = {
+        "identity": identity_scores(outputs, control["target"], [m["face_box"] for m in meta], embedder),
+        "texture": texture_scores(
+            outputs,
+            control["target"],
+            [m["logo_box"] for m in meta],
+            texture.max_shift_pixels,
+            mirror_penalty=texture.mirror_penalty,
+            sharpness_floor=texture.sharpness_floor,
+        ),
+    }
+    if reference is not None:
+        values["coherence"] = coherence_scores(outputs, reference, control["mask"])
+    return values
+
+
+def _judged_against(config: PipelineConfig, check: str, baseline: dict | None) -> tuple[str, float | None, str]:
+    """(what `check` compares with, its change threshold, why the change check is skipped) for the report."""
+    if check == "coherence":
+        reference = f"baseline v{baseline['version']} outputs" if baseline else "ground-truth targets (no baseline yet)"
+        return reference, None, "coherence is measured against the baseline's own outputs: no separate change check"
+    max_drop = config.gates.identity.max_drop if check == "identity" else config.gates.texture.max_drop
+    return "control targets", max_drop, "" if baseline else "no baseline yet (first run of this stage): change check skipped"
+
+
 def judge(
     config: PipelineConfig,
     *,
@@ -99,58 +136,17 @@ def judge(
     checks also score the baseline's outputs on the same control set: that is the mean the
     change threshold compares with.
     """
-    keys, meta, gates = control["keys"], control["meta"], config.gates
-    embedder = build_embedder(gates)
-
-    def identity(images: np.ndarray) -> np.ndarray:
-        return identity_scores(images, control["target"], [m["face_box"] for m in meta], embedder)
-
-    def texture(images: np.ndarray) -> np.ndarray:
-        texture_config = gates.texture
-        return texture_scores(
-            images,
-            control["target"],
-            [m["logo_box"] for m in meta],
-            texture_config.max_shift_pixels,
-            mirror_penalty=texture_config.mirror_penalty,
-            sharpness_floor=texture_config.sharpness_floor,
-        )
-
-    reference = baseline_outputs if baseline_outputs is not None else control["target"]
-    values = {
-        "identity": identity(outputs),
-        "texture": texture(outputs),
-        "coherence": coherence_scores(outputs, reference, control["mask"]),
-    }
-    first_run = "no baseline yet (first run of this stage): change check skipped"
-    baseline_means = {name: None for name in values}
-    if baseline_outputs is not None:
-        baseline_means.update(identity=float(identity(baseline_outputs).mean()), texture=float(texture(baseline_outputs).mean()))
-    notes = {
-        "identity": "" if baseline_outputs is not None else first_run,
-        "texture": "" if baseline_outputs is not None else first_run,
-        "coherence": "coherence is measured against the baseline's own outputs: no separate change check",
-    }
-    max_drops = {"identity": gates.identity.max_drop, "texture": gates.texture.max_drop, "coherence": None}
-    references = {
-        "identity": "control targets",
-        "texture": "control targets",
-        "coherence": f"baseline v{baseline['version']} outputs"
-        if baseline_outputs is not None
-        else "ground-truth targets (no baseline yet)",
-    }
+    embedder, vs_baseline = build_embedder(config.gates), baseline_outputs is not None
+    reference = baseline_outputs if vs_baseline else control["target"]
+    values = check_scores(config, control, outputs, reference, embedder=embedder)
+    baseline_values = check_scores(config, control, baseline_outputs, embedder=embedder) if vs_baseline else {}
+    thresholds = config.gates.thresholds(stage, vs_baseline=vs_baseline)
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
-    thresholds = gates.thresholds(stage, vs_baseline=baseline_outputs is not None)
     for name, scores in values.items():
-        report.checks[name] = CheckResult(
-            name,
-            {k: round(float(v), 6) for k, v in zip(keys, scores)},
-            thresholds[name],
-            references[name],
-            baseline_means[name],
-            max_drops[name],
-            notes[name],
-        )
+        against, max_drop, note = _judged_against(config, name, baseline if vs_baseline else None)
+        baseline_mean = float(baseline_values[name].mean()) if name in baseline_values else None
+        per_sample = {key: round(float(value), 6) for key, value in zip(control["keys"], scores)}
+        report.checks[name] = CheckResult(name, per_sample, thresholds[name], against, baseline_mean, max_drop, note)
     return report
 
 

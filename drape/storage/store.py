@@ -190,41 +190,32 @@ class ObjectStore:
             "StorageClass": head.get("StorageClass", "STANDARD"),
             "ChecksumAlgorithm": "SHA256",
         }
-        source = {"Bucket": bucket, "Key": inner}
+        copy = {"Bucket": bucket, "Key": inner, "CopySource": {"Bucket": bucket, "Key": inner}}
         if head["ContentLength"] <= single_copy_limit:
-            self.fs.call_s3(
-                "copy_object",
-                Bucket=bucket,
-                Key=inner,
-                CopySource=source,
-                MetadataDirective="REPLACE",
-                TaggingDirective="REPLACE",
-                **common,
-            )
+            self.fs.call_s3("copy_object", MetadataDirective="REPLACE", TaggingDirective="REPLACE", **copy, **common)
         else:
-            upload = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=inner, **common)["UploadId"]
-            try:
-                parts = []
-                for number, start in enumerate(range(0, head["ContentLength"], part_bytes), 1):
-                    end = min(start + part_bytes, head["ContentLength"]) - 1
-                    copied = self.fs.call_s3(
-                        "upload_part_copy",
-                        Bucket=bucket,
-                        Key=inner,
-                        UploadId=upload,
-                        PartNumber=number,
-                        CopySource=source,
-                        CopySourceRange=f"bytes={start}-{end}",
-                    )
-                    parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
-                self.fs.call_s3(
-                    "complete_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload, MultipartUpload={"Parts": parts}
-                )
-            except BaseException:
-                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload)  # the original stays
-                raise
+            self._copy_in_parts(copy, head["ContentLength"], part_bytes, common)
         self.fs.invalidate_cache(self.path(key))
         self.verify(key, size=size, sha256=sha256)
+
+    def _copy_in_parts(self, copy: dict, size: int, part_bytes: int, common: dict) -> None:
+        """A multipart copy of an object onto itself (UploadPartCopy); aborted on any error, the original intact."""
+        bucket, inner = copy["Bucket"], copy["Key"]
+        upload = self.fs.call_s3("create_multipart_upload", Bucket=bucket, Key=inner, **common)["UploadId"]
+        try:
+            parts = []
+            for number, start in enumerate(range(0, size, part_bytes), 1):
+                byte_range = f"bytes={start}-{min(start + part_bytes, size) - 1}"
+                copied = self.fs.call_s3(
+                    "upload_part_copy", UploadId=upload, PartNumber=number, CopySourceRange=byte_range, **copy
+                )
+                parts.append({"PartNumber": number, "ETag": copied["CopyPartResult"]["ETag"]})
+            self.fs.call_s3(
+                "complete_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload, MultipartUpload={"Parts": parts}
+            )
+        except BaseException:
+            self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload)  # the original stays
+            raise
 
     def get_tags(self, key: str) -> dict[str, str]:
         """The object's tags on S3 (empty elsewhere)."""
@@ -311,3 +302,14 @@ def remove_tree(path: str | Path) -> None:
         shutil.rmtree(path)
     elif path.exists():
         path.unlink()
+
+
+def remove_empty_dirs(directory: Path) -> None:
+    """Remove the empty directories under `directory`, deepest first, then `directory` itself if empty."""
+    if not directory.exists():
+        return
+    for path in sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        if not any(path.iterdir()):
+            path.rmdir()
+    if not any(directory.iterdir()):
+        directory.rmdir()

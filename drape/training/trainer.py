@@ -1,10 +1,10 @@
 """Stage trainer: trains one stage's parameter subset, checkpoints, resumes. No Prefect inside.
 
 Every source of randomness in a step (batch indices, noise, timesteps) comes from a generator
-seeded by (seed, stage, step), so a run killed mid-stage and resumed from its newest
-checkpoint ends with exactly the weights of an uninterrupted run. Batches are prepared by a
-background thread (`BatchPrefetcher`); the time the loop blocks on it is the data-wait that gets
-logged. The loop asks and the components decide: `Checkpointer` owns when and how to save,
+seeded by (seed, stage, step) (`drape.training.batches`), so a run killed mid-stage and resumed
+from its newest checkpoint ends with exactly the weights of an uninterrupted run. Batches are
+prepared by a background thread (`BatchPrefetcher`); the time the loop blocks on it is the
+data-wait that gets logged. The loop asks and the components decide: `Checkpointer` owns when and how to save,
 `StepMetrics` when to log.
 
 `drape.training.stage_job` runs a stage end to end (data, then this); `python -m drape.train`
@@ -13,8 +13,6 @@ is its command line.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,12 +21,12 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from drape import Mode, parse_mode, stage_index
+from drape import Mode, parse_mode
 from drape.config import PipelineConfig
-from drape.data.dataset import to_model_inputs
-from drape.data.partition import StageData, rank_partitions, resolve_partitions
+from drape.data.partition import StageData, resolve_partitions
 from drape.layout import checkpoint_name, checkpoint_step, is_sharded_checkpoint
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
+from drape.training.batches import BatchPrefetcher
 from drape.training.checkpoint import list_checkpoints, load_model, load_training_state, save_checkpoint
 from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, load_sharded, unwrap, wrap_model
 from drape.training.model import build_model, build_noise_scheduler, diffusion_target, trainable_parameter_names
@@ -69,69 +67,10 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device("cuda" if requested != "cpu" and torch.cuda.is_available() else "cpu")
 
 
-def step_generator(seed: int, stage: str, step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + stage_index(stage) * 100_003 + step)
-
-
 def total_steps(config: PipelineConfig, stage: str, mode: str) -> int:
     """Steps of `stage` in `mode`: the stage's `steps` in a full run, `finetune_steps` in a fine-tune pass."""
     stage_config = config.train.stages[stage]
     return stage_config.steps if parse_mode(mode) is Mode.FULL else stage_config.finetune_steps
-
-
-class BatchPrefetcher:
-    """Builds this rank's rows of the batch of step i+1.. in a thread while step i runs; measures time blocked.
-
-    Each step draws B/P indices into every data partition from the step's generator, in partition
-    order (every rank draws all of them, so the generator is in the same state on every rank and
-    world size), and keeps the rows of the partitions this rank holds. With one partition this is
-    a plain uniform draw of B indices over the stage.
-    """
-
-    def __init__(
-        self, data: StageData, owned: range, *, seed: int, stage: str, batch_size: int, start: int, stop: int, depth: int = 2
-    ):
-        data.check_holds(owned)
-        self.data, self.owned, self.seed, self.stage = data, owned, seed, stage
-        self.rows = batch_size // data.count
-        self.queue: queue.Queue = queue.Queue(maxsize=depth)
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._fill, args=(start, stop), daemon=True)
-        self.thread.start()
-        self.wait_seconds = 0.0
-
-    def _fill(self, start: int, stop: int) -> None:
-        try:
-            for step in range(start, stop):
-                generator = step_generator(self.seed, self.stage, step)
-                drawn = [torch.randint(0, size, (self.rows,), generator=generator).numpy() for size in self.data.sizes]
-                parts = [to_model_inputs(self.data.partitions[p], drawn[p]) for p in self.owned]
-                batch = parts[0] if len(parts) == 1 else {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
-                self.queue.put((step, batch, generator))
-        except BaseException as error:  # noqa: BLE001 - surfaced by next(), not lost in the thread
-            self.error = error
-            self.queue.put(None)
-
-    def next(self):
-        started = time.perf_counter()
-        item = self.queue.get()
-        waited = time.perf_counter() - started
-        if item is None:
-            raise RuntimeError(f"stage {self.stage}: building a batch failed: {self.error}") from self.error
-        self.wait_seconds += waited
-        return item, waited
-
-    def rank_summary(self, rank: int, seconds: float) -> dict:
-        """What this rank held and waited for, for the result and the run's MLflow metrics."""
-        owned = list(self.owned)
-        return {
-            "rank": rank,
-            "partitions": owned,
-            "shards": [path for p in owned for path in self.data.shards.get(p, [])],
-            "samples": sum(len(self.data.partitions[p]["keys"]) for p in owned),
-            "data_wait_seconds": self.wait_seconds,
-            "data_wait_fraction": self.wait_seconds / seconds if seconds else 0.0,
-        }
 
 
 @dataclass
@@ -192,11 +131,28 @@ class Checkpointer:
     torchrun sharded DCP intermediates (`step-N.dcp`) and one whole checkpoint at the stage's end,
     which is what gates, promotion and the archive read."""
 
-    def __init__(self, config: PipelineConfig, directory: Path, total: int, context: DistContext, manifest: dict):
-        self.config, self.directory, self.total, self.context, self.manifest = config, directory, total, context, manifest
+    def __init__(
+        self,
+        config: PipelineConfig,
+        directory: Path,
+        context: DistContext,
+        stage: str,
+        mode: str,
+        total: int,
+        data_manifest_hash: str,
+        latest: Path | None = None,
+    ):
+        self.config, self.directory, self.total, self.context = config, directory, total, context
+        self.manifest = {
+            "config": config.model_dump(mode="json"),
+            "stage": stage,
+            "mode": mode,
+            "total_steps": total,
+            "data_manifest_hash": data_manifest_hash,
+        }
         self.every = config.train.checkpoint_every
         self.sharded = ShardedCheckpointer(context, use_async=config.train.async_checkpoint) if context.is_distributed else None
-        self.latest: Path | None = None
+        self.latest = latest  # the newest whole checkpoint: where the stage resumed from, then the last one saved
 
     @property
     def stall_seconds(self) -> float:
@@ -326,53 +282,21 @@ def train_stage(
     """
     total, train = total_steps(config, stage, mode), config.train
     context = context or DistContext(device=resolve_device(train.device))
-    partitions = resolve_partitions(train.data_partitions, context.world_size, train.batch_size)
-    data = StageData.whole(data, partitions) if isinstance(data, dict) else data
-    if data.count != partitions:
-        raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
+    data = _dealt(data, resolve_partitions(train.data_partitions, context.world_size, train.batch_size), stage)
     checkpoints_dir = Path(out_dir) / "checkpoints"
     state = prepare_training(config, stage, checkpoints_dir, init_checkpoint, context)
-    checkpointer = Checkpointer(
-        config,
-        checkpoints_dir,
-        total,
-        context,
-        {
-            "config": config.model_dump(mode="json"),
-            "stage": stage,
-            "mode": mode,
-            "total_steps": total,
-            "data_manifest_hash": data_manifest_hash,
-        },
-    )
-    checkpointer.latest = state.resumed_from
+    checkpointer = Checkpointer(config, checkpoints_dir, context, stage, mode, total, data_manifest_hash, state.resumed_from)
     metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
-    prefetcher = BatchPrefetcher(
-        data,
-        rank_partitions(partitions, context.world_size, context.rank),
-        seed=config.seed,
-        stage=stage,
-        batch_size=train.batch_size,
-        start=state.start_step,
-        stop=total,
-    )
-    scheduler = build_noise_scheduler(config.diffusion)
-    loss, started = float("nan"), time.perf_counter()
-    state.model.train()
-    for _ in range(state.start_step, total):
-        (step, batch, generator), waited = prefetcher.next()
-        step_started = time.perf_counter()
-        loss, done = _global_mean(_step(config, state, scheduler, batch, generator, context), context), step + 1
-        metrics.record(done, loss, time.perf_counter() - step_started, waited)
-        checkpointer.save(done, state, loss)
-        if progress and context.is_main:
-            progress(done, total)
+    prefetcher = BatchPrefetcher.for_rank(config, data, context, stage=stage, start=state.start_step, stop=total)
+    started = time.perf_counter()
+    loss = _train_steps(config, state, prefetcher, metrics, checkpointer, context, progress)
     if checkpointer.latest is None:
         raise RuntimeError(f"stage {stage}: nothing to train ({total} steps) and no checkpoint to resume from")
     seconds, trained = time.perf_counter() - started, total - state.start_step
     ranks = _per_rank(context, prefetcher.rank_summary(context.rank, seconds))
     if trained:
         metrics.record_ranks(ranks)
+    throughput = trained * train.batch_size / seconds if seconds else 0.0
     return TrainResult(
         stage,
         total,
@@ -381,10 +305,42 @@ def train_stage(
         str(checkpointer.latest),
         seconds,
         prefetcher.wait_seconds,
-        trained * train.batch_size / seconds if seconds else 0.0,
+        throughput,
         checkpointer.stall_seconds,
         ranks,
     )
+
+
+def _train_steps(
+    config: PipelineConfig,
+    state: TrainingState,
+    prefetcher: BatchPrefetcher,
+    metrics: StepMetrics,
+    checkpointer: Checkpointer,
+    context: DistContext,
+    progress: Callable[[int, int], None] | None,
+) -> float:
+    """The stage's remaining steps, each recorded and offered to the checkpointer; the last loss (NaN: none ran)."""
+    scheduler = build_noise_scheduler(config.diffusion)
+    loss = float("nan")
+    state.model.train()
+    for _ in range(state.start_step, checkpointer.total):
+        (step, batch, generator), waited = prefetcher.next()
+        step_started = time.perf_counter()
+        loss, done = _global_mean(_step(config, state, scheduler, batch, generator, context), context), step + 1
+        metrics.record(done, loss, time.perf_counter() - step_started, waited)
+        checkpointer.save(done, state, loss)
+        if progress and context.is_main:
+            progress(done, checkpointer.total)
+    return loss
+
+
+def _dealt(data: StageData | dict, partitions: int, stage: str) -> StageData:
+    """`data` as this run's data partitions (in-memory arrays are dealt by sample)."""
+    data = StageData.whole(data, partitions) if isinstance(data, dict) else data
+    if data.count != partitions:
+        raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
+    return data
 
 
 def _per_rank(context: DistContext, mine: dict) -> list[dict]:

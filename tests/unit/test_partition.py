@@ -8,7 +8,7 @@ from drape.data.cache import ShardCache
 from drape.data.dataset import publish_dataset
 from drape.data.partition import PartitionError, StageData, load_stage_data, partition_shards, rank_partitions, resolve_partitions
 from drape.storage.store import ObjectStore
-from drape.training.trainer import BatchPrefetcher
+from drape.training.batches import BatchPrefetcher
 
 PREFIX = "datasets/synth-tryon/v1"
 

@@ -1,14 +1,4 @@
-"""The stage operations a pipeline run is made of, one function per box of the DAG.
-
-Each is one call for a Prefect task (`tasks/`), and runs just as well without Prefect. What they
-read and write in live storage and the object store is laid out by `drape.layout`. A run's
-object store, tracker and shard cache are built once (`resources`) and shared by its steps.
-
-Invariant after every archive: the current baselines (weights without optimizer state, and their
-control outputs), the control set, the shards of the stage in progress or next, and what the
-retention policy keeps live until the run ends (`live_until: run_end`; by default nothing), which
-`close_run` frees once its archived copy is verified.
-"""
+"""The boxes of the stage DAG: prestage, train, gate, snapshot, archive, and reject or abort."""
 
 from __future__ import annotations
 
@@ -16,151 +6,36 @@ import json
 import os
 import shutil
 import sys
-import threading
 import time
-import uuid
-from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
-from drape import STAGES, Mode, Outcome, Stage, parse_mode, previous_stage, stages_from
+from drape import Mode, Outcome, Stage, previous_stage
 from drape.config import PipelineConfig
-from drape.data.cache import ShardCache
-from drape.data.dataset import dataset_prefix, ensure_dataset, load_split, manifest_hash, read_manifest
+from drape.data.dataset import load_split
 from drape.gates.report import GateReport
 from drape.gates.run import evaluate_gate, provenance_problems
-from drape.layout import LiveLayout, StagePaths, archive_manifest_prefix, live_root, run_key
+from drape.layout import StagePaths, archive_manifest_prefix, run_key
 from drape.ops import metrics
 from drape.ops.alerts import notify_gate
 from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
-from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention, release_run
-from drape.storage.store import ObjectStore, open_store, remove_tree, tree_bytes
-from drape.storage.sweep import sweep as run_sweep
+from drape.pipeline.run import RunContext, close_run, evict_from, resources, timed
+from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention
+from drape.storage.store import remove_empty_dirs, remove_tree, tree_bytes
 from drape.training.checkpoint import export_weights
 from drape.training.stage_job import StageJob, StageJobResult
 from drape.training.trainer import TrainResult
-
-__all__ = ["GateFailed", "RunContext", "StageRecord", "live_root"]
-
-
-class GateFailed(RuntimeError):
-    """A candidate missed its gate; the message names stage, check, value and threshold."""
-
-
-@dataclass(frozen=True)
-class RunContext:
-    run_id: str
-    run_name: str
-    mode: Mode
-    live_root: str
-    mlflow_run_id: str
-    stage_run_ids: dict[str, str]
-    dataset_prefix: str
-    data_manifest_hash: str
-    control_set: str
-
-    @property
-    def layout(self) -> LiveLayout:
-        return LiveLayout(Path(self.live_root))
-
-    def paths(self, stage: str) -> StagePaths:
-        return self.layout.stage(self.run_id, stage)
-
-    def stage_dir(self, stage: str) -> Path:
-        return self.paths(stage).root
-
-    def baseline_dir(self, stage: str) -> Path:
-        return self.layout.baseline(stage).root
-
-
-@dataclass
-class RunResources:
-    """What every step of one run talks to, built once per run (and per process)."""
-
-    store: ObjectStore
-    tracker: Tracker
-    cache: ShardCache
-
-
-_RESOURCES: dict[str, RunResources] = {}
-_RESOURCES_LOCK = threading.Lock()
-
-
-def resources(config: PipelineConfig, context: RunContext) -> RunResources:
-    """The run's store, tracker and shard cache (the dataset manifest read once); `close_run` drops them."""
-    with _RESOURCES_LOCK:
-        if context.run_id not in _RESOURCES:
-            store = open_store(config)
-            manifest = read_manifest(store, context.dataset_prefix)
-            if manifest is None:
-                raise FileNotFoundError(f"run {context.run_id}: no dataset at {store.key_url(context.dataset_prefix)}")
-            _RESOURCES[context.run_id] = RunResources(
-                store, Tracker(config), ShardCache.from_config(config, store, context.dataset_prefix, manifest)
-            )
-        return _RESOURCES[context.run_id]
-
-
-@contextmanager
-def _timed(config: PipelineConfig, context: RunContext, stage: str, step: str):
-    """Time a stage's step into drape_stage_step_seconds, then push the run's series for the stage."""
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        labels = {"run": context.run_id, "stage": stage, "step": step}
-        metrics.STAGE_STEP_SECONDS.labels(**labels).set(time.perf_counter() - started)
-        metrics.STAGE_FINISHED.labels(**labels).set(time.time())
-        push_metrics(config, grouping={"run": context.run_id, "stage": stage})
-
-
-def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str = Mode.FULL, progress=None) -> RunContext:
-    """Create the run: dataset ready in the object store, MLflow runs open, control set staged."""
-    mode = parse_mode(mode)
-    store, tracker = open_store(config), Tracker(config)
-    manifest = ensure_dataset(config, store, progress)
-    run_id = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
-    run_name = run_name or f"{config.name}-{mode}-{run_id}"
-    tags = {"drape.run_id": run_id, "drape.config": config.name, "drape.mode": mode}
-    parent = tracker.start_run(run_name, tags)
-    tracker.log_params(parent, {"config": json.dumps(config.model_dump(mode="json"), sort_keys=True), "mode": mode})
-    children = {stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES}
-    context = RunContext(
-        run_id,
-        run_name,
-        mode,
-        str(live_root(config)),
-        parent,
-        children,
-        dataset_prefix(config),
-        manifest_hash(manifest),
-        manifest["control_set"],
-    )
-    resources(config, context).cache.prestage("control")
-    return context
 
 
 def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> dict:
     """Pre-stage `stage`'s shards into the shard cache, verified, keeping the control set and the
     stage before it (which may still be training); returns what was staged and evicted."""
     keep = ["control", *filter(None, [previous_stage(stage)])]
-    with _timed(config, context, stage, "prestage"):
+    with timed(config, context, stage, "prestage"):
         result = resources(config, context).cache.prestage(stage, keep=keep, progress=progress)
         metrics.PRESTAGED_BYTES.labels(run=context.run_id, stage=stage).set(result.bytes)
         metrics.PRESTAGE_DOWNLOADED.labels(run=context.run_id, stage=stage).set(result.downloaded_bytes)
     return result.to_dict()
-
-
-def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None = None, progress=None) -> dict:
-    """Pre-stage a split of the config's dataset outside any run (operators, the prestage flow)."""
-    store = open_store(config)
-    manifest = read_manifest(store, dataset_prefix(config))
-    if manifest is None:
-        raise FileNotFoundError(f"no dataset at {store.key_url(dataset_prefix(config))}; run `drape data shard` first")
-    cache = ShardCache.from_config(config, store, dataset_prefix(config), manifest)
-    result = cache.prestage(stage, keep=keep if keep is not None else ["control"], progress=progress)
-    return {**result.to_dict(), "directory": str(cache.dataset_dir / stage)}
 
 
 def start_checkpoint(context: RunContext, stage: str) -> str | None:
@@ -266,7 +141,7 @@ def gate(
 
     A passing gate alerts only when `alerts.notify_on_pass` is set; failures alert in `reject`.
     """
-    with _timed(config, context, stage, "gate"):
+    with timed(config, context, stage, "gate"):
         report = _gate(config, context, stage, checkpoint)
         labels = {"run": context.run_id, "stage": stage}
         for name, check in report.checks.items():
@@ -321,7 +196,7 @@ def _gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: s
 
 def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
     """Register the passed checkpoint as `drape-tryon` ``<stage>-baseline`` and make it the live baseline."""
-    with _timed(config, context, stage, "snapshot"):
+    with timed(config, context, stage, "snapshot"):
         result = _snapshot(config, context, stage, checkpoint, report)
         metrics.PROMOTIONS.labels(run=context.run_id, stage=stage).inc()
         metrics.BASELINE_VERSION.labels(run=context.run_id, stage=stage).set(float(result["version"]))
@@ -363,7 +238,7 @@ def _snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoin
 
 def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = Outcome.PASSED) -> dict:
     """Archive the stage's leftovers (verified), free them, and drop its pre-staged shards."""
-    with _timed(config, context, stage, "archive"):
+    with timed(config, context, stage, "archive"):
         result = _archive(config, context, stage, outcome)
         labels = {"run": context.run_id, "stage": stage}
         metrics.ARCHIVED_BYTES.labels(**labels).set(result["archived_bytes"])
@@ -381,7 +256,7 @@ def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: s
     for shard in run.cache.shards(stage):  # the object store holds the verified original
         run.store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
     run.cache.evict(stage)
-    _remove_empty(stage_dir)
+    remove_empty_dirs(stage_dir)
     live_after = tree_bytes(root)
     run.tracker.log_metrics(
         context.stage_run_ids[stage],
@@ -394,34 +269,6 @@ def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: s
     return {**result.to_dict(), "stage": stage, "live_bytes_before": live_before, "live_bytes_after": live_after}
 
 
-def sweep(config: PipelineConfig, *, dry_run: bool = False, now: datetime | None = None) -> dict:
-    """The retention sweep (`drape.storage.sweep`) against the registry's current baselines."""
-    tracker = Tracker(config)
-    current = {}
-    for stage in STAGES:
-        version = tracker.get_baseline(stage)
-        if version is not None:
-            current[stage] = version.tags.get("drape.run_id", "")
-    result = run_sweep(open_store(config), config.retention, current, now=now, dry_run=dry_run)
-    return {
-        "dry_run": dry_run,
-        "retagged": result.retagged,
-        "deleted": result.deleted,
-        "freed_bytes": result.freed_bytes,
-        "manifest_key": result.manifest_key,
-    }
-
-
-def _remove_empty(directory: Path) -> None:
-    for path in (
-        sorted((p for p in directory.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) if directory.exists() else []
-    ):
-        if not any(path.iterdir()):
-            path.rmdir()
-    if directory.exists() and not any(directory.iterdir()):
-        directory.rmdir()
-
-
 def _notify(
     config: PipelineConfig, context: RunContext, report: GateReport, webhook_url: str | None, links: dict[str, str] | None
 ) -> str:
@@ -431,13 +278,6 @@ def _notify(
     return notify_gate(
         config.alerts, report, run_name=context.run_name, report_location=location, links=links, webhook_url=webhook_url
     )
-
-
-def _evict_from(config: PipelineConfig, context: RunContext, stage: str) -> None:
-    """The run is over at `stage`: the shards pre-staged for it and later stages leave live storage."""
-    cache = resources(config, context).cache
-    for later in stages_from(stage):
-        cache.evict(later)
 
 
 def reject(
@@ -454,29 +294,10 @@ def reject(
     A Slack outage is noted in the returned message; it never turns the failure into anything else.
     """
     archive(config, context, stage, outcome=Outcome.FAILED_CANDIDATE)
-    _evict_from(config, context, stage)
+    evict_from(config, context, stage)
     alert = _notify(config, context, report, webhook_url, links)
     close_run(config, context, "FAILED")
     return f"gate failed at stage {stage}: " + "; ".join(report.failures()) + f" ({alert})"
-
-
-def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
-    """End the run: free what stayed live until run end (verified copies only), close the MLflow runs."""
-    run, run_dir = resources(config, context), context.layout.run_dir(context.run_id)
-    released = release_run(run.store, run_dir, context.run_id)
-    if released.kept:
-        print(
-            f"drape: run {context.run_id}: {len(released.kept)} live file(s) have no verified archived copy and stay "
-            f"live: {released.kept[:3]}{' …' if len(released.kept) > 3 else ''}",
-            file=sys.stderr,
-        )
-    for stage_run in context.stage_run_ids.values():
-        run.tracker.end_run(stage_run, status)
-    run.tracker.end_run(context.mlflow_run_id, status)
-    _remove_empty(run_dir)
-    with _RESOURCES_LOCK:
-        _RESOURCES.pop(context.run_id, None)
-    return released.to_dict()
 
 
 def abort(config: PipelineConfig, context: RunContext, stage: str, error: BaseException) -> None:
@@ -487,7 +308,7 @@ def abort(config: PipelineConfig, context: RunContext, stage: str, error: BaseEx
     """
     steps = [
         ("archive", lambda: archive(config, context, stage, outcome=Outcome.ABORTED)),
-        ("evict shards", lambda: _evict_from(config, context, stage)),
+        ("evict shards", lambda: evict_from(config, context, stage)),
         ("close runs", lambda: close_run(config, context, "FAILED")),
     ]
     for name, step in steps:
@@ -498,48 +319,3 @@ def abort(config: PipelineConfig, context: RunContext, stage: str, error: BaseEx
                 f"drape: aborting run {context.run_id} after {type(error).__name__} at stage {stage}: {name} failed: {failure}",
                 file=sys.stderr,
             )
-
-
-@dataclass(frozen=True)
-class StageRecord:
-    """What one passed stage did: the summary's row."""
-
-    train: TrainResult
-    gate: GateReport
-    snapshot: dict
-    archive: dict
-
-    def row(self) -> dict:
-        checks = {
-            n: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
-            for n, c in self.gate.checks.items()
-        }
-        return {
-            "stage": self.train.stage,
-            "steps": self.train.steps,
-            "final_loss": self.train.final_loss,
-            "train_seconds": self.train.train_seconds,
-            "data_wait_fraction": self.train.data_wait_fraction,
-            "checks": checks,
-            "verdict": self.gate.verdict,
-            "version": self.snapshot["version"],
-            "archived_bytes": self.archive["archived_bytes"],
-            "live_bytes": self.archive["live_bytes_after"],
-        }
-
-
-def summarize(config: PipelineConfig, context: RunContext, records: list[StageRecord]) -> dict:
-    """Close the run and return its summary (what the CLI prints): one row per stage plus where to look."""
-    object_store = repr(resources(config, context).store)
-    released = close_run(config, context, "FINISHED")
-    return {
-        "run_id": context.run_id,
-        "run_name": context.run_name,
-        "stages": [record.row() for record in records],
-        "live_bytes": tree_bytes(context.live_root),
-        "released_at_run_end_bytes": released["freed_bytes"],
-        "tracking_uri": config.tracking_uri,
-        "object_store": object_store,
-        "gate_reports": f"{run_key(context.run_id, '<stage>', 'gate/report.json')} in the object store; "
-        f"MLflow run {context.mlflow_run_id}",
-    }

@@ -1,0 +1,167 @@
+"""Typed pipeline configuration, validated once at the edge.
+
+A YAML file fills `PipelineConfig`; one pydantic model per component, nested, each subsystem's
+models in a module of their own (`data`, `training`, `gates`, `storage`, `ops`). Unknown keys
+are errors (a typo must not silently fall back to a default), and every failure names the
+file, the field and the reason, e.g. ``configs/demo.yaml: train.stages.texture.steps: Input
+should be greater than 0 (got -5)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError, model_validator
+
+from drape import layout
+from drape.config.base import ConfigError, StrictModel
+from drape.config.data import CacheConfig, DataConfig
+from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
+from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
+from drape.config.storage import (
+    BASELINE_LIVE_KINDS,
+    STORAGE_CLASSES,
+    LiveUntil,
+    OutcomeRule,
+    RetentionConfig,
+    RetentionRule,
+    StorageConfig,
+)
+from drape.config.training import DiffusionConfig, EmaConfig, ModelConfig, StageTrainConfig, TrainConfig
+
+__all__ = [
+    "BASELINE_LIVE_KINDS",
+    "STORAGE_CLASSES",
+    "AlertsConfig",
+    "CacheConfig",
+    "CoherenceGateConfig",
+    "ConfigError",
+    "DataConfig",
+    "DiffusionConfig",
+    "EmaConfig",
+    "GatesConfig",
+    "IdentityGateConfig",
+    "KubernetesLauncherConfig",
+    "LiveUntil",
+    "MetricsConfig",
+    "ModelConfig",
+    "OutcomeRule",
+    "PathsConfig",
+    "PipelineConfig",
+    "QueueConfig",
+    "RetentionConfig",
+    "RetentionRule",
+    "StageTrainConfig",
+    "StorageConfig",
+    "TextureGateConfig",
+    "Threshold",
+    "TrackingConfig",
+    "TrainConfig",
+    "deep_merge",
+    "default_config_path",
+    "load_config",
+    "parse_config",
+]
+
+
+class PathsConfig(StrictModel):
+    root: str = ".drape"
+
+    @property
+    def root_path(self) -> Path:
+        return Path(self.root)
+
+
+class PipelineConfig(StrictModel):
+    name: str = "demo"
+    seed: int = 0
+    paths: PathsConfig = PathsConfig()
+    storage: StorageConfig = StorageConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    data: DataConfig = DataConfig()
+    model: ModelConfig = ModelConfig()
+    diffusion: DiffusionConfig = DiffusionConfig()
+    train: TrainConfig
+    gates: GatesConfig = GatesConfig()
+    retention: RetentionConfig = RetentionConfig()
+    alerts: AlertsConfig = AlertsConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    queue: QueueConfig = QueueConfig()
+
+    @model_validator(mode="after")
+    def _patch_divides_resolution(self) -> PipelineConfig:
+        for field, patch in (("patch_size", self.model.patch_size), ("garment_patch_size", self.model.garment_patch_size)):
+            if self.data.resolution % patch:
+                raise ValueError(f"model.{field} {patch} must divide data.resolution {self.data.resolution}")
+        return self
+
+    # where things live when the config leaves them unset: drape.layout decides
+    @property
+    def object_store_url(self) -> str:
+        return self.storage.object_store_url or layout.default_object_store_url(self.paths.root)
+
+    @property
+    def cache_dir(self) -> Path:
+        return layout.shard_cache_root(self)
+
+    @property
+    def queue_url(self) -> str:
+        return self.queue.url or layout.default_queue_url(self.paths.root)
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.tracking.uri or layout.default_tracking_uri(self.paths.root)
+
+    @property
+    def artifact_root(self) -> str:
+        return self.tracking.artifact_root or layout.default_artifact_root(self.paths.root)
+
+
+def _format_errors(source: str, error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "<top level>"
+        got = f" (got {item['input']!r})" if item["type"] not in ("missing",) and not isinstance(item["input"], dict) else ""
+        lines.append(f"{source}: {field}: {item['msg']}{got}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict, source: str = "<config>") -> PipelineConfig:
+    """Validate a mapping into a PipelineConfig; errors name `source`, the field and the reason."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a YAML mapping at the top level, got {type(data).__name__}")
+    try:
+        return PipelineConfig.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(_format_errors(source, error)) from None
+
+
+def load_config(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
+    """Load and validate a YAML pipeline config; `overrides` are deep-merged on top."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if overrides:
+        data = deep_merge(data, overrides)
+    return parse_config(data, str(path))
+
+
+def deep_merge(base: dict, overrides: dict) -> dict:
+    """A new dict: `overrides` merged into `base`, recursing into nested mappings."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def default_config_path() -> Path:
+    """The embedded demo config shipped in the repository's configs/ folder."""
+    return Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"

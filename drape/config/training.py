@@ -1,0 +1,69 @@
+"""Config of the model, the diffusion schedule and each stage's training."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from drape import STAGES, Stage
+from drape.config.base import StrictModel
+
+
+class ModelConfig(StrictModel):
+    patch_size: int = Field(default=4, gt=0)
+    num_layers: int = Field(default=2, gt=0)
+    num_attention_heads: int = Field(default=4, gt=0)
+    attention_head_dim: int = Field(default=32, gt=0)
+    garment_patch_size: int = Field(default=8, gt=0)
+    pose_channels: int = Field(default=3, gt=0)
+
+
+class DiffusionConfig(StrictModel):
+    num_train_timesteps: int = Field(default=1000, gt=0)
+    prediction_type: Literal["sample", "epsilon", "v_prediction"] = "sample"
+    beta_schedule: Literal["linear", "scaled_linear", "squaredcos_cap_v2"] = "squaredcos_cap_v2"
+    sampling_steps: int = Field(default=10, gt=0)
+
+
+class StageTrainConfig(StrictModel):
+    steps: int = Field(gt=0, description="steps of this stage in a full run")
+    finetune_steps: int = Field(default=550, gt=0, description="steps of a fine-tune pass")
+    trainable: list[str] = Field(min_length=1, description="glob patterns over parameter names")
+    lr: float | None = Field(default=None, gt=0)
+
+
+class EmaConfig(StrictModel):
+    enabled: bool = False
+    decay: float = Field(default=0.999, gt=0, lt=1)
+
+
+class TrainConfig(StrictModel):
+    batch_size: int = Field(default=16, gt=0)
+    lr: float = Field(default=1e-3, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float = Field(default=1.0, gt=0)
+    ema: EmaConfig = EmaConfig()
+    checkpoint_every: int = Field(default=50, gt=0)
+    log_every: int = Field(default=10, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["fp32", "bf16"] = "fp32"
+    parallelism: Literal["ddp", "fsdp"] = Field(default="ddp", description="under torchrun: DDP, or FSDP2 fully_shard")
+    gradient_checkpointing: bool = False
+    async_checkpoint: bool = Field(default=True, description="under torchrun: DCP saves in the background")
+    data_partitions: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "disjoint shard groups the global batch is drawn from (drape/data/partition.py); default the world size. "
+            "Fix it, a multiple of every world size you use, to train identically on any number of ranks"
+        ),
+    )
+    stages: dict[Stage, StageTrainConfig]
+
+    @model_validator(mode="after")
+    def _all_stages_configured(self) -> TrainConfig:
+        missing = [stage for stage in STAGES if stage not in self.stages]
+        if missing:
+            raise ValueError(f"stages must configure every stage; missing {missing}")
+        return self

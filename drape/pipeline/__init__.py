@@ -1,0 +1,56 @@
+"""The stage DAG's operations, one function per box, each one call for a Prefect task (`tasks/`)
+and just as usable without Prefect:
+
+    start_run → for each stage: prestage(next) ‖ train → gate → snapshot → archive → summarize
+                a failed gate: reject; any other failure: abort
+
+`run` holds the run's context and the resources its steps share (one object store, tracker and
+shard cache per run); `stages` the boxes; `standalone` what operators run outside a run. What
+they read and write lives where `drape.layout` says.
+
+Invariant after every archive: the current baselines (weights without optimizer state, and their
+control outputs), the control set, the shards of the stage in progress or next, and what the
+retention policy keeps live until the run ends (`live_until: run_end`; by default nothing), which
+`close_run` frees once its archived copy is verified.
+"""
+
+from drape.layout import live_root
+from drape.pipeline.run import GateFailed, RunContext, StageRecord, close_run, resources, start_run, summarize
+from drape.pipeline.stages import (
+    abort,
+    archive,
+    finish_train,
+    gate,
+    prestage,
+    reject,
+    snapshot,
+    stage_job,
+    start_checkpoint,
+    train,
+    train_command,
+)
+from drape.pipeline.standalone import prestage_dataset, sweep
+
+__all__ = [
+    "GateFailed",
+    "RunContext",
+    "StageRecord",
+    "abort",
+    "archive",
+    "close_run",
+    "finish_train",
+    "gate",
+    "live_root",
+    "prestage",
+    "prestage_dataset",
+    "reject",
+    "resources",
+    "snapshot",
+    "stage_job",
+    "start_checkpoint",
+    "start_run",
+    "summarize",
+    "sweep",
+    "train",
+    "train_command",
+]

@@ -1,0 +1,145 @@
+"""The queue's tables (SQLAlchemy Core, SQLite or PostgreSQL) and what a job submission carries.
+
+jobs              one row per job: spec, state, placement, lease, exit
+gpus              the fleet inventory the ledger allocates from
+allocations       GiB each running job holds on each GPU (the ledger)
+allocation_log    every claim and release, append-only (replayed by the tests)
+measurements      measured peak memory and duration per job shape (memory profiles)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text, create_engine, event
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
+
+from drape import JOB_KINDS
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+KINDS = JOB_KINDS
+
+metadata = MetaData()
+jobs_table = Table(
+    "jobs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("stage", String(32)),
+    Column("shape", String(256), nullable=False),
+    Column("priority", Integer, nullable=False),
+    Column("gpus", Integer, nullable=False),
+    Column("mem_gib", Float, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("command", Text, nullable=False),
+    Column("env", Text, nullable=False, default="{}"),
+    Column("labels", Text, nullable=False, default="{}"),
+    Column("state", String(16), nullable=False, index=True),
+    Column("submit_s", Float, nullable=False),
+    Column("start_s", Float),
+    Column("finish_s", Float),
+    Column("dispatcher", String(64)),
+    Column("lease_expires_s", Float),
+    Column("assigned", Text),
+    Column("handle", String(256)),
+    Column("attempts", Integer, nullable=False, default=0),
+    Column("exit_code", Integer),
+    Column("message", Text),
+)
+gpus_table = Table(
+    "gpus",
+    metadata,
+    Column("uuid", String(128), primary_key=True),
+    Column("node", String(128), nullable=False),
+    Column("model", String(64), nullable=False),
+    Column("total_gib", Float, nullable=False),
+)
+allocations_table = Table(
+    "allocations",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("gpu_uuid", String(128), primary_key=True),
+    Column("mem_gib", Float, nullable=False),
+)
+allocation_log = Table(
+    "allocation_log",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("job_id", String(64), nullable=False),
+    Column("gpu_uuid", String(128), nullable=False),
+    Column("mem_gib", Float, nullable=False),
+    Column("event", String(8), nullable=False),  # claim | release
+    Column("dispatcher", String(64)),
+    Column("at_s", Float, nullable=False),
+)
+measurements_table = Table(
+    "measurements",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("shape", String(256), nullable=False, index=True),
+    Column("peak_gib", Float, nullable=False),
+    Column("duration_s", Float, nullable=False),
+    Column("recorded_s", Float, nullable=False),
+)
+
+
+class QueueError(RuntimeError):
+    """A queue operation that cannot be done; names the job and the reason."""
+
+
+@dataclass
+class JobSpec:
+    """A job to submit; `mem_gib` is per GPU, `duration_s` the expected run time."""
+
+    kind: str
+    command: list[str]
+    mem_gib: float
+    duration_s: float
+    gpus: int = 1
+    priority: int = 3
+    stage: str | None = None
+    shape: str = ""
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    id: str | None = None
+
+
+def sqlite_immediate(engine: Engine) -> None:
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_connection, _record):
+        dbapi_connection.isolation_level = None  # let SQLAlchemy's BEGIN below through
+        dbapi_connection.execute("PRAGMA journal_mode=WAL")
+        dbapi_connection.execute("PRAGMA busy_timeout=60000")
+
+    @event.listens_for(engine, "begin")
+    def _begin(connection):
+        connection.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def open_engine(url: str) -> Engine:
+    """An engine on the queue database at `url`, its tables created; errors name the URL without its password."""
+    is_sqlite = url.startswith("sqlite")
+    if is_sqlite:
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as error:
+                raise QueueError(f"queue.url {url}: cannot create the folder for the database ({error})") from None
+    shown = make_url(url).render_as_string(hide_password=True)
+    try:
+        engine = create_engine(url, connect_args={"timeout": 60} if is_sqlite else {}, pool_pre_ping=True)
+    except ModuleNotFoundError as error:
+        raise QueueError(
+            f"queue.url {shown}: its database driver {error.name!r} is not installed; for PostgreSQL: "
+            "pip install 'psycopg[binary]' (or psycopg2-binary with a postgresql+psycopg2:// URL)"
+        ) from None
+    if is_sqlite:
+        sqlite_immediate(engine)
+    try:
+        metadata.create_all(engine)
+    except OperationalError as error:
+        raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from None
+    return engine
