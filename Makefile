@@ -1,6 +1,7 @@
 # drape: the two commands (see README).
 #   make demo   create .venv, install, run the whole pipeline on the embedded demo config
 #   make test   create .venv if needed, install, run the test suite
+#   make lint   the formatter, the linter and the type checker (ruff format --check, ruff check, mypy)
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -11,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.drape/prefect
 
-.PHONY: demo test install services serve clean
+.PHONY: demo test lint format install services serve clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,16 @@ serve: $(STAMP)
 test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q
+
+# what CI runs before the tests; `make format` rewrites files the formatter would change
+lint: $(STAMP)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 clean:
 	rm -rf .drape

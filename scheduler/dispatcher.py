@@ -134,7 +134,7 @@ class Dispatcher:
             metrics.QUEUE_JOBS.labels(state=state).set(count)
         metrics.QUEUE_STARVED.set(sum(1 for wait in waits if wait > STARVED_AFTER_S))
         metrics.QUEUE_OLDEST_WAIT.set(max(waits, default=0.0))
-        nodes = {}
+        nodes: dict[str, str] = {}
         for gpu in view.gpus:
             labels = {"gpu": gpu.uuid, "node": gpu.node, "model": gpu.model}
             nodes[gpu.uuid] = gpu.node
@@ -145,9 +145,9 @@ class Dispatcher:
         metrics.FLEET_SOURCE.labels(source=view.source).set(1)
         metrics.QUEUE_JOB_GPU_MEMORY.clear()
         for job_id, kind, stage, run, assigned, mem_gib in self.store.running_labels():
-            for gpu in assigned:
+            for gpu_uuid in assigned:
                 metrics.QUEUE_JOB_GPU_MEMORY.labels(
-                    job_id=job_id, kind=kind, run=run, stage=stage, gpu=gpu, node=nodes.get(gpu, "")
+                    job_id=job_id, kind=kind, run=run, stage=stage, gpu=gpu_uuid, node=nodes.get(gpu_uuid, "")
                 ).set(mem_gib)
 
     def run(

@@ -21,6 +21,7 @@ import signal
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from uuid import UUID
 
 from scheduler.policy import GpuState
 
@@ -299,14 +300,15 @@ class PrefectLauncher:
             timeout=0,
             job_variables={"env": {"CUDA_VISIBLE_DEVICES": device_indices(gpus), "DRAPE_JOB_ID": job["id"]}},
         )
-        self.runs[job["id"]] = str(run.id)
-        return f"flow-run:{run.id}"
+        run_id = str(run.id)  # type: ignore[union-attr]  # run_deployment is sync outside an event loop
+        self.runs[job["id"]] = run_id
+        return f"flow-run:{run_id}"
 
     def poll(self, job_id: str) -> Outcome | None:
         from prefect import get_client
 
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(self.runs[job_id]).state
+            state = client.read_flow_run(UUID(self.runs[job_id])).state
         if state is None or not state.is_final():
             return None
         return Outcome(0 if state.is_completed() else 1, f"flow run {state.name}")

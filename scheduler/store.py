@@ -168,7 +168,7 @@ class JobStore:
         if self.is_sqlite:
             from sqlalchemy.dialects.sqlite import insert as upsert
         else:
-            from sqlalchemy.dialects.postgresql import insert as upsert
+            from sqlalchemy.dialects.postgresql import insert as upsert  # type: ignore[assignment]
         with self.engine.begin() as connection:
             known = {row[0] for row in connection.execute(select(gpus_table.c.uuid))}
             new = [

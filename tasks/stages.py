@@ -67,7 +67,7 @@ def _webhook(config: PipelineConfig) -> str | None:
         return None
     from prefect.blocks.system import Secret
 
-    return Secret.load(config.alerts.slack_webhook_secret_block).get()
+    return Secret.load(config.alerts.slack_webhook_secret_block).get()  # type: ignore[union-attr]  # sync outside an event loop
 
 
 def _links() -> dict[str, str]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from drape import STAGES, Stage
-from drape.config.base import StrictModel
+from drape import STAGES
+from drape.config.base import StageName, StrictModel
 
 
 class CacheConfig(StrictModel):
@@ -23,7 +23,7 @@ class DataConfig(StrictModel):
     resolution: int = Field(default=64, ge=32, le=2048)
     num_identities: int = Field(default=24, gt=0)
     num_garments: int = Field(default=48, gt=0)
-    samples_per_stage: dict[Stage, int] = Field(default_factory=lambda: {stage: 96 for stage in STAGES})
+    samples_per_stage: dict[StageName, int] = Field(default_factory=lambda: {stage.value: 96 for stage in STAGES})
     control_samples: int = Field(default=16, gt=0)
     shard_max_samples: int = Field(default=64, gt=0)
     shard_max_bytes: int = Field(default=512 * 2**20, ge=2**20, description="a shard closes at this size or max samples")

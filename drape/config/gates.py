@@ -6,10 +6,9 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from drape import Stage
-from drape.config.base import StrictModel
+from drape.config.base import StageName, StrictModel
 
-Threshold = float | dict[Stage, float] | None  # one value for every stage, or one per stage
+Threshold = float | dict[StageName, float] | None  # one value for every stage, or one per stage
 
 
 def _threshold_for(threshold: Threshold, stage: str) -> float | None:

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from drape import ARTIFACT_KINDS, ArtifactKind, Outcome
-from drape.config.base import StrictModel
+from drape.config.base import OutcomeName, StrictModel
 
 
 class StorageConfig(StrictModel):
@@ -71,7 +71,7 @@ class RetentionRule(StrictModel):
     )
     lifetime_days: int | None = Field(default=None, gt=0, description="None: keep forever")
     storage_class: Literal[STORAGE_CLASSES] = "STANDARD"  # type: ignore[valid-type]
-    outcomes: dict[Outcome, OutcomeRule] = Field(default_factory=dict)
+    outcomes: dict[OutcomeName, OutcomeRule] = Field(default_factory=dict)
 
 
 class RetentionConfig(StrictModel):
@@ -83,7 +83,7 @@ class RetentionConfig(StrictModel):
     per-outcome override of the kind's rule wins over all of these except the baseline's.
     """
 
-    rules: dict[str, RetentionRule] = Field(default_factory=lambda: {kind: RetentionRule() for kind in ARTIFACT_KINDS})
+    rules: dict[str, RetentionRule] = Field(default_factory=lambda: {kind.value: RetentionRule() for kind in ARTIFACT_KINDS})
     failed_lifetime_days: int = Field(default=7, gt=0)
     baseline_grace_days: int = Field(default=30, gt=0, description="how long a superseded baseline stays archived")
     live_budget_bytes: int | None = Field(default=None, gt=0, description="live storage budget; over it, an alert fires")

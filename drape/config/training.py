@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from drape import STAGES, Stage
-from drape.config.base import StrictModel
+from drape import STAGES
+from drape.config.base import StageName, StrictModel
 
 
 class ModelConfig(StrictModel):
@@ -59,7 +59,7 @@ class TrainConfig(StrictModel):
             "Fix it, a multiple of every world size you use, to train identically on any number of ranks"
         ),
     )
-    stages: dict[Stage, StageTrainConfig]
+    stages: dict[StageName, StageTrainConfig]
 
     @model_validator(mode="after")
     def _all_stages_configured(self) -> TrainConfig:

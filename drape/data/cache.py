@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -349,7 +349,7 @@ class ShardCache:
         read_ahead = self.read_ahead if read_ahead is None else read_ahead
         shards = self.shards(split) if shards is None else shards
         with self.pin([split]), ThreadPoolExecutor(max_workers=max(read_ahead, 1), thread_name_prefix="read-ahead") as pool:
-            futures: dict[int, object] = {}
+            futures: dict[int, Future[Path]] = {}
             for index in range(len(shards)):
                 for ahead in range(index, min(len(shards), index + 1 + read_ahead)):
                     if ahead not in futures:

@@ -23,7 +23,7 @@ from drape.config import PipelineConfig
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, read_shard
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage.checksum import sha256_bytes, sha256_file
-from drape.storage.store import ObjectStore
+from drape.storage.store import ObjectStore, StorageError
 
 MANIFEST = layout.DATASET_MANIFEST
 
@@ -229,7 +229,10 @@ def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callabl
     with tempfile.TemporaryDirectory(prefix="drape-synth-") as scratch:
         build_dataset(config, scratch, progress)
         publish_dataset(scratch, store, prefix)
-    return read_manifest(store, prefix)
+    published = read_manifest(store, prefix)
+    if published is None:
+        raise StorageError(f"{store.key_url(prefix)}: the dataset was published but its manifest cannot be read back")
+    return published
 
 
 def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -36,7 +37,7 @@ LAYOUTS = ("viton-hd", "dresscode")
 
 # label ids of the parsers each dataset ships
 VITON_LABELS = {"face": (4, 13), "hair": (1, 2), "garment": (5, 6, 7), "limbs": (14, 15)}
-DRESSCODE_LABELS = {
+DRESSCODE_LABELS: dict[str, Any] = {  # label ids per part (per category for garment and limbs)
     "face": (11,),
     "hair": (2,),
     "garment": {"upper_body": (4,), "lower_body": (5, 6), "dresses": (7,)},
@@ -174,8 +175,8 @@ def _pose_image(points: dict[int, list[float]], resolution: int) -> Image.Image:
 
 
 def _mask(labels: np.ndarray, garment_ids, limb_ids, face_ids, resolution: int) -> np.ndarray:
-    region = Image.fromarray((_labels_in(labels, (*garment_ids, *limb_ids)) * 255).astype(np.uint8))
-    region = np.asarray(region.filter(ImageFilter.MaxFilter(2 * max(resolution // 32, 1) + 1))) > 0
+    image = Image.fromarray((_labels_in(labels, (*garment_ids, *limb_ids)) * 255).astype(np.uint8))
+    region = np.asarray(image.filter(ImageFilter.MaxFilter(2 * max(resolution // 32, 1) + 1))) > 0
     return region & ~_labels_in(labels, face_ids)
 
 

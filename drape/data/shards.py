@@ -82,6 +82,7 @@ class ShardWriter:
             self._finish_shard()
 
     def _finish_shard(self) -> None:
+        assert self._tar is not None, "a shard is open"
         self._tar.close()
         final = self._final_path()
         temporary = final.with_suffix(".tar.tmp")
@@ -186,7 +187,10 @@ def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None 
             for member in tar:
                 _check_member(path, member)
                 key, _, field = member.name.partition(".")
-                payload = tar.extractfile(member).read()
+                handle = tar.extractfile(member)
+                if handle is None:
+                    raise ShardError(f"shard {path}: member {member.name!r} is not a regular file")
+                payload = handle.read()
                 if key not in samples:
                     samples[key], order = {"key": key}, order + [key]
                 value = _decode_member(path, member.name, payload)

@@ -42,7 +42,7 @@ PATTERNS = ("solid", "stripes", "checks", "dots")
 ARM_POSES = ("down", "out", "crossed", "raised")
 LOGO_TEXTS = ("A", "K", "Z", "M", "R", "OK", "ZX", "DR", "W", "Q")
 # Stage emphasis: which patterns and arm poses each stage's samples draw from.
-STAGE_BIAS = {
+STAGE_BIAS: dict[str, dict[str, tuple[str, ...]]] = {
     "identity": {"patterns": ("solid",), "poses": ARM_POSES},
     "texture": {"patterns": ("stripes", "checks", "dots"), "poses": ("down", "out")},
     "geometry": {"patterns": PATTERNS, "poses": ("crossed", "raised", "out")},

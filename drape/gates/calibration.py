@@ -35,7 +35,8 @@ class Row:
     rate: float  # detection rate for corruptions, false-alarm rate for clean variants
 
     def percentiles(self) -> tuple[float, float, float]:
-        return tuple(float(v) for v in np.percentile(self.scores, [1, 50, 99]))
+        low, middle, high = np.percentile(self.scores, [1, 50, 99])
+        return float(low), float(middle), float(high)
 
 
 def _scores(config: PipelineConfig, control: dict, outputs: np.ndarray, reference: np.ndarray) -> dict[str, np.ndarray]:

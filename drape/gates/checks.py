@@ -93,7 +93,7 @@ class OnnxFaceEmbedder:
 
 def build_embedder(config: GatesConfig) -> FaceEmbedder:
     if config.identity.embedder == "onnx":
-        return OnnxFaceEmbedder(config.identity.onnx_model_path)
+        return OnnxFaceEmbedder(config.identity.onnx_model_path or "")  # the config requires a path for 'onnx'
     return PixelFaceEmbedder()
 
 
@@ -216,7 +216,7 @@ def texture_scores(
             scores.append(0.0)
             continue
         score = best
-        if mirrored is not None:
+        if mirrored is not None and aligned is not None:  # aligned: no window matched the mark or its mirror above -1
             score -= mirror_penalty * max(0.0, -handedness(aligned, reference, mirrored))
         mark_energy = _gradient_energy(reference)
         if sharpness_floor > 0 and mark_energy > 0:

@@ -57,7 +57,9 @@ class CheckResult:
 
     @property
     def change_passed(self) -> bool:
-        return not self.change_checked or self.mean >= self.baseline_mean - self.max_drop
+        if self.baseline_mean is None or self.max_drop is None:  # not checked
+            return True
+        return self.mean >= self.baseline_mean - self.max_drop
 
     @property
     def passed(self) -> bool:

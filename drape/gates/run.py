@@ -33,7 +33,7 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: dict, gate_dir: Path) -> np.ndarray:
     """Raw model outputs for the control set (fixed seed and sampler), saved as PNGs and latents."""
     device = resolve_device(config.train.device)
-    model = load_model(checkpoint, prefer_ema=True).to(device)
+    model = load_model(checkpoint, prefer_ema=True).to(device)  # type: ignore[arg-type]
     inputs = {k: v.to(device) for k, v in to_model_inputs(control).items()}
     generated = sample(model, config.diffusion, inputs, seed=config.gates.sample_seed)
     outputs = to_uint8(generated)
@@ -137,9 +137,9 @@ def judge(
     change threshold compares with.
     """
     embedder, vs_baseline = build_embedder(config.gates), baseline_outputs is not None
-    reference = baseline_outputs if vs_baseline else control["target"]
+    reference = control["target"] if baseline_outputs is None else baseline_outputs
     values = check_scores(config, control, outputs, reference, embedder=embedder)
-    baseline_values = check_scores(config, control, baseline_outputs, embedder=embedder) if vs_baseline else {}
+    baseline_values = {} if baseline_outputs is None else check_scores(config, control, baseline_outputs, embedder=embedder)
     thresholds = config.gates.thresholds(stage, vs_baseline=vs_baseline)
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
     for name, scores in values.items():

@@ -107,7 +107,9 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
     tags = {"drape.run_id": run_id, "drape.config": config.name, "drape.mode": mode}
     parent = tracker.start_run(run_name, tags)
     tracker.log_params(parent, {"config": json.dumps(config.model_dump(mode="json"), sort_keys=True), "mode": mode})
-    children = {stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES}
+    children: dict[str, str] = {
+        stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES
+    }
     context = RunContext(
         run_id,
         run_name,

@@ -27,7 +27,7 @@ def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None 
 def sweep(config: PipelineConfig, *, dry_run: bool = False, now: datetime | None = None) -> dict:
     """The retention sweep (`drape.storage.sweep`) against the registry's current baselines."""
     tracker = Tracker(config)
-    current = {}
+    current: dict[str, str] = {}
     for stage in STAGES:
         version = tracker.get_baseline(stage)
         if version is not None:

@@ -97,7 +97,7 @@ def resolve(policy: RetentionConfig, kind: str, outcome: str) -> tuple[int | Non
     storage_class = override.storage_class or rule.storage_class
     if outcome == Outcome.BASELINE:
         return None, storage_class
-    defaults = {
+    defaults: dict[str, int] = {
         Outcome.SUPERSEDED_BASELINE: policy.baseline_grace_days,
         Outcome.FAILED_CANDIDATE: policy.failed_lifetime_days,
         Outcome.ABORTED: policy.failed_lifetime_days,

@@ -23,6 +23,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -77,7 +78,7 @@ def wrap_model(model: torch.nn.Module, context: DistContext, parallelism: str, b
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-        for block in model.transformer.transformer_blocks:
+        for block in model.transformer.transformer_blocks:  # type: ignore[union-attr]
             fully_shard(block, mp_policy=policy)
         fully_shard(model, mp_policy=policy)
         return model
@@ -105,7 +106,7 @@ class ShardedCheckpointer:
 
     def __init__(self, context: DistContext, use_async: bool = True):
         self.context, self.use_async = context, use_async
-        self.pending = None  # (future, path, manifest)
+        self.pending: tuple | None = None  # (future, path, manifest)
         self.stall_seconds = 0.0  # time the training loop spent blocked in save calls
         # the background save runs its own collectives: on the training group they would interleave
         # with DDP's all-reduces differently on each rank and deadlock (torchtitan does the same)
@@ -178,7 +179,7 @@ def load_sharded(path: str | Path, model, optimizer, ema: dict | None) -> dict:
     return manifest
 
 
-def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def full_model_state(model: torch.nn.Module) -> dict[str, Any]:
     """The whole model's state on CPU, gathered from the FSDP shards; a collective, rank 0 receives it."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -79,7 +79,7 @@ class StageJob:
     def manual(cls, config: PipelineConfig, stage: str, **fields) -> StageJob:
         """A job outside any pipeline run, in ``runs/manual/<stage>`` unless `out_dir` is given."""
         out_dir = fields.pop("out_dir", None) or LiveLayout(live_root(config)).stage(MANUAL_RUN, stage).root
-        return cls(config, stage, out_dir, **fields)
+        return cls(config, parse_stage(stage), out_dir, **fields)
 
     # --- as a queue job: one file, read back as it was written --------------------------------
     def to_dict(self) -> dict:
@@ -151,6 +151,8 @@ class StageJob:
             holder = [manifest]
             torch.distributed.broadcast_object_list(holder, src=0)
             manifest = holder[0]
+        if manifest is None:
+            raise RuntimeError(f"rank {context.rank}: rank 0 sent no dataset manifest for {dataset_prefix(self.config)}")
         return ShardCache.from_config(self.config, store, dataset_prefix(self.config), manifest)
 
     def _sink(self, tracker):
@@ -182,7 +184,7 @@ def _write_json(path: str | Path, payload: dict) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m drape.train", description=main.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m drape.train", description=(main.__doc__ or "").split("\n\n")[0])
     parser.add_argument("--job", default=None, help="a stage job file the pipeline wrote (replaces the options below)")
     parser.add_argument("--config", default=None)
     parser.add_argument("--stage", default=None, choices=STAGES)

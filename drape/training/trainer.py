@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import cast
 
 import torch
 from torch.nn import functional as F
@@ -29,7 +30,7 @@ from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
 from drape.training.batches import BatchPrefetcher
 from drape.training.checkpoint import list_checkpoints, load_model, load_training_state, save_checkpoint
 from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, load_sharded, unwrap, wrap_model
-from drape.training.model import build_model, build_noise_scheduler, diffusion_target, trainable_parameter_names
+from drape.training.model import TryOnTransformer, build_model, build_noise_scheduler, diffusion_target, trainable_parameter_names
 
 MetricsSink = Callable[[dict[str, float], int], None]
 
@@ -106,7 +107,7 @@ def prepare_training(
     resume_from = existing[-1] if existing else None
     sharded_resume = resume_from is not None and is_sharded_checkpoint(resume_from)
     source = init_checkpoint if sharded_resume or resume_from is None else resume_from
-    model = (load_model(source) if source else build_model(config)).to(context.device)
+    model = (load_model(source) if source else build_model(config)).to(context.device)  # type: ignore[arg-type]
     if train.gradient_checkpointing:
         model.transformer.enable_gradient_checkpointing()
     names = _configure_trainable(model, train.stages[stage].trainable)
@@ -116,7 +117,7 @@ def prepare_training(
         [parameters[n] for n in names], lr=train.stages[stage].lr or train.lr, weight_decay=train.weight_decay
     )
     ema = {n: parameters[n].detach().clone() for n in names} if train.ema.enabled else None
-    if sharded_resume:
+    if resume_from is not None and sharded_resume:
         load_sharded(resume_from, model, optimizer, ema)
     elif resume_from is not None:
         restored = load_training_state(resume_from, optimizer, names)
@@ -176,7 +177,7 @@ def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manife
     """The safetensors checkpoint (rank 0 writes it; the whole model gathered under FSDP, which keeps
     no optimizer state in it)."""
     fsdp = context.is_distributed and config.train.parallelism == "fsdp"
-    plain, ema = unwrap(state.model), state.ema
+    plain, ema = cast(TryOnTransformer, unwrap(state.model)), state.ema
     if fsdp:
         whole = full_model_state(state.model)  # collective: every rank takes part, rank 0 receives the whole state
         ema = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in ema.items()} if ema is not None else None

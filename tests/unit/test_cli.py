@@ -166,3 +166,23 @@ def test_gate_calibrate_prints_the_gate_thresholds_a_config_takes(tiny_dataset, 
     (tmp_path / "trained" / f"{control['keys'][0]}.png").unlink()
     missing = runner.invoke(app, args)
     assert missing.exit_code == 2 and control["keys"][0] in missing.output
+
+
+def test_the_trainer_command_line_is_unchanged():
+    """`python -m drape.train`: what queue jobs, torchrun and operators call (--job: additions only)."""
+    from drape.training.stage_job import _parser
+
+    options = {option for action in _parser()._actions for option in action.option_strings}
+    assert options == {
+        "-h",
+        "--help",
+        "--job",
+        "--config",
+        "--stage",
+        "--out",
+        "--init",
+        "--mode",
+        "--result",
+        "--mlflow-run",
+        "--run-id",
+    }

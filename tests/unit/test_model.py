@@ -112,3 +112,15 @@ def test_export_weights_drops_optimizer_state(config, tmp_path):
     assert manifest["step"] == 3 and manifest["optimizer_state"] is False
     a, b = load_model(full).state_dict(), load_model(exported).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_an_unknown_prediction_type_is_refused():
+    from types import SimpleNamespace
+
+    import torch
+
+    from drape.training.model import diffusion_target
+
+    unknown = SimpleNamespace(config=SimpleNamespace(prediction_type="flow_matching"))
+    with pytest.raises(ValueError, match="prediction_type 'flow_matching' is not supported"):
+        diffusion_target(unknown, torch.zeros(1), torch.zeros(1), torch.zeros(1))

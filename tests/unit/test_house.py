@@ -1,0 +1,55 @@
+"""House rules the layout depends on: small modules and functions, and imports that run one way
+(`flows → tasks → drape`, `tasks → scheduler → drape`; only drape/cli may reach the flows and the queue)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PACKAGES = ("drape", "scheduler", "tasks", "flows")
+SOURCES = sorted(path for package in PACKAGES for path in (REPO / package).rglob("*.py"))
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 400, 60
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(REPO)))
+def test_modules_and_functions_stay_small(path):
+    text = path.read_text()
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{path.name}: split it by what its parts do"
+    long = [
+        f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+def test_imports_run_one_way():
+    allowed = {
+        "drape": {"drape"},
+        "scheduler": {"drape", "scheduler"},
+        "tasks": {"drape", "scheduler", "tasks"},
+        "flows": {"drape", "tasks", "flows"},
+    }
+    ours = set(PACKAGES)
+    for path in SOURCES:
+        package = path.relative_to(REPO).parts[0]
+        reached = _imports(path) & ours
+        if path.is_relative_to(REPO / "drape" / "cli"):  # the composition root: flows and the queue, inside commands
+            assert "tasks" not in reached, path
+            continue
+        assert reached <= allowed[package], f"{path.relative_to(REPO)} imports {sorted(reached - allowed[package])}"
+        if package == "drape":
+            assert "prefect" not in _imports(path), f"{path.relative_to(REPO)} imports prefect (drape runs under torchrun too)"
