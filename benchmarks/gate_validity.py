@@ -2,7 +2,7 @@
 
 Generates N control samples in memory at the config's resolution, takes their targets as the
 clean outputs (what a perfect model renders), and runs the corruption suite of
-`drape.corruptions`: per check, the per-sample threshold that gives the chosen false-alarm rate
+`drape.gates.corruptions`: per check, the per-sample threshold that gives the chosen false-alarm rate
 on the clean variants (mild noise, JPEG q90), then each corruption's detection rate against it.
 Goals: detection >= 99%, false alarms <= 1%.
 

@@ -115,7 +115,7 @@ class GateReport:
     baseline: dict | None = None
     provenance: list[str] = field(
         default_factory=list
-    )  # problems with where the candidate came from (validate.provenance_problems)
+    )  # problems with where the candidate came from (drape.gates.run.provenance_problems)
 
     @property
     def passed(self) -> bool:
