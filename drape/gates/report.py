@@ -113,9 +113,8 @@ class GateReport:
     control_set: str
     checks: dict[str, CheckResult] = field(default_factory=dict)
     baseline: dict | None = None
-    provenance: list[str] = field(
-        default_factory=list
-    )  # problems with where the candidate came from (drape.gates.run.provenance_problems)
+    # problems with where the candidate came from (drape.gates.run.provenance_problems)
+    provenance: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
