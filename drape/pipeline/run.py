@@ -71,7 +71,8 @@ _RESOURCES_LOCK = threading.Lock()
 
 
 def resources(config: PipelineConfig, context: RunContext) -> RunResources:
-    """The run's store, tracker and shard cache (the dataset manifest read once); `close_run` drops them."""
+    """The run's store, tracker and shard cache: those `start_run` opened, or (in another process, or
+    after `close_run` dropped them) built once from the config and the dataset manifest."""
     with _RESOURCES_LOCK:
         if context.run_id not in _RESOURCES:
             store = open_store(config)
@@ -121,7 +122,10 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
         manifest_hash(manifest),
         manifest["control_set"],
     )
-    resources(config, context).cache.prestage("control")
+    cache = ShardCache.from_config(config, store, context.dataset_prefix, manifest)
+    with _RESOURCES_LOCK:  # what this run's steps share, from the store, tracker and manifest opened here
+        _RESOURCES[run_id] = RunResources(store, tracker, cache)
+    cache.prestage("control")
     return context
 
 

@@ -89,9 +89,10 @@ def test_a_run_builds_its_resources_once_and_drops_them_when_it_closes(config, m
     context = pipeline.start_run(config, run_name="unit-resources")
     first = pipeline.resources(config, context)
     pipeline.prestage(config, context, "texture")
-    assert pipeline.resources(config, context) is first and len(reads) == 1
+    assert pipeline.resources(config, context) is first and reads == []  # start_run's store, tracker and manifest
     pipeline.close_run(config, context, "FINISHED")
-    assert pipeline.resources(config, context) is not first and len(reads) == 2
+    rebuilt = pipeline.resources(config, context)  # e.g. a task in another process: built once, from the manifest
+    assert rebuilt is not first and pipeline.resources(config, context) is rebuilt and len(reads) == 1
     pipeline.close_run(config, context, "FINISHED")
 
 
