@@ -122,8 +122,8 @@ def _format_errors(source: str, error: ValidationError) -> str:
     lines = []
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "<top level>"
-        got = f" (got {item['input']!r})" if item["type"] not in ("missing",) and not isinstance(item["input"], dict) else ""
-        lines.append(f"{source}: {field}: {item['msg']}{got}")
+        shown = item["type"] == "missing" or isinstance(item["input"], dict) or f"got {item['input']!r}" in item["msg"]
+        lines.append(f"{source}: {field}: {item['msg']}" + ("" if shown else f" (got {item['input']!r})"))
     return "\n".join(lines)
 
 

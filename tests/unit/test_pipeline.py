@@ -1,0 +1,73 @@
+"""drape.pipeline: the archive of a stage that wrote sharded (`step-N.dcp`) and whole (`step-N`)
+checkpoints side by side, a run's resources built once, where each stage starts, a queue job as one
+file, and the registry's description."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from drape import Mode, pipeline
+from drape.ops.tracking import Tracker
+from drape.storage.retention import read_archive_manifest, verify_archived
+from drape.storage.store import ObjectStore
+
+
+def test_sharded_and_whole_checkpoints_of_one_step_archive(dag_config, one_stage):
+    context, *_ = one_stage
+    records = [r for r in read_archive_manifest(ObjectStore(dag_config.object_store_url)) if r["run_id"] == context.run_id]
+    outcomes = {r["key"].split("/")[4]: r["outcome"] for r in records if r["kind"] == "checkpoint"}
+    assert outcomes == {"step-0000002": "passed", "step-0000002.dcp": "passed", "step-0000004": "baseline"}
+    verify_archived(ObjectStore(dag_config.object_store_url), records)
+    assert not context.stage_dir("identity").exists()  # everything archived, verified, then freed
+
+
+def test_the_registry_description_is_plain_text(dag_config, one_stage):
+    description = Tracker(dag_config).client.get_registered_model("drape-tryon").description
+    assert "identity-baseline" in description and "<" not in description and ">" not in description
+
+
+def test_a_run_builds_its_resources_once_and_drops_them_when_it_closes(dag_config, monkeypatch):
+    import drape.pipeline.run as run_module
+
+    reads = []
+    real = run_module.read_manifest
+    monkeypatch.setattr(run_module, "read_manifest", lambda store, prefix: reads.append(prefix) or real(store, prefix))
+    context = pipeline.start_run(dag_config, run_name="unit-resources")
+    first = pipeline.resources(dag_config, context)
+    pipeline.prestage(dag_config, context, "texture")
+    assert pipeline.resources(dag_config, context) is first and reads == []  # start_run's store, tracker and manifest
+    pipeline.close_run(dag_config, context, "FINISHED")
+    rebuilt = pipeline.resources(dag_config, context)  # e.g. a task in another process: built once, from the manifest
+    assert rebuilt is not first and pipeline.resources(dag_config, context) is rebuilt and len(reads) == 1
+    pipeline.close_run(dag_config, context, "FINISHED")
+
+
+def test_where_each_stage_starts(dag_config, one_stage):
+    context, *_ = one_stage
+    assert pipeline.start_checkpoint(context, "identity") is None  # a full run's first stage: fresh weights
+    assert pipeline.start_checkpoint(context, "texture") == str(context.baseline_dir("identity") / "checkpoint")
+    assert pipeline.start_checkpoint(context, "geometry") is None  # texture has no baseline yet
+    finetune = replace(context, mode=Mode.FINETUNE)
+    assert pipeline.start_checkpoint(finetune, "identity") == str(context.baseline_dir("identity") / "checkpoint")
+    job = pipeline.stage_job(dag_config, finetune, "identity")
+    assert job.init_checkpoint == pipeline.start_checkpoint(finetune, "identity") and job.mode is Mode.FINETUNE
+    assert job.out_dir == context.stage_dir("identity") and job.mlflow_run == context.stage_run_ids["identity"]
+
+
+def test_a_queue_job_is_one_file_read_back_unchanged(dag_config, one_stage):
+    from drape.training.stage_job import StageJob
+
+    context, *_ = one_stage
+    command, result_path = pipeline.train_command(dag_config, context, "texture")
+    assert command[1:4] == ["-m", "drape.train", "--job"] and command[-2:] == ["--result", str(result_path)]
+    job = StageJob.read(command[4])
+    assert job == pipeline.stage_job(dag_config, context, "texture")
+    Path(command[4]).write_text(json.dumps({"schema": "something/else"}))
+    with pytest.raises(ValueError, match="not a drape stage job"):
+        StageJob.read(command[4])
+    shutil.rmtree(context.stage_dir("texture"))
