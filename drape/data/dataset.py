@@ -20,7 +20,8 @@ import numpy as np
 
 from drape import STAGES, layout
 from drape.config import PipelineConfig
-from drape.data.shards import IMAGE_FIELDS, ShardWriter, read_shard
+from drape.data.reader import ShardIndex
+from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError
@@ -236,12 +237,17 @@ def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callabl
 
 
 def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:
-    """All samples of a split as stacked uint8 arrays {field: (N, H, W[, C])} plus 'keys' and 'meta'."""
-    return stack_samples(
-        sample
-        for shard in manifest["splits"][split]
-        for sample in read_shard(Path(cache_dir) / shard["path"], sha256=shard["sha256"], size=shard["bytes"])
-    )
+    """All samples of a split as stacked uint8 arrays {field: (N, H, W[, C])} plus 'keys' and 'meta',
+    each shard verified against the manifest's sha256 first, then read through the one reader
+    (`drape.data.reader`) training uses. For small splits: the control set, tests."""
+    shards = manifest["splits"][split]
+    for shard in shards:
+        verify_shard(Path(cache_dir) / shard["path"], sha256=shard["sha256"], size=shard["bytes"])
+    index = ShardIndex([Path(cache_dir) / shard["path"] for shard in shards])
+    try:
+        return index.take(range(len(index)))
+    finally:
+        index.close()
 
 
 def stack_samples(samples) -> dict:

@@ -14,10 +14,13 @@ size and divide the global batch, and the stage needs at least P shards.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+
+from drape.data.reader import ShardIndex
 
 
 class PartitionError(ValueError):
@@ -56,11 +59,35 @@ def partition_shards(shards: list[dict], partitions: int, *, what: str = "the st
     return [shards[p::partitions] for p in range(partitions)]
 
 
+class SampleSource(Protocol):
+    """Where a partition's samples come from: their keys, and `take(indices)` stacked as `stack_samples` does."""
+
+    keys: list[str]
+
+    def __len__(self) -> int: ...
+
+    def take(self, indices) -> dict: ...
+
+
+class ArraySamples:
+    """Samples held in memory as `stack_samples` stacks them; the same `take` as a `ShardIndex`."""
+
+    def __init__(self, arrays: dict):
+        self.arrays, self.keys = arrays, list(arrays["keys"])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def take(self, indices) -> dict:
+        return _take(self.arrays, np.asarray(indices))
+
+
 @dataclass
 class StageData:
-    """The partitions one rank holds: {partition: stacked arrays}, and every partition's sample count."""
+    """The partitions one rank holds, each a sample source (`ShardIndex` over its local shards, or
+    `ArraySamples`), and every partition's sample count."""
 
-    partitions: dict[int, dict]
+    partitions: Mapping[int, SampleSource]
     sizes: list[int]
     shards: dict[int, list[str]] = field(default_factory=dict)  # partition → shard paths, for reports
 
@@ -75,9 +102,9 @@ class StageData:
         if n < partitions:
             raise PartitionError(f"{n} samples cannot fill {partitions} data partitions")
         if partitions == 1:
-            return cls({0: arrays}, [n])
-        groups = {p: _take(arrays, np.arange(p, n, partitions)) for p in range(partitions)}
-        return cls(groups, [len(g["keys"]) for g in groups.values()])
+            return cls({0: ArraySamples(arrays)}, [n])
+        groups = {p: ArraySamples(_take(arrays, np.arange(p, n, partitions))) for p in range(partitions)}
+        return cls(groups, [len(g) for g in groups.values()])
 
     def check_holds(self, wanted: Iterable[int]) -> None:
         missing = sorted(set(wanted) - set(self.partitions))
@@ -92,17 +119,20 @@ def _take(arrays: dict, indices: np.ndarray) -> dict:
 
 
 def load_stage_data(cache, stage: str, *, partitions: int, world_size: int, rank: int, prestage: bool = True) -> StageData:
-    """This rank's partitions of `stage`, read from `cache` (a ShardCache); only its shards are fetched."""
-    from drape.data.dataset import stack_samples
-
+    """This rank's partitions of `stage` in `cache` (a ShardCache), indexed for reading on demand:
+    only its own shards are fetched, and no sample is decoded until a batch needs it. Hold the
+    split pinned (`cache.pin`) while reading."""
     dealt = partition_shards(cache.shards(stage), partitions, what=f"stage {stage!r}")
     mine = list(rank_partitions(partitions, world_size, rank))
-    own_shards = [shard for p in mine for shard in dealt[p]]
     if prestage:
-        cache.prestage(stage, keep=["control"], shards=own_shards)
-    held = {p: stack_samples(cache.iter_samples(stage, shards=dealt[p])) for p in mine}
-    return StageData(
-        held,
-        [sum(shard["samples"] for shard in group) for group in dealt],
-        {p: [shard["path"] for shard in dealt[p]] for p in mine},
-    )
+        staged = cache.prestage(stage, keep=["control"], shards=[shard for p in mine for shard in dealt[p]])
+        if staged.downloaded:  # shards that were not pre-staged: the trainer waited for them
+            cache.read_wait_seconds += staged.seconds
+    held = {p: ShardIndex([cache.local_path(shard) for shard in dealt[p]]) for p in mine}
+    sizes = [sum(shard["samples"] for shard in group) for group in dealt]
+    for p, index in held.items():
+        if len(index) != sizes[p]:
+            raise PartitionError(
+                f"stage {stage!r}: partition {p}'s shards hold {len(index)} samples, the manifest says {sizes[p]}"
+            )
+    return StageData(held, sizes, {p: [shard["path"] for shard in dealt[p]] for p in mine})

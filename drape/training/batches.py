@@ -45,11 +45,13 @@ class BatchPrefetcher:
         self.wait_seconds = 0.0
 
     def _fill(self, start: int, stop: int) -> None:
+        self.failed_step = start
         try:
             for step in range(start, stop):
+                self.failed_step = step
                 generator = step_generator(self.seed, self.stage, step)
                 drawn = [torch.randint(0, size, (self.rows,), generator=generator).numpy() for size in self.data.sizes]
-                parts = [to_model_inputs(self.data.partitions[p], drawn[p]) for p in self.owned]
+                parts = [to_model_inputs(self.data.partitions[p].take(drawn[p])) for p in self.owned]
                 batch = parts[0] if len(parts) == 1 else {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
                 self.queue.put((step, batch, generator))
         except BaseException as error:  # noqa: BLE001 - surfaced by next(), not lost in the thread
@@ -61,7 +63,9 @@ class BatchPrefetcher:
         item = self.queue.get()
         waited = time.perf_counter() - started
         if item is None:
-            raise RuntimeError(f"stage {self.stage}: building a batch failed: {self.error}") from self.error
+            raise RuntimeError(
+                f"stage {self.stage}: building the batch of step {self.failed_step} failed: {self.error}"
+            ) from self.error
         self.wait_seconds += waited
         return item, waited
 
@@ -72,7 +76,7 @@ class BatchPrefetcher:
             "rank": rank,
             "partitions": owned,
             "shards": [path for p in owned for path in self.data.shards.get(p, [])],
-            "samples": sum(len(self.data.partitions[p]["keys"]) for p in owned),
+            "samples": sum(len(self.data.partitions[p]) for p in owned),
             "data_wait_seconds": self.wait_seconds,
             "data_wait_fraction": self.wait_seconds / seconds if seconds else 0.0,
         }

@@ -25,7 +25,7 @@ from drape import MODES, STAGES, Mode, Stage, parse_mode, parse_stage
 from drape.config import PipelineConfig, load_config, parse_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
-from drape.data.partition import load_stage_data, resolve_partitions
+from drape.data.partition import StageData, load_stage_data, resolve_partitions
 from drape.layout import MANUAL_RUN, LiveLayout, live_root
 from drape.ops.metrics import push_metrics
 from drape.storage.store import open_store
@@ -126,21 +126,25 @@ class StageJob:
         # each rank fetches (if not pre-staged already) and reads only its own partitions' shards
         data = load_stage_data(cache, self.stage, partitions=partitions, world_size=context.world_size, rank=context.rank)
         context.barrier()
-        result = train_stage(
+        with cache.pin([self.stage]):  # read on demand while training: no shard may be evicted under the reader
+            result = self._train(data, context, cache.manifest, tracker, progress)
+        return StageJobResult(
+            result, cache.read_wait_seconds - read_wait_before, peak_memory_gib(context.device), context.world_size
+        )
+
+    def _train(self, data: StageData, context: DistContext, manifest: dict, tracker, progress) -> TrainResult:
+        return train_stage(
             self.config,
             stage=self.stage,
             data=data,
             out_dir=self.out_dir,
             init_checkpoint=self.init_checkpoint,
             mode=self.mode,
-            data_manifest_hash=manifest_hash(cache.manifest),
+            data_manifest_hash=manifest_hash(manifest),
             log_metrics=self._sink(tracker),
             progress=progress,
             metric_labels={"run": self.run_id, "stage": self.stage},
             context=context,
-        )
-        return StageJobResult(
-            result, cache.read_wait_seconds - read_wait_before, peak_memory_gib(context.device), context.world_size
         )
 
     def _cache(self, context: DistContext) -> ShardCache:

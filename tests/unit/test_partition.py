@@ -47,7 +47,7 @@ def test_each_rank_reads_only_its_own_shards(cache_factory, tiny_dataset):
         fetched = {p.name for p in (cache.dataset_dir / "identity").glob("*.tar")}
         assert fetched == {s["path"].split("/")[-1] for s in stage_shards[rank::2]}
         assert set(data.partitions) == {rank}
-    keys = [set(held[r].partitions[r]["keys"]) for r in range(2)]
+    keys = [set(held[r].partitions[r].keys) for r in range(2)]
     assert not keys[0] & keys[1]
     assert len(keys[0] | keys[1]) == sum(s["samples"] for s in stage_shards) == sum(held[0].sizes)
 
@@ -77,5 +77,5 @@ def test_a_rank_without_its_partition_is_refused(cache_factory):
 def test_in_memory_arrays_are_dealt_by_sample():
     arrays = {"keys": [f"k{i}" for i in range(5)], "target": np.arange(5)}
     data = StageData.whole(arrays, 2)
-    assert data.sizes == [3, 2] and data.partitions[1]["keys"] == ["k1", "k3"]
-    assert list(data.partitions[0]["target"]) == [0, 2, 4]
+    assert data.sizes == [3, 2] and data.partitions[1].keys == ["k1", "k3"]
+    assert list(data.partitions[0].arrays["target"]) == [0, 2, 4]

@@ -1,0 +1,103 @@
+"""Samples decoded on demand from local shards: an index of member offsets, one sample at a time.
+
+`ShardIndex` walks the tar headers of a rank's local shards once (no decoding) and keeps, per
+sample, where each of its members lies: a few integers per sample in numpy arrays, so holding the
+index of a stage costs kilobytes where decoded samples cost tens of megabytes each at 1024 px.
+`take(indices)` reads just those samples' members (`os.pread`: safe from several threads) and
+decodes them, in the order the index was built: shard order, then the order in which each key
+first appears in its tar, the order `read_shard` yields. So a batch drawn from an index is the
+batch drawn from the same samples held in memory.
+
+The shards must stay where they are while an index reads them: the trainer holds the split pinned
+in the shard cache (`ShardCache.pin`) for as long as it trains.
+"""
+
+from __future__ import annotations
+
+import os
+import tarfile
+from pathlib import Path
+
+import numpy as np
+
+from drape.data.shards import IMAGE_FIELDS, ShardError, _check_member, _decode_member
+
+FIELDS = (*IMAGE_FIELDS, "meta")  # "meta" is the <key>.json member
+_MEMBER_FIELD = {f"{field}.png": field for field in IMAGE_FIELDS} | {"json": "meta"}
+
+
+def _scan(path: Path) -> tuple[list[str], np.ndarray]:
+    """The keys of one shard, in first-appearance order, and (keys, fields, 2) offsets and sizes."""
+    spans: dict[str, np.ndarray] = {}
+    try:
+        with tarfile.open(path, "r:") as tar:
+            for member in tar:
+                _check_member(path, member)
+                key, _, suffix = member.name.partition(".")
+                field = _MEMBER_FIELD.get(suffix)
+                if field is None:
+                    raise ShardError(f"shard {path}: member {member.name!r} is not one of {sorted(_MEMBER_FIELD)}")
+                row = spans.setdefault(key, np.full((len(FIELDS), 2), -1, dtype=np.int64))
+                row[FIELDS.index(field)] = (member.offset_data, member.size)
+    except (tarfile.TarError, EOFError, OSError) as error:
+        raise ShardError(f"shard {path}: not a readable tar ({error})") from None
+    for key, row in spans.items():
+        missing = [field for field, (offset, _) in zip(FIELDS, row) if offset < 0]
+        if missing:
+            raise ShardError(f"shard {path}: sample {key!r} lacks {missing}")
+    keys = list(spans)
+    return keys, np.stack([spans[key] for key in keys]) if keys else np.zeros((0, len(FIELDS), 2), dtype=np.int64)
+
+
+class ShardIndex:
+    """Random access to the samples of some local shards, in shard order."""
+
+    def __init__(self, paths: list[Path]):
+        self._files: dict[int, int] = {}  # shard number → open file descriptor
+        self.paths = [Path(p) for p in paths]
+        keys, spans, shard_of = [], [], []
+        for number, path in enumerate(self.paths):
+            shard_keys, shard_spans = _scan(path)
+            keys += shard_keys
+            spans.append(shard_spans)
+            shard_of.append(np.full(len(shard_keys), number, dtype=np.int32))
+        self.keys = keys
+        self.spans = np.concatenate(spans) if spans else np.zeros((0, len(FIELDS), 2), dtype=np.int64)
+        self.shard_of = np.concatenate(shard_of) if shard_of else np.zeros(0, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def _descriptor(self, shard: int) -> int:
+        if shard not in self._files:
+            self._files[shard] = os.open(self.paths[shard], os.O_RDONLY)
+        return self._files[shard]
+
+    def sample(self, index: int) -> dict:
+        """One decoded sample {key, meta, <image fields as uint8 arrays>}."""
+        shard, key = int(self.shard_of[index]), self.keys[index]
+        path, descriptor = self.paths[shard], self._descriptor(shard)
+        sample: dict = {"key": key}
+        for field, (offset, size) in zip(FIELDS, self.spans[index]):
+            payload = os.pread(descriptor, int(size), int(offset))
+            if len(payload) != size:
+                raise ShardError(f"shard {path}: member {key}.{field} is cut short ({len(payload)} of {size} bytes)")
+            sample[field] = _decode_member(path, f"{key}.{'json' if field == 'meta' else field + '.png'}", payload)
+        return sample
+
+    def take(self, indices) -> dict:
+        """The samples at `indices`, stacked as `stack_samples` stacks them."""
+        from drape.data.dataset import stack_samples
+
+        return stack_samples(self.sample(int(i)) for i in indices)
+
+    def close(self) -> None:
+        for descriptor in self._files.values():
+            os.close(descriptor)
+        self._files.clear()
+
+    def __getstate__(self) -> dict:  # worker processes open their own descriptors
+        return {**self.__dict__, "_files": {}}
+
+    def __del__(self) -> None:
+        self.close()
