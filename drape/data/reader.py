@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drape.data.shards import IMAGE_FIELDS, ShardError, _check_member, _decode_member
+from drape.data.shards import IMAGE_FIELDS, ShardError, check_member, decode_member
 
 FIELDS = (*IMAGE_FIELDS, "meta")  # "meta" is the <key>.json member
 _MEMBER_FIELD = {f"{field}.png": field for field in IMAGE_FIELDS} | {"json": "meta"}
@@ -32,7 +32,7 @@ def _scan(path: Path) -> tuple[list[str], np.ndarray]:
     try:
         with tarfile.open(path, "r:") as tar:
             for member in tar:
-                _check_member(path, member)
+                check_member(path, member)
                 key, _, suffix = member.name.partition(".")
                 field = _MEMBER_FIELD.get(suffix)
                 if field is None:
@@ -82,7 +82,7 @@ class ShardIndex:
             payload = os.pread(descriptor, int(size), int(offset))
             if len(payload) != size:
                 raise ShardError(f"shard {path}: member {key}.{field} is cut short ({len(payload)} of {size} bytes)")
-            sample[field] = _decode_member(path, f"{key}.{'json' if field == 'meta' else field + '.png'}", payload)
+            sample[field] = decode_member(path, f"{key}.{'json' if field == 'meta' else field + '.png'}", payload)
         return sample
 
     def take(self, indices) -> dict:

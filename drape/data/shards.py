@@ -122,7 +122,7 @@ def verify_shard(path: str | Path, *, sha256: str, size: int | None = None) -> N
         raise ShardError(f"shard {path}: sha256 mismatch: manifest says {sha256}, file has {actual}")
 
 
-def _decode_member(shard: Path, name: str, payload: bytes):
+def decode_member(shard: Path, name: str, payload: bytes):
     try:
         if name.endswith(".json"):
             return json.loads(payload)
@@ -142,7 +142,7 @@ _MEMBER_TYPES = {
 }
 
 
-def _check_member(shard: Path, member: tarfile.TarInfo) -> None:
+def check_member(shard: Path, member: tarfile.TarInfo) -> None:
     """Only flat regular files named ``<key>.<field>``: nothing that could land outside the cache."""
     name = member.name
     if name.startswith(("/", "\\")) or ".." in name.replace("\\", "/").split("/") or "/" in name or "\\" in name:
@@ -161,7 +161,7 @@ def check_structure(path: str | Path) -> int:
     try:
         with tarfile.open(path, "r:") as tar:
             for member in tar:
-                _check_member(path, member)
+                check_member(path, member)
                 if member.offset_data + member.size > size:
                     raise ShardError(
                         f"shard {path}: truncated: member {member.name!r} needs "
@@ -176,29 +176,16 @@ def check_structure(path: str | Path) -> int:
 
 
 def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None = None) -> Iterator[dict]:
-    """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given."""
+    """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given.
+    Read through the shard index (`drape.data.reader`), the one reader training uses too."""
+    from drape.data.reader import ShardIndex
+
     path = Path(path)
     if sha256 is not None:
         verify_shard(path, sha256=sha256, size=size)
-    samples: dict[str, dict] = {}
-    order: list[str] = []
+    index = ShardIndex([path])
     try:
-        with tarfile.open(path, "r:") as tar:
-            for member in tar:
-                _check_member(path, member)
-                key, _, field = member.name.partition(".")
-                handle = tar.extractfile(member)
-                if handle is None:
-                    raise ShardError(f"shard {path}: member {member.name!r} is not a regular file")
-                payload = handle.read()
-                if key not in samples:
-                    samples[key], order = {"key": key}, order + [key]
-                value = _decode_member(path, member.name, payload)
-                samples[key]["meta" if field == "json" else field.removesuffix(".png")] = value
-    except (tarfile.TarError, EOFError, OSError) as error:
-        raise ShardError(f"shard {path}: not a readable tar ({error})") from None
-    for key in order:
-        missing = [f for f in (*IMAGE_FIELDS, "meta") if f not in samples[key]]
-        if missing:
-            raise ShardError(f"shard {path}: sample {key!r} lacks {missing}")
-        yield samples[key]
+        for position in range(len(index)):
+            yield index.sample(position)
+    finally:
+        index.close()
