@@ -9,6 +9,7 @@ from typing import NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from drape import parse_stage
@@ -24,13 +25,13 @@ def load(config: Path | None) -> PipelineConfig:
     try:
         return load_config(config or default_config_path())
     except ConfigError as error:
-        console.print(f"[red]config error[/red]\n{error}")
+        console.print(f"[red]config error[/red]\n{escape(str(error))}")
         raise typer.Exit(2) from None
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
     """Print `message` in red and exit with `code` (2: usage or input error, 1: the work failed)."""
-    console.print(f"[red]{message}[/red]")
+    console.print(f"[red]{escape(message)}[/red]")  # messages quote fields like `stages.x.[key]`: not markup
     raise typer.Exit(code)
 
 

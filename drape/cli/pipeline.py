@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.panel import Panel
 
 from drape import MODES, Mode, parse_mode
@@ -28,7 +29,7 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None) -> None:
     try:
         summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name)
     except GateFailed as error:
-        console.print(f"[red bold]run stopped:[/red bold] {error}")
+        console.print(f"[red bold]run stopped:[/red bold] {escape(str(error))}")
         raise typer.Exit(1) from None
     print_summary(summary, time.perf_counter() - started)
 

@@ -16,7 +16,7 @@ CHECKS = ("identity", "texture", "coherence")
 
 
 def _check_cell(check: dict) -> str:
-    threshold = "unset" if check["threshold"] is None else f"{check['threshold']:.2f}"
+    threshold = "not set" if check["threshold"] is None else f"{check['threshold']:.2f}"
     colour = "green" if check["passed"] else "red"
     return f"[{colour}]{check['value']:.3f}[/{colour}] ≥ {threshold}"  # value: the bootstrap lower bound
 

@@ -186,3 +186,11 @@ def test_the_trainer_command_line_is_unchanged():
         "--mlflow-run",
         "--run-id",
     }
+
+
+def test_errors_are_shown_as_written_not_read_as_markup(tmp_path):
+    """Config errors name fields like `train.stages.polish.[key]`; rich must not take `[key]` for a style."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train:\n  stages:\n    polish: {steps: 1, trainable: ['*']}\n")
+    result = runner.invoke(app, ["run", "--config", str(bad)])
+    assert result.exit_code == 2 and "train.stages.polish.[key]" in result.output and "got 'polish'" in result.output
