@@ -89,7 +89,7 @@ class ShardCache:
         self.store, self.prefix, self.manifest = store, prefix, manifest
         self.dataset_dir = shard_cache_dataset_dir(self.root, manifest["name"], manifest["version"])
         self.budget_bytes, self.concurrency, self.read_ahead = budget_bytes, concurrency, read_ahead
-        self.read_wait_seconds = 0.0  # time `iter_samples` blocked on a shard that was not local yet
+        self.read_wait_seconds = 0.0  # time a reader blocked on shards that were not local yet
         self._evict_lock = threading.Lock()
 
     @classmethod

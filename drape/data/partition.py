@@ -118,16 +118,15 @@ def _take(arrays: dict, indices: np.ndarray) -> dict:
     }
 
 
-def load_stage_data(cache, stage: str, *, partitions: int, world_size: int, rank: int, prestage: bool = True) -> StageData:
+def load_stage_data(cache, stage: str, *, partitions: int, world_size: int, rank: int) -> StageData:
     """This rank's partitions of `stage` in `cache` (a ShardCache), indexed for reading on demand:
     only its own shards are fetched, and no sample is decoded until a batch needs it. Hold the
     split pinned (`cache.pin`) while reading."""
     dealt = partition_shards(cache.shards(stage), partitions, what=f"stage {stage!r}")
     mine = list(rank_partitions(partitions, world_size, rank))
-    if prestage:
-        staged = cache.prestage(stage, keep=["control"], shards=[shard for p in mine for shard in dealt[p]])
-        if staged.downloaded:  # shards that were not pre-staged: the trainer waited for them
-            cache.read_wait_seconds += staged.seconds
+    staged = cache.prestage(stage, keep=["control"], shards=[shard for p in mine for shard in dealt[p]])
+    if staged.downloaded:  # shards that were not pre-staged: the trainer waited for them
+        cache.read_wait_seconds += staged.seconds
     held = {p: ShardIndex([cache.local_path(shard) for shard in dealt[p]]) for p in mine}
     sizes = [sum(shard["samples"] for shard in group) for group in dealt]
     for p, index in held.items():
