@@ -1,36 +1,70 @@
-"""Peak memory of a training process vs the size of its stage: samples decoded on demand from the
-shard index (drape) vs every sample decoded into memory before step 1 (the reader drape had before).
+"""drape's stage reader, measured four ways, each against its baseline in the same run.
 
-For each stage size it writes the identity stage's shards once (the demo config's generator), then
-trains 5 steps in a fresh process per reader and records the process's peak RSS. Goal (issue
-"Stage data that streams"): at each resolution the largest stage's peak within 1.10× the
-smallest's for drape.
+1. memory: peak RSS of a 5-step training process vs its stage's size (192, 1,536, 6,144 samples
+   at 64 px; 96 and 768 at 256 px), drape (samples decoded on demand by worker processes) vs
+   every sample decoded into memory before step 1 (the reader before). Goal: largest ≤ 1.10×
+   smallest.
+2. throughput: decoded samples/s at 1024 px with 1 and 2 workers, against the per-rank demand of
+   the configs/h100.yaml model at 40% MFU; then a loop that sleeps each step's GPU time at that
+   demand measures the data-wait share. Goal: the decoding cores per rank for data-wait < 1% (≤ 4).
+3. readers: drape vs the `webdataset` package and `litdata` on the same 1024 px samples, same
+   worker count: samples/s and peak RSS (trainer; largest worker). Goal: drape ≥ 1.0× the best.
+4. warm-up: the time of the first 10 batches vs batches 100-110 from the moment the reader is
+   created (from the readers runs). Goal: ≥ 0.95.
 
-    .venv/bin/python benchmarks/dataloader.py [--sizes 192,1536,6144] [--large-sizes 96,768]
+    .venv/bin/python benchmarks/dataloader.py [--parts memory,throughput,readers,warmup] [--repeats 3]
 
-Prints one table per resolution (peak RSS MiB per reader and stage size) and the ratios.
+1024 px shards come from benchmarks/loader_shards.py (generator images, and noise as PNG's worst
+case). Every measurement runs in a fresh process; the page cache is dropped before each one when
+the benchmark may (root), so shards are read from disk as after pre-staging. litdata is used when
+importable (it pulls a CUDA torch: install it aside, `pip install --target DIR --no-deps litdata
+lightning-utilities obstore tifffile`, and pass --litdata-path DIR).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO / "benchmarks"))
 
 from drape.config import deep_merge, load_config  # noqa: E402
 
-READERS = ("in-memory (before)", "on-demand index (drape)")
+H100_BF16_DENSE = 989e12  # FLOP/s, H100 SXM dense bf16
+MFU = 0.40
 
 
-def _config_file(root: Path, samples: int, resolution: int) -> Path:
+def _run_child(spec: dict, extra_path: str | None = None) -> dict:
+    env_path = [extra_path] if extra_path else []
+    _drop_page_cache()
+    command = [sys.executable, str(Path(__file__).with_name("dataloader_child.py")), json.dumps(spec)]
+    env = {**os.environ, "PYTHONPATH": ":".join([*env_path, str(REPO), str(REPO / "benchmarks")])}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=REPO, env=env)
+    if done.returncode != 0:
+        raise SystemExit(f"{spec} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _drop_page_cache() -> bool:
+    try:
+        subprocess.run(["sync"], check=True)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        return True
+    except OSError:
+        return False
+
+
+# 1. memory ----------------------------------------------------------------------------------
+
+
+def _memory_config(root: Path, samples: int, resolution: int) -> Path:
     base = load_config(REPO / "configs" / "demo.yaml").model_dump(mode="json")
     data = deep_merge(
         base,
@@ -49,67 +83,162 @@ def _config_file(root: Path, samples: int, resolution: int) -> Path:
         },
     )
     path = root / f"config-{resolution}-{samples}.yaml"
-    path.write_text(yaml.safe_dump(data))
+    path.write_text(json.dumps(data))
     return path
 
 
-def child(reader: str, config_path: str, out: str) -> None:
-    """One training process: 5 steps of the identity stage; prints its peak RSS (MiB) as JSON."""
-    from drape.data.dataset import load_split
-    from drape.training.distributed import DistContext
-    from drape.training.stage_job import StageJob
-    from drape.training.trainer import peak_memory_gib, resolve_device, train_stage
+def memory(scratch: Path, sizes: dict[int, list[int]]) -> None:
+    for resolution, counts in sizes.items():
+        rows = {}
+        for samples in counts:
+            config = str(_memory_config(scratch, samples, resolution))
+            _run_child({"mode": "memory", "reader": "drape", "config": config, "out": str(scratch / "warm")})  # writes shards
+            rows[samples] = {
+                reader: _run_child(
+                    {"mode": "memory", "reader": reader, "config": config, "out": str(scratch / f"o-{reader}-{samples}")}
+                )
+                for reader in ("before", "drape")
+            }
+        print(f"\n1. {resolution} px: peak RSS of a 5-step training process, MiB (trainer; its largest child process)\n")
+        print("| reader | " + " | ".join(f"{n:,} samples" for n in counts) + " | largest / smallest |")
+        print("|---|" + "---|" * (len(counts) + 1))
+        for reader, label in (("before", "all decoded before step 1 (before)"), ("drape", "on demand, 2 workers (drape)")):
+            main = [rows[n][reader]["peak_rss_mib"] for n in counts]
+            child = [rows[n][reader]["worker_peak_rss_mib"] for n in counts]
+            cells = [f"{m:,.0f}; {c:,.0f}" for m, c in zip(main, child)]
+            print(f"| {label} | " + " | ".join(cells) + f" | {main[-1] / main[0]:.2f}×; {child[-1] / child[0]:.2f}× |")
+    print(
+        "\n   A forked child's RSS counts the pages it shares with the trainer (the imported libraries), so the"
+        "\n   two columns overlap and are not to be added."
+    )
 
-    config = load_config(config_path)
-    job = StageJob.manual(config, "identity", out_dir=out)
-    if reader == READERS[1]:
-        job.run()
-    else:  # the reader before: the rank's shards decoded and stacked into arrays before step 1
-        cache = job._cache(DistContext())
-        cache.prestage("identity", keep=["control"])
-        arrays = load_split(cache.dataset_dir, cache.manifest, "identity")
-        train_stage(config, stage="identity", data=arrays, out_dir=out, init_checkpoint=None)
-    print(json.dumps({"peak_rss_mib": peak_memory_gib(resolve_device("cpu")) * 1024}))
+
+# 2.-4. streaming at 1024 px -----------------------------------------------------------------
 
 
-def _measure(reader: str, config_path: Path, out: Path) -> float:
-    command = [sys.executable, __file__, "--child", reader, "--config", str(config_path), "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, cwd=REPO)
-    if done.returncode != 0:
-        raise SystemExit(f"{reader} at {config_path.name} failed:\n{done.stderr[-3000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])["peak_rss_mib"]
+def h100_demand() -> tuple[float, list[str]]:
+    """Samples/s one H100 rank consumes at 40% MFU, from the h100 config's FLOPs per sample."""
+    from scheduler.profiles import parameter_counts, tokens_per_sample
+
+    config = load_config(REPO / "configs" / "h100.yaml")
+    parameters, _ = parameter_counts(config, None)
+    tokens = tokens_per_sample(config)
+    layers, width = config.model.num_layers, config.model.num_attention_heads * config.model.attention_head_dim
+    dense = 6 * parameters * tokens
+    attention = 12 * layers * width * tokens**2  # QKᵀ and AV over the joint sequence, forward + backward
+    flops = dense + attention
+    demand = MFU * H100_BF16_DENSE / flops
+    lines = [
+        f"FLOPs per training sample = 6·N·T + 12·L·d·T² = 6 × {parameters / 1e9:.3f} B × {tokens:,} "
+        f"+ 12 × {layers} × {width} × {tokens:,}² = {dense:.3e} + {attention:.3e} = {flops:.3e}",
+        f"per-rank demand = {MFU:.0%} × {H100_BF16_DENSE / 1e12:.0f} TFLOP/s / {flops:.3e} = {demand:.2f} samples/s "
+        f"(6·N·T alone: {MFU * H100_BF16_DENSE / dense:.2f})",
+    ]
+    return demand, lines
 
 
-def _table(resolution: int, sizes: list[int], scratch: Path) -> None:
-    rows = {}
-    for samples in sizes:
-        config_path = _config_file(scratch, samples, resolution)
-        _measure(READERS[1], config_path, scratch / "warm")  # writes the shards and warms the page cache
-        rows[samples] = [_measure(reader, config_path, scratch / f"out-{i}-{samples}") for i, reader in enumerate(READERS)]
-    print(f"\n{resolution} px: peak RSS of a 5-step training process (MiB)\n")
-    print("| reader | " + " | ".join(f"{n:,} samples" for n in sizes) + " | largest / smallest |")
-    print("|---|" + "---|" * (len(sizes) + 1))
-    for column, reader in enumerate(READERS):
-        values = [rows[n][column] for n in sizes]
-        print(f"| {reader} | " + " | ".join(f"{v:,.0f}" for v in values) + f" | {values[-1] / values[0]:.2f}× |")
+def _stream(reader: str, stage: Path, workers: int, batches: int, repeats: int, extra: str | None, **spec) -> dict:
+    """The median run (by samples/s) of `repeats` fresh processes."""
+    runs = [
+        _run_child({"mode": "stream", "reader": reader, "dir": str(stage), "workers": workers, "batches": batches, **spec}, extra)
+        for _ in range(repeats)
+    ]
+    return sorted(runs, key=lambda run: run["samples_per_second"])[len(runs) // 2]
+
+
+def throughput(stages: dict[str, Path], repeats: int) -> None:
+    demand, formula = h100_demand()
+    print("\n2. decode throughput at 1024 px, one sample per step (the h100 config's per-rank batch: 8 / 8 ranks)\n")
+    print("\n".join(f"    {line}" for line in formula) + "\n")
+    print("| images | workers | samples/s | per worker | cores per rank for the demand (×1.25 headroom) |")
+    print("|---|---|---|---|---|")
+    per_worker = {}
+    for kind, stage in stages.items():
+        for workers in (1, 2):
+            run = _stream("drape", stage, workers, 130, repeats, None, rows=1)
+            rate = run["samples_per_second"]
+            per_worker[kind] = min(per_worker.get(kind, rate), rate / workers)
+            cores = -(-1.25 * demand // (rate / workers))
+            print(f"| {kind} | {workers} | {rate:.1f} | {rate / workers:.1f} | {cores:.0f} |")
+    print(f"\n   training loop sleeping {1 / demand * 1000:.0f} ms per step (the GPU step at the demand): data-wait share\n")
+    print("| images | workers | supply / demand | data-wait share of step time |")
+    print("|---|---|---|---|")
+    for kind, stage in stages.items():
+        for workers in (1, 2):
+            run = _stream("drape", stage, workers, 130, repeats, None, rows=1, step_seconds=1 / demand)
+            print(f"| {kind} | {workers} | {workers * per_worker[kind] / demand:.2f} | {run['data_wait_fraction']:.2%} |")
+
+
+def readers(stages: dict[str, Path], repeats: int, litdata: str | None, results: dict) -> None:
+    names = ["drape", "webdataset"] + (["litdata"] if litdata is not None else [])
+    print("\n3. readers on the same 1024 px samples, 2 workers, batch 4 (median of the runs)\n")
+    print("| images | reader | samples/s | vs best other | peak RSS trainer / largest worker (MiB) |")
+    print("|---|---|---|---|---|")
+    for kind, stage in stages.items():
+        runs = {name: _stream(name, stage, 2, 120, repeats, litdata, rows=4) for name in names}
+        results[kind] = runs
+        best = max(run["samples_per_second"] for name, run in runs.items() if name != "drape")
+        for name, run in runs.items():
+            ratio = f"{run['samples_per_second'] / best:.2f}×" if name == "drape" else ""
+            memory = f"{run['peak_rss_mib']:,.0f} / {run['worker_peak_rss_mib']:,.0f}"
+            print(f"| {kind} | {name} | {run['samples_per_second']:.1f} | {ratio} | {memory} |")
+
+
+def warmup(results: dict) -> None:
+    print("\n4. first 10 batches vs batches 100-110, from the reader's creation (the readers runs)\n")
+    print("| images | reader | first 10 (s) | 100-110 (s) | ratio (goal ≥ 0.95) |")
+    print("|---|---|---|---|---|")
+    for kind, runs in results.items():
+        for name, run in runs.items():
+            done = run["done_at"]
+            first, steady = done[9], done[109] - done[99]
+            print(f"| {kind} | {name} | {first:.2f} | {steady:.2f} | {steady / first:.2f} |")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", default="192,1536,6144", help="identity-stage samples at 64 px")
-    parser.add_argument("--large-sizes", default="96,768", help="identity-stage samples at 256 px ('' to skip)")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--config", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--parts", default="memory,throughput,readers,warmup")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh processes per streaming measurement (median)")
+    parser.add_argument("--samples", type=int, default=256, help="samples in each 1024 px stage")
+    parser.add_argument("--unique", type=int, default=6, help="distinct generated samples in the synth stage")
+    parser.add_argument("--litdata-path", default=None, help="a directory litdata is installed in (--target)")
     args = parser.parse_args()
-    if args.child:
-        child(args.child, args.config, args.out)
-        return 0
-    with tempfile.TemporaryDirectory(prefix="drape-bench-loader-") as scratch:
-        _table(64, [int(n) for n in args.sizes.split(",")], Path(scratch))
-        if args.large_sizes:
-            _table(256, [int(n) for n in args.large_sizes.split(",")], Path(scratch))
+    parts = set(args.parts.split(","))
+    litdata = _litdata(args.litdata_path)
+    with tempfile.TemporaryDirectory(
+        prefix="drape-bench-loader-", dir=REPO / ".drape" if (REPO / ".drape").is_dir() else None
+    ) as tmp:
+        scratch = Path(tmp)
+        if "memory" in parts:
+            memory(scratch, {64: [192, 1536, 6144], 256: [96, 768]})
+        if parts & {"throughput", "readers", "warmup"}:
+            from loader_shards import write_stage
+
+            stages = {}
+            for kind in ("synth", "noise"):
+                stages[kind] = scratch / f"stage-{kind}"
+                write_stage(stages[kind], kind=kind, samples=args.samples, unique=args.unique)
+                if litdata is not None:
+                    _run_child({"mode": "convert-litdata", "dir": str(stages[kind])}, litdata)
+            if "throughput" in parts:
+                throughput(stages, args.repeats)
+            results: dict = {}
+            if parts & {"readers", "warmup"}:
+                readers(stages, args.repeats, litdata, results)
+            if "warmup" in parts:
+                warmup(results)
     return 0
+
+
+def _litdata(path: str | None) -> str | None:
+    """The extra import path under which litdata imports ('' when it is installed), or None."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import litdata"], env={"PYTHONPATH": path or ""}, capture_output=True, cwd=REPO
+    )
+    if probe.returncode:
+        print("(litdata is not importable: its column is left out; see the module docstring)")
+        return None
+    return path or ""
 
 
 if __name__ == "__main__":

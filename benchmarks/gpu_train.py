@@ -19,29 +19,37 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.append(str(Path(__file__).resolve().parent))
 
 from drape.config import deep_merge, parse_config  # noqa: E402
+from drape.data.partition import StageData  # noqa: E402
 from drape.training.distributed import init_from_env  # noqa: E402
 from drape.training.trainer import train_stage  # noqa: E402
 
 
-def random_split(resolution: int, samples: int, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    image = lambda: rng.integers(0, 256, (samples, resolution, resolution, 3), dtype=np.uint8)  # noqa: E731
-    return {
-        "target": image(),
-        "agnostic": image(),
-        "pose": image(),
-        "garment": image(),
-        "mask": rng.integers(0, 2, (samples, resolution, resolution), dtype=np.uint8) * 255,
-        "garment_mask": rng.integers(0, 2, (samples, resolution, resolution), dtype=np.uint8) * 255,
-        "keys": [f"s{i}" for i in range(samples)],
-        "meta": [{} for _ in range(samples)],
-    }
+def noise_stage(directory: Path, config, context) -> StageData:
+    """A stage of noise images at the config's resolution as shards (rank 0 writes them), read
+    through drape's reader like any stage: enough samples for 4 batches, a shard per partition."""
+    from loader_shards import write_stage
+
+    from drape.data.partition import resolve_partitions, split_data
+
+    partitions = resolve_partitions(config.train.data_partitions, context.world_size, config.train.batch_size)
+    samples = max(config.train.batch_size * 4, 32, partitions)
+    if context.is_main:
+        write_stage(
+            directory,
+            kind="noise",
+            samples=samples,
+            unique=4,
+            resolution=config.data.resolution,
+            per_shard=-(-samples // partitions),
+        )
+    context.barrier()
+    return split_data(directory, json.loads((directory / "manifest.json").read_text()), "identity", partitions=partitions)
 
 
 def main() -> int:
@@ -76,11 +84,16 @@ def main() -> int:
         overrides["data"] = {"resolution": args.resolution or 64}
     config = parse_config(deep_merge(data, overrides), "configs/h100.yaml + benchmark overrides")
     context = init_from_env(config.train.device)
-    split = random_split(config.data.resolution, max(config.train.batch_size * 4, 32))
-    with tempfile.TemporaryDirectory(prefix="drape-gpu-bench-") as scratch:
+    with tempfile.TemporaryDirectory(prefix="drape-gpu-bench-") as own:
+        shared = [own]  # every rank reads the shards rank 0 writes, and checkpoints to one place
+        if context.is_distributed:
+            torch.distributed.broadcast_object_list(shared, src=0)
+        scratch = Path(shared[0])
+        split = noise_stage(scratch / "stage", config, context)
         started = time.perf_counter()
-        result = train_stage(config, stage="identity", data=split, out_dir=scratch, init_checkpoint=None, context=context)
+        result = train_stage(config, stage="identity", data=split, out_dir=scratch / "out", init_checkpoint=None, context=context)
         wall = time.perf_counter() - started
+        context.barrier()  # rank 0's directory stays until every rank is done with it
     if not context.is_main:
         return 0
     from scheduler.profiles import parameter_counts, tokens_per_sample

@@ -16,7 +16,7 @@ from pydantic import ValidationError, model_validator
 
 from drape import layout
 from drape.config.base import ConfigError, StrictModel
-from drape.config.data import CacheConfig, DataConfig
+from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
 from drape.config.storage import (
@@ -44,6 +44,7 @@ __all__ = [
     "IdentityGateConfig",
     "KubernetesLauncherConfig",
     "LiveUntil",
+    "LoaderConfig",
     "MetricsConfig",
     "ModelConfig",
     "OutcomeRule",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, model_validator
 
 from drape import STAGES
@@ -17,6 +19,24 @@ class CacheConfig(StrictModel):
     read_ahead: int = Field(default=2, ge=0, description="shards fetched ahead of the one being read")
 
 
+class LoaderConfig(StrictModel):
+    """How a rank decodes its batches: worker processes read samples from the local shards ahead
+    of the step. At most `prefetch_batches` batches are decoding or decoded beyond the one the
+    step trains on, so memory is O(batch × prefetch), whatever the stage's size."""
+
+    workers: int = Field(default=2, ge=0, le=64, description="decoding worker processes per rank; 0: a thread in the trainer")
+    prefetch_batches: int = Field(default=4, ge=1, le=256, description="batches decoded ahead of the step, over all workers")
+    timeout_seconds: float = Field(
+        default=300.0, gt=0, description="longest wait for one batch before the trainer fails (a hung read, a lost worker)"
+    )
+    handoff_dir: str | None = Field(
+        default=None, description="where workers hand decoded batches over (shared memory); default /dev/shm"
+    )
+    start_method: Literal["fork", "forkserver", "spawn"] = Field(
+        default="fork", description="how workers start (multiprocessing); fork is fastest and safe: workers never touch CUDA"
+    )
+
+
 class DataConfig(StrictModel):
     name: str = "synth-tryon"
     version: str = "v1"
@@ -28,6 +48,7 @@ class DataConfig(StrictModel):
     shard_max_samples: int = Field(default=64, gt=0)
     shard_max_bytes: int = Field(default=512 * 2**20, ge=2**20, description="a shard closes at this size or max samples")
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
+    loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig())
 
     @model_validator(mode="after")
     def _every_stage_has_samples(self) -> DataConfig:

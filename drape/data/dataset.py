@@ -250,16 +250,17 @@ def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:
         index.close()
 
 
-def stack_samples(samples) -> dict:
-    """Decoded samples ({key, meta, image fields}) → {field: stacked array, 'keys': [...], 'meta': [...]}."""
-    columns: dict[str, list] = {field: [] for field in (*IMAGE_FIELDS, "meta")}
+def stack_samples(samples, fields: tuple[str, ...] = (*IMAGE_FIELDS, "meta")) -> dict:
+    """Decoded samples ({key, meta, image fields}) → {field: stacked array, 'keys': [...], 'meta': [...]}
+    (of `fields`; 'meta' stays a list)."""
+    columns: dict[str, list] = {field: [] for field in fields}
     keys = []
     for sample in samples:
         keys.append(sample["key"])
         for field in columns:
             columns[field].append(sample[field])
-    arrays = {field: np.stack(values) for field, values in columns.items() if field != "meta"}
-    return {**arrays, "keys": keys, "meta": columns["meta"]}
+    stacked = {field: np.stack(values) for field, values in columns.items() if field != "meta"}
+    return {**stacked, "keys": keys, **({"meta": columns["meta"]} if "meta" in columns else {})}
 
 
 def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> dict:
@@ -294,14 +295,17 @@ def load_control_dir(directory: str | Path) -> tuple[dict, str]:
     return load_split(directory, {"splits": {"control": entries}}, "control"), control_set_id(entries)
 
 
-def to_model_inputs(arrays: dict, indices=None) -> dict:
-    """uint8 arrays → float tensors the model takes: images in [-1, 1] (N, 3, H, W), mask in [0, 1]."""
+MODEL_FIELDS = ("target", "agnostic", "mask", "pose", "garment")  # what the model reads of a sample
+
+
+def to_model_inputs(arrays: dict) -> dict:
+    """uint8 images (numpy arrays, or tensors on any device) → float tensors the model takes, on
+    the same device: images in [-1, 1] (N, 3, H, W), mask in [0, 1] (N, 1, H, W)."""
     import torch
 
-    pick = (lambda a: a) if indices is None else (lambda a: a[indices])
     inputs = {
-        name: torch.from_numpy(pick(arrays[name])).permute(0, 3, 1, 2).float() / 127.5 - 1
+        name: torch.as_tensor(arrays[name]).permute(0, 3, 1, 2).float() / 127.5 - 1
         for name in ("target", "agnostic", "pose", "garment")
     }
-    inputs["mask"] = torch.from_numpy(pick(arrays["mask"])).float()[:, None] / 255.0
+    inputs["mask"] = torch.as_tensor(arrays["mask"]).float()[:, None] / 255.0
     return inputs

@@ -3,8 +3,8 @@
 The stage's shards are dealt into P disjoint *partitions* (shard i → partition i mod P). Each
 step's global batch takes B/P rows from every partition, drawn by the step's seeded generator
 from that partition's samples; rank r of W trains on rows r·B/W … (r+1)·B/W − 1, which are
-exactly the rows of partitions r·P/W … (r+1)·P/W − 1. So a rank reads (pre-stages, decodes,
-holds in memory) only its own partitions' shards, no shard is read by two ranks, and, P being
+exactly the rows of partitions r·P/W … (r+1)·P/W − 1. So a rank reads (pre-stages, indexes,
+decodes) only its own partitions' shards, no shard is read by two ranks, and, P being
 fixed, the global batch does not depend on W: 2 ranks train what 1 process trains, and a
 checkpoint of one world size resumes on another.
 
@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
-
-import numpy as np
 
 from drape.data.reader import ShardIndex
 
@@ -60,32 +59,20 @@ def partition_shards(shards: list[dict], partitions: int, *, what: str = "the st
 
 
 class SampleSource(Protocol):
-    """Where a partition's samples come from: their keys, and `take(indices)` stacked as `stack_samples` does."""
+    """Where a partition's samples come from: their keys, and `take(indices, fields)` stacked as
+    `stack_samples` does (a `ShardIndex`; a benchmark's baseline may hold them in memory)."""
 
     keys: list[str]
 
     def __len__(self) -> int: ...
 
-    def take(self, indices) -> dict: ...
-
-
-class ArraySamples:
-    """Samples held in memory as `stack_samples` stacks them; the same `take` as a `ShardIndex`."""
-
-    def __init__(self, arrays: dict):
-        self.arrays, self.keys = arrays, list(arrays["keys"])
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def take(self, indices) -> dict:
-        return _take(self.arrays, np.asarray(indices))
+    def take(self, indices, fields: tuple[str, ...] = ...) -> dict: ...
 
 
 @dataclass
 class StageData:
-    """The partitions one rank holds, each a sample source (`ShardIndex` over its local shards, or
-    `ArraySamples`), and every partition's sample count."""
+    """The partitions one rank holds, each a sample source (a `ShardIndex` over its local shards),
+    and every partition's sample count."""
 
     partitions: Mapping[int, SampleSource]
     sizes: list[int]
@@ -95,27 +82,19 @@ class StageData:
     def count(self) -> int:
         return len(self.sizes)
 
-    @classmethod
-    def whole(cls, arrays: dict, partitions: int = 1) -> StageData:
-        """In-memory arrays (no shards) dealt into `partitions` by sample index i mod P, all held."""
-        n = len(arrays["keys"])
-        if n < partitions:
-            raise PartitionError(f"{n} samples cannot fill {partitions} data partitions")
-        if partitions == 1:
-            return cls({0: ArraySamples(arrays)}, [n])
-        groups = {p: ArraySamples(_take(arrays, np.arange(p, n, partitions))) for p in range(partitions)}
-        return cls(groups, [len(g) for g in groups.values()])
-
     def check_holds(self, wanted: Iterable[int]) -> None:
         missing = sorted(set(wanted) - set(self.partitions))
         if missing:
             raise PartitionError(f"this rank needs data partitions {missing} but holds {sorted(self.partitions)}")
 
 
-def _take(arrays: dict, indices: np.ndarray) -> dict:
-    return {
-        name: ([values[i] for i in indices] if isinstance(values, list) else values[indices]) for name, values in arrays.items()
-    }
+def split_data(directory: str | Path, manifest: dict, split: str, *, partitions: int = 1) -> StageData:
+    """Every partition of `split` from shards already under `directory` (a dataset, or a cache
+    that holds them all), dealt and read as `load_stage_data` deals and reads them: for one
+    process that holds the whole split (tests, benchmarks, tools)."""
+    dealt = partition_shards(manifest["splits"][split], partitions, what=f"split {split!r}")
+    held = {p: ShardIndex([Path(directory) / shard["path"] for shard in group]) for p, group in enumerate(dealt)}
+    return StageData(held, [len(index) for index in held.values()], {p: [s["path"] for s in g] for p, g in enumerate(dealt)})
 
 
 def load_stage_data(cache, stage: str, *, partitions: int, world_size: int, rank: int) -> StageData:

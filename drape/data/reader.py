@@ -73,23 +73,25 @@ class ShardIndex:
             self._files[shard] = os.open(self.paths[shard], os.O_RDONLY)
         return self._files[shard]
 
-    def sample(self, index: int) -> dict:
-        """One decoded sample {key, meta, <image fields as uint8 arrays>}."""
+    def sample(self, index: int, fields: tuple[str, ...] = FIELDS) -> dict:
+        """One decoded sample {key, <fields>}: image fields as uint8 arrays, "meta" as a dict."""
         shard, key = int(self.shard_of[index]), self.keys[index]
         path, descriptor = self.paths[shard], self._descriptor(shard)
         sample: dict = {"key": key}
-        for field, (offset, size) in zip(FIELDS, self.spans[index]):
-            payload = os.pread(descriptor, int(size), int(offset))
+        for field in fields:
+            offset, size = (int(n) for n in self.spans[index, FIELDS.index(field)])
+            payload = os.pread(descriptor, size, offset)
+            member = f"{key}.{'json' if field == 'meta' else field + '.png'}"
             if len(payload) != size:
-                raise ShardError(f"shard {path}: member {key}.{field} is cut short ({len(payload)} of {size} bytes)")
-            sample[field] = decode_member(path, f"{key}.{'json' if field == 'meta' else field + '.png'}", payload)
+                raise ShardError(f"shard {path}: member {member} is cut short ({len(payload)} of {size} bytes)")
+            sample[field] = decode_member(path, member, payload)
         return sample
 
-    def take(self, indices) -> dict:
-        """The samples at `indices`, stacked as `stack_samples` stacks them."""
+    def take(self, indices, fields: tuple[str, ...] = FIELDS) -> dict:
+        """The samples at `indices`, stacked as `stack_samples` stacks them (only `fields` decoded)."""
         from drape.data.dataset import stack_samples
 
-        return stack_samples(self.sample(int(i)) for i in indices)
+        return stack_samples((self.sample(int(i), fields) for i in indices), fields)
 
     def close(self) -> None:
         for descriptor in self._files.values():

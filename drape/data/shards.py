@@ -127,7 +127,8 @@ def decode_member(shard: Path, name: str, payload: bytes):
         if name.endswith(".json"):
             return json.loads(payload)
         with Image.open(io.BytesIO(payload)) as image:
-            return np.asarray(image.convert("L" if "mask" in name else "RGB"))
+            mode = "L" if "mask" in name else "RGB"
+            return np.asarray(image if image.mode == mode else image.convert(mode))
     except Exception as error:  # noqa: BLE001 - any decoder failure is the shard's fault
         raise ShardError(f"shard {shard}: member {name!r} cannot be decoded: {error}") from None
 

@@ -3,7 +3,7 @@
 Every source of randomness in a step (batch indices, noise, timesteps) comes from a generator
 seeded by (seed, stage, step) (`drape.training.batches`), so a run killed mid-stage and resumed
 from its newest checkpoint ends with exactly the weights of an uninterrupted run. Batches are
-prepared by a background thread (`BatchPrefetcher`); the time the loop blocks on it is the
+decoded ahead by worker processes (`BatchPrefetcher`); the time the loop blocks on it is the
 data-wait that gets logged. The loop asks and the components decide: `Checkpointer` owns when and how to save,
 `StepMetrics` when to log.
 
@@ -24,6 +24,7 @@ from torch.nn import functional as F
 
 from drape import Mode, parse_mode
 from drape.config import PipelineConfig
+from drape.data.dataset import to_model_inputs
 from drape.data.partition import StageData, resolve_partitions
 from drape.layout import checkpoint_name, checkpoint_step, is_sharded_checkpoint
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
@@ -87,6 +88,12 @@ class TrainingState:
     resumed_from: Path | None
 
 
+def resume_point(checkpoints_dir: Path) -> Path | None:
+    """The newest checkpoint in `checkpoints_dir` (sharded or whole): where a stage resumes."""
+    existing = list_checkpoints(checkpoints_dir)
+    return existing[-1] if existing else None
+
+
 def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[str]:
     names = trainable_parameter_names(patterns, [name for name, _ in model.named_parameters()])
     if not names:
@@ -103,8 +110,7 @@ def prepare_training(
     """Model, optimizer and EMA for `stage`, resumed from the newest checkpoint in `checkpoints_dir`
     (sharded or whole), else started from `init_checkpoint` or fresh weights."""
     train = config.train
-    existing = list_checkpoints(checkpoints_dir)
-    resume_from = existing[-1] if existing else None
+    resume_from = resume_point(checkpoints_dir)
     sharded_resume = resume_from is not None and is_sharded_checkpoint(resume_from)
     source = init_checkpoint if sharded_resume or resume_from is None else resume_from
     model = (load_model(source) if source else build_model(config)).to(context.device)  # type: ignore[arg-type]
@@ -236,13 +242,13 @@ class StepMetrics:
 def _step(
     config: PipelineConfig, state: TrainingState, scheduler, batch: dict, generator: torch.Generator, context: DistContext
 ) -> torch.Tensor:
-    """One optimizer step on this rank's rows of the global batch; returns the loss."""
+    """One optimizer step on this rank's rows of the global batch (uint8, as decoded); returns the loss."""
     train, device = config.train, context.device
+    batch = to_model_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
     local = context.local_slice(train.batch_size)
     global_shape = (train.batch_size, *batch["target"].shape[1:])  # the batch holds this rank's rows only
     noise = torch.randn(global_shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
     timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)[local].to(device)
-    batch = {k: v.to(device) for k, v in batch.items()}
     noisy = scheduler.add_noise(batch["target"], noise, timesteps)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16"):
         prediction = state.model(noisy, timesteps, batch["agnostic"], batch["mask"], batch["pose"], batch["garment"])
@@ -262,7 +268,7 @@ def train_stage(
     config: PipelineConfig,
     *,
     stage: str,
-    data: StageData | dict,
+    data: StageData,
     out_dir: str | Path,
     init_checkpoint: str | Path | None,
     mode: str = Mode.FULL,
@@ -274,23 +280,30 @@ def train_stage(
 ) -> TrainResult:
     """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints.
 
-    `data` is this rank's `StageData` (`load_stage_data`), or arrays as `load_split` gives them,
-    held whole and dealt into the data partitions by sample. Starts from `init_checkpoint` (or
-    fresh weights), or resumes from the newest checkpoint already in `out_dir`. `mode` 'full' runs
-    the stage's `steps`, 'finetune' its `finetune_steps`. Every step's data-wait and duration go to
-    the Prometheus histograms ``drape_data_wait_seconds`` and ``drape_train_step_seconds``
-    labelled `metric_labels` (run, stage) and the rank.
+    `data` is this rank's `StageData` (`load_stage_data`, or `split_data` for a split on disk).
+    Starts from `init_checkpoint` (or fresh weights), or resumes from the newest checkpoint
+    already in `out_dir`. `mode` 'full' runs the stage's `steps`, 'finetune' its
+    `finetune_steps`. The first batches are decoding while the model is built. Every step's
+    data-wait and duration go to the Prometheus histograms ``drape_data_wait_seconds`` and
+    ``drape_train_step_seconds`` labelled `metric_labels` (run, stage) and the rank.
     """
     total, train = total_steps(config, stage, mode), config.train
     context = context or DistContext(device=resolve_device(train.device))
-    data = _dealt(data, resolve_partitions(train.data_partitions, context.world_size, train.batch_size), stage)
+    partitions = resolve_partitions(train.data_partitions, context.world_size, train.batch_size)
+    if data.count != partitions:
+        raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
     checkpoints_dir = Path(out_dir) / "checkpoints"
-    state = prepare_training(config, stage, checkpoints_dir, init_checkpoint, context)
-    checkpointer = Checkpointer(config, checkpoints_dir, context, stage, mode, total, data_manifest_hash, state.resumed_from)
-    metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
-    prefetcher = BatchPrefetcher.for_rank(config, data, context, stage=stage, start=state.start_step, stop=total)
-    started = time.perf_counter()
-    loss = _train_steps(config, state, prefetcher, metrics, checkpointer, context, progress)
+    resume_from = resume_point(checkpoints_dir)
+    start = checkpoint_step(resume_from) if resume_from is not None else 0
+    prefetcher = BatchPrefetcher.for_rank(config, data, context, stage=stage, start=start, stop=total)
+    try:
+        state = prepare_training(config, stage, checkpoints_dir, init_checkpoint, context)
+        checkpointer = Checkpointer(config, checkpoints_dir, context, stage, mode, total, data_manifest_hash, state.resumed_from)
+        metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
+        started = time.perf_counter()
+        loss = _train_steps(config, state, prefetcher, metrics, checkpointer, context, progress)
+    finally:
+        prefetcher.close()
     if checkpointer.latest is None:
         raise RuntimeError(f"stage {stage}: nothing to train ({total} steps) and no checkpoint to resume from")
     seconds, trained = time.perf_counter() - started, total - state.start_step
@@ -334,14 +347,6 @@ def _train_steps(
         if progress and context.is_main:
             progress(done, checkpointer.total)
     return loss
-
-
-def _dealt(data: StageData | dict, partitions: int, stage: str) -> StageData:
-    """`data` as this run's data partitions (in-memory arrays are dealt by sample)."""
-    data = StageData.whole(data, partitions) if isinstance(data, dict) else data
-    if data.count != partitions:
-        raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
-    return data
 
 
 def _per_rank(context: DistContext, mine: dict) -> list[dict]:

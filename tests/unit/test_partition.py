@@ -1,12 +1,18 @@
 """A stage's shards dealt to ranks without overlap; the global batch does not depend on the world size."""
 
-import numpy as np
 import pytest
 import torch
 
 from drape.data.cache import ShardCache
 from drape.data.dataset import publish_dataset
-from drape.data.partition import PartitionError, StageData, load_stage_data, partition_shards, rank_partitions, resolve_partitions
+from drape.data.partition import (
+    PartitionError,
+    load_stage_data,
+    partition_shards,
+    rank_partitions,
+    resolve_partitions,
+    split_data,
+)
 from drape.storage.store import ObjectStore
 from drape.training.batches import BatchPrefetcher
 
@@ -74,8 +80,10 @@ def test_a_rank_without_its_partition_is_refused(cache_factory):
         BatchPrefetcher(data, range(1, 2), seed=0, stage="identity", batch_size=8, start=0, stop=1)
 
 
-def test_in_memory_arrays_are_dealt_by_sample():
-    arrays = {"keys": [f"k{i}" for i in range(5)], "target": np.arange(5)}
-    data = StageData.whole(arrays, 2)
-    assert data.sizes == [3, 2] and data.partitions[1].keys == ["k1", "k3"]
-    assert list(data.partitions[0].arrays["target"]) == [0, 2, 4]
+def test_a_split_on_disk_is_dealt_as_a_stage_is(tiny_dataset, cache_factory):
+    directory, manifest, _ = tiny_dataset
+    whole = split_data(directory, manifest, "identity", partitions=2)
+    staged = load_stage_data(cache_factory("s"), "identity", partitions=2, world_size=1, rank=0)
+    assert whole.sizes == staged.sizes and whole.shards == staged.shards
+    for p in range(2):
+        assert whole.partitions[p].keys == staged.partitions[p].keys

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from drape.data.dataset import load_split
+from drape.data.partition import split_data
 from drape.training.checkpoint import list_checkpoints, load_model
 from drape.training.trainer import train_stage
 
@@ -22,7 +22,7 @@ def _config(config, **train):
 @pytest.fixture(scope="module")
 def texture_data(tiny_dataset):
     directory, manifest, _ = tiny_dataset
-    return load_split(directory, manifest, "texture")
+    return split_data(directory, manifest, "texture")
 
 
 def test_resume_after_kill_matches_uninterrupted(config, texture_data, tmp_path):
@@ -92,7 +92,7 @@ def test_metrics_reach_the_sink_and_prometheus(config, texture_data, tmp_path):
     assert [step for step, _ in logged] == [2, 4, 6, 7, 7]  # the last: per-rank data-wait
     assert {"texture/loss", "texture/data_wait_seconds", "texture/samples_per_second"} <= set(logged[0][1])
     assert logged[-1] == (7, {"texture/data_wait_fraction/rank0": result.ranks[0]["data_wait_fraction"]})
-    assert result.ranks[0]["rank"] == 0 and result.ranks[0]["samples"] == len(texture_data["keys"])
+    assert result.ranks[0]["rank"] == 0 and result.ranks[0]["samples"] == sum(texture_data.sizes)
     assert 0 <= result.data_wait_fraction < 1 and result.samples_per_second > 0
 
 
