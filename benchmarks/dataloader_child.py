@@ -37,9 +37,8 @@ class Decoded:
     def __len__(self) -> int:
         return len(self.keys)
 
-    def take(self, indices, fields=MODEL_FIELDS) -> dict:
-        picked = np.asarray(indices)
-        return {field: self.arrays[field][picked] for field in fields} | {"keys": [self.keys[i] for i in picked]}
+    def sample(self, index: int, fields=MODEL_FIELDS) -> dict:
+        return {field: self.arrays[field][index] for field in fields} | {"key": self.keys[index]}
 
 
 def memory(spec: dict) -> dict:
@@ -99,8 +98,8 @@ def _webdataset_batches(spec: dict):
     import webdataset as wds
 
     urls = sorted(str(path) for path in (Path(spec["dir"]) / "identity").glob("*.tar"))
-    dataset = wds.WebDataset(urls, shardshuffle=False, repeat=True, empty_check=False).map(_decode_wds)
-    dataset = dataset.batched(spec["rows"], collation_fn=_stack)
+    dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_decode_wds)
+    dataset = dataset.batched(spec["rows"], collation_fn=_stack).repeat()  # epochs until enough batches
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=spec["workers"], prefetch_factor=2)
     iterator = iter(loader)
     try:
@@ -157,15 +156,21 @@ def stream(spec: dict) -> dict:
     batches = {"drape": _drape_batches, "webdataset": _webdataset_batches, "litdata": _litdata_batches}[spec["reader"]](spec)
     step_seconds = spec.get("step_seconds", 0.0)
     created = time.perf_counter()
-    done_at, waited, samples = [], 0.0, 0
+    done_at, waits, samples = [], [], 0
     for batch, wait in batches:
         samples += len(batch["target"])
-        waited += wait
+        waits.append(wait)
         if step_seconds:
             time.sleep(step_seconds)  # the GPU's step: the host thread waits
         done_at.append(time.perf_counter() - created)
-    steady = (samples - 10 * spec["rows"]) / (done_at[-1] - done_at[9])
-    return {"samples_per_second": steady, "done_at": done_at, "data_wait_fraction": waited / done_at[-1], **_peaks()}
+    steady_seconds = done_at[-1] - done_at[9]  # after the first 10 batches (their wait is part 4's warm-up)
+    return {
+        "samples_per_second": (samples - 10 * spec["rows"]) / steady_seconds,
+        "done_at": done_at,
+        "data_wait_fraction": sum(waits[10:]) / steady_seconds,
+        "first_wait_seconds": waits[0],
+        **_peaks(),
+    }
 
 
 if __name__ == "__main__":

@@ -59,14 +59,14 @@ def partition_shards(shards: list[dict], partitions: int, *, what: str = "the st
 
 
 class SampleSource(Protocol):
-    """Where a partition's samples come from: their keys, and `take(indices, fields)` stacked as
-    `stack_samples` does (a `ShardIndex`; a benchmark's baseline may hold them in memory)."""
+    """Where a partition's samples come from: their keys, and `sample(index, fields)`, one decoded
+    sample {key, <fields>} (a `ShardIndex`; a benchmark's baseline may hold them in memory)."""
 
     keys: list[str]
 
     def __len__(self) -> int: ...
 
-    def take(self, indices, fields: tuple[str, ...] = ...) -> dict: ...
+    def sample(self, index: int, fields: tuple[str, ...] = ...) -> dict: ...
 
 
 @dataclass

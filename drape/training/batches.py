@@ -4,7 +4,8 @@ Every source of randomness in a step (batch indices, noise, timesteps) comes fro
 seeded by (seed, stage, step), so a resumed run draws exactly what an uninterrupted one does.
 
 `StepBatches` is the work of one step: draw the step's indices, read and decode this rank's rows
-from the local shards (`drape.data.reader.ShardIndex`), stack them as uint8 arrays.
+from the local shards (`drape.data.reader.ShardIndex`) into uint8 arrays (in a worker, arrays
+mapped in the file that hands the batch over).
 `data.loader.workers` processes run it over the steps in order (`drape.training.decoding`), at
 most `data.loader.prefetch_batches` steps ahead, so memory is O(batch × prefetch) whatever the
 stage's size; with 0 workers a thread runs it. On CUDA the batch is pinned; the trainer converts
@@ -27,7 +28,7 @@ from drape import stage_index
 from drape.config import LoaderConfig, PipelineConfig
 from drape.data.dataset import MODEL_FIELDS
 from drape.data.partition import StageData, rank_partitions
-from drape.training.decoding import DecodeError, ThreadSource, WorkerPool
+from drape.training.decoding import Allocate, DecodeError, ThreadSource, WorkerPool, allocate_in_memory
 from drape.training.distributed import DistContext
 
 GENERATOR_STATE = "generator_state"
@@ -55,20 +56,32 @@ class StepBatches:
         data.check_holds(owned)
         self.data, self.owned, self.seed, self.stage = data, owned, seed, stage
         self.rows = batch_size // data.count
+        if not self.rows:
+            raise ValueError(f"a batch of {batch_size} cannot draw from each of {data.count} data partitions")
 
     def draw(self, step: int) -> tuple[list[np.ndarray], torch.Generator]:
         generator = step_generator(self.seed, self.stage, step)
         return [torch.randint(0, size, (self.rows,), generator=generator).numpy() for size in self.data.sizes], generator
 
-    def __call__(self, step: int) -> dict[str, np.ndarray]:
+    def __call__(self, step: int, allocate: Allocate = allocate_in_memory) -> dict[str, np.ndarray]:
+        """The step's rows, decoded one by one into the arrays `allocate` gives (sized by the first row)."""
         drawn, generator = self.draw(step)
+        rows = [(p, int(i)) for p in self.owned for i in drawn[p]]
+        batch: dict[str, np.ndarray] = {}
         try:
-            parts = [self.data.partitions[p].take(drawn[p], MODEL_FIELDS) for p in self.owned]
+            for row, (p, i) in enumerate(rows):
+                sample = self.data.partitions[p].sample(i, MODEL_FIELDS)
+                if not batch:
+                    batch = allocate({name: ((len(rows), *sample[name].shape), sample[name].dtype) for name in MODEL_FIELDS})
+                for name in MODEL_FIELDS:
+                    if sample[name].shape != batch[name].shape[1:]:
+                        raise ValueError(
+                            f"sample {sample['key']!r} of partition {p}: {name} is {sample[name].shape}, "
+                            f"the batch's first sample's is {batch[name].shape[1:]} (one resolution per stage)"
+                        )
+                    batch[name][row] = sample[name]
         except Exception as error:  # noqa: BLE001 - re-raised with the step; a worker's traceback is noise
             raise DecodeError(f"step {step}: {error}") from None
-        batch = {
-            name: parts[0][name] if len(parts) == 1 else np.concatenate([part[name] for part in parts]) for name in MODEL_FIELDS
-        }
         return batch | {GENERATOR_STATE: generator.get_state().numpy()}
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -55,6 +56,37 @@ def test_an_undecodable_sample_names_the_shard_member_and_step(texture, tmp_path
         _all(prefetcher, 200)
 
 
+class _Resized:
+    """A partition whose second sample has another resolution than its first."""
+
+    keys = ["a", "b"]
+
+    def __len__(self) -> int:
+        return 2
+
+    def sample(self, index, fields=()):
+        side = 8 if index == 0 else 16
+        return {"key": self.keys[index]} | {name: np.zeros((side, side, 3), np.uint8) for name in fields}
+
+
+def test_a_sample_of_another_resolution_is_named_not_broadcast():
+    with pytest.raises(
+        BatchError, match=r"stage texture, step \d+: sample '[ab]' of partition 0: target is \(\d+, \d+, 3\), the batch's first"
+    ):
+        _all(_prefetcher(StageData({0: _Resized()}, [2]), stop=50), 50)
+
+
+def test_batches_are_decoded_into_handoff_files_that_leave_nothing_behind(texture, tmp_path):
+    prefetcher = _prefetcher(texture, stop=8, handoff_dir=str(tmp_path))
+    (directory,) = tmp_path.iterdir()
+    batches = [prefetcher.next()[0][1] for _ in range(8)]
+    assert list(directory.iterdir()) == []  # every step handed over: each file unlinked once mapped
+    assert all(batch["target"].shape[0] == 4 for batch in batches)
+    batches[0]["target"][0] += 1  # a handed-over batch is the trainer's to write (copy-on-write)
+    prefetcher.close()
+    assert not directory.exists()
+
+
 def _new_children(before: set) -> list:
     return [p for p in multiprocessing.active_children() if p.pid not in before]
 
@@ -82,7 +114,7 @@ class _Stuck:
     def __len__(self) -> int:
         return 2
 
-    def take(self, indices, fields=()):
+    def sample(self, index, fields=()):
         time.sleep(3600)
 
 
