@@ -37,6 +37,9 @@ class Decoded:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def prefetch(self, indices, fields=MODEL_FIELDS) -> None:
+        pass  # in memory already
+
     def sample(self, index: int, fields=MODEL_FIELDS) -> dict:
         return {field: self.arrays[field][index] for field in fields} | {"key": self.keys[index]}
 

@@ -59,14 +59,17 @@ def partition_shards(shards: list[dict], partitions: int, *, what: str = "the st
 
 
 class SampleSource(Protocol):
-    """Where a partition's samples come from: their keys, and `sample(index, fields)`, one decoded
-    sample {key, <fields>} (a `ShardIndex`; a benchmark's baseline may hold them in memory)."""
+    """Where a partition's samples come from: their keys, `sample(index, fields)`, one decoded
+    sample {key, <fields>}, and `prefetch(indices, fields)`, a hint that those come next (a
+    `ShardIndex`; a benchmark's baseline may hold them in memory)."""
 
     keys: list[str]
 
     def __len__(self) -> int: ...
 
     def sample(self, index: int, fields: tuple[str, ...] = ...) -> dict: ...
+
+    def prefetch(self, indices, fields: tuple[str, ...] = ...) -> None: ...
 
 
 @dataclass

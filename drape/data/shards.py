@@ -21,6 +21,8 @@ from PIL import Image
 
 from drape.storage.checksum import sha256_file
 
+Image.preinit()  # PNG's decoder loaded once here, not in every decoding worker on its first sample
+
 IMAGE_FIELDS = ("target", "agnostic", "mask", "pose", "garment", "garment_mask")
 
 

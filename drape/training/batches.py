@@ -69,6 +69,8 @@ class StepBatches:
         rows = [(p, int(i)) for p in self.owned for i in drawn[p]]
         batch: dict[str, np.ndarray] = {}
         try:
+            for p in self.owned:  # the disk reads the later rows while the first ones decode
+                self.data.partitions[p].prefetch(drawn[p], MODEL_FIELDS)
             for row, (p, i) in enumerate(rows):
                 sample = self.data.partitions[p].sample(i, MODEL_FIELDS)
                 if not batch:

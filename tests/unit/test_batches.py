@@ -64,6 +64,9 @@ class _Resized:
     def __len__(self) -> int:
         return 2
 
+    def prefetch(self, indices, fields=()):
+        pass
+
     def sample(self, index, fields=()):
         side = 8 if index == 0 else 16
         return {"key": self.keys[index]} | {name: np.zeros((side, side, 3), np.uint8) for name in fields}
@@ -113,6 +116,9 @@ class _Stuck:
 
     def __len__(self) -> int:
         return 2
+
+    def prefetch(self, indices, fields=()):
+        pass
 
     def sample(self, index, fields=()):
         time.sleep(3600)
