@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.drape/prefect
 
-.PHONY: demo test lint format install services serve clean
+.PHONY: demo test lint format install services serve rehearse clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ serve: $(STAMP)
 test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q
+
+# the production path at CPU size with kills and resumes (part of `make test`; README "Run on a cluster")
+rehearse: $(STAMP) services
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python -m pytest -q -s tests/integration/test_rehearsal.py
 
 # what CI runs before the tests; `make format` rewrites files the formatter would change
 lint: $(STAMP)

@@ -110,6 +110,15 @@ def shard_cache_root(config) -> Path:
     return Path(config.data.cache.dir) if config.data.cache.dir else live_root(config) / "shards"
 
 
+def job_paths(config) -> list[str]:
+    """The directories a stage job of `config` reads and writes (`paths.root`: live storage, and
+    the queue's files and default stores under it; the shard cache when it lies outside), which a
+    job's pod mounts at the same paths."""
+    root = Path(config.paths.root).resolve()
+    cache = shard_cache_root(config).resolve()
+    return [str(root)] + ([str(cache)] if not cache.is_relative_to(root) else [])
+
+
 def default_object_store_url(root: str | Path) -> str:
     return f"file://{Path(root).resolve()}/objects"
 
@@ -171,6 +180,10 @@ class StagePaths:
     @property
     def job_config(self) -> Path:
         return self.root / "job-config.json"
+
+    @property
+    def trainer_lock(self) -> Path:
+        return self.root / ".trainer.lock"
 
     @property
     def train_result(self) -> Path:

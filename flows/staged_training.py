@@ -4,6 +4,11 @@ snapshot → archive, with the next stage's shards pre-staged while the current 
 A failed gate rejects the candidate, and a failure in pre-staging, training or gating aborts the
 stage (`stage_failures`), once the pre-staging in flight has settled, so nothing it writes
 outlives the run. Snapshot and archive retry on their own and are never undone by an abort.
+
+A run that died (the flow's process killed, its pod evicted) is resumed with `resume=<run id>`
+(`drape run --resume`), or by a Prefect retry of the same flow run: the stages it promoted are
+not trained or gated again, the stage in progress resumes from its newest checkpoint
+(`drape.pipeline.resume`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from prefect.runtime import flow_run
 from drape import STAGES, next_stage
 from drape.config import default_config_path, load_config
 from drape.gates.report import GateReport
-from drape.pipeline import GateFailed, RunContext, StageRecord
+from drape.pipeline import GateFailed, RunContext
 from tasks import stages as t
 
 
@@ -54,19 +59,41 @@ def stage_failures(config, context: RunContext, stage: str, prestaging: list[Pre
         raise
 
 
+def _retried_run(config) -> str | None:
+    """On a Prefect retry of this flow run (run count > 1), the drape run its first try started."""
+    if (flow_run.run_count or 1) <= 1 or not flow_run.id:
+        return None
+    from drape.pipeline import run_of_flow_run
+    from drape.storage.store import open_store
+
+    return run_of_flow_run(open_store(config), flow_run.id)
+
+
 @flow(name="staged-training", flow_run_name=_flow_run_name, log_prints=True)
-def staged_training(config_path: str = str(default_config_path()), mode: str = "full", run_name: str | None = None) -> dict:
+def staged_training(
+    config_path: str = str(default_config_path()), mode: str = "full", run_name: str | None = None, resume: str | None = None
+) -> dict:
+    """The four stages; `resume`: a run id to go on with where it stopped (also what a Prefect
+    retry of this flow run does, with the run its first try started)."""
     config = load_config(config_path)
-    context = t.start_run(config, run_name, mode)
-    prestaging = [t.prestage.submit(config, context, STAGES[0])]
-    records = []
-    for stage in STAGES:
+    context = t.start_run(config, run_name, mode, resume or _retried_run(config), flow_run.id)
+    progress = t.stage_progress(config, context)
+    todo = [stage for stage in STAGES if progress.get(stage, {}).get("phase") != "done"]
+    rows = [progress[stage]["row"] for stage in STAGES if stage not in todo]
+    prestaging = [t.prestage.submit(config, context, todo[0])] if todo else []
+    for stage in todo:
+        phase = progress.get(stage, {}).get("phase")
         with stage_failures(config, context, stage, prestaging):
             prestaging[-1].result()
             if upcoming := next_stage(stage):
                 prestaging.append(t.prestage.submit(config, context, upcoming))
-            trained = t.train(config, context, stage)
-            report = passed(t.gate(config, context, stage, trained.checkpoint))
-        snap = t.snapshot(config, context, stage, trained.checkpoint, report)
-        records.append(StageRecord(trained, report, snap, t.archive(config, context, stage)))
-    return t.summarize(config, context, records)
+            if phase is None:
+                trained = t.train(config, context, stage)
+                report = passed(t.gate(config, context, stage, trained.checkpoint))
+                row = t.passed_gate(config, context, stage, trained, report)
+            else:  # gated or promoted before the run was interrupted
+                row = progress[stage]["row"]
+        if phase in (None, "gated"):
+            row = {**row, "version": t.snapshot(config, context, stage, row)["version"]}
+        rows.append(t.archive(config, context, stage, row))
+    return t.summarize(config, context, rows)

@@ -9,6 +9,7 @@ relaying the job's log lines.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -28,6 +29,7 @@ from scheduler.store import JobSpec, JobStore, QueueError
 class CycleReport:
     started: list[str] = field(default_factory=list)
     finished: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
     conflicts: int = 0
     seconds: float = 0.0
@@ -60,7 +62,7 @@ class Dispatcher:
         self.id = dispatcher_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.plan = get_policy(config.queue.policy)
         self.policy = policy_config(config)
-        self.mine: set[str] = set()
+        self.mine: dict[str, str] = {}  # job id → launcher handle, of the jobs this dispatcher watches
         self._said: str = ""
 
     def cycle(self, now: float | None = None) -> CycleReport:
@@ -69,7 +71,7 @@ class Dispatcher:
         report = CycleReport()
         lease = self.config.queue.lease_seconds
         self.store.heartbeat(self.id, lease, now)
-        report.requeued = self.store.expire_leases(now)
+        report.adopted, report.requeued = self._take_over(now)
         report.finished = self._reap(now)
         view = self.fleet()
         report.fleet_source, report.note = view.source, view.note
@@ -91,7 +93,7 @@ class Dispatcher:
                     job["id"], exit_code=-1, message=f"launch failed: {type(error).__name__}: {error}", dispatcher=self.id
                 )
                 continue
-            self.mine.add(job["id"])
+            self.mine[job["id"]] = handles[job["id"]]
             report.started.append(job["id"])
             metrics.QUEUE_WAIT.labels(kind=job["kind"]).observe(max(now - job["submit_s"], 0.0))
             metrics.QUEUE_PLACEMENTS.labels(kind=job["kind"], model=by_uuid[placement.gpus[0]].model).inc()
@@ -101,30 +103,46 @@ class Dispatcher:
         self._export(view, report, now, [now - job.submit_s for job in pending if job.id not in started_ids])
         return report
 
+    def _take_over(self, now: float) -> tuple[list[str], list[str]]:
+        """Jobs of expired leases: adopted when this dispatcher's launcher sees them, else requeued."""
+        adopted, requeued = [], []
+        for job in self.store.stale(now):
+            if job["handle"] and self.launcher.sees(job["handle"]):
+                if self.store.adopt(job, self.id, self.config.queue.lease_seconds, now):
+                    self.mine[job["id"]] = job["handle"]
+                    adopted.append(job["id"])
+                    print(f"queue: adopted {job['id']} ({job['handle']}) from {job['dispatcher']}")
+            elif self.store.requeue(job, now):
+                requeued.append(job["id"])
+        return adopted, requeued
+
     def _reap(self, now: float) -> list[str]:
         finished = []
         states = self.store.states(sorted(self.mine))
-        for job_id in sorted(self.mine):
+        for job_id, handle in sorted(self.mine.items()):
             state = states.get(job_id)
             if state == "cancelled":
-                self.launcher.cancel(job_id)
-                self.mine.discard(job_id)
+                self.launcher.cancel(job_id, handle)
+                del self.mine[job_id]
                 continue
             if state != "running":  # requeued elsewhere after our lease lapsed
-                self.mine.discard(job_id)
+                del self.mine[job_id]
                 continue
-            outcome = self.launcher.poll(job_id)
+            outcome = self.launcher.poll(job_id, handle)
             if outcome is None:
                 continue
-            self.store.finish(
+            ended = self.store.finish(
                 job_id,
                 exit_code=outcome.exit_code,
                 message=outcome.message,
                 peak_gib=outcome.peak_gib,
                 dispatcher=self.id,
                 now=now,
+                max_attempts=self.config.queue.max_attempts,
             )
-            self.mine.discard(job_id)
+            del self.mine[job_id]
+            if ended == "queued":
+                print(f"queue: {job_id} failed ({outcome.message.splitlines()[0]}); queued for another attempt")
             finished.append(job_id)
         return finished
 
@@ -157,10 +175,20 @@ class Dispatcher:
         max_cycles: int | None = None,
         on_cycle: Callable[[CycleReport], None] | None = None,
     ) -> None:
-        """Cycle every `queue.poll_seconds` until `stop()` is true or `max_cycles` ran."""
-        cycles = 0
+        """Cycle every `queue.poll_seconds` until `stop()` is true or `max_cycles` ran. A cycle that
+        fails (the database or the cluster unreachable a moment) is logged and the loop goes on: its
+        jobs keep running, and the leases it could not renew are adopted back once it can."""
+        cycles, failures = 0, 0
         while not (stop and stop()) and (max_cycles is None or cycles < max_cycles):
-            report = self.cycle()
+            try:
+                report = self.cycle()
+                failures = 0
+            except Exception as error:  # noqa: BLE001 - one bad cycle must not end the dispatcher
+                failures += 1
+                print(f"queue: dispatcher {self.id}: cycle failed ({failures} in a row): {type(error).__name__}: {error}")
+                metrics.DISPATCH_ERRORS.inc()
+                time.sleep(min(self.config.queue.poll_seconds * 2**failures, 30.0))
+                continue
             if on_cycle:
                 on_cycle(report)
             cycles += 1
@@ -176,10 +204,25 @@ def submit_and_wait(
     """
     store = JobStore(config.queue_url)
     job_id = store.submit(spec)
+    print(f"queue: submitted {job_id} ({spec.kind}, {spec.gpus}×{spec.mem_gib:.1f} GiB)")
+    return wait_for(config, store, job_id, on_line=on_line, timeout_s=timeout_s)
+
+
+def live_job(store: JobStore, kind: str, stage: str, run_id: str) -> dict | None:
+    """The queued or running job of `run_id`'s `stage` (a flow that died left it behind), if any."""
+    for job in store.jobs(states=("queued", "running")):
+        if job["kind"] == kind and job["stage"] == stage and json.loads(job["labels"] or "{}").get("run") == run_id:
+            return job
+    return None
+
+
+def wait_for(
+    config, store: JobStore, job_id: str, *, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None
+) -> dict:
+    """Wait for job `job_id` to end (dispatching in-process if configured), relaying its log lines."""
     dispatcher = Dispatcher(config, store) if config.queue.dispatch_in_process else None
     log_path = queue_dir(config) / "logs" / f"{job_id}.log"
     offset, deadline = 0, None if timeout_s is None else time.monotonic() + timeout_s
-    print(f"queue: submitted {job_id} ({spec.kind}, {spec.gpus}×{spec.mem_gib:.1f} GiB)")
     while True:
         if dispatcher is not None:
             report = dispatcher.cycle()

@@ -1,14 +1,19 @@
 """Launchers start a claimed job on its GPUs and report when it ends.
 
-- `LocalLauncher`: a child process with `CUDA_VISIBLE_DEVICES` set to the assigned devices
+- `LocalLauncher`: a process group with `CUDA_VISIBLE_DEVICES` set to the assigned devices
   (empty for the CPU slot), `DRAPE_JOB_ID`, and `DRAPE_JOB_RESULT`, a JSON file where the job may
-  write its measured peak memory; stdout and stderr go to `<log dir>/<job id>.log`.
-- `KubernetesLauncher`: a `batch/v1` Job through the kubernetes client: the GPU product as node
-  selector, `nvidia.com/gpu` limits, tolerations, the shard-cache volume, labels carrying job id
-  and stage. Multi-node jobs become an indexed Job with torchrun rendezvous across pods (or a
-  Kubeflow PyTorchJob with `training_operator`). `build_*` return plain objects that the tests
-  validate against the Kubernetes API schema.
+  write its measured peak memory; stdout and stderr go to `<log dir>/<job id>.log`, the exit
+  status to `<log dir>/<job id>.exit`. A torchrun job (`labels.launch`) on more than one GPU runs
+  its ranks under ``python -m torch.distributed.run --standalone --nproc-per-node=N`` (gloo on a
+  machine without CUDA).
+- `KubernetesLauncher` (`scheduler/kubernetes.py`): a Job, an indexed Job across nodes, or a
+  PyTorchJob.
 - `PrefectLauncher`: a flow run of a deployment on a work pool (`run_deployment`).
+
+Every launcher answers for a job by the `handle` its launch returned and the queue recorded:
+`poll(job_id, handle)` (None while it runs), `cancel(job_id, handle)`, and `sees(handle)`:
+whether this launcher can watch that job, so that a dispatcher that restarted, or another one,
+adopts a running job instead of launching it a second time.
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import signal
+import socket
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
@@ -39,17 +45,71 @@ def device_indices(gpus: list[GpuState]) -> str:
     return ",".join(indices)
 
 
+def _is_python(program: str) -> bool:
+    return Path(program).name.startswith("python")
+
+
+def torchrun_command(command: list[str], nproc: int, *, local: bool = False) -> list[str]:
+    """`command` as `nproc` ranks on one node under torchrun (`--standalone`: a rendezvous on a free
+    local port, so jobs on one machine never collide); `local`: through the command's own
+    interpreter (`python -m torch.distributed.run`), which needs no `torchrun` on PATH."""
+    if nproc <= 1:
+        return command
+    runner = [command[0] if _is_python(command[0]) else sys.executable, "-m", "torch.distributed.run"] if local else ["torchrun"]
+    program = module_args(command) if _is_python(command[0]) else ["--no-python", *command]
+    return [*runner, "--standalone", f"--nproc-per-node={nproc}", *program]
+
+
+def module_args(command: list[str]) -> list[str]:
+    """`python -m mod args` → `-m mod args` for torchrun (which runs its own interpreter)."""
+    return command[1:] if command and _is_python(command[0]) else command
+
+
+# The job's exit status, written by the shell the launcher starts it in: a dispatcher that did not
+# start the process (it restarted) cannot wait for it, so it reads the status from this file.
+_EXIT_SCRIPT = (
+    'status=0; "$@" || status=$?; '
+    'printf "%s\\n" "$status" > "$DRAPE_JOB_EXIT.tmp" && mv -f "$DRAPE_JOB_EXIT.tmp" "$DRAPE_JOB_EXIT"; exit "$status"'
+)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), None when it is
+    gone or a zombie: with the pid it names one process, never a later one that reused the pid."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _exit_message(code: int) -> str:
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"exit code {code} (killed by {signal.Signals(code - 128).name})"
+    if code < 0 and -code in signal.Signals._value2member_map_:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
 class LocalLauncher:
+    """Jobs as process groups on this machine; `handle` is ``pid:<pid>:<start ticks>:<host>``, so a
+    restarted dispatcher on this host can tell the job's process from any other and adopt it."""
+
     def __init__(self, log_dir: str | Path):
         self.log_dir = Path(log_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
+        self.host = socket.gethostname()
 
     def result_path(self, job_id: str) -> Path:
         return self.log_dir / f"{job_id}.result.json"
 
     def log_path(self, job_id: str) -> Path:
         return self.log_dir / f"{job_id}.log"
+
+    def exit_path(self, job_id: str) -> Path:
+        return self.log_dir / f"{job_id}.exit"
 
     def launch(self, job: dict, gpus: list[GpuState]) -> str:
         env = {
@@ -58,25 +118,58 @@ class LocalLauncher:
             "CUDA_VISIBLE_DEVICES": device_indices(gpus),
             "DRAPE_JOB_ID": job["id"],
             "DRAPE_JOB_RESULT": str(self.result_path(job["id"])),
+            "DRAPE_JOB_EXIT": str(self.exit_path(job["id"])),
         }
+        command = json.loads(job["command"])
+        if json.loads(job.get("labels") or "{}").get("launch") == "torchrun":
+            command = torchrun_command(command, len(gpus), local=True)
+        self.exit_path(job["id"]).unlink(missing_ok=True)
         log = open(self.log_path(job["id"]), "ab")
         try:
             child = subprocess.Popen(
-                json.loads(job["command"]), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                ["/bin/sh", "-c", _EXIT_SCRIPT, "drape-job", *command],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         finally:
             log.close()
         self.children[job["id"]] = child
-        return f"pid:{child.pid}"
+        return f"pid:{child.pid}:{_start_ticks(child.pid)}:{self.host}"
 
-    def poll(self, job_id: str) -> Outcome | None:
-        child = self.children.get(job_id)
-        if child is None:
-            return Outcome(-1, "the process is not a child of this dispatcher (dispatcher restarted?)")
-        code = child.poll()
-        if code is None:
+    def _parse(self, handle: str | None) -> tuple[int, int] | None:
+        """(pid, start ticks) of a handle of this host, else None."""
+        parts = (handle or "").split(":")
+        if len(parts) != 4 or parts[0] != "pid" or parts[3] != self.host or not parts[1].isdigit():
             return None
-        self.children.pop(job_id)
+        return int(parts[1]), int(parts[2]) if parts[2].isdigit() else -1
+
+    def sees(self, handle: str | None) -> bool:
+        """Whether the job's process is (or was) on this host: a restarted dispatcher adopts it."""
+        return self._parse(handle) is not None
+
+    def poll(self, job_id: str, handle: str | None = None) -> Outcome | None:
+        child = self.children.get(job_id)
+        if child is not None:
+            code = child.poll()
+            if code is None:
+                return None
+            self.children.pop(job_id)
+            return self._outcome(job_id, code)
+        parsed = self._parse(handle)
+        if parsed is None:
+            return Outcome(-1, f"the job's process ({handle}) is not on this host ({self.host})")
+        pid, ticks = parsed
+        if _start_ticks(pid) == ticks:
+            return None  # adopted and still running
+        try:
+            code = int(self.exit_path(job_id).read_text())
+        except (OSError, ValueError):
+            return Outcome(-1, f"the job's process ({handle}) ended without an exit status (killed with its process group?)")
+        return self._outcome(job_id, code)
+
+    def _outcome(self, job_id: str, code: int) -> Outcome:
         peak = None
         result = self.result_path(job_id)
         if result.is_file():
@@ -85,208 +178,22 @@ class LocalLauncher:
             except ValueError:
                 peak = None
         tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if code else ""
-        return Outcome(code, f"exit code {code}" + (f"; log tail:\n{tail}" if tail else ""), peak)
+        return Outcome(code, _exit_message(code) + (f"; log tail:\n{tail}" if tail else ""), peak)
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, handle: str | None = None) -> None:
         child = self.children.get(job_id)
-        if child is not None and child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
-
-
-# --- Kubernetes ---------------------------------------------------------------------------------
-def _k8s_name(job_id: str) -> str:
-    return re.sub(r"[^a-z0-9-]", "-", f"drape-{job_id}".lower())[:63].rstrip("-")
-
-
-def _labels(job: dict) -> dict[str, str]:
-    labels = {
-        "app.kubernetes.io/name": "drape",
-        "app.kubernetes.io/component": "gpu-job",
-        "drape.ai/job-id": _k8s_name(job["id"])[6:],
-        "drape.ai/kind": job["kind"],
-    }
-    if job.get("stage"):
-        labels["drape.ai/stage"] = job["stage"]
-    return labels
-
-
-def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[str], env: dict[str, str]):
-    from kubernetes import client
-
-    product = settings.products.get(model, model)
-    container = client.V1Container(
-        name="trainer",
-        image=settings.image,
-        command=command,
-        env=[client.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())],
-        resources=client.V1ResourceRequirements(
-            limits={"nvidia.com/gpu": str(gpus_per_pod)}, requests={"nvidia.com/gpu": str(gpus_per_pod)}
-        ),
-        volume_mounts=[
-            client.V1VolumeMount(name="shard-cache", mount_path="/shard-cache"),
-            client.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
-        ],
-    )
-    return client.V1PodSpec(
-        restart_policy="Never",
-        service_account_name=settings.service_account,
-        containers=[container],
-        node_selector={settings.product_label: product},
-        tolerations=[client.V1Toleration(**t) for t in settings.tolerations],
-        volumes=[
-            client.V1Volume(
-                name="shard-cache",
-                host_path=client.V1HostPathVolumeSource(path=settings.shard_cache_host_path, type="DirectoryOrCreate"),
-            ),
-            client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory")),
-        ],
-    )
-
-
-def build_job(job: dict, gpus: list[GpuState], settings, gpus_per_node: int = 8):
-    """The Kubernetes object for a claimed job: a Job, an indexed Job across nodes, or a PyTorchJob (dict)."""
-    from kubernetes import client
-
-    name, labels, command = _k8s_name(job["id"]), _labels(job), json.loads(job["command"])
-    env = {**json.loads(job["env"] or "{}"), "DRAPE_JOB_ID": job["id"]}
-    nodes = sorted({g.node for g in gpus})
-    per_pod = max(len(gpus) // max(len(nodes), 1), 1)
-    model = gpus[0].model if gpus else "unknown"
-    if len(nodes) <= 1:
-        pod = _pod_spec(job, per_pod, model, settings, command, env)
-        return client.V1Job(
-            api_version="batch/v1",
-            kind="Job",
-            metadata=client.V1ObjectMeta(name=name, namespace=settings.namespace, labels=labels),
-            spec=client.V1JobSpec(
-                backoff_limit=0,
-                ttl_seconds_after_finished=86400,
-                template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod),
-            ),
-        )
-    torchrun = [
-        "torchrun",
-        f"--nnodes={len(nodes)}",
-        f"--nproc-per-node={per_pod}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={name}-0.{name}:29500",
-        f"--rdzv-id={name}",
-    ]
-    if settings.training_operator:
-        return _pytorchjob(name, labels, job, per_pod, len(nodes), model, settings, command, env)
-    script = (
-        " ".join(shlex.quote(part) for part in torchrun)
-        + ' --node-rank="$JOB_COMPLETION_INDEX" '
-        + " ".join(shlex.quote(part) for part in _module_args(command))
-    )
-    wrapped = ["/bin/sh", "-c", script]
-    pod = _pod_spec(job, per_pod, model, settings, wrapped, env)
-    pod.subdomain = name  # stable DNS for the rendezvous: <name>-<index>.<name>
-    return client.V1Job(
-        api_version="batch/v1",
-        kind="Job",
-        metadata=client.V1ObjectMeta(name=name, namespace=settings.namespace, labels=labels),
-        spec=client.V1JobSpec(
-            completion_mode="Indexed",
-            completions=len(nodes),
-            parallelism=len(nodes),
-            backoff_limit=0,
-            ttl_seconds_after_finished=86400,
-            template=client.V1PodTemplateSpec(metadata=client.V1ObjectMeta(labels=labels), spec=pod),
-        ),
-    )
-
-
-def headless_service(job_name: str, namespace: str, labels: dict[str, str]):
-    """The headless Service an indexed Job's pods resolve each other by."""
-    from kubernetes import client
-
-    return client.V1Service(
-        api_version="v1",
-        kind="Service",
-        metadata=client.V1ObjectMeta(name=job_name, namespace=namespace, labels=labels),
-        spec=client.V1ServiceSpec(
-            cluster_ip="None", selector={"job-name": job_name}, ports=[client.V1ServicePort(name="rdzv", port=29500)]
-        ),
-    )
-
-
-def _module_args(command: list[str]) -> list[str]:
-    """`python -m mod args` → `-m mod args` for torchrun (which runs its own interpreter)."""
-    return command[1:] if command and Path(command[0]).name.startswith("python") else command
-
-
-def _pytorchjob(name, labels, job, per_pod, nodes, model, settings, command, env) -> dict:
-    from kubernetes import client
-
-    api = client.ApiClient()
-    pod = api.sanitize_for_serialization(_pod_spec(job, per_pod, model, settings, command, env))
-    pod["containers"][0]["name"] = "pytorch"
-
-    def replica(count: int) -> dict:
-        return {"replicas": count, "restartPolicy": "Never", "template": {"metadata": {"labels": labels}, "spec": pod}}
-
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
-        "spec": {"nprocPerNode": str(per_pod), "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(nodes - 1)}},
-    }
-
-
-class KubernetesLauncher:
-    """Creates the Jobs in the cluster of the current kube config (in-cluster or ~/.kube/config)."""
-
-    def __init__(self, settings):
-        self.settings = settings
-        self._batch = None
-
-    def _api(self):
-        if self._batch is None:
-            from kubernetes import client, config
-
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            self._batch = client.BatchV1Api()
-        return self._batch
-
-    def launch(self, job: dict, gpus: list[GpuState]) -> str:
-        body = build_job(job, gpus, self.settings)
-        if isinstance(body, dict):
-            from kubernetes import client
-
-            client.CustomObjectsApi().create_namespaced_custom_object(
-                "kubeflow.org", "v1", self.settings.namespace, "pytorchjobs", body
-            )
-            return f"pytorchjob:{body['metadata']['name']}"
-        if body.spec.completion_mode == "Indexed":
-            from kubernetes import client
-
-            client.CoreV1Api().create_namespaced_service(
-                self.settings.namespace, headless_service(body.metadata.name, self.settings.namespace, body.metadata.labels)
-            )
-        self._api().create_namespaced_job(self.settings.namespace, body)
-        return f"job:{body.metadata.name}"
-
-    def poll(self, job_id: str) -> Outcome | None:
-        status = self._api().read_namespaced_job_status(_k8s_name(job_id), self.settings.namespace).status
-        if status.succeeded:
-            return Outcome(0)
-        if status.failed:
-            return Outcome(1, f"Kubernetes Job {_k8s_name(job_id)} failed")
-        return None
-
-    def cancel(self, job_id: str) -> None:
-        self._api().delete_namespaced_job(_k8s_name(job_id), self.settings.namespace, propagation_policy="Background")
+        if child is not None:
+            if child.poll() is None:
+                os.killpg(child.pid, signal.SIGTERM)
+            return
+        parsed = self._parse(handle)
+        if parsed is not None and _start_ticks(parsed[0]) == parsed[1]:
+            os.killpg(parsed[0], signal.SIGTERM)
 
 
 class PrefectLauncher:
-    """Runs the job as a flow run of deployment ``labels['deployment']`` with ``labels['parameters']``."""
-
-    def __init__(self):
-        self.runs: dict[str, str] = {}
+    """Runs the job as a flow run of deployment ``labels['deployment']`` with ``labels['parameters']``;
+    `handle` is ``flow-run:<id>``."""
 
     def launch(self, job: dict, gpus: list[GpuState]) -> str:
         from prefect.deployments import run_deployment
@@ -300,30 +207,33 @@ class PrefectLauncher:
             timeout=0,
             job_variables={"env": {"CUDA_VISIBLE_DEVICES": device_indices(gpus), "DRAPE_JOB_ID": job["id"]}},
         )
-        run_id = str(run.id)  # type: ignore[union-attr]  # run_deployment is sync outside an event loop
-        self.runs[job["id"]] = run_id
-        return f"flow-run:{run_id}"
+        return f"flow-run:{run.id}"  # type: ignore[union-attr]  # run_deployment is sync outside an event loop
 
-    def poll(self, job_id: str) -> Outcome | None:
+    def sees(self, handle: str | None) -> bool:
+        return bool(handle and handle.startswith("flow-run:"))
+
+    def poll(self, job_id: str, handle: str) -> Outcome | None:
         from prefect import get_client
 
         with get_client(sync_client=True) as client:
-            state = client.read_flow_run(UUID(self.runs[job_id])).state
+            state = client.read_flow_run(UUID(handle.partition(":")[2])).state
         if state is None or not state.is_final():
             return None
         return Outcome(0 if state.is_completed() else 1, f"flow run {state.name}")
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, handle: str) -> None:
         from prefect import get_client
         from prefect.states import Cancelling
 
         with get_client(sync_client=True) as client:
-            client.set_flow_run_state(self.runs[job_id], Cancelling())
+            client.set_flow_run_state(UUID(handle.partition(":")[2]), Cancelling())
 
 
 def build_launcher(config, log_dir: str | Path):
     kind = config.queue.launcher
     if kind == "kubernetes":
+        from scheduler.kubernetes import KubernetesLauncher
+
         return KubernetesLauncher(config.queue.kubernetes)
     if kind == "prefect":
         return PrefectLauncher()

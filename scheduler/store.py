@@ -7,7 +7,8 @@ several dispatchers never allocate the same GPU memory twice: SQLite serialises 
 release is appended to ``allocation_log``, which the tests replay to prove it.
 
 A running job belongs to the dispatcher that claimed it for `lease_seconds`; dispatchers renew
-their leases every cycle, and any dispatcher returns the jobs of an expired lease to the queue.
+their leases every cycle. A job whose lease expired is adopted by a dispatcher whose launcher can
+still see it, or returned to the queue, each a compare-and-set (`scheduler/leases.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import uuid
 from dataclasses import dataclass, field
 
 from sqlalchemy import (
-    and_,
     bindparam,
     delete,
     func,
@@ -27,6 +27,7 @@ from sqlalchemy import (
     update,
 )
 
+from scheduler.leases import LeaseMixin
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
 from scheduler.schema import (
     KINDS,
@@ -68,7 +69,7 @@ class _ClaimLedger:
         self.states[placement.job_id] = "running"
 
 
-class JobStore:
+class JobStore(LeaseMixin):
     """The queue's tables behind one SQLAlchemy engine (see the module docstring)."""
 
     def __init__(self, url: str):
@@ -305,14 +306,20 @@ class JobStore:
         peak_gib: float | None = None,
         dispatcher: str | None = None,
         now: float | None = None,
-    ) -> None:
-        """Record the end of a running job, free its GPUs, and learn its measured profile."""
+        max_attempts: int = 1,
+    ) -> str | None:
+        """Record the end of a running job, free its GPUs, and learn its measured profile; a failed
+        job with attempts left (`max_attempts`) goes back to the queue. Returns the new state."""
         now = time.time() if now is None else now
         with self.engine.begin() as connection:
             job = connection.execute(select(jobs_table).where(jobs_table.c.id == job_id)).mappings().first()
             if job is None or job["state"] != "running":
-                return
+                return None
             self._release(connection, job_id, dispatcher, now)
+            if exit_code != 0 and job["attempts"] < max_attempts:
+                note = f"attempt {job['attempts']} of {max_attempts} failed ({message[-1500:]}); queued again"
+                connection.execute(update(jobs_table).where(jobs_table.c.id == job_id).values(**self.requeued(note)))
+                return "queued"
             state = "succeeded" if exit_code == 0 else "failed"
             connection.execute(
                 update(jobs_table)
@@ -325,6 +332,7 @@ class JobStore:
                         shape=job["shape"], peak_gib=peak_gib, duration_s=now - (job["start_s"] or now), recorded_s=now
                     )
                 )
+        return state
 
     def cancel(self, job_id: str, now: float | None = None) -> dict:
         """Cancel a queued job, or mark a running one for its dispatcher to stop; returns the job."""
@@ -341,42 +349,6 @@ class JobStore:
                     .values(state="cancelled", finish_s=now, message="cancelled by request")
                 )
         return self.get(job_id)
-
-    def heartbeat(self, dispatcher: str, lease_seconds: float, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        with self.engine.begin() as connection:
-            connection.execute(
-                update(jobs_table)
-                .where(and_(jobs_table.c.dispatcher == dispatcher, jobs_table.c.state == "running"))
-                .values(lease_expires_s=now + lease_seconds)
-            )
-
-    def expire_leases(self, now: float | None = None) -> list[str]:
-        """Jobs whose dispatcher stopped renewing go back to the queue; returns their ids."""
-        now = time.time() if now is None else now
-        with self.engine.begin() as connection:
-            stale = [
-                r[0]
-                for r in connection.execute(
-                    select(jobs_table.c.id).where(and_(jobs_table.c.state == "running", jobs_table.c.lease_expires_s < now))
-                )
-            ]
-            for job_id in stale:
-                self._release(connection, job_id, None, now)
-                connection.execute(
-                    update(jobs_table)
-                    .where(jobs_table.c.id == job_id)
-                    .values(
-                        state="queued",
-                        dispatcher=None,
-                        lease_expires_s=None,
-                        start_s=None,
-                        assigned=None,
-                        handle=None,
-                        message="requeued: its dispatcher's lease expired",
-                    )
-                )
-        return stale
 
     def measurements(self, shape: str, limit: int = 50) -> list[tuple[float, float]]:
         with self.engine.connect() as connection:

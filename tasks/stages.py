@@ -23,8 +23,15 @@ _common: dict[str, Any] = {"cache_policy": NONE, "log_prints": True}
 
 
 @task(name="start-run", retries=2, retry_delay_seconds=5, timeout_seconds=1800, **_common)
-def start_run(config: PipelineConfig, run_name: str | None, mode: str) -> pipeline.RunContext:
-    return pipeline.start_run(config, run_name=run_name, mode=mode)
+def start_run(
+    config: PipelineConfig, run_name: str | None, mode: str, resume: str | None = None, flow_run_id: str | None = None
+) -> pipeline.RunContext:
+    return pipeline.start_run(config, run_name=run_name, mode=mode, resume=resume, flow_run_id=flow_run_id)
+
+
+@task(name="stage-progress", **_common)
+def stage_progress(config: PipelineConfig, context: pipeline.RunContext) -> dict[str, dict]:
+    return pipeline.stage_progress(config, context)
 
 
 @task(name="prestage", task_run_name="prestage-{stage}", retries=3, retry_delay_seconds=10, **_common)
@@ -42,9 +49,17 @@ def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> T
     """In this process, or (with `queue.enabled`) as a job through the GPU queue, waiting for it."""
     if not config.queue.enabled:
         return pipeline.train(config, context, stage, progress=progress_lines(stage))
+    from drape import job_kind_for
     from scheduler import train_job_spec
-    from scheduler.dispatcher import submit_and_wait
+    from scheduler.dispatcher import live_job, submit_and_wait, wait_for
+    from scheduler.store import JobStore
 
+    store = JobStore(config.queue_url)
+    left = live_job(store, job_kind_for(context.mode), stage, context.run_id) if context.resumed else None
+    if left is not None:  # the job the run's interrupted flow submitted runs on: wait for it, never a second
+        print(f"train-{stage}: waiting for {left['id']} ({left['state']}), submitted before the run was resumed")
+        wait_for(config, store, left["id"], on_line=_relay(stage))
+        return pipeline.finish_train(config, context, stage, context.paths(stage).train_result)
     command, result_path = pipeline.train_command(config, context, stage)
     spec = train_job_spec(config, stage=stage, mode=context.mode, run_id=context.run_id, command=command)
     submit_and_wait(config, spec, on_line=_relay(stage))
@@ -84,14 +99,21 @@ def gate(config: PipelineConfig, context: pipeline.RunContext, stage: str, check
     return report
 
 
+@task(name="passed-gate", task_run_name="passed-gate-{stage}", retries=2, retry_delay_seconds=5, **_common)
+def passed_gate(
+    config: PipelineConfig, context: pipeline.RunContext, stage: str, trained: TrainResult, report: GateReport
+) -> dict:
+    return pipeline.passed_gate(config, context, stage, trained, report)
+
+
 @task(name="snapshot", task_run_name="snapshot-{stage}", retries=2, retry_delay_seconds=5, **_common)
-def snapshot(config: PipelineConfig, context: pipeline.RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
-    return pipeline.snapshot(config, context, stage, checkpoint, report)
+def snapshot(config: PipelineConfig, context: pipeline.RunContext, stage: str, row: dict) -> dict:
+    return pipeline.snapshot(config, context, stage, row)
 
 
 @task(name="archive", task_run_name="archive-{stage}", retries=3, retry_delay_seconds=10, timeout_seconds=3600, **_common)
-def archive(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> dict:
-    return pipeline.archive(config, context, stage)
+def archive(config: PipelineConfig, context: pipeline.RunContext, stage: str, row: dict) -> dict:
+    return pipeline.archive_passed(config, context, stage, row)
 
 
 @task(name="reject", task_run_name="reject-{stage}", retries=2, retry_delay_seconds=5, **_common)
@@ -110,5 +132,5 @@ def sweep(config: PipelineConfig, dry_run: bool) -> dict:
 
 
 @task(name="summarize", **_common)
-def summarize(config: PipelineConfig, context: pipeline.RunContext, records: list[pipeline.StageRecord]) -> dict:
-    return pipeline.summarize(config, context, records)
+def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[dict]) -> dict:
+    return pipeline.summarize(config, context, rows)

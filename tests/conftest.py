@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -184,6 +185,34 @@ def pushgateway():
     yield url
     process.terminate()
     process.wait(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` on 127.0.0.1 (SQLite backend, artifacts served over HTTP): (URL)."""
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    mlflow = str(Path(sys.executable).with_name("mlflow"))
+    argv = [mlflow, "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    argv += ["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--artifacts-destination", str(root / "artifacts")]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=open(root / "server.log", "wb"), start_new_session=True)
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                os.killpg(process.pid, signal.SIGKILL)
+                raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}") from None
+            time.sleep(0.3)
+    yield url
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
 
 
 def start_prometheus(

@@ -16,21 +16,23 @@ from drape.cli.render import print_summary
 from drape.config import default_config_path
 
 
-def _run_flow(config_path: Path, mode: str, run_name: str | None) -> None:
+def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | None = None) -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")  # cold first start
     if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     load(config_path)  # fail fast with a readable message before Prefect starts
-    from drape.pipeline import GateFailed
+    from drape.pipeline import GateFailed, ResumeError
     from flows.staged_training import staged_training
 
     started = time.perf_counter()
     try:
-        summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name)
+        summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name, resume=resume)
     except GateFailed as error:
         console.print(f"[red bold]run stopped:[/red bold] {escape(str(error))}")
         raise typer.Exit(1) from None
+    except ResumeError as error:
+        fail(str(error))
     print_summary(summary, time.perf_counter() - started)
 
 
@@ -43,13 +45,16 @@ def run(
     config: Path = typer.Option(..., "--config", "-c", help="pipeline config YAML"),
     mode: str = typer.Option("full", help=f"{'|'.join(MODES)}: each stage's steps, or fine-tune passes from the baselines"),
     run_name: str | None = typer.Option(None, help="flow run name"),
+    resume: str | None = typer.Option(
+        None, help="a run id to resume where it stopped: promoted stages are kept, the stage in progress resumes"
+    ),
 ) -> None:
-    """Run the staged-training flow on CONFIG."""
+    """Run the staged-training flow on CONFIG (or resume a run that died, with --resume RUN_ID)."""
     try:
         parse_mode(mode, what="--mode")
     except ValueError as error:
         fail(str(error))
-    _run_flow(config, mode, run_name)
+    _run_flow(config, mode, run_name, resume)
 
 
 def serve(
@@ -71,7 +76,8 @@ def serve(
             "\n".join(
                 [
                     f"Prefect UI:   {stack.ui_url}",
-                    "deployments:  staged-training/demo, staged-training/h100, staged-training/h100-finetune,",
+                    "deployments:  staged-training/demo, staged-training/rehearsal, staged-training/h100,",
+                    "              staged-training/h100-finetune,",
                     "              retention-sweep/weekly, prestage-dataset/demo, queue-dispatcher/demo",
                     "worker:       pool 'local' (process); 'gpu-k8s' needs a kubernetes worker in the cluster",
                     "",

@@ -50,7 +50,12 @@ class KubernetesLauncherConfig(StrictModel):
     tolerations: list[dict[str, str]] = Field(
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     )
-    shard_cache_host_path: str = "/mnt/nvme/drape-shards"
+    volume_claims: dict[str, str] = Field(
+        default_factory=dict,
+        description="a job path (its config's live root or shard cache) → the PersistentVolumeClaim mounted there; "
+        "a path not named here is the node's own directory (hostPath)",
+    )
+    request_timeout_seconds: float = Field(default=30.0, gt=0, description="the longest wait for one Kubernetes API call")
     training_operator: bool = Field(default=False, description="multi-node jobs as Kubeflow PyTorchJobs instead of indexed Jobs")
 
 
@@ -69,7 +74,12 @@ class QueueConfig(StrictModel):
     aging_per_hour: float = Field(default=1.0, ge=0)
     max_jobs_per_gpu: int = Field(default=4, gt=0)
     headroom: float = Field(default=0.10, ge=0, description="added to measured p95 peak memory")
-    lease_seconds: float = Field(default=60.0, gt=0, description="a dispatcher silent this long loses its jobs")
+    lease_seconds: float = Field(
+        default=60.0, gt=0, description="a dispatcher silent this long loses its jobs: adopted by another, or requeued"
+    )
+    max_attempts: int = Field(
+        default=1, ge=1, le=20, description="runs of a job that fails before it stays failed (stage jobs resume: retry them)"
+    )
     poll_seconds: float = Field(default=1.0, gt=0)
     cpu_slot_gib: float = Field(default=16.0, gt=0, description="memory of the one slot a machine without GPUs offers")
     dispatch_in_process: bool = Field(default=True, description="the submitting task dispatches too (no separate dispatcher)")

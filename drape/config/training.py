@@ -31,6 +31,7 @@ class StageTrainConfig(StrictModel):
     finetune_steps: int = Field(default=550, gt=0, description="steps of a fine-tune pass")
     trainable: list[str] = Field(min_length=1, description="glob patterns over parameter names")
     lr: float | None = Field(default=None, gt=0)
+    gpus: int | None = Field(default=None, gt=0, le=1024, description="GPUs of this stage's job; default train.gpus")
 
 
 class EmaConfig(StrictModel):
@@ -59,11 +60,30 @@ class TrainConfig(StrictModel):
             "Fix it, a multiple of every world size you use, to train identically on any number of ranks"
         ),
     )
+    gpus: int = Field(
+        default=1,
+        gt=0,
+        le=1024,
+        description="GPUs (ranks) of each stage job through the queue; above 1 the job runs under torchrun",
+    )
     stages: dict[StageName, StageTrainConfig]
+
+    def gpus_for(self, stage: str) -> int:
+        """The ranks of `stage`'s job: its own `gpus`, else `train.gpus`."""
+        return self.stages[stage].gpus or self.gpus
 
     @model_validator(mode="after")
     def _all_stages_configured(self) -> TrainConfig:
         missing = [stage for stage in STAGES if stage not in self.stages]
         if missing:
             raise ValueError(f"stages must configure every stage; missing {missing}")
+        for stage in STAGES:
+            gpus = self.gpus_for(stage)
+            if self.batch_size % gpus:
+                raise ValueError(f"train.batch_size {self.batch_size} does not split over {stage}'s {gpus} GPUs")
+            if self.data_partitions is not None and self.data_partitions % gpus:
+                raise ValueError(
+                    f"train.data_partitions {self.data_partitions} is not a multiple of {stage}'s {gpus} GPUs "
+                    "(each rank holds whole partitions)"
+                )
         return self

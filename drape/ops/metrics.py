@@ -104,6 +104,9 @@ DISPATCH_CYCLE = Histogram(
     registry=REGISTRY,
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+DISPATCH_ERRORS = Counter(
+    "drape_queue_dispatch_errors", "Dispatch cycles that failed (logged; the dispatcher goes on)", registry=REGISTRY
+)
 FLEET_SOURCE = Gauge(
     "drape_queue_fleet_source",
     "1 for the source of the fleet view in use (prometheus, ledger, static, local)",

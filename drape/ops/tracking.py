@@ -59,6 +59,10 @@ class Tracker:
     def end_run(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
+    def reopen_run(self, run_id: str) -> None:
+        """A run resumed: RUNNING again (it may have been ended FAILED by an abort)."""
+        self.client.update_run(run_id, status="RUNNING")
+
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         import time
 

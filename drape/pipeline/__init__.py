@@ -1,8 +1,11 @@
 """The stage DAG's operations, one function per box, each one call for a Prefect task (`tasks/`)
 and just as usable without Prefect:
 
-    start_run → for each stage: prestage(next) ‖ train → gate → snapshot → archive → summarize
-                a failed gate: reject; any other failure: abort
+    start_run → for each stage: prestage(next) ‖ train → gate → passed_gate → snapshot → archive_passed
+                → summarize; a failed gate: reject; any other failure: abort
+
+A run records its context and each stage's progress in the object store, so a run that died
+resumes where it was (`start_run(resume=…)`, `stage_progress`; `resume` says how).
 
 `run` holds the run's context and the resources its steps share (one object store, tracker and
 shard cache per run); `stages` the boxes; `standalone` what operators run outside a run. What
@@ -15,16 +18,20 @@ retention policy keeps live until the run ends (`live_until: run_end`; by defaul
 """
 
 from drape.layout import live_root
-from drape.pipeline.run import GateFailed, RunContext, StageRecord, close_run, resources, start_run, summarize
+from drape.pipeline.resume import ResumeError, run_of_flow_run
+from drape.pipeline.run import GateFailed, RunContext, close_run, resources, start_run, summarize
 from drape.pipeline.stages import (
     abort,
     archive,
+    archive_passed,
     finish_train,
     gate,
+    passed_gate,
     prestage,
     reject,
     snapshot,
     stage_job,
+    stage_progress,
     start_checkpoint,
     train,
     train_command,
@@ -33,10 +40,13 @@ from drape.pipeline.standalone import prestage_dataset, sweep
 
 __all__ = [
     "GateFailed",
+    "ResumeError",
     "RunContext",
-    "StageRecord",
     "abort",
     "archive",
+    "archive_passed",
+    "passed_gate",
+    "run_of_flow_run",
     "close_run",
     "finish_train",
     "gate",
@@ -47,6 +57,7 @@ __all__ = [
     "resources",
     "snapshot",
     "stage_job",
+    "stage_progress",
     "start_checkpoint",
     "start_run",
     "summarize",

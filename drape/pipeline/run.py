@@ -9,7 +9,7 @@ import threading
 import time
 import uuid
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -17,14 +17,13 @@ from drape import STAGES, Mode, parse_mode, stages_from
 from drape.config import PipelineConfig
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, read_manifest
-from drape.gates.report import GateReport
 from drape.layout import LiveLayout, StagePaths, live_root, run_key
 from drape.ops import metrics
 from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
+from drape.pipeline.resume import ResumeError, load_context, mark_closed, save_context
 from drape.storage.retention import release_run
 from drape.storage.store import ObjectStore, open_store, remove_empty_dirs, tree_bytes
-from drape.training.trainer import TrainResult
 
 
 class GateFailed(RuntimeError):
@@ -42,6 +41,7 @@ class RunContext:
     dataset_prefix: str
     data_manifest_hash: str
     control_set: str
+    resumed: bool = False  # reopened by `start_run(resume=...)`: stages check what the run did before
 
     @property
     def layout(self) -> LiveLayout:
@@ -98,11 +98,35 @@ def timed(config: PipelineConfig, context: RunContext, stage: str, step: str):
         push_metrics(config, grouping={"run": context.run_id, "stage": stage})
 
 
-def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str = Mode.FULL, progress=None) -> RunContext:
-    """Create the run: dataset ready in the object store, MLflow runs open, control set staged."""
-    mode = parse_mode(mode)
+def start_run(
+    config: PipelineConfig,
+    *,
+    run_name: str | None = None,
+    mode: str = Mode.FULL,
+    progress=None,
+    resume: str | None = None,
+    flow_run_id: str | None = None,
+) -> RunContext:
+    """Create the run (dataset ready in the object store, MLflow runs open, control set staged),
+    or with `resume`, reopen that run where it was (`drape.pipeline.resume`)."""
     store, tracker = open_store(config), Tracker(config)
-    manifest = ensure_dataset(config, store, progress)
+    if resume:
+        context = _reopen(config, store, tracker, resume, parse_mode(mode))
+        manifest = read_manifest(store, context.dataset_prefix)
+        if manifest is None or manifest_hash(manifest) != context.data_manifest_hash:
+            raise ResumeError(f"run {resume}: its dataset {context.dataset_prefix} is gone or changed since the run started")
+    else:
+        manifest = ensure_dataset(config, store, progress)
+        context = _new_run(config, tracker, run_name, parse_mode(mode), manifest)
+        save_context(store, context, config.name, flow_run_id)
+    cache = ShardCache.from_config(config, store, context.dataset_prefix, manifest)
+    with _RESOURCES_LOCK:  # what this run's steps share, from the store, tracker and manifest opened here
+        _RESOURCES[context.run_id] = RunResources(store, tracker, cache)
+    cache.prestage("control")
+    return context
+
+
+def _new_run(config: PipelineConfig, tracker: Tracker, run_name: str | None, mode: Mode, manifest: dict) -> RunContext:
     run_id = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{uuid.uuid4().hex[:6]}"
     run_name = run_name or f"{config.name}-{mode}-{run_id}"
     tags = {"drape.run_id": run_id, "drape.config": config.name, "drape.mode": mode}
@@ -111,7 +135,7 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
     children: dict[str, str] = {
         stage: tracker.start_run(f"{run_name}/{stage}", {**tags, "drape.stage": stage}, parent) for stage in STAGES
     }
-    context = RunContext(
+    return RunContext(
         run_id,
         run_name,
         mode,
@@ -122,10 +146,16 @@ def start_run(config: PipelineConfig, *, run_name: str | None = None, mode: str 
         manifest_hash(manifest),
         manifest["control_set"],
     )
-    cache = ShardCache.from_config(config, store, context.dataset_prefix, manifest)
-    with _RESOURCES_LOCK:  # what this run's steps share, from the store, tracker and manifest opened here
-        _RESOURCES[run_id] = RunResources(store, tracker, cache)
-    cache.prestage("control")
+
+
+def _reopen(config: PipelineConfig, store: ObjectStore, tracker: Tracker, run_id: str, mode: Mode) -> RunContext:
+    saved = load_context(store, run_id, config.name, RunContext)
+    if saved.mode != mode:
+        raise ResumeError(f"run {run_id} is a {saved.mode} run, not {mode}; resume it with --mode {saved.mode}")
+    context = replace(saved, mode=parse_mode(saved.mode), live_root=str(live_root(config)), resumed=True)
+    for mlflow_run in [context.mlflow_run_id, *context.stage_run_ids.values()]:
+        tracker.reopen_run(mlflow_run)
+    print(f"drape: resuming run {run_id} ({context.run_name}) in {context.layout.run_dir(run_id)}")
     return context
 
 
@@ -149,48 +179,22 @@ def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
     for stage_run in context.stage_run_ids.values():
         run.tracker.end_run(stage_run, status)
     run.tracker.end_run(context.mlflow_run_id, status)
+    mark_closed(run.store, context.run_id, status)
     remove_empty_dirs(run_dir)
     with _RESOURCES_LOCK:
         _RESOURCES.pop(context.run_id, None)
     return released.to_dict()
 
 
-@dataclass(frozen=True)
-class StageRecord:
-    """What one passed stage did: the summary's row."""
-
-    train: TrainResult
-    gate: GateReport
-    snapshot: dict
-    archive: dict
-
-    def row(self) -> dict:
-        checks = {
-            n: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
-            for n, c in self.gate.checks.items()
-        }
-        return {
-            "stage": self.train.stage,
-            "steps": self.train.steps,
-            "final_loss": self.train.final_loss,
-            "train_seconds": self.train.train_seconds,
-            "data_wait_fraction": self.train.data_wait_fraction,
-            "checks": checks,
-            "verdict": self.gate.verdict,
-            "version": self.snapshot["version"],
-            "archived_bytes": self.archive["archived_bytes"],
-            "live_bytes": self.archive["live_bytes_after"],
-        }
-
-
-def summarize(config: PipelineConfig, context: RunContext, records: list[StageRecord]) -> dict:
-    """Close the run and return its summary (what the CLI prints): one row per stage plus where to look."""
+def summarize(config: PipelineConfig, context: RunContext, rows: list[dict]) -> dict:
+    """Close the run and return its summary (what the CLI prints): one row per stage (`archive_passed`)
+    plus where to look."""
     object_store = repr(resources(config, context).store)
     released = close_run(config, context, "FINISHED")
     return {
         "run_id": context.run_id,
         "run_name": context.run_name,
-        "stages": [record.row() for record in records],
+        "stages": rows,
         "live_bytes": tree_bytes(context.live_root),
         "released_at_run_end_bytes": released["freed_bytes"],
         "tracking_uri": config.tracking_uri,

@@ -19,10 +19,11 @@ from drape.ops import metrics
 from drape.ops.alerts import notify_gate
 from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
+from drape.pipeline.resume import load_progress, restore_newest_checkpoint, save_progress
 from drape.pipeline.run import RunContext, close_run, evict_from, resources, timed
 from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention
 from drape.storage.store import remove_empty_dirs, remove_tree, tree_bytes
-from drape.training.checkpoint import export_weights
+from drape.training.checkpoint import export_weights, list_checkpoints
 from drape.training.stage_job import StageJob, StageJobResult
 from drape.training.trainer import TrainResult
 
@@ -59,9 +60,21 @@ def stage_job(config: PipelineConfig, context: RunContext, stage: str) -> StageJ
     )
 
 
+def resume_checkpoint(config: PipelineConfig, context: RunContext, stage: str) -> None:
+    """In a resumed run, a stage with no live checkpoint starts from the newest one archived for
+    this run (its node was lost, or an abort archived it before the run was resumed)."""
+    checkpoints = context.paths(stage).checkpoints
+    if not context.resumed or list_checkpoints(checkpoints):
+        return
+    restored = restore_newest_checkpoint(resources(config, context).store, context.run_id, stage, checkpoints)
+    if restored is not None:
+        print(f"train-{stage}: resuming from {restored.name}, restored from the archive (verified)")
+
+
 def train(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> TrainResult:
     """Train the stage in this process on its pre-staged shards; logs to the stage's MLflow run."""
     run = resources(config, context)
+    resume_checkpoint(config, context, stage)
     result = stage_job(config, context, stage).run(cache=run.cache, tracker=run.tracker, progress=progress)
     _log_train_summary(config, context, stage, result)
     return result.train
@@ -72,6 +85,7 @@ def train_command(config: PipelineConfig, context: RunContext, stage: str) -> tu
     file its result lands in."""
     paths = context.paths(stage)
     paths.train_result.unlink(missing_ok=True)
+    resume_checkpoint(config, context, stage)
     return stage_job(config, context, stage).write(paths.job_config, result=paths.train_result), paths.train_result
 
 
@@ -194,12 +208,32 @@ def _gate(config: PipelineConfig, context: RunContext, stage: str, checkpoint: s
     return report
 
 
-def snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
-    """Register the passed checkpoint as `drape-tryon` ``<stage>-baseline`` and make it the live baseline."""
+def passed_gate(config: PipelineConfig, context: RunContext, stage: str, trained: TrainResult, report: GateReport) -> dict:
+    """The stage's summary row once its gate passed, recorded (phase 'gated'): a resumed run goes on from here."""
+    row = {
+        "stage": stage,
+        "steps": trained.steps,
+        "final_loss": trained.final_loss,
+        "train_seconds": trained.train_seconds,
+        "data_wait_fraction": trained.data_wait_fraction,
+        "checks": {
+            name: {"value": c.lower, "mean": c.mean, "threshold": c.threshold, "passed": c.passed}
+            for name, c in report.checks.items()
+        },
+        "verdict": report.verdict,
+        "candidate": trained.checkpoint,
+    }
+    return save_progress(resources(config, context).store, context.run_id, stage, "gated", row)
+
+
+def snapshot(config: PipelineConfig, context: RunContext, stage: str, row: dict) -> dict:
+    """Register the passed candidate (`row`, from `passed_gate`) as `drape-tryon` ``<stage>-baseline``
+    and make it the live baseline; idempotent: a resumed run does not register it twice."""
     with timed(config, context, stage, "snapshot"):
-        result = _snapshot(config, context, stage, checkpoint, report)
+        result = _snapshot(config, context, stage, row)
         metrics.PROMOTIONS.labels(run=context.run_id, stage=stage).inc()
         metrics.BASELINE_VERSION.labels(run=context.run_id, stage=stage).set(float(result["version"]))
+    save_progress(resources(config, context).store, context.run_id, stage, "snapshotted", {**row, "version": result["version"]})
     return result
 
 
@@ -214,26 +248,54 @@ def _stage_baseline(config: PipelineConfig, paths: StagePaths, checkpoint: str, 
             shutil.copy2(file, staging / file.name)  # live while this is the baseline (retention policy)
 
 
-def _snapshot(config: PipelineConfig, context: RunContext, stage: str, checkpoint: str, report: GateReport) -> dict:
+def _snapshot(config: PipelineConfig, context: RunContext, stage: str, row: dict) -> dict:
     tracker, stage_run = resources(config, context).tracker, context.stage_run_ids[stage]
     paths, baseline = context.paths(stage), context.layout.baseline(stage)
-    _stage_baseline(config, paths, checkpoint, baseline.staging)
-    tracker.log_artifacts(stage_run, baseline.staging / "checkpoint", "snapshot/checkpoint")
-    source = tracker.log_artifacts(stage_run, baseline.staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
-    tags = {
-        "drape.stage": stage,
-        "drape.run_id": context.run_id,
-        "drape.control_set": context.control_set,
-        **{f"drape.gate.{name}": f"{check.mean:.6f}" for name, check in report.checks.items()},
-    }
-    version = tracker.register_baseline(stage_run, source, stage, tags)
-    (baseline.staging / "baseline.json").write_text(
-        json.dumps({"version": version, "run_id": context.run_id, "stage": stage, "control_set": context.control_set})
-    )
-    if baseline.root.exists():
-        os.replace(baseline.root, paths.superseded_baseline)
-    os.replace(baseline.staging, baseline.root)
+    current = tracker.get_baseline(stage)
+    if current is not None and current.tags.get("drape.run_id") == context.run_id:
+        version = str(current.version)  # registered before this run was interrupted
+    else:
+        _stage_baseline(config, paths, row["candidate"], baseline.staging)
+        tracker.log_artifacts(stage_run, baseline.staging / "checkpoint", "snapshot/checkpoint")
+        source = tracker.log_artifacts(stage_run, baseline.staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
+        tags = {
+            "drape.stage": stage,
+            "drape.run_id": context.run_id,
+            "drape.control_set": context.control_set,
+            **{f"drape.gate.{name}": f"{check['mean']:.6f}" for name, check in row["checks"].items()},
+        }
+        version = tracker.register_baseline(stage_run, source, stage, tags)
+    live = json.loads(baseline.record.read_text()) if baseline.record.is_file() else {}
+    if live.get("version") != version or live.get("run_id") != context.run_id:  # the live baseline is not it yet
+        if not baseline.staging.is_dir():
+            _stage_baseline(config, paths, row["candidate"], baseline.staging)
+        (baseline.staging / "baseline.json").write_text(
+            json.dumps({"version": version, "run_id": context.run_id, "stage": stage, "control_set": context.control_set})
+        )
+        if baseline.root.exists():
+            os.replace(baseline.root, paths.superseded_baseline)
+        os.replace(baseline.staging, baseline.root)
     return {"stage": stage, "version": version, "alias": f"{stage}-baseline", "checkpoint": str(baseline.checkpoint)}
+
+
+def archive_passed(config: PipelineConfig, context: RunContext, stage: str, row: dict) -> dict:
+    """Archive a promoted stage (`archive`) and record it done; returns its summary row."""
+    archived = archive(config, context, stage)
+    done = {**row, "archived_bytes": archived["archived_bytes"], "live_bytes": archived["live_bytes_after"]}
+    return save_progress(resources(config, context).store, context.run_id, stage, "done", done)
+
+
+def stage_progress(config: PipelineConfig, context: RunContext) -> dict[str, dict]:
+    """stage → {phase, row} of what a resumed run already did ({} for a new run). A stage gated
+    but not yet promoted whose candidate is gone from live storage (its node was lost) trains again."""
+    if not context.resumed:
+        return {}
+    found = load_progress(resources(config, context).store, context.run_id)
+    return {
+        stage: record
+        for stage, record in found.items()
+        if record["phase"] != "gated" or Path(record["row"]["candidate"]).is_dir()
+    }
 
 
 def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = Outcome.PASSED) -> dict:

@@ -73,7 +73,7 @@ class _FileColumn:
         values = np.ascontiguousarray(values, dtype=self.dtype)
         if values.shape != self.shape[1:]:
             raise ValueError(f"a row of shape {values.shape} in a column of rows {self.shape[1:]}")
-        data, at = memoryview(values).cast("B"), self.offset + row * self.row_bytes
+        data, at = values.data.cast("B"), self.offset + row * self.row_bytes
         while data:
             written = os.pwrite(self.descriptor, data, at)
             data, at = data[written:], at + written

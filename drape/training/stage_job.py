@@ -30,6 +30,7 @@ from drape.layout import MANUAL_RUN, LiveLayout, live_root
 from drape.ops.metrics import push_metrics
 from drape.storage.store import open_store
 from drape.training.distributed import DistContext, init_from_env
+from drape.training.lock import stage_lock
 from drape.training.trainer import TrainResult, peak_memory_gib, resolve_device, train_stage
 
 JOB_SCHEMA = "drape.stage_job/v1"
@@ -126,7 +127,8 @@ class StageJob:
         # each rank fetches (if not pre-staged already) and reads only its own partitions' shards
         data = load_stage_data(cache, self.stage, partitions=partitions, world_size=context.world_size, rank=context.rank)
         context.barrier()
-        with cache.pin([self.stage]):  # read on demand while training: no shard may be evicted under the reader
+        # one live trainer per stage directory; no shard may be evicted under the reader while it trains
+        with stage_lock(self.out_dir, hold=context.is_main), cache.pin([self.stage]):
             result = self._train(data, context, cache.manifest, tracker, progress)
         return StageJobResult(
             result, cache.read_wait_seconds - read_wait_before, peak_memory_gib(context.device), context.world_size

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow
 
 EXPECTED_DEPLOYMENTS = {
     "staged-training/demo",
+    "staged-training/rehearsal",
     "staged-training/h100",
     "staged-training/h100-finetune",
     "retention-sweep/weekly",
@@ -68,7 +69,13 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     kubernetes_validate.validate(manifest, "1.33", strict=True)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert manifest["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-    assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache"}
+    assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache", "live-root"}
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    from drape.config import load_config
+    from drape.layout import job_paths
+
+    h100 = load_config(PREFECT_FILE.parents[1] / "configs" / "h100.yaml")
+    assert set(job_paths(h100)) <= mounts  # the flow pod sees the paths its config writes to
 
 
 def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:

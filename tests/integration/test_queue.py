@@ -116,33 +116,106 @@ def test_four_dispatchers_never_double_allocate(tmp_path, request, database, job
     assert all(value == 0 for value in claimed.values()) and store.ledger() == {}
 
 
-def test_a_dead_dispatchers_jobs_return_to_the_queue(tmp_path):
+def test_a_restarted_dispatcher_adopts_the_job_its_predecessor_launched(tmp_path):
+    """SIGKILL the dispatcher while its job runs: the next dispatcher adopts the job's process (by
+    pid and start time) once the lease lapses, reaps it with its exit status, and never launches it
+    again: one start in the job's log, one claim in the allocation log."""
     config, path = _config_file(tmp_path, lease_seconds=2.0)
-    marker = tmp_path / "first-attempt"
+    starts = tmp_path / "starts"
     store = JobStore(config.queue_url)
     job_id = store.submit(
-        JobSpec(
-            kind="finetune",
-            mem_gib=20,
-            duration_s=60,
-            command=["sh", "-c", f"test -f {marker} && exit 0; touch {marker}; sleep 120"],
-        )
+        JobSpec(kind="finetune", mem_gib=20, duration_s=60, command=["sh", "-c", f"echo started >> {starts}; sleep 6; exit 3"])
     )
     (first,) = _dispatchers(path, 1, 60, mode="forever")
     deadline = time.monotonic() + 60
-    while store.get(job_id)["state"] != "running" or not marker.exists():
+    while store.get(job_id)["state"] != "running" or not starts.exists():
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    orphan = store.get(job_id)["handle"]
     first.send_signal(signal.SIGKILL)
     first.wait()
     (second,) = _dispatchers(path, 1, 60)
     assert second.wait(timeout=90) == 0
     job = store.get(job_id)
-    assert (
-        job["state"] == "succeeded" and job["attempts"] == 2 and job["dispatcher"] != store.allocation_events()[0]["dispatcher"]
+    assert job["state"] == "failed" and job["exit_code"] == 3 and job["attempts"] == 1, job  # its own status, reaped
+    assert starts.read_text().splitlines() == ["started"]
+    events = store.allocation_events()
+    assert [e["event"] for e in events] == ["claim", "release"] and events[0]["dispatcher"] != events[1]["dispatcher"]
+
+
+def test_a_stale_job_no_launcher_sees_is_requeued_and_leases_are_compare_and_set(tmp_path):
+    from scheduler.dispatcher import Dispatcher
+
+    config, _ = _config_file(tmp_path, lease_seconds=2.0)
+    store = JobStore(config.queue_url)
+    dispatcher = Dispatcher(config, store)
+    unseen, finished, renewed = (
+        store.submit(JobSpec(kind="finetune", mem_gib=10, duration_s=60, command=["true"])) for _ in range(3)
     )
-    os.killpg(int(orphan.split(":")[1]), signal.SIGKILL)  # the first attempt's process outlived its dispatcher
+    plan = dispatcher.plan(store.pending(), dispatcher.fleet().gpus, [], 0.0, dispatcher.policy)
+    assert len(store.claim_many(plan, "gone-dispatcher", 2.0, 4, now=0.0)) == 3
+    store.set_handles({job: "pid:1:1:another-host" for job in (unseen, finished, renewed)})
+    stale = {job["id"]: job for job in store.stale(now=10.0)}
+    assert set(stale) == {unseen, finished, renewed}
+    store.finish(finished, exit_code=0, dispatcher="gone-dispatcher", now=11.0)  # it ended meanwhile ...
+    store.heartbeat("gone-dispatcher", 100.0, now=11.0)  # ... and the others were renewed
+    assert not store.requeue(stale[finished], now=12.0) and store.get(finished)["state"] == "succeeded"
+    assert not store.requeue(stale[renewed], now=12.0) and store.get(renewed)["state"] == "running"
+    assert not store.adopt(stale[renewed], "me", 2.0, now=12.0) and store.get(renewed)["dispatcher"] == "gone-dispatcher"
+    store.heartbeat("nobody", 2.0, now=200.0)
+    report = dispatcher.cycle(now=200.0)  # both lapsed: a host this dispatcher cannot see → back to the queue
+    assert sorted(report.requeued) == sorted([unseen, renewed]) and not report.adopted
+    assert (
+        store.get(unseen)["state"] in ("queued", "running") and "no dispatcher sees its process" in store.get(unseen)["message"]
+    )
+
+
+def test_a_failed_job_is_retried_up_to_max_attempts(tmp_path):
+    from scheduler.dispatcher import Dispatcher
+
+    config, _ = _config_file(tmp_path, max_attempts=3)
+    store = JobStore(config.queue_url)
+    counter = tmp_path / "runs"
+    job_id = store.submit(
+        JobSpec(kind="finetune", mem_gib=10, duration_s=5, command=["sh", "-c", f"echo x >> {counter}; exit 1"])
+    )
+    dispatcher = Dispatcher(config, store)
+    deadline = time.monotonic() + 60
+    while store.get(job_id)["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline
+        dispatcher.cycle()
+        time.sleep(0.05)
+    job = store.get(job_id)
+    assert job["state"] == "failed" and job["attempts"] == 3 and len(counter.read_text().split()) == 3
+    assert "exit code 1" in job["message"]
+
+
+def test_a_torchrun_job_runs_one_rank_per_gpu(tmp_path):
+    from scheduler.dispatcher import Dispatcher
+
+    config, _ = _config_file(tmp_path)
+    store = JobStore(config.queue_url)
+    script = tmp_path / "rank.py"
+    script.write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n")
+    job_id = store.submit(
+        JobSpec(
+            kind="stage-training",
+            command=[sys.executable, str(script)],
+            mem_gib=10,
+            gpus=2,
+            duration_s=10,
+            labels={"launch": "torchrun"},
+        )
+    )
+    dispatcher = Dispatcher(config, store)
+    deadline = time.monotonic() + 120
+    while store.get(job_id)["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline
+        dispatcher.cycle()
+        time.sleep(0.1)
+    job = store.get(job_id)
+    log = (tmp_path / "drape" / "queue" / "logs" / f"{job_id}.log").read_text()
+    assert job["state"] == "succeeded", job["message"]
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log
 
 
 def test_local_launcher_sets_cuda_visible_devices_and_records_peak_memory(tmp_path):
@@ -236,7 +309,7 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     from kubernetes import client
 
     from drape.config import KubernetesLauncherConfig
-    from scheduler.launchers import build_job, headless_service
+    from scheduler.kubernetes import build_job, headless_service
     from scheduler.policy import GpuState
 
     settings = KubernetesLauncherConfig()
@@ -246,6 +319,8 @@ def test_kubernetes_objects_validate_against_the_api_schema():
         "stage": "geometry",
         "env": json.dumps({"DRAPE_RUN": "r1"}),
         "command": json.dumps([sys.executable, "-m", "drape.train", "--config", "/etc/drape/h100.yaml", "--stage", "geometry"]),
+        "labels": json.dumps({"launch": "torchrun", "mounts": json.dumps(["/mnt/drape", "/mnt/nvme/drape-shards"])}),
+        "attempts": 2,
     }
     one_node = [GpuState(f"h100-00/gpu{i}", "h100-00", "H100-80GB", 80) for i in range(8)]
     two_nodes = one_node + [GpuState(f"h100-01/gpu{i}", "h100-01", "H100-80GB", 80) for i in range(8)]
@@ -256,6 +331,20 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     pod = single.spec.template.spec
     assert pod.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert pod.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
+    assert single.metadata.name == "drape-stage-training-abc123-a2"  # each attempt its own Job: no 409 on a retry
+    assert pod.containers[0].command[:3] == ["torchrun", "--standalone", "--nproc-per-node=8"]
+    assert pod.containers[0].command[3:5] == ["-m", "drape.train"]
+    # the paths the job's config uses, mounted at the same paths (checkpoints never on the container's disk)
+    mounted = {m.mount_path: m.name for m in pod.containers[0].volume_mounts}
+    volumes = {v.name: v for v in pod.volumes}
+    assert set(mounted) == {"/dev/shm", "/mnt/drape", "/mnt/nvme/drape-shards"}
+    assert volumes[mounted["/mnt/drape"]].host_path.path == "/mnt/drape"
+    claimed = build_job(job, one_node, settings.model_copy(update={"volume_claims": {"/mnt/drape": "drape-live"}}))
+    claimed_volumes = {v.name: v for v in claimed.spec.template.spec.volumes}
+    assert claimed_volumes[mounted["/mnt/drape"]].persistent_volume_claim.claim_name == "drape-live"
+    kubernetes_validate.validate(api.sanitize_for_serialization(claimed), "1.33", strict=True)
+    with pytest.raises(ValueError, match="path 'relative/root' of its config is relative"):
+        build_job({**job, "labels": json.dumps({"mounts": json.dumps(["relative/root"])})}, one_node, settings)
     assert (
         single.metadata.labels["drape.ai/stage"] == "geometry"
         and single.metadata.labels["drape.ai/job-id"] == "stage-training-abc123"
@@ -276,3 +365,34 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limitz"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
         kubernetes_validate.validate(broken, "1.33", strict=True)
+
+
+def test_the_kubernetes_launcher_builds_its_clients_after_loading_the_kube_config(tmp_path, monkeypatch):
+    """Every API client targets the cluster of the kube config (none is built before it is loaded,
+    which made the first one target localhost), and every call carries the request timeout."""
+    from drape.config import KubernetesLauncherConfig
+    from scheduler.kubernetes import KubernetesLauncher, pytorchjob_outcome
+
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://k8s.example:6443", "insecure-skip-tls-verify": True}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(kubeconfig))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    launcher = KubernetesLauncher(KubernetesLauncherConfig(request_timeout_seconds=7))
+    clients = launcher._api()
+    assert {name: c.api_client.configuration.host for name, c in clients.items()} == {
+        name: "https://k8s.example:6443" for name in ("batch", "core", "custom")
+    }
+    seen = {}
+    monkeypatch.setattr(clients["batch"], "read_namespaced_job_status", lambda *a, **k: seen.update(k) or None)
+    launcher._read("job:drape-x-a1")
+    assert seen == {"_request_timeout": 7}
+    done = {"metadata": {"name": "p"}, "status": {"conditions": [{"type": "Running", "status": "False"}]}}
+    assert pytorchjob_outcome(done) is None
+    done["status"]["conditions"].append({"type": "Failed", "status": "True", "message": "rank 3 OOM"})
+    assert pytorchjob_outcome(done).exit_code == 1 and "rank 3 OOM" in pytorchjob_outcome(done).message

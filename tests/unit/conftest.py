@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from drape import STAGES, pipeline
+from drape import STAGES
 from drape.layout import checkpoint_name
 from tasks import stages as t
 from tests.conftest import tiny_config
@@ -38,11 +38,12 @@ def one_stage(dag_config):
         report = t.gate.fn(config, context, "identity", trained.checkpoint)
     finally:
         t.create_markdown_artifact = original
-    snap = t.snapshot.fn(config, context, "identity", trained.checkpoint, report)
+    row = t.passed_gate.fn(config, context, "identity", trained, report)
+    snap = t.snapshot.fn(config, context, "identity", row)
     sharded = context.paths("identity").checkpoints / checkpoint_name(2, sharded=True)
     sharded.mkdir()
     (sharded / "__0_0.distcp").write_bytes(b"shard of rank 0")
     (sharded / "manifest.json").write_text(json.dumps({"format": "dcp", "step": 2}))
-    archived = t.archive.fn(config, context, "identity")
-    summary = t.summarize.fn(config, context, [pipeline.StageRecord(trained, report, snap, archived)])
+    archived = t.archive.fn(config, context, "identity", {**row, "version": snap["version"]})
+    summary = t.summarize.fn(config, context, [archived])
     return context, staged, trained, report, artifacts, snap, archived, summary

@@ -12,7 +12,7 @@ runner = CliRunner()
 EXPECTED_COMMANDS = {
     "demo": ["run_name"],
     "serve": ["port", "home"],
-    "run": ["config", "mode", "run_name"],
+    "run": ["config", "mode", "resume", "run_name"],
     "train": ["config", "stage", "init", "out"],
     "data synth": ["config", "out"],
     "data shard": ["source", "out", "config", "name", "version", "control", "weights", "shard_max_bytes", "shard_max_samples"],
@@ -31,7 +31,7 @@ EXPECTED_COMMANDS = {
     "storage restore": ["run_id", "stage", "config", "out"],
 }
 EXPECTED_FLOW_PARAMETERS = {
-    "staged_training": ["config_path", "mode", "run_name"],
+    "staged_training": ["config_path", "mode", "run_name", "resume"],
     "prestage_dataset": ["config_path", "stages"],
     "retention_sweep": ["config_path", "dry_run"],
     "queue_dispatcher": ["config_path", "max_minutes", "metrics_port"],

@@ -10,7 +10,7 @@ from drape.config import ConfigError, load_config
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "h100.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "h100.yaml", "rehearsal.yaml"])
 def test_shipped_configs_load(name):
     config = load_config(REPO / "configs" / name)
     assert set(config.train.stages) == set(STAGES)
@@ -24,6 +24,43 @@ def test_h100_is_the_production_shape():
     assert sum(stage.steps for stage in config.train.stages.values()) == 50_000
     assert all(500 <= stage.finetune_steps <= 600 for stage in config.train.stages.values())
     assert config.data.resolution >= 512
+    assert all(config.train.gpus_for(stage) == 8 for stage in STAGES) and config.queue.max_attempts > 1
+
+
+def test_rehearsal_makes_the_production_choices_at_cpu_size():
+    config, h100 = load_config(REPO / "configs" / "rehearsal.yaml"), load_config(REPO / "configs" / "h100.yaml")
+    assert config.train.gpus == 2 and config.train.data_partitions == 2 and config.train.device == "cpu"
+    for field in ("parallelism", "async_checkpoint"):
+        assert getattr(config.train, field) == getattr(h100.train, field), field
+    assert config.storage.object_store_url.startswith("s3://") and config.queue.url.startswith("postgresql")
+    assert config.tracking.uri.startswith("http") and not config.queue.dispatch_in_process
+
+
+def test_stage_jobs_must_split_the_batch_and_the_partitions(config):
+    from drape.config import parse_config
+
+    data = config.model_dump(mode="json")
+    data["train"] |= {"gpus": 3, "batch_size": 16}
+    with pytest.raises(ConfigError, match="train.batch_size 16 does not split over identity's 3 GPUs"):
+        parse_config(data, "x.yaml")
+    data["train"] |= {"gpus": 2, "data_partitions": 3}
+    with pytest.raises(ConfigError, match="train.data_partitions 3 is not a multiple of identity's 2 GPUs"):
+        parse_config(data, "x.yaml")
+    data["train"] |= {"gpus": 1, "data_partitions": 2}
+    data["train"]["stages"]["texture"]["gpus"] = 2
+    assert parse_config(data, "x.yaml").train.gpus_for("texture") == 2
+
+
+def test_a_stage_job_asks_for_its_gpus_runs_under_torchrun_and_names_its_paths(config):
+    import json
+
+    from scheduler import train_job_spec
+
+    two = config.model_copy(update={"train": config.train.model_copy(update={"gpus": 2})})
+    spec = train_job_spec(two, stage="texture", mode="full", run_id="r1", command=["python", "-m", "drape.train"])
+    assert spec.gpus == 2 and spec.labels["launch"] == "torchrun" and spec.labels["run"] == "r1"
+    assert json.loads(spec.labels["mounts"]) == [str(Path(config.paths.root).resolve())]
+    assert spec.shape.endswith("/2gpu")
 
 
 def _write(tmp_path, text):

@@ -29,6 +29,7 @@ EXPECTED = {
     "drape_gpu_memory_allocated_gib": ("gauge", ["gpu", "node", "model"]),
     "drape_gpu_memory_capacity_gib": ("gauge", ["gpu", "node", "model"]),
     "drape_queue_dispatch_cycle_seconds": ("histogram", []),
+    "drape_queue_dispatch_errors": ("counter", []),
     "drape_queue_fleet_source": ("gauge", ["source"]),
 }
 

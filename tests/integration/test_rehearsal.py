@@ -1,0 +1,291 @@
+"""The rehearsal (`make rehearse`): configs/rehearsal.yaml's production path end to end, with kills.
+
+Real services: S3 through a moto server over HTTP, the queue on a throwaway PostgreSQL with a
+dispatcher process of its own, an `mlflow server`, the Pushgateway, a Prefect server and process
+worker running `prefect deployment run 'staged-training/rehearsal'`. Every stage job is 2 FSDP
+ranks under torchrun (gloo), with sharded intermediate checkpoints saved in the background.
+
+1. An uninterrupted run: four stages pass, each trained by 2 ranks; the DCP checkpoints are
+   archived and verified; live storage holds what the invariant allows.
+2. A second run loses its flow and its stage job together during stage 2 (both SIGKILLed, as when
+   their node goes): the queue retries the job, which resumes from its sharded checkpoint; the run
+   resumed with `--param resume=<run id>` does not train stage 1 again.
+3. In the same resumed run, one rank of stage 3's job is SIGKILLed: torchrun fails the job, the
+   queue retries it, the retry resumes from the newest sharded checkpoint.
+4. Still in that run, the dispatcher is SIGKILLed during stage 4's job and started again: the new
+   one adopts the running job (one claim in the allocation log), which finishes.
+The resumed run ends with the weights of the uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from drape import STAGES
+from drape.config import deep_merge, load_config
+from drape.layout import live_root
+from drape.storage.retention import read_archive_manifest, verify_archived
+from drape.storage.store import open_store
+from drape.training.checkpoint import load_model
+from scheduler.store import JobStore
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _until(predicate, timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"rehearsal: {what} did not happen within {timeout:.0f} s")
+        time.sleep(every)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def _pids(**env) -> list[int]:
+    """Processes whose environment holds every `env` item (a value of None: the name is set)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            environ = _environ(int(entry.name))
+            if all((name in environ) if value is None else environ.get(name) == value for name, value in env.items()):
+                found.append(int(entry.name))
+    return found
+
+
+class Rehearsal:
+    def __init__(self, root: Path, config_path: Path, stack, env: dict[str, str]):
+        self.root, self.config_path, self.stack, self.env = root, config_path, stack, env
+        self.config = load_config(config_path)
+        self.store = JobStore(self.config.queue_url)
+        self.dispatcher: subprocess.Popen | None = None
+        self.dispatchers = 0
+
+    def start_dispatcher(self) -> None:
+        self.dispatchers += 1
+        log = open(self.root / f"dispatcher-{self.dispatchers}.log", "ab")
+        self.dispatcher = subprocess.Popen(
+            [str(Path(sys.executable).with_name("drape")), "queue", "dispatch", "--config", str(self.config_path)],
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def deployment_run(self, *params: str) -> subprocess.Popen:
+        from drape.cli.stack import _prefect
+
+        args = ["deployment", "run", "staged-training/rehearsal", "--param", f"config_path={self.config_path}"]
+        for param in params:
+            args += ["--param", param]
+        return subprocess.Popen(
+            [_prefect(), *args, "--watch", "--watch-timeout", "900"],
+            cwd=REPO,
+            env=self.stack.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def jobs(self, run_id: str, stage: str | None = None) -> list[dict]:
+        return [
+            job
+            for job in self.store.jobs()
+            if json.loads(job["labels"] or "{}").get("run") == run_id and (stage is None or job["stage"] == stage)
+        ]
+
+    def running_job(self, run_id: str, stage: str) -> dict | None:
+        return next((j for j in self.jobs(run_id, stage) if j["state"] == "running" and j["handle"]), None)
+
+    def checkpoint(self, run_id: str, stage: str, step: int) -> bool:
+        path = live_root(self.config) / "runs" / run_id / stage / "checkpoints" / f"step-{step:07d}.dcp" / "manifest.json"
+        return path.is_file()
+
+    def results(self, job: dict) -> list[dict]:
+        """The result line of every attempt of `job` that finished training (from its log)."""
+        log = live_root(self.config).parent / "queue" / "logs" / f"{job['id']}.log"
+        lines = log.read_text(errors="replace").splitlines() if log.is_file() else []
+        return [json.loads(line) for line in lines if line.startswith('{"stage"')]
+
+    def final_weights(self) -> dict[str, torch.Tensor]:
+        return load_model(live_root(self.config) / "baselines" / "denoise" / "checkpoint").state_dict()
+
+
+@pytest.fixture(scope="module")
+def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushgateway):
+    import boto3
+    import sqlalchemy
+
+    from drape.cli.stack import Stack, free_port
+
+    root = tmp_path_factory.mktemp("rehearsal")
+    database = f"rehearsal_{uuid.uuid4().hex[:8]}"
+    with sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT").connect() as connection:
+        connection.execute(sqlalchemy.text(f"CREATE DATABASE {database}"))
+    bucket = f"drape-rehearsal-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket=bucket)
+    services = {
+        "paths": {"root": str(root / "drape")},
+        "storage": {"object_store_url": f"s3://{bucket}", "endpoint_url": moto_server},
+        "tracking": {"uri": mlflow_server},
+        "metrics": {"pushgateway_url": pushgateway},
+        "queue": {
+            "url": postgres_url.rsplit("/", 1)[0] + f"/{database}",
+            "inventory": str(REPO / "configs" / "rehearsal-fleet.yaml"),
+        },
+    }
+    config_path = root / "rehearsal.yaml"
+    config_path.write_text(
+        yaml.safe_dump(deep_merge(yaml.safe_load((REPO / "configs" / "rehearsal.yaml").read_text()), services))
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PREFECT_WORKER_QUERY_SECONDS": "2", "OMP_NUM_THREADS": "1"}
+    saved = os.environ.get("PREFECT_WORKER_QUERY_SECONDS")
+    os.environ["PREFECT_WORKER_QUERY_SECONDS"] = "2"  # the worker picks a flow run up within 2 s
+    stack = Stack(root / "prefect", free_port())
+    rehearsal = Rehearsal(root, config_path, stack, env)
+    try:
+        stack.start_server()
+        stack.create_pools()
+        stack.deploy()
+        stack.start_worker("local")
+        rehearsal.start_dispatcher()
+        yield rehearsal
+    finally:
+        if rehearsal.dispatcher is not None:
+            os.killpg(rehearsal.dispatcher.pid, signal.SIGKILL)
+        stack.stop()
+        for pid in _pids(DRAPE_JOB_ID=None):  # nothing a job started outlives the rehearsal
+            os.kill(pid, signal.SIGKILL)
+        if saved is None:
+            os.environ.pop("PREFECT_WORKER_QUERY_SECONDS", None)
+        else:
+            os.environ["PREFECT_WORKER_QUERY_SECONDS"] = saved
+
+
+def _finish(process: subprocess.Popen, what: str, timeout: float = 900) -> str:
+    try:
+        output, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        output, _ = process.communicate()
+        pytest.fail(f"{what} did not finish:\n{output[-3000:]}")
+    assert process.returncode == 0, f"{what} failed:\n{output[-4000:]}"
+    return output
+
+
+def _run_ids(rehearsal: Rehearsal) -> list[str]:
+    return sorted(
+        {json.loads(job["labels"] or "{}").get("run") for job in rehearsal.store.jobs() if job["kind"] == "stage-training"}
+    )
+
+
+def _alternating(events: list[dict]) -> dict[str, int]:
+    """Claims per job, checking no job is ever claimed twice without a release between (one copy at a time)."""
+    held, claims = defaultdict(int), defaultdict(int)
+    for event in events:
+        key = (event["job_id"], event["gpu_uuid"])
+        held[key] += 1 if event["event"] == "claim" else -1
+        assert held[key] in (0, 1), f"job {event['job_id']} claimed {event['gpu_uuid']} twice at once"
+        claims[event["job_id"]] += event["event"] == "claim"
+    return claims
+
+
+def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehearsal):
+    timings = {}
+    # 1. uninterrupted -----------------------------------------------------------------------
+    started = time.monotonic()
+    output = _finish(rehearsal.deployment_run("run_name=rehearsal-1"), "run 1")
+    timings["run 1"] = time.monotonic() - started
+    assert "Completed" in output
+    (first,) = _run_ids(rehearsal)
+    reference = rehearsal.final_weights()
+    for stage in STAGES:
+        (job,) = rehearsal.jobs(first, stage)
+        (result,) = rehearsal.results(job)
+        assert job["state"] == "succeeded" and job["gpus"] == 2 and result["world_size"] == 2, job
+        assert len(json.loads(job["assigned"])) == 2 and len(result["ranks"]) == 2
+    store = open_store(rehearsal.config)
+    archived = [r for r in read_archive_manifest(store) if r["run_id"] == first]
+    assert {r["stage"] for r in archived if ".dcp/" in r["key"]} == set(STAGES)  # sharded intermediates archived
+    verify_archived(store, archived)
+    live = live_root(rehearsal.config)
+    leftovers = [p for p in (live / "runs").rglob("*") if p.is_file()] if (live / "runs").exists() else []
+    assert not leftovers, leftovers  # the run's live files went once archived; baselines and shards stay
+    assert {p.name for p in (live / "baselines").iterdir()} == set(STAGES)
+
+    # 2. the flow and its stage job killed together during stage 2 ------------------------------
+    started = time.monotonic()
+    second_flow = rehearsal.deployment_run("run_name=rehearsal-2")
+    second = _until(lambda: next(iter(set(_run_ids(rehearsal)) - {first}), None), 300, "run 2 starting")
+    job = _until(lambda: rehearsal.running_job(second, "texture"), 300, "stage 2's job running")
+    _until(lambda: rehearsal.checkpoint(second, "texture", 20), 300, "stage 2's first sharded checkpoint")
+    flow_pids = _pids(PREFECT__FLOW_RUN_ID=None)
+    job_pids = _pids(DRAPE_JOB_ID=job["id"])
+    assert flow_pids and job_pids
+    for pid in flow_pids + job_pids:
+        os.kill(pid, signal.SIGKILL)
+    try:
+        second_flow.communicate(timeout=120)  # the watcher sees the flow run crash
+    except subprocess.TimeoutExpired:
+        second_flow.kill()
+        second_flow.communicate()
+    assert not rehearsal.jobs(second, "geometry")
+    resumed = rehearsal.deployment_run(f"resume={second}", "run_name=rehearsal-2-resumed")
+
+    # 3. one rank of stage 3's job killed ------------------------------------------------------
+    geometry = _until(lambda: rehearsal.running_job(second, "geometry"), 600, "stage 3's job running")
+    _until(lambda: rehearsal.checkpoint(second, "geometry", 20), 300, "stage 3's first sharded checkpoint")
+    rank_one = _until(lambda: _pids(DRAPE_JOB_ID=geometry["id"], RANK="1"), 60, "stage 3's rank 1")
+    for pid in rank_one:  # rank 1 and the decoding worker it forked
+        os.kill(pid, signal.SIGKILL)
+
+    # 4. the dispatcher killed during stage 4's job, then started again --------------------------
+    denoise = _until(lambda: rehearsal.running_job(second, "denoise"), 600, "stage 4's job running")
+    assert rehearsal.dispatcher is not None
+    os.killpg(rehearsal.dispatcher.pid, signal.SIGKILL)
+    rehearsal.dispatcher.wait()
+    killed_dispatcher = rehearsal.store.get(denoise["id"])["dispatcher"]
+    rehearsal.start_dispatcher()
+    output = _finish(resumed, "the resumed run 2")
+    timings["run 2 (killed, resumed)"] = time.monotonic() - started
+
+    # the resumed run: stage 1 not trained again, every stage's training went on from a checkpoint
+    assert len(rehearsal.jobs(second, "identity")) == 1  # only run 2's first flow trained it
+    texture_results = [r for j in rehearsal.jobs(second, "texture") for r in rehearsal.results(j)]
+    assert texture_results and all(r["resumed_from_step"] >= 20 for r in texture_results), texture_results
+    (geometry_job,) = rehearsal.jobs(second, "geometry")
+    assert geometry_job["state"] == "succeeded" and geometry_job["attempts"] == 2, geometry_job
+    assert [r["resumed_from_step"] >= 20 for r in rehearsal.results(geometry_job)] == [True]
+    (denoise_job,) = rehearsal.jobs(second, "denoise")
+    assert denoise_job["state"] == "succeeded" and denoise_job["attempts"] == 1, denoise_job
+    assert denoise_job["dispatcher"] != killed_dispatcher  # adopted by the restarted dispatcher
+    claims = _alternating(rehearsal.store.allocation_events())
+    assert claims[denoise_job["id"]] == 2 and claims[geometry_job["id"]] == 2 * 2  # 2 slots per claim
+    promoted = json.loads((live_root(rehearsal.config) / "baselines" / "denoise" / "baseline.json").read_text())
+    assert promoted["run_id"] == second  # the weights compared are the resumed run's own
+    worst = max(float((reference[name] - tensor).abs().max()) for name, tensor in rehearsal.final_weights().items())
+    assert worst < 1e-5, f"the resumed run's weights differ from the uninterrupted run's by {worst}"
+    print(f"\nrehearsal: {timings}; largest weight difference {worst:.3g}; claims per job {dict(claims)}")
