@@ -111,29 +111,27 @@ class HandoffFile:
             self.size += int(np.prod(shape)) * np.dtype(dtype).itemsize
         return self.columns
 
-    def publish(self, arrays: dict[str, Any]) -> tuple[str, list]:
-        """The batch `make` returned: its allocated columns are in the file already, the others
-        (the generator's state) are appended; the file is renamed to its final name."""
+    def publish(self, arrays: dict[str, Any]) -> tuple[str, list, dict[str, np.ndarray]]:
+        """The batch `make` returned: its allocated columns are in the file already; the file is
+        renamed to its final name. Returns (name, layout, the other arrays): those are small (the
+        generator's state) and travel with the message."""
         if self.descriptor is None:
             self.allocate({})
+        inline = {}
         try:
             for name, values in arrays.items():
                 if name in self.columns and values is not self.columns[name]:
                     for row, value in enumerate(values):
                         self.columns[name][row] = value
                 elif name not in self.columns:
-                    values = np.ascontiguousarray(values)
-                    column = _FileColumn(self.descriptor, self.size, (1, *values.shape), values.dtype)  # type: ignore[arg-type]
-                    column[0] = values
-                    self.layout.append((name, values.shape, values.dtype.str, self.size))
-                    self.size += values.nbytes
+                    inline[name] = np.ascontiguousarray(values)
         except OSError as error:
             raise self._full(error) from None
         finally:
             os.close(self.descriptor)  # type: ignore[arg-type]
             self.descriptor = None
         os.replace(self.temporary, self.directory / f"{self.step}.batch")
-        return f"{self.step}.batch", self.layout
+        return f"{self.step}.batch", self.layout, inline
 
     def discard(self) -> None:
         if self.descriptor is not None:
@@ -235,8 +233,8 @@ class WorkerPool:
                     raise DecodeError(f"step {step}: decoding worker {worker.name} closed its pipe") from None
                 if error is not None:
                     raise DecodeError(error)
-                name, layout = item
-                self.ready[done] = _read(self.directory, name, layout)
+                name, layout, inline = item
+                self.ready[done] = _read(self.directory, name, layout) | inline
         self._send_ahead(step + 1)
         return self.ready.pop(step)
 

@@ -332,3 +332,39 @@ def test_a_stage_that_errors_is_aborted_archived_and_its_runs_closed(prefect_har
     tracker = Tracker(config)
     runs = tracker.client.search_runs([tracker.experiment_id], f"tags.`drape.run_id` = '{records[0]['run_id']}'")
     assert len(runs) == 5 and {run.info.status for run in runs} == {"FAILED"}
+
+
+def test_a_prefect_retry_of_the_flow_run_resumes_the_run_it_started(prefect_harness, tmp_path, monkeypatch):
+    """The texture gate errors once: the stage is aborted (its checkpoints archived, then freed),
+    Prefect retries the flow run, and the retry resumes the same run: identity is neither trained
+    nor gated again, texture resumes from its final checkpoint brought back from the archive, and
+    the run ends with all four stages."""
+    from flows.staged_training import staged_training
+
+    passing = {"identity": {"min_similarity": -1.0}, "texture": {"min_fidelity": -1.0}, "coherence": {"min_score": -1.0}}
+    config = tiny_config(tmp_path / "drape", train={"stages": {stage: {"steps": 20} for stage in STAGES}}, gates=passing)
+    path = tmp_path / "retried.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    trained, gated, real_train, real_gate = [], [], pipeline.train, pipeline.gate
+
+    def train(config, context, stage, **kwargs):
+        result = real_train(config, context, stage, **kwargs)
+        trained.append((context.run_id, stage, result.resumed_from_step))
+        return result
+
+    def gate(config, context, stage, checkpoint, **kwargs):
+        gated.append(stage)
+        if gated.count("texture") == 1 and stage == "texture":
+            raise RuntimeError("the gate's embedder service is down (once)")
+        return real_gate(config, context, stage, checkpoint, **kwargs)
+
+    monkeypatch.setattr(pipeline, "train", train)
+    monkeypatch.setattr(pipeline, "gate", gate)
+    summary = staged_training.with_options(retries=1, retry_delay_seconds=0)(config_path=str(path), run_name="retried")
+    assert [row["stage"] for row in summary["stages"]] == list(STAGES)
+    assert {run for run, _, _ in trained} == {summary["run_id"]}  # the retry went on with the same run
+    assert [stage for _, stage, _ in trained] == ["identity", "texture", "texture", "geometry", "denoise"]
+    assert [start for _, stage, start in trained if stage == "texture"] == [0, 20]  # restored from the archive
+    assert gated == ["identity", "texture", "texture", "geometry", "denoise"]
+    records = {(r["stage"], r["outcome"]) for r in read_archive_manifest(ObjectStore(config.object_store_url))}
+    assert ("texture", "baseline") in records  # the restored checkpoint, archived again as the promoted one
