@@ -89,7 +89,7 @@ def test_dispatcher_rbac_is_jobs_and_pods_only():
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert {resource for _, resource, _ in granted} <= {"jobs", "jobs/status", "pods", "services"}
+    assert {resource for _, resource, _ in granted} <= {"jobs", "jobs/status", "pods", "services", "pytorchjobs"}
     assert not {verb for *_, verb in granted} & {"*", "update", "patch", "escalate", "bind", "impersonate"}
     assert ("", "pods", "create") not in granted
 

@@ -396,3 +396,25 @@ def test_the_kubernetes_launcher_builds_its_clients_after_loading_the_kube_confi
     assert pytorchjob_outcome(done) is None
     done["status"]["conditions"].append({"type": "Failed", "status": "True", "message": "rank 3 OOM"})
     assert pytorchjob_outcome(done).exit_code == 1 and "rank 3 OOM" in pytorchjob_outcome(done).message
+
+
+def test_a_cycle_that_fails_is_logged_and_the_dispatcher_goes_on(tmp_path, capsys):
+    from drape.ops import metrics
+    from scheduler.dispatcher import Dispatcher
+
+    config, _ = _config_file(tmp_path)
+    dispatcher = Dispatcher(config, JobStore(config.queue_url))
+    real_cycle, calls, reports = dispatcher.cycle, [], []
+
+    def flaky(now=None):
+        calls.append(now)
+        if len(calls) == 1:
+            raise ConnectionError("the queue database went away for a moment")
+        return real_cycle(now)
+
+    dispatcher.cycle = flaky  # type: ignore[method-assign]
+    before = metrics.DISPATCH_ERRORS._value.get()
+    dispatcher.run(max_cycles=2, on_cycle=reports.append)
+    assert len(calls) == 3 and len(reports) == 2  # the failed cycle did not count, nor end the loop
+    assert metrics.DISPATCH_ERRORS._value.get() == before + 1
+    assert "cycle failed (1 in a row): ConnectionError: the queue database went away" in capsys.readouterr().out
