@@ -58,6 +58,16 @@ def _dispatchers(path, count, seconds, mode="drain"):
     return [subprocess.Popen([sys.executable, "-c", DISPATCH, str(path), str(seconds), mode], env=env) for _ in range(count)]
 
 
+def _dispatch_until_done(dispatcher, store, job_id: str, timeout: float, pause: float) -> dict:
+    """Cycle `dispatcher` until the job leaves queued and running; its row."""
+    deadline = time.monotonic() + timeout
+    while store.get(job_id)["state"] in ("queued", "running"):
+        assert time.monotonic() < deadline, f"job {job_id} still {store.get(job_id)['state']} after {timeout:.0f} s"
+        dispatcher.cycle()
+        time.sleep(pause)
+    return store.get(job_id)
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
 def test_dispatchers_starting_together_register_the_fleet_once(tmp_path, request, monkeypatch, database):
     """Two dispatchers read the inventory before either inserts it: the second one's insert skips
@@ -178,13 +188,7 @@ def test_a_failed_job_is_retried_up_to_max_attempts(tmp_path):
     job_id = store.submit(
         JobSpec(kind="finetune", mem_gib=10, duration_s=5, command=["sh", "-c", f"echo x >> {counter}; exit 1"])
     )
-    dispatcher = Dispatcher(config, store)
-    deadline = time.monotonic() + 60
-    while store.get(job_id)["state"] in ("queued", "running"):
-        assert time.monotonic() < deadline
-        dispatcher.cycle()
-        time.sleep(0.05)
-    job = store.get(job_id)
+    job = _dispatch_until_done(Dispatcher(config, store), store, job_id, 60, 0.05)
     assert job["state"] == "failed" and job["attempts"] == 3 and len(counter.read_text().split()) == 3
     assert "exit code 1" in job["message"]
 
@@ -206,13 +210,7 @@ def test_a_torchrun_job_runs_one_rank_per_gpu(tmp_path):
             labels={"launch": "torchrun"},
         )
     )
-    dispatcher = Dispatcher(config, store)
-    deadline = time.monotonic() + 120
-    while store.get(job_id)["state"] in ("queued", "running"):
-        assert time.monotonic() < deadline
-        dispatcher.cycle()
-        time.sleep(0.1)
-    job = store.get(job_id)
+    job = _dispatch_until_done(Dispatcher(config, store), store, job_id, 120, 0.1)
     log = (tmp_path / "drape" / "queue" / "logs" / f"{job_id}.log").read_text()
     assert job["state"] == "succeeded", job["message"]
     assert "rank 0 of 2" in log and "rank 1 of 2" in log

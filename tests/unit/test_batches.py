@@ -56,8 +56,8 @@ def test_an_undecodable_sample_names_the_shard_member_and_step(texture, tmp_path
         _all(prefetcher, 200)
 
 
-class _Resized:
-    """A partition whose second sample has another resolution than its first."""
+class _TwoSamples:
+    """A partition of two samples, 'a' and 'b', that needs no prefetching; subclasses say how they read."""
 
     keys = ["a", "b"]
 
@@ -66,6 +66,10 @@ class _Resized:
 
     def prefetch(self, indices, fields=()):
         pass
+
+
+class _Resized(_TwoSamples):
+    """A partition whose second sample has another resolution than its first."""
 
     def sample(self, index, fields=()):
         side = 8 if index == 0 else 16
@@ -109,16 +113,8 @@ def test_a_worker_that_dies_is_an_error_within_seconds(texture):
     assert time.monotonic() - started < 5
 
 
-class _Stuck:
+class _Stuck(_TwoSamples):
     """A partition whose reads never return (a hung network filesystem)."""
-
-    keys = ["a", "b"]
-
-    def __len__(self) -> int:
-        return 2
-
-    def prefetch(self, indices, fields=()):
-        pass
 
     def sample(self, index, fields=()):
         time.sleep(3600)
