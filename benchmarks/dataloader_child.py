@@ -69,6 +69,7 @@ def memory(spec: dict) -> dict:
 
 
 def _drape_batches(spec: dict):
+    """drape's reader, created (its workers start) when this is called; a generator of (batch, wait)."""
     from drape.config import LoaderConfig
     from drape.data.partition import split_data
     from drape.training.batches import BatchPrefetcher
@@ -79,12 +80,16 @@ def _drape_batches(spec: dict):
     prefetcher = BatchPrefetcher(
         data, range(1), seed=0, stage="identity", batch_size=spec["rows"], start=0, stop=spec["batches"], loader=loader
     )
-    try:
-        for _ in range(spec["batches"]):
-            (_, batch, _), waited = prefetcher.next()
-            yield batch, waited
-    finally:
-        prefetcher.close()
+
+    def batches():
+        try:
+            for _ in range(spec["batches"]):
+                (_, batch, _), waited = prefetcher.next()
+                yield batch, waited
+        finally:
+            prefetcher.close()
+
+    return batches()
 
 
 def _stack(samples: list[dict]) -> dict:
@@ -104,14 +109,19 @@ def _webdataset_batches(spec: dict):
     dataset = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_decode_wds)
     dataset = dataset.batched(spec["rows"], collation_fn=_stack).repeat()  # epochs until enough batches
     loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=spec["workers"], prefetch_factor=2)
-    iterator = iter(loader)
-    try:
-        for _ in range(spec["batches"]):
-            started = time.perf_counter()
-            batch = next(iterator)
-            yield batch, time.perf_counter() - started
-    finally:
-        del iterator  # its workers shut down
+    iterator = iter(loader)  # its workers start
+
+    def batches():
+        nonlocal iterator
+        try:
+            for _ in range(spec["batches"]):
+                started = time.perf_counter()
+                batch = next(iterator)
+                yield batch, time.perf_counter() - started
+        finally:
+            del iterator  # its workers shut down
+
+    return batches()
 
 
 def _litdata_batches(spec: dict):
@@ -124,15 +134,22 @@ def _litdata_batches(spec: dict):
 
     dataset = Decoding(input_dir=str(Path(spec["dir"]) / "litdata"))
     loader = StreamingDataLoader(dataset, batch_size=spec["rows"], num_workers=spec["workers"], collate_fn=_stack)
-    served = 0
-    while served < spec["batches"]:
-        started = time.perf_counter()
-        for batch in loader:  # epochs until enough batches
-            yield batch, time.perf_counter() - started
-            served += 1
-            if served == spec["batches"]:
-                return
+    epoch = iter(loader)  # its workers start
+
+    def batches():
+        nonlocal epoch
+        served = 0
+        while True:
             started = time.perf_counter()
+            for batch in epoch:  # epochs until enough batches
+                yield batch, time.perf_counter() - started
+                served += 1
+                if served == spec["batches"]:
+                    return
+                started = time.perf_counter()
+            epoch = iter(loader)
+
+    return batches()
 
 
 def convert_litdata(spec: dict) -> dict:
@@ -151,14 +168,30 @@ _IMPORTS = {
 }
 
 
+def _model_setup() -> None:
+    """What a stage job does between creating its reader and its first step: build the model (that
+    of configs/h100.yaml, 0.9 B parameters, on this CPU)."""
+    from drape.config import load_config
+    from drape.training.model import build_model
+
+    build_model(load_config(Path(__file__).resolve().parents[1] / "configs" / "h100.yaml"))
+
+
 def stream(spec: dict) -> dict:
+    """Times from the reader's creation, or with `setup` from the first request after the model
+    build that follows the reader's creation (as `train_stage` orders them)."""
     import importlib
 
     for module in _IMPORTS[spec["reader"]]:  # a trainer has imported its reader before it creates one
         importlib.import_module(module)
-    batches = {"drape": _drape_batches, "webdataset": _webdataset_batches, "litdata": _litdata_batches}[spec["reader"]](spec)
     step_seconds = spec.get("step_seconds", 0.0)
     created = time.perf_counter()
+    batches = {"drape": _drape_batches, "webdataset": _webdataset_batches, "litdata": _litdata_batches}[spec["reader"]](spec)
+    setup_seconds = 0.0
+    if spec.get("setup"):
+        _model_setup()
+        setup_seconds = time.perf_counter() - created
+        created = time.perf_counter()
     done_at, waits, samples = [], [], 0
     for batch, wait in batches:
         samples += len(batch["target"])
@@ -172,6 +205,8 @@ def stream(spec: dict) -> dict:
         "done_at": done_at,
         "data_wait_fraction": sum(waits[10:]) / steady_seconds,
         "first_wait_seconds": waits[0],
+        "first_ten_wait_seconds": sum(waits[:10]),
+        "setup_seconds": setup_seconds,
         **_peaks(),
     }
 

@@ -24,6 +24,7 @@ worker left.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import queue
@@ -198,6 +199,7 @@ class WorkerPool:
         self.sent = steps.start
         # one result pipe per worker: a worker killed mid-send breaks only its own pipe (EOF, not a hang)
         self.results: dict[Connection, BaseProcess] = {}
+        gc.freeze()  # the children's collections leave the parent's objects (and their pages) alone
         for i in range(workers):
             receiver, sender = context.Pipe(duplex=False)
             process = context.Process(
@@ -206,6 +208,7 @@ class WorkerPool:
             process.start()
             sender.close()  # the worker holds the only write end: its death is EOF here
             self.results[receiver] = process
+        gc.unfreeze()
         self.processes = list(self.results.values())
         self._send_ahead(steps.start)
 
