@@ -23,6 +23,10 @@ The object store::
 
 An artifact's kind follows from where it lives (`artifact_kind`), the same rule for archiving,
 the storage report and baselines.
+
+Names, keys and relative paths read from an object store, a manifest, the queue or a config are
+untrusted: `safe_name`, `safe_key` and `contained` are the one check they pass before anything
+is joined to a root (no absolute path, no ``..``, nothing that resolves outside the root).
 """
 
 from __future__ import annotations
@@ -47,6 +51,52 @@ MANUAL_RUN = "manual"
 # what a stage directory holds besides its checkpoints, relative to it, in archive order
 GATE_FILES = ("gate/outputs", "gate/latents.safetensors", "gate/report.json", "gate/grid.png")
 SUPERSEDED_BASELINE = "superseded-baseline"
+
+
+class UnsafePathError(ValueError):
+    """A name, key or relative path that would leave its root; the message names it and where it came from."""
+
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+=-]{0,199}$")
+
+
+def safe_name(value: object, what: str) -> str:
+    """`value` as one path segment (a run id, a stage, a dataset name or version): letters,
+    digits and ``._@+=-``, not starting with a dot; UnsafePathError otherwise."""
+    if not isinstance(value, str) or not _SEGMENT.match(value):
+        raise UnsafePathError(
+            f"{what} {value!r} is not a safe name: expected 1-200 letters, digits or ._@+=- not starting with a dot"
+        )
+    return value
+
+
+def safe_key(key: object, what: str, *, allow_empty: bool = False) -> str:
+    """`key` as a relative '/'-separated key: no leading '/', no '.', '..' or empty segment, no
+    backslash or control character; UnsafePathError naming it otherwise."""
+    if not isinstance(key, str):
+        raise UnsafePathError(f"{what} {key!r}: expected a string key")
+    if key == "" and allow_empty:
+        return key
+    reason = None
+    if key.startswith("/"):
+        reason = "it is absolute"
+    elif any(ch == "\\" or ord(ch) < 32 or ord(ch) == 127 for ch in key):
+        reason = "it holds a backslash or a control character"
+    elif any(part in ("", ".", "..") for part in key.rstrip("/").split("/")):
+        reason = "it holds an empty, '.' or '..' segment"
+    if reason:
+        raise UnsafePathError(f"{what} {key!r} is refused: {reason}; expected a relative key inside its root")
+    return key
+
+
+def contained(root: str | Path, relative: object, what: str) -> Path:
+    """``root/relative`` after `safe_key`, resolved (symlinks too) and checked to stay inside `root`."""
+    key = safe_key(relative, what)
+    base = Path(root).resolve()
+    path = (base / key).resolve()
+    if not path.is_relative_to(base):
+        raise UnsafePathError(f"{what} {key!r} resolves to {path}, outside {base}")
+    return base / key
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -136,7 +186,7 @@ def default_artifact_root(root: str | Path) -> str:
 
 
 def shard_cache_dataset_dir(cache_root: str | Path, name: str, version: str) -> Path:
-    return Path(cache_root) / name / version
+    return Path(cache_root) / safe_name(name, "dataset name") / safe_name(version, "dataset version")
 
 
 @dataclass(frozen=True)
@@ -219,7 +269,7 @@ class LiveLayout:
     root: Path
 
     def run_dir(self, run_id: str) -> Path:
-        return self.root / "runs" / run_id
+        return self.root / "runs" / safe_name(run_id, "run id")
 
     def stage(self, run_id: str, stage: str) -> StagePaths:
         return StagePaths(self.run_dir(run_id) / stage)
@@ -228,17 +278,17 @@ class LiveLayout:
         return BaselinePaths(self.root / "baselines" / stage)
 
     def restored(self, run_id: str, stage: str) -> Path:
-        return self.root / "restored" / run_id / stage
+        return self.root / "restored" / safe_name(run_id, "run id") / safe_name(stage, "stage")
 
 
 # --- object keys ---------------------------------------------------------------------------------------
 def dataset_prefix(name: str, version: str) -> str:
-    return f"datasets/{name}/{version}"
+    return f"datasets/{safe_name(name, 'dataset name')}/{safe_name(version, 'dataset version')}"
 
 
 def run_key(run_id: str, stage: str | None = None, relative: str = "") -> str:
     """``runs/<run>[/<stage>][/<relative>]``: where a live stage file is archived."""
-    parts = [RUNS_PREFIX + run_id, stage, relative.strip("/") or None]
+    parts = [RUNS_PREFIX + safe_name(run_id, "run id"), stage and safe_name(stage, "stage"), relative.strip("/") or None]
     return "/".join(part for part in parts if part)
 
 

@@ -37,6 +37,26 @@ class CycleReport:
     note: str = ""
 
 
+def unplaceable(gpus: int, mem_gib: float, fleet: list) -> str | None:
+    """Why no node of `fleet` can ever hold a job of `gpus` × `mem_gib` (even empty), or None."""
+    fits: dict[str, int] = {}
+    for gpu in fleet:
+        if gpu.total_gib >= mem_gib:
+            fits[gpu.node] = fits.get(gpu.node, 0) + 1
+    if max(fits.values(), default=0) >= gpus:
+        return None
+    largest = max(fleet, key=lambda g: g.total_gib)
+    per_node: dict[str, int] = {}
+    for gpu in fleet:
+        per_node[gpu.node] = per_node.get(gpu.node, 0) + 1
+    return (
+        f"no node of the fleet can hold it: it needs {gpus} GPU(s) with {mem_gib:.1f} GiB each on one node; "
+        f"the largest GPU has {largest.total_gib:.1f} GiB, the largest node {max(per_node.values())} GPU(s), and "
+        f"{max(fits.values(), default=0)} GPU(s) on one node are large enough. Lower the job's memory "
+        "(batch size, gpus) or add such nodes"
+    )
+
+
 def policy_config(config) -> PolicyConfig:
     queue = config.queue
     return PolicyConfig(aging_per_hour=queue.aging_per_hour, max_jobs_per_gpu=queue.max_jobs_per_gpu)
@@ -99,9 +119,24 @@ class Dispatcher:
             metrics.QUEUE_PLACEMENTS.labels(kind=job["kind"], model=by_uuid[placement.gpus[0]].model).inc()
         self.store.set_handles(handles)
         started_ids = {p.job_id for p in granted}
+        self._fail_unplaceable([job for job in pending if job.id not in started_ids], view, now)
         report.seconds = time.perf_counter() - started_at
         self._export(view, report, now, [now - job.submit_s for job in pending if job.id not in started_ids])
         return report
+
+    def _fail_unplaceable(self, waiting: list, view: FleetView, now: float) -> None:
+        """Fail the waiting jobs no node of the fleet can ever hold (when the fleet is known), and
+        those waiting longer than `queue.placement_timeout_seconds`, each with what to do."""
+        timeout = self.config.queue.placement_timeout_seconds
+        for job in waiting:
+            reason = unplaceable(job.gpus, job.mem_gib, view.gpus) if view.gpus and view.source != "ledger" else None
+            if reason is None and now - job.submit_s > timeout:
+                reason = (
+                    f"no placement within queue.placement_timeout_seconds ({timeout:g} s): it needs {job.gpus} GPU(s) "
+                    f"with {job.mem_gib:.1f} GiB free each; free capacity, or raise the timeout"
+                )
+            if reason and self.store.fail_queued(job.id, reason, now):
+                print(f"queue: {job.id} failed: {reason}")
 
     def _take_over(self, now: float) -> tuple[list[str], list[str]]:
         """Jobs of expired leases: adopted when this dispatcher's launcher sees them, else requeued."""
@@ -203,6 +238,9 @@ def submit_and_wait(
     Raises QueueError naming the job when it fails, is cancelled or exceeds `timeout_s`.
     """
     store = JobStore(config.queue_url)
+    view = fleet_view(config, store)
+    if view.gpus and view.source != "ledger" and (reason := unplaceable(spec.gpus, spec.mem_gib, view.gpus)):
+        raise QueueError(f"job {spec.kind} ({spec.stage or 'no stage'}) refused: {reason}")
     job_id = store.submit(spec)
     print(f"queue: submitted {job_id} ({spec.kind}, {spec.gpus}×{spec.mem_gib:.1f} GiB)")
     return wait_for(config, store, job_id, on_line=on_line, timeout_s=timeout_s)

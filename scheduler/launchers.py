@@ -25,10 +25,12 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from uuid import UUID
 
+from drape.secrets import SECRET_VARIABLES
 from scheduler.policy import GpuState
 
 
@@ -92,12 +94,29 @@ def _exit_message(code: int) -> str:
     return f"exit code {code}"
 
 
+_PLAIN_VARIABLES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH"}
+_PLAIN_PREFIXES = ("LC_", "PYTHON", "DRAPE_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "PREFECT_SERVER_ANALYTICS")
+
+
+def job_environment(passed: Iterable[str] = ()) -> dict[str, str]:
+    """A local job's environment: the plain variables of this one (see `_PLAIN_*`), none of the
+    secret ones (`drape.secrets.SECRET_VARIABLES`), plus the variables named in `passed`
+    (`queue.job_environment`). Never the dispatcher's whole environment."""
+    names = set(passed)
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name in names or (name not in SECRET_VARIABLES and (name in _PLAIN_VARIABLES or name.startswith(_PLAIN_PREFIXES)))
+    }
+
+
 class LocalLauncher:
     """Jobs as process groups on this machine; `handle` is ``pid:<pid>:<start ticks>:<host>``, so a
     restarted dispatcher on this host can tell the job's process from any other and adopt it."""
 
-    def __init__(self, log_dir: str | Path):
+    def __init__(self, log_dir: str | Path, passed: Iterable[str] = ()):
         self.log_dir = Path(log_dir)
+        self.passed = tuple(passed)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
         self.host = socket.gethostname()
@@ -113,7 +132,7 @@ class LocalLauncher:
 
     def launch(self, job: dict, gpus: list[GpuState]) -> str:
         env = {
-            **os.environ,
+            **job_environment(self.passed),
             **json.loads(job["env"] or "{}"),
             "CUDA_VISIBLE_DEVICES": device_indices(gpus),
             "DRAPE_JOB_ID": job["id"],
@@ -237,4 +256,4 @@ def build_launcher(config, log_dir: str | Path):
         return KubernetesLauncher(config.queue.kubernetes)
     if kind == "prefect":
         return PrefectLauncher()
-    return LocalLauncher(log_dir)
+    return LocalLauncher(log_dir, config.queue.job_environment)

@@ -130,7 +130,9 @@ def open_engine(url: str) -> Engine:
                 raise QueueError(f"queue.url {url}: cannot create the folder for the database ({error})") from None
     shown = make_url(url).render_as_string(hide_password=True)
     try:
-        engine = create_engine(url, connect_args={"timeout": 60} if is_sqlite else {}, pool_pre_ping=True)
+        # a bound on every connect: SQLite's lock wait, PostgreSQL's connect (libpq waits forever by default)
+        bound = {"timeout": 60} if is_sqlite else {"connect_timeout": 10} if url.startswith("postgresql") else {}
+        engine = create_engine(url, connect_args=bound, pool_pre_ping=True)
     except ModuleNotFoundError as error:
         raise QueueError(
             f"queue.url {shown}: its database driver {error.name!r} is not installed; for PostgreSQL: "

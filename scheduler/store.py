@@ -14,6 +14,7 @@ still see it, or returned to the queue, each a compare-and-set (`scheduler/lease
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -81,8 +82,10 @@ class JobStore(LeaseMixin):
     def submit(self, spec: JobSpec, now: float | None = None) -> str:
         if spec.kind not in KINDS:
             raise QueueError(f"job kind {spec.kind!r} unknown; expected one of {KINDS}")
-        if spec.gpus < 1 or spec.mem_gib <= 0:
-            raise QueueError(f"job needs gpus >= 1 and mem_gib > 0, got {spec.gpus} and {spec.mem_gib}")
+        if spec.gpus < 1 or not math.isfinite(spec.mem_gib) or spec.mem_gib <= 0:
+            raise QueueError(f"job needs gpus >= 1 and a finite mem_gib > 0, got {spec.gpus} and {spec.mem_gib}")
+        if not math.isfinite(spec.duration_s) or spec.duration_s < 0:
+            raise QueueError(f"job duration_s must be a finite number >= 0, got {spec.duration_s}")
         job_id = spec.id or f"{spec.kind}-{uuid.uuid4().hex[:10]}"
         with self.engine.begin() as connection:
             connection.execute(
@@ -333,6 +336,17 @@ class JobStore(LeaseMixin):
                     )
                 )
         return state
+
+    def fail_queued(self, job_id: str, message: str, now: float | None = None) -> bool:
+        """End a still-queued job as failed with `message` (one no GPU can hold); False if it moved on."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as connection:
+            done = connection.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id, jobs_table.c.state == "queued")
+                .values(state="failed", finish_s=now, exit_code=None, message=message[-2000:])
+            )
+        return bool(done.rowcount)
 
     def cancel(self, job_id: str, now: float | None = None) -> dict:
         """Cancel a queued job, or mark a running one for its dispatcher to stop; returns the job."""

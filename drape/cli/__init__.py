@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import sys
 
-import typer
-
 from drape.cli import data, gate, pipeline, queue, storage
+from drape.cli.common import Typer
 
-app = typer.Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
+app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
 for command in (pipeline.demo, pipeline.run, pipeline.serve, pipeline.train):
     app.command()(command)
 app.add_typer(data.app, name="data")

@@ -3,17 +3,22 @@ progress bars, and leaving with a red message and an exit code."""
 
 from __future__ import annotations
 
+import functools
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
 
+import click
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from typer.exceptions import TyperException
 
 from drape import parse_stage
 from drape.config import ConfigError, PipelineConfig, default_config_path, load_config
+from drape.secrets import redact
 
 console = Console() if sys.stdout.isatty() else Console(width=160)
 
@@ -30,9 +35,35 @@ def load(config: Path | None) -> PipelineConfig:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    """Print `message` in red and exit with `code` (2: usage or input error, 1: the work failed)."""
-    console.print(f"[red]{escape(message)}[/red]")  # messages quote fields like `stages.x.[key]`: not markup
+    """Print `message` (redacted) in red and exit with `code` (2: usage or input error, 1: the work failed)."""
+    console.print(f"[red]{escape(redact(message))}[/red]")  # messages quote fields like `stages.x.[key]`: not markup
     raise typer.Exit(code)
+
+
+def _friendly(function):
+    """`function` with every error it lets out turned into one red, redacted line and exit 1 (no
+    traceback quoting URLs or keys); ``DRAPE_DEBUG=1`` lets the traceback through."""
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        try:
+            return function(*args, **kwargs)
+        except (typer.Exit, typer.Abort, TyperException, click.exceptions.ClickException, KeyboardInterrupt):
+            raise  # usage errors and exits keep their codes
+        except Exception as error:  # noqa: BLE001 - the command's last word: a message, never a traceback
+            if os.environ.get("DRAPE_DEBUG"):
+                raise
+            fail(redact(f"{type(error).__name__}: {error}"), 1)
+
+    return wrapper
+
+
+class Typer(typer.Typer):
+    """typer.Typer whose commands end with a message, not a traceback (`_friendly`)."""
+
+    def command(self, *args, **kwargs):
+        register = super().command(*args, **kwargs)
+        return lambda function: register(_friendly(function))
 
 
 def _stage(value: str | None) -> str | None:

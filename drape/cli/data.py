@@ -7,11 +7,11 @@ from pathlib import Path
 import typer
 
 from drape import STAGES, format_bytes
-from drape.cli.common import ConfigOption, console, fail, load, progress_bar
+from drape.cli.common import ConfigOption, Typer, console, fail, load, progress_bar
 from drape.cli.render import table_of
 from drape.layout import DATASET_MANIFEST, dataset_prefix
 
-app = typer.Typer(help="Datasets: synthesize, shard, pre-stage.", no_args_is_help=True)
+app = Typer(help="Datasets: synthesize, shard, pre-stage.", no_args_is_help=True)
 
 
 @app.command("synth")

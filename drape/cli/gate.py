@@ -6,9 +6,9 @@ from pathlib import Path
 
 import typer
 
-from drape.cli.common import ConfigOption, console, fail, load, stage_option
+from drape.cli.common import ConfigOption, Typer, console, fail, load, stage_option
 
-app = typer.Typer(help="Validation gates, on outputs from anywhere.", no_args_is_help=True)
+app = Typer(help="Validation gates, on outputs from anywhere.", no_args_is_help=True)
 
 
 @app.command("check")

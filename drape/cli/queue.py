@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 
 from drape import JOB_KINDS, STAGES, JobKind
-from drape.cli.common import ConfigOption, console, fail, load
+from drape.cli.common import ConfigOption, Typer, console, fail, load
 from drape.cli.render import table_of
 
-app = typer.Typer(help="The GPU queue: submit, list, cancel, dispatch, profile, simulate.", no_args_is_help=True)
+app = Typer(help="The GPU queue: submit, list, cancel, dispatch, profile, simulate.", no_args_is_help=True)
 
 
 @app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

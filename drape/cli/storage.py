@@ -7,10 +7,10 @@ from pathlib import Path
 import typer
 
 from drape import format_bytes
-from drape.cli.common import ConfigOption, console, fail, load, stage_argument
+from drape.cli.common import ConfigOption, Typer, console, fail, load, stage_argument
 from drape.cli.render import lifecycle_table, print_storage_report
 
-app = typer.Typer(help="The object store: lifecycle rules, report, restore.", no_args_is_help=True)
+app = Typer(help="The object store: lifecycle rules, report, restore.", no_args_is_help=True)
 
 
 @app.command("apply-lifecycle")
@@ -41,13 +41,17 @@ def storage_report_command(config: Path | None = ConfigOption) -> None:
 
 @app.command("sweep")
 def storage_sweep(
-    config: Path | None = ConfigOption, dry_run: bool = typer.Option(False, help="say what would change, change nothing")
+    config: Path | None = ConfigOption,
+    dry_run: bool = typer.Option(False, help="say what would change, change nothing"),
+    allow_unregistered: bool = typer.Option(
+        False, help="supersede archived baselines of stages the registry has no baseline for (else: an error)"
+    ),
 ) -> None:
     """Retag superseded baselines and delete expired objects where lifecycle rules cannot (file://)."""
     from drape import pipeline
 
     cfg = load(config)
-    result = pipeline.sweep(cfg, dry_run=dry_run)
+    result = pipeline.sweep(cfg, dry_run=dry_run, allow_unregistered=allow_unregistered)
     verb = "would retag" if dry_run else "retagged"
     console.print(
         f"{verb} {len(result['retagged'])} superseded baseline object(s); "

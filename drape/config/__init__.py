@@ -29,6 +29,7 @@ from drape.config.storage import (
     StorageConfig,
 )
 from drape.config.training import DiffusionConfig, EmaConfig, ModelConfig, StageTrainConfig, TrainConfig
+from drape.secrets import check_no_credentials, redact
 
 __all__ = [
     "BASELINE_LIVE_KINDS",
@@ -91,6 +92,23 @@ class PipelineConfig(StrictModel):
     queue: QueueConfig = QueueConfig()
 
     @model_validator(mode="after")
+    def _no_credentials_in_urls(self) -> PipelineConfig:
+        aws = "S3 reads them from the AWS chain (environment, profile, role)"
+        libpq = "PostgreSQL reads the password from PGPASSWORD or ~/.pgpass (a Kubernetes Secret in the manifests)"
+        proxy = "put authentication in front of it (a proxy) or give the job the standard variables"
+        for name, url, instead in (
+            ("storage.object_store_url", self.storage.object_store_url, aws),
+            ("storage.endpoint_url", self.storage.endpoint_url, aws),
+            ("queue.url", self.queue.url, libpq),
+            ("queue.prometheus_url", self.queue.prometheus_url, proxy),
+            ("tracking.uri", self.tracking.uri, f"MLflow reads MLFLOW_TRACKING_USERNAME/PASSWORD; {libpq}"),
+            ("tracking.artifact_root", self.tracking.artifact_root, aws),
+            ("metrics.pushgateway_url", self.metrics.pushgateway_url, proxy),
+        ):
+            check_no_credentials(name, url, instead)
+        return self
+
+    @model_validator(mode="after")
     def _patch_divides_resolution(self) -> PipelineConfig:
         for field, patch in (("patch_size", self.model.patch_size), ("garment_patch_size", self.model.garment_patch_size)):
             if self.data.resolution % patch:
@@ -124,7 +142,8 @@ def _format_errors(source: str, error: ValidationError) -> str:
     for item in error.errors():
         field = ".".join(str(part) for part in item["loc"]) or "<top level>"
         shown = item["type"] == "missing" or isinstance(item["input"], dict) or f"got {item['input']!r}" in item["msg"]
-        lines.append(f"{source}: {field}: {item['msg']}" + ("" if shown else f" (got {item['input']!r})"))
+        got = "" if shown or item["type"] == "value_error" and "credentials" in item["msg"] else f" (got {item['input']!r})"
+        lines.append(redact(f"{source}: {field}: {item['msg']}{got}"))
     return "\n".join(lines)
 
 

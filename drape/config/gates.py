@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
 from drape.config.base import StageName, StrictModel
 
-Threshold = float | dict[StageName, float] | None  # one value for every stage, or one per stage
+# a check's score lies in [0, 1] where 1 is perfect: a threshold outside (0, 1] passes anything
+# (or nothing) and is refused; one value for every stage, or one per stage
+Bounded = Annotated[float, Field(gt=0, le=1)]
+Threshold = Bounded | dict[StageName, Bounded] | None
 
 
 def _threshold_for(threshold: Threshold, stage: str) -> float | None:
@@ -19,7 +22,7 @@ class IdentityGateConfig(StrictModel):
     embedder: Literal["pixel", "onnx"] = "pixel"
     onnx_model_path: str | None = None
     min_similarity: Threshold = None
-    max_drop: float | None = Field(default=0.05, ge=0, description="change threshold vs the stage baseline's mean")
+    max_drop: float | None = Field(default=0.05, ge=0, le=0.5, description="change threshold vs the stage baseline's mean")
 
     @model_validator(mode="after")
     def _onnx_needs_path(self) -> IdentityGateConfig:
@@ -37,7 +40,7 @@ class TextureGateConfig(StrictModel):
     sharpness_floor: float = Field(
         default=0.2, ge=0, le=1, description=("share of the mark's gradient energy below which the score scales down (0: off)")
     )
-    max_drop: float | None = Field(default=0.05, ge=0, description="change threshold vs the stage baseline's mean")
+    max_drop: float | None = Field(default=0.05, ge=0, le=0.5, description="change threshold vs the stage baseline's mean")
 
 
 class CoherenceGateConfig(StrictModel):

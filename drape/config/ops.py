@@ -34,10 +34,18 @@ class AlertsConfig(StrictModel):
         return self
 
 
+def _pinned(image: str) -> str:
+    name = image.rsplit("/", 1)[-1]
+    if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
+        raise ValueError(f"queue.kubernetes.image {image!r} must be pinned (a version tag or @sha256 digest, never latest)")
+    return image
+
+
 class KubernetesLauncherConfig(StrictModel):
     namespace: str = "drape"
-    image: str = "ghcr.io/drape-ai/drape:latest"
+    image: str = Field(default="ghcr.io/drape-ai/drape:0.1.0", description="pinned: a tag other than latest, or a digest")
     service_account: str | None = "drape-job"
+    run_as_user: int = Field(default=10001, gt=0, description="the non-root user (and group) job pods run as")
     product_label: str = Field(default="nvidia.com/gpu.product", description="node label that names the GPU product")
     products: dict[str, str] = Field(
         default_factory=lambda: {
@@ -57,6 +65,28 @@ class KubernetesLauncherConfig(StrictModel):
     )
     request_timeout_seconds: float = Field(default=30.0, gt=0, description="the longest wait for one Kubernetes API call")
     training_operator: bool = Field(default=False, description="multi-node jobs as Kubeflow PyTorchJobs instead of indexed Jobs")
+
+    @model_validator(mode="after")
+    def _image_pinned(self) -> KubernetesLauncherConfig:
+        _pinned(self.image)
+        return self
+
+
+JOB_CREDENTIAL_VARIABLES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_CA_BUNDLE",
+    "AWS_ENDPOINT_URL",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_TOKEN",
+)
 
 
 class QueueConfig(StrictModel):
@@ -83,6 +113,15 @@ class QueueConfig(StrictModel):
     poll_seconds: float = Field(default=1.0, gt=0)
     cpu_slot_gib: float = Field(default=16.0, gt=0, description="memory of the one slot a machine without GPUs offers")
     dispatch_in_process: bool = Field(default=True, description="the submitting task dispatches too (no separate dispatcher)")
+    job_environment: list[str] = Field(
+        default_factory=lambda: list(JOB_CREDENTIAL_VARIABLES),
+        description="variables of the dispatcher's environment a local job receives besides the plain ones "
+        "(PATH, HOME, locale, PYTHON*, DRAPE_*, CUDA/NCCL/TORCH/OMP settings): by default the object store's "
+        "and MLflow's credentials, which stage jobs need; never the queue database's password",
+    )
+    placement_timeout_seconds: float = Field(
+        default=24 * 3600.0, gt=0, description="a job no GPU of the fleet has held this long fails, with the reason"
+    )
     kubernetes: KubernetesLauncherConfig = KubernetesLauncherConfig()
 
 

@@ -32,16 +32,6 @@ class StorageConfig(StrictModel):
         description="USD per GB-month by storage class ('live': the nodes' disks), for the storage report",
     )
 
-    @model_validator(mode="after")
-    def _no_credentials_in_urls(self) -> StorageConfig:
-        for name in ("object_store_url", "endpoint_url"):
-            value = getattr(self, name) or ""
-            if "@" in value.split("/")[2 if "://" in value else 0]:
-                raise ValueError(
-                    f"{name} must not carry credentials; S3 reads them from the AWS chain (environment, profile, role)"
-                )
-        return self
-
 
 STORAGE_CLASSES = ("STANDARD", "STANDARD_IA", "ONEZONE_IA", "INTELLIGENT_TIERING", "GLACIER_IR", "GLACIER", "DEEP_ARCHIVE")
 

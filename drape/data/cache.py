@@ -34,8 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from drape import format_bytes
+from drape.data.dataset import check_dataset_manifest
 from drape.data.shards import ShardError, check_structure, read_shard
-from drape.layout import shard_cache_dataset_dir
+from drape.layout import contained, shard_cache_dataset_dir
 from drape.storage.checksum import sha256_file
 from drape.storage.store import ObjectStore, StorageError
 
@@ -86,7 +87,8 @@ class ShardCache:
         read_ahead: int = 2,
     ):
         self.root = Path(root)
-        self.store, self.prefix, self.manifest = store, prefix, manifest
+        self.store, self.prefix = store, prefix
+        self.manifest = check_dataset_manifest(manifest, f"the manifest of {prefix}")
         self.dataset_dir = shard_cache_dataset_dir(self.root, manifest["name"], manifest["version"])
         self.budget_bytes, self.concurrency, self.read_ahead = budget_bytes, concurrency, read_ahead
         self.read_wait_seconds = 0.0  # time a reader blocked on shards that were not local yet
@@ -116,7 +118,8 @@ class ShardCache:
         return sum(shard["bytes"] for shard in self.shards(split))
 
     def local_path(self, shard: dict) -> Path:
-        return self.dataset_dir / shard["path"]
+        """Where the shard lives in the cache; never outside its dataset directory (`contained`)."""
+        return contained(self.dataset_dir, shard["path"], f"shard path in the manifest of {self.prefix}")
 
     def split_paths(self, split: str) -> list[Path]:
         return [self.local_path(shard) for shard in self.shards(split)]

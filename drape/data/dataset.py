@@ -11,6 +11,7 @@ Layout in the object store::
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -215,10 +216,57 @@ def publish_dataset(local_dir: str | Path, store: ObjectStore, prefix: str) -> N
     store.put_file(local_dir / MANIFEST, f"{prefix}/{MANIFEST}")
 
 
+class ManifestError(ValueError):
+    """A dataset manifest that cannot be trusted: the message names it, the field and what was expected."""
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def check_dataset_manifest(manifest: object, where: str) -> dict:
+    """`manifest` (read from `where`) if it is a dataset manifest whose every name and shard path
+    stays inside the cache and store (`layout.safe_name`, `layout.safe_key`) and whose shard
+    records are well-formed; ManifestError naming the field otherwise."""
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
+    try:
+        layout.safe_name(manifest.get("name"), f"{where}: name")
+        layout.safe_name(manifest.get("version"), f"{where}: version")
+        splits = manifest.get("splits")
+        if not isinstance(splits, dict) or not splits:
+            raise ManifestError(f"{where}: splits: expected an object of split name → shard list")
+        for split, shards in splits.items():
+            layout.safe_name(split, f"{where}: split")
+            if not isinstance(shards, list):
+                raise ManifestError(f"{where}: splits.{split}: expected a list of shards")
+            for i, shard in enumerate(shards):
+                at = f"{where}: splits.{split}[{i}]"
+                if not isinstance(shard, dict):
+                    raise ManifestError(f"{at}: expected an object with path, bytes, sha256, samples")
+                layout.safe_key(shard.get("path"), f"{at}.path")
+                if not (_count(shard.get("bytes")) and _count(shard.get("samples"))):
+                    raise ManifestError(f"{at}: bytes and samples must be integers >= 0")
+                if not isinstance(shard.get("sha256"), str) or not _SHA256.match(shard["sha256"]):
+                    raise ManifestError(f"{at}.sha256: expected 64 lowercase hex digits")
+    except layout.UnsafePathError as error:
+        raise ManifestError(str(error)) from None
+    return manifest
+
+
 def read_manifest(store: ObjectStore, prefix: str) -> dict | None:
-    if not store.exists(f"{prefix}/{MANIFEST}"):
+    """The dataset manifest under `prefix`, checked (`check_dataset_manifest`); None when absent."""
+    key = f"{prefix}/{MANIFEST}"
+    if not store.exists(key):
         return None
-    return json.loads(store.read_bytes(f"{prefix}/{MANIFEST}"))
+    try:
+        manifest = json.loads(store.read_bytes(key))
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ManifestError(f"{store.key_url(key)}: not JSON ({error}); the dataset manifest is damaged") from None
+    return check_dataset_manifest(manifest, store.key_url(key))
 
 
 def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callable[[str, int], None] | None = None) -> dict:

@@ -191,6 +191,15 @@ def provenance_problems(
     return problems
 
 
+def flat_outputs(outputs: np.ndarray, keys: list[str], min_std: float = 1.0) -> list[str]:
+    """A problem for outputs that are one flat colour (a collapsed model: all black, all grey),
+    which no threshold may let through; empty when none is."""
+    flat = [key for key, image in zip(keys, outputs) if float(np.asarray(image, dtype=np.float32).std()) < min_std]
+    if not flat:
+        return []
+    return [f"{len(flat)} of {len(keys)} outputs are one flat colour (e.g. {flat[0]}): the model has collapsed"]
+
+
 def evaluate_gate(
     config: PipelineConfig,
     *,
@@ -223,7 +232,7 @@ def evaluate_gate(
         baseline_outputs=baseline_outputs,
         baseline=baseline,
     )
-    report.provenance = list(provenance or [])
+    report.provenance = list(provenance or []) + flat_outputs(outputs, control["keys"])
     (gate_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
     save_grid(gate_dir / "grid.png", control, outputs, report, config.gates.grid_samples, baseline_outputs)
     return report

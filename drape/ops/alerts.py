@@ -16,10 +16,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from drape.config import AlertsConfig
 from drape.gates.render import slack_lines
 from drape.gates.report import GateReport
+from drape.secrets import register_secret_variable
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,19 @@ class AlertError(RuntimeError):
 
 
 def webhook_from_env(config: AlertsConfig) -> str | None:
+    register_secret_variable(config.slack_webhook_env)  # its value is redacted from every message
     return os.environ.get(config.slack_webhook_env, "").strip() or None
+
+
+def _check_webhook(url: str) -> None:
+    """AlertError (never quoting the URL) unless `url` is an http(s) URL with a host."""
+    try:
+        parts = urlsplit(url)
+        valid = parts.scheme in ("https", "http") and bool(parts.hostname) and not any(ord(c) < 33 for c in url)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise AlertError("the Slack webhook is not an http(s) URL with a host (check the variable or Secret block that holds it)")
 
 
 def gate_message(report: GateReport, *, run_name: str, report_location: str, links: dict[str, str] | None = None) -> dict:
@@ -69,6 +83,7 @@ def post_to_slack(
     sleep: Callable[[float], None] = time.sleep,
 ) -> None:
     """POST `payload`; retry 429 and 5xx; raise AlertError (without the URL) when Slack never accepts it."""
+    _check_webhook(url)
     body = json.dumps(payload).encode()
     last = ""
     for attempt in range(attempts):
@@ -85,6 +100,8 @@ def post_to_slack(
                 delay = _retry_after(error, delay, max_wait_seconds)
         except (urllib.error.URLError, OSError) as error:
             last = type(getattr(error, "reason", error)).__name__
+        except ValueError:  # http.client.InvalidURL and the like quote the URL: never passed on
+            raise AlertError("the Slack webhook URL was refused as malformed by the HTTP client") from None
         if attempt + 1 < attempts:
             log.warning("Slack post failed (%s), retry %d/%d in %.1f s", last, attempt + 1, attempts - 1, delay)
             sleep(delay)

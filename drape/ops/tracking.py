@@ -12,11 +12,16 @@ from pathlib import Path
 
 from drape import STAGES
 from drape.config import PipelineConfig
+from drape.secrets import redact
 
 # plain text: the MLflow UI renders descriptions as Markdown, where "<stage>" would be read as an HTML tag
 REGISTERED_MODEL_DESCRIPTION = (
     "drape try-on model. Each stage's validated baseline is an alias: " + ", ".join(f"{stage}-baseline" for stage in STAGES) + "."
 )
+
+
+class RegistryError(RuntimeError):
+    """The model registry could not be read; never the same as "no baseline"."""
 
 
 def _quiet_mlflow() -> None:
@@ -87,17 +92,37 @@ class Tracker:
     def log_artifact(self, run_id: str, local_file: str | Path, artifact_path: str | None = None) -> None:
         self.client.log_artifact(run_id, str(local_file), artifact_path)
 
-    def register_baseline(self, run_id: str, source: str, stage: str, tags: dict[str, str]) -> str:
-        """New model version from `source` (an artifact URI of `run_id`), aliased ``<stage>-baseline``."""
+    def _absent(self, error, what: str) -> bool:
+        """True when `error` says `what` does not exist (a first run); any other registry error
+        (auth, 5xx, the database) is raised as a RegistryError: it must never read as "no baseline"."""
+        message = str(error)
+        if error.error_code == "RESOURCE_DOES_NOT_EXIST" or (
+            error.error_code == "INVALID_PARAMETER_VALUE" and "alias" in message and "not found" in message
+        ):
+            return True
+        raise RegistryError(
+            f"the MLflow registry at {redact(self.uri)} failed reading {what} ({error.error_code}: {redact(message)[:300]}); "
+            "not treating it as 'no baseline': fix tracking.uri or the server and retry"
+        ) from None
+
+    def register_baseline(self, run_id: str, source: str, stage: str, tags: dict[str, str], *, alias: bool = True) -> str:
+        """New model version from `source` (an artifact URI of `run_id`), aliased ``<stage>-baseline``
+        unless `alias` is False (then `set_baseline_alias` commits it)."""
         from mlflow.exceptions import MlflowException
 
         try:
             self.client.get_registered_model(self.model_name)
-        except MlflowException:
+        except MlflowException as error:
+            self._absent(error, f"registered model {self.model_name}")
             self.client.create_registered_model(self.model_name, description=REGISTERED_MODEL_DESCRIPTION)
         version = self.client.create_model_version(self.model_name, source=source, run_id=run_id, tags=tags)
-        self.client.set_registered_model_alias(self.model_name, f"{stage}-baseline", version.version)
+        if alias:
+            self.set_baseline_alias(stage, str(version.version))
         return str(version.version)
+
+    def set_baseline_alias(self, stage: str, version: str) -> None:
+        """Point ``<stage>-baseline`` at `version` (one atomic registry update)."""
+        self.client.set_registered_model_alias(self.model_name, f"{stage}-baseline", version)
 
     def get_baseline(self, stage: str):
         """The model version aliased ``<stage>-baseline``, or None on a first run."""
@@ -105,7 +130,8 @@ class Tracker:
 
         try:
             return self.client.get_model_version_by_alias(self.model_name, f"{stage}-baseline")
-        except MlflowException:
+        except MlflowException as error:
+            self._absent(error, f"alias {stage}-baseline")
             return None
 
     def aliases(self) -> dict[str, str]:
@@ -114,7 +140,8 @@ class Tracker:
 
         try:
             return {alias: str(version) for alias, version in self.client.get_registered_model(self.model_name).aliases.items()}
-        except MlflowException:
+        except MlflowException as error:
+            self._absent(error, f"registered model {self.model_name}")
             return {}
 
     def download(self, artifact_uri: str, destination: str | Path) -> Path:

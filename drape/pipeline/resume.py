@@ -26,6 +26,7 @@ from pathlib import Path
 
 from drape import STAGES
 from drape.layout import archive_manifest_prefix, run_key
+from drape.storage.durable import fsync_dir, fsync_tree
 from drape.storage.retention import read_archive_manifest
 from drape.storage.store import ObjectStore
 
@@ -131,5 +132,7 @@ def restore_newest_checkpoint(store: ObjectStore, run_id: str, stage: str, check
         if not target.is_relative_to(staging.resolve()):
             raise ResumeError(f"archive record key {record['key']!r} leads outside {destination}")
         store.get_file(record["key"], target, sha256=record["sha256"])
+    fsync_tree(staging)
     os.replace(staging, destination)  # whole, or not there: never a half checkpoint to resume from
+    fsync_dir(checkpoints_dir)
     return destination

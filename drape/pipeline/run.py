@@ -199,6 +199,6 @@ def summarize(config: PipelineConfig, context: RunContext, rows: list[dict]) -> 
         "released_at_run_end_bytes": released["freed_bytes"],
         "tracking_uri": config.tracking_uri,
         "object_store": object_store,
-        "gate_reports": f"{run_key(context.run_id, '<stage>', 'gate/report.json')} in the object store; "
+        "gate_reports": f"{run_key(context.run_id)}/<stage>/gate/report.json in the object store; "
         f"MLflow run {context.mlflow_run_id}",
     }

@@ -21,6 +21,7 @@ from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
 from drape.pipeline.resume import load_progress, restore_newest_checkpoint, save_progress
 from drape.pipeline.run import RunContext, close_run, evict_from, resources, timed
+from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention
 from drape.storage.store import remove_empty_dirs, remove_tree, tree_bytes
 from drape.training.checkpoint import export_weights, list_checkpoints
@@ -41,10 +42,18 @@ def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=N
 
 def start_checkpoint(context: RunContext, stage: str) -> str | None:
     """Where `stage` starts: a fine-tune from its own baseline, a full run from the previous stage's
-    baseline (None: fresh weights)."""
+    baseline (None: the first stage of a full run, fresh weights). A baseline that should be there
+    and is not is an error: the stage never silently starts from fresh weights."""
     source = stage if context.mode is Mode.FINETUNE else previous_stage(stage)
-    checkpoint = context.layout.baseline(source).checkpoint if source else None
-    return str(checkpoint) if checkpoint is not None and checkpoint.is_dir() else None
+    if source is None:
+        return None
+    checkpoint = context.layout.baseline(source).checkpoint
+    if not (checkpoint / "manifest.json").is_file():
+        raise FileNotFoundError(
+            f"stage {stage} starts from the {source} baseline, but {checkpoint} is missing or incomplete: "
+            f"restore it (`drape storage restore`), or run {source} first"
+        )
+    return str(checkpoint)
 
 
 def stage_job(config: PipelineConfig, context: RunContext, stage: str) -> StageJob:
@@ -264,17 +273,21 @@ def _snapshot(config: PipelineConfig, context: RunContext, stage: str, row: dict
             "drape.control_set": context.control_set,
             **{f"drape.gate.{name}": f"{check['mean']:.6f}" for name, check in row["checks"].items()},
         }
-        version = tracker.register_baseline(stage_run, source, stage, tags)
+        version = tracker.register_baseline(stage_run, source, stage, tags, alias=False)
     live = json.loads(baseline.record.read_text()) if baseline.record.is_file() else {}
     if live.get("version") != version or live.get("run_id") != context.run_id:  # the live baseline is not it yet
         if not baseline.staging.is_dir():
             _stage_baseline(config, paths, row["candidate"], baseline.staging)
-        (baseline.staging / "baseline.json").write_text(
-            json.dumps({"version": version, "run_id": context.run_id, "stage": stage, "control_set": context.control_set})
-        )
+        record = {"version": version, "run_id": context.run_id, "stage": stage, "control_set": context.control_set}
+        write_synced(baseline.staging / "baseline.json", json.dumps(record))
+        fsync_tree(baseline.staging)
         if baseline.root.exists():
             os.replace(baseline.root, paths.superseded_baseline)
         os.replace(baseline.staging, baseline.root)
+        fsync_dir(baseline.root.parent)
+    # the alias moves last: it is the commit (the registry is the truth; a crash before it leaves the
+    # old baseline current, and the live copy is redone on resume)
+    tracker.set_baseline_alias(stage, version)
     return {"stage": stage, "version": version, "alias": f"{stage}-baseline", "checkpoint": str(baseline.checkpoint)}
 
 

@@ -24,7 +24,9 @@ def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str] | None 
     return {**result.to_dict(), "directory": str(cache.dataset_dir / stage)}
 
 
-def sweep(config: PipelineConfig, *, dry_run: bool = False, now: datetime | None = None) -> dict:
+def sweep(
+    config: PipelineConfig, *, dry_run: bool = False, now: datetime | None = None, allow_unregistered: bool = False
+) -> dict:
     """The retention sweep (`drape.storage.sweep`) against the registry's current baselines."""
     tracker = Tracker(config)
     current: dict[str, str] = {}
@@ -32,7 +34,9 @@ def sweep(config: PipelineConfig, *, dry_run: bool = False, now: datetime | None
         version = tracker.get_baseline(stage)
         if version is not None:
             current[stage] = version.tags.get("drape.run_id", "")
-    result = run_sweep(open_store(config), config.retention, current, now=now, dry_run=dry_run)
+    result = run_sweep(
+        open_store(config), config.retention, current, now=now, dry_run=dry_run, allow_unregistered=allow_unregistered
+    )
     return {
         "dry_run": dry_run,
         "retagged": result.retagged,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from drape.layout import run_key
+from drape.layout import UnsafePathError, contained, run_key, safe_key
 from drape.storage.retention import read_archive_manifest
 from drape.storage.store import ObjectStore
 
@@ -15,4 +15,10 @@ def restore_stage(store: ObjectStore, run_id: str, stage: str, destination: str 
     if not records:
         raise FileNotFoundError(f"no archived artifacts for run {run_id!r} stage {stage!r} in {store!r}")
     prefix = run_key(run_id, stage) + "/"
-    return [store.get_file(r["key"], Path(destination) / r["key"].removeprefix(prefix), sha256=r["sha256"]) for r in records]
+    targets = []
+    for record in records:  # every record checked before anything is written
+        key = safe_key(record.get("key"), "archive record key")
+        if not key.startswith(prefix):
+            raise UnsafePathError(f"archive record key {key!r} is not under {prefix!r}, the stage it is recorded for")
+        targets.append((key, contained(destination, key.removeprefix(prefix), "archive record key"), record["sha256"]))
+    return [store.get_file(key, local, sha256=sha256) for key, local, sha256 in targets]

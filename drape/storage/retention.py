@@ -263,9 +263,14 @@ def read_archive_manifest(store: ObjectStore, prefix: str = ARCHIVE_MANIFESTS, *
     every manifest object under `prefix`; keys the sweep deleted are left out unless asked for."""
     records: dict[str, dict] = {}
     for key in store.list(prefix):
-        for line in store.read_bytes(key).decode().splitlines():
+        for number, line in enumerate(store.read_bytes(key).decode(errors="replace").splitlines(), 1):
             if line.strip():
-                record = json.loads(line)
+                try:
+                    record = json.loads(line)
+                except ValueError as error:
+                    raise StorageError(f"{store.key_url(key)} line {number}: not a JSON archive record ({error})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("key"), str):
+                    raise StorageError(f"{store.key_url(key)} line {number}: an archive record needs a string 'key'")
                 current = records.get(record["key"])
                 if current is None or _recorded(record) >= _recorded(current):
                     records[record["key"]] = record

@@ -19,7 +19,9 @@ from urllib.parse import urlencode, urlsplit
 
 import fsspec
 
+from drape.layout import safe_key
 from drape.storage.checksum import sha256_file
+from drape.storage.durable import fsync_dir, fsync_file
 
 SINGLE_COPY_LIMIT = 5 * 2**30  # S3 CopyObject's largest source; larger objects are copied in parts
 
@@ -78,6 +80,7 @@ class ObjectStore:
         self.fs, self.base = fsspec.core.url_to_fs(self.url, **options)
         self.base = self.base.rstrip("/")
         self.is_s3 = self.url.startswith("s3://")
+        self.is_local = "file" in self.fs.protocol
         self.chunk_bytes = multipart_chunk_bytes
         if not self.is_s3 and "file" in self.fs.protocol:
             os.makedirs(self.base, exist_ok=True)
@@ -86,10 +89,12 @@ class ObjectStore:
         return f"ObjectStore({redact_url(self.url)!r})"
 
     def path(self, key: str) -> str:
-        return f"{self.base}/{key.lstrip('/')}"
+        """The backend path of `key`, which must be a relative key inside the store (`safe_key`:
+        keys come from manifests and records, which are untrusted)."""
+        return f"{self.base}/{safe_key(key, f'object key in {self!r}', allow_empty=True)}"
 
     def key_url(self, key: str) -> str:
-        return f"{self.url}/{key.lstrip('/')}"
+        return f"{redact_url(self.url)}/{key}"
 
     def exists(self, key: str) -> bool:
         return self.fs.exists(self.path(key))
@@ -141,7 +146,11 @@ class ObjectStore:
         self.fs.put_file(str(local), self.path(temporary))
         try:
             self.verify(temporary, size=size, sha256=digest)
+            if self.is_local:
+                fsync_file(self.path(temporary))  # durable before the rename publishes it
             self.fs.mv(self.path(temporary), self.path(key))
+            if self.is_local:
+                fsync_dir(self.path(key).rsplit("/", 1)[0])
         finally:
             if self.fs.exists(self.path(temporary)):
                 self.fs.rm(self.path(temporary))
@@ -242,7 +251,9 @@ class ObjectStore:
         if sha256 is not None and (actual := sha256_file(temporary)) != sha256:
             temporary.unlink(missing_ok=True)
             raise StorageError(f"{self.key_url(key)}: downloaded sha256 {actual} does not match expected {sha256}")
+        fsync_file(temporary)
         os.replace(temporary, local)
+        fsync_dir(local.parent)
         return local
 
     def open_read(self, key: str, offset: int = 0, block_bytes: int = 8 << 20):

@@ -18,9 +18,9 @@ from datetime import UTC, datetime, timedelta
 
 from drape import Outcome
 from drape.config import RetentionConfig
-from drape.layout import SWEEP_MANIFESTS, new_manifest_key
+from drape.layout import SWEEP_MANIFESTS, new_manifest_key, safe_key
 from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest, resolve
-from drape.storage.store import ObjectStore
+from drape.storage.store import ObjectStore, StorageError
 
 
 @dataclass
@@ -38,11 +38,27 @@ def sweep(
     *,
     now: datetime | None = None,
     dry_run: bool = False,
+    allow_unregistered: bool = False,
 ) -> SweepResult:
-    """`current_baseline_runs` maps stage → run id of its current baseline (from the registry)."""
+    """`current_baseline_runs` maps stage → run id of its current baseline (from the registry).
+
+    A stage whose archived baselines have no baseline in the registry at all stops the sweep
+    before any change (a wrong `tracking.uri` shows an empty registry: superseding every baseline
+    would start their expiry), unless `allow_unregistered`."""
     now = now or datetime.now(UTC)
     result, updates = SweepResult(), []
-    for record in read_archive_manifest(store):
+    records = read_archive_manifest(store)
+    orphaned = sorted(
+        {r["stage"] for r in records if r.get("outcome") == Outcome.BASELINE and r.get("stage") not in current_baseline_runs}
+    )
+    if orphaned and not allow_unregistered:
+        raise StorageError(
+            f"the archive holds baselines of stage(s) {', '.join(orphaned)} that the registry has no baseline for: "
+            "is tracking.uri the registry that promoted them? Nothing was changed; to supersede them anyway, "
+            "sweep with --allow-unregistered"
+        )
+    for record in records:
+        safe_key(record.get("key"), "archive record key")  # one bad record stops the sweep before any change
         if record["outcome"] == Outcome.BASELINE and current_baseline_runs.get(record["stage"]) != record["run_id"]:
             grace = resolve(policy, record["kind"], Outcome.SUPERSEDED_BASELINE)[0] or policy.baseline_grace_days
             expires = (now + timedelta(days=grace)).isoformat()

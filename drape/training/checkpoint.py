@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 import drape
 from drape.layout import checkpoint_dirs
 from drape.storage.checksum import sha256_file
+from drape.storage.durable import fsync_dir, fsync_tree
 from drape.training.model import TryOnTransformer
 
 MANIFEST = "manifest.json"
@@ -80,8 +81,10 @@ def save_checkpoint(
     files = {str(p.relative_to(temporary)): sha256_file(p) for p in sorted(temporary.rglob("*")) if p.is_file()}
     full = {**manifest, "trainable": trainable_names, "code_version": code_version(), "files": files}
     (temporary / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True))
+    fsync_tree(temporary)  # durable before the rename publishes it (and older checkpoints may go)
     shutil.rmtree(path, ignore_errors=True)
     os.replace(temporary, path)
+    fsync_dir(path.parent)
     return path
 
 
@@ -101,8 +104,10 @@ def export_weights(source: str | Path, destination: str | Path) -> Path:
     files = {str(p.relative_to(temporary)): sha256_file(p) for p in sorted(temporary.rglob("*")) if p.is_file()}
     exported = {**manifest, "files": files, "exported_from": source.name, "optimizer_state": False}
     (temporary / MANIFEST).write_text(json.dumps(exported, indent=2, sort_keys=True))
+    fsync_tree(temporary)
     shutil.rmtree(destination, ignore_errors=True)
     os.replace(temporary, destination)
+    fsync_dir(destination.parent)
     return destination
 
 

@@ -11,15 +11,20 @@ sharded checkpoints with `torch.distributed.checkpoint` (DCP).
 - Intermediate checkpoints are DCP directories (`step-N.dcp/`), saved asynchronously where DCP
   can (`async_save`) so training does not stall on I/O; each rank writes its shards and rank 0
   writes `manifest.json` with the sha256 of every file last, which commits the checkpoint. A DCP
-  checkpoint saved by N ranks loads on M (DCP reshards). DCP's `.metadata` is a pickle: drape
-  loads a DCP checkpoint only after its files match the manifest it wrote itself. The checkpoint
-  a stage ends with (the one gated, promoted, archived) is always safetensors + manifest.
+  checkpoint saved by N ranks loads on M (DCP reshards). DCP's `.metadata` is a pickle and its
+  non-tensor items are `torch.load`ed with pickle allowed; drape reads neither that way: the
+  metadata goes through an unpickler that admits only the classes DCP metadata is made of
+  (`_MetadataUnpickler`), and the non-tensor items through ``torch.load(weights_only=True)``, so a
+  crafted checkpoint cannot run code, whatever its manifest says (the sha256 manifest proves
+  integrity, not origin). The checkpoint a stage ends with (the one gated, promoted, archived) is
+  always safetensors + manifest.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle  # noqa: S403 - only through _MetadataUnpickler's allowlist
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from drape.storage.checksum import sha256_file
+from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 
 
 @dataclass(frozen=True)
@@ -138,11 +144,11 @@ class ShardedCheckpointer:
         self.context.barrier()
         if self.context.is_main:
             files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != "manifest.json"}
-            temporary = path / ".manifest.json.tmp"
-            temporary.write_text(
-                json.dumps({**manifest, "format": "dcp", "world_size": self.context.world_size, "files": files}, indent=2)
-            )
-            os.replace(temporary, path / "manifest.json")
+            fsync_tree(path)  # the shards durable before the manifest commits them
+            record = {**manifest, "format": "dcp", "world_size": self.context.world_size, "files": files}
+            write_synced(path / ".manifest.json.tmp", json.dumps(record, indent=2))
+            os.replace(path / ".manifest.json.tmp", path / "manifest.json")
+            fsync_dir(path)
         self.context.barrier()
 
 
@@ -154,7 +160,13 @@ def verify_dcp(path: str | Path) -> dict:
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise CheckpointError(f"{path}: no manifest.json (an uncommitted or foreign DCP checkpoint)")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+        if not isinstance(files, dict):
+            raise TypeError("files is not an object")
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{manifest_path}: not a DCP checkpoint manifest ({error})") from None
     present = {p.name for p in path.iterdir() if p.is_file() and p.name != "manifest.json"}
     if present != set(manifest["files"]):
         raise CheckpointError(f"{path}: files {sorted(present ^ set(manifest['files']))} differ from its manifest")
@@ -164,6 +176,71 @@ def verify_dcp(path: str | Path) -> dict:
     return manifest
 
 
+_DCP_CLASSES = {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("torch.serialization", "_get_layout"),
+    ("torch", "Size"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "PurePosixPath"),
+    ("collections", "OrderedDict"),
+    ("builtins", "set"),
+    ("builtins", "frozenset"),
+    ("builtins", "slice"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """DCP metadata, and nothing else: a global outside what DCP writes is refused, never imported."""
+
+    def __init__(self, handle, path: Path):
+        super().__init__(handle)
+        self.path = path
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = (
+            module == "torch.distributed.checkpoint.metadata"
+            or (module, name) in _DCP_CLASSES
+            or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype))
+        )
+        if not allowed:
+            from drape.training.checkpoint import CheckpointError
+
+            raise CheckpointError(f"{self.path}: DCP metadata refers to {module}.{name}, which DCP never writes; not loading it")
+        return super().find_class(module, name)
+
+
+def _safe_dcp(path: Path):
+    """A DCP reader and planner that unpickle nothing but DCP metadata and plain values."""
+    import io
+
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+    from torch.distributed.checkpoint.planner import ReadItem
+
+    with open(path / ".metadata", "rb") as handle:  # read here: a refusal is our error, not one DCP wraps
+        checked = _MetadataUnpickler(handle, path).load()
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any):
+            metadata = checked
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+            loaded = torch.load(value, weights_only=True)  # plain values only: no pickle of objects
+            if self.flatten_state_dict:
+                from torch.distributed.checkpoint._traverse import set_element
+
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], loaded)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = loaded
+
+    return Reader(str(path)), Planner()
+
+
 def load_sharded(path: str | Path, model, optimizer, ema: dict | None) -> dict:
     """Load a verified DCP checkpoint into (possibly wrapped) model, optimizer and EMA on any world size."""
     import torch.distributed.checkpoint as dcp
@@ -171,7 +248,8 @@ def load_sharded(path: str | Path, model, optimizer, ema: dict | None) -> dict:
 
     manifest = verify_dcp(path)
     state = _state(model, optimizer, ema)
-    dcp.load(state, checkpoint_id=str(path))
+    reader, planner = _safe_dcp(Path(path))
+    dcp.load(state, storage_reader=reader, planner=planner)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     if ema is not None and "ema" in state:
         for name, tensor in state["ema"].items():

@@ -47,9 +47,11 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
         name="drape-flow-run",
         command="prefect flow-run execute",
         labels={"drape.ai/flow": "staged-training"},
-        env={"PREFECT_API_URL": "http://prefect-server:4200/api"},
         finished_job_ttl=86400,
     )
+    # a flow run cannot choose what runs, as whom, with which environment or which node paths
+    assert not {"image", "service_account_name", "env", "namespace", "live_root", "shard_cache_host_path"} & set(variables)
+    assert template["variables"]["additionalProperties"] is False
 
     def render(node):
         if isinstance(node, dict):
@@ -64,9 +66,12 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     manifest = render(template["job_configuration"]["job_manifest"])
     manifest["metadata"]["name"] = "drape-flow-run-abc"
     container = manifest["spec"]["template"]["spec"]["containers"][0]
-    container["env"] = [{"name": k, "value": v} for k, v in container["env"].items()]
+    container["env"] = [{"name": "PREFECT_API_URL", "value": "http://prefect-server:4200/api"}]  # as the worker sets it
     container["args"] = container["args"].split()
     kubernetes_validate.validate(manifest, "1.33", strict=True)
+    assert container["image"] == "ghcr.io/drape-ai/drape:0.1.0"
+    assert manifest["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert manifest["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
     assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache", "live-root"}

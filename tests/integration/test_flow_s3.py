@@ -4,6 +4,9 @@ then the storage commands operators use on that run."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import boto3
 import pytest
 import yaml
@@ -21,8 +24,14 @@ pytestmark = pytest.mark.slow
 runner = CliRunner()
 
 
+SENTINEL = "sentinel-SECRET-7d41e2"
+SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "PGPASSWORD", "MLFLOW_TRACKING_PASSWORD", "DRAPE_CHECKPOINT_KEY")
+
+
 @pytest.fixture(scope="module")
 def s3_run(prefect_harness, moto_server, tmp_path_factory):
+    """The run, with a sentinel secret in every secret variable drape's processes see (moto takes
+    any S3 secret key)."""
     from flows.staged_training import staged_training
 
     boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket="drape-flow")
@@ -34,7 +43,30 @@ def s3_run(prefect_harness, moto_server, tmp_path_factory):
     )
     path = root / "s3.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    return config, path, staged_training(config_path=str(path), run_name="s3")
+    saved = {name: os.environ.get(name) for name in SECRET_ENV}
+    os.environ.update(dict.fromkeys(SECRET_ENV, SENTINEL))
+    try:
+        return config, path, staged_training(config_path=str(path), run_name="s3")
+    finally:
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+
+
+def test_no_secret_reaches_a_report_param_artifact_or_archived_object(s3_run, moto_server):
+    """Every file the run left (live storage, MLflow's database and artifacts, the queue, logs) and
+    every object in the bucket (archive, manifests, datasets), read byte by byte."""
+    config, _, summary = s3_run
+    needle = SENTINEL.encode()
+    assert needle not in json.dumps(summary).encode()
+    files = [p for p in config.paths.root_path.rglob("*") if p.is_file()]
+    assert len(files) > 20
+    assert [str(p) for p in files if needle in p.read_bytes()] == []
+    s3 = boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1")
+    keys = [
+        o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket="drape-flow") for o in page.get("Contents", [])
+    ]
+    assert len(keys) > 20
+    assert [k for k in keys if needle in s3.get_object(Bucket="drape-flow", Key=k)["Body"].read()] == []
 
 
 def test_staged_training_on_s3(s3_run):

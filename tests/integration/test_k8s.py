@@ -94,6 +94,31 @@ def test_dispatcher_rbac_is_jobs_and_pods_only():
     assert ("", "pods", "create") not in granted
 
 
+@pytest.mark.parametrize("target", ["base", "overlays/production"])
+def test_workloads_run_non_root_without_privileges_behind_network_policies(target):
+    objects = render(K8S / target)
+    workloads = [o for o in objects if o["kind"] in ("Deployment", "StatefulSet")]
+    for workload in workloads:
+        pod = workload["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, workload["metadata"]["name"]
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for container in pod["containers"]:
+            assert container["securityContext"]["allowPrivilegeEscalation"] is False
+            assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert not container["image"].endswith(":latest") and ":" in container["image"]
+            assert "PASSWORD}" not in " ".join(container.get("command", []) + container.get("args", []))
+    namespace = next(o for o in objects if o["kind"] == "Namespace")
+    assert namespace["metadata"]["labels"]["pod-security.kubernetes.io/audit"] == "restricted"
+    policies = {o["metadata"]["name"]: o for o in objects if o["kind"] == "NetworkPolicy"}
+    assert policies["default-deny-ingress"]["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"]}
+    postgres = policies["postgres-from-drape"]["spec"]["ingress"][0]["from"]
+    assert postgres == [{"podSelector": {"matchLabels": {"app.kubernetes.io/part-of": "drape"}}}]
+    mlflow = next(o for o in workloads if o["metadata"]["name"] == "mlflow")
+    assert mlflow["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/part-of"] == "drape"
+    service = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == "mlflow")
+    assert service["spec"].get("type", "ClusterIP") == "ClusterIP"  # cluster-internal only
+
+
 def test_production_overlay_pins_the_image_and_scales_the_dispatcher():
     objects = render(K8S / "overlays/production")
     images = {c["image"] for o in objects for c in _walk(o, "containers") for c in c}

@@ -341,7 +341,7 @@ def test_a_prefect_retry_of_the_flow_run_resumes_the_run_it_started(prefect_harn
     the run ends with all four stages."""
     from flows.staged_training import staged_training
 
-    passing = {"identity": {"min_similarity": -1.0}, "texture": {"min_fidelity": -1.0}, "coherence": {"min_score": -1.0}}
+    passing = {"identity": {"min_similarity": 1e-6}, "texture": {"min_fidelity": 1e-6}, "coherence": {"min_score": 1e-6}}
     config = tiny_config(tmp_path / "drape", train={"stages": {stage: {"steps": 20} for stage in STAGES}}, gates=passing)
     path = tmp_path / "retried.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))

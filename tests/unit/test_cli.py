@@ -27,7 +27,7 @@ EXPECTED_COMMANDS = {
     "queue simulate": ["trace", "fleet", "policy"],
     "storage apply-lifecycle": ["config"],
     "storage report": ["config"],
-    "storage sweep": ["config", "dry_run"],
+    "storage sweep": ["allow_unregistered", "config", "dry_run"],
     "storage restore": ["run_id", "stage", "config", "out"],
 }
 EXPECTED_FLOW_PARAMETERS = {

@@ -51,7 +51,8 @@ def test_where_each_stage_starts(dag_config, one_stage):
     context, *_ = one_stage
     assert pipeline.start_checkpoint(context, "identity") is None  # a full run's first stage: fresh weights
     assert pipeline.start_checkpoint(context, "texture") == str(context.baseline_dir("identity") / "checkpoint")
-    assert pipeline.start_checkpoint(context, "geometry") is None  # texture has no baseline yet
+    with pytest.raises(FileNotFoundError, match="texture baseline"):  # never fresh weights in silence
+        pipeline.start_checkpoint(context, "geometry")
     finetune = replace(context, mode=Mode.FINETUNE)
     assert pipeline.start_checkpoint(finetune, "identity") == str(context.baseline_dir("identity") / "checkpoint")
     job = pipeline.stage_job(dag_config, finetune, "identity")
