@@ -53,7 +53,13 @@ def _friendly(function):
         except Exception as error:  # noqa: BLE001 - the command's last word: a message, never a traceback
             if os.environ.get("DRAPE_DEBUG"):
                 raise
-            fail(redact(f"{type(error).__name__}: {error}"), 1)
+            hint = ""
+            if type(error).__module__.startswith(("botocore", "urllib3", "aiobotocore")):
+                hint = (
+                    " (is storage.endpoint_url right and the endpoint up? each S3 call waits up to "
+                    "storage.connect_timeout_seconds + read_timeout_seconds per attempt, storage.retry_attempts attempts)"
+                )
+            fail(redact(f"{type(error).__name__}: {error}{hint}"), 1)
 
     return wrapper
 

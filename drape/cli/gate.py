@@ -31,8 +31,9 @@ def gate_check(
     cfg = load(config)
     try:
         arrays, control_set = load_control_dir(control)
-        produced = read_outputs(outputs, arrays["keys"])
-        reference = read_outputs(baseline_outputs, arrays["keys"]) if baseline_outputs else None
+        shape = arrays["target"].shape[1:3]
+        produced = read_outputs(outputs, arrays["keys"], shape)
+        reference = read_outputs(baseline_outputs, arrays["keys"], shape) if baseline_outputs else None
     except (FileNotFoundError, ShardError, ValueError) as error:
         fail(f"input error: {error}")
     baseline = {"version": str(baseline_outputs)} if baseline_outputs else None
@@ -86,8 +87,9 @@ def gate_calibrate(
         fail(f"--redraws must be at least 20, got {redraws}")
     try:
         arrays = load_control_dir(control)[0] if control else synthesize_split(cfg, "control", samples)
-        clean = read_outputs(outputs, arrays["keys"]) if outputs else None
-        reference = read_outputs(baseline_outputs, arrays["keys"]) if baseline_outputs else None
+        shape = arrays["target"].shape[1:3]
+        clean = read_outputs(outputs, arrays["keys"], shape) if outputs else None
+        reference = read_outputs(baseline_outputs, arrays["keys"], shape) if baseline_outputs else None
     except (FileNotFoundError, ShardError, ValueError) as error:
         fail(f"input error: {error}")
     thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, reference_outputs=reference, false_alarm=false_alarm)

@@ -19,7 +19,9 @@ class StorageConfig(StrictModel):
     multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")
     retry_attempts: int = Field(default=8, ge=1, description="S3 attempts per request (500, 503 SlowDown, resets, timeouts)")
     connect_timeout_seconds: float = Field(default=10.0, gt=0)
-    read_timeout_seconds: float = Field(default=60.0, gt=0)
+    read_timeout_seconds: float = Field(
+        default=20.0, gt=0, description="a silent endpoint fails after retry_attempts × (connect + read timeout)"
+    )
     prices_per_gb_month: dict[str, float] = Field(
         default_factory=lambda: {
             "live": 0.08,

@@ -44,14 +44,27 @@ def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: di
     return outputs
 
 
-def read_outputs(directory: str | Path, keys: list[str]) -> np.ndarray:
-    """Output PNGs named by control sample id; a missing one is an error naming it."""
+def read_outputs(directory: str | Path, keys: list[str], shape: tuple[int, int] | None = None) -> np.ndarray:
+    """Output PNGs named by control sample id, each `shape` (height, width) when given (else the
+    first one's); a missing, unreadable or differently sized one is an error naming it."""
     images = []
     for key in keys:
         path = Path(directory) / f"{key}.png"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: expected an output for control sample {key!r}")
-        images.append(np.asarray(Image.open(path).convert("RGB")))
+        try:
+            with Image.open(path) as image:
+                if image.format != "PNG":
+                    raise ValueError(f"{path}: a {image.format} image; expected a PNG")
+                array = np.asarray(image.convert("RGB"))
+        except (OSError, SyntaxError) as error:  # PIL: unidentified or truncated image
+            raise ValueError(f"{path}: not a readable PNG ({error})") from None
+        expected = shape or (images[0].shape[:2] if images else array.shape[:2])
+        if array.shape[:2] != tuple(expected):
+            raise ValueError(
+                f"{path}: {array.shape[1]}×{array.shape[0]} px; expected {expected[1]}×{expected[0]} like the control set"
+            )
+        images.append(array)
     return np.stack(images)
 
 
@@ -220,7 +233,8 @@ def evaluate_gate(
     gate_dir = Path(gate_dir)
     gate_dir.mkdir(parents=True, exist_ok=True)
     outputs = generate_outputs(config, checkpoint, control, gate_dir)
-    baseline_outputs = read_outputs(baseline_outputs_dir, control["keys"]) if baseline_outputs_dir else None
+    shape = control["target"].shape[1:3]
+    baseline_outputs = read_outputs(baseline_outputs_dir, control["keys"], shape) if baseline_outputs_dir else None
     report = judge(
         config,
         stage=stage,

@@ -20,6 +20,7 @@ from urllib.parse import urlencode, urlsplit
 import fsspec
 
 from drape.layout import safe_key
+from drape.secrets import has_credentials
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_file
 
@@ -64,8 +65,14 @@ class ObjectStore:
         multipart_chunk_bytes: int = 64 * 2**20,
         retry_attempts: int = 8,
         connect_timeout: float = 10.0,
-        read_timeout: float = 60.0,
+        read_timeout: float = 20.0,
     ):
+        for name, value in (("object store URL", url), ("endpoint_url", endpoint_url)):
+            if value and has_credentials(value):
+                raise StorageError(
+                    f"the {name} must not carry credentials (they would reach logs and records); "
+                    "S3 reads them from the AWS chain: environment, profile or role"
+                )
         self.url = url.rstrip("/")
         options = {}
         if self.url.startswith("s3://"):
@@ -80,6 +87,10 @@ class ObjectStore:
         self.fs, self.base = fsspec.core.url_to_fs(self.url, **options)
         self.base = self.base.rstrip("/")
         self.is_s3 = self.url.startswith("s3://")
+        if self.is_s3:
+            # botocore's retries are the only ones (s3fs would retry each of its calls 5 times on top):
+            # a silent endpoint fails after retry_attempts × (connect_timeout + read_timeout)
+            self.fs.retries = 1
         self.is_local = "file" in self.fs.protocol
         self.chunk_bytes = multipart_chunk_bytes
         if not self.is_s3 and "file" in self.fs.protocol:

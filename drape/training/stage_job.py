@@ -22,12 +22,13 @@ from pathlib import Path
 import torch
 
 from drape import MODES, STAGES, Mode, Stage, parse_mode, parse_stage
-from drape.config import PipelineConfig, load_config, parse_config
+from drape.config import ConfigError, PipelineConfig, load_config, parse_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
 from drape.data.partition import StageData, load_stage_data, resolve_partitions
 from drape.layout import MANUAL_RUN, LiveLayout, live_root
 from drape.ops.metrics import push_metrics
+from drape.secrets import redact
 from drape.storage.store import open_store
 from drape.training.distributed import DistContext, init_from_env
 from drape.training.lock import stage_lock
@@ -205,10 +206,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> StageJob:
     if args.job:
-        return StageJob.read(args.job)
+        try:
+            return StageJob.read(args.job)
+        except (OSError, ValueError) as error:
+            parser.exit(2, f"{parser.prog}: cannot read the job file {args.job}: {redact(str(error))}\n")
     if not args.config or not args.stage:
         parser.error("--config and --stage are required (or --job)")
-    config = load_config(args.config)
+    try:
+        config = load_config(args.config)
+    except ConfigError as error:
+        parser.exit(2, f"{parser.prog}: config error\n{redact(str(error))}\n")
     return StageJob.manual(
         config,
         args.stage,

@@ -92,6 +92,7 @@ def test_dispatcher_rbac_is_jobs_and_pods_only():
     assert {resource for _, resource, _ in granted} <= {"jobs", "jobs/status", "pods", "services", "pytorchjobs"}
     assert not {verb for *_, verb in granted} & {"*", "update", "patch", "escalate", "bind", "impersonate"}
     assert ("", "pods", "create") not in granted
+    assert {verb for group, resource, verb in granted if resource == "jobs"} == {"create", "delete"}  # only what it calls
 
 
 @pytest.mark.parametrize("target", ["base", "overlays/production"])

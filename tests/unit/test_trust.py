@@ -349,3 +349,40 @@ def test_a_missing_previous_baseline_is_an_error_not_fresh_weights(tmp_path):
     assert start_checkpoint(Context(), "identity") is None
     with pytest.raises(FileNotFoundError, match="identity baseline.*drape storage restore"):
         start_checkpoint(Context(), "texture")
+
+
+def test_an_endpoint_that_accepts_and_never_answers_fails_within_its_bound(monkeypatch):
+    import socket
+    import threading
+    import time
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    server, held = socket.socket(), []
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    threading.Thread(target=lambda: [held.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    store = ObjectStore("s3://silent/x", endpoint_url=endpoint, connect_timeout=1, read_timeout=1, retry_attempts=2)
+    started = time.monotonic()
+    with pytest.raises(Exception, match="timeout"):
+        store.read_bytes("datasets/a/v1/manifest.json")
+    assert time.monotonic() - started < 15  # 2 attempts × 1 s, backoff, no s3fs retries on top
+    with pytest.raises(StorageError, match="must not carry credentials"):
+        ObjectStore("s3://AKIA:secret-key@silent/x")
+
+
+def test_cli_errors_are_one_redacted_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+
+    result = CliRunner().invoke(app, ["data", "shard", "synthetic", "--out", f"s3://AKIA:{SENTINEL}@bucket/x"])
+    assert result.exit_code == 1 and SENTINEL not in result.output and "must not carry credentials" in result.output
+    control = tmp_path / "outputs"
+    control.mkdir()
+    (control / "junk.png").write_text("not a png")
+    from drape.gates.run import read_outputs
+
+    with pytest.raises(ValueError, match="not a readable PNG"):
+        read_outputs(control, ["junk"])
