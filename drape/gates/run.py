@@ -47,7 +47,7 @@ def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: di
 def read_outputs(directory: str | Path, keys: list[str], shape: tuple[int, int] | None = None) -> np.ndarray:
     """Output PNGs named by control sample id, each `shape` (height, width) when given (else the
     first one's); a missing, unreadable or differently sized one is an error naming it."""
-    images = []
+    images: list[np.ndarray] = []
     for key in keys:
         path = Path(directory) / f"{key}.png"
         if not path.is_file():
