@@ -121,3 +121,8 @@ def format_bytes(count: float) -> str:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
     return f"{count:.1f} TiB"
+
+
+from drape.secrets import install_log_redaction  # noqa: E402 - every drape process redacts its log records
+
+install_log_redaction()

@@ -75,22 +75,28 @@ def check_no_credentials(name: str, url: str | None, where_instead: str) -> None
         )
 
 
-class RedactingFilter(logging.Filter):
-    """A logging filter that redacts each record's rendered message (install on handlers)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        cleaned = redact(message)
-        if cleaned != message:
-            record.msg, record.args = cleaned, None
-        if record.exc_info and record.exc_info[1] is not None:
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-        return True
+_installed = False
 
 
 def install_log_redaction() -> None:
-    """Redact every record that reaches the root logger's handlers (idempotent)."""
-    root = logging.getLogger()
-    for handler in root.handlers:
-        if not any(isinstance(f, RedactingFilter) for f in handler.filters):
-            handler.addFilter(RedactingFilter())
+    """Redact every log record this process creates, whichever logger and handler (drape's,
+    Prefect's, botocore's): a record factory that renders the message once and redacts it.
+    Idempotent; `drape` runs it on import."""
+    global _installed
+    if _installed:
+        return
+    make = logging.getLogRecordFactory()
+
+    def factory(*args, **kwargs) -> logging.LogRecord:
+        record = make(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string is the logging module's to report
+            return record
+        cleaned = redact(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return record
+
+    logging.setLogRecordFactory(factory)
+    _installed = True

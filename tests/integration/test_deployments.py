@@ -138,6 +138,11 @@ def test_deploy_and_run_staged_training_demo_through_a_worker(tmp_path):
         pools = {p["name"]: p for p in _api(stack, "/work_pools/filter", {})}
         assert pools["local"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
         assert "gpu_product" in pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]
+        evil = stack.prefect(
+            "deployment", "run", "staged-training/h100", "--job-variable", "image=evil/miner:1", timeout=60, check=False
+        )
+        said = evil.stdout + evil.stderr
+        assert evil.returncode != 0 and "unexpected" in said and "image" in said, said[-2000:]  # the server refuses it
         stack.start_worker("local")
         run = stack.prefect(
             "deployment",
