@@ -101,3 +101,17 @@ def test_gate_thresholds_sit_under_clean_lower_bounds_and_catch_a_regression():
     assert gate_rows[0].lower > thresholds["identity"] > gate_rows[2].lower
     assert rates["jpeg q90"] <= 0.05 and rates["mild noise"] <= 0.05
     assert rates["regressed"] >= 0.99
+
+
+def test_calibrating_on_a_wider_clean_suite_lowers_every_threshold(tmp_path):
+    """What must pass sets the thresholds: a 2 px shift accepted means thresholds at or below its scores."""
+    from drape.gates.nuisance import NUISANCE
+
+    texture = {"max_shift_pixels": 2, "mirror_penalty": 2.0, "sharpness_floor": 0.2}
+    config = tiny_config(tmp_path / "drape", data={"resolution": 64}, gates={"texture": texture})
+    control = synthesize_split(config, "control", 24)
+    narrow, _ = calibrate(config, control, false_alarm=0.05)
+    wide, rows = calibrate(config, control, false_alarm=0.05, clean_suite={**CLEAN, "shift 2 px": NUISANCE["shift 2 px"]})
+    assert all(wide[check] <= narrow[check] for check in narrow) and wide["identity"] < narrow["identity"]
+    shifted = [row for row in rows if row.outputs == "shift 2 px"]
+    assert {row.check for row in shifted} == set(CORRUPTIONS) and all(row.rate <= 0.05 for row in shifted)
