@@ -23,7 +23,7 @@ def _each(images: np.ndarray, edit) -> np.ndarray:
 
 
 def shift(dx: float, dy: float) -> Corruption:
-    """The whole image moved by (dx, dy) pixels, bilinear for fractions, edges repeated."""
+    """The whole image moved by (dx, dy) pixels, bilinear for fractions; the uncovered edge is black."""
 
     def moved(images, meta, rng):
         return _each(

@@ -25,7 +25,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from drape import STAGES
-from drape.layout import archive_manifest_prefix, run_key
+from drape.layout import UnsafePathError, archive_manifest_prefix, contained, run_key
 from drape.storage.durable import fsync_dir, fsync_tree
 from drape.storage.retention import read_archive_manifest
 from drape.storage.store import ObjectStore
@@ -128,9 +128,10 @@ def restore_newest_checkpoint(store: ObjectStore, run_id: str, stage: str, check
     shutil.rmtree(staging, ignore_errors=True)  # a restore killed half-way
     for record in newest[name]:
         relative = record["key"].split(f"/checkpoints/{name}/", 1)[1]
-        target = (staging / relative).resolve()
-        if not target.is_relative_to(staging.resolve()):
-            raise ResumeError(f"archive record key {record['key']!r} leads outside {destination}")
+        try:
+            target = contained(staging, relative, f"archive record key {record['key']!r}")
+        except UnsafePathError as error:
+            raise ResumeError(f"{error}; it leads outside {destination}") from None
         store.get_file(record["key"], target, sha256=record["sha256"])
     fsync_tree(staging)
     os.replace(staging, destination)  # whole, or not there: never a half checkpoint to resume from
