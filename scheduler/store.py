@@ -261,16 +261,19 @@ class JobStore(LeaseMixin):
                 assigned=bindparam("b_assigned"),
                 attempts=jobs_table.c.attempts + 1,
             ),
-            [{"job": p.job_id, "b_assigned": json.dumps(list(p.gpus))} for p in granted],
+            [{"job": p.job_id, "b_assigned": json.dumps(list(p.gpus))} for p in sorted(granted, key=lambda p: p.job_id)],
         )
 
     def set_handles(self, handles: dict[str, str]) -> None:
+        """Record launched jobs' handles. Rows are updated in key order, the order a rival's claim
+        locks them in: in launch order, two dispatchers deadlocked on PostgreSQL (one held a row the
+        other's claim had locked first, each waiting on the other)."""
         if not handles:
             return
         with self.engine.begin() as connection:
             connection.execute(
                 update(jobs_table).where(jobs_table.c.id == bindparam("job")).values(handle=bindparam("value")),
-                [{"job": job_id, "value": handle} for job_id, handle in handles.items()],
+                [{"job": job_id, "value": handles[job_id]} for job_id in sorted(handles)],
             )
 
     def get_many(self, job_ids: list[str]) -> dict[str, dict]:

@@ -126,6 +126,48 @@ def test_four_dispatchers_never_double_allocate(tmp_path, request, database, job
     assert all(value == 0 for value in claimed.values()) and store.ledger() == {}
 
 
+def test_recording_handles_cannot_deadlock_a_rivals_claim(postgres_url):
+    """A dispatcher records its launched jobs' handles while a rival's claim locks the same rows
+    (the rival's plan was stale). Both take the rows in key order, so one waits for the other;
+    in launch order they deadlocked and PostgreSQL killed a dispatcher (seen in CI)."""
+    import threading
+
+    from sqlalchemy import select, text
+
+    from scheduler.schema import jobs_table
+
+    store = JobStore(postgres_url)
+    first, second = sorted(store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=1, duration_s=1)) for _ in "ab")
+    errors: list[BaseException] = []
+
+    def record():
+        try:
+            store.set_handles({second: "pid:2", first: "pid:1"})  # launch order is not key order
+        except BaseException as error:  # noqa: BLE001 - reported by the test's thread below
+            errors.append(error)
+
+    with store.engine.connect() as rival, rival.begin():
+        lock = select(jobs_table.c.id).with_for_update()
+        rival.execute(lock.where(jobs_table.c.id == first))  # the rival claim's first row
+        thread = threading.Thread(target=record)
+        thread.start()
+        deadline = time.monotonic() + 20
+        waiting = text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        while True:
+            rival.execute(text("SELECT pg_stat_clear_snapshot()"))  # else the transaction sees one snapshot
+            if rival.execute(waiting).scalar():
+                break
+            assert time.monotonic() < deadline, "set_handles never waited on the rival's lock"
+            time.sleep(0.05)
+        rival.execute(lock.where(jobs_table.c.id == second))  # its second row: a deadlock if set_handles holds it
+    thread.join(timeout=30)
+    assert not thread.is_alive() and not errors, errors
+    assert {job_id: row["handle"] for job_id, row in store.get_many([first, second]).items()} == {
+        first: "pid:1",
+        second: "pid:2",
+    }
+
+
 def test_a_restarted_dispatcher_adopts_the_job_its_predecessor_launched(tmp_path):
     """SIGKILL the dispatcher while its job runs: the next dispatcher adopts the job's process (by
     pid and start time) once the lease lapses, reaps it with its exit status, and never launches it
