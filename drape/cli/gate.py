@@ -70,29 +70,34 @@ def gate_calibrate(
     stage: str = stage_option("denoise", "whose configured thresholds to show beside the calibrated ones"),
     false_alarm: float = typer.Option(0.01, help="false-alarm rate the thresholds are set for"),
     redraws: int = typer.Option(300, help="control sets redrawn to calibrate the gate's lower bound"),
+    nuisance: bool = typer.Option(
+        False,
+        "--nuisance",
+        help="calibrate on the nuisance suite (shifts, light, re-encoding, resizing, blur: what a reviewer accepts) "
+        "instead of mild noise and JPEG q90; on a synthesized control set, measure the regression suite too",
+    ),
 ) -> None:
     """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
     threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
     gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
     thresholds a config takes."""
-    from drape.data.dataset import load_control_dir, synthesize_split
-    from drape.data.shards import ShardError
     from drape.gates.calibration import calibrate, gate_thresholds, render_gate_table, render_table
-    from drape.gates.run import read_outputs
 
     cfg = load(config)
     if not 0 < false_alarm < 0.5:
         fail(f"--false-alarm must be in (0, 0.5), got {false_alarm}")
     if redraws < 20:
         fail(f"--redraws must be at least 20, got {redraws}")
-    try:
-        arrays = load_control_dir(control)[0] if control else synthesize_split(cfg, "control", samples)
-        shape = arrays["target"].shape[1:3]
-        clean = read_outputs(outputs, arrays["keys"], shape) if outputs else None
-        reference = read_outputs(baseline_outputs, arrays["keys"], shape) if baseline_outputs else None
-    except (FileNotFoundError, ShardError, ValueError) as error:
-        fail(f"input error: {error}")
-    thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, reference_outputs=reference, false_alarm=false_alarm)
+    arrays, clean, reference = _calibration_inputs(cfg, control, samples, outputs, baseline_outputs)
+    thresholds, rows = calibrate(
+        cfg,
+        arrays,
+        clean_outputs=clean,
+        reference_outputs=reference,
+        false_alarm=false_alarm,
+        clean_suite=_nuisance_suite() if nuisance else None,
+        regressions=nuisance and control is None and outputs is None,  # redrawn targets: synthesized sets only
+    )
     source = f"outputs in {outputs}" if outputs else "control targets"
     versus = f"baseline outputs in {baseline_outputs}" if baseline_outputs else "the ground truth"
     title = f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}"
@@ -105,6 +110,29 @@ def gate_calibrate(
     )
     console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured, title=title))
     _print_config_lines(gate, stage, false_alarm, vs_baseline=baseline_outputs is not None)
+
+
+def _calibration_inputs(cfg, control: Path | None, samples: int, outputs: Path | None, baseline_outputs: Path | None):
+    """(control arrays, clean outputs or None, coherence reference or None), or a clear input error."""
+    from drape.data.dataset import load_control_dir, synthesize_split
+    from drape.data.shards import ShardError
+    from drape.gates.run import read_outputs
+
+    try:
+        arrays = load_control_dir(control)[0] if control else synthesize_split(cfg, "control", samples)
+        shape = arrays["target"].shape[1:3]
+        clean = read_outputs(outputs, arrays["keys"], shape) if outputs else None
+        reference = read_outputs(baseline_outputs, arrays["keys"], shape) if baseline_outputs else None
+    except (FileNotFoundError, ShardError, ValueError) as error:
+        fail(f"input error: {error}")
+    return arrays, clean, reference
+
+
+def _nuisance_suite() -> dict:
+    from drape.gates.corruptions import CLEAN
+    from drape.gates.nuisance import NUISANCE
+
+    return {**CLEAN, **NUISANCE}
 
 
 def _print_config_lines(gate: dict[str, float], stage: str, false_alarm: float, *, vs_baseline: bool) -> None:

@@ -18,10 +18,17 @@ def _threshold_for(threshold: Threshold, stage: str) -> float | None:
     return threshold.get(stage) if isinstance(threshold, dict) else threshold
 
 
+ALIGNED = "drape.gates.aligned: the difference left once light and registration are undone"
+
+
 class IdentityGateConfig(StrictModel):
+    method: Literal["embedding", "aligned"] = Field(
+        default="embedding", description=f"embedding: cosine of face embeddings (`embedder`); aligned: {ALIGNED}"
+    )
     embedder: Literal["pixel", "onnx"] = "pixel"
     onnx_model_path: str | None = None
     min_similarity: Threshold = None
+    max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
     max_drop: float | None = Field(default=0.05, ge=0, le=0.5, description="change threshold vs the stage baseline's mean")
 
     @model_validator(mode="after")
@@ -32,6 +39,10 @@ class IdentityGateConfig(StrictModel):
 
 
 class TextureGateConfig(StrictModel):
+    method: Literal["correlation", "aligned"] = Field(
+        default="correlation",
+        description=f"correlation: normalised cross-correlation with the mirror and sharpness terms; aligned: {ALIGNED}",
+    )
     min_fidelity: Threshold = None
     max_shift_pixels: int = Field(default=2, ge=0)
     mirror_penalty: float = Field(
@@ -44,6 +55,10 @@ class TextureGateConfig(StrictModel):
 
 
 class CoherenceGateConfig(StrictModel):
+    method: Literal["structure", "aligned"] = Field(
+        default="structure", description=f"structure: edge maps, pooled layout, worst block; aligned: {ALIGNED}"
+    )
+    max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
     min_score: Threshold = Field(default=None, description="vs the ground truth (a stage's first run, no baseline)")
     min_score_vs_baseline: Threshold = Field(
         default=None,

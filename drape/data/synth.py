@@ -26,9 +26,11 @@ from drape.data.synth_draw import (
     GARMENT_COLOURS,
     HAIR,
     HAIR_COLOURS,
+    PLAIN,
     SKIN,
     SKIN_TONES,
     SUPERSAMPLE,
+    Variation,
     downsample,
     make_pose,
     pick,
@@ -120,13 +122,21 @@ def make_garment(seed: int, garment_id: int) -> Garment:
 
 
 def make_sample(
-    seed: int, key: str, identity: Identity, garment: Garment, arm_pose: str, photo_seed: int, resolution: int
+    seed: int,
+    key: str,
+    identity: Identity,
+    garment: Garment,
+    arm_pose: str,
+    photo_seed: int,
+    resolution: int,
+    variation: Variation = PLAIN,
 ) -> Sample:
-    """One try-on training sample at `resolution` (square)."""
+    """One try-on training sample at `resolution` (square); `variation` draws it subtly otherwise
+    (what `drape.gates.regressions` needs), everything else the same."""
     size = resolution * SUPERSAMPLE
     rng = _rng(seed, 3, photo_seed)
     points = make_pose(rng, arm_pose, size)
-    photo, labels, face_box, logo_box = render_person(identity, garment, points, rng, size)
+    photo, labels, face_box, logo_box = render_person(identity, garment, points, rng, size, variation)
     garment_mask = labels.point(lambda v: 255 if v == GARMENT else 0)
     masked = labels.point(lambda v: 255 if v in (GARMENT, SKIN) else 0).filter(ImageFilter.MaxFilter(2 * SUPERSAMPLE + 1))
     face = labels.point(lambda v: 255 if v in (FACE, HAIR) else 0)
@@ -162,6 +172,43 @@ def _binarise(mask: Image.Image, resolution: int) -> Image.Image:
     return downsample(mask, resolution).point(lambda v: 255 if v >= 128 else 0)
 
 
+def photo_seed(split: str, index: int) -> int:
+    """The seed of sample `index`'s photo (pose, background) in `split`."""
+    return list(STAGE_BIAS).index(split) * 1_000_003 + index
+
+
+def redraw(
+    seed: int, meta: dict, *, identity: Identity | None = None, garment: Garment | None = None, variation: Variation = PLAIN
+) -> Sample:
+    """Sample `meta` (as `generate_split` made it, with `seed`) drawn again: the same photo, with
+    `identity`, `garment` or `variation` in place of its own. Without them, the same sample."""
+    split, _, index = meta["key"].rpartition("-")
+    if split not in STAGE_BIAS or not index.isdigit():
+        raise ValueError(f"sample key {meta['key']!r}: expected '<split>-<index>' of a synthetic split")
+    return make_sample(
+        seed,
+        meta["key"],
+        identity or identity_of(meta),
+        garment or garment_of(meta),
+        meta["arm_pose"],
+        photo_seed(split, int(index)),
+        int(meta["resolution"]),
+        variation,
+    )
+
+
+def _tuples(fields: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()}  # JSON made the colours lists
+
+
+def identity_of(meta: dict) -> Identity:
+    return Identity(**_tuples(meta["identity"]))
+
+
+def garment_of(meta: dict) -> Garment:
+    return Garment(**_tuples(meta["garment"]))
+
+
 def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int, resolution: int):
     """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]."""
     bias = STAGE_BIAS[split]
@@ -173,4 +220,4 @@ def generate_split(*, seed: int, split: str, num_samples: int, num_identities: i
         identity = make_identity(seed, int(rng.integers(num_identities)))
         garment = eligible[int(rng.integers(len(eligible)))]
         arm_pose = pick(rng, bias["poses"])
-        yield make_sample(seed, f"{split}-{index:05d}", identity, garment, arm_pose, split_index * 1_000_003 + index, resolution)
+        yield make_sample(seed, f"{split}-{index:05d}", identity, garment, arm_pose, photo_seed(split, index), resolution)

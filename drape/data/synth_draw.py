@@ -6,6 +6,7 @@ paints a label map (`BACKGROUND` … `LEGS`) from which the masks and boxes a sa
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -40,15 +41,33 @@ LIMBS = (
 )
 
 
+@dataclass(frozen=True)
+class Variation:
+    """Drawing changes that are not attributes of a garment: what `drape.gates.regressions` makes a
+    model get subtly wrong. The default draws the garment as it is."""
+
+    logo_angle: float = 0.0  # degrees the mark is turned on its plate
+    logo_erased: float = 0.0  # share of the mark's width lost on its right side
+    pattern_scale: float = 1.0  # the pattern's period, relative
+    length: float = 1.0  # the torso part's length from the shoulders, relative (a shorter hem < 1)
+    fit: float = 1.0  # the torso's width about its centre line, relative (looser > 1)
+    pocket: bool = False  # a patch pocket added low on the left
+
+
+PLAIN = Variation()
+
+
 def pick(rng: np.random.Generator, options):
     return options[int(rng.integers(len(options)))]
 
 
-def garment_texture(garment: Garment, width: int, height: int) -> tuple[Image.Image, tuple[int, int, int, int]]:
+def garment_texture(
+    garment: Garment, width: int, height: int, variation: Variation = PLAIN
+) -> tuple[Image.Image, tuple[int, int, int, int]]:
     """The torso texture (pattern + logo) and the logo box in texture pixels."""
     image = Image.new("RGB", (width, height), garment.colour)
     draw = ImageDraw.Draw(image)
-    step = max(width // 6, 4)
+    step = max(int(width // 6 * variation.pattern_scale), 4)
     if garment.pattern == "stripes":
         for y in range(0, height, step):
             draw.rectangle([0, y, width, y + step // 2 - 1], fill=garment.accent)
@@ -60,20 +79,26 @@ def garment_texture(garment: Garment, width: int, height: int) -> tuple[Image.Im
         for y in range(step // 2, height, step):
             for x in range(step // 2, width, step):
                 draw.ellipse([x - step // 4, y - step // 4, x + step // 4, y + step // 4], fill=garment.accent)
-    box = _draw_logo(draw, garment, width, height)
+    if variation.pocket:
+        pocket = [width * 0.14, height * 0.62, width * 0.36, height * 0.84]
+        draw.rectangle(pocket, fill=garment.accent, outline=garment.logo_colour, width=max(width // 40, 1))
+    box = _draw_logo(image, garment, width, height, variation)
     return image, box
 
 
-def _draw_logo(draw: ImageDraw.ImageDraw, garment: Garment, width: int, height: int) -> tuple[int, int, int, int]:
+def _draw_logo(
+    image: Image.Image, garment: Garment, width: int, height: int, variation: Variation = PLAIN
+) -> tuple[int, int, int, int]:
     """Draw the logo on a plate in the chest area; returns its box (x0, y0, x1, y1)."""
     plate_w, plate_h = int(width * 0.56), int(height * 0.36)
     x0, y0 = (width - plate_w) // 2, int(height * 0.14)
     plate = tuple(255 - c for c in garment.logo_colour) if garment.pattern != "solid" else garment.colour
-    draw.rectangle([x0, y0, x0 + plate_w, y0 + plate_h], fill=plate)
+    tile = Image.new("RGB", (plate_w + 1, plate_h + 1), plate)
+    draw = ImageDraw.Draw(tile)
     font = ImageFont.load_default(size=max(int(plate_h * 0.9), 6))
     left, top, right, bottom = draw.textbbox((0, 0), garment.logo, font=font)
-    tx = x0 + (plate_w - (right - left)) // 2 - left
-    ty = y0 + (plate_h - (bottom - top)) // 2 - top
+    tx = (plate_w - (right - left)) // 2 - left
+    ty = (plate_h - (bottom - top)) // 2 - top
     draw.text(
         (tx, ty),
         garment.logo,
@@ -82,6 +107,12 @@ def _draw_logo(draw: ImageDraw.ImageDraw, garment: Garment, width: int, height: 
         stroke_width=max(plate_h // 14, 1),
         stroke_fill=garment.logo_colour,
     )
+    if variation.logo_erased > 0:  # the right part of the mark lost
+        erased_from = tx + left + (right - left) * (1 - variation.logo_erased)
+        draw.rectangle([erased_from, 0, plate_w + 1, plate_h + 1], fill=plate)
+    if variation.logo_angle:
+        tile = tile.rotate(variation.logo_angle, resample=Image.Resampling.BICUBIC, fillcolor=plate)
+    image.paste(tile, (x0, y0))
     return x0, y0, x0 + plate_w, y0 + plate_h
 
 
@@ -95,7 +126,7 @@ def _perspective_coefficients(source: list[tuple[float, float]], target: list[tu
     return np.linalg.solve(np.array(rows, float), np.array(rhs, float)).tolist()
 
 
-def _forward_map(quad: list[tuple[float, float]], width: int, height: int, point: tuple[float, float]) -> tuple[float, float]:
+def _forward_map(quad: list[tuple[float, float]], width: float, height: float, point: tuple[float, float]) -> tuple[float, float]:
     coeffs = _perspective_coefficients(quad, [(0, 0), (width, 0), (width, height), (0, height)])
     a, b, c, d, e, f, g, h = coeffs
     x, y = point
@@ -144,13 +175,28 @@ def _texture_size(garment: Garment) -> tuple[int, int]:
     return 96 * SUPERSAMPLE // 4, (150 if garment.category == "dress" else 110) * SUPERSAMPLE // 4
 
 
-def _torso_quad(points: dict, category: str, size: float) -> list[tuple[float, float]]:
+def _torso_quad(points: dict, category: str, size: float, variation: Variation = PLAIN) -> list[tuple[float, float]]:
     (slx, sly), (srx, sry) = points["shoulder_l"], points["shoulder_r"]
     (hlx, hly), (hrx, hry) = points["hip_l"], points["hip_r"]
     if category == "dress":
         flare, hem = size * 0.06, size * 0.18
-        return [(slx, sly), (srx, sry), (hrx + flare, hry + hem), (hlx - flare, hly + hem)]
-    return [(slx, sly), (srx, sry), (hrx, hry), (hlx, hly)]
+        quad = [(slx, sly), (srx, sry), (hrx + flare, hry + hem), (hlx - flare, hly + hem)]
+    else:
+        quad = [(slx, sly), (srx, sry), (hrx, hry), (hlx, hly)]
+    if variation.length != 1.0:  # the hem moves along the sides, from the shoulders
+        (ax, ay), (bx, by), (cx, cy), (dx, dy) = quad
+        f = variation.length
+        quad = [(ax, ay), (bx, by), (bx + (cx - bx) * f, by + (cy - by) * f), (ax + (dx - ax) * f, ay + (dy - ay) * f)]
+    if variation.fit != 1.0:  # wider or narrower about the centre line, row by row
+        centre = [((quad[0][0] + quad[1][0]) / 2), ((quad[3][0] + quad[2][0]) / 2)]
+        top, bottom = centre
+        quad = [
+            (top + (quad[0][0] - top) * variation.fit, quad[0][1]),
+            (top + (quad[1][0] - top) * variation.fit, quad[1][1]),
+            (bottom + (quad[2][0] - bottom) * variation.fit, quad[2][1]),
+            (bottom + (quad[3][0] - bottom) * variation.fit, quad[3][1]),
+        ]
+    return quad
 
 
 def _draw_both(photo: ImageDraw.ImageDraw, labels: ImageDraw.ImageDraw, label: int, method: str, *args, **kwargs):
@@ -160,7 +206,7 @@ def _draw_both(photo: ImageDraw.ImageDraw, labels: ImageDraw.ImageDraw, label: i
 
 
 def render_person(
-    identity: Identity, garment: Garment, points: dict, rng: np.random.Generator, size: int
+    identity: Identity, garment: Garment, points: dict, rng: np.random.Generator, size: int, variation: Variation = PLAIN
 ) -> tuple[Image.Image, Image.Image, tuple, tuple]:
     """Draw the person wearing the garment: (photo, part labels, face box, logo box) in canvas px."""
     top, bottom = pick(rng, GARMENT_COLOURS), pick(rng, SKIN_TONES)
@@ -172,17 +218,18 @@ def render_person(
     (hlx, hly), (hrx, hry) = points["hip_l"], points["hip_r"]
     for hx, hy in ((hlx, hly), (hrx, hry)):  # legs
         _draw_both(draw, lab, LEGS, "line", [(hx, hy), (hx, size)], fill=(40, 40, 70), width=limb * 2)
-    quad = _torso_quad(points, garment.category, size)
+    quad = _torso_quad(points, garment.category, size, variation)
     tex_w, tex_h = _texture_size(garment)
-    texture, logo_box = garment_texture(garment, tex_w, tex_h)
-    coeffs = _perspective_coefficients([(0, 0), (tex_w, 0), (tex_w, tex_h), (0, tex_h)], quad)
+    texture, logo_box = garment_texture(garment, tex_w, tex_h, variation)
+    shown = tex_h * min(variation.length, 1.0)  # a shorter garment shows the top of its texture, unsquashed
+    coeffs = _perspective_coefficients([(0, 0), (tex_w, 0), (tex_w, shown), (0, shown)], quad)
     warped = texture.transform((size, size), Image.Transform.PERSPECTIVE, coeffs, Image.Resampling.BILINEAR)
     quad_mask = Image.new("L", (size, size), 0)
     ImageDraw.Draw(quad_mask).polygon(quad, fill=255)
     photo.paste(warped, (0, 0), quad_mask)
     lab.polygon(quad, fill=GARMENT)
     corners = [
-        _forward_map(quad, tex_w, tex_h, p)
+        _forward_map(quad, tex_w, shown, p)
         for p in ((logo_box[0], logo_box[1]), (logo_box[2], logo_box[1]), (logo_box[2], logo_box[3]), (logo_box[0], logo_box[3]))
     ]
     logo_bbox = (min(x for x, _ in corners), min(y for _, y in corners), max(x for x, _ in corners), max(y for _, y in corners))

@@ -33,6 +33,7 @@ class Row:
     aimed: bool  # a corruption aimed at this check (False: a clean variant)
     scores: np.ndarray
     rate: float  # detection rate for corruptions, false-alarm rate for clean variants
+    suite: str = ""  # "regression" for drape.gates.regressions rows
 
     def percentiles(self) -> tuple[float, float, float]:
         low, middle, high = np.percentile(self.scores, [1, 50, 99])
@@ -57,12 +58,15 @@ def calibrate(
     false_alarm: float = 0.01,
     seed: int = 0,
     clean_suite: dict[str, Corruption] | None = None,
+    regressions: bool = False,
 ) -> tuple[dict[str, float], list[Row]]:
     """(per-sample threshold per check, table rows) for the given control set.
 
     Coherence is judged against `reference_outputs` when given (a baseline's outputs), else the
     control targets (the ground truth, as in a stage's first run). `clean_suite` is what must pass
     (default `CLEAN`; `drape.gates.nuisance.NUISANCE` is the wider suite a reviewer accepts).
+    `regressions` adds the rows of `drape.gates.regressions` (a synthetic control set redrawn with
+    one attribute moved: only meaningful when the clean outputs are the targets).
     """
     clean = control["target"] if clean_outputs is None else clean_outputs
     reference = control["target"] if reference_outputs is None else reference_outputs
@@ -84,7 +88,22 @@ def calibrate(
             corrupted = apply(corruption, clean, control["meta"], masks, seed)
             score = _scores(config, control, corrupted, reference)[check][applicable(corruption, control["meta"])]
             rows.append(Row(check, name, True, score, float(np.mean(score < threshold))))
+        if regressions:
+            rows.extend(_regression_rows(config, control, check, threshold, reference))
     return thresholds, rows
+
+
+def _regression_rows(config: PipelineConfig, control: dict, check: str, threshold: float, reference: np.ndarray) -> list[Row]:
+    from drape.gates import regressions
+
+    rows = []
+    for name, regression in regressions.REGRESSIONS[check].items():
+        redrawn = regressions.render(regression, control["meta"], config.seed)
+        keep = regressions.applicable(regression, control["meta"], redrawn, control["target"])
+        score = _scores(config, control, redrawn, reference)[check][keep] if keep.any() else np.zeros(0)
+        rate = float(np.mean(score < threshold)) if len(score) else float("nan")
+        rows.append(Row(check, name, True, score, rate, suite="regression"))
+    return rows
 
 
 @dataclass
@@ -173,12 +192,15 @@ def render_table(thresholds: dict[str, float], rows: list[Row], *, false_alarm: 
     for column in ("check", "threshold", "outputs", "p1", "median", "p99", "rate", "goal"):
         table.add_column(column, justify="left" if column in ("check", "outputs") else "right")
     for row in rows:
+        if not len(row.scores):  # a regression none of these samples shows (no patterned garment to densify)
+            table.add_row(row.check, f"{thresholds[row.check]:.3f}", f"regression: {row.outputs}", *["-"] * 3, "no sample", "-")
+            continue
         p1, p50, p99 = row.percentiles()
         kind, met = ("detection", row.rate >= 0.99) if row.aimed else ("false alarm", row.rate <= false_alarm)
         table.add_row(
             row.check,
             f"{thresholds[row.check]:.3f}",
-            row.outputs,
+            f"regression: {row.outputs}" if row.suite == "regression" else row.outputs,
             f"{p1:.3f}",
             f"{p50:.3f}",
             f"{p99:.3f}",

@@ -18,6 +18,7 @@ from safetensors.torch import save_file
 
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
+from drape.gates import aligned
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.report import CheckResult, GateReport
 from drape.training.checkpoint import load_model
@@ -104,20 +105,30 @@ def check_scores(
 ) -> dict[str, np.ndarray]:
     """Per-sample values of the checks on `outputs`: identity and texture against the control
     targets, coherence against `reference` (a baseline's outputs or the targets; None: not scored)."""
-    meta, texture = control["meta"], config.gates.texture
-    embedder = embedder or build_embedder(config.gates)
-    values = {
-        "identity": identity_scores(outputs, control["target"], [m["face_box"] for m in meta], embedder),
-        "texture": texture_scores(
+    meta, gates = control["meta"], config.gates
+    faces, logos, targets = [m["face_box"] for m in meta], [m["logo_box"] for m in meta], control["target"]
+    values = {}
+    if gates.identity.method == "aligned":
+        values["identity"] = aligned.aligned_identity_scores(outputs, targets, faces, gates.identity.max_shift_pixels)
+    else:
+        values["identity"] = identity_scores(outputs, targets, faces, embedder or build_embedder(gates))
+    texture = gates.texture
+    if texture.method == "aligned":
+        values["texture"] = aligned.aligned_texture_scores(outputs, targets, logos, faces, texture.max_shift_pixels)
+    else:
+        values["texture"] = texture_scores(
             outputs,
-            control["target"],
-            [m["logo_box"] for m in meta],
+            targets,
+            logos,
             texture.max_shift_pixels,
             mirror_penalty=texture.mirror_penalty,
             sharpness_floor=texture.sharpness_floor,
-        ),
-    }
-    if reference is not None:
+        )
+    if reference is not None and gates.coherence.method == "aligned":
+        values["coherence"] = aligned.aligned_coherence_scores(
+            outputs, reference, faces, control["mask"], gates.coherence.max_shift_pixels
+        )
+    elif reference is not None:
         values["coherence"] = coherence_scores(outputs, reference, control["mask"])
     return values
 
@@ -149,7 +160,8 @@ def judge(
     checks also score the baseline's outputs on the same control set: that is the mean the
     change threshold compares with.
     """
-    embedder, vs_baseline = build_embedder(config.gates), baseline_outputs is not None
+    embedder = build_embedder(config.gates) if config.gates.identity.method == "embedding" else None
+    vs_baseline = baseline_outputs is not None
     reference = control["target"] if baseline_outputs is None else baseline_outputs
     values = check_scores(config, control, outputs, reference, embedder=embedder)
     baseline_values = {} if baseline_outputs is None else check_scores(config, control, baseline_outputs, embedder=embedder)

@@ -18,7 +18,17 @@ EXPECTED_COMMANDS = {
     "data shard": ["source", "out", "config", "name", "version", "control", "weights", "shard_max_bytes", "shard_max_samples"],
     "data prestage": ["stage", "config", "keep"],
     "gate check": ["control", "outputs", "baseline_outputs", "config", "stage", "report"],
-    "gate calibrate": ["config", "samples", "control", "outputs", "baseline_outputs", "stage", "false_alarm", "redraws"],
+    "gate calibrate": [
+        "config",
+        "samples",
+        "control",
+        "outputs",
+        "baseline_outputs",
+        "stage",
+        "false_alarm",
+        "redraws",
+        "nuisance",
+    ],
     "queue submit": ["kind", "mem_gib", "duration", "gpus", "priority", "stage", "config"],
     "queue list": ["config", "state", "limit"],
     "queue cancel": ["job_id", "config"],
@@ -194,3 +204,12 @@ def test_errors_are_shown_as_written_not_read_as_markup(tmp_path):
     bad.write_text("train:\n  stages:\n    polish: {steps: 1, trainable: ['*']}\n")
     result = runner.invoke(app, ["run", "--config", str(bad)])
     assert result.exit_code == 2 and "train.stages.polish.[key]" in result.output and "got 'polish'" in result.output
+
+
+def test_gate_calibrate_on_the_nuisance_suite_measures_the_regressions_too():
+    from tests.conftest import TINY
+
+    args = ["gate", "calibrate", "--config", str(TINY), "--samples", "4", "--redraws", "20", "--nuisance"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "jpeg q60" in result.output and "regression: look-alike letters" in result.output

@@ -1,0 +1,304 @@
+"""Aligned comparison: what is left of a difference once the light and the registration are undone.
+
+A reviewer shrugs at an output that is a pixel or two off, a few percent brighter, cooler or
+flatter, re-encoded or slightly soft (`drape.gates.nuisance`), and flags one whose nose, jaw, skin
+tone, letters or hem moved (`drape.gates.regressions`). The first kind changes the whole picture
+smoothly; the second changes one place. So, per region (a face box, a logo box):
+- light: each channel of the output is fitted as gain × reference + offset over the whole picture
+  (4×4 blocks, the worst fifth of them dropped twice, so the region itself and misregistered edges do
+  not steer the fit): global brightness, contrast and white balance are undone, a local change is not;
+- registration: the reference region is moved by the sub-pixel shift (quarter pixels, up to
+  `max_shift`) that best matches the output's luminance;
+- residual: both slightly blurred (codec ringing, resampling), the colour distance per pixel in
+  YCbCr with chroma at half resolution as codecs keep it, averaged over small windows; its largest
+  value, as a share of full scale, is what the region changed where it changed most.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+_YCC = torch.tensor([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
+
+
+@dataclass(frozen=True)
+class Light:
+    gain: np.ndarray  # (3,) per channel
+    offset: np.ndarray  # (3,) per channel
+
+    def apply(self, image: np.ndarray) -> np.ndarray:
+        return image.astype(np.float32) * self.gain + self.offset
+
+
+def fit_light(
+    output: np.ndarray,
+    reference: np.ndarray,
+    where: np.ndarray | None = None,
+    *,
+    block: int = 4,
+    rounds: int = 2,
+    outlier: float = 3.0,
+    ridge: float = 100.0,
+) -> Light:
+    """Per-channel gain and offset taking `reference` to `output`, fitted on the blocks inside
+    `where` (bool H×W: where the model should have changed nothing; the whole picture when None or
+    when it leaves fewer than 8 blocks), robustly: blocks fitting `outlier` times worse than the
+    median block (and by over 3 levels) are dropped, `rounds` times. The fit is a pure gain (the
+    means' ratio) plus a slope about it shrunk by `ridge` (levels²): a picture of one flat colour
+    gets that gain alone."""
+    pool = lambda image: F.avg_pool2d(torch.from_numpy(image.astype(np.float32)).permute(2, 0, 1)[None], block)[0]  # noqa: E731
+    x, y = pool(reference).reshape(3, -1).numpy(), pool(output).reshape(3, -1).numpy()
+    chosen = np.ones(x.shape[1], dtype=bool)
+    if where is not None:
+        inside = pool(where[..., None].astype(np.float32) * np.ones(3, np.float32))[0].reshape(-1).numpy() > 0.99
+        chosen = inside if inside.sum() >= 8 else chosen
+    gain, offset = np.ones(3, np.float32), np.zeros(3, np.float32)
+    for round_ in range(rounds + 1):
+        for c in range(3):
+            xc, yc = x[c, chosen], y[c, chosen]
+            # a pure gain (brightness, white balance) plus the ridge slope of what it leaves (contrast):
+            # a few flat colours cannot swing the slope
+            pure = float(yc.mean() / max(xc.mean(), 1.0))
+            left = yc - pure * xc
+            gain[c] = pure + float(((xc - xc.mean()) * (left - left.mean())).mean() / (xc.var() + ridge))
+            offset[c] = float(yc.mean() - gain[c] * xc.mean())
+        if round_ < rounds:
+            error = np.abs(x * gain[:, None] + offset[:, None] - y).sum(axis=0)
+            chosen = chosen & (error <= max(outlier * float(np.median(error[chosen])), 3.0))
+    return Light(np.clip(gain, 0.5, 2.0), offset)
+
+
+def outside(shape: tuple[int, ...], boxes: list, mask: np.ndarray | None = None) -> np.ndarray:
+    """Where the light is fitted: outside `boxes` (what is judged) and, when given, outside `mask`
+    (where the model paints, for the garment check: a garment whose hue turned is not light)."""
+    where = np.ones(shape[:2], dtype=bool) if mask is None else mask <= 127
+    height, width = shape[:2]
+    for x0, y0, x1, y1 in boxes:
+        where[max(int(y0), 0) : min(int(np.ceil(y1)), height), max(int(x0), 0) : min(int(np.ceil(x1)), width)] = False
+    return where
+
+
+def _region(box, pad: float, shape) -> tuple[int, int, int, int]:
+    x0, y0, x1, y1 = box
+    grow = pad * max(x1 - x0, y1 - y0)
+    height, width = shape[:2]
+    return (
+        max(int(np.floor(x0 - grow)), 0),
+        max(int(np.floor(y0 - grow)), 0),
+        min(int(np.ceil(x1 + grow)), width),
+        min(int(np.ceil(y1 + grow)), height),
+    )
+
+
+def _blur(tensor: torch.Tensor, sigma: float) -> torch.Tensor:
+    """(C, H, W) blurred with a separable Gaussian, edges replicated."""
+    radius = max(int(np.ceil(2 * sigma)), 1)
+    taps = torch.exp(-(torch.arange(-radius, radius + 1, dtype=torch.float32) ** 2) / (2 * sigma**2))
+    taps = (taps / taps.sum())[None, None]
+    channels = tensor.shape[0]
+    out = F.pad(tensor[None], (radius, radius, radius, radius), mode="replicate")
+    out = F.conv2d(out, taps[..., None, :].expand(channels, 1, 1, -1), groups=channels)
+    return F.conv2d(out, taps[..., :, None].expand(channels, 1, -1, 1), groups=channels)[0]
+
+
+def _ycc(tensor: torch.Tensor) -> torch.Tensor:
+    """(..., 3, H, W) RGB → YCbCr, chroma smoothed 2×2 (half resolution, as codecs keep it)."""
+    ycc = torch.einsum("ij,...jhw->...ihw", _YCC, tensor)
+    flat = ycc.reshape(-1, *ycc.shape[-3:])
+    chroma = F.avg_pool2d(F.pad(flat[:, 1:], (0, 1, 0, 1), mode="replicate"), 2, stride=1)
+    return torch.cat([flat[:, :1], chroma], dim=1).reshape(ycc.shape)
+
+
+def _shifted(crop: torch.Tensor, shifts: torch.Tensor, size: tuple[int, int], margin: int) -> torch.Tensor:
+    """(K, C, h, w): `crop` (C, H, W) sampled at its inner window (offset `margin`) moved by each (dx, dy)."""
+    channels, height, width = crop.shape
+    h, w = size
+    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+    gx = (xs[None] + margin + shifts[:, 0, None, None]) * 2 / width + 1 / width - 1
+    gy = (ys[None] + margin + shifts[:, 1, None, None]) * 2 / height + 1 / height - 1
+    grid = torch.stack([gx, gy], dim=-1)
+    return F.grid_sample(crop.expand(len(shifts), -1, -1, -1), grid, mode="bilinear", padding_mode="border", align_corners=False)
+
+
+def _shift_grid(max_shift: float, step: float = 0.25) -> torch.Tensor:
+    values = torch.arange(-max_shift, max_shift + step / 2, step)
+    return torch.cartesian_prod(values, values)
+
+
+def align(
+    output: np.ndarray,
+    reference: np.ndarray,
+    box,
+    light: Light,
+    *,
+    max_shift: float = 2.5,
+    pad: float = 0.15,
+    softness: tuple[float, ...] = (0.35, 0.6, 0.85),
+):
+    """(output region, relit reference region moved to match it), float (3, h, w) tensors (0-255),
+    for `box` padded by `pad` of its size; None when the box is empty."""
+    x0, y0, x1, y1 = _region(box, pad, output.shape)
+    if x1 - x0 < 2 or y1 - y0 < 2:
+        return None
+    margin = int(np.ceil(max_shift)) + 1
+    relit = torch.from_numpy(np.clip(light.apply(reference), 0, 255)).permute(2, 0, 1)
+    crop = F.pad(relit[None], (margin, margin, margin, margin), mode="replicate")[0][
+        :, y0 : y1 + 2 * margin, x0 : x1 + 2 * margin
+    ]
+    seen = torch.from_numpy(output[y0:y1, x0:x1].astype(np.float32)).permute(2, 0, 1)
+    target = (seen * _YCC[0][:, None, None]).sum(dim=0).flatten()
+    target = target - target.mean()
+
+    def best_of(shifts: torch.Tensor) -> torch.Tensor:
+        scores = []
+        for start in range(0, len(shifts), 64):  # bounded memory at any resolution
+            moved = _shifted(crop, shifts[start : start + 64], (y1 - y0, x1 - x0), margin)
+            luma = (moved * _YCC[0][:, None, None]).sum(dim=-3).flatten(1)
+            luma = luma - luma.mean(dim=1, keepdim=True)
+            scores.append((luma * target).sum(dim=1) / (luma.norm(dim=1) * target.norm()).clamp_min(1e-6))
+        return shifts[int(torch.cat(scores).argmax())]
+
+    coarse = best_of(_shift_grid(float(np.floor(max_shift)), 1.0))  # whole pixels, then quarters around the best
+    fine = (coarse + _shift_grid(0.75, 0.25)).clamp(-max_shift, max_shift)
+    shift = best_of(fine)
+    return seen, match_softness(seen, _shifted(crop, shift[None], (y1 - y0, x1 - x0), margin)[0], softness)
+
+
+def match_softness(seen: torch.Tensor, expected: torch.Tensor, softness: tuple[float, ...]) -> torch.Tensor:
+    """`expected` blurred by the σ in `softness` (0: as it is) that brings it closest to `seen`: an
+    output a little softer than the reference (resized, re-encoded, slightly blurred) is compared
+    with a reference as soft, so only a sharper loss (a melted mark) is left as a difference."""
+    best, best_error = expected, float((seen - expected).pow(2).sum())
+    for sigma in softness:
+        if sigma > 0:
+            candidate = _blur(expected, sigma)
+            error = float((seen - candidate).pow(2).sum())
+            if error < best_error:
+                best, best_error = candidate, error
+    return best
+
+
+def residual(
+    seen: torch.Tensor,
+    expected: torch.Tensor,
+    *,
+    blur: float = 0.6,
+    window: int = 2,
+    chroma: float = 1.0,
+    where: torch.Tensor | None = None,
+) -> float:
+    """The largest colour distance between two aligned regions averaged over `window`² pixels, both
+    blurred by `blur` px, as a share of full scale; chroma (at half resolution) weighted by `chroma`;
+    only windows whose top-left pixel is in `where` (bool, h×w) when given."""
+    difference = _ycc(_blur(seen, blur)) - _ycc(_blur(expected, blur))
+    difference[1:] *= chroma
+    distance = difference.pow(2).sum(dim=0).sqrt()[None, None]
+    size = min(window, distance.shape[-2], distance.shape[-1])
+    pooled = F.avg_pool2d(distance, size, stride=1)[0, 0]
+    if where is not None:
+        pooled = pooled[where[: pooled.shape[0], : pooled.shape[1]]]
+    return float(pooled.max()) / 255.0 if pooled.numel() else 0.0
+
+
+def _lab(rgb: np.ndarray) -> np.ndarray:
+    """sRGB (0-255, (..., 3)) → CIE L*a*b* (D65)."""
+    c = np.clip(rgb / 255.0, 0, 1)
+    linear = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    xyz = linear @ np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]).T
+    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]), 200 * (f[..., 1] - f[..., 2])], axis=-1)
+
+
+def tone_difference(seen: torch.Tensor, expected: torch.Tensor, *, flat: float = 12.0, blur: float = 0.8) -> float:
+    """CIE76 ΔE between the mean L*a*b* colours of the expected region's flat skin (pixels within 40 of its
+    central colour whose blurred gradient is below `flat`: no edges, where codecs ring), seen and expected."""
+    smooth = _blur(expected, blur)
+    luma = (smooth * _YCC[0][:, None, None]).sum(dim=0)
+    gradient = torch.zeros_like(luma)
+    gradient[1:-1, 1:-1] = ((luma[2:, 1:-1] - luma[:-2, 1:-1]) ** 2 + (luma[1:-1, 2:] - luma[1:-1, :-2]) ** 2).sqrt() / 2
+    h, w = luma.shape
+    centre = (
+        expected[:, h // 3 : max(2 * h // 3, h // 3 + 1), w // 3 : max(2 * w // 3, w // 3 + 1)].flatten(1).median(dim=1).values
+    )
+    skin = ((expected - centre[:, None, None]).abs().amax(dim=0) < 40) & (gradient < flat)
+    skin[[0, -1], :], skin[:, [0, -1]] = False, False
+    if int(skin.sum()) < 4:
+        return 0.0
+    mean_lab = lambda region: _lab(region[:, skin].T.numpy()).mean(axis=0)  # noqa: E731
+    return float(np.linalg.norm(mean_lab(seen) - mean_lab(expected)))
+
+
+# What counts as a full unit of change, per term: about four times the term's largest value on the
+# nuisance suite at 128 px (benchmarks/gate_validity.py), so that each term reaches a calibrated
+# threshold at about the same share of its nuisance floor and none of them hides the others.
+FACE_UNIT, TONE_UNIT, MARK_UNIT, CLOTH_UNIT = 0.24, 20.0, 0.3, 0.3
+BLUR, WINDOW, CHROMA = 1.0, 3, 0.25  # the comparison's scale, window and chroma weight (benchmarks/README.md)
+
+
+def _change(regions, where: torch.Tensor | None = None) -> float:
+    return residual(*regions, blur=BLUR, window=WINDOW, chroma=CHROMA, where=where)
+
+
+def aligned_identity_scores(outputs: np.ndarray, sources: np.ndarray, face_boxes: list, max_shift: float = 2.5) -> np.ndarray:
+    """Per sample, 1 less the larger of the face's aligned residual (in units of `FACE_UNIT`) and its
+    skin-tone ΔE (in units of `TONE_UNIT`), floored at 0: 1 is the source's face under another light."""
+    scores = []
+    for output, source, box in zip(outputs, sources, face_boxes):
+        light = fit_light(output, source, outside(output.shape, [box]))
+        regions = align(output, source, box, light, max_shift=max_shift)
+        if regions is None:
+            scores.append(0.0)
+            continue
+        change = max(_change(regions) / FACE_UNIT, tone_difference(*regions) / TONE_UNIT)
+        scores.append(max(0.0, 1.0 - change))
+    return np.array(scores)
+
+
+def aligned_texture_scores(
+    outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, face_boxes: list, max_shift: float
+) -> np.ndarray:
+    """Per sample, 1 less the logo region's aligned residual in units of `MARK_UNIT`, floored at 0:
+    another letter, case, angle, colour, a lost part, a mirrored or melted mark all leave a residual
+    where they differ; a mark a pixel off, relit, re-encoded or a little softer does not."""
+    scores = []
+    for output, target, box, face in zip(outputs, targets, logo_boxes, face_boxes):
+        light = fit_light(output, target, outside(output.shape, [face, box]))
+        regions = align(output, target, box, light, max_shift=max_shift, pad=0.1)
+        scores.append(0.0 if regions is None else max(0.0, 1.0 - _change(regions) / MARK_UNIT))
+    return np.array(scores)
+
+
+def aligned_coherence_scores(
+    outputs: np.ndarray, references: np.ndarray, face_boxes: list, masks: np.ndarray, max_shift: float
+) -> np.ndarray:
+    """Per sample, 1 less the garment region's aligned residual in units of `CLOTH_UNIT`, floored at
+    0, over the region (`masks`) grown by `max_shift` + 1 px and inside the frame by as much: a
+    turned hue, a denser pattern, a hem or fit that moved, a part added or lost leave a residual there."""
+    scores = []
+    for output, reference, face, mask in zip(outputs, references, face_boxes, masks):
+        region = mask > 127
+        if not region.any():
+            scores.append(0.0)
+            continue
+        ys, xs = np.nonzero(region)
+        box = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
+        light = fit_light(output, reference, outside(output.shape, [face], mask))
+        regions = align(output, reference, box, light, max_shift=max_shift, pad=0.05)
+        if regions is None:
+            scores.append(0.0)
+            continue
+        reach = int(np.ceil(max_shift)) + 1
+        grown = torch.from_numpy(region.astype(np.float32))[None, None]
+        grown = F.max_pool2d(grown, 2 * reach + 1, stride=1, padding=reach)[0, 0]
+        # the frame's outer `reach` pixels are not judged: an output a pixel or two off shows there
+        # whatever lay outside the picture (black, in the nuisance suite)
+        grown[:reach], grown[-reach:], grown[:, :reach], grown[:, -reach:] = 0, 0, 0, 0
+        x0, y0, x1, y1 = _region(box, 0.05, output.shape)
+        where = grown[y0:y1, x0:x1] > 0
+        scores.append(max(0.0, 1.0 - _change(regions, where) / CLOTH_UNIT))
+    return np.array(scores)
