@@ -113,11 +113,13 @@ def _ycc(tensor: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat[:, :1], chroma], dim=1).reshape(ycc.shape)
 
 
-def _shifted(crop: torch.Tensor, shifts: torch.Tensor, size: tuple[int, int], margin: int) -> torch.Tensor:
-    """(K, C, h, w): `crop` (C, H, W) sampled at its inner window (offset `margin`) moved by each (dx, dy)."""
+def _shifted(crop: torch.Tensor, shifts: torch.Tensor, size: tuple[int, int], margin: int, stride: int = 1) -> torch.Tensor:
+    """(K, C, h, w): `crop` (C, H, W) sampled at its inner window (offset `margin`) moved by each
+    (dx, dy); every `stride`-th row and column of the window only."""
     channels, height, width = crop.shape
     h, w = size
-    ys, xs = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+    rows, columns = torch.arange(0, h, stride, dtype=torch.float32), torch.arange(0, w, stride, dtype=torch.float32)
+    ys, xs = torch.meshgrid(rows, columns, indexing="ij")
     gx = (xs[None] + margin + shifts[:, 0, None, None]) * 2 / width + 1 / width - 1
     gy = (ys[None] + margin + shifts[:, 1, None, None]) * 2 / height + 1 / height - 1
     grid = torch.stack([gx, gy], dim=-1)
@@ -150,13 +152,17 @@ def align(
         :, y0 : y1 + 2 * margin, x0 : x1 + 2 * margin
     ]
     seen = torch.from_numpy(output[y0:y1, x0:x1].astype(np.float32)).permute(2, 0, 1)
-    target = (seen * _YCC[0][:, None, None]).sum(dim=0).flatten()
+    # registration reads at most 65,536 points of the region per candidate shift (a 1024 px garment:
+    # every third row and column), in chunks of at most 8 M values: bounded time and memory
+    stride = max(1, int(np.ceil(np.sqrt((y1 - y0) * (x1 - x0) / 65536))))
+    target = (seen * _YCC[0][:, None, None]).sum(dim=0)[::stride, ::stride].flatten()
     target = target - target.mean()
+    per_chunk = max(1, 8_000_000 // (3 * target.numel()))
 
     def best_of(shifts: torch.Tensor) -> torch.Tensor:
         scores = []
-        for start in range(0, len(shifts), 64):  # bounded memory at any resolution
-            moved = _shifted(crop, shifts[start : start + 64], (y1 - y0, x1 - x0), margin)
+        for start in range(0, len(shifts), per_chunk):
+            moved = _shifted(crop, shifts[start : start + per_chunk], (y1 - y0, x1 - x0), margin, stride)
             luma = (moved * _YCC[0][:, None, None]).sum(dim=-3).flatten(1)
             luma = luma - luma.mean(dim=1, keepdim=True)
             scores.append((luma * target).sum(dim=1) / (luma.norm(dim=1) * target.norm()).clamp_min(1e-6))

@@ -63,3 +63,19 @@ def test_a_perfect_output_scores_one_on_every_aligned_check(control):
     config, arrays = control
     scores = check_scores(config, arrays, arrays["target"], arrays["target"])
     assert all(np.allclose(values, 1.0, atol=1e-3) for values in scores.values()), scores
+
+
+def test_a_large_region_is_registered_on_a_subset_of_its_points():
+    """A 1024 px garment region would cost a full comparison per candidate shift; registration
+    reads every few rows and columns instead and still finds the shift."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    noise = torch.from_numpy(rng.uniform(0, 255, (3, 660, 660)).astype(np.float32))
+    image = aligned._blur(noise, 3.0).permute(1, 2, 0).numpy()
+    image = ((image - image.min()) / (image.max() - image.min()) * 255).astype(np.uint8)
+    moved = np.roll(image, (2, -3), axis=(0, 1))
+    box, light = (20, 20, 640, 640), aligned.Light(np.ones(3, np.float32), np.zeros(3, np.float32))
+    registered = aligned.residual(*aligned.align(moved, image, box, light, max_shift=4, pad=0))
+    unregistered = aligned.residual(*aligned.align(moved, image, box, light, max_shift=0, pad=0))
+    assert registered < 0.1 * unregistered
