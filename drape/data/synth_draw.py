@@ -89,16 +89,20 @@ def garment_texture(
 def _draw_logo(
     image: Image.Image, garment: Garment, width: int, height: int, variation: Variation = PLAIN
 ) -> tuple[int, int, int, int]:
-    """Draw the logo on a plate in the chest area; returns its box (x0, y0, x1, y1)."""
+    """Draw the logo on a plate in the chest area; returns its box (x0, y0, x1, y1). A turned or
+    partly lost mark (`variation`) is drawn on the plate alone, then pasted: it stays on the plate."""
     plate_w, plate_h = int(width * 0.56), int(height * 0.36)
     x0, y0 = (width - plate_w) // 2, int(height * 0.14)
     plate = tuple(255 - c for c in garment.logo_colour) if garment.pattern != "solid" else garment.colour
-    tile = Image.new("RGB", (plate_w + 1, plate_h + 1), plate)
-    draw = ImageDraw.Draw(tile)
+    altered = variation.logo_angle != 0 or variation.logo_erased > 0
+    canvas = Image.new("RGB", (plate_w + 1, plate_h + 1), plate) if altered else image
+    ox, oy = (0, 0) if altered else (x0, y0)
+    draw = ImageDraw.Draw(canvas)
+    draw.rectangle([ox, oy, ox + plate_w, oy + plate_h], fill=plate)
     font = ImageFont.load_default(size=max(int(plate_h * 0.9), 6))
     left, top, right, bottom = draw.textbbox((0, 0), garment.logo, font=font)
-    tx = (plate_w - (right - left)) // 2 - left
-    ty = (plate_h - (bottom - top)) // 2 - top
+    tx = ox + (plate_w - (right - left)) // 2 - left
+    ty = oy + (plate_h - (bottom - top)) // 2 - top
     draw.text(
         (tx, ty),
         garment.logo,
@@ -107,12 +111,13 @@ def _draw_logo(
         stroke_width=max(plate_h // 14, 1),
         stroke_fill=garment.logo_colour,
     )
-    if variation.logo_erased > 0:  # the right part of the mark lost
-        erased_from = tx + left + (right - left) * (1 - variation.logo_erased)
-        draw.rectangle([erased_from, 0, plate_w + 1, plate_h + 1], fill=plate)
-    if variation.logo_angle:
-        tile = tile.rotate(variation.logo_angle, resample=Image.Resampling.BICUBIC, fillcolor=plate)
-    image.paste(tile, (x0, y0))
+    if altered:
+        if variation.logo_erased > 0:  # the right part of the mark lost
+            erased_from = tx + left + (right - left) * (1 - variation.logo_erased)
+            draw.rectangle([erased_from, 0, plate_w + 1, plate_h + 1], fill=plate)
+        if variation.logo_angle:
+            canvas = canvas.rotate(variation.logo_angle, resample=Image.Resampling.BICUBIC, fillcolor=plate)
+        image.paste(canvas, (x0, y0))
     return x0, y0, x0 + plate_w, y0 + plate_h
 
 
