@@ -36,7 +36,7 @@ from rich.table import Table
 
 from drape.config import PipelineConfig, TextureGateConfig, default_config_path, load_config
 from drape.data.dataset import synthesize_split
-from drape.gates.calibration import Row, calibrate, render_table
+from drape.gates.calibration import Row, calibrate, redrawn_lower_bounds, render_table
 
 
 def _variants(config: PipelineConfig, as_configured: bool) -> dict[str, PipelineConfig]:
@@ -89,13 +89,11 @@ def _gate_verdicts(rows: list[Row], size: int, false_alarm: float, redraws: int 
     drop from the baseline's mean (1.0) against the largest drop of any nuisance variant."""
     from drape.gates.report import bootstrap_lower_bound
 
-    rng = np.random.default_rng(0)
     threshold, tolerance = {}, {}
     for row in rows:
         if row.aimed:
             continue
-        picks = rng.integers(0, len(row.scores), size=(redraws, size))
-        lower = np.array([bootstrap_lower_bound(row.scores[pick], resamples=500) for pick in picks])
+        lower = redrawn_lower_bounds(row.scores, redraws=redraws, size=size)
         value = float(np.quantile(lower, false_alarm, method="inverted_cdf"))
         threshold[row.check] = min(threshold.get(row.check, 1.0), value)
         tolerance[row.check] = max(tolerance.get(row.check, 0.0), 1.0 - float(row.scores[:size].mean()))
@@ -179,7 +177,10 @@ def main() -> None:
     size = config.data.control_samples
     verdicts = {column: _gate_verdicts(rows, size, args.false_alarm) for column, (_, rows) in results.items()}
     console.print(_verdict_table(verdicts, next(iter(results.values()))[1], size))
-    detected = {column: float(np.median([row.rate for row in rows if row.aimed])) for column, (_, rows) in results.items()}
+    detected = {
+        column: float(np.median([row.rate for row in rows if row.aimed and len(row.scores)]))
+        for column, (_, rows) in results.items()
+    }
     console.print("median detection: " + ", ".join(f"{r} px {m} {v:.0%}" for (r, m), v in detected.items()), highlight=False)
 
 

@@ -193,8 +193,7 @@ def _torso_quad(points: dict, category: str, size: float, variation: Variation =
         f = variation.length
         quad = [(ax, ay), (bx, by), (bx + (cx - bx) * f, by + (cy - by) * f), (ax + (dx - ax) * f, ay + (dy - ay) * f)]
     if variation.fit != 1.0:  # wider or narrower about the centre line, row by row
-        centre = [((quad[0][0] + quad[1][0]) / 2), ((quad[3][0] + quad[2][0]) / 2)]
-        top, bottom = centre
+        top, bottom = (quad[0][0] + quad[1][0]) / 2, (quad[3][0] + quad[2][0]) / 2  # the centre line's ends
         quad = [
             (top + (quad[0][0] - top) * variation.fit, quad[0][1]),
             (top + (quad[1][0] - top) * variation.fit, quad[1][1]),

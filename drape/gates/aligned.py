@@ -22,7 +22,14 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-_YCC = torch.tensor([[0.299, 0.587, 0.114], [-0.168736, -0.331264, 0.5], [0.5, -0.418688, -0.081312]])
+from drape.gates.checks import _YCC as _YCC_ARRAY
+
+_YCC = torch.tensor(_YCC_ARRAY, dtype=torch.float32)  # RGB → YCbCr (JPEG), the one transform the checks use
+
+
+def _luma(tensor: torch.Tensor) -> torch.Tensor:
+    """(..., 3, H, W) RGB → (..., H, W) luminance."""
+    return (tensor * _YCC[0][:, None, None]).sum(dim=-3)
 
 
 @dataclass(frozen=True)
@@ -155,7 +162,7 @@ def align(
     # registration reads at most 65,536 points of the region per candidate shift (a 1024 px garment:
     # every third row and column), in chunks of at most 8 M values: bounded time and memory
     stride = max(1, int(np.ceil(np.sqrt((y1 - y0) * (x1 - x0) / 65536))))
-    target = (seen * _YCC[0][:, None, None]).sum(dim=0)[::stride, ::stride].flatten()
+    target = _luma(seen)[::stride, ::stride].flatten()
     target = target - target.mean()
     per_chunk = max(1, 8_000_000 // (3 * target.numel()))
 
@@ -163,7 +170,7 @@ def align(
         scores = []
         for start in range(0, len(shifts), per_chunk):
             moved = _shifted(crop, shifts[start : start + per_chunk], (y1 - y0, x1 - x0), margin, stride)
-            luma = (moved * _YCC[0][:, None, None]).sum(dim=-3).flatten(1)
+            luma = _luma(moved).flatten(1)
             luma = luma - luma.mean(dim=1, keepdim=True)
             scores.append((luma * target).sum(dim=1) / (luma.norm(dim=1) * target.norm()).clamp_min(1e-6))
         return shifts[int(torch.cat(scores).argmax())]
@@ -224,7 +231,7 @@ def tone_difference(seen: torch.Tensor, expected: torch.Tensor, *, flat: float =
     """CIE76 ΔE between the mean L*a*b* colours of the expected region's flat skin (pixels within 40 of its
     central colour whose blurred gradient is below `flat`: no edges, where codecs ring), seen and expected."""
     smooth = _blur(expected, blur)
-    luma = (smooth * _YCC[0][:, None, None]).sum(dim=0)
+    luma = _luma(smooth)
     gradient = torch.zeros_like(luma)
     gradient[1:-1, 1:-1] = ((luma[2:, 1:-1] - luma[:-2, 1:-1]) ** 2 + (luma[1:-1, 2:] - luma[1:-1, :-2]) ** 2).sqrt() / 2
     h, w = luma.shape
@@ -243,6 +250,7 @@ def tone_difference(seen: torch.Tensor, expected: torch.Tensor, *, flat: float =
 # nuisance suite at 128 px (benchmarks/gate_validity.py), so that each term reaches a calibrated
 # threshold at about the same share of its nuisance floor and none of them hides the others.
 FACE_UNIT, TONE_UNIT, MARK_UNIT, CLOTH_UNIT = 0.24, 20.0, 0.3, 0.3
+_GARMENT_PAD = 0.05  # the garment mask's box grows by this share of its size
 BLUR, WINDOW, CHROMA = 1.0, 3, 0.25  # the comparison's scale, window and chroma weight (benchmarks/README.md)
 
 
@@ -294,7 +302,7 @@ def aligned_coherence_scores(
         ys, xs = np.nonzero(region)
         box = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
         light = fit_light(output, reference, outside(output.shape, [face], mask))
-        regions = align(output, reference, box, light, max_shift=max_shift, pad=0.05)
+        regions = align(output, reference, box, light, max_shift=max_shift, pad=_GARMENT_PAD)
         if regions is None:
             scores.append(0.0)
             continue
@@ -304,7 +312,7 @@ def aligned_coherence_scores(
         # the frame's outer `reach` pixels are not judged: an output a pixel or two off shows there
         # whatever lay outside the picture (black, in the nuisance suite)
         grown[:reach], grown[-reach:], grown[:, :reach], grown[:, -reach:] = 0, 0, 0, 0
-        x0, y0, x1, y1 = _region(box, 0.05, output.shape)
+        x0, y0, x1, y1 = _region(box, _GARMENT_PAD, output.shape)  # the region align compared
         where = grown[y0:y1, x0:x1] > 0
         scores.append(max(0.0, 1.0 - _change(regions, where) / CLOTH_UNIT))
     return np.array(scores)

@@ -116,11 +116,12 @@ class GateRow:
     rate: float  # share of redrawn sets below the gate threshold: detection for corruptions, false alarm for clean
 
 
-def redrawn_lower_bounds(scores: np.ndarray, *, redraws: int = 300, seed: int = 0) -> np.ndarray:
-    """The gate's statistic (`bootstrap_lower_bound`) on `redraws` control sets of the same size,
-    drawn with replacement from these per-sample scores: how it varies with the samples drawn."""
+def redrawn_lower_bounds(scores: np.ndarray, *, redraws: int = 300, seed: int = 0, size: int | None = None) -> np.ndarray:
+    """The gate's statistic (`bootstrap_lower_bound`) on `redraws` control sets of `size` samples
+    (default: as many as `scores`), drawn with replacement from these per-sample scores: how it
+    varies with the samples drawn."""
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(scores), size=(redraws, len(scores)))
+    picks = rng.integers(0, len(scores), size=(redraws, size or len(scores)))
     return np.array([bootstrap_lower_bound(scores[pick], seed=seed + 1 + i) for i, pick in enumerate(picks)])
 
 

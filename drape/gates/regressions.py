@@ -11,7 +11,7 @@ but the regression differs from the ground truth:
 - the garment: hue turned 30°, the pattern a third denser, a hem 12% shorter, a pocket added,
   a fit 12% looser or tighter.
 
-A regression is judged by the check it is aimed at (`check`); `applicable` says which samples it
+A regression is judged by the check it is listed under in `REGRESSIONS`; `applicable` says which samples it
 really changes (a solid garment has no pattern to densify, a pocket behind an arm does not show).
 Only synthetic control sets can be redrawn: their keys and metadata say how each sample was made.
 """
@@ -34,7 +34,6 @@ LOOK_ALIKE = {"A": "4", "K": "X", "Z": "2", "M": "N", "R": "P", "O": "Q", "D": "
 
 @dataclass(frozen=True)
 class Regression:
-    check: str  # the check that must catch it
     edit: Edit
     applies: Callable[[dict], bool] = lambda meta: True
 
@@ -71,10 +70,6 @@ def face(field: str, step: float, low: float, high: float) -> Edit:
 def other_hair(identity, garment):
     index = HAIR_COLOURS.index(tuple(identity.hair)) if tuple(identity.hair) in HAIR_COLOURS else 0
     return replace(identity, hair=HAIR_COLOURS[(index + 1) % len(HAIR_COLOURS)]), garment, PLAIN
-
-
-def mark(**changes) -> Edit:
-    return lambda identity, garment: (identity, replace(garment, **changes), PLAIN)
 
 
 def look_alike(identity, garment):
@@ -121,27 +116,27 @@ def _has_look_alike(meta: dict) -> bool:
 
 REGRESSIONS: dict[str, dict[str, Regression]] = {
     "identity": {
-        "skin tone 1/4 step": Regression("identity", skin_tone(0.25)),
-        "skin tone 1/2 step": Regression("identity", skin_tone(0.5)),
-        "face wider or narrower": Regression("identity", face("face_aspect", 0.08, 0.7, 1.0)),
-        "nose longer or shorter": Regression("identity", face("nose_length", 0.06, 0.12, 0.28)),
-        "eyes wider or closer": Regression("identity", face("eye_spacing", 0.06, 0.3, 0.5)),
-        "other hair colour": Regression("identity", other_hair),
+        "skin tone 1/4 step": Regression(skin_tone(0.25)),
+        "skin tone 1/2 step": Regression(skin_tone(0.5)),
+        "face wider or narrower": Regression(face("face_aspect", 0.08, 0.7, 1.0)),
+        "nose longer or shorter": Regression(face("nose_length", 0.06, 0.12, 0.28)),
+        "eyes wider or closer": Regression(face("eye_spacing", 0.06, 0.3, 0.5)),
+        "other hair colour": Regression(other_hair),
     },
     "texture": {
-        "look-alike letters": Regression("texture", look_alike, _has_look_alike),
-        "lower case": Regression("texture", lower_case),
-        "mark turned 12 deg": Regression("texture", drawn(logo_angle=12.0)),
-        "mark's right third lost": Regression("texture", drawn(logo_erased=0.34)),
-        "mark in another colour": Regression("texture", mark_colour),
+        "look-alike letters": Regression(look_alike, _has_look_alike),
+        "lower case": Regression(lower_case),
+        "mark turned 12 deg": Regression(drawn(logo_angle=12.0)),
+        "mark's right third lost": Regression(drawn(logo_erased=0.34)),
+        "mark in another colour": Regression(mark_colour),
     },
     "coherence": {
-        "garment hue turned 30 deg": Regression("coherence", garment_hue, _coloured),
-        "pattern a third denser": Regression("coherence", drawn(pattern_scale=0.67), _patterned),
-        "hem 12% shorter": Regression("coherence", drawn(length=0.88)),
-        "pocket added": Regression("coherence", drawn(pocket=True)),
-        "fit 12% looser": Regression("coherence", drawn(fit=1.12)),
-        "fit 12% tighter": Regression("coherence", drawn(fit=0.88)),
+        "garment hue turned 30 deg": Regression(garment_hue, _coloured),
+        "pattern a third denser": Regression(drawn(pattern_scale=0.67), _patterned),
+        "hem 12% shorter": Regression(drawn(length=0.88)),
+        "pocket added": Regression(drawn(pocket=True)),
+        "fit 12% looser": Regression(drawn(fit=1.12)),
+        "fit 12% tighter": Regression(drawn(fit=0.88)),
     },
 }
 
