@@ -91,7 +91,10 @@ def main() -> None:
         means[name] = {check: report.checks[check].lower for check in CHECKS}
         table.add_row(name, *(f"{report.checks[c].lower:.3f} ({report.checks[c].mean:.3f})" for c in CHECKS))
     thresholds = [config.gates.thresholds(stage) for stage in STAGES]
-    table.add_row("threshold (per stage)", *(" / ".join(f"{t[check]:.2f}" for t in thresholds) for check in CHECKS))
+    table.add_row(
+        "threshold (per stage)",
+        *(" / ".join(str(t[check]) if isinstance(t[check], str) else f"{t[check]:.2f}" for t in thresholds) for check in CHECKS),
+    )
     ratios = []
     for check in CHECKS:
         worst_trained = min(means[name][check] for name, _, _, aims in rows if not aims)

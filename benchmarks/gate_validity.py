@@ -14,7 +14,10 @@ a little, from a quarter step of skin tone to a hem 12% shorter).
 Each run measures two ways side by side on the same samples: the checks as the config has them
 (the baseline) and the aligned checks (`drape.gates.aligned`: light and registration undone
 first), and prints one summary table (rates per resolution and method) and, with `--tables`,
-each calibration's full distribution table.
+each calibration's full distribution table. Then the gate itself (`drape.gates.run.judge` with
+every threshold and change tolerance 'nuisance', measured at the gate from the nuisance suite):
+its verdict on a control set of the config's size made of each variant, in a first run and
+against a perfect baseline.
 
     .venv/bin/python benchmarks/gate_validity.py [--config configs/demo.yaml] [--samples 120] \\
         [--resolution 64 128 256] [--nuisance] [--tables]
@@ -36,7 +39,7 @@ from rich.table import Table
 
 from drape.config import PipelineConfig, TextureGateConfig, default_config_path, load_config
 from drape.data.dataset import synthesize_split
-from drape.gates.calibration import Row, calibrate, redrawn_lower_bounds, render_table
+from drape.gates.calibration import Row, calibrate, render_table
 
 
 def _variants(config: PipelineConfig, as_configured: bool) -> dict[str, PipelineConfig]:
@@ -81,36 +84,83 @@ def _summary(results: dict[tuple[int, str], tuple[dict, list[Row]]], false_alarm
     return table
 
 
-def _gate_verdicts(rows: list[Row], size: int, false_alarm: float, redraws: int = 300) -> dict[tuple[str, str], str]:
-    """Per (check, outputs): the gate's verdict on a control set of the first `size` samples made
-    entirely of those outputs, in both modes. First run: the bootstrap lower bound of the mean
-    against the threshold that nuisance control sets (redrawn from the samples) fall below in
-    `false_alarm` of redraws. Against a baseline (here the ground truth, a perfect one): the mean's
-    drop from the baseline's mean (1.0) against the largest drop of any nuisance variant."""
-    from drape.gates.report import bootstrap_lower_bound
+def _subset(control: dict, size: int) -> dict:
+    """The first `size` samples of a control split."""
+    return {field: values[:size] for field, values in control.items()}
 
-    threshold, tolerance = {}, {}
-    for row in rows:
-        if row.aimed:
-            continue
-        lower = redrawn_lower_bounds(row.scores, redraws=redraws, size=size)
-        value = float(np.quantile(lower, false_alarm, method="inverted_cdf"))
-        threshold[row.check] = min(threshold.get(row.check, 1.0), value)
-        tolerance[row.check] = max(tolerance.get(row.check, 0.0), 1.0 - float(row.scores[:size].mean()))
+
+def _variant_outputs(row: Row, control: dict, seed: int) -> tuple[np.ndarray, int]:
+    """(outputs, how many samples show it): the control targets with `row`'s variant where it shows,
+    the targets themselves elsewhere (a model that regresses renders the rest as before)."""
+    from drape.gates import corruptions, regressions
+    from drape.gates.nuisance import NUISANCE
+
+    targets, meta = control["target"], control["meta"]
+    if row.suite == "regression":
+        regression = regressions.REGRESSIONS[row.check][row.outputs]
+        varied = regressions.render(regression, meta, seed)
+        shows = regressions.applicable(regression, meta, varied, targets)
+    else:
+        variant = (
+            NUISANCE.get(row.outputs) or corruptions.CLEAN.get(row.outputs) or corruptions.CORRUPTIONS[row.check][row.outputs]
+        )
+        varied = corruptions.apply(variant, targets, meta, control["garment_mask"], seed)
+        shows = corruptions.applicable(variant, meta) if row.aimed else np.ones(len(meta), dtype=bool)
+    return np.where(shows[:, None, None, None], varied, targets), int(shows.sum())
+
+
+def gate_config(config: PipelineConfig) -> PipelineConfig:
+    """`config` with every threshold and change tolerance measured at the gate ('nuisance')."""
+    gates = config.gates
+    update = {
+        "identity": gates.identity.model_copy(update={"min_similarity": "nuisance", "max_drop": "nuisance"}),
+        "texture": gates.texture.model_copy(update={"min_fidelity": "nuisance", "max_drop": "nuisance"}),
+        "coherence": gates.coherence.model_copy(
+            update={"min_score": "nuisance", "min_score_vs_baseline": "nuisance", "max_drop": "nuisance"}
+        ),
+        "nuisance_floor": True,
+    }
+    return config.model_copy(update={"gates": gates.model_copy(update=update)})
+
+
+def _gate_verdicts(config: PipelineConfig, control: dict, rows: list[Row], size: int) -> dict[tuple[str, str], str]:
+    """Per (check, outputs): the gate's own verdict (`drape.gates.run.judge`, thresholds and change
+    tolerances 'nuisance') on the first `size` control samples, each rendered with that variant
+    where it shows; first run (vs the ground truth) / against a baseline (the ground truth as a
+    perfect baseline's outputs). A failing verdict names the checks that failed."""
+    from drape.gates.floor import nuisance_levels
+    from drape.gates.report import recorded
+    from drape.gates.run import check_scores, judge
+
+    config, control = gate_config(config), _subset(control, size)
+    targets = control["target"]
+    own = {name: recorded(values) for name, values in check_scores(config, control, targets, targets).items()}
+    first = nuisance_levels(config, control)
+    against = nuisance_levels(config, control, baseline_outputs=targets, baseline_scores=own)
     verdicts = {}
     for row in rows:
-        shown = row.scores[:size]
-        if len(shown) < 2:
+        outputs, shown = _variant_outputs(row, control, config.seed)
+        if shown == 0:
             verdicts[(row.check, row.outputs)] = "n/a"
             continue
-        first = "fail" if bootstrap_lower_bound(shown) < threshold[row.check] else "pass"
-        change = "fail" if 1.0 - float(shown.mean()) > tolerance[row.check] + 1e-9 else "pass"
-        verdicts[(row.check, row.outputs)] = f"{first}/{change}"
+        common = dict(stage="denoise", run_id="benchmark", checkpoint="-", control=control, control_set="-", outputs=outputs)
+        reports = (
+            judge(config, baseline_outputs=None, baseline=None, levels=first, **common),
+            judge(config, baseline_outputs=targets, baseline={"version": "perfect"}, levels=against, **common),
+        )
+        cells = [
+            r.verdict + ("" if r.passed else f" ({','.join(n[0] for n, c in r.checks.items() if not c.passed)})") for r in reports
+        ]
+        verdicts[(row.check, row.outputs)] = " / ".join(cells) + (f" [{shown}]" if shown < size else "")
     return verdicts
 
 
 def _verdict_table(verdicts: dict[tuple[int, str], dict], rows: list[Row], size: int) -> Table:
-    table = Table(title=f"gate verdicts on a control set of {size} samples made of each variant: first run / vs a baseline")
+    table = Table(
+        title=f"gate verdicts (drape.gates.run.judge, thresholds and tolerances 'nuisance') on a control set of {size} "
+        "samples made of each variant: first run / vs a perfect baseline; (i, t, c): the checks that failed; "
+        "[n]: the samples that show it, when fewer"
+    )
     table.add_column("check")
     table.add_column("outputs")
     for resolution, method in verdicts:
@@ -120,7 +170,8 @@ def _verdict_table(verdicts: dict[tuple[int, str], dict], rows: list[Row], size:
         cells = []
         for column in verdicts:
             verdict = verdicts[column][(row.check, row.outputs)]
-            good = verdict == f"{expected}/{expected}" or verdict == "n/a"
+            modes = verdict.split(" [")[0].split(" / ")
+            good = verdict == "n/a" or all(mode.split(" ")[0] == expected for mode in modes)
             cells.append(verdict if good else f"[red]{verdict}[/red]")
         label = f"regression: {row.outputs}" if row.suite == "regression" else row.outputs
         table.add_row(row.check, label, *cells)
@@ -153,10 +204,13 @@ def main() -> None:
     label = "the nuisance suite" if args.nuisance else "mild clean variants (noise, JPEG q90)"
     console = Console(width=200)
     results: dict[tuple[int, str], tuple[dict, list[Row]]] = {}
+    configs: dict[tuple[int, str], PipelineConfig] = {}
+    controls: dict[int, dict] = {}
     for resolution in args.resolution or [config.data.resolution]:
         sized = config.model_copy(update={"data": config.data.model_copy(update={"resolution": resolution})})
-        control = synthesize_split(sized, "control", args.samples)
+        control = controls[resolution] = synthesize_split(sized, "control", args.samples)
         for method, variant in _variants(sized, args.as_configured).items():
+            configs[(resolution, method)] = variant
             started = time.perf_counter()
             thresholds, rows = calibrate(
                 variant, control, false_alarm=args.false_alarm, clean_suite=suite, regressions=args.nuisance
@@ -175,7 +229,13 @@ def main() -> None:
     )
     console.print(_summary(results, args.false_alarm, title))
     size = config.data.control_samples
-    verdicts = {column: _gate_verdicts(rows, size, args.false_alarm) for column, (_, rows) in results.items()}
+    verdicts = {}
+    for (resolution, method), (_, rows) in results.items():
+        started = time.perf_counter()
+        variant = configs[(resolution, method)]
+        verdicts[(resolution, method)] = _gate_verdicts(variant, controls[resolution], rows, size)
+        seconds = time.perf_counter() - started
+        console.print(f"{resolution} px, {method}: gate verdicts in {seconds:.0f} s", highlight=False)
     console.print(_verdict_table(verdicts, next(iter(results.values()))[1], size))
     detected = {
         column: float(np.median([row.rate for row in rows if row.aimed and len(row.scores)]))

@@ -51,6 +51,8 @@ def gate_check(
     console.print(rich_table(result, f"gate ({stage} thresholds) on {control_set}: {result.verdict.upper()}"))
     for line in result.failures():
         console.print(f"[red]- {line}[/red]")
+    for line in result.notes():
+        console.print(f"[yellow]- note: {line}[/yellow]")
     if report:
         report.write_text(json.dumps(result.to_dict(), indent=2))
     raise typer.Exit(0 if result.passed else 1)

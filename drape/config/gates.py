@@ -10,11 +10,19 @@ from drape.config.base import StageName, StrictModel
 
 # a check's score lies in [0, 1] where 1 is perfect: a threshold outside (0, 1] passes anything
 # (or nothing) and is refused; one value for every stage, or one per stage
-Bounded = Annotated[float, Field(gt=0, le=1)]
+# (or "nuisance": the check's nuisance floor, measured at each gate: what accepted variations of the
+# ground truth score, drape.gates.floor)
+Bounded = Annotated[float, Field(gt=0, le=1)] | Literal["nuisance"]
 Threshold = Bounded | dict[StageName, Bounded] | None
 
 
-def _threshold_for(threshold: Threshold, stage: str) -> float | None:
+# a change threshold: a fixed fall of the mean, or "nuisance": the largest fall the baseline's own outputs
+# show under the nuisance suite (drape.gates.floor), measured at each gate
+MaxDrop = Annotated[float, Field(ge=0, le=0.5)] | Literal["nuisance"] | None
+MAX_DROP = "change threshold vs the stage baseline's mean: a number, or 'nuisance' (measured at the gate); unset: none"
+
+
+def _threshold_for(threshold: Threshold, stage: str) -> float | str | None:
     return threshold.get(stage) if isinstance(threshold, dict) else threshold
 
 
@@ -29,7 +37,7 @@ class IdentityGateConfig(StrictModel):
     onnx_model_path: str | None = None
     min_similarity: Threshold = None
     max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
-    max_drop: float | None = Field(default=0.05, ge=0, le=0.5, description="change threshold vs the stage baseline's mean")
+    max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
 
     @model_validator(mode="after")
     def _onnx_needs_path(self) -> IdentityGateConfig:
@@ -51,7 +59,7 @@ class TextureGateConfig(StrictModel):
     sharpness_floor: float = Field(
         default=0.2, ge=0, le=1, description=("share of the mark's gradient energy below which the score scales down (0: off)")
     )
-    max_drop: float | None = Field(default=0.05, ge=0, le=0.5, description="change threshold vs the stage baseline's mean")
+    max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
 
 
 class CoherenceGateConfig(StrictModel):
@@ -67,6 +75,7 @@ class CoherenceGateConfig(StrictModel):
             "the ground truth, so this threshold can be stricter; default min_score"
         ),
     )
+    max_drop: MaxDrop = Field(default=None, description=MAX_DROP + " (compared vs the ground truth)")
 
 
 class GatesConfig(StrictModel):
@@ -75,8 +84,33 @@ class GatesConfig(StrictModel):
     coherence: CoherenceGateConfig = CoherenceGateConfig()
     sample_seed: int = 1234
     grid_samples: int = Field(default=8, gt=0)
+    nuisance_floor: bool = Field(
+        default=True,
+        description=(
+            "score the nuisance suite on the references at each gate: each check's floor (the report gives the margin "
+            "over it; a threshold 'nuisance' is the floor) and, with max_drop 'nuisance', the change tolerances"
+        ),
+    )
 
-    def thresholds(self, stage: str, *, vs_baseline: bool = False) -> dict[str, float | None]:
+    @model_validator(mode="after")
+    def _nuisance_drop_needs_the_floor(self) -> GatesConfig:
+        if self.nuisance_floor:
+            return self
+        for check, threshold in (
+            ("identity.min_similarity", self.identity.min_similarity),
+            ("texture.min_fidelity", self.texture.min_fidelity),
+            ("coherence.min_score", self.coherence.min_score),
+            ("coherence.min_score_vs_baseline", self.coherence.min_score_vs_baseline),
+            ("identity.max_drop", self.identity.max_drop),
+            ("texture.max_drop", self.texture.max_drop),
+            ("coherence.max_drop", self.coherence.max_drop),
+        ):
+            values = threshold.values() if isinstance(threshold, dict) else [threshold]
+            if "nuisance" in values:
+                raise ValueError(f"{check} 'nuisance' is measured with the nuisance suite: set nuisance_floor: true")
+        return self
+
+    def thresholds(self, stage: str, *, vs_baseline: bool = False) -> dict[str, float | str | None]:
         """Each check's threshold at `stage` (None: not configured, which blocks promotion); coherence
         measured against a baseline's outputs (`vs_baseline`) uses `min_score_vs_baseline` when set."""
         coherence = _threshold_for(self.coherence.min_score, stage)

@@ -22,7 +22,7 @@ import numpy as np
 
 from drape.config import PipelineConfig
 from drape.gates.corruptions import CLEAN, CORRUPTIONS, Corruption, applicable, apply
-from drape.gates.report import bootstrap_lower_bound
+from drape.gates.report import bootstrap_lower_bound, recorded
 from drape.gates.run import check_scores
 
 
@@ -43,10 +43,7 @@ class Row:
 def _scores(config: PipelineConfig, control: dict, outputs: np.ndarray, reference: np.ndarray) -> dict[str, np.ndarray]:
     """Per-sample values of every check, as a gate report records them (6 decimals); coherence is
     judged against `reference`."""
-    return {
-        name: np.array([round(float(v), 6) for v in values])
-        for name, values in check_scores(config, control, outputs, reference).items()
-    }
+    return {name: recorded(values) for name, values in check_scores(config, control, outputs, reference).items()}
 
 
 def calibrate(
@@ -158,7 +155,7 @@ def render_gate_table(
     *,
     false_alarm: float,
     title: str,
-    configured: dict[str, float | None] | None = None,
+    configured: dict[str, float | str | None] | None = None,
 ):
     """A rich Table of the gate-level calibration: per check and outputs, the lower bound, its
     5th-95th percentile over redrawn control sets, and the rate below the gate threshold."""
@@ -178,7 +175,7 @@ def render_gate_table(
         cells = [row.check, f"{thresholds[row.check]:.3f}"]
         if configured is not None:
             value = configured.get(row.check)
-            cells.append("unset" if value is None else f"{value:.3f}")
+            cells.append("unset" if value is None else value if isinstance(value, str) else f"{value:.3f}")
         rate = f"{kind} {row.rate:.1%}" if met else f"[red]{kind} {row.rate:.1%}[/red]"
         table.add_row(*cells, row.outputs, f"{row.lower:.3f}", f"{p5:.3f}", f"{p95:.3f}", rate)
     return table

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from drape.gates.report import CheckResult, GateReport
 
-COLUMNS = ("check", "lower bound", "mean", "min", "threshold", "baseline mean (max drop)", "verdict")
+COLUMNS = ("check", "lower bound", "mean", "min", "threshold", "nuisance floor (margin)", "baseline mean (max drop)", "verdict")
 
 
 @dataclass(frozen=True)
@@ -21,24 +21,30 @@ class CheckCells:
     mean: str
     minimum: str
     threshold: str
+    floor: str  # "0.912 (+0.031)", or "-" when not measured
     baseline: str  # the change check: "0.880 (0.050)", or why it was skipped
     baseline_mean: str  # "" without a baseline
     verdict: str  # "pass" or "FAIL"
     passed: bool
 
     def row(self) -> list[str]:
-        return [self.check, self.lower, self.mean, self.minimum, self.threshold, self.baseline, self.verdict]
+        return [self.check, self.lower, self.mean, self.minimum, self.threshold, self.floor, self.baseline, self.verdict]
 
 
 def _cells(check: CheckResult) -> CheckCells:
     baseline_mean = "" if check.baseline_mean is None else f"{check.baseline_mean:.3f}"
-    change = f"{baseline_mean} ({check.max_drop:.3f})" if check.change_checked else (check.change_note or "-")
+    source = ", nuisance" if check.drop_source.startswith("nuisance") else ""
+    change = f"{baseline_mean} ({check.max_drop:.3f}{source})" if check.change_checked else (check.change_note or "-")
+    floor = "-" if check.floor is None or check.margin is None else f"{check.floor:.3f} ({check.margin:+.3f})"
+    from_floor = " (floor)" if check.threshold_source.startswith("nuisance") else ""
+    threshold = "not set" if check.threshold is None else f"{check.threshold:.3f}{from_floor}"
     return CheckCells(
         check.name,
         f"{check.lower:.3f}",
         f"{check.mean:.3f}",
         f"{check.minimum:.3f}",
-        "not set" if check.threshold is None else f"{check.threshold:.3f}",
+        threshold,
+        floor,
         change,
         baseline_mean,
         "pass" if check.passed else "FAIL",
@@ -65,8 +71,10 @@ def markdown(report: GateReport) -> str:
     lines += [f"**{problem}**" for problem in report.provenance] + ([""] if report.provenance else [])
     lines += ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(cells.row()) + " |" for cells in check_cells(report)]
-    failures = report.failures()
-    return "\n".join(lines + ([""] + [f"- {line}" for line in failures] if failures else []))
+    failures, notes = report.failures(), report.notes()
+    lines += [""] + [f"- {line}" for line in failures] if failures else []
+    lines += [""] + [f"- note: {line}" for line in notes] if notes else []
+    return "\n".join(lines)
 
 
 def slack_lines(report: GateReport) -> list[str]:
@@ -75,7 +83,8 @@ def slack_lines(report: GateReport) -> list[str]:
     for cells in check_cells(report):
         mark = ":white_check_mark:" if cells.passed else ":x:"
         baseline = f", baseline mean {cells.baseline_mean}" if cells.baseline_mean else ""
-        lines.append(f"{mark} *{cells.check}*: {cells.lower} (mean {cells.mean}) vs threshold {cells.threshold}{baseline}")
+        floor = f", nuisance floor {cells.floor}" if cells.floor != "-" else ""
+        lines.append(f"{mark} *{cells.check}*: {cells.lower} (mean {cells.mean}) vs threshold {cells.threshold}{floor}{baseline}")
     return lines
 
 

@@ -5,6 +5,8 @@ Each check has a value threshold, applied to a lower confidence bound of its mea
 threshold against the stage baseline: the candidate's mean may not fall more than `max_drop`
 below the baseline's mean on the same control set. No value threshold means no promotion, never a
 silent pass. Without a baseline (a first run) the change check is skipped and the report says why.
+Each check also carries its nuisance floor (`drape.gates.floor`: what accepted variations of its
+reference score) and the candidate's margin over it.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 CHECKS = ("identity", "texture", "coherence")
-SCHEMA = "drape.gate_report/v3"  # v3: provenance
+SCHEMA = "drape.gate_report/v4"  # v3: provenance; v4: method, nuisance floor and margin, change-check source
 
 
 def bootstrap_lower_bound(
@@ -29,6 +31,12 @@ def bootstrap_lower_bound(
     return float(np.quantile(means, quantile))
 
 
+def recorded(values) -> np.ndarray:
+    """Per-sample values as a report records them (6 decimals): floors and calibrations use these
+    too, so a value equal to a floor compares equal."""
+    return np.array([round(float(value), 6) for value in values])
+
+
 @dataclass
 class CheckResult:
     name: str
@@ -38,6 +46,12 @@ class CheckResult:
     baseline_mean: float | None = None
     max_drop: float | None = None
     change_note: str = ""  # why the change check was skipped, when it was
+    method: str = ""  # how the check scored (gates.<check>.method)
+    threshold_source: str = "config"  # or "nuisance floor (<variant>)": the threshold is the floor measured at the gate
+    floor: float | None = None  # the lowest lower bound any nuisance variant of the reference reaches
+    floor_variant: str = ""  # the variant that set it
+    change_mean: float | None = None  # the mean the change check compares (on the ground-truth scale); None: `mean`
+    drop_source: str = ""  # where max_drop came from: "config" or "nuisance (<variant>)"
     mean: float = field(init=False)
     lower: float = field(init=False)
     minimum: float = field(init=False)
@@ -46,6 +60,11 @@ class CheckResult:
         scores = list(self.values.values())
         self.mean, self.minimum = float(np.mean(scores)), float(np.min(scores))
         self.lower = bootstrap_lower_bound(scores)
+
+    @property
+    def margin(self) -> float | None:
+        """The lower bound over the nuisance floor (negative: below what harmless variation scores)."""
+        return None if self.floor is None else self.lower - self.floor
 
     @property
     def value_passed(self) -> bool:
@@ -59,11 +78,25 @@ class CheckResult:
     def change_passed(self) -> bool:
         if self.baseline_mean is None or self.max_drop is None:  # not checked
             return True
-        return self.mean >= self.baseline_mean - self.max_drop
+        return self.compared_mean >= self.baseline_mean - self.max_drop
+
+    @property
+    def compared_mean(self) -> float:
+        return self.mean if self.change_mean is None else self.change_mean
 
     @property
     def passed(self) -> bool:
         return self.value_passed and self.change_passed
+
+    def note(self) -> str:
+        """A warning when the threshold asks more than the ground truth under harmless variation
+        scores (a perfect output under that variant would fail); empty otherwise."""
+        if self.floor is None or self.threshold is None or self.threshold <= self.floor:
+            return ""
+        return (
+            f"{self.name}: threshold {self.threshold:.4f} is above the nuisance floor {self.floor:.4f}: a perfect output "
+            f"under '{self.floor_variant}' would fail it"
+        )
 
     def aggregates(self) -> dict[str, float]:
         """The aggregates metrics carry: ``lower`` (bootstrap 5th percentile), ``mean``, ``min``."""
@@ -75,11 +108,16 @@ class CheckResult:
         if self.threshold is None:
             lines.append(f"{self.name}: no threshold configured, so nothing can be promoted")
         elif not self.value_passed:
-            lines.append(f"{self.name}: lower bound {self.lower:.4f} (mean {self.mean:.4f}) < threshold {self.threshold:.4f}")
-        if not self.change_passed:
+            floor = f", nuisance floor {self.floor:.4f} ({self.floor_variant})" if self.floor is not None else ""
             lines.append(
-                f"{self.name}: mean {self.mean:.4f} fell more than {self.max_drop:.4f} below the baseline's "
-                f"{self.baseline_mean:.4f}"
+                f"{self.name}: lower bound {self.lower:.4f} (mean {self.mean:.4f}) < threshold {self.threshold:.4f}{floor}"
+            )
+        if not self.change_passed:
+            scale = " vs the ground truth" if self.change_mean is not None and self.change_mean != self.mean else ""
+            source = f" ({self.drop_source})" if self.drop_source else ""
+            lines.append(
+                f"{self.name}: mean{scale} {self.compared_mean:.4f} fell more than {self.max_drop:.4f}{source} below the "
+                f"baseline's {self.baseline_mean:.4f}"
             )
         return lines
 
@@ -90,6 +128,8 @@ class CheckResult:
             "checked": self.change_checked,
             "passed": self.change_passed,
             "note": self.change_note,
+            "mean": self.compared_mean if self.change_checked else None,
+            "max_drop_from": self.drop_source,
         }
         return {
             "values": self.values,
@@ -97,6 +137,11 @@ class CheckResult:
             "lower": self.lower,
             "min": self.minimum,
             "threshold": self.threshold,
+            "threshold_from": self.threshold_source,
+            "method": self.method,
+            "nuisance_floor": self.floor,
+            "nuisance_floor_variant": self.floor_variant,
+            "margin": self.margin,
             "value_passed": self.value_passed,
             "change": change,
             "passed": self.passed,
@@ -127,6 +172,10 @@ class GateReport:
     def failures(self) -> list[str]:
         return [*self.provenance, *(line for check in self.checks.values() for line in check.failures())]
 
+    def notes(self) -> list[str]:
+        """Warnings that do not fail the gate: thresholds above their nuisance floor."""
+        return [note for check in self.checks.values() if (note := check.note())]
+
     def to_dict(self) -> dict:
         return {
             "schema": SCHEMA,
@@ -139,6 +188,7 @@ class GateReport:
             "provenance": self.provenance,
             "checks": {name: check.to_dict() for name, check in self.checks.items()},
             "failures": self.failures(),
+            "notes": self.notes(),
         }
 
     def worst_samples(self, per_check: int) -> list[tuple[str, str, float]]:

@@ -9,6 +9,7 @@ output, target per control sample).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,8 @@ from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
 from drape.gates import aligned
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
-from drape.gates.report import CheckResult, GateReport
+from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
+from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
 from drape.training.checkpoint import load_model
 from drape.training.model import sample
 from drape.training.trainer import resolve_device
@@ -102,20 +104,21 @@ def check_scores(
     reference: np.ndarray | None = None,
     *,
     embedder: FaceEmbedder | None = None,
+    checks: Collection[str] = CHECKS,
 ) -> dict[str, np.ndarray]:
-    """Per-sample values of the checks on `outputs`: identity and texture against the control
+    """Per-sample values of `checks` on `outputs`: identity and texture against the control
     targets, coherence against `reference` (a baseline's outputs or the targets; None: not scored)."""
     meta, gates = control["meta"], config.gates
     faces, logos, targets = [m["face_box"] for m in meta], [m["logo_box"] for m in meta], control["target"]
     values = {}
-    if gates.identity.method == "aligned":
+    if "identity" in checks and gates.identity.method == "aligned":
         values["identity"] = aligned.aligned_identity_scores(outputs, targets, faces, gates.identity.max_shift_pixels)
-    else:
+    elif "identity" in checks:
         values["identity"] = identity_scores(outputs, targets, faces, embedder or build_embedder(gates))
     texture = gates.texture
-    if texture.method == "aligned":
+    if "texture" in checks and texture.method == "aligned":
         values["texture"] = aligned.aligned_texture_scores(outputs, targets, logos, faces, texture.max_shift_pixels)
-    else:
+    elif "texture" in checks:
         values["texture"] = texture_scores(
             outputs,
             targets,
@@ -124,22 +127,19 @@ def check_scores(
             mirror_penalty=texture.mirror_penalty,
             sharpness_floor=texture.sharpness_floor,
         )
-    if reference is not None and gates.coherence.method == "aligned":
+    if "coherence" in checks and reference is not None and gates.coherence.method == "aligned":
         values["coherence"] = aligned.aligned_coherence_scores(
             outputs, reference, faces, control["mask"], gates.coherence.max_shift_pixels
         )
-    elif reference is not None:
+    elif "coherence" in checks and reference is not None:
         values["coherence"] = coherence_scores(outputs, reference, control["mask"])
     return values
 
 
-def _judged_against(config: PipelineConfig, check: str, baseline: dict | None) -> tuple[str, float | None, str]:
-    """(what `check` compares with, its change threshold, why the change check is skipped) for the report."""
-    if check == "coherence":
-        reference = f"baseline v{baseline['version']} outputs" if baseline else "ground-truth targets (no baseline yet)"
-        return reference, None, "coherence is measured against the baseline's own outputs: no separate change check"
-    max_drop = config.gates.identity.max_drop if check == "identity" else config.gates.texture.max_drop
-    return "control targets", max_drop, "" if baseline else "no baseline yet (first run of this stage): change check skipped"
+def _reference_label(check: str, baseline: dict | None) -> str:
+    if check == "coherence" and baseline:
+        return f"baseline v{baseline['version']} outputs"
+    return "ground-truth targets (no baseline yet)" if check == "coherence" else "control targets"
 
 
 def judge(
@@ -153,26 +153,88 @@ def judge(
     outputs: np.ndarray,
     baseline_outputs: np.ndarray | None,
     baseline: dict | None,
+    levels: NuisanceLevels | None = None,
 ) -> GateReport:
     """The GateReport for `outputs` on the control set; pure given its inputs.
 
-    With baseline outputs, coherence is measured against them, and the identity and texture
-    checks also score the baseline's outputs on the same control set: that is the mean the
-    change threshold compares with.
+    Value checks: identity and texture against the control targets, coherence against the
+    baseline's outputs when given (else the ground truth), each against its threshold (a number,
+    or "nuisance": the check's nuisance floor, `drape.gates.floor`); every check reports its margin
+    over that floor when `gates.nuisance_floor` is on. Change checks, with a baseline:
+    each check's mean on the ground-truth scale may not fall more than `max_drop` below the
+    baseline's (a number, or "nuisance": the largest fall the baseline's own outputs show under the
+    nuisance suite). `levels`: the floors and tolerances when already measured (they depend on the
+    control set and the baseline only).
     """
-    embedder = build_embedder(config.gates) if config.gates.identity.method == "embedding" else None
+    gates = config.gates
+    embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
     vs_baseline = baseline_outputs is not None
-    reference = control["target"] if baseline_outputs is None else baseline_outputs
-    values = check_scores(config, control, outputs, reference, embedder=embedder)
-    baseline_values = {} if baseline_outputs is None else check_scores(config, control, baseline_outputs, embedder=embedder)
-    thresholds = config.gates.thresholds(stage, vs_baseline=vs_baseline)
+    targets = control["target"]
+
+    def scores(images: np.ndarray, reference: np.ndarray, checks: Collection[str] = CHECKS) -> dict[str, np.ndarray]:
+        found = check_scores(config, control, images, reference, embedder=embedder, checks=checks)
+        return {name: recorded(values) for name, values in found.items()}
+
+    values = scores(outputs, targets if baseline_outputs is None else baseline_outputs)
+    own, baseline_own = {}, {}
+    if baseline_outputs is not None:
+        # the change checks compare both on the ground-truth scale: coherence vs the targets too
+        own = {**values, **scores(outputs, targets, ("coherence",))}
+        baseline_own = scores(baseline_outputs, targets)
+    if levels is None and gates.nuisance_floor:
+        levels = nuisance_levels(
+            config, control, baseline_outputs=baseline_outputs, baseline_scores=baseline_own, embedder=embedder
+        )
+    thresholds = gates.thresholds(stage, vs_baseline=vs_baseline)
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
-    for name, scores in values.items():
-        against, max_drop, note = _judged_against(config, name, baseline if vs_baseline else None)
-        baseline_mean = float(baseline_values[name].mean()) if name in baseline_values else None
-        per_sample = {key: round(float(value), 6) for key, value in zip(control["keys"], scores)}
-        report.checks[name] = CheckResult(name, per_sample, thresholds[name], against, baseline_mean, max_drop, note)
+    for name in values:
+        floor = levels.floor.get(name) if levels else None
+        threshold, source = _value_threshold(name, thresholds[name], floor)
+        change = _change_check(name, getattr(gates, name).max_drop, levels, own, baseline_own, vs_baseline)
+        report.checks[name] = CheckResult(
+            name,
+            dict(zip(control["keys"], values[name].tolist())),
+            threshold,
+            _reference_label(name, baseline if vs_baseline else None),
+            method=getattr(gates, name).method,
+            threshold_source=source,
+            floor=None if floor is None else floor.value,
+            floor_variant="" if floor is None else floor.variant,
+            **change,
+        )
     return report
+
+
+def _value_threshold(check: str, configured: float | str | None, floor: Level | None) -> tuple[float | None, str]:
+    """(the threshold, where it came from): as configured, or the floor for 'nuisance'."""
+    if configured != "nuisance":
+        return (None if configured is None else float(configured)), "config"
+    if floor is None:  # the config refuses a 'nuisance' threshold without gates.nuisance_floor
+        raise ValueError(f"the {check} threshold is 'nuisance' but no nuisance floor was measured")
+    return floor.value, f"nuisance floor ({floor.variant})"
+
+
+def _change_check(
+    check: str, max_drop: float | str | None, levels: NuisanceLevels | None, own: dict, baseline_own: dict, vs_baseline: bool
+) -> dict:
+    """The CheckResult fields of `check`'s change check: its means, tolerance and where that came from."""
+    if max_drop is None:
+        return {"change_note": "no change check configured (max_drop unset)"}
+    if not vs_baseline:
+        return {"change_note": "no baseline yet (first run of this stage): change check skipped"}
+    if max_drop == "nuisance":
+        tolerance = levels.tolerance[check] if levels else None
+        if tolerance is None:  # the config refuses max_drop 'nuisance' without gates.nuisance_floor
+            raise ValueError(f"gates.{check}.max_drop is 'nuisance' but no nuisance levels were measured")
+        drop, source = tolerance.value, f"nuisance ({tolerance.variant})"
+    else:
+        drop, source = float(max_drop), "config"
+    return {
+        "baseline_mean": float(np.mean(baseline_own[check])),
+        "change_mean": float(np.mean(own[check])),
+        "max_drop": drop,
+        "drop_source": source,
+    }
 
 
 def provenance_problems(

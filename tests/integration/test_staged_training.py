@@ -268,7 +268,7 @@ def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_ru
         assert report["baseline"]["version"] == before[f"{report['stage']}-baseline"]
         assert report["checks"]["coherence"]["reference"].startswith("baseline v")
         assert report["checks"]["identity"]["change"]["checked"] and report["checks"]["texture"]["change"]["checked"]
-        assert report["schema"] == "drape.gate_report/v3"
+        assert report["schema"] == "drape.gate_report/v4"
     superseded = [
         r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"] and r["outcome"] == "superseded_baseline"
     ]

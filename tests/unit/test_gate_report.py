@@ -40,4 +40,4 @@ def test_report_needs_every_check_and_ranks_worst_samples():
     assert not report.passed  # coherence missing: a partial gate never passes
     assert report.worst_samples(1) == [("identity", "b", 0.4), ("texture", "b", 0.4)]
     data = report.to_dict()
-    assert data["schema"] == "drape.gate_report/v3" and data["verdict"] == "fail"
+    assert data["schema"] == "drape.gate_report/v4" and data["verdict"] == "fail"

@@ -1,0 +1,138 @@
+"""The nuisance floor and tolerances: thresholds and change checks that accepted variation cannot trip."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from drape.config import ConfigError
+from drape.gates.floor import nuisance_levels, nuisance_scores
+from drape.gates.nuisance import NUISANCE
+from drape.gates.regressions import REGRESSIONS, render
+from drape.gates.render import check_cells
+from drape.gates.report import bootstrap_lower_bound, recorded
+from drape.gates.run import check_scores, judge
+from tests.conftest import tiny_config
+
+MEASURED = {"min_similarity": "nuisance", "max_drop": "nuisance"}
+
+
+def _gates(method: str | None) -> dict:
+    aligned = {"method": method} if method else {}
+    return {
+        "identity": {**aligned, **MEASURED},
+        "texture": {**aligned, "min_fidelity": "nuisance", "max_drop": "nuisance"},
+        "coherence": {**aligned, "min_score": "nuisance", "min_score_vs_baseline": "nuisance", "max_drop": "nuisance"},
+    }
+
+
+@pytest.fixture(scope="module")
+def aligned_128(tmp_path_factory):
+    """Six control samples at 128 px, aligned checks, every threshold and tolerance measured at the gate."""
+    from drape.data.dataset import synthesize_split
+
+    config = tiny_config(tmp_path_factory.mktemp("floor"), data={"resolution": 128}, gates=_gates("aligned"))
+    control = synthesize_split(config, "control", 6)
+    targets = control["target"]
+    own = {name: recorded(values) for name, values in check_scores(config, control, targets, targets).items()}
+    first = nuisance_levels(config, control)
+    against = nuisance_levels(config, control, baseline_outputs=targets, baseline_scores=own)
+    return config, control, first, against
+
+
+def _judge(config, control, outputs, levels, baseline_outputs=None):
+    return judge(
+        config,
+        stage="denoise",
+        run_id="r",
+        checkpoint="c",
+        control=control,
+        control_set="x",
+        outputs=outputs,
+        baseline_outputs=baseline_outputs,
+        baseline=None if baseline_outputs is None else {"version": "1"},
+        levels=levels,
+    )
+
+
+def test_the_floor_is_the_lowest_lower_bound_of_any_nuisance_variant(aligned_128):
+    config, control, first, _ = aligned_128
+    targets = control["target"]
+    scored = nuisance_scores(config, control, targets, targets)
+    for check, level in first.floor.items():
+        lowers = {name: bootstrap_lower_bound(scores[check]) for name, scores in scored.items()}
+        assert level.value == min(lowers.values()) and lowers[level.variant] == level.value
+        assert 0 < level.value < 1  # a perfect output scores 1; harmless variation costs something
+
+
+def test_nuisance_passes_and_a_regression_fails_in_both_modes(aligned_128):
+    config, control, first, against = aligned_128
+    targets, meta = control["target"], control["meta"]
+    for name in ("jpeg q60", "shift 2 px", "brightness -6%"):
+        varied = NUISANCE[name](targets, meta, np.random.default_rng(0))
+        assert _judge(config, control, varied, first).passed, name
+        assert _judge(config, control, varied, against, baseline_outputs=targets).passed, name
+    for check, name in (("identity", "other hair colour"), ("texture", "look-alike letters"), ("coherence", "hem 12% shorter")):
+        redrawn = render(REGRESSIONS[check][name], meta, config.seed)
+        first_run, later = _judge(config, control, redrawn, first), _judge(config, control, redrawn, against, targets)
+        for report in (first_run, later):
+            failed = report.checks[check]
+            assert not failed.passed, (name, failed.to_dict())
+            assert failed.margin is not None and failed.margin < 0
+        # against a baseline the change check catches it too, coherence on the ground-truth scale
+        assert later.checks[check].change_checked and not later.checks[check].change_passed
+
+
+def test_jpeg_trips_a_fixed_tight_change_check_but_never_the_nuisance_one(tmp_path, tiny_dataset):
+    from drape.data.dataset import load_split
+
+    directory, manifest, _ = tiny_dataset
+    control = load_split(directory, manifest, "identity")
+    targets = control["target"]
+    jpeg = NUISANCE["jpeg q60"](targets, control["meta"], np.random.default_rng(0))
+    drops = {"fixed": 0.001, "nuisance": "nuisance"}
+    verdicts = {}
+    for label, drop in drops.items():
+        gates = {check: {"max_drop": drop} for check in ("identity", "texture", "coherence")}
+        config = tiny_config(tmp_path / label, gates=gates)
+        report = _judge(config, control, jpeg, None, baseline_outputs=targets)
+        verdicts[label] = {name: check.change_passed for name, check in report.checks.items()}
+        assert all(check.change_checked for check in report.checks.values())
+    assert not all(verdicts["fixed"].values())
+    assert all(verdicts["nuisance"].values())
+
+
+def test_the_report_gives_floor_margin_and_sources(aligned_128):
+    config, control, first, _ = aligned_128
+    report = _judge(config, control, control["target"], first)
+    identity = report.checks["identity"]
+    assert identity.threshold == first.floor["identity"].value and identity.threshold_source.startswith("nuisance floor (")
+    assert identity.margin == pytest.approx(identity.lower - identity.floor)
+    data = identity.to_dict()
+    assert data["method"] == "aligned" and data["nuisance_floor"] == identity.floor and data["margin"] > 0
+    cells = {cells.check: cells for cells in check_cells(report)}
+    assert cells["identity"].threshold.endswith("(floor)") and cells["identity"].floor.startswith(f"{identity.floor:.3f} (+")
+
+
+def test_a_measured_threshold_needs_the_nuisance_floor(tmp_path):
+    with pytest.raises(ConfigError, match="texture.min_fidelity 'nuisance'"):
+        tiny_config(tmp_path, gates={"texture": {"min_fidelity": {"denoise": "nuisance"}}, "nuisance_floor": False})
+    with pytest.raises(ConfigError, match="coherence.max_drop 'nuisance'"):
+        tiny_config(tmp_path, gates={"coherence": {"max_drop": "nuisance"}, "nuisance_floor": False})
+    with pytest.raises(ConfigError, match="max_drop"):
+        tiny_config(tmp_path, gates={"identity": {"max_drop": "noise"}})
+
+
+def test_a_threshold_above_the_floor_is_noted_not_failed(tmp_path, tiny_dataset):
+    """At 32 px a 2-px shift costs the pixel embedder more than the tiny config's identity threshold
+    allows: the report says so, and a perfect output still passes."""
+    from drape.data.dataset import load_split
+    from drape.gates.render import markdown
+
+    directory, manifest, _ = tiny_dataset
+    control = load_split(directory, manifest, "identity")
+    report = _judge(tiny_config(tmp_path), control, control["target"], None)
+    identity = report.checks["identity"]
+    assert identity.passed and identity.floor is not None and identity.threshold > identity.floor
+    assert report.notes()[0].startswith(f"identity: threshold {identity.threshold:.4f} is above the nuisance floor")
+    assert report.to_dict()["notes"] == report.notes() and "- note: identity: threshold" in markdown(report)
