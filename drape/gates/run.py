@@ -158,13 +158,12 @@ def judge(
     """The GateReport for `outputs` on the control set; pure given its inputs.
 
     Value checks: identity and texture against the control targets, coherence against the
-    baseline's outputs when given (else the ground truth), each against its threshold (a number,
-    or "nuisance": the check's nuisance floor, `drape.gates.floor`); every check reports its margin
-    over that floor when `gates.nuisance_floor` is on. Change checks, with a baseline:
-    each check's mean on the ground-truth scale may not fall more than `max_drop` below the
-    baseline's (a number, or "nuisance": the largest fall the baseline's own outputs show under the
-    nuisance suite). `levels`: the floors and tolerances when already measured (they depend on the
-    control set and the baseline only).
+    baseline's outputs when given (else the ground truth), each against its threshold (a number, or
+    "nuisance": the check's nuisance floor, `drape.gates.floor`, whose margin every check reports).
+    Change checks, with a baseline: each check's mean on the ground-truth scale may not fall more
+    than `max_drop` below the baseline's (a number, or "nuisance": the largest fall of the
+    baseline's own outputs under the nuisance suite). `levels`: floors and tolerances already
+    measured (they depend on the control set and the baseline only).
     """
     gates = config.gates
     embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
@@ -223,7 +222,7 @@ def _change_check(
     if not vs_baseline:
         return {"change_note": "no baseline yet (first run of this stage): change check skipped"}
     if max_drop == "nuisance":
-        tolerance = levels.tolerance[check] if levels else None
+        tolerance = levels.tolerance.get(check) if levels else None
         if tolerance is None:  # the config refuses max_drop 'nuisance' without gates.nuisance_floor
             raise ValueError(f"gates.{check}.max_drop is 'nuisance' but no nuisance levels were measured")
         drop, source = tolerance.value, f"nuisance ({tolerance.variant})"
