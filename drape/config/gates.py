@@ -93,7 +93,7 @@ class GatesConfig(StrictModel):
     )
 
     @model_validator(mode="after")
-    def _nuisance_drop_needs_the_floor(self) -> GatesConfig:
+    def _measured_values_need_the_floor(self) -> GatesConfig:
         if self.nuisance_floor:
             return self
         for check, threshold in (

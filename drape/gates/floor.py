@@ -9,8 +9,9 @@ scores the candidate, on the same control set:
   reference reaches. Identity and texture compare with the control targets, so their floor comes
   from the targets under nuisance; coherence compares with the ground truth in a first run and
   with the baseline's outputs after one, so its floor comes from whichever it compares with. A
-  perfect output under any accepted variation reaches the floor: the gate never asks more (a
-  configured threshold above it is capped), and the report gives each check's margin over it.
+  perfect output under any accepted variation reaches the floor: a threshold `nuisance` is the
+  floor, a configured one above it is noted in the report, and the report gives each check's
+  margin over it.
 - **tolerance** (the change check against a baseline): the largest fall of a check's mean, on the
   ground-truth scale, when the baseline's own outputs go through the nuisance suite. A candidate
   whose mean falls further below the baseline's than a re-encoded, relit or misregistered copy of
