@@ -248,6 +248,14 @@ def start_prometheus(
     return url, process
 
 
+def prefect_api(api_url: str, path: str, body: dict) -> list | dict:
+    """POST `body` to a Prefect server's REST API (`api_url` ends in /api)."""
+    request = urllib.request.Request(
+        f"{api_url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    return json.loads(urllib.request.urlopen(request, timeout=30).read())
+
+
 def prometheus_query(url: str, expr: str) -> list[dict]:
     from urllib.parse import urlencode
 

@@ -1,5 +1,7 @@
 """Deployments the way operators run them: a real `prefect server start`, work pools, `prefect deploy`,
-a process worker, `prefect deployment run 'staged-training/demo' --watch`, then a clean teardown."""
+a process worker running a queued job's flow run, then a clean teardown. A whole staged-training run
+through `prefect deployment run ... --watch` on a server and worker is the rehearsal's first run
+(tests/integration/test_rehearsal.py), which also checks its task runs and gate-report artifacts."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 import yaml
 
 from drape.cli.stack import GPU_TEMPLATE, PREFECT_FILE, Stack, free_port
-from tests.conftest import tiny_config
+from tests.conftest import prefect_api, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +30,7 @@ EXPECTED_DEPLOYMENTS = {
 
 
 def _api(stack: Stack, path: str, body: dict) -> list | dict:
-    request = urllib.request.Request(
-        f"{stack.api_url}{path}", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
-    return json.loads(urllib.request.urlopen(request, timeout=30).read())
+    return prefect_api(stack.api_url, path, body)
 
 
 def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
@@ -87,9 +86,12 @@ def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:
     """The queue's Prefect launcher: a queued job becomes a flow run of a deployment on the worker."""
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
+    from drape.data.dataset import ensure_dataset
+    from drape.storage.store import open_store
     from scheduler.dispatcher import Dispatcher
     from scheduler.store import JobSpec, JobStore
 
+    ensure_dataset(config, open_store(config))  # what the flow run pre-stages
     queued = config.model_copy(update={"queue": config.queue.model_copy(update={"launcher": "prefect"})})
     store = JobStore(queued.queue_url)
     job_id = store.submit(
@@ -119,7 +121,7 @@ def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:
     assert flow_run["state"]["type"] == "COMPLETED" and flow_run["job_variables"]["env"]["DRAPE_JOB_ID"] == job_id
 
 
-def test_deploy_and_run_staged_training_demo_through_a_worker(tmp_path):
+def test_deploy_and_run_a_queued_flow_run_through_a_worker(tmp_path):
     started = time.monotonic()
     config = tiny_config(tmp_path / "drape")
     config_path = tmp_path / "tiny.yaml"
@@ -144,33 +146,6 @@ def test_deploy_and_run_staged_training_demo_through_a_worker(tmp_path):
         said = evil.stdout + evil.stderr
         assert evil.returncode != 0 and "unexpected" in said and "image" in said, said[-2000:]  # the server refuses it
         stack.start_worker("local")
-        run = stack.prefect(
-            "deployment",
-            "run",
-            "staged-training/demo",
-            "--param",
-            f"config_path={config_path}",
-            "--param",
-            "run_name=deployed-tiny",
-            "--watch",
-            "--watch-timeout",
-            "600",
-            timeout=700,
-            check=False,
-        )
-        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-        assert "Completed" in run.stdout
-        flow_runs = _api(stack, "/flow_runs/filter", {"flow_runs": {"name": {"any_": ["deployed-tiny"]}}})
-        assert flow_runs and flow_runs[0]["state"]["type"] == "COMPLETED"
-        tasks = _api(stack, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_runs[0]["id"]]}}})
-        names = {t["name"] for t in tasks}
-        assert {
-            f"{step}-{stage}"
-            for step in ("train", "gate", "snapshot", "archive")
-            for stage in ("identity", "texture", "geometry", "denoise")
-        } <= names
-        artifacts = _api(stack, "/artifacts/filter", {"artifacts": {"key": {"any_": ["gate-report-identity"]}}})
-        assert artifacts and "Gate `identity`" in artifacts[0]["data"]
         _queue_job_as_a_flow_run(stack, config, config_path)
     finally:
         processes = list(stack.processes.values())

@@ -5,8 +5,9 @@ dispatcher process of its own, an `mlflow server`, the Pushgateway, a Prefect se
 worker running `prefect deployment run 'staged-training/rehearsal'`. Every stage job is 2 FSDP
 ranks under torchrun (gloo), with sharded intermediate checkpoints saved in the background.
 
-1. An uninterrupted run: four stages pass, each trained by 2 ranks; the DCP checkpoints are
-   archived and verified; live storage holds what the invariant allows.
+1. An uninterrupted run: four stages pass, each trained by 2 ranks; the server holds the flow
+   run's train, gate, snapshot and archive task runs and a gate-report artifact per stage; the DCP
+   checkpoints are archived and verified; live storage holds what the invariant allows.
 2. A second run loses its flow and its stage job together during stage 2 (both SIGKILLed, as when
    their node goes): the queue retries the job, which resumes from its sharded checkpoint; the run
    resumed with `--param resume=<run id>` does not train stage 1 again.
@@ -40,6 +41,7 @@ from drape.storage.retention import read_archive_manifest, verify_archived
 from drape.storage.store import open_store
 from drape.training.checkpoint import load_model
 from scheduler.store import JobStore
+from tests.conftest import prefect_api
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -220,6 +222,17 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     output = _finish(rehearsal.deployment_run("run_name=rehearsal-1"), "run 1")
     timings["run 1"] = time.monotonic() - started
     assert "Completed" in output
+    (flow_run,) = prefect_api(rehearsal.stack.api_url, "/flow_runs/filter", {"flow_runs": {"name": {"any_": ["rehearsal-1"]}}})
+    assert flow_run["state"]["type"] == "COMPLETED"
+    tasks = prefect_api(rehearsal.stack.api_url, "/task_runs/filter", {"flow_runs": {"id": {"any_": [flow_run["id"]]}}})
+    assert {f"{step}-{stage}" for step in ("train", "gate", "snapshot", "archive") for stage in STAGES} <= {
+        t["name"] for t in tasks
+    }
+    artifacts = prefect_api(
+        rehearsal.stack.api_url, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [flow_run["id"]]}}}
+    )
+    assert {f"gate-report-{stage}" for stage in STAGES} <= {a["key"] for a in artifacts}
+    assert all("Gate `" in a["data"] for a in artifacts if (a["key"] or "").startswith("gate-report-"))
     (first,) = _run_ids(rehearsal)
     reference = rehearsal.final_weights()
     for stage in STAGES:

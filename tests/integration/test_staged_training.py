@@ -43,6 +43,19 @@ def workspace(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def in_process(workspace) -> Path:
+    """The workspace's config with train jobs in the flow's process: for the runs whose subject is
+    not the queue (the first run's train jobs went through it), a stage's job then costs no
+    interpreter start."""
+    config, path = workspace
+    data = config.model_dump(mode="json")
+    data["queue"]["enabled"] = False
+    in_process = path.with_name("tiny-in-process.yaml")
+    in_process.write_text(yaml.safe_dump(data))
+    return in_process
+
+
+@pytest.fixture(scope="module")
 def first_run(prefect_harness, workspace):
     from flows.staged_training import staged_training
 
@@ -133,17 +146,16 @@ def test_live_storage_holds_only_what_the_invariant_allows(first_run, workspace)
 
 
 @pytest.fixture
-def webhook_block(monkeypatch, slack_webhook, workspace):
+def webhook_block(monkeypatch, slack_webhook, in_process):
     """The Slack stand-in's URL kept in a Prefect Secret block, and a config that names the block."""
     from prefect.blocks.system import Secret
 
     url, received = slack_webhook
     monkeypatch.delenv("DRAPE_SLACK_WEBHOOK_URL", raising=False)
     Secret(value=f"{url}/ok/services/T0/B0/secret").save("drape-slack-test", overwrite=True)
-    config, path = workspace
-    data = config.model_dump(mode="json")
+    data = yaml.safe_load(in_process.read_text())
     data["alerts"]["slack_webhook_secret_block"] = "drape-slack-test"
-    alerting = path.with_name("tiny-alerting.yaml")
+    alerting = in_process.with_name("tiny-alerting.yaml")
     alerting.write_text(yaml.safe_dump(data))
     return alerting, received
 
@@ -163,16 +175,23 @@ def scramble(checkpoint: str, only: str = "") -> None:
 
 
 def sabotage(monkeypatch, target_stage: str, damage) -> None:
-    """After `target_stage` trains, `damage(context, checkpoint)` replaces its candidate."""
-    real_finish = pipeline.finish_train
+    """After `target_stage` trains (in the flow's process or as a queue job), `damage(context,
+    checkpoint)` replaces its candidate."""
+    real_train, real_finish = pipeline.train, pipeline.finish_train
 
-    def sabotaged_finish(config, context, stage, result_path):
-        result = real_finish(config, context, stage, result_path)
+    def damaged(stage, context, result):
         if stage == target_stage:
             damage(context, result.checkpoint)
         return result
 
-    monkeypatch.setattr(pipeline, "finish_train", sabotaged_finish)
+    monkeypatch.setattr(
+        pipeline, "train", lambda config, context, stage, **kw: damaged(stage, context, real_train(config, context, stage, **kw))
+    )
+    monkeypatch.setattr(
+        pipeline,
+        "finish_train",
+        lambda config, context, stage, path: damaged(stage, context, real_finish(config, context, stage, path)),
+    )
 
 
 def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspace, monkeypatch, webhook_block):
@@ -201,14 +220,15 @@ def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspa
     assert_live_invariant(config)
 
 
-def test_a_checkpoint_from_an_earlier_stage_fails_its_gate(first_run, workspace, monkeypatch):
+def test_a_checkpoint_from_an_earlier_stage_fails_its_gate(first_run, workspace, in_process, monkeypatch):
     """The texture stage's candidate swapped for the identity baseline (a valid checkpoint whose
     outputs look much like a texture candidate's): the gate refuses it on provenance."""
     import shutil
 
     from flows.staged_training import staged_training
 
-    config, path = workspace
+    config, _ = workspace
+    path = in_process
     aliases_before = Tracker(config).aliases()
 
     def swap(context, checkpoint):
@@ -227,13 +247,14 @@ def test_a_checkpoint_from_an_earlier_stage_fails_its_gate(first_run, workspace,
     assert_live_invariant(config)
 
 
-def test_a_candidate_with_scrambled_attention_fails_against_its_baseline(first_run, workspace, monkeypatch):
+def test_a_candidate_with_scrambled_attention_fails_against_its_baseline(first_run, workspace, in_process, monkeypatch):
     """A fine-tune run whose texture candidate has its attention weights scrambled: its identity and
     texture values still pass (at this scale attention carries little of either), but its outputs
     no longer resemble the texture baseline's, and `min_score_vs_baseline` stops it."""
     from flows.staged_training import staged_training
 
-    config, path = workspace
+    config, _ = workspace
+    path = in_process
     aliases_before = Tracker(config).aliases()
     sabotage(monkeypatch, "texture", lambda context, checkpoint: scramble(checkpoint, only=".attn."))
     with pytest.raises(pipeline.GateFailed) as error:
@@ -248,10 +269,11 @@ def test_a_candidate_with_scrambled_attention_fails_against_its_baseline(first_r
     assert_live_invariant(config)
 
 
-def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_run, workspace):
+def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_run, workspace, in_process):
     from flows.staged_training import staged_training
 
-    config, path = workspace
+    config, _ = workspace
+    path = in_process
     before = Tracker(config).aliases()
     summary = staged_training(config_path=str(path), mode="finetune", run_name="finetune")
     assert [row["steps"] for row in summary["stages"]] == [config.train.stages[s].finetune_steps for s in STAGES]
