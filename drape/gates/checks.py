@@ -267,3 +267,13 @@ def coherence_scores(outputs: np.ndarray, references: np.ndarray, masks: np.ndar
             structure = min(structure, 1.0 - float(distance[blocks].max()))
         scores.append(max(structure, 0.0))
     return np.array(scores)
+
+
+def lab(rgb: np.ndarray) -> np.ndarray:
+    """sRGB (0-255, (..., 3)) → CIE L*a*b* (D65)."""
+    c = np.clip(rgb / 255.0, 0, 1)
+    linear = np.where(c <= 0.04045, c / 12.92, ((c + 0.055) / 1.055) ** 2.4)
+    xyz = linear @ np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]).T
+    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > (6 / 29) ** 3, np.cbrt(xyz), xyz / (3 * (6 / 29) ** 2) + 4 / 29)
+    return np.stack([116 * f[..., 1] - 16, 500 * (f[..., 0] - f[..., 1]), 200 * (f[..., 1] - f[..., 2])], axis=-1)

@@ -103,3 +103,19 @@ NUISANCE: dict[str, Corruption] = {
     "resized 0.75": resized(0.75),
     "blur 0.5 px": blur(0.5),
 }
+
+
+# What an accepted delivery path may do to a whole picture, searched by the aligned face check like
+# the light and the registration (`drape.gates.aligned.reencoded`): re-encoding at ordinary JPEG
+# qualities and a resampling round trip. The values are deliberately not the suite's own (q60, q75,
+# q90; 0.75), so the suite stays a fair test of them.
+CODEC_QUALITIES = (55, 70, 85)
+RESAMPLING = (0.7, 0.8, 0.9)
+
+
+def delivered(image: np.ndarray) -> list[np.ndarray]:
+    """`image` (uint8 H×W×3) re-encoded at each of `CODEC_QUALITIES` and resampled at each of
+    `RESAMPLING` and back, as uint8 pictures of the same size."""
+    batch = image[None]
+    paths = [jpeg(quality) for quality in CODEC_QUALITIES] + [resized(factor) for factor in RESAMPLING]
+    return [path(batch, [{}], np.random.default_rng(0))[0] for path in paths]

@@ -79,3 +79,49 @@ def test_a_large_region_is_registered_on_a_subset_of_its_points():
     registered = aligned.residual(*aligned.align(moved, image, box, light, max_shift=4, pad=0))
     unregistered = aligned.residual(*aligned.align(moved, image, box, light, max_shift=0, pad=0))
     assert registered < 0.1 * unregistered
+
+
+def _face_terms(arrays, outputs) -> tuple[np.ndarray, np.ndarray]:
+    """Per sample, the face's (residual, skin-tone ΔE) as aligned_identity_scores takes them."""
+    residuals, tones = [], []
+    for output, source, meta in zip(outputs, arrays["target"], arrays["meta"]):
+        box = meta["face_box"]
+        light = aligned.fit_light(output, source, aligned.outside(output.shape, [box]))
+        seen, versions = aligned.align(
+            output,
+            source,
+            box,
+            light,
+            every=True,
+            reencode=aligned.FACE_REENCODE,
+            registration_blur=aligned.FACE_REGISTRATION_BLUR,
+        )
+        residuals.append(aligned._change((seen, aligned.match_softness(seen, versions[0], (), versions[1:]))))
+        where = aligned.face_ellipse(output.shape, box)
+        tones.append(min(aligned.tone_difference(seen, version, where=where) for version in versions))
+    return np.array(residuals), np.array(tones)
+
+
+def test_a_resized_or_re_encoded_face_changes_less_than_a_nose_a_little_longer(control):
+    """Registration on both pictures a little blurred (a soft output no longer pulls the shift to a
+    fraction of a pixel) and the reference also re-encoded and resampled: a thumbnail re-served
+    at full size or a JPEG q60 leaves less than a nose 6% of the face longer (1.5 px at 128 px)."""
+    config, arrays = control
+    target, meta = arrays["target"], arrays["meta"]
+    nose, _ = _face_terms(arrays, render(REGRESSIONS["identity"]["nose longer or shorter"], meta, config.seed))
+    for name in ("resized 0.75", "jpeg q60"):
+        residual, _ = _face_terms(arrays, NUISANCE[name](target, meta, np.random.default_rng(0)))
+        assert np.median(residual) < 0.8 * np.median(nose), (name, residual, nose)
+
+
+def test_a_quarter_step_of_skin_tone_shows_where_re_encoding_and_light_do_not(control):
+    """The tone term reads the face ellipse's flat skin (white hair as light as the skin is not
+    skin) and the least change against any delivered version of the reference."""
+    config, arrays = control
+    target, meta = arrays["target"], arrays["meta"]
+    _, tone = _face_terms(arrays, render(REGRESSIONS["identity"]["skin tone 1/4 step"], meta, config.seed))
+    harmless = [
+        _face_terms(arrays, NUISANCE[name](target, meta, np.random.default_rng(0)))[1]
+        for name in ("jpeg q60", "jpeg q75", "white balance warm", "brightness -6%")
+    ]
+    assert tone.min() > max(float(values.max()) for values in harmless), (tone, harmless)
