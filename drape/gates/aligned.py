@@ -29,6 +29,7 @@ from torch.nn import functional as F
 
 from drape.gates.checks import _YCC as _YCC_ARRAY
 from drape.gates.checks import lab as _lab
+from drape.gates.nuisance import delivered
 
 _YCC = torch.tensor(_YCC_ARRAY, dtype=torch.float32)  # RGB → YCbCr (JPEG), the one transform the checks use
 
@@ -207,16 +208,8 @@ def align(
     return seen, match_softness(seen, region(relit), softness, others)
 
 
-# the face's comparison searches the delivery paths (`drape.gates.nuisance.delivered`; a mark's and
-# a garment's do not: a resampled mark is as soft as a melted one), its registration on both
-# pictures blurred by 1 px
-FACE_REENCODE, FACE_REGISTRATION_BLUR = True, 1.0
-
-
 def reencoded(relit: torch.Tensor) -> list[torch.Tensor]:
     """The relit reference picture (float (3, H, W), 0-255) through each accepted delivery path."""
-    from drape.gates.nuisance import delivered
-
     image = relit.clamp(0, 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
     return [torch.from_numpy(picture.astype(np.float32)).permute(2, 0, 1) for picture in delivered(image)]
 
@@ -309,7 +302,7 @@ def tone_difference(
 
 # What counts as a full unit of change, per term. The face's two are the same multiple (11-12×) of
 # their 99th percentiles on the nuisance suite at 128 px (residual 0.021, tone ΔE 1.6; measured with
-# /benchmarks/gate_validity.py's samples), so each reaches a calibrated threshold at the same share of
+# benchmarks/gate_validity.py's samples), so each reaches a calibrated threshold at the same share of
 # its nuisance floor and neither hides the other: a quarter step of skin tone (ΔE 2.5-5) shows.
 FACE_UNIT, TONE_UNIT, MARK_UNIT, CLOTH_UNIT = 0.24, 20.0, 0.3, 0.3
 
@@ -320,33 +313,31 @@ def _change(regions, where: torch.Tensor | None = None) -> float:
     return residual(*regions, blur=BLUR, window=WINDOW, chroma=CHROMA, where=where)
 
 
+def face_change(output: np.ndarray, source: np.ndarray, box, max_shift: float = 2.5) -> tuple[float, float] | None:
+    """(aligned residual, skin-tone ΔE) of the face in `box`, against the source relit, registered
+    (on both pictures blurred by 1 px) and delivered (`drape.gates.nuisance.delivered`) as the
+    output is closest to; None when the box is empty. Only the face searches delivery paths: a
+    resampled mark is as soft as a melted one."""
+    light = fit_light(output, source, outside(output.shape, [box]))
+    every = align(
+        output, source, box, light, max_shift=max_shift, pad=_FACE_PAD, every=True, reencode=True, registration_blur=1.0
+    )
+    if every is None:
+        return None
+    seen, versions = every
+    # the tone change no delivery path explains: the least against any version of the reference
+    where = face_ellipse(output.shape, box)
+    tone = min(tone_difference(seen, version, where=where) for version in versions)
+    return _change((seen, match_softness(seen, versions[0], (), versions[1:]))), tone
+
+
 def aligned_identity_scores(outputs: np.ndarray, sources: np.ndarray, face_boxes: list, max_shift: float = 2.5) -> np.ndarray:
     """Per sample, 1 less the larger of the face's aligned residual (in units of `FACE_UNIT`) and its
     skin-tone ΔE (in units of `TONE_UNIT`), floored at 0: 1 is the source's face under another light."""
     scores = []
     for output, source, box in zip(outputs, sources, face_boxes):
-        light = fit_light(output, source, outside(output.shape, [box]))
-        every = align(
-            output,
-            source,
-            box,
-            light,
-            max_shift=max_shift,
-            pad=_FACE_PAD,
-            every=True,
-            reencode=FACE_REENCODE,
-            registration_blur=FACE_REGISTRATION_BLUR,
-        )
-        if every is None:
-            scores.append(0.0)
-            continue
-        seen, versions = every
-        closest = versions[int(np.argmin([float((seen - version).pow(2).sum()) for version in versions]))]
-        # the tone change no delivery path explains: the least against any version of the reference
-        where = face_ellipse(output.shape, box)
-        tone = min(tone_difference(seen, version, where=where) for version in versions)
-        change = max(_change((seen, closest)) / FACE_UNIT, tone / TONE_UNIT)
-        scores.append(max(0.0, 1.0 - change))
+        terms = face_change(output, source, box, max_shift)
+        scores.append(0.0 if terms is None else max(0.0, 1.0 - max(terms[0] / FACE_UNIT, terms[1] / TONE_UNIT)))
     return np.array(scores)
 
 

@@ -83,23 +83,8 @@ def test_a_large_region_is_registered_on_a_subset_of_its_points():
 
 def _face_terms(arrays, outputs) -> tuple[np.ndarray, np.ndarray]:
     """Per sample, the face's (residual, skin-tone ΔE) as aligned_identity_scores takes them."""
-    residuals, tones = [], []
-    for output, source, meta in zip(outputs, arrays["target"], arrays["meta"]):
-        box = meta["face_box"]
-        light = aligned.fit_light(output, source, aligned.outside(output.shape, [box]))
-        seen, versions = aligned.align(
-            output,
-            source,
-            box,
-            light,
-            every=True,
-            reencode=aligned.FACE_REENCODE,
-            registration_blur=aligned.FACE_REGISTRATION_BLUR,
-        )
-        residuals.append(aligned._change((seen, aligned.match_softness(seen, versions[0], (), versions[1:]))))
-        where = aligned.face_ellipse(output.shape, box)
-        tones.append(min(aligned.tone_difference(seen, version, where=where) for version in versions))
-    return np.array(residuals), np.array(tones)
+    terms = [aligned.face_change(o, s, m["face_box"]) for o, s, m in zip(outputs, arrays["target"], arrays["meta"])]
+    return np.array([t[0] for t in terms]), np.array([t[1] for t in terms])
 
 
 def test_a_resized_or_re_encoded_face_changes_less_than_a_nose_a_little_longer(control):
