@@ -8,8 +8,8 @@ smoothly; the second changes one place. So, per region (a face box, a logo box):
   (4×4 blocks, the worst fifth of them dropped twice, so the region itself and misregistered edges do
   not steer the fit): global brightness, contrast and white balance are undone, a local change is not;
 - registration: the reference region is moved by the sub-pixel shift (quarter pixels, up to
-  `max_shift`) that best matches the output's luminance, both a little blurred first (else a
-  fractional shift wins on a soft output by the blur its interpolation adds);
+  `max_shift`) that best matches the output's luminance (for the face, both a little blurred
+  first: else a fractional shift wins on a soft output by the blur its interpolation adds);
 - delivery (faces): the reference also re-encoded and resampled (`drape.gates.nuisance.delivered`),
   the version closest to the output compared;
 - residual: both slightly blurred (codec ringing, resampling), the colour distance per pixel in
@@ -305,7 +305,6 @@ def tone_difference(
 # benchmarks/gate_validity.py's samples), so each reaches a calibrated threshold at the same share of
 # its nuisance floor and neither hides the other: a quarter step of skin tone (ΔE 2.5-5) shows.
 FACE_UNIT, TONE_UNIT, MARK_UNIT, CLOTH_UNIT = 0.24, 20.0, 0.3, 0.3
-
 BLUR, WINDOW, CHROMA = 1.0, 3, 0.25  # the comparison's scale, window and chroma weight (benchmarks/README.md)
 
 
