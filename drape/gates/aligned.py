@@ -273,9 +273,10 @@ def tone_difference(
     chroma: float = 8.0,
 ) -> float:
     """CIE76 ΔE of the median per-pixel L*a*b* change over the expected region's flat skin: pixels
-    (inside `where`, when given) within `chroma` in a*b* (and 25 in L*) of its central colour where no channel of it has an edge
-    (blurred gradient below `flat`), eroded by a sixteenth of the region (codecs bleed colour that
-    far from an edge); the median, so what ringing is left does not steer it."""
+    (inside `where`, when given) within `chroma` in a*b* (and 25 in L*) of its central colour where
+    no channel of it has an edge (blurred gradient below `flat`), eroded by a sixteenth of the
+    region (codecs bleed colour that far from an edge); the median, so what ringing is left does
+    not steer it."""
     smooth = _blur(expected, blur)
     gradient = torch.zeros(smooth.shape[1:])
     gradient[1:-1, 1:-1] = (

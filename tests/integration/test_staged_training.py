@@ -175,23 +175,17 @@ def scramble(checkpoint: str, only: str = "") -> None:
 
 
 def sabotage(monkeypatch, target_stage: str, damage) -> None:
-    """After `target_stage` trains (in the flow's process or as a queue job), `damage(context,
-    checkpoint)` replaces its candidate."""
-    real_train, real_finish = pipeline.train, pipeline.finish_train
+    """After `target_stage` trains in the flow's process (the `in_process` config),
+    `damage(context, checkpoint)` replaces its candidate."""
+    real_train = pipeline.train
 
-    def damaged(stage, context, result):
+    def sabotaged_train(config, context, stage, **kwargs):
+        result = real_train(config, context, stage, **kwargs)
         if stage == target_stage:
             damage(context, result.checkpoint)
         return result
 
-    monkeypatch.setattr(
-        pipeline, "train", lambda config, context, stage, **kw: damaged(stage, context, real_train(config, context, stage, **kw))
-    )
-    monkeypatch.setattr(
-        pipeline,
-        "finish_train",
-        lambda config, context, stage, path: damaged(stage, context, real_finish(config, context, stage, path)),
-    )
+    monkeypatch.setattr(pipeline, "train", sabotaged_train)
 
 
 def test_sabotaged_candidate_fails_its_gate_and_nothing_moves(first_run, workspace, monkeypatch, webhook_block):
