@@ -44,35 +44,45 @@ def shape_key(config, kind: str, stage: str | None, gpus: int = 1) -> str:
     )
 
 
-def parameter_counts(config, stage: str | None) -> tuple[int, int]:
-    """(all parameters, the stage's trainable ones), from the model built on the meta device."""
+def _meta_model(config):
     import torch
 
-    from drape.training.model import build_model, trainable_parameter_names
+    from drape.training.model import build_model
 
     with torch.device("meta"):
-        model = build_model(config)
+        return build_model(config, pretrained=False)
+
+
+def parameter_counts(config, stage: str | None) -> tuple[int, int]:
+    """(all parameters, the stage's trainable ones), from the model built on the meta device."""
+    from drape.training.model import trainable_parameter_names
+
+    model = _meta_model(config)
     sizes = {name: p.numel() for name, p in model.named_parameters()}
     if stage is None:
         return sum(sizes.values()), 0
-    trainable = trainable_parameter_names(config.train.stages[stage].trainable, list(sizes))
+    trainable = trainable_parameter_names(config.train.stages[stage].trainable, list(sizes), model.frozen_prefixes)
     return sum(sizes.values()), sum(sizes[n] for n in trainable)
 
 
+def workload(config):
+    """The model's `Workload` (tokens per sample, hidden width, layers), from the meta-device model."""
+    return _meta_model(config).workload()
+
+
 def tokens_per_sample(config) -> int:
-    model, resolution = config.model, config.data.resolution
-    return (resolution // model.patch_size) ** 2 + (resolution // model.garment_patch_size) ** 2
+    return workload(config).tokens
 
 
 def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[int, int] | None = None) -> tuple[float, float]:
     """(peak GiB per GPU, expected seconds) for a job of `kind` on `stage` (see the module docstring)."""
     total, trainable = counts or parameter_counts(config, stage)
-    hidden = config.model.num_attention_heads * config.model.attention_head_dim
-    tokens, batch = tokens_per_sample(config), config.train.batch_size
+    shape = workload(config)
+    hidden, layers, tokens, batch = shape.hidden, shape.layers, shape.tokens, config.train.batch_size
     element = 2 if config.train.precision == "bf16" else 4
     training = kind in (JobKind.STAGE_TRAINING, JobKind.FINETUNE, JobKind.PERSONALIZATION)
     states = trainable * (4 + 8 + (4 if config.train.ema.enabled else 0)) if training else 0
-    activations = tokens * hidden * config.model.num_layers * 34 * (element / 2) * batch
+    activations = tokens * hidden * layers * 34 * (element / 2) * batch
     if not training:
         activations /= 4  # no saved activations for backward: the live working set of one forward
     peak = (4 * total + states) / gpus + activations / gpus + CONTEXT_GIB * GIB

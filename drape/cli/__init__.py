@@ -8,8 +8,9 @@
     drape gate check | calibrate    judge outputs from anywhere; measure the checks themselves
     drape storage apply-lifecycle | report | sweep | restore   the object store
     drape queue submit|list|cancel|dispatch|profile|simulate   the memory-profile-aware GPU queue
+    drape model describe | fit-vae  the model a config trains; a stand-in VAE for latent smoke runs
 
-One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`); `common` holds the
+One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`); `common` holds the
 console and config loading, `render` the report tables, `stack` the local Prefect stack.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import sys
 
-from drape.cli import data, gate, pipeline, queue, storage
+from drape.cli import data, gate, model, pipeline, queue, storage
 from drape.cli.common import Typer
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
@@ -27,6 +28,7 @@ app.add_typer(data.app, name="data")
 app.add_typer(gate.app, name="gate")
 app.add_typer(storage.app, name="storage")
 app.add_typer(queue.app, name="queue")
+app.add_typer(model.app, name="model")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -110,9 +110,20 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _patch_divides_resolution(self) -> PipelineConfig:
-        for field, patch in (("patch_size", self.model.patch_size), ("garment_patch_size", self.model.garment_patch_size)):
-            if self.data.resolution % patch:
-                raise ValueError(f"model.{field} {patch} must divide data.resolution {self.data.resolution}")
+        model, resolution = self.model, self.data.resolution
+        if resolution % model.downsample:
+            raise ValueError(f"data.resolution {resolution} must be a multiple of the VAE's downsampling {model.downsample}")
+        if model.kind == "latent-unet" and model.class_ is None:
+            return self
+        space = resolution // model.downsample
+        where = (
+            f"the latent size {space} (data.resolution {resolution} / VAE downsampling {model.downsample})"
+            if model.latent
+            else f"data.resolution {resolution}"
+        )
+        for field, patch in (("patch_size", model.patch_size), ("garment_patch_size", model.garment_patch_size)):
+            if space % patch:
+                raise ValueError(f"model.{field} {patch} must divide {where}")
         return self
 
     # where things live when the config leaves them unset: drape.layout decides

@@ -2,21 +2,99 @@
 
 from __future__ import annotations
 
-from typing import Literal
+import re
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drape import STAGES
 from drape.config.base import StageName, StrictModel
 
+ModelKind = Literal["pixel-dit", "latent-dit", "latent-unet"]
+
+
+class VaeConfig(StrictModel):
+    """The frozen autoencoder of a latent model (`model.kind: latent-*`)."""
+
+    path: str | None = Field(
+        default=None,
+        description=(
+            "a diffusers AutoencoderKL directory (config.json + safetensors), e.g. SD3's vae/; "
+            "unset: a fresh one shaped by the fields below (tests, smoke runs)"
+        ),
+    )
+    latent_channels: int = Field(default=16, gt=0, description="SD3 and FLUX use 16")
+    block_out_channels: list[int] = Field(default=[32, 64], min_length=1, description="each block after the first halves H and W")
+    layers_per_block: int = Field(default=1, gt=0)
+    norm_num_groups: int = Field(default=8, gt=0)
+    scaling_factor: float = Field(default=1.0, gt=0, description="latents = (z - shift_factor) * scaling_factor")
+    shift_factor: float = 0.0
+
+    @property
+    def downsample(self) -> int:
+        """Pixels per latent along each side."""
+        return 2 ** (len(self.block_out_channels) - 1)
+
+
+class UNetConfig(StrictModel):
+    """The denoiser of `model.kind: latent-unet` (a CatVTON-style UNet2DConditionModel)."""
+
+    block_out_channels: list[int] = Field(default=[32, 64], min_length=1, description="per level, highest resolution first")
+    attention: list[bool] = Field(
+        default=[False, True],
+        description="per level: whether it has attention blocks (SD1.5: all but the lowest; tiny CPU runs: the lowest only)",
+    )
+    layers_per_block: int = Field(default=1, gt=0)
+    attention_head_dim: int = Field(default=8, gt=0)
+    norm_num_groups: int = Field(default=8, gt=0)
+
+    @model_validator(mode="after")
+    def _a_flag_per_level(self) -> UNetConfig:
+        if len(self.attention) != len(self.block_out_channels):
+            raise ValueError(
+                f"model.unet.attention has {len(self.attention)} flags, block_out_channels {len(self.block_out_channels)} levels"
+            )
+        if not any(self.attention):
+            raise ValueError(
+                "model.unet.attention: at least one level needs attention (the self-attention is what try-on trains)"
+            )
+        return self
+
 
 class ModelConfig(StrictModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
+
+    kind: ModelKind = Field(default="pixel-dit", description="a built-in model (drape/training/model.py BUILT_IN)")
+    class_: str | None = Field(
+        default=None,
+        alias="class",
+        description="'package.module:Name', a drape.training.model.TryOnModel subclass drape does not ship; replaces kind",
+    )
+    options: dict[str, Any] = Field(default={}, description="keyword arguments an outside model's from_drape_config reads")
     patch_size: int = Field(default=4, gt=0)
     num_layers: int = Field(default=2, gt=0)
     num_attention_heads: int = Field(default=4, gt=0)
     attention_head_dim: int = Field(default=32, gt=0)
     garment_patch_size: int = Field(default=8, gt=0)
     pose_channels: int = Field(default=3, gt=0)
+    vae: VaeConfig = VaeConfig()
+    unet: UNetConfig = UNetConfig()
+
+    @field_validator("class_")
+    @classmethod
+    def _import_path(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", value):
+            raise ValueError(f"model.class must be 'package.module:Name', got {value!r}")
+        return value
+
+    @property
+    def latent(self) -> bool:
+        return self.class_ is None and self.kind.startswith("latent-")
+
+    @property
+    def downsample(self) -> int:
+        """Pixels per element of the space the denoiser works in (1 in pixel space)."""
+        return self.vae.downsample if self.latent else 1
 
 
 class DiffusionConfig(StrictModel):

@@ -24,7 +24,7 @@ from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, i
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
 from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
 from drape.training.checkpoint import load_model
-from drape.training.model import sample
+from drape.training.model import configured_class_path, sample
 from drape.training.trainer import resolve_device
 
 
@@ -36,7 +36,7 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
 def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: dict, gate_dir: Path) -> np.ndarray:
     """Raw model outputs for the control set (fixed seed and sampler), saved as PNGs and latents."""
     device = resolve_device(config.train.device)
-    model = load_model(checkpoint, prefer_ema=True).to(device)  # type: ignore[arg-type]
+    model = load_model(checkpoint, prefer_ema=True, allowed=(configured_class_path(config),)).to(device)  # type: ignore[arg-type]
     inputs = {k: v.to(device) for k, v in to_model_inputs(control).items()}
     generated = sample(model, config.diffusion, inputs, seed=config.gates.sample_seed)
     outputs = to_uint8(generated)
@@ -254,7 +254,7 @@ def provenance_problems(
     the trainable tensors only, never the whole model.
     """
     from drape.training.checkpoint import model_tensor_names, read_manifest, read_model_tensors
-    from drape.training.model import trainable_parameter_names
+    from drape.training.model import PIXEL_DIT, resolve_class, trainable_parameter_names
 
     manifest, problems = read_manifest(checkpoint), []
     if manifest.get("stage") != stage:
@@ -267,7 +267,8 @@ def provenance_problems(
     if start_checkpoint is not None:
         # only the stage's trainable tensors are read, from the safetensors files: sampling the candidate
         # next verifies every sha256 of it, and the stage verified its start when it loaded it
-        names = trainable_parameter_names(config.train.stages[stage].trainable, model_tensor_names(checkpoint))
+        frozen = resolve_class(manifest.get("model_class", PIXEL_DIT), (configured_class_path(config),)).frozen_prefixes
+        names = trainable_parameter_names(config.train.stages[stage].trainable, model_tensor_names(checkpoint), frozen)
         candidate, start = read_model_tensors(checkpoint, names), read_model_tensors(start_checkpoint, names)
         if names and all(torch.equal(candidate[name], start[name]) for name in names):
             problems.append(

@@ -22,7 +22,7 @@ import drape
 from drape.layout import checkpoint_dirs
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_tree
-from drape.training.model import TryOnTransformer
+from drape.training.model import PIXEL_DIT, TryOnModel, class_path, resolve_class
 
 MANIFEST = "manifest.json"
 
@@ -63,7 +63,7 @@ def _restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tenso
 def save_checkpoint(
     path: str | Path,
     *,
-    model: TryOnTransformer,
+    model: TryOnModel,
     optimizer: torch.optim.Optimizer | None,
     trainable_names: list[str],
     ema: dict[str, torch.Tensor] | None,
@@ -79,7 +79,13 @@ def save_checkpoint(
     if ema is not None:
         save_file({k: v.contiguous() for k, v in ema.items()}, str(temporary / "ema.safetensors"))
     files = {str(p.relative_to(temporary)): sha256_file(p) for p in sorted(temporary.rglob("*")) if p.is_file()}
-    full = {**manifest, "trainable": trainable_names, "code_version": code_version(), "files": files}
+    full = {
+        **manifest,
+        "model_class": class_path(model),
+        "trainable": trainable_names,
+        "code_version": code_version(),
+        "files": files,
+    }
     (temporary / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True))
     fsync_tree(temporary)  # durable before the rename publishes it (and older checkpoints may go)
     shutil.rmtree(path, ignore_errors=True)
@@ -130,11 +136,18 @@ def verify_checkpoint(path: str | Path) -> dict:
     return manifest
 
 
-def load_model(path: str | Path, *, prefer_ema: bool = False) -> TryOnTransformer:
-    """The model of a verified checkpoint (safetensors only); with `prefer_ema`, its EMA weights
-    replace the trained parameters when the checkpoint has them (what gates and inference use)."""
-    verify_checkpoint(path)
-    model = TryOnTransformer.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
+def load_model(path: str | Path, *, prefer_ema: bool = False, allowed: tuple[str, ...] = ()) -> TryOnModel:
+    """The model of a verified checkpoint (safetensors only), of the class its manifest names
+    (`model_class`; a built-in, or one of `allowed`: the caller's configured `model.class`); with
+    `prefer_ema`, its EMA weights replace the trained parameters when the checkpoint has them
+    (what gates and inference use)."""
+    manifest = verify_checkpoint(path)
+    name = manifest.get("model_class", PIXEL_DIT)
+    try:
+        cls = resolve_class(name, allowed)
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint {path}: {error}") from None
+    model = cls.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
     ema_file = Path(path) / "ema.safetensors"
     if prefer_ema and ema_file.is_file():
         model.load_state_dict(load_file(str(ema_file)), strict=False)

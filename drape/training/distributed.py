@@ -84,9 +84,10 @@ def wrap_model(model: torch.nn.Module, context: DistContext, parallelism: str, b
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
-        for block in model.transformer.transformer_blocks:  # type: ignore[union-attr]
+        for block in model.sharded_blocks():  # type: ignore[operator]
             fully_shard(block, mp_policy=policy)
-        fully_shard(model, mp_policy=policy)
+        frozen = set(model.frozen_parameters())  # type: ignore[operator]  # a VAE: whole on every rank, encoded outside forward
+        fully_shard(model, mp_policy=policy, ignored_params=frozen or None)
         return model
     from torch.nn.parallel import DistributedDataParallel
 

@@ -1,111 +1,153 @@
-"""The try-on diffusion model: one conditional model for any garment.
+"""The model interface: what drape needs of a try-on model, and which model a config builds.
 
-Person-side inputs (noisy target, agnostic image, its mask, rendered pose) are concatenated on
-channels and patch-embedded by a diffusers `SD3Transformer2DModel`; the flat-lay garment is
-encoded to tokens that enter the transformer's joint attention (as text tokens do in SD3), and
-their mean is the pooled conditioning. No per-garment training: any garment image works at
-inference. Sampling goes through a diffusers scheduler (`set_timesteps`, `add_noise`, `step`).
+drape trains, gates, checkpoints and queues any `TryOnModel`: a diffusers `ModelMixin` +
+`ConfigMixin` (so `save_pretrained` / `from_pretrained` write and read safetensors plus a
+config.json of its constructor arguments) that says how a batch becomes the clean sample the
+diffusion runs on (`prepare`: pixels, or VAE latents), what conditions the denoiser
+(`condition`), how a sample becomes pixels (`decode`), which blocks FSDP shards, and what one
+sample costs (`workload`, for the queue's memory profile). Which parameters a stage trains are
+glob patterns over its parameter names (`train.stages.*.trainable`); a model's frozen parts
+(`frozen_prefixes`, e.g. the VAE) never train whatever the patterns say.
+
+A config selects the model: `model.kind` names a built-in (`BUILT_IN`), `model.class`
+('package.module:Name') a model drape does not ship. A checkpoint's manifest names its class, so
+it loads alone; a class that is not built in loads only when the caller's config names it
+(a manifest is untrusted input and must not choose what code runs).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler, SD3Transformer2DModel
-from diffusers.configuration_utils import ConfigMixin, register_to_config
+from diffusers import DDIMScheduler, DDPMScheduler
+from diffusers.configuration_utils import ConfigMixin
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
-from drape.config import DiffusionConfig, PipelineConfig
+from drape.config import DiffusionConfig
+
+if TYPE_CHECKING:
+    from drape.config import PipelineConfig
 
 IMAGE_CHANNELS = 3
+BUILT_IN = {
+    "pixel-dit": "drape.training.pixel:TryOnTransformer",
+    "latent-dit": "drape.training.latent:LatentTryOnTransformer",
+    "latent-unet": "drape.training.latent:LatentTryOnUNet",
+}
+PIXEL_DIT = BUILT_IN["pixel-dit"]  # what a checkpoint that names no class holds (written before the interface)
 
 
-class GarmentEncoder(nn.Module):
-    """Flat-lay garment image → a grid of tokens with learned positions."""
+@dataclass(frozen=True)
+class Workload:
+    """What one sample costs the denoiser: tokens (or latent positions) × hidden width × layers."""
 
-    def __init__(self, resolution: int, patch_size: int, dim: int):
-        super().__init__()
-        self.proj = nn.Conv2d(IMAGE_CHANNELS, dim, kernel_size=patch_size, stride=patch_size)
-        self.pos = nn.Parameter(torch.zeros(1, (resolution // patch_size) ** 2, dim))
-        self.norm = nn.LayerNorm(dim)
-
-    def forward(self, garment: torch.Tensor) -> torch.Tensor:
-        tokens = self.proj(garment).flatten(2).transpose(1, 2)
-        return self.norm(tokens + self.pos)
+    tokens: int
+    hidden: int
+    layers: int
 
 
-class TryOnTransformer(ModelMixin, ConfigMixin):
-    """Predicts the diffusion target for a noisy try-on image given person inputs and a garment."""
+class TryOnModel(ModelMixin, ConfigMixin):
+    """A try-on denoiser drape can train, gate and serve. Subclasses register their constructor
+    arguments with diffusers' `@register_to_config` and implement the methods below."""
 
-    @register_to_config
-    def __init__(
-        self,
-        resolution: int = 64,
-        patch_size: int = 4,
-        num_layers: int = 2,
-        num_attention_heads: int = 4,
-        attention_head_dim: int = 32,
-        garment_patch_size: int = 8,
-        pose_channels: int = 3,
-    ):
-        super().__init__()
-        hidden = num_attention_heads * attention_head_dim
-        self.garment_encoder = GarmentEncoder(resolution, garment_patch_size, hidden)
-        self.transformer = SD3Transformer2DModel(
-            sample_size=resolution,
-            patch_size=patch_size,
-            in_channels=2 * IMAGE_CHANNELS + 1 + pose_channels,
-            out_channels=IMAGE_CHANNELS,
-            num_layers=num_layers,
-            attention_head_dim=attention_head_dim,
-            num_attention_heads=num_attention_heads,
-            joint_attention_dim=hidden,
-            caption_projection_dim=hidden,
-            pooled_projection_dim=hidden,
-            pos_embed_max_size=resolution // patch_size,
+    frozen_prefixes: tuple[str, ...] = ()  # parameter-name prefixes that never train (a VAE)
+    clip_sample: bool = True  # sampling clips predicted clean samples to [-1, 1] (pixels; latents are not bounded)
+
+    @classmethod
+    def from_drape_config(cls, config: PipelineConfig, *, pretrained: bool = True) -> TryOnModel:
+        """A freshly initialised model for `config` (`model.*`, `data.resolution`), its pretrained
+        parts (a VAE's `model.vae.path`) loaded; `pretrained` False: shapes only (the queue's
+        estimate builds the model on the meta device)."""
+        raise NotImplementedError(f"{cls.__name__}.from_drape_config")
+
+    def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The denoiser's keyword arguments besides the noisy sample and timestep, from model inputs
+        in [-1, 1] (agnostic, mask, pose, garment)."""
+        raise NotImplementedError
+
+    def prepare(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(the clean sample the diffusion runs on, the conditioning) of a training batch. Runs under
+        no_grad on the unwrapped model: it may use frozen parts only."""
+        return self.encode(inputs["target"]), self.condition(inputs)
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images in [-1, 1] → the space the diffusion runs in (pixels: unchanged)."""
+        return images
+
+    def decode(self, sample: torch.Tensor) -> torch.Tensor:
+        """A denoised sample → images in [-1, 1] (pixels: unchanged)."""
+        return sample
+
+    def sample_shape(self, inputs: dict[str, torch.Tensor]) -> tuple[int, ...]:
+        """The shape of the noise sampling starts from, for a batch of conditioning inputs."""
+        return tuple(inputs["agnostic"].shape)
+
+    def sharded_blocks(self) -> list[nn.Module]:
+        """The repeated blocks FSDP shards one by one (the root is sharded too)."""
+        raise NotImplementedError
+
+    def workload(self) -> Workload:
+        raise NotImplementedError
+
+    def frozen_parameters(self) -> list[nn.Parameter]:
+        return [p for name, p in self.named_parameters() if name.startswith(self.frozen_prefixes)]
+
+    def enable_denoiser_checkpointing(self) -> None:
+        """Activation checkpointing on every diffusers submodule that supports it, frozen parts aside."""
+        for name, module in self.named_modules():
+            if module is not self and isinstance(module, ModelMixin) and module._supports_gradient_checkpointing:
+                if not f"{name}.".startswith(self.frozen_prefixes):
+                    module.enable_gradient_checkpointing()
+
+
+def class_path(model: TryOnModel | type) -> str:
+    cls = model if isinstance(model, type) else type(model)
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def configured_class_path(config: PipelineConfig) -> str:
+    return config.model.class_ or BUILT_IN[config.model.kind]
+
+
+def resolve_class(path: str, allowed: tuple[str, ...] = ()) -> type[TryOnModel]:
+    """The `TryOnModel` subclass at 'package.module:Name': a built-in, or one of `allowed`."""
+    if path not in BUILT_IN.values() and path not in allowed:
+        raise ValueError(
+            f"model class {path!r} is neither built in ({', '.join(BUILT_IN)}) nor the configured model.class "
+            f"({', '.join(allowed) or 'none'}): set model.class to load it"
         )
-
-    def forward(
-        self,
-        noisy: torch.Tensor,
-        timestep: torch.Tensor,
-        agnostic: torch.Tensor,
-        mask: torch.Tensor,
-        pose: torch.Tensor,
-        garment: torch.Tensor,
-    ) -> torch.Tensor:
-        tokens = self.garment_encoder(garment)
-        person = torch.cat([noisy, agnostic, mask, pose], dim=1)
-        return self.transformer(
-            hidden_states=person,
-            encoder_hidden_states=tokens,
-            pooled_projections=tokens.mean(dim=1),
-            timestep=timestep,
-            return_dict=False,
-        )[0]
+    module_name, _, name = path.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"model.class {path!r}: cannot import it ({error})") from error
+    if not (isinstance(cls, type) and issubclass(cls, TryOnModel)):
+        raise ValueError(f"model.class {path!r} is not a drape.training.model.TryOnModel subclass")
+    return cls
 
 
-def trainable_parameter_names(patterns: list[str], names: list[str]) -> list[str]:
-    """Parameter names matched by any glob pattern of a stage's `trainable` (``*`` matches everything)."""
-    return [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns)]
-
-
-def build_model(config: PipelineConfig) -> TryOnTransformer:
-    """A freshly initialised model sized by `config.model`, its weights a function of `config.seed`."""
-    m = config.model
+def build_model(config: PipelineConfig, *, pretrained: bool = True) -> TryOnModel:
+    """A freshly initialised model of `config`'s kind or class, its weights a function of
+    `config.seed` (`pretrained` False: pretrained parts are not read, for shapes alone)."""
+    path = configured_class_path(config)
+    cls = resolve_class(path, (path,))
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(config.seed)
-        return TryOnTransformer(
-            resolution=config.data.resolution,
-            patch_size=m.patch_size,
-            num_layers=m.num_layers,
-            num_attention_heads=m.num_attention_heads,
-            attention_head_dim=m.attention_head_dim,
-            garment_patch_size=m.garment_patch_size,
-            pose_channels=m.pose_channels,
-        )
+        model = cls.from_drape_config(config, pretrained=pretrained)
+    if not isinstance(model, TryOnModel):
+        raise ValueError(f"{path}.from_drape_config returned {type(model).__name__}, not a TryOnModel")
+    return model
+
+
+def trainable_parameter_names(patterns: list[str], names: list[str], frozen: tuple[str, ...] = ()) -> list[str]:
+    """Parameter names matched by any glob pattern of a stage's `trainable` (``*`` matches
+    everything), less those under a `frozen` prefix."""
+    return [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns) and not name.startswith(frozen)]
 
 
 def build_noise_scheduler(diffusion: DiffusionConfig) -> DDPMScheduler:
@@ -132,7 +174,7 @@ def diffusion_target(scheduler: DDPMScheduler, clean: torch.Tensor, noise: torch
 
 @torch.no_grad()
 def sample(
-    model: TryOnTransformer,
+    model: TryOnModel,
     diffusion: DiffusionConfig,
     inputs: dict[str, torch.Tensor],
     *,
@@ -140,16 +182,17 @@ def sample(
     num_steps: int | None = None,
 ) -> torch.Tensor:
     """Generate try-on images in [-1, 1] for a batch of conditioning inputs, deterministically per seed."""
-    scheduler = DDIMScheduler.from_config(build_noise_scheduler(diffusion).config)
+    scheduler = DDIMScheduler.from_config(build_noise_scheduler(diffusion).config, clip_sample=model.clip_sample)
     scheduler.set_timesteps(num_steps or diffusion.sampling_steps)
     agnostic = inputs["agnostic"]
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    image = torch.randn(agnostic.shape, generator=generator).to(agnostic.device, agnostic.dtype)
     was_training = model.training
     model.eval()
+    condition = model.condition(inputs)
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    current = torch.randn(model.sample_shape(inputs), generator=generator).to(agnostic.device, agnostic.dtype)
     for timestep in scheduler.timesteps:
         t = torch.full((agnostic.shape[0],), int(timestep), device=agnostic.device)
-        prediction = model(image, t, agnostic, inputs["mask"], inputs["pose"], inputs["garment"])
-        image = scheduler.step(prediction, timestep, image).prev_sample
+        prediction = model(current, t, **condition)
+        current = scheduler.step(prediction, timestep, current).prev_sample
     model.train(was_training)
-    return image.clamp(-1, 1)
+    return model.decode(current).clamp(-1, 1)

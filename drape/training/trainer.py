@@ -31,7 +31,14 @@ from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
 from drape.training.batches import BatchPrefetcher
 from drape.training.checkpoint import list_checkpoints, load_model, load_training_state, save_checkpoint
 from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, load_sharded, unwrap, wrap_model
-from drape.training.model import TryOnTransformer, build_model, build_noise_scheduler, diffusion_target, trainable_parameter_names
+from drape.training.model import (
+    TryOnModel,
+    build_model,
+    build_noise_scheduler,
+    configured_class_path,
+    diffusion_target,
+    trainable_parameter_names,
+)
 
 MetricsSink = Callable[[dict[str, float], int], None]
 
@@ -94,10 +101,13 @@ def resume_point(checkpoints_dir: Path) -> Path | None:
     return existing[-1] if existing else None
 
 
-def _configure_trainable(model: torch.nn.Module, patterns: list[str]) -> list[str]:
-    names = trainable_parameter_names(patterns, [name for name, _ in model.named_parameters()])
+def _configure_trainable(model: TryOnModel, patterns: list[str]) -> list[str]:
+    names = trainable_parameter_names(patterns, [name for name, _ in model.named_parameters()], model.frozen_prefixes)
     if not names:
-        raise ValueError(f"train.stages: trainable patterns {patterns} match no model parameter")
+        raise ValueError(
+            f"train.stages: trainable patterns {patterns} match no trainable parameter of {type(model).__name__} "
+            f"(`drape model describe` lists them)"
+        )
     chosen = set(names)
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name in chosen)
@@ -113,10 +123,11 @@ def prepare_training(
     resume_from = resume_point(checkpoints_dir)
     sharded_resume = resume_from is not None and is_sharded_checkpoint(resume_from)
     source = init_checkpoint if sharded_resume or resume_from is None else resume_from
-    model = (load_model(source) if source else build_model(config)).to(context.device)  # type: ignore[arg-type]
+    plain = load_model(source, allowed=(configured_class_path(config),)) if source else build_model(config)
+    model: torch.nn.Module = plain.to(context.device)  # type: ignore[arg-type]
     if train.gradient_checkpointing:
-        model.transformer.enable_gradient_checkpointing()
-    names = _configure_trainable(model, train.stages[stage].trainable)
+        plain.enable_denoiser_checkpointing()
+    names = _configure_trainable(plain, train.stages[stage].trainable)
     model = wrap_model(model, context, train.parallelism, bf16=train.precision == "bf16")
     parameters = dict(unwrap(model).named_parameters())
     optimizer = torch.optim.AdamW(
@@ -183,12 +194,12 @@ def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manife
     """The safetensors checkpoint (rank 0 writes it; the whole model gathered under FSDP, which keeps
     no optimizer state in it)."""
     fsdp = context.is_distributed and config.train.parallelism == "fsdp"
-    plain, ema = cast(TryOnTransformer, unwrap(state.model)), state.ema
+    plain, ema = cast(TryOnModel, unwrap(state.model)), state.ema
     if fsdp:
         whole = full_model_state(state.model)  # collective: every rank takes part, rank 0 receives the whole state
         ema = {n: t.full_tensor() if hasattr(t, "full_tensor") else t for n, t in ema.items()} if ema is not None else None
         if context.is_main:
-            plain = build_model(config)
+            plain = build_model(config, pretrained=False)
             plain.load_state_dict(whole)
     if context.is_main:
         save_checkpoint(
@@ -245,14 +256,16 @@ def _step(
     """One optimizer step on this rank's rows of the global batch (uint8, as decoded); returns the loss."""
     train, device = config.train, context.device
     batch = to_model_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
+    with torch.no_grad():
+        clean, condition = cast(TryOnModel, unwrap(state.model)).prepare(batch)  # pixels, or the frozen VAE's latents
     local = context.local_slice(train.batch_size)
-    global_shape = (train.batch_size, *batch["target"].shape[1:])  # the batch holds this rank's rows only
+    global_shape = (train.batch_size, *clean.shape[1:])  # the batch holds this rank's rows only
     noise = torch.randn(global_shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
     timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)[local].to(device)
-    noisy = scheduler.add_noise(batch["target"], noise, timesteps)
+    noisy = scheduler.add_noise(clean, noise, timesteps)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16"):
-        prediction = state.model(noisy, timesteps, batch["agnostic"], batch["mask"], batch["pose"], batch["garment"])
-    loss = F.mse_loss(prediction.float(), diffusion_target(scheduler, batch["target"], noise, timesteps))
+        prediction = state.model(noisy, timesteps, **condition)
+    loss = F.mse_loss(prediction.float(), diffusion_target(scheduler, clean, noise, timesteps))
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_([state.parameters[n] for n in state.names], train.grad_clip)

@@ -122,3 +122,25 @@ def test_fsdp2_on_two_gloo_ranks_trains_and_exports_whole_weights(setup, tmp_pat
     result = _train(path, tmp_path / "fsdp", 2)
     assert result["world_size"] == 2 and result["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-3)
     _assert_close(_weights(root / "one"), _weights(tmp_path / "fsdp"))
+
+
+def test_a_latent_model_under_fsdp2_matches_one_process_and_keeps_its_vae_whole(setup, tmp_path):
+    """The frozen VAE is left out of FSDP's sharding (each rank encodes its rows outside the
+    denoiser's forward): 2 ranks train what 1 process trains, and the VAE leaves as it came."""
+    root, _, _, _ = setup
+    model = {"kind": "latent-dit", "patch_size": 2, "garment_patch_size": 4, "vae": {"latent_channels": 4}}
+    outs = {}
+    for ranks, parallelism in ((1, "ddp"), (2, "fsdp")):
+        config = tiny_config(root / "drape", model=model, train={**TRAIN, "parallelism": parallelism})
+        path = tmp_path / f"latent-{ranks}.yaml"
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+        outs[ranks] = tmp_path / f"latent-{ranks}"
+        result = _train(path, outs[ranks], ranks)
+        assert result["world_size"] == ranks
+    one, two = _weights(outs[1]), _weights(outs[2])
+    _assert_close(one, two)
+    from drape.training.model import build_model
+
+    fresh = build_model(config).state_dict()
+    assert all(torch.equal(two[name], fresh[name]) for name in fresh if name.startswith("vae."))
+    assert not all(torch.equal(two[name], fresh[name]) for name in fresh if not name.startswith("vae."))

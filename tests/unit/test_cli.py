@@ -35,6 +35,8 @@ EXPECTED_COMMANDS = {
     "queue dispatch": ["config", "once", "metrics_port"],
     "queue profile": ["config"],
     "queue simulate": ["trace", "fleet", "policy"],
+    "model describe": ["config"],
+    "model fit-vae": ["out", "config", "steps", "samples"],
     "storage apply-lifecycle": ["config"],
     "storage report": ["config"],
     "storage sweep": ["allow_unregistered", "config", "dry_run"],

@@ -99,7 +99,9 @@ def test_metrics_reach_the_sink_and_prometheus(config, texture_data, tmp_path):
 def test_patterns_that_match_nothing_fail_clearly(config, texture_data, tmp_path):
     data = config.model_dump(mode="json")
     data["train"]["stages"]["texture"]["trainable"] = ["no.such.layer*"]
-    with pytest.raises(ValueError, match=r"trainable patterns \['no.such.layer\*'\] match no model parameter"):
+    with pytest.raises(
+        ValueError, match=r"trainable patterns \['no.such.layer\*'\] match no trainable parameter of TryOnTransformer"
+    ):
         train_stage(type(config).model_validate(data), stage="texture", data=texture_data, out_dir=tmp_path, init_checkpoint=None)
 
 

@@ -1,0 +1,110 @@
+"""`drape model describe | fit-vae`: which model a config trains, and a stand-in VAE for latent smoke runs."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import typer
+
+from drape import STAGES, JobKind
+from drape.cli.common import ConfigOption, Typer, console, fail, load, progress_bar
+from drape.cli.render import table_of
+
+app = Typer(help="The try-on model: describe it, fit a stand-in VAE.", no_args_is_help=True)
+
+
+def _millions(count: int) -> str:
+    return f"{count / 1e6:,.2f} M" if count >= 1e4 else f"{count:,}"
+
+
+def _modules(names: list[str], depth: int = 2) -> str:
+    """Trained parameter names grouped by their first `depth` components: 'transformer.transformer_blocks (24)'."""
+    groups: dict[str, int] = defaultdict(int)
+    for name in names:
+        parts = name.split(".")
+        groups[".".join(p for p in parts[:depth] if not p.isdigit())] += 1
+    return ", ".join(f"{group} ({count})" for group, count in sorted(groups.items()))
+
+
+@app.command("describe")
+def model_describe(config: Path | None = ConfigOption) -> None:
+    """The model a config builds: its class, parameters in total and per stage, the queue's memory
+    estimate per stage job, and what each stage trains."""
+    import torch
+
+    from drape.training.model import build_model, configured_class_path, trainable_parameter_names
+    from scheduler.profiles import estimate
+
+    cfg = load(config)
+    try:
+        with torch.device("meta"):
+            model = build_model(cfg, pretrained=False)
+    except ValueError as error:
+        fail(f"model: {error}")
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    frozen = sum(n for name, n in sizes.items() if name.startswith(model.frozen_prefixes))
+    shape, total = model.workload(), sum(sizes.values())
+    console.print(
+        f"[bold]{cfg.name}[/bold]: {cfg.model.class_ or cfg.model.kind} ({configured_class_path(cfg)}) at "
+        f"{cfg.data.resolution} px, {_millions(total)} parameters ({_millions(frozen)} frozen), "
+        f"{shape.tokens} tokens × {shape.hidden} wide × {shape.layers} layers per sample"
+    )
+    table = table_of(
+        f"stages (batch {cfg.train.batch_size}, {cfg.train.precision})",
+        ("stage", "trains", "share", "steps", "GPUs", "est. GiB/GPU", "est. time", "modules trained"),
+        left=("stage", "modules trained"),
+    )
+    for stage in STAGES:
+        names = trainable_parameter_names(cfg.train.stages[stage].trainable, list(sizes), model.frozen_prefixes)
+        trained, gpus = sum(sizes[n] for n in names), cfg.train.gpus_for(stage)
+        gib, seconds = estimate(cfg, JobKind.STAGE_TRAINING, stage, gpus, counts=(total, trained))
+        table.add_row(
+            stage,
+            _millions(trained),
+            f"{100 * trained / total:.1f}%",
+            str(cfg.train.stages[stage].steps),
+            str(gpus),
+            f"{gib:.1f}",
+            f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min",
+            _modules(names) or "[red]nothing: the patterns match no trainable parameter[/red]",
+        )
+    console.print(table)
+    console.print("estimates: H100 bf16 at 35% MFU (scheduler/profiles.py); measured peaks replace them once jobs ran")
+
+
+@app.command("fit-vae")
+def model_fit_vae(
+    out: Path = typer.Option(..., help="directory to write the AutoencoderKL to (config.json + safetensors)"),
+    config: Path | None = ConfigOption,
+    steps: int = typer.Option(300, min=1, help="optimizer steps"),
+    samples: int = typer.Option(64, min=1, help="synthetic samples whose images it fits"),
+) -> None:
+    """Fit a small AutoencoderKL shaped by the config's model.vae on synthetic images: a stand-in
+    for smoke runs and tests where no pretrained VAE is at hand (set model.vae.path to OUT)."""
+    import shutil
+
+    from drape.training.latent import fit_vae, reconstruction_error, synthetic_images, vae_config
+
+    cfg = load(config)
+    if cfg.model.vae.path is not None:
+        fail(f"model.vae.path is set ({cfg.model.vae.path}): fit-vae shapes a fresh VAE from model.vae's other fields")
+    images = synthetic_images(cfg, samples)
+    with progress_bar() as bar:
+        task = bar.add_task("fitting the VAE", total=steps)
+        vae = fit_vae(
+            images,
+            vae_config(cfg.model.vae, cfg.data.resolution),
+            steps,
+            progress=lambda done, _: bar.update(task, completed=done),
+        )
+    temporary = out.with_name(f".{out.name}.tmp")
+    shutil.rmtree(temporary, ignore_errors=True)
+    vae.save_pretrained(temporary, safe_serialization=True)
+    shutil.rmtree(out, ignore_errors=True)
+    temporary.rename(out)
+    error = reconstruction_error(vae, next(images))
+    console.print(
+        f"{out}: AutoencoderKL, {vae.config.latent_channels} latent channels, scaling {vae.config.scaling_factor:.3f}, "
+        f"shift {vae.config.shift_factor:.3f}; reconstruction error {error:.3f} (mean |Δ| in [-1, 1])"
+    )

@@ -1,0 +1,324 @@
+"""Latent try-on models: the diffusion runs on the latents of a frozen diffusers `AutoencoderKL`.
+
+Every try-on model in the field is latent diffusion. The VAE encodes the target, the agnostic
+person, the pose map and the garment; the mask is pooled to the latent grid; the gates decode
+samples to pixels. The VAE is frozen (`frozen_prefixes`): no stage trains it, whatever its
+patterns say. `model.vae.path` loads real weights (SD3's vae/: 16 channels, 8× down); unset, a
+fresh VAE shaped by `model.vae` (tests fit one briefly with `fit_vae`). Its config is one of the
+model's constructor arguments and its weights are in the checkpoint, so a checkpoint loads alone.
+
+- `latent-dit` (`LatentTryOnTransformer`): pixel-dit's design (SD3 joint attention, garment
+  tokens) on latents.
+- `latent-unet` (`LatentTryOnUNet`): CatVTON's: a UNet2DConditionModel over person and garment
+  latents concatenated side by side (width), mask and masked person on channels, no text: the
+  cross-attention reads one learned null token and the self-attention (``attn1``) does the work.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from diffusers import AutoencoderKL, UNet2DConditionModel
+from diffusers.configuration_utils import register_to_config
+from torch import nn
+from torch.nn import functional as F
+
+from drape.training.model import IMAGE_CHANNELS, TryOnModel, Workload
+from drape.training.pixel import GarmentEncoder, joint_transformer
+
+if TYPE_CHECKING:
+    from drape.config import PipelineConfig
+    from drape.config.training import VaeConfig
+
+
+def vae_config(vae: VaeConfig, resolution: int) -> dict[str, Any]:
+    """The AutoencoderKL constructor arguments of `model.vae`: read from `vae.path`'s config.json
+    when set, else the fresh VAE its fields describe."""
+    if vae.path is not None:
+        file = Path(vae.path) / "config.json"
+        if not file.is_file():
+            raise ValueError(f"model.vae.path {vae.path}: no config.json (expected a diffusers AutoencoderKL directory)")
+        return {k: v for k, v in json.loads(file.read_text()).items() if not k.startswith("_")}
+    blocks = len(vae.block_out_channels)
+    return {
+        "in_channels": IMAGE_CHANNELS,
+        "out_channels": IMAGE_CHANNELS,
+        "down_block_types": ["DownEncoderBlock2D"] * blocks,
+        "up_block_types": ["UpDecoderBlock2D"] * blocks,
+        "block_out_channels": list(vae.block_out_channels),
+        "layers_per_block": vae.layers_per_block,
+        "latent_channels": vae.latent_channels,
+        "norm_num_groups": vae.norm_num_groups,
+        "sample_size": resolution,
+        "scaling_factor": vae.scaling_factor,
+        "shift_factor": vae.shift_factor,
+        "mid_block_add_attention": False,
+    }
+
+
+def _frozen_vae(config: dict[str, Any]) -> Any:
+    vae = AutoencoderKL.from_config(config)
+    vae.requires_grad_(False)
+    return vae.eval()
+
+
+class LatentModel(TryOnModel):
+    """What both latent families share: the frozen VAE, encoding and decoding, the pooled mask."""
+
+    frozen_prefixes = ("vae.",)
+    clip_sample = False
+    vae: Any  # an AutoencoderKL (mypy sees no ModelMixin methods on diffusers' classes)
+    unet: Any
+
+    @property
+    def downsample(self) -> int:
+        return 2 ** (len(self.vae.config.block_out_channels) - 1)
+
+    @property
+    def latent_channels(self) -> int:
+        return self.vae.config.latent_channels
+
+    def train(self, mode: bool = True) -> LatentModel:
+        super().train(mode)
+        self.vae.eval()  # frozen: never in training mode
+        return self
+
+    @torch.no_grad()
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images in [-1, 1] → scaled latents (the posterior's mode: deterministic, so resumed runs match)."""
+        c = self.vae.config
+        latents = self.vae.encode(images.to(self.vae.dtype)).latent_dist.mode()
+        return ((latents - (c.shift_factor or 0.0)) * c.scaling_factor).to(images.dtype)
+
+    @torch.no_grad()
+    def decode(self, sample: torch.Tensor) -> torch.Tensor:
+        c = self.vae.config
+        latents = sample / c.scaling_factor + (c.shift_factor or 0.0)
+        return self.vae.decode(latents.to(self.vae.dtype)).sample.to(sample.dtype)
+
+    def pooled_mask(self, mask: torch.Tensor) -> torch.Tensor:
+        return F.avg_pool2d(mask, self.downsample)
+
+    def sample_shape(self, inputs: dict[str, torch.Tensor]) -> tuple[int, ...]:
+        batch, _, height, width = inputs["agnostic"].shape
+        return (batch, self.latent_channels, height // self.downsample, width // self.downsample)
+
+    @classmethod
+    def _with_vae(cls, config: PipelineConfig, pretrained: bool, **arguments: Any) -> LatentModel:
+        model: Any = cls(vae_arguments=vae_config(config.model.vae, config.data.resolution), **arguments)  # type: ignore[call-arg]
+        if pretrained and config.model.vae.path is not None:
+            weights = AutoencoderKL.from_pretrained(config.model.vae.path, low_cpu_mem_usage=False).state_dict()
+            model.vae.load_state_dict(weights)
+        return model
+
+
+class LatentTryOnTransformer(LatentModel):
+    """`latent-dit`: SD3 joint attention over latent patches, garment latents as tokens."""
+
+    @register_to_config
+    def __init__(
+        self,
+        resolution: int = 64,
+        patch_size: int = 2,
+        num_layers: int = 2,
+        num_attention_heads: int = 4,
+        attention_head_dim: int = 32,
+        garment_patch_size: int = 2,
+        vae_arguments: dict | None = None,
+    ):
+        super().__init__()
+        self.vae = _frozen_vae(vae_arguments or vae_config(_default_vae(), resolution))
+        size, channels = resolution // self.downsample, self.latent_channels
+        hidden = num_attention_heads * attention_head_dim
+        self.garment_encoder = GarmentEncoder(size, garment_patch_size, hidden, channels=channels)
+        self.transformer = joint_transformer(
+            size,
+            channels,
+            channels,  # the pose map, encoded
+            patch_size=patch_size,
+            num_layers=num_layers,
+            num_attention_heads=num_attention_heads,
+            attention_head_dim=attention_head_dim,
+        )
+
+    @classmethod
+    def from_drape_config(cls, config: PipelineConfig, *, pretrained: bool = True) -> LatentTryOnTransformer:
+        m = config.model
+        return cls._with_vae(  # type: ignore[return-value]
+            config,
+            pretrained,
+            resolution=config.data.resolution,
+            patch_size=m.patch_size,
+            num_layers=m.num_layers,
+            num_attention_heads=m.num_attention_heads,
+            attention_head_dim=m.attention_head_dim,
+            garment_patch_size=m.garment_patch_size,
+        )
+
+    def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {
+            "agnostic": self.encode(inputs["agnostic"]),
+            "mask": self.pooled_mask(inputs["mask"]),
+            "pose": self.encode(inputs["pose"]),
+            "garment": self.encode(inputs["garment"]),
+        }
+
+    def forward(self, noisy, timestep, agnostic, mask, pose, garment) -> torch.Tensor:
+        tokens = self.garment_encoder(garment)
+        return self.transformer(
+            hidden_states=torch.cat([noisy, agnostic, mask, pose], dim=1),
+            encoder_hidden_states=tokens,
+            pooled_projections=tokens.mean(dim=1),
+            timestep=timestep,
+            return_dict=False,
+        )[0]
+
+    def sharded_blocks(self) -> list[nn.Module]:
+        return list(self.transformer.transformer_blocks)
+
+    def workload(self) -> Workload:
+        c = self.config
+        size = c["resolution"] // self.downsample
+        tokens = (size // c["patch_size"]) ** 2 + (size // c["garment_patch_size"]) ** 2
+        return Workload(tokens, c["num_attention_heads"] * c["attention_head_dim"], c["num_layers"])
+
+
+class LatentTryOnUNet(LatentModel):
+    """`latent-unet`: CatVTON's layout. In: [noisy person | garment latents] side by side, with
+    [agnostic | garment], [mask | 0] and [pose | 0] on channels; out: the person half."""
+
+    @register_to_config
+    def __init__(
+        self,
+        resolution: int = 64,
+        block_out_channels: tuple[int, ...] = (32, 64),
+        attention: tuple[bool, ...] = (False, True),
+        layers_per_block: int = 1,
+        attention_head_dim: int = 8,
+        norm_num_groups: int = 8,
+        vae_arguments: dict | None = None,
+    ):
+        super().__init__()
+        self.vae = _frozen_vae(vae_arguments or vae_config(_default_vae(), resolution))
+        channels = self.latent_channels
+        down = tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention)
+        up = tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention))
+        self.unet = UNet2DConditionModel(
+            sample_size=(resolution // self.downsample, 2 * resolution // self.downsample),
+            in_channels=3 * channels + 1,
+            out_channels=channels,
+            down_block_types=down,
+            up_block_types=up,
+            block_out_channels=tuple(block_out_channels),
+            layers_per_block=layers_per_block,
+            attention_head_dim=attention_head_dim,
+            norm_num_groups=norm_num_groups,
+            cross_attention_dim=block_out_channels[-1],
+        )
+        self.null_token = nn.Parameter(torch.zeros(1, 1, block_out_channels[-1]))  # no text: one learned token
+
+    @classmethod
+    def from_drape_config(cls, config: PipelineConfig, *, pretrained: bool = True) -> LatentTryOnUNet:
+        u = config.model.unet
+        return cls._with_vae(  # type: ignore[return-value]
+            config,
+            pretrained,
+            resolution=config.data.resolution,
+            block_out_channels=tuple(u.block_out_channels),
+            attention=tuple(u.attention),
+            layers_per_block=u.layers_per_block,
+            attention_head_dim=u.attention_head_dim,
+            norm_num_groups=u.norm_num_groups,
+        )
+
+    def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {
+            "agnostic": self.encode(inputs["agnostic"]),
+            "mask": self.pooled_mask(inputs["mask"]),
+            "pose": self.encode(inputs["pose"]),
+            "garment": self.encode(inputs["garment"]),
+        }
+
+    def forward(self, noisy, timestep, agnostic, mask, pose, garment) -> torch.Tensor:
+        width = noisy.shape[-1]
+        side = torch.cat(
+            [
+                torch.cat([noisy, garment], dim=-1),
+                torch.cat([agnostic, garment], dim=-1),
+                torch.cat([mask, torch.zeros_like(mask)], dim=-1),
+                torch.cat([pose, torch.zeros_like(pose)], dim=-1),
+            ],
+            dim=1,
+        )
+        context = self.null_token.expand(noisy.shape[0], -1, -1)
+        return self.unet(side, timestep, encoder_hidden_states=context, return_dict=False)[0][..., :width]
+
+    def sharded_blocks(self) -> list[nn.Module]:
+        return [*self.unet.down_blocks, *self.unet.up_blocks]
+
+    def workload(self) -> Workload:
+        c = self.config
+        size = c["resolution"] // self.downsample
+        return Workload(2 * size * size, c["block_out_channels"][-1], 2 * len(c["block_out_channels"]) * c["layers_per_block"])
+
+
+def _default_vae():
+    from drape.config.training import VaeConfig
+
+    return VaeConfig()
+
+
+def fit_vae(
+    images: Iterator[torch.Tensor],
+    config: dict[str, Any],
+    steps: int,
+    lr: float = 1e-2,
+    seed: int = 0,
+    progress: Callable[[int, int], None] | None = None,
+) -> Any:
+    """Briefly fit a fresh AutoencoderKL (reconstruction + a light KL) on batches of images in
+    [-1, 1], then set its shift and scaling factors so its latents have zero mean and unit
+    variance: a stand-in VAE for tests and smoke runs, where no pretrained one is at hand. The
+    same images, steps and seed give the same VAE."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        vae = AutoencoderKL.from_config(config)
+    optimizer = torch.optim.AdamW(vae.parameters(), lr=lr)
+    for step in range(steps):
+        batch = next(images)
+        posterior = vae.encode(batch).latent_dist
+        reconstruction = vae.decode(posterior.sample(generator)).sample
+        loss = F.mse_loss(reconstruction, batch) + 1e-6 * posterior.kl().mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if progress:
+            progress(step + 1, steps)
+    vae.eval()
+    with torch.no_grad():
+        latents = torch.cat([vae.encode(next(images)).latent_dist.mode() for _ in range(4)])
+    vae.register_to_config(shift_factor=float(latents.mean()), scaling_factor=float(1 / latents.std()))
+    return vae
+
+
+def synthetic_images(config: PipelineConfig, samples: int, batch_size: int = 16, seed: int = 0) -> Iterator[torch.Tensor]:
+    """Endless shuffled batches of every image field (target, agnostic, pose, garment) of `samples`
+    synthetic samples at the config's resolution, in [-1, 1]."""
+    from drape.data.dataset import synthesize_split, to_model_inputs
+
+    inputs = to_model_inputs(synthesize_split(config, "identity", samples))
+    pool = torch.cat([inputs[name] for name in ("target", "agnostic", "pose", "garment")])
+    generator = torch.Generator().manual_seed(seed)
+    while True:
+        yield pool[torch.randint(0, len(pool), (batch_size,), generator=generator)]
+
+
+def reconstruction_error(vae: Any, images: torch.Tensor) -> float:
+    """Mean absolute error (in [-1, 1] units) of `images` through the VAE's encoder mode and decoder."""
+    with torch.no_grad():
+        return float((vae.decode(vae.encode(images).latent_dist.mode()).sample - images).abs().mean())
