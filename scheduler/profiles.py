@@ -5,7 +5,8 @@ Estimate (per GPU, GiB): parameters × bytes for fp32 weights, plus gradients (4
 layers × 34 bytes-per-element-equivalent × batch (Megatron's estimate, with flash attention so
 no s² term; halved at bf16), plus 1.5 GiB of CUDA context and workspace. Evaluation jobs hold
 weights and one batch of sampling activations. Duration: 6 × parameters × tokens × samples per
-step at 35% MFU of an H100's 989 dense bf16 TFLOP/s.
+step at 35% MFU of an H100's 989 dense bf16 TFLOP/s, counting the denoiser's parameters only (a frozen
+VAE runs once per image, not per token, and has no backward).
 
 Measured: every job run through the queue records its peak GPU memory
 (`torch.cuda.max_memory_allocated`) and duration under its shape key; once a shape has
@@ -15,6 +16,7 @@ measurements, their p95 plus `queue.headroom` overrides the estimate.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from drape import JobKind
 
@@ -44,30 +46,54 @@ def shape_key(config, kind: str, stage: str | None, gpus: int = 1) -> str:
     )
 
 
-def _meta_model(config):
-    import torch
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the estimate needs of a config's model, read once from the meta-device build."""
 
-    from drape.training.model import build_model
+    sizes: tuple[tuple[str, int], ...]  # (parameter name, elements)
+    frozen_prefixes: tuple[str, ...]
+    workload: Any  # drape.training.model.Workload
 
-    with torch.device("meta"):
-        return build_model(config, pretrained=False)
+    @property
+    def frozen(self) -> int:
+        return sum(n for name, n in self.sizes if name.startswith(self.frozen_prefixes))
+
+
+_FACTS: dict[tuple[str, int], ModelFacts] = {}  # per (model config, resolution): the build is what costs
+
+
+def model_facts(config) -> ModelFacts:
+    """The config's model's parameter sizes, frozen parts and workload, from a meta-device build
+    (no weights read), once per model config."""
+    key = (config.model.model_dump_json(by_alias=True), config.data.resolution)
+    if key not in _FACTS:
+        import torch
+
+        from drape.training.model import build_model
+
+        with torch.device("meta"):
+            model = build_model(config, pretrained=False)
+        _FACTS[key] = ModelFacts(
+            tuple((n, p.numel()) for n, p in model.named_parameters()), model.frozen_prefixes, model.workload()
+        )
+    return _FACTS[key]
 
 
 def parameter_counts(config, stage: str | None) -> tuple[int, int]:
     """(all parameters, the stage's trainable ones), from the model built on the meta device."""
     from drape.training.model import trainable_parameter_names
 
-    model = _meta_model(config)
-    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    facts = model_facts(config)
+    sizes = dict(facts.sizes)
     if stage is None:
         return sum(sizes.values()), 0
-    trainable = trainable_parameter_names(config.train.stages[stage].trainable, list(sizes), model.frozen_prefixes)
+    trainable = trainable_parameter_names(config.train.stages[stage].trainable, list(sizes), facts.frozen_prefixes)
     return sum(sizes.values()), sum(sizes[n] for n in trainable)
 
 
 def workload(config):
     """The model's `Workload` (tokens per sample, hidden width, layers), from the meta-device model."""
-    return _meta_model(config).workload()
+    return model_facts(config).workload
 
 
 def tokens_per_sample(config) -> int:
@@ -77,7 +103,8 @@ def tokens_per_sample(config) -> int:
 def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[int, int] | None = None) -> tuple[float, float]:
     """(peak GiB per GPU, expected seconds) for a job of `kind` on `stage` (see the module docstring)."""
     total, trainable = counts or parameter_counts(config, stage)
-    shape = workload(config)
+    facts = model_facts(config)
+    shape, denoiser = facts.workload, total - facts.frozen  # a frozen VAE runs once per image, not per token
     hidden, layers, tokens, batch = shape.hidden, shape.layers, shape.tokens, config.train.batch_size
     element = 2 if config.train.precision == "bf16" else 4
     training = kind in (JobKind.STAGE_TRAINING, JobKind.FINETUNE, JobKind.PERSONALIZATION)
@@ -91,7 +118,9 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
         stage_config = config.train.stages[stage]
         steps = stage_config.steps if kind == JobKind.STAGE_TRAINING else stage_config.finetune_steps
     flops = (
-        6 * total * tokens * batch * max(steps, 1) if training else 2 * total * tokens * batch * config.diffusion.sampling_steps
+        6 * denoiser * tokens * batch * max(steps, 1)
+        if training
+        else 2 * denoiser * tokens * batch * config.diffusion.sampling_steps
     )
     return peak / GIB, flops / (H100_DENSE_BF16_FLOPS * ASSUMED_MFU * gpus)
 

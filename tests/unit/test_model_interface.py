@@ -14,7 +14,7 @@ import torch
 from drape.config import ConfigError
 from drape.training.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint
 from drape.training.model import BUILT_IN, build_model, resolve_class, sample, trainable_parameter_names
-from scheduler.profiles import estimate, parameter_counts, workload
+from scheduler.profiles import ASSUMED_MFU, H100_DENSE_BF16_FLOPS, estimate, model_facts, parameter_counts, workload
 from tests.conftest import tiny_config
 
 LATENT = {
@@ -100,6 +100,15 @@ def test_the_queue_estimate_reads_the_models_workload(tmp_path):
         total, trainable = parameter_counts(config, "texture")
         assert 0 < trainable < total
         assert estimate(config, "stage-training", "texture")[0] > estimate(config, "gate-eval", "texture")[0]
+    # the frozen VAE holds memory but does no per-token work: the time counts the denoiser alone
+    total, _ = parameter_counts(latent, "texture")
+    frozen = model_facts(latent).frozen
+    assert 0 < frozen < total and model_facts(pixel).frozen == 0
+    denoiser_flops = (
+        6 * (total - frozen) * workload(latent).tokens * latent.train.batch_size * latent.train.stages["texture"].steps
+    )
+    seconds = estimate(latent, "stage-training", "texture")[1]
+    assert seconds == pytest.approx(denoiser_flops / (H100_DENSE_BF16_FLOPS * ASSUMED_MFU))
 
 
 def test_config_errors_name_the_field(tmp_path):
