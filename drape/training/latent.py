@@ -103,6 +103,15 @@ class LatentModel(TryOnModel):
     def pooled_mask(self, mask: torch.Tensor) -> torch.Tensor:
         return F.avg_pool2d(mask, self.downsample)
 
+    def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The agnostic person, pose map and garment as latents; the mask pooled to the latent grid."""
+        return {
+            "agnostic": self.encode(inputs["agnostic"]),
+            "mask": self.pooled_mask(inputs["mask"]),
+            "pose": self.encode(inputs["pose"]),
+            "garment": self.encode(inputs["garment"]),
+        }
+
     def sample_shape(self, inputs: dict[str, torch.Tensor]) -> tuple[int, ...]:
         batch, _, height, width = inputs["agnostic"].shape
         return (batch, self.latent_channels, height // self.downsample, width // self.downsample)
@@ -158,14 +167,6 @@ class LatentTryOnTransformer(LatentModel):
             attention_head_dim=m.attention_head_dim,
             garment_patch_size=m.garment_patch_size,
         )
-
-    def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {
-            "agnostic": self.encode(inputs["agnostic"]),
-            "mask": self.pooled_mask(inputs["mask"]),
-            "pose": self.encode(inputs["pose"]),
-            "garment": self.encode(inputs["garment"]),
-        }
 
     def forward(self, noisy, timestep, agnostic, mask, pose, garment) -> torch.Tensor:
         tokens = self.garment_encoder(garment)
@@ -234,14 +235,6 @@ class LatentTryOnUNet(LatentModel):
             attention_head_dim=u.attention_head_dim,
             norm_num_groups=u.norm_num_groups,
         )
-
-    def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {
-            "agnostic": self.encode(inputs["agnostic"]),
-            "mask": self.pooled_mask(inputs["mask"]),
-            "pose": self.encode(inputs["pose"]),
-            "garment": self.encode(inputs["garment"]),
-        }
 
     def forward(self, noisy, timestep, agnostic, mask, pose, garment) -> torch.Tensor:
         width = noisy.shape[-1]
