@@ -28,7 +28,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from drape.training.model import IMAGE_CHANNELS, TryOnModel, Workload
-from drape.training.pixel import GarmentEncoder, joint_transformer
+from drape.training.pixel import GarmentEncoder, JointAttentionDenoiser, dit_arguments, joint_transformer
 
 if TYPE_CHECKING:
     from drape.config import PipelineConfig
@@ -125,7 +125,7 @@ class LatentModel(TryOnModel):
         return model
 
 
-class LatentTryOnTransformer(LatentModel):
+class LatentTryOnTransformer(JointAttentionDenoiser, LatentModel):  # type: ignore[misc]  # as TryOnTransformer
     """`latent-dit`: SD3 joint attention over latent patches, garment latents as tokens."""
 
     @register_to_config
@@ -156,36 +156,10 @@ class LatentTryOnTransformer(LatentModel):
 
     @classmethod
     def from_drape_config(cls, config: PipelineConfig, *, pretrained: bool = True) -> LatentTryOnTransformer:
-        m = config.model
-        return cls._with_vae(  # type: ignore[return-value]
-            config,
-            pretrained,
-            resolution=config.data.resolution,
-            patch_size=m.patch_size,
-            num_layers=m.num_layers,
-            num_attention_heads=m.num_attention_heads,
-            attention_head_dim=m.attention_head_dim,
-            garment_patch_size=m.garment_patch_size,
-        )
-
-    def forward(self, noisy, timestep, agnostic, mask, pose, garment) -> torch.Tensor:
-        tokens = self.garment_encoder(garment)
-        return self.transformer(
-            hidden_states=torch.cat([noisy, agnostic, mask, pose], dim=1),
-            encoder_hidden_states=tokens,
-            pooled_projections=tokens.mean(dim=1),
-            timestep=timestep,
-            return_dict=False,
-        )[0]
-
-    def sharded_blocks(self) -> list[nn.Module]:
-        return list(self.transformer.transformer_blocks)
+        return cls._with_vae(config, pretrained, **dit_arguments(config))  # type: ignore[return-value]
 
     def workload(self) -> Workload:
-        c = self.config
-        size = c["resolution"] // self.downsample
-        tokens = (size // c["patch_size"]) ** 2 + (size // c["garment_patch_size"]) ** 2
-        return Workload(tokens, c["num_attention_heads"] * c["attention_head_dim"], c["num_layers"])
+        return self.grid_workload(self.config["resolution"] // self.downsample)
 
 
 class LatentTryOnUNet(LatentModel):

@@ -64,7 +64,57 @@ def joint_transformer(
     )
 
 
-class TryOnTransformer(TryOnModel):
+def dit_arguments(config: PipelineConfig) -> dict[str, int]:
+    """The constructor arguments a joint-attention denoiser takes from `model.*` and `data.resolution`."""
+    m = config.model
+    return {
+        "resolution": config.data.resolution,
+        "patch_size": m.patch_size,
+        "num_layers": m.num_layers,
+        "num_attention_heads": m.num_attention_heads,
+        "attention_head_dim": m.attention_head_dim,
+        "garment_patch_size": m.garment_patch_size,
+    }
+
+
+class JointAttentionDenoiser:
+    """The denoiser of `pixel-dit` and `latent-dit`: garment tokens (`garment_encoder`) in the joint
+    attention of an SD3 `transformer` over the person-side inputs concatenated on channels."""
+
+    garment_encoder: GarmentEncoder
+    transformer: Any
+    config: Any
+
+    def forward(
+        self,
+        noisy: torch.Tensor,
+        timestep: torch.Tensor,
+        agnostic: torch.Tensor,
+        mask: torch.Tensor,
+        pose: torch.Tensor,
+        garment: torch.Tensor,
+    ) -> torch.Tensor:
+        tokens = self.garment_encoder(garment)
+        person = torch.cat([noisy, agnostic, mask, pose], dim=1)
+        return self.transformer(
+            hidden_states=person,
+            encoder_hidden_states=tokens,
+            pooled_projections=tokens.mean(dim=1),
+            timestep=timestep,
+            return_dict=False,
+        )[0]
+
+    def sharded_blocks(self) -> list[nn.Module]:
+        return list(self.transformer.transformer_blocks)
+
+    def grid_workload(self, size: int) -> Workload:
+        """Tokens of a `size`² grid and of the garment, the transformer's width and depth."""
+        c = self.config
+        tokens = (size // c["patch_size"]) ** 2 + (size // c["garment_patch_size"]) ** 2
+        return Workload(tokens, c["num_attention_heads"] * c["attention_head_dim"], c["num_layers"])
+
+
+class TryOnTransformer(JointAttentionDenoiser, TryOnModel):  # type: ignore[misc]  # diffusers: config_name differs in its two bases
     """Predicts the diffusion target for a noisy try-on image given person inputs and a garment."""
 
     @register_to_config
@@ -93,43 +143,10 @@ class TryOnTransformer(TryOnModel):
 
     @classmethod
     def from_drape_config(cls, config: PipelineConfig, *, pretrained: bool = True) -> TryOnTransformer:
-        m = config.model
-        return cls(
-            resolution=config.data.resolution,
-            patch_size=m.patch_size,
-            num_layers=m.num_layers,
-            num_attention_heads=m.num_attention_heads,
-            attention_head_dim=m.attention_head_dim,
-            garment_patch_size=m.garment_patch_size,
-            pose_channels=m.pose_channels,
-        )
-
-    def forward(
-        self,
-        noisy: torch.Tensor,
-        timestep: torch.Tensor,
-        agnostic: torch.Tensor,
-        mask: torch.Tensor,
-        pose: torch.Tensor,
-        garment: torch.Tensor,
-    ) -> torch.Tensor:
-        tokens = self.garment_encoder(garment)
-        person = torch.cat([noisy, agnostic, mask, pose], dim=1)
-        return self.transformer(
-            hidden_states=person,
-            encoder_hidden_states=tokens,
-            pooled_projections=tokens.mean(dim=1),
-            timestep=timestep,
-            return_dict=False,
-        )[0]
+        return cls(**dit_arguments(config), pose_channels=config.model.pose_channels)
 
     def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {name: inputs[name] for name in ("agnostic", "mask", "pose", "garment")}
 
-    def sharded_blocks(self) -> list[nn.Module]:
-        return list(self.transformer.transformer_blocks)
-
     def workload(self) -> Workload:
-        c = self.config
-        tokens = (c["resolution"] // c["patch_size"]) ** 2 + (c["resolution"] // c["garment_patch_size"]) ** 2
-        return Workload(tokens, c["num_attention_heads"] * c["attention_head_dim"], c["num_layers"])
+        return self.grid_workload(self.config["resolution"])
