@@ -31,20 +31,16 @@ def _modules(names: list[str], depth: int = 2) -> str:
 def model_describe(config: Path | None = ConfigOption) -> None:
     """The model a config builds: its class, parameters in total and per stage, the queue's memory
     estimate per stage job, and what each stage trains."""
-    import torch
-
-    from drape.training.model import build_model, configured_class_path, trainable_parameter_names
-    from scheduler.profiles import estimate
+    from drape.training.model import configured_class_path, trainable_parameter_names
+    from scheduler.profiles import estimate, model_facts
 
     cfg = load(config)
     try:
-        with torch.device("meta"):
-            model = build_model(cfg, pretrained=False)
+        facts = model_facts(cfg)  # the queue's own view of the model: what its estimates read
     except ValueError as error:
         fail(f"model: {error}")
-    sizes = {name: p.numel() for name, p in model.named_parameters()}
-    frozen = sum(n for name, n in sizes.items() if name.startswith(model.frozen_prefixes))
-    shape, total = model.workload(), sum(sizes.values())
+    sizes = dict(facts.sizes)
+    frozen, shape, total = facts.frozen, facts.workload, sum(sizes.values())
     console.print(
         f"[bold]{cfg.name}[/bold]: {cfg.model.class_ or cfg.model.kind} ({configured_class_path(cfg)}) at "
         f"{cfg.data.resolution} px, {_millions(total)} parameters ({_millions(frozen)} frozen), "
@@ -56,7 +52,7 @@ def model_describe(config: Path | None = ConfigOption) -> None:
         left=("stage", "modules trained"),
     )
     for stage in STAGES:
-        names = trainable_parameter_names(cfg.train.stages[stage].trainable, list(sizes), model.frozen_prefixes)
+        names = trainable_parameter_names(cfg.train.stages[stage].trainable, list(sizes), facts.frozen_prefixes)
         trained, gpus = sum(sizes[n] for n in names), cfg.train.gpus_for(stage)
         gib, seconds = estimate(cfg, JobKind.STAGE_TRAINING, stage, gpus, counts=(total, trained))
         table.add_row(

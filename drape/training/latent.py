@@ -60,8 +60,13 @@ def vae_config(vae: VaeConfig, resolution: int) -> dict[str, Any]:
     }
 
 
-def _frozen_vae(config: dict[str, Any]) -> Any:
-    vae = AutoencoderKL.from_config(config)
+def _frozen_vae(arguments: dict[str, Any] | None, resolution: int) -> Any:
+    """The frozen AutoencoderKL of `arguments` (a model's stored `vae_arguments`), else the default `model.vae`'s."""
+    if arguments is None:
+        from drape.config.training import VaeConfig
+
+        arguments = vae_config(VaeConfig(), resolution)
+    vae = AutoencoderKL.from_config(arguments)
     vae.requires_grad_(False)
     return vae.eval()
 
@@ -72,7 +77,6 @@ class LatentModel(TryOnModel):
     frozen_prefixes = ("vae.",)
     clip_sample = False
     vae: Any  # an AutoencoderKL (mypy sees no ModelMixin methods on diffusers' classes)
-    unet: Any
 
     @property
     def downsample(self) -> int:
@@ -140,7 +144,7 @@ class LatentTryOnTransformer(JointAttentionDenoiser, LatentModel):  # type: igno
         vae_arguments: dict | None = None,
     ):
         super().__init__()
-        self.vae = _frozen_vae(vae_arguments or vae_config(_default_vae(), resolution))
+        self.vae = _frozen_vae(vae_arguments, resolution)
         size, channels = resolution // self.downsample, self.latent_channels
         hidden = num_attention_heads * attention_head_dim
         self.garment_encoder = GarmentEncoder(size, garment_patch_size, hidden, channels=channels)
@@ -166,6 +170,8 @@ class LatentTryOnUNet(LatentModel):
     """`latent-unet`: CatVTON's layout. In: [noisy person | garment latents] side by side, with
     [agnostic | garment], [mask | 0] and [pose | 0] on channels; out: the person half."""
 
+    unet: Any  # a UNet2DConditionModel
+
     @register_to_config
     def __init__(
         self,
@@ -178,7 +184,7 @@ class LatentTryOnUNet(LatentModel):
         vae_arguments: dict | None = None,
     ):
         super().__init__()
-        self.vae = _frozen_vae(vae_arguments or vae_config(_default_vae(), resolution))
+        self.vae = _frozen_vae(vae_arguments, resolution)
         channels = self.latent_channels
         down = tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention)
         up = tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention))
@@ -231,12 +237,6 @@ class LatentTryOnUNet(LatentModel):
         c = self.config
         size = c["resolution"] // self.downsample
         return Workload(2 * size * size, c["block_out_channels"][-1], 2 * len(c["block_out_channels"]) * c["layers_per_block"])
-
-
-def _default_vae():
-    from drape.config.training import VaeConfig
-
-    return VaeConfig()
 
 
 def fit_vae(
