@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drape.data.dataset import MODEL_FIELDS
-from drape.data.shards import decode_member
+from drape.data.shards import MODEL_FIELDS, decode_member
 
 
 def _peaks() -> dict:
@@ -29,6 +28,8 @@ def _peaks() -> dict:
 
 class Decoded:
     """The reader before: every sample of the stage decoded into memory up front."""
+
+    model_fields = MODEL_FIELDS
 
     def __init__(self, index):
         self.arrays = index.take(range(len(index)))

@@ -86,13 +86,13 @@ def write_stage(
 
 def stage_items(stage: Path, split: str = "identity") -> list[tuple[str, str, dict[str, tuple[int, int]]]]:
     """(shard path, key, {member suffix: (offset, size)}) per sample: the inputs of a litdata conversion."""
-    from drape.data.reader import FIELDS, ShardIndex
+    from drape.data.reader import ShardIndex
 
     manifest = json.loads((stage / "manifest.json").read_text())
     index = ShardIndex([stage / shard["path"] for shard in manifest["splits"][split]])
     items = []
     for i, key in enumerate(index.keys):
-        spans = {field: tuple(int(n) for n in index.spans[i, j]) for j, field in enumerate(FIELDS) if field != "meta"}
+        spans = {field: tuple(int(n) for n in index.spans[i, j]) for j, field in enumerate(index.fields) if field != "meta"}
         items.append((str(index.paths[int(index.shard_of[i])]), key, spans))
     return items
 

@@ -53,6 +53,7 @@ class ArtifactKind(_Name):
     VALIDATION_OUTPUT = "validation_output"
     SYNTHETIC_IMAGERY = "synthetic_imagery"
     GATE_REPORT = "gate_report"
+    ADAPTER = "adapter"  # a LoRA fine-tune's adapter, archived apart from the merged checkpoint
 
 
 class JobKind(_Name):

@@ -4,6 +4,7 @@ Live storage, ``<paths.root>/live``::
 
     runs/<run>/<stage>/checkpoints/step-NNNNNNN        the stage's safetensors checkpoints
     runs/<run>/<stage>/checkpoints/step-NNNNNNN.dcp    sharded intermediates (torchrun)
+    runs/<run>/<stage>/adapters/step-NNNNNNN           a LoRA pass's adapter checkpoints (drape/training/lora.py)
     runs/<run>/<stage>/gate/                           outputs/, latents.safetensors, report.json, grid.png
     runs/<run>/<stage>/superseded-baseline/            the baseline this stage replaced, until archived
     runs/<run>/<stage>/baseline-download/              a baseline's outputs fetched for the gate
@@ -47,6 +48,7 @@ RUNS_PREFIX = "runs/"
 ARCHIVE_MANIFESTS = "archive/manifests"
 SWEEP_MANIFESTS = f"{ARCHIVE_MANIFESTS}/sweep"
 MANUAL_RUN = "manual"
+ADAPTERS = "adapters"
 
 # what a stage directory holds besides its checkpoints, relative to it, in archive order
 GATE_FILES = ("gate/outputs", "gate/latents.safetensors", "gate/report.json", "gate/grid.png")
@@ -141,6 +143,8 @@ def artifact_kind(relative: str | Path) -> ArtifactKind:
     parts = PurePosixPath(Path(relative).as_posix()).parts
     if parts and parts[0] == "shards":
         return ArtifactKind.SYNTHETIC_IMAGERY
+    if ADAPTERS in parts:
+        return ArtifactKind.ADAPTER
     if "checkpoint" in parts or "checkpoints" in parts or (parts and is_checkpoint_dir(parts[-1])):
         return ArtifactKind.CHECKPOINT
     if parts and parts[-1] == "report.json":
@@ -198,6 +202,10 @@ class StagePaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def adapters(self) -> Path:
+        return self.root / ADAPTERS
 
     @property
     def gate(self) -> Path:

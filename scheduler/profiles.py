@@ -6,7 +6,9 @@ layers × 34 bytes-per-element-equivalent × batch (Megatron's estimate, with fl
 no s² term; halved at bf16), plus 1.5 GiB of CUDA context and workspace. Evaluation jobs hold
 weights and one batch of sampling activations. Duration: 6 × parameters × tokens × samples per
 step at 35% MFU of an H100's 989 dense bf16 TFLOP/s, counting the denoiser's parameters only (a frozen
-VAE runs once per image, not per token, and has no backward).
+VAE runs once per image, not per token, and has no backward). A LoRA fine-tune pass
+(`train.lora.enabled`) trains rank × (in + out) parameters per adapted layer, and replicates the
+frozen base on each GPU (DDP) instead of sharding it.
 
 Measured: every job run through the queue records its peak GPU memory
 (`torch.cuda.max_memory_allocated`) and duration under its shape key; once a shape has
@@ -53,6 +55,7 @@ class ModelFacts:
     sizes: tuple[tuple[str, int], ...]  # (parameter name, elements)
     frozen_prefixes: tuple[str, ...]
     workload: Any  # drape.training.model.Workload
+    linears: tuple[tuple[str, int, int], ...] = ()  # (nn.Linear module, in, out features): what LoRA can adapt
 
     @property
     def frozen(self) -> int:
@@ -73,8 +76,9 @@ def model_facts(config) -> ModelFacts:
 
         with torch.device("meta"):
             model = build_model(config, pretrained=False)
+        linears = tuple((n, m.in_features, m.out_features) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear))
         _FACTS[key] = ModelFacts(
-            tuple((n, p.numel()) for n, p in model.named_parameters()), model.frozen_prefixes, model.workload()
+            tuple((n, p.numel()) for n, p in model.named_parameters()), model.frozen_prefixes, model.workload(), linears
         )
     return _FACTS[key]
 
@@ -89,6 +93,19 @@ def parameter_counts(config, stage: str | None) -> tuple[int, int]:
         return sum(sizes.values()), 0
     trainable = trainable_parameter_names(config.train.stages[stage].trainable, list(sizes), facts.frozen_prefixes)
     return sum(sizes.values()), sum(sizes[n] for n in trainable)
+
+
+def lora_parameters(config, stage: str) -> int:
+    """The adapter parameters of a LoRA pass on `stage`: rank × (in + out) per nn.Linear whose weight
+    the stage's patterns select (what `drape.training.lora.lora_targets` adapts)."""
+    from drape.training.model import trainable_parameter_names
+
+    facts = model_facts(config)
+    chosen = set(
+        trainable_parameter_names(config.train.stages[stage].trainable, [n for n, _ in facts.sizes], facts.frozen_prefixes)
+    )
+    rank = config.train.lora.rank
+    return sum(rank * (fan_in + fan_out) for name, fan_in, fan_out in facts.linears if f"{name}.weight" in chosen)
 
 
 def workload(config):
@@ -108,17 +125,21 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
     hidden, layers, tokens, batch = shape.hidden, shape.layers, shape.tokens, config.train.batch_size
     element = 2 if config.train.precision == "bf16" else 4
     training = kind in (JobKind.STAGE_TRAINING, JobKind.FINETUNE, JobKind.PERSONALIZATION)
+    lora = kind == JobKind.FINETUNE and config.train.lora.enabled
+    if lora and stage is not None:
+        trainable = lora_parameters(config, stage)
     states = trainable * (4 + 8 + (4 if config.train.ema.enabled else 0)) if training else 0
     activations = tokens * hidden * layers * 34 * (element / 2) * batch
     if not training:
         activations /= 4  # no saved activations for backward: the live working set of one forward
-    peak = (4 * total + states) / gpus + activations / gpus + CONTEXT_GIB * GIB
+    shards = 1 if lora else gpus  # a LoRA pass replicates its frozen base and the adapters' states (DDP)
+    peak = (4 * total + states) / shards + activations / gpus + CONTEXT_GIB * GIB
     steps = 0
     if stage is not None:
         stage_config = config.train.stages[stage]
         steps = stage_config.steps if kind == JobKind.STAGE_TRAINING else stage_config.finetune_steps
     flops = (
-        6 * denoiser * tokens * batch * max(steps, 1)
+        (4 if lora else 6) * denoiser * tokens * batch * max(steps, 1)  # LoRA: no weight gradients of the base
         if training
         else 2 * denoiser * tokens * batch * config.diffusion.sampling_steps
     )

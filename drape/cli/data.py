@@ -136,6 +136,42 @@ def _print_dataset(manifest: dict, title: str) -> None:
     console.print(f"control set {manifest['control_set']}; stage rule {manifest['stage_rule'].get('rule')}")
 
 
+@app.command("encode")
+def data_encode(
+    config: Path | None = ConfigOption,
+    batch_size: int = typer.Option(16, min=1, help="samples per VAE forward"),
+) -> None:
+    """Encode version data.latents_of with model.vae into the latent version data.version, once."""
+    from drape.data.dataset import dataset_prefix, read_manifest
+    from drape.data.encode import LatentDatasetError, ensure_latent_dataset, source_config
+    from drape.storage.store import StorageError, open_store
+
+    cfg = load(config)
+    if cfg.data.latents_of is None:
+        fail("data.latents_of is not set: name the pixel version to encode there, and the latent version in data.version")
+    store = open_store(cfg)
+    sizes = {**cfg.data.samples_per_stage}
+    with progress_bar() as progress:
+        bars = {split: progress.add_task(f"encode {split}", total=count) for split, count in sizes.items()}
+        advance = lambda split, n: progress.advance(bars[split], n) if split in bars else None  # noqa: E731
+        try:
+            manifest = ensure_latent_dataset(cfg, store, advance)
+        except (LatentDatasetError, StorageError, ValueError) as error:
+            fail(f"cannot encode {cfg.data.name}/{cfg.data.latents_of}: {error}")
+    source = read_manifest(store, dataset_prefix(source_config(cfg))) or {}
+    _print_dataset(manifest, f"latent dataset {cfg.data.name}/{cfg.data.version} (VAE {manifest['vae']['digest'][:12]})")
+    table = table_of("bytes per sample", ("split", cfg.data.latents_of, cfg.data.version, "ratio"), left=("split",))
+    for split in cfg.data.samples_per_stage:
+        pixels, latents = (_per_sample(m["splits"].get(split, [])) for m in (source, manifest))
+        table.add_row(split, format_bytes(pixels), format_bytes(latents), f"{latents / pixels:.3f}" if pixels else "-")
+    console.print(table)
+
+
+def _per_sample(shards: list[dict]) -> float:
+    samples = sum(s["samples"] for s in shards)
+    return sum(s["bytes"] for s in shards) / samples if samples else 0.0
+
+
 @app.command("prestage")
 def data_prestage(
     stage: str = typer.Option(..., help="identity|texture|geometry|denoise|control"),

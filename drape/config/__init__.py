@@ -28,7 +28,7 @@ from drape.config.storage import (
     RetentionRule,
     StorageConfig,
 )
-from drape.config.training import DiffusionConfig, EmaConfig, ModelConfig, StageTrainConfig, TrainConfig
+from drape.config.training import DiffusionConfig, EmaConfig, LoraConfig, ModelConfig, StageTrainConfig, TrainConfig
 from drape.secrets import check_no_credentials, redact
 
 __all__ = [
@@ -46,6 +46,7 @@ __all__ = [
     "KubernetesLauncherConfig",
     "LiveUntil",
     "LoaderConfig",
+    "LoraConfig",
     "MetricsConfig",
     "ModelConfig",
     "OutcomeRule",
@@ -124,6 +125,25 @@ class PipelineConfig(StrictModel):
         for field, patch in (("patch_size", model.patch_size), ("garment_patch_size", model.garment_patch_size)):
             if space % patch:
                 raise ValueError(f"model.{field} {patch} must divide {where}")
+        return self
+
+    @model_validator(mode="after")
+    def _latents_need_a_fixed_vae(self) -> PipelineConfig:
+        if self.data.latents_of is None:
+            return self
+        if self.model.class_ is None and not self.model.latent:
+            raise ValueError(
+                f"data.latents_of: model.kind {self.model.kind} works in pixel space; a latent dataset needs a latent model"
+            )
+        if self.model.class_ is None and self.model.vae.path is None:
+            raise ValueError(
+                "data.latents_of: latents are encoded once, so the VAE must be fixed: set model.vae.path "
+                "(`drape model fit-vae` makes a stand-in)"
+            )
+        if self.data.latents_of == self.data.version:
+            raise ValueError(
+                f"data.latents_of names the version itself ({self.data.version!r}); it names the pixel version encoded"
+            )
         return self
 
     # where things live when the config leaves them unset: drape.layout decides

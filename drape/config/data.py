@@ -41,6 +41,14 @@ class DataConfig(StrictModel):
     name: str = "synth-tryon"
     version: str = "v1"
     resolution: int = Field(default=64, ge=32, le=2048)
+    latents_of: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description=(
+            "this version holds the VAE latents of version <latents_of> (pixels), encoded once by model.vae "
+            "(`drape data encode`); training reads them as they are, the gates read its control split in pixels"
+        ),
+    )
     num_identities: int = Field(default=24, gt=0)
     num_garments: int = Field(default=48, gt=0)
     samples_per_stage: dict[StageName, int] = Field(default_factory=lambda: {stage.value: 96 for stage in STAGES})

@@ -117,12 +117,26 @@ class EmaConfig(StrictModel):
     decay: float = Field(default=0.999, gt=0, lt=1)
 
 
+class LoraConfig(StrictModel):
+    """LoRA fine-tune passes (peft, drape/training/lora.py): with `enabled`, `--mode finetune` freezes
+    the baseline and trains low-rank adapters on the nn.Linear layers each stage's `trainable`
+    patterns select; the adapter is saved apart (a few MB) and merged into the checkpoint the gate
+    and promotion read. Full runs never use it."""
+
+    enabled: bool = False
+    rank: int = Field(default=8, gt=0, le=1024)
+    alpha: float | None = Field(default=None, gt=0, description="the update is scaled by alpha / rank; default rank (scale 1)")
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    lr: float | None = Field(default=None, gt=0, description="the adapters' learning rate; default the stage's")
+
+
 class TrainConfig(StrictModel):
     batch_size: int = Field(default=16, gt=0)
     lr: float = Field(default=1e-3, gt=0)
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)
     ema: EmaConfig = EmaConfig()
+    lora: LoraConfig = LoraConfig()
     checkpoint_every: int = Field(default=50, gt=0)
     log_every: int = Field(default=10, gt=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"

@@ -22,7 +22,7 @@ import numpy as np
 from drape import STAGES, layout
 from drape.config import PipelineConfig
 from drape.data.reader import ShardIndex
-from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
+from drape.data.shards import IMAGE_FIELDS, LATENT_FIELDS, ShardWriter, verify_shard
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError
@@ -270,7 +270,12 @@ def read_manifest(store: ObjectStore, prefix: str) -> dict | None:
 
 
 def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callable[[str, int], None] | None = None) -> dict:
-    """The dataset's manifest, generating and publishing the dataset first if the store lacks it."""
+    """The dataset's manifest, generating and publishing the dataset first if the store lacks it (a
+    latent version, `data.latents_of`: encoding it from its pixel version, `drape.data.encode`)."""
+    if config.data.latents_of is not None:
+        from drape.data.encode import ensure_latent_dataset
+
+        return ensure_latent_dataset(config, store, progress)
     prefix = dataset_prefix(config)
     manifest = read_manifest(store, prefix)
     if manifest is not None:
@@ -343,13 +348,14 @@ def load_control_dir(directory: str | Path) -> tuple[dict, str]:
     return load_split(directory, {"splits": {"control": entries}}, "control"), control_set_id(entries)
 
 
-MODEL_FIELDS = ("target", "agnostic", "mask", "pose", "garment")  # what the model reads of a sample
-
-
 def to_model_inputs(arrays: dict) -> dict:
     """uint8 images (numpy arrays, or tensors on any device) → float tensors the model takes, on
-    the same device: images in [-1, 1] (N, 3, H, W), mask in [0, 1] (N, 1, H, W)."""
+    the same device: images in [-1, 1] (N, 3, H, W), mask in [0, 1] (N, 1, H, W). Latent fields
+    (a latent dataset's float16 arrays) → float32 tensors, as the VAE encoded them."""
     import torch
+
+    if LATENT_FIELDS[0] in arrays:
+        return {name: torch.as_tensor(arrays[name]).float() for name in LATENT_FIELDS}
 
     inputs = {
         name: torch.as_tensor(arrays[name]).permute(0, 3, 1, 2).float() / 127.5 - 1

@@ -10,6 +10,9 @@ batch drawn from the same samples held in memory.
 
 The shards must stay where they are while an index reads them: the trainer holds the split pinned
 in the shard cache (`ShardCache.pin`) for as long as it trains.
+
+An index holds one kind of shard: pixels (PNG image fields) or latents (`drape data encode`:
+float16 ``.npy`` fields); `kind` says which, and `model_fields` what the model reads of it.
 """
 
 from __future__ import annotations
@@ -20,14 +23,32 @@ from pathlib import Path
 
 import numpy as np
 
-from drape.data.shards import IMAGE_FIELDS, ShardError, check_member, decode_member
+from drape.data.shards import IMAGE_FIELDS, LATENT_FIELDS, MODEL_FIELDS, ShardError, check_member, decode_member
 
-FIELDS = (*IMAGE_FIELDS, "meta")  # "meta" is the <key>.json member
-_MEMBER_FIELD = {f"{field}.png": field for field in IMAGE_FIELDS} | {"json": "meta"}
+FIELDS = (*IMAGE_FIELDS, *LATENT_FIELDS, "meta")  # "meta" is the <key>.json member
+_MEMBER_FIELD = {f"{field}.png": field for field in IMAGE_FIELDS} | {f"{f}.npy": f for f in LATENT_FIELDS} | {"json": "meta"}
+# per kind of shard: the fields each of its samples has, and what the model reads of them
+KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "pixels": ((*IMAGE_FIELDS, "meta"), MODEL_FIELDS),
+    "latents": ((*LATENT_FIELDS, "meta"), LATENT_FIELDS),
+}
 
 
-def _scan(path: Path) -> tuple[list[str], np.ndarray]:
-    """The keys of one shard, in first-appearance order, and (keys, fields, 2) offsets and sizes."""
+def _kind_of(path: Path, key: str, row: np.ndarray) -> str:
+    present = {field for field, (offset, _) in zip(FIELDS, row) if offset >= 0}
+    for kind, (fields, _) in KINDS.items():
+        if present == set(fields):
+            return kind
+    nearest = min(KINDS, key=lambda kind: len(present.symmetric_difference(KINDS[kind][0])))
+    missing = [field for field in KINDS[nearest][0] if field not in present]
+    extra = [field for field in FIELDS if field in present and field not in KINDS[nearest][0]]
+    also = f" and has {extra}" if extra else ""
+    raise ShardError(f"shard {path}: sample {key!r} lacks {missing} of a {nearest} sample{also}")
+
+
+def _scan(path: Path) -> tuple[list[str], np.ndarray, str]:
+    """The keys of one shard, in first-appearance order, (keys, fields, 2) offsets and sizes, and
+    the shard's kind (every sample must be of it)."""
     spans: dict[str, np.ndarray] = {}
     try:
         with tarfile.open(path, "r:") as tar:
@@ -41,12 +62,12 @@ def _scan(path: Path) -> tuple[list[str], np.ndarray]:
                 row[FIELDS.index(field)] = (member.offset_data, member.size)
     except (tarfile.TarError, EOFError, OSError) as error:
         raise ShardError(f"shard {path}: not a readable tar ({error})") from None
-    for key, row in spans.items():
-        missing = [field for field, (offset, _) in zip(FIELDS, row) if offset < 0]
-        if missing:
-            raise ShardError(f"shard {path}: sample {key!r} lacks {missing}")
+    kinds = {_kind_of(path, key, row) for key, row in spans.items()}
+    if len(kinds) > 1:
+        raise ShardError(f"shard {path}: mixes {sorted(kinds)} samples (a shard holds one kind)")
     keys = list(spans)
-    return keys, np.stack([spans[key] for key in keys]) if keys else np.zeros((0, len(FIELDS), 2), dtype=np.int64)
+    table = np.stack([spans[key] for key in keys]) if keys else np.zeros((0, len(FIELDS), 2), dtype=np.int64)
+    return keys, table, kinds.pop() if kinds else "pixels"
 
 
 class ShardIndex:
@@ -55,15 +76,22 @@ class ShardIndex:
     def __init__(self, paths: list[Path]):
         self._files: dict[int, int] = {}  # shard number → open file descriptor
         self.paths = [Path(p) for p in paths]
-        keys, spans, shard_of = [], [], []
+        keys, spans, shard_of, kinds = [], [], [], set()
         for number, path in enumerate(self.paths):
-            shard_keys, shard_spans = _scan(path)
+            shard_keys, shard_spans, kind = _scan(path)
+            if shard_keys:
+                kinds.add(kind)
             keys += shard_keys
             spans.append(shard_spans)
             shard_of.append(np.full(len(shard_keys), number, dtype=np.int32))
         self.keys = keys
         self.spans = np.concatenate(spans) if spans else np.zeros((0, len(FIELDS), 2), dtype=np.int64)
         self.shard_of = np.concatenate(shard_of) if shard_of else np.zeros(0, dtype=np.int32)
+        if len(kinds) > 1:
+            raise ShardError(f"shards {[str(p) for p in self.paths[:3]]}...: mix {sorted(kinds)} (one split holds one kind)")
+        self.kind = kinds.pop() if kinds else "pixels"
+        self.fields, self.model_fields = KINDS[self.kind]
+        self.spans = self.spans[:, [FIELDS.index(field) for field in self.fields]]  # the kind's columns only
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -75,39 +103,43 @@ class ShardIndex:
 
     def _span(self, index: int, fields: tuple[str, ...]) -> tuple[int, int]:
         """(first byte, end) of `fields`' members of sample `index` (adjacent in its tar)."""
-        spans = self.spans[index, [FIELDS.index(field) for field in fields]]
+        spans = self.spans[index, [self.fields.index(field) for field in fields]]
         return int(spans[:, 0].min()), int((spans[:, 0] + spans[:, 1]).max())
 
-    def prefetch(self, indices, fields: tuple[str, ...] = FIELDS) -> None:
+    def prefetch(self, indices, fields: tuple[str, ...] | None = None) -> None:
         """Ask the kernel to start reading these samples' bytes (`posix_fadvise` WILLNEED): a
         batch's later rows come off the disk while its first ones decode."""
+        fields = fields or self.fields
         for index in indices:
             start, end = self._span(int(index), fields)
             os.posix_fadvise(self._descriptor(int(self.shard_of[index])), start, end - start, os.POSIX_FADV_WILLNEED)
 
-    def sample(self, index: int, fields: tuple[str, ...] = FIELDS) -> dict:
-        """One decoded sample {key, <fields>}: image fields as uint8 arrays, "meta" as a dict.
+    def sample(self, index: int, fields: tuple[str, ...] | None = None) -> dict:
+        """One decoded sample {key, <fields>} (default: all of them): image fields as uint8 arrays,
+        latent fields as float16 arrays, "meta" as a dict.
 
         A sample's members lie next to each other in its tar, so they are read in one `pread`
         (one request to the disk, not one per member)."""
+        fields = fields or self.fields
         shard, key = int(self.shard_of[index]), self.keys[index]
         path, descriptor = self.paths[shard], self._descriptor(shard)
         start, end = self._span(index, fields)
         block = os.pread(descriptor, end - start, start)
         sample: dict = {"key": key}
         for field in fields:
-            offset, size = (int(n) for n in self.spans[index, FIELDS.index(field)])
+            offset, size = (int(n) for n in self.spans[index, self.fields.index(field)])
             payload = block[offset - start : offset - start + size]
-            member = f"{key}.{'json' if field == 'meta' else field + '.png'}"
+            member = f"{key}.{'json' if field == 'meta' else field + ('.npy' if field in LATENT_FIELDS else '.png')}"
             if len(payload) != size:
                 raise ShardError(f"shard {path}: member {member} is cut short ({len(payload)} of {size} bytes)")
             sample[field] = decode_member(path, member, payload)
         return sample
 
-    def take(self, indices, fields: tuple[str, ...] = FIELDS) -> dict:
+    def take(self, indices, fields: tuple[str, ...] | None = None) -> dict:
         """The samples at `indices`, stacked as `stack_samples` stacks them (only `fields` decoded)."""
         from drape.data.dataset import stack_samples
 
+        fields = fields or self.fields
         return stack_samples((self.sample(int(i), fields) for i in indices), fields)
 
     def close(self) -> None:

@@ -1,9 +1,11 @@
 """WebDataset-style tar shards with a sha256 on every shard.
 
 A shard is a plain tar of members named ``<key>.<field>.png`` and ``<key>.json``; samples are
-grouped by key in order. `ShardWriter` is keyword-only, writes each shard to a temporary name,
-hashes it and only then renames it into place, so a reader never sees half a shard. The reader
-verifies the hash before it decodes anything and names the shard in every error.
+grouped by key in order. A latent shard (`drape data encode`) holds ``<key>.<field>.npy`` members
+instead: a VAE's latents of the image fields as float16 arrays (numpy's format, never pickles).
+`ShardWriter` is keyword-only, writes each shard to a temporary name, hashes it and only then
+renames it into place, so a reader never sees half a shard. The reader verifies the hash before it
+decodes anything and names the shard in every error.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from drape.storage.checksum import sha256_file
 Image.preinit()  # PNG's decoder loaded once here, not in every decoding worker on its first sample
 
 IMAGE_FIELDS = ("target", "agnostic", "mask", "pose", "garment", "garment_mask")
+MODEL_FIELDS = ("target", "agnostic", "mask", "pose", "garment")  # what the model reads of a pixel sample
+# what a latent model reads of a latent sample: the four images encoded, the mask pooled to the latent grid
+LATENT_FIELDS = ("target_latent", "agnostic_latent", "mask_latent", "pose_latent", "garment_latent")
 
 
 class ShardError(ValueError):
@@ -44,6 +49,12 @@ class ShardInfo:
 def _png_bytes(image: Image.Image) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _npy_bytes(array: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, np.ascontiguousarray(array, dtype=np.float16), allow_pickle=False)
     return buffer.getvalue()
 
 
@@ -74,11 +85,22 @@ class ShardWriter:
 
     def write(self, sample) -> None:
         """Add one `drape.data.synth.Sample` (or anything with .key, the image fields and .meta)."""
+        members = {f"{field}.png": _png_bytes(getattr(sample, field)) for field in IMAGE_FIELDS}
+        self._write(sample.key, members, sample.meta)
+
+    def write_latents(self, key: str, latents: dict[str, np.ndarray], meta: dict) -> None:
+        """Add one latent sample: each of `LATENT_FIELDS` as a float16 ``.npy`` member."""
+        missing = sorted(set(LATENT_FIELDS) - set(latents))
+        if missing:
+            raise ValueError(f"latent sample {key!r} lacks {missing}")
+        self._write(key, {f"{field}.npy": _npy_bytes(latents[field]) for field in LATENT_FIELDS}, meta)
+
+    def _write(self, key: str, members: dict[str, bytes], meta: dict) -> None:
         if self._tar is None:
             self._tar = tarfile.open(self._final_path().with_suffix(".tar.tmp"), "w")
-        for field in IMAGE_FIELDS:
-            _add_member(self._tar, f"{sample.key}.{field}.png", _png_bytes(getattr(sample, field)))
-        _add_member(self._tar, f"{sample.key}.json", json.dumps(sample.meta, sort_keys=True).encode())
+        for suffix, payload in members.items():
+            _add_member(self._tar, f"{key}.{suffix}", payload)
+        _add_member(self._tar, f"{key}.json", json.dumps(meta, sort_keys=True).encode())
         self._count += 1
         if self._count >= self.max_samples or (self.max_bytes and self._tar.fileobj.tell() >= self.max_bytes):
             self._finish_shard()
@@ -128,6 +150,8 @@ def decode_member(shard: Path, name: str, payload: bytes):
     try:
         if name.endswith(".json"):
             return json.loads(payload)
+        if name.endswith(".npy"):
+            return np.load(io.BytesIO(payload), allow_pickle=False)
         with Image.open(io.BytesIO(payload)) as image:
             mode = "L" if "mask" in name else "RGB"
             return np.asarray(image if image.mode == mode else image.convert(mode))

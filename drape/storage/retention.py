@@ -21,6 +21,7 @@ from pathlib import Path
 from drape import ArtifactKind, Outcome
 from drape.config import BASELINE_LIVE_KINDS, OutcomeRule, RetentionConfig, RetentionRule
 from drape.layout import (
+    ADAPTERS,
     ARCHIVE_MANIFESTS,
     GATE_FILES,
     SUPERSEDED_BASELINE,
@@ -64,7 +65,8 @@ def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact
     Checkpoints are whole (``step-N``) or sharded intermediates (``step-N.dcp``), named and ordered
     by `drape.layout`. When the stage passed, its newest whole checkpoint is the one just promoted:
     it is archived as outcome 'baseline' (kept while it is the baseline; the sweep retags it once
-    superseded).
+    superseded). A LoRA pass's adapters (``adapters/step-N``) are kind 'adapter', with the stage's
+    outcome: they live as long as `retention.rules.adapter` says, apart from the merged checkpoint.
     """
     paths, found = StagePaths(Path(stage_dir)), []
     steps = checkpoint_dirs(paths.checkpoints)
@@ -76,6 +78,8 @@ def classify_stage_dir(stage_dir: str | Path, outcome: str) -> list[LiveArtifact
                 str(step), ArtifactKind.CHECKPOINT, Outcome.BASELINE if step == promoted else outcome, f"checkpoints/{step.name}"
             )
         )
+    for adapter in checkpoint_dirs(paths.adapters):  # a LoRA pass's adapters: their own kind and lifetime
+        found.append(LiveArtifact(str(adapter), ArtifactKind.ADAPTER, outcome, f"{ADAPTERS}/{adapter.name}"))
     for relative in GATE_FILES:
         if (paths.root / relative).exists():
             found.append(LiveArtifact(str(paths.root / relative), artifact_kind(relative), outcome, relative))

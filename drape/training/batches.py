@@ -26,7 +26,6 @@ import torch
 
 from drape import stage_index
 from drape.config import LoaderConfig, PipelineConfig
-from drape.data.dataset import MODEL_FIELDS
 from drape.data.partition import StageData, rank_partitions
 from drape.training.decoding import Allocate, DecodeError, ThreadSource, WorkerPool, allocate_in_memory
 from drape.training.distributed import DistContext
@@ -69,13 +68,14 @@ class StepBatches:
         rows = [(p, int(i)) for p in self.owned for i in drawn[p]]
         batch: dict[str, np.ndarray] = {}
         try:
+            fields = self.data.partitions[self.owned[0]].model_fields  # pixels, or a latent dataset's latents
             for p in self.owned:  # the disk reads the later rows while the first ones decode
-                self.data.partitions[p].prefetch(drawn[p], MODEL_FIELDS)
+                self.data.partitions[p].prefetch(drawn[p], fields)
             for row, (p, i) in enumerate(rows):
-                sample = self.data.partitions[p].sample(i, MODEL_FIELDS)
+                sample = self.data.partitions[p].sample(i, fields)
                 if not batch:
-                    batch = allocate({name: ((len(rows), *sample[name].shape), sample[name].dtype) for name in MODEL_FIELDS})
-                for name in MODEL_FIELDS:
+                    batch = allocate({name: ((len(rows), *sample[name].shape), sample[name].dtype) for name in fields})
+                for name in fields:
                     if sample[name].shape != batch[name].shape[1:]:
                         raise ValueError(
                             f"sample {sample['key']!r} of partition {p}: {name} is {sample[name].shape}, "

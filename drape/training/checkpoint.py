@@ -42,7 +42,7 @@ def code_version() -> str:
     return f"{drape.__version__}+{commit}" if commit else drape.__version__
 
 
-def _optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
+def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
     tensors = {}
     for index, name in enumerate(names):
         for field, value in optimizer.state_dict()["state"].get(index, {}).items():
@@ -75,18 +75,18 @@ def save_checkpoint(
     shutil.rmtree(temporary, ignore_errors=True)
     model.save_pretrained(temporary / "model", safe_serialization=True)
     if optimizer is not None:
-        save_file(_optimizer_tensors(optimizer, trainable_names), str(temporary / "optimizer.safetensors"))
+        save_file(optimizer_tensors(optimizer, trainable_names), str(temporary / "optimizer.safetensors"))
     if ema is not None:
         save_file({k: v.contiguous() for k, v in ema.items()}, str(temporary / "ema.safetensors"))
+    full = {**manifest, "model_class": class_path(model), "trainable": trainable_names, "code_version": code_version()}
+    return publish(temporary, path, full)
+
+
+def publish(temporary: Path, path: Path, manifest: dict) -> Path:
+    """Seal the directory `temporary` (the sha256 of every file into `manifest`, written last), make
+    it durable and rename it to `path`: a crash never leaves a half directory that looks whole."""
     files = {str(p.relative_to(temporary)): sha256_file(p) for p in sorted(temporary.rglob("*")) if p.is_file()}
-    full = {
-        **manifest,
-        "model_class": class_path(model),
-        "trainable": trainable_names,
-        "code_version": code_version(),
-        "files": files,
-    }
-    (temporary / MANIFEST).write_text(json.dumps(full, indent=2, sort_keys=True))
+    (temporary / MANIFEST).write_text(json.dumps({**manifest, "files": files}, indent=2, sort_keys=True))
     fsync_tree(temporary)  # durable before the rename publishes it (and older checkpoints may go)
     shutil.rmtree(path, ignore_errors=True)
     os.replace(temporary, path)
@@ -107,14 +107,7 @@ def export_weights(source: str | Path, destination: str | Path) -> Path:
     shutil.copytree(source / "model", temporary / "model")
     if (source / "ema.safetensors").is_file():
         shutil.copy2(source / "ema.safetensors", temporary / "ema.safetensors")
-    files = {str(p.relative_to(temporary)): sha256_file(p) for p in sorted(temporary.rglob("*")) if p.is_file()}
-    exported = {**manifest, "files": files, "exported_from": source.name, "optimizer_state": False}
-    (temporary / MANIFEST).write_text(json.dumps(exported, indent=2, sort_keys=True))
-    fsync_tree(temporary)
-    shutil.rmtree(destination, ignore_errors=True)
-    os.replace(temporary, destination)
-    fsync_dir(destination.parent)
-    return destination
+    return publish(temporary, destination, {**manifest, "exported_from": source.name, "optimizer_state": False})
 
 
 def read_manifest(path: str | Path) -> dict:

@@ -116,6 +116,19 @@ class LatentModel(TryOnModel):
             "garment": self.encode(inputs["garment"]),
         }
 
+    def prepare(self, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """As `TryOnModel.prepare`; a batch of a latent dataset (`drape data encode`) is already encoded."""
+        if "target_latent" in inputs:
+            return inputs["target_latent"], {name: inputs[f"{name}_latent"] for name in ("agnostic", "mask", "pose", "garment")}
+        return super().prepare(inputs)
+
+    @torch.no_grad()
+    def latent_fields(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """What a latent dataset stores per sample (`drape.data.shards.LATENT_FIELDS`): the batch as
+        `prepare` would give it, encoded once."""
+        clean, condition = self.prepare(inputs)
+        return {"target_latent": clean, **{f"{name}_latent": value for name, value in condition.items()}}
+
     def sample_shape(self, inputs: dict[str, torch.Tensor]) -> tuple[int, ...]:
         batch, _, height, width = inputs["agnostic"].shape
         return (batch, self.latent_channels, height // self.downsample, width // self.downsample)

@@ -75,6 +75,11 @@ class TryOnModel(ModelMixin, ConfigMixin):
         no_grad on the unwrapped model: it may use frozen parts only."""
         return self.encode(inputs["target"]), self.condition(inputs)
 
+    def latent_fields(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The `drape.data.shards.LATENT_FIELDS` of a batch, for a latent dataset (`drape data
+        encode`) that `prepare` then reads as is. Models in pixel space have nothing to cache."""
+        raise ValueError(f"{type(self).__name__} works in pixel space: there are no latents to cache (`drape data encode`)")
+
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Images in [-1, 1] → the space the diffusion runs in (pixels: unchanged)."""
         return images

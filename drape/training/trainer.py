@@ -26,19 +26,14 @@ from drape import Mode, parse_mode
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
 from drape.data.partition import StageData, resolve_partitions
-from drape.layout import checkpoint_name, checkpoint_step, is_sharded_checkpoint
+from drape.layout import ADAPTERS, StagePaths, checkpoint_name
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
 from drape.training.batches import BatchPrefetcher
-from drape.training.checkpoint import list_checkpoints, load_model, load_training_state, save_checkpoint
-from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, load_sharded, unwrap, wrap_model
-from drape.training.model import (
-    TryOnModel,
-    build_model,
-    build_noise_scheduler,
-    configured_class_path,
-    diffusion_target,
-    trainable_parameter_names,
-)
+from drape.training.checkpoint import read_manifest, save_checkpoint
+from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, unwrap
+from drape.training.lora import is_lora_pass, merge, save_adapter
+from drape.training.model import TryOnModel, build_model, build_noise_scheduler, diffusion_target
+from drape.training.state import TrainingState, prepare_training, resume_step
 
 MetricsSink = Callable[[dict[str, float], int], None]
 
@@ -82,77 +77,16 @@ def total_steps(config: PipelineConfig, stage: str, mode: str) -> int:
     return stage_config.steps if parse_mode(mode) is Mode.FULL else stage_config.finetune_steps
 
 
-@dataclass
-class TrainingState:
-    """What a stage trains and where it resumes: model (wrapped), optimizer, EMA and the first step."""
-
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    names: list[str]  # the trainable parameters
-    parameters: dict[str, torch.nn.Parameter]
-    ema: dict[str, torch.Tensor] | None
-    start_step: int
-    resumed_from: Path | None
-
-
-def resume_point(checkpoints_dir: Path) -> Path | None:
-    """The newest checkpoint in `checkpoints_dir` (sharded or whole): where a stage resumes."""
-    existing = list_checkpoints(checkpoints_dir)
-    return existing[-1] if existing else None
-
-
-def _configure_trainable(model: TryOnModel, patterns: list[str]) -> list[str]:
-    names = trainable_parameter_names(patterns, [name for name, _ in model.named_parameters()], model.frozen_prefixes)
-    if not names:
-        raise ValueError(
-            f"train.stages: trainable patterns {patterns} match no trainable parameter of {type(model).__name__} "
-            f"(`drape model describe` lists them)"
-        )
-    chosen = set(names)
-    for name, parameter in model.named_parameters():
-        parameter.requires_grad_(name in chosen)
-    return names
-
-
-def prepare_training(
-    config: PipelineConfig, stage: str, checkpoints_dir: Path, init_checkpoint: str | Path | None, context: DistContext
-) -> TrainingState:
-    """Model, optimizer and EMA for `stage`, resumed from the newest checkpoint in `checkpoints_dir`
-    (sharded or whole), else started from `init_checkpoint` or fresh weights."""
-    train = config.train
-    resume_from = resume_point(checkpoints_dir)
-    sharded_resume = resume_from is not None and is_sharded_checkpoint(resume_from)
-    source = init_checkpoint if sharded_resume or resume_from is None else resume_from
-    plain = load_model(source, allowed=(configured_class_path(config),)) if source else build_model(config)
-    model: torch.nn.Module = plain.to(context.device)  # type: ignore[arg-type]
-    if train.gradient_checkpointing:
-        plain.enable_denoiser_checkpointing()
-    names = _configure_trainable(plain, train.stages[stage].trainable)
-    model = wrap_model(model, context, train.parallelism, bf16=train.precision == "bf16")
-    parameters = dict(unwrap(model).named_parameters())
-    optimizer = torch.optim.AdamW(
-        [parameters[n] for n in names], lr=train.stages[stage].lr or train.lr, weight_decay=train.weight_decay
-    )
-    ema = {n: parameters[n].detach().clone() for n in names} if train.ema.enabled else None
-    if resume_from is not None and sharded_resume:
-        load_sharded(resume_from, model, optimizer, ema)
-    elif resume_from is not None:
-        restored = load_training_state(resume_from, optimizer, names)
-        if ema is not None and restored is not None:
-            ema = {n: restored[n].to(context.device) for n in names}
-    start = checkpoint_step(resume_from) if resume_from is not None else 0
-    return TrainingState(model, optimizer, names, parameters, ema, start, resume_from)
-
-
 class Checkpointer:
     """Owns the save cadence: whole checkpoints every `checkpoint_every` steps in one process; under
     torchrun sharded DCP intermediates (`step-N.dcp`) and one whole checkpoint at the stage's end,
-    which is what gates, promotion and the archive read."""
+    which is what gates, promotion and the archive read. A LoRA pass saves adapter checkpoints
+    (`adapters/step-N`) at the cadence and the merged model once, at its end."""
 
     def __init__(
         self,
         config: PipelineConfig,
-        directory: Path,
+        stage_dir: Path,
         context: DistContext,
         stage: str,
         mode: str,
@@ -160,7 +94,7 @@ class Checkpointer:
         data_manifest_hash: str,
         latest: Path | None = None,
     ):
-        self.config, self.directory, self.total, self.context = config, directory, total, context
+        self.config, self.paths, self.total, self.context = config, StagePaths(stage_dir), total, context
         self.manifest = {
             "config": config.model_dump(mode="json"),
             "stage": stage,
@@ -180,14 +114,58 @@ class Checkpointer:
         """Save after `step` if the cadence says so."""
         final, due = step == self.total, step % self.every == 0
         manifest = {**self.manifest, "step": step, "loss": loss}
-        if self.sharded is not None and due and not final:
-            self.sharded.save(
-                self.directory / checkpoint_name(step, sharded=True), state.model, state.optimizer, state.ema, manifest
-            )
+        directory = self.paths.checkpoints
+        if state.lora is not None:
+            if due or final:
+                self._save_adapter(step, state, manifest)
+            if final:
+                self.latest = _save_merged(directory / checkpoint_name(step), state, manifest, self.context)
+        elif self.sharded is not None and due and not final:
+            self.sharded.save(directory / checkpoint_name(step, sharded=True), state.model, state.optimizer, state.ema, manifest)
         elif final or (self.sharded is None and due):
             if self.sharded is not None:
                 self.sharded.wait()
-            self.latest = _save_whole(self.directory / checkpoint_name(step), self.config, state, manifest, self.context)
+            self.latest = _save_whole(directory / checkpoint_name(step), self.config, state, manifest, self.context)
+
+    def finish(self, state: TrainingState) -> None:
+        """A LoRA pass stopped between its last adapter and the merged checkpoint: merge that adapter now."""
+        if state.lora is not None and self.latest is None and state.start_step == self.total:
+            adapter = self.paths.adapters / checkpoint_name(self.total)
+            manifest = {**self.manifest, "step": self.total, "loss": read_manifest(adapter).get("loss", float("nan"))}
+            self.latest = _save_merged(self.paths.checkpoints / checkpoint_name(self.total), state, manifest, self.context)
+
+    def _save_adapter(self, step: int, state: TrainingState, manifest: dict) -> None:
+        assert state.lora is not None
+        if self.context.is_main:  # DDP: every rank holds the same adapter and moments
+            save_adapter(
+                self.paths.adapters / checkpoint_name(step),
+                model=unwrap(state.model),
+                spec=state.lora,
+                optimizer=state.optimizer,
+                names=state.names,
+                ema=state.ema,
+                manifest=manifest,
+            )
+        self.context.barrier()
+
+
+def _save_merged(path: Path, state: TrainingState, manifest: dict, context: DistContext) -> Path:
+    """A LoRA pass's end: rank 0 folds the adapter into the base (`lora.merge`, in place: nothing
+    trains after it) and writes an ordinary checkpoint, which names the adapter it came from."""
+    assert state.lora is not None
+    if context.is_main:
+        plain = cast(TryOnModel, unwrap(state.model))
+        ema = merge(plain, state.ema)
+        save_checkpoint(
+            path,
+            model=plain,
+            optimizer=None,
+            trainable_names=[f"{target}.weight" for target in state.lora.targets],
+            ema=ema,
+            manifest={**manifest, "lora": {**state.lora.describe(), "adapter": f"{ADAPTERS}/{path.name}"}},
+        )
+    context.barrier()
+    return path
 
 
 def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manifest: dict, context: DistContext) -> Path:
@@ -263,6 +241,8 @@ def _step(
     noise = torch.randn(global_shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
     timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)[local].to(device)
     noisy = scheduler.add_noise(clean, noise, timesteps)
+    if state.lora is not None and train.lora.dropout:  # the adapters' dropout masks, drawn again alike on resume
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)) + context.rank)
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16"):
         prediction = state.model(noisy, timesteps, **condition)
     loss = F.mse_loss(prediction.float(), diffusion_target(scheduler, clean, noise, timesteps))
@@ -291,7 +271,8 @@ def train_stage(
     metric_labels: dict[str, str] | None = None,
     context: DistContext | None = None,
 ) -> TrainResult:
-    """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints.
+    """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints (a LoRA fine-tune pass:
+    adapters under `out_dir`/adapters, the merged model at the end, `drape.training.lora`).
 
     `data` is this rank's `StageData` (`load_stage_data`, or `split_data` for a split on disk).
     Starts from `init_checkpoint` (or fresh weights), or resumes from the newest checkpoint
@@ -305,16 +286,16 @@ def train_stage(
     partitions = resolve_partitions(train.data_partitions, context.world_size, train.batch_size)
     if data.count != partitions:
         raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
-    checkpoints_dir = Path(out_dir) / "checkpoints"
-    resume_from = resume_point(checkpoints_dir)
-    start = checkpoint_step(resume_from) if resume_from is not None else 0
+    lora = is_lora_pass(config, mode)
+    start = resume_step(out_dir, lora=lora)
     prefetcher = BatchPrefetcher.for_rank(config, data, context, stage=stage, start=start, stop=total)
     try:
-        state = prepare_training(config, stage, checkpoints_dir, init_checkpoint, context)
-        checkpointer = Checkpointer(config, checkpoints_dir, context, stage, mode, total, data_manifest_hash, state.resumed_from)
+        state = prepare_training(config, stage, out_dir, init_checkpoint, context, lora=lora)
+        checkpointer = Checkpointer(config, Path(out_dir), context, stage, mode, total, data_manifest_hash, state.resumed_from)
         metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
         started = time.perf_counter()
         loss = _train_steps(config, state, prefetcher, metrics, checkpointer, context, progress)
+        checkpointer.finish(state)
     finally:
         prefetcher.close()
     if checkpointer.latest is None:

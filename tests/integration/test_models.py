@@ -3,7 +3,9 @@ this test writes, loaded by `model.class`) through all four stages and their gat
 staged-training flow (Prefect test harness, MLflow on SQLite).
 
 The latent models run on a stand-in VAE fitted here on synthetic images (`drape model fit-vae`'s
-code: 32 px → 16×16×8 latents), which `model.vae.path` names as it would SD3's vae/.
+code: 32 px → 16×16×8 latents), which `model.vae.path` names as it would SD3's vae/. `latent-dit`
+trains on a latent dataset (`data.latents_of`), which the flow encodes once; `latent-unet` encodes
+every batch.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import yaml
 
 from drape import STAGES, pipeline
 from drape.config import load_config
+from drape.data.dataset import manifest_hash
 from drape.training.checkpoint import CheckpointError, load_model, read_manifest
 from drape.training.model import configured_class_path
 from tests.conftest import tiny_config
@@ -90,8 +93,9 @@ class AcmeTryOn(TryOnModel):
 '''
 
 MODELS = {
-    "latent-dit": {
+    "latent-dit": {  # on a latent dataset: the flow encodes it once (drape/data/encode.py), training reads latents
         "model": {"kind": "latent-dit", "patch_size": 2, "garment_patch_size": 4},
+        "data": {"version": "v1-latents", "latents_of": "v1"},
         "trainable": {
             "identity": ["*"],
             "texture": ["garment_encoder.*", "transformer.transformer_blocks.*.attn.*"],
@@ -150,7 +154,8 @@ def model_config(tmp_path, name: str, vae_path) -> tuple:
     stages = {stage: {"steps": STEPS[stage], "finetune_steps": 20, "trainable": spec["trainable"][stage]} for stage in STAGES}
     config = tiny_config(
         tmp_path / "drape",
-        data={"control_samples": 16},  # the gates' bootstrap bounds over 16 samples: a 32 px texture value is noisy
+        # the gates' bootstrap bounds over 16 samples: a 32 px texture value is noisy
+        data={"control_samples": 16, **spec.get("data", {})},
         model=model,
         train={"stages": stages},
         gates=GATES,
@@ -177,6 +182,13 @@ def test_a_model_goes_through_the_four_stages_and_their_gates(
     checkpoint = pipeline.live_root(config) / "baselines" / "denoise" / "checkpoint"
     assert read_manifest(checkpoint)["model_class"] == configured_class_path(load_config(path))
     model = load_model(checkpoint, allowed=(configured_class_path(config),))
+    if "latents_of" in MODELS[name].get("data", {}):  # trained on latents encoded once, linked to the pixels they came from
+        from drape.data.dataset import read_manifest as dataset_manifest
+        from drape.storage.store import open_store
+
+        latents = dataset_manifest(open_store(config), "datasets/synth-tryon/v1-latents")
+        assert latents is not None and latents["kind"] == "latents" and latents["source"]["version"] == "v1"
+        assert read_manifest(checkpoint)["data_manifest_hash"] == manifest_hash(latents)
     if name.startswith("latent-"):  # the frozen VAE left every stage as the fitted one
         from diffusers import AutoencoderKL
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from drape.config import LoaderConfig
-from drape.data.dataset import MODEL_FIELDS
 from drape.data.partition import StageData, split_data
 from drape.data.reader import ShardIndex
+from drape.data.shards import MODEL_FIELDS
 from drape.training.batches import BatchError, BatchPrefetcher
 from tests.unit.test_reader import _corrupt_member
 
@@ -60,6 +60,7 @@ class _TwoSamples:
     """A partition of two samples, 'a' and 'b', that needs no prefetching; subclasses say how they read."""
 
     keys = ["a", "b"]
+    model_fields = MODEL_FIELDS
 
     def __len__(self) -> int:
         return 2

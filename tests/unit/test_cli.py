@@ -16,6 +16,7 @@ EXPECTED_COMMANDS = {
     "train": ["config", "stage", "init", "out"],
     "data synth": ["config", "out"],
     "data shard": ["source", "out", "config", "name", "version", "control", "weights", "shard_max_bytes", "shard_max_samples"],
+    "data encode": ["config", "batch_size"],
     "data prestage": ["stage", "config", "keep"],
     "gate check": ["control", "outputs", "baseline_outputs", "config", "stage", "report"],
     "gate calibrate": [
