@@ -76,22 +76,21 @@ def _save_vae(config, path: Path) -> None:
     from drape.training.latent import vae_config
 
     torch.manual_seed(0)
-    AutoencoderKL.from_config(vae_config(config.model.vae, config.data.resolution)).save_pretrained(path, safe_serialization=True)
+    shape = config.model.vae.model_copy(update={"path": None})  # the shape the config asks for; the path is where it goes
+    AutoencoderKL.from_config(vae_config(shape, config.data.resolution)).save_pretrained(path, safe_serialization=True)
 
 
 def _train(config, data, out: Path, steps: int) -> list[float]:
     seconds: list[float] = []
+
+    def sink(metrics: dict, step: int) -> None:
+        if f"{STAGE}/step_seconds" in metrics:  # the stage's end also reports per-rank data-wait
+            seconds.append(metrics[f"{STAGE}/step_seconds"])
+
     cfg = parse_config(
         deep_merge(config.model_dump(mode="json", by_alias=True), {"train": {"stages": {STAGE: {"steps": steps}}}})
     )
-    train_stage(
-        cfg,
-        stage=STAGE,
-        data=data,
-        out_dir=out,
-        init_checkpoint=None,
-        log_metrics=lambda m, s: seconds.append(m[f"{STAGE}/step_seconds"]),
-    )
+    train_stage(cfg, stage=STAGE, data=data, out_dir=out, init_checkpoint=None, log_metrics=sink)
     return seconds[1:]  # the first step builds what later ones reuse
 
 

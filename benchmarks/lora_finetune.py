@@ -47,7 +47,8 @@ def _finetune(config, stage: str, data, out: Path, base: str, digest: str) -> di
     seconds: list[float] = []
 
     def sink(metrics: dict, step: int) -> None:
-        seconds.append(metrics[f"{stage}/step_seconds"])
+        if f"{stage}/step_seconds" in metrics:  # the stage's end also reports per-rank data-wait
+            seconds.append(metrics[f"{stage}/step_seconds"])
 
     started = time.perf_counter()
     result = train_stage(

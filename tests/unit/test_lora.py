@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from drape.training.checkpoint import CheckpointError, list_checkpoints, load_mo
 from drape.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
 from drape.training.trainer import train_stage
 from scheduler.profiles import lora_parameters
+from tests.conftest import tiny_config
 
 TEXTURE = ["transformer.transformer_blocks.*.attn.*"]
 
@@ -38,10 +40,12 @@ def texture_data(tiny_dataset):
     return split_data(directory, manifest, "texture")
 
 
-@pytest.fixture
-def base(config, texture_data, tmp_path):
-    """A whole checkpoint to adapt: a 3-step full texture stage."""
-    return train_stage(_config(config), stage="texture", data=texture_data, out_dir=tmp_path / "base", init_checkpoint=None)
+@pytest.fixture(scope="module")
+def base(texture_data, tmp_path_factory):
+    """A whole checkpoint to adapt: a 3-step full texture stage (read only by the tests)."""
+    root = tmp_path_factory.mktemp("lora-base")
+    cfg = _config(tiny_config(root / "drape"))
+    return train_stage(cfg, stage="texture", data=texture_data, out_dir=root / "base", init_checkpoint=None)
 
 
 def _finetune(cfg, data, out, base, **kwargs):
@@ -61,7 +65,7 @@ def test_adapters_are_saved_apart_and_merged_into_the_checkpoint_the_gate_reads(
     assert json.loads((last / ADAPTER_CONFIG).read_text())["r"] == 2
     assert lora_parameters(cfg, "texture") == sum(t.numel() for t in tensors.values())  # the queue's estimate counts them
     assert (last / "optimizer.safetensors").is_file()
-    whole = sum(p.stat().st_size for p in (tmp_path / "base" / "checkpoints" / "step-0000003").rglob("*") if p.is_file())
+    whole = sum(p.stat().st_size for p in Path(base.checkpoint).rglob("*") if p.is_file())
     apart = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
     assert apart < whole / 4  # an adapter with its moments, not the model with its moments
 
