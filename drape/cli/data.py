@@ -150,15 +150,16 @@ def data_encode(
     if cfg.data.latents_of is None:
         fail("data.latents_of is not set: name the pixel version to encode there, and the latent version in data.version")
     store = open_store(cfg)
-    sizes = {**cfg.data.samples_per_stage}
-    with progress_bar() as progress:
-        bars = {split: progress.add_task(f"encode {split}", total=count) for split, count in sizes.items()}
-        advance = lambda split, n: progress.advance(bars[split], n) if split in bars else None  # noqa: E731
-        try:
+    try:
+        source = read_manifest(store, dataset_prefix(source_config(cfg))) or {}
+        sizes = {split: sum(s["samples"] for s in shards) for split, shards in source.get("splits", {}).items()}
+        with progress_bar() as progress:
+            bars = {split: progress.add_task(f"encode {split}", total=sizes.get(split)) for split in cfg.data.samples_per_stage}
+            advance = lambda split, n: progress.advance(bars[split], n) if split in bars else None  # noqa: E731
             manifest = ensure_latent_dataset(cfg, store, advance)
-        except (LatentDatasetError, StorageError, ValueError) as error:
-            fail(f"cannot encode {cfg.data.name}/{cfg.data.latents_of}: {error}")
-    source = read_manifest(store, dataset_prefix(source_config(cfg))) or {}
+        source = read_manifest(store, dataset_prefix(source_config(cfg))) or {}
+    except (LatentDatasetError, StorageError, ValueError) as error:
+        fail(f"cannot encode {cfg.data.name}/{cfg.data.latents_of}: {error}")
     _print_dataset(manifest, f"latent dataset {cfg.data.name}/{cfg.data.version} (VAE {manifest['vae']['digest'][:12]})")
     table = table_of("bytes per sample", ("split", cfg.data.latents_of, cfg.data.version, "ratio"), left=("split",))
     for split in cfg.data.samples_per_stage:

@@ -32,7 +32,7 @@ def model_describe(config: Path | None = ConfigOption) -> None:
     """The model a config builds: its class, parameters in total and per stage, the queue's memory
     estimate per stage job, and what each stage trains."""
     from drape.training.model import configured_class_path, trainable_parameter_names
-    from scheduler.profiles import estimate, model_facts
+    from scheduler.profiles import estimate, lora_parameters, model_facts
 
     cfg = load(config)
     try:
@@ -46,15 +46,19 @@ def model_describe(config: Path | None = ConfigOption) -> None:
         f"{cfg.data.resolution} px, {_millions(total)} parameters ({_millions(frozen)} frozen), "
         f"{shape.tokens} tokens × {shape.hidden} wide × {shape.layers} layers per sample"
     )
+    lora = cfg.train.lora
+    finetune = f"fine-tune (LoRA r{lora.rank})" if lora.enabled else "fine-tune (full)"
     table = table_of(
         f"stages (batch {cfg.train.batch_size}, {cfg.train.precision})",
-        ("stage", "trains", "share", "steps", "GPUs", "est. GiB/GPU", "est. time", "modules trained"),
+        ("stage", "trains", "share", "steps", "GPUs", "est. GiB/GPU", "est. time", finetune, "modules trained"),
         left=("stage", "modules trained"),
     )
     for stage in STAGES:
         names = trainable_parameter_names(cfg.train.stages[stage].trainable, list(sizes), facts.frozen_prefixes)
         trained, gpus = sum(sizes[n] for n in names), cfg.train.gpus_for(stage)
         gib, seconds = estimate(cfg, JobKind.STAGE_TRAINING, stage, gpus, counts=(total, trained))
+        tuned_gib, _ = estimate(cfg, JobKind.FINETUNE, stage, gpus, counts=(total, trained))
+        tuned = lora_parameters(cfg, stage) if lora.enabled else trained
         table.add_row(
             stage,
             _millions(trained),
@@ -63,6 +67,7 @@ def model_describe(config: Path | None = ConfigOption) -> None:
             str(gpus),
             f"{gib:.1f}",
             f"{seconds / 3600:.2f} h" if seconds >= 3600 else f"{seconds / 60:.1f} min",
+            f"{_millions(tuned)}, {tuned_gib:.1f} GiB/GPU",
             _modules(names) or "[red]nothing: the patterns match no trainable parameter[/red]",
         )
     console.print(table)

@@ -167,14 +167,14 @@ def _vae_facts(model) -> dict:
 
 def ensure_latent_dataset(config: PipelineConfig, store, progress: Progress | None = None) -> dict:
     """The config's latent dataset (`data.version`, encoded from `data.latents_of`), encoding and
-    publishing it first when the store lacks it; checked against the config's VAE and the source."""
+    publishing it first when the store lacks it; checked against the config's VAE, and against the
+    source when the store still holds it (a team may drop the pixels once they are encoded)."""
     from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, publish_dataset, read_manifest
 
-    source = ensure_dataset(source_config(config), store, progress)
-    prefix = dataset_prefix(config)
+    prefix, source_prefix = dataset_prefix(config), dataset_prefix(source_config(config))
     manifest = read_manifest(store, prefix)
     if manifest is None:
-        source_prefix = dataset_prefix(source_config(config))
+        source = ensure_dataset(source_config(config), store, progress)
         with tempfile.TemporaryDirectory(prefix="drape-encode-") as scratch:
             fetched = Path(scratch) / "source"
 
@@ -187,8 +187,10 @@ def ensure_latent_dataset(config: PipelineConfig, store, progress: Progress | No
             encode_dataset(config, source, _freeing(fetch), Path(scratch) / "latents", progress=progress)
             publish_dataset(Path(scratch) / "latents", store, prefix)
         manifest = read_manifest(store, prefix)
-        assert manifest is not None, f"{store.key_url(prefix)}: published but not readable back"
-    return check_latent_manifest(config, manifest, store.key_url(prefix), manifest_hash(source))
+        if manifest is None:
+            raise LatentDatasetError(f"{store.key_url(prefix)}: published, but its manifest cannot be read back")
+    source = read_manifest(store, source_prefix)
+    return check_latent_manifest(config, manifest, store.key_url(prefix), manifest_hash(source) if source else None)
 
 
 def _freeing(fetch: Callable[[dict], Path]) -> Callable[[dict], Path]:

@@ -143,3 +143,21 @@ def test_a_shard_holds_one_kind_of_sample(tmp_path):
         tar.addfile(meta, io.BytesIO(b"{}"))
     with pytest.raises(ShardError, match="lacks .* of a latents sample"):
         ShardIndex([tmp_path / "half.tar"])
+
+
+def test_drape_data_encode_prints_the_latent_version_and_bytes_per_sample(encoded, tmp_path):
+    import yaml
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+
+    config, _, manifest = encoded
+    path = tmp_path / "latents.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True)))
+    result = CliRunner().invoke(app, ["data", "encode", "--config", str(path)])  # already encoded: checked and shown
+    assert result.exit_code == 0, result.output
+    assert manifest["vae"]["digest"][:12] in result.output and "bytes per sample" in result.output
+    pixels = tmp_path / "pixels.yaml"
+    pixels.write_text(yaml.safe_dump(source_config(config).model_dump(mode="json", by_alias=True)))
+    refused = CliRunner().invoke(app, ["data", "encode", "--config", str(pixels)])
+    assert refused.exit_code == 2 and "data.latents_of is not set" in refused.output
