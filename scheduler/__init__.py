@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 
 from drape import JobKind, job_kind_for
-from drape.layout import job_paths
+from drape.layout import job_paths, model_paths
 from scheduler.store import JobSpec
 
 
@@ -40,5 +40,10 @@ def train_job_spec(config, *, stage: str, mode: str, run_id: str, command: list[
         shape=sized.shape,
         priority=5 if kind is JobKind.STAGE_TRAINING else 4,
         # ranks under torchrun, one per GPU; pods mount the paths the job's config writes to
-        labels={"run": run_id, "launch": "torchrun", "mounts": json.dumps(job_paths(config))},
+        labels={
+            "run": run_id,
+            "launch": "torchrun",
+            "mounts": json.dumps(job_paths(config)),
+            "models": json.dumps(model_paths(config)),  # read-only: the VAE, the identity embedder
+        },
     )

@@ -55,7 +55,8 @@ def job_labels(job: dict) -> dict:
 
 
 def _volumes(job: dict, settings):
-    """(mounts, volumes): /dev/shm in memory, and every path of the job's config at its own path."""
+    """(mounts, volumes): /dev/shm in memory, every path of the job's config at its own path, and
+    its pretrained files (the VAE, the identity embedder) read-only from the node."""
     from kubernetes import client
 
     mounts = [client.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
@@ -73,6 +74,12 @@ def _volumes(job: dict, settings):
             else {"host_path": client.V1HostPathVolumeSource(path=path, type="DirectoryOrCreate")}
         )
         volumes.append(client.V1Volume(name=name, **source))
+    for index, path in enumerate(json.loads(job_labels(job).get("models", "[]"))):  # pretrained files: read-only
+        if not PurePosixPath(path).is_absolute():
+            raise ValueError(f"job {job['id']}: model path {path!r} of its config is relative; a pod needs absolute paths")
+        name = f"drape-model-{index}"
+        mounts.append(client.V1VolumeMount(name=name, mount_path=path, read_only=True))
+        volumes.append(client.V1Volume(name=name, host_path=client.V1HostPathVolumeSource(path=path, type="Directory")))
     return mounts, volumes
 
 

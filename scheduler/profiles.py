@@ -42,10 +42,9 @@ class Profile:
 
 
 def shape_key(config, kind: str, stage: str | None, gpus: int = 1) -> str:
-    return (
-        f"{kind}/{config.name}/{stage or '-'}/{config.data.resolution}px/b{config.train.batch_size}/"
-        f"{config.train.precision}/{gpus}gpu"
-    )
+    data = config.data
+    pixels = f"{data.height}px" if data.height == data.width else f"{data.height}x{data.width}px"
+    return f"{kind}/{config.name}/{stage or '-'}/{pixels}/b{config.train.batch_size}/{config.train.precision}/{gpus}gpu"
 
 
 @dataclass(frozen=True)
@@ -62,7 +61,7 @@ class ModelFacts:
         return sum(n for name, n in self.sizes if name.startswith(self.frozen_prefixes))
 
 
-_FACTS: dict[tuple[str, int], ModelFacts] = {}  # per (model config, resolution): the build is what costs
+_FACTS: dict[tuple[str, int | tuple[int, int]], ModelFacts] = {}  # per (model config, resolution): the build is what costs
 
 
 def model_facts(config) -> ModelFacts:

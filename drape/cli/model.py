@@ -43,7 +43,7 @@ def model_describe(config: Path | None = ConfigOption) -> None:
     frozen, shape, total = facts.frozen, facts.workload, sum(sizes.values())
     console.print(
         f"[bold]{cfg.name}[/bold]: {cfg.model.class_ or cfg.model.kind} ({configured_class_path(cfg)}) at "
-        f"{cfg.data.resolution} px, {_millions(total)} parameters ({_millions(frozen)} frozen), "
+        f"{cfg.data.resolution_label}, {_millions(total)} parameters ({_millions(frozen)} frozen), "
         f"{shape.tokens} tokens × {shape.hidden} wide × {shape.layers} layers per sample"
     )
     lora = cfg.train.lora

@@ -5,10 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from drape import JOB_KINDS, STAGES, JobKind
 from drape.cli.common import ConfigOption, Typer, console, fail, load
 from drape.cli.render import table_of
+from drape.secrets import redact
 
 app = Typer(help="The GPU queue: submit, list, cancel, dispatch, profile, simulate.", no_args_is_help=True)
 
@@ -78,7 +80,8 @@ def queue_list(
 @app.command("cancel")
 def queue_cancel(job_id: str = typer.Argument(...), config: Path | None = ConfigOption) -> None:
     """Cancel a queued job, or stop a running one (its dispatcher ends it on its next cycle)."""
-    from scheduler.store import JobStore, QueueError
+    from scheduler.schema import QueueError
+    from scheduler.store import JobStore
 
     try:
         job = JobStore(load(config).queue_url).cancel(job_id)
@@ -122,22 +125,46 @@ def queue_dispatch(
 @app.command("profile")
 def queue_profile(config: Path | None = ConfigOption) -> None:
     """Memory profiles per job kind and stage: the estimate from the config vs the measured history."""
-    from scheduler.profiles import parameter_counts, profile
+    from scheduler.profiles import lora_parameters, parameter_counts, profile
+    from scheduler.schema import QueueError
     from scheduler.store import JobStore
 
     cfg = load(config)
-    store = JobStore(cfg.queue_url)
+    try:
+        store: JobStore | None = JobStore(cfg.queue_url)
+    except QueueError as error:  # the scheduler host's database may be out of reach from here: estimates still hold
+        console.print(f"[yellow]{escape(redact(str(error)))}: estimates only, no measured history[/yellow]")
+        store = None
+    total = parameter_counts(cfg, None)[0]
     table = table_of(
-        f"memory profiles: {cfg.name} ({cfg.data.resolution} px, batch {cfg.train.batch_size}, {cfg.train.precision})",
-        ("kind", "stage", "estimate GiB", "est. duration", "measured p95 GiB", "runs", "queue uses GiB", "from"),
+        f"memory profiles: {cfg.name} ({cfg.data.resolution_label}, batch {cfg.train.batch_size}, {cfg.train.precision}; "
+        f"{total / 1e6:,.2f} M parameters)",
+        (
+            "kind",
+            "stage",
+            "GPUs",
+            "trains",
+            "estimate GiB/GPU",
+            "est. duration",
+            "measured p95 GiB",
+            "runs",
+            "queue uses GiB",
+            "from",
+        ),
     )
     for kind in (JobKind.STAGE_TRAINING, JobKind.FINETUNE, JobKind.GATE_EVAL):
         for stage in STAGES:
-            p = profile(cfg, store, kind, stage, counts=parameter_counts(cfg, stage))
+            counts = parameter_counts(cfg, stage)
+            gpus = cfg.train.gpus_for(stage) if kind != JobKind.GATE_EVAL else 1
+            lora = kind == JobKind.FINETUNE and cfg.train.lora.enabled
+            trains = lora_parameters(cfg, stage) if lora else counts[1] if kind != JobKind.GATE_EVAL else 0
+            p = profile(cfg, store, kind, stage, gpus, counts=counts)
             measured = "-" if p.measured_p95_gib is None else f"{p.measured_p95_gib:.2f}"
             table.add_row(
                 kind,
                 stage,
+                str(gpus),
+                f"{trains / 1e6:,.2f} M" + (" (LoRA)" if lora else ""),
                 f"{p.estimate_gib:.2f}",
                 f"{p.estimate_duration_s / 60:.1f} min",
                 measured,

@@ -111,20 +111,23 @@ class PipelineConfig(StrictModel):
 
     @model_validator(mode="after")
     def _patch_divides_resolution(self) -> PipelineConfig:
-        model, resolution = self.model, self.data.resolution
-        if resolution % model.downsample:
-            raise ValueError(f"data.resolution {resolution} must be a multiple of the VAE's downsampling {model.downsample}")
-        if model.kind == "latent-unet" and model.class_ is None:
-            return self
-        space = resolution // model.downsample
-        where = (
-            f"the latent size {space} (data.resolution {resolution} / VAE downsampling {model.downsample})"
-            if model.latent
-            else f"data.resolution {resolution}"
-        )
-        for field, patch in (("patch_size", model.patch_size), ("garment_patch_size", model.garment_patch_size)):
-            if space % patch:
-                raise ValueError(f"model.{field} {patch} must divide {where}")
+        model, data = self.model, self.data
+        for side, length in (("height", data.height), ("width", data.width)):
+            if length % model.downsample:
+                raise ValueError(
+                    f"data.resolution {side} {length} must be a multiple of the VAE's downsampling {model.downsample}"
+                )
+            if model.kind == "latent-unet" and model.class_ is None:
+                continue
+            space = length // model.downsample
+            where = (
+                f"the latent {side} {space} (data.resolution {side} {length} / VAE downsampling {model.downsample})"
+                if model.latent
+                else f"data.resolution {side} {length}"
+            )
+            for field, patch in (("patch_size", model.patch_size), ("garment_patch_size", model.garment_patch_size)):
+                if space % patch:
+                    raise ValueError(f"model.{field} {patch} must divide {where}")
         return self
 
     @model_validator(mode="after")

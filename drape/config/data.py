@@ -4,10 +4,18 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from drape import STAGES
 from drape.config.base import StageName, StrictModel
+
+
+def height_width(resolution: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    """(height, width) of a resolution: one side (square), or (height, width) (a list once through JSON)."""
+    if isinstance(resolution, int):
+        return resolution, resolution
+    height, width = (int(side) for side in resolution)
+    return height, width
 
 
 class CacheConfig(StrictModel):
@@ -40,7 +48,10 @@ class LoaderConfig(StrictModel):
 class DataConfig(StrictModel):
     name: str = "synth-tryon"
     version: str = "v1"
-    resolution: int = Field(default=64, ge=32, le=2048)
+    resolution: int | tuple[int, int] = Field(
+        default=64,
+        description="pixels per side (square), or [height, width]: [1024, 768] for VITON-HD and DressCode",
+    )
     latents_of: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
@@ -57,6 +68,30 @@ class DataConfig(StrictModel):
     shard_max_bytes: int = Field(default=512 * 2**20, ge=2**20, description="a shard closes at this size or max samples")
     cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
     loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig())
+
+    @field_validator("resolution")
+    @classmethod
+    def _sides_in_range(cls, value: int | tuple[int, int]) -> int | tuple[int, int]:
+        sides = (value,) if isinstance(value, int) else value
+        for side in sides:
+            if not 32 <= side <= 2048:
+                raise ValueError(f"each side must be 32-2048 pixels, got {side}")
+        if not isinstance(value, int) and value[0] == value[1]:
+            return value[0]  # square: one number, as in every config and model config before
+        return value
+
+    @property
+    def height(self) -> int:
+        return height_width(self.resolution)[0]
+
+    @property
+    def width(self) -> int:
+        return height_width(self.resolution)[1]
+
+    @property
+    def resolution_label(self) -> str:
+        """``64 px`` or ``1024×768 px``, for people."""
+        return f"{self.height} px" if self.height == self.width else f"{self.height}×{self.width} px"
 
     @model_validator(mode="after")
     def _every_stage_has_samples(self) -> DataConfig:

@@ -35,6 +35,10 @@ def dataset_prefix(config: PipelineConfig) -> str:
     return layout.dataset_prefix(config.data.name, config.data.version)
 
 
+def _json_resolution(resolution: int | tuple[int, int]) -> int | list[int]:
+    return resolution if isinstance(resolution, int) else list(resolution)
+
+
 def _split_sizes(config: PipelineConfig) -> dict[str, int]:
     return {**config.data.samples_per_stage, "control": config.data.control_samples}
 
@@ -112,7 +116,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
     source = {
         "generator": "drape.data.synth",
         "seed": config.seed,
-        "resolution": data.resolution,
+        "resolution": _json_resolution(data.resolution),
         "num_identities": data.num_identities,
         "num_garments": data.num_garments,
     }
@@ -162,7 +166,7 @@ def import_dataset(
     *,
     name: str,
     version: str,
-    resolution: int,
+    resolution: int | tuple[int, int],
     control: int,
     weights: dict[str, float],
     max_samples: int,
@@ -178,7 +182,12 @@ def import_dataset(
     assignment = assign_splits([pair["key"] for pair in pairs], control=control, weights=weights, salt=f"{name}/{version}/")
     samples = ((assignment[pair["key"]], load_pair(source_root, layout, pair, resolution)) for pair in pairs)
     rule = {"rule": "sha256 of the pair key", "control_samples": control, "weights": {s: weights.get(s, 0) for s in STAGES}}
-    source = {"layout": layout, "root": str(Path(source_root).resolve()), "pairs": len(pairs), "resolution": resolution}
+    source = {
+        "layout": layout,
+        "root": str(Path(source_root).resolve()),
+        "pairs": len(pairs),
+        "resolution": _json_resolution(resolution),
+    }
     return write_dataset(
         out_dir,
         samples,

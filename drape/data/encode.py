@@ -189,8 +189,8 @@ def ensure_latent_dataset(config: PipelineConfig, store, progress: Progress | No
         manifest = read_manifest(store, prefix)
         if manifest is None:
             raise LatentDatasetError(f"{store.key_url(prefix)}: published, but its manifest cannot be read back")
-    source = read_manifest(store, source_prefix)
-    return check_latent_manifest(config, manifest, store.key_url(prefix), manifest_hash(source) if source else None)
+    held = read_manifest(store, source_prefix)
+    return check_latent_manifest(config, manifest, store.key_url(prefix), manifest_hash(held) if held else None)
 
 
 def _freeing(fetch: Callable[[dict], Path]) -> Callable[[dict], Path]:

@@ -16,7 +16,9 @@ DressCode::
     <root>/<category>/keypoints/<id>_2.json       {"keypoints": [[x, y, score, index], ...]} (18 points)
     <root>/<category>/label_maps/<id>_4.png       parsing (DressCode labels)
 
-Images are letterboxed onto a white square and resized to the dataset resolution. The inpainting
+Images keep their aspect: each is padded (white, centred) to the dataset resolution's aspect and
+resized to it, so VITON-HD's and DressCode's 768×1024 photos go to `data.resolution: [1024, 768]`
+by scale alone, and to a square with bands at the sides. The inpainting
 mask is the garment and arm (or leg) region, dilated, minus the face; the face box (identity
 gate) comes from the parsing; these sources carry no logo annotation, so the brand-critical box
 (texture gate) is the chest of the worn garment.
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
+from drape.config.data import height_width
 from drape.data.synth import Sample
 
 LAYOUTS = ("viton-hd", "dresscode")
@@ -127,19 +130,22 @@ def _open(path: Path, mode: str) -> Image.Image:
 
 
 class _Letterbox:
-    """Pads a W×H image to a centred square and resizes it to `resolution`; maps points too."""
+    """Pads a w×h image, centred, to the aspect of `resolution` (a side, or (height, width)) and
+    resizes it to that: nothing is cropped or stretched. Maps points too."""
 
-    def __init__(self, size: tuple[int, int], resolution: int):
+    def __init__(self, size: tuple[int, int], resolution: int | tuple[int, int]):
         width, height = size
-        self.side = max(width, height)
-        self.dx, self.dy = (self.side - width) // 2, (self.side - height) // 2
-        self.scale, self.resolution = resolution / self.side, resolution
+        self.height, self.width = height_width(resolution)
+        scale = min(self.width / width, self.height / height)
+        canvas = (max(width, round(self.width / scale)), max(height, round(self.height / scale)))
+        self.canvas, self.dx, self.dy = canvas, (canvas[0] - width) // 2, (canvas[1] - height) // 2
+        self.scale, self.resolution = self.width / canvas[0], resolution
 
     def image(self, image: Image.Image, fill, nearest: bool = False) -> Image.Image:
-        canvas = Image.new(image.mode, (self.side, self.side), fill)
+        canvas = Image.new(image.mode, self.canvas, fill)
         canvas.paste(image, (self.dx, self.dy))
         resample = Image.Resampling.NEAREST if nearest else Image.Resampling.LANCZOS
-        return canvas.resize((self.resolution, self.resolution), resample)
+        return canvas.resize((self.width, self.height), resample)
 
     def point(self, x: float, y: float) -> list[float]:
         return [round((x + self.dx) * self.scale, 2), round((y + self.dy) * self.scale, 2)]
@@ -156,27 +162,30 @@ def _box(region: np.ndarray, fallback: list[float]) -> list[float]:
     return [float(xs.min()), float(ys.min()), float(xs.max() + 1), float(ys.max() + 1)]
 
 
-def _chest_box(garment: np.ndarray, resolution: int) -> list[float]:
-    x0, y0, x1, y1 = _box(garment, [resolution * 0.3, resolution * 0.4, resolution * 0.7, resolution * 0.7])
+def _chest_box(garment: np.ndarray) -> list[float]:
+    height, width = garment.shape
+    x0, y0, x1, y1 = _box(garment, [width * 0.3, height * 0.4, width * 0.7, height * 0.7])
     width, height = x1 - x0, y1 - y0
     return [x0 + 0.25 * width, y0 + 0.15 * height, x1 - 0.25 * width, y0 + 0.5 * height]
 
 
-def _pose_image(points: dict[int, list[float]], resolution: int) -> Image.Image:
-    image = Image.new("RGB", (resolution, resolution), (0, 0, 0))
+def _pose_image(points: dict[int, list[float]], height: int, width: int) -> Image.Image:
+    image = Image.new("RGB", (width, height), (0, 0, 0))
     draw = ImageDraw.Draw(image)
     for index, (a, b) in enumerate(LIMBS):
         if a in points and b in points:
             hue = (index * 255) // len(LIMBS)
             draw.line(
-                [tuple(points[a]), tuple(points[b])], fill=(hue, 255 - hue, (hue * 3) % 256), width=max(resolution // 40, 2)
+                [tuple(points[a]), tuple(points[b])],
+                fill=(hue, 255 - hue, (hue * 3) % 256),
+                width=max(max(height, width) // 40, 2),
             )
     return image
 
 
-def _mask(labels: np.ndarray, garment_ids, limb_ids, face_ids, resolution: int) -> np.ndarray:
+def _mask(labels: np.ndarray, garment_ids, limb_ids, face_ids) -> np.ndarray:
     image = Image.fromarray((_labels_in(labels, (*garment_ids, *limb_ids)) * 255).astype(np.uint8))
-    region = np.asarray(image.filter(ImageFilter.MaxFilter(2 * max(resolution // 32, 1) + 1))) > 0
+    region = np.asarray(image.filter(ImageFilter.MaxFilter(2 * max(max(labels.shape) // 32, 1) + 1))) > 0
     return region & ~_labels_in(labels, face_ids)
 
 
@@ -192,10 +201,10 @@ def _sample(
     meta: dict,
     agnostic: Image.Image | None,
 ) -> Sample:
-    resolution = letterbox.resolution
+    resolution, height, width = letterbox.resolution, letterbox.height, letterbox.width
     target = letterbox.image(person, (255, 255, 255))
     labels = np.asarray(letterbox.image(labels_image, 0, nearest=True))
-    mask = _mask(labels, ids["garment"], ids["limbs"], ids["face"] + ids["hair"], resolution)
+    mask = _mask(labels, ids["garment"], ids["limbs"], ids["face"] + ids["hair"])
     mask_image = Image.fromarray((mask * 255).astype(np.uint8))
     grey = Image.new("RGB", target.size, (128, 128, 128))
     agnostic_image = (
@@ -211,9 +220,9 @@ def _sample(
     meta = {
         **meta,
         "key": key,
-        "resolution": resolution,
-        "face_box": _box(_labels_in(labels, ids["face"]), [resolution * 0.4, 0.0, resolution * 0.6, resolution * 0.2]),
-        "logo_box": _chest_box(worn, resolution),
+        "resolution": resolution if isinstance(resolution, int) else list(resolution),
+        "face_box": _box(_labels_in(labels, ids["face"]), [width * 0.4, 0.0, width * 0.6, height * 0.2]),
+        "logo_box": _chest_box(worn),
         "logo_box_source": "chest of the worn garment (no logo annotation)",
         "keypoints": {KEYPOINT_NAMES[i] if i < len(KEYPOINT_NAMES) else str(i): p for i, p in points.items()},
     }
@@ -222,7 +231,7 @@ def _sample(
         target,
         agnostic_image,
         mask_image,
-        _pose_image(points, resolution),
+        _pose_image(points, height, width),
         flat,
         Image.fromarray((worn * 255).astype(np.uint8)),
         meta,
@@ -240,7 +249,7 @@ def _openpose(path: Path) -> dict[int, tuple[float, float]]:
     return {i: (float(flat[3 * i]), float(flat[3 * i + 1])) for i in range(len(flat) // 3) if float(flat[3 * i + 2]) > 0}
 
 
-def load_pair(root: str | Path, layout: str, pair: dict, resolution: int) -> Sample:
+def load_pair(root: str | Path, layout: str, pair: dict, resolution: int | tuple[int, int]) -> Sample:
     """One pair from `list_pairs` as a Sample at `resolution`."""
     root = Path(root)
     person_stem, cloth_stem = Path(pair["person"]).stem, Path(pair["cloth"]).stem

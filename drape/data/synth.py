@@ -10,16 +10,19 @@ box, logo box in the target, keypoints, garment mask).
 
 Everything is drawn at `SUPERSAMPLE`× the output resolution and downsampled, so small logos and
 faces stay legible at 64 px. Attributes are pure functions of (seed, id): the same identity looks
-the same in every stage and in the control set.
+the same in every stage and in the control set. A non-square resolution (height, width), such as
+VITON-HD's 1024×768, is drawn on a square of its longer side and cropped to its centre, the
+person kept whole and the boxes and keypoints moved with the crop.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 from PIL import Image, ImageFilter
 
+from drape.config.data import height_width
 from drape.data.synth_draw import (
     FACE,
     GARMENT,
@@ -121,6 +124,9 @@ def make_garment(seed: int, garment_id: int) -> Garment:
     )
 
 
+Resolution = int | tuple[int, int]  # a side, or (height, width)
+
+
 def make_sample(
     seed: int,
     key: str,
@@ -128,11 +134,29 @@ def make_sample(
     garment: Garment,
     arm_pose: str,
     photo_seed: int,
-    resolution: int,
+    resolution: Resolution,
     variation: Variation = PLAIN,
 ) -> Sample:
-    """One try-on training sample at `resolution` (square); `variation` draws it subtly otherwise
-    (what `drape.gates.regressions` needs), everything else the same."""
+    """One try-on training sample at `resolution` (a side, or (height, width)); `variation` draws it
+    subtly otherwise (what `drape.gates.regressions` needs), everything else the same."""
+    height, width = height_width(resolution)
+    side = max(height, width)
+    square = _square_sample(seed, key, identity, garment, arm_pose, photo_seed, side, variation)
+    if height == width:
+        return square
+    return _centre_crop(square, height, width, resolution)
+
+
+def _square_sample(
+    seed: int,
+    key: str,
+    identity: Identity,
+    garment: Garment,
+    arm_pose: str,
+    photo_seed: int,
+    resolution: int,
+    variation: Variation,
+) -> Sample:
     size = resolution * SUPERSAMPLE
     rng = _rng(seed, 3, photo_seed)
     points = make_pose(rng, arm_pose, size)
@@ -168,6 +192,23 @@ def make_sample(
     )
 
 
+def _centre_crop(sample: Sample, height: int, width: int, resolution: Resolution) -> Sample:
+    """`sample` (square, of the longer side) cut to height × width around its centre; boxes and keypoints moved with it."""
+    side = sample.target.size[0]
+    left, top = (side - width) // 2, (side - height) // 2
+    box = (left, top, left + width, top + height)
+    meta = dict(sample.meta)
+    meta["resolution"] = list(resolution) if not isinstance(resolution, int) else resolution
+    for name in ("face_box", "logo_box"):
+        x0, y0, x1, y1 = meta[name]
+        meta[name] = [round(x0 - left, 2), round(y0 - top, 2), round(x1 - left, 2), round(y1 - top, 2)]
+    meta["keypoints"] = {name: [round(x - left, 2), round(y - top, 2)] for name, (x, y) in meta["keypoints"].items()}
+    images = {
+        field: getattr(sample, field).crop(box) for field in ("target", "agnostic", "mask", "pose", "garment", "garment_mask")
+    }
+    return replace(sample, meta=meta, **images)
+
+
 def _binarise(mask: Image.Image, resolution: int) -> Image.Image:
     return downsample(mask, resolution).point(lambda v: 255 if v >= 128 else 0)
 
@@ -192,9 +233,13 @@ def redraw(
         garment or garment_of(meta),
         meta["arm_pose"],
         photo_seed(split, int(index)),
-        int(meta["resolution"]),
+        _resolution_of(meta["resolution"]),
         variation,
     )
+
+
+def _resolution_of(value: int | list[int]) -> Resolution:
+    return value if isinstance(value, int) else height_width(value)
 
 
 def _tuples(fields: dict) -> dict:
@@ -209,7 +254,7 @@ def garment_of(meta: dict) -> Garment:
     return Garment(**_tuples(meta["garment"]))
 
 
-def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int, resolution: int):
+def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int, resolution: Resolution):
     """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]."""
     bias = STAGE_BIAS[split]
     split_index = list(STAGE_BIAS).index(split)

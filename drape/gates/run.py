@@ -83,16 +83,18 @@ def save_grid(
     rows += [(key, index[key]) for key in control["keys"] if index[key] not in shown][: max(count - len(rows), 0)]
     columns = [control["agnostic"], control["garment"], outputs, control["target"]]
     columns += [baseline_outputs] if baseline_outputs is not None else []
-    cell = max(outputs.shape[1], 128)
-    grid = Image.new("RGB", ((len(columns) + 1) * cell, len(rows) * cell + 24), "white")
+    height, width = outputs.shape[1:3]
+    cell_height = max(height, 128)
+    cell = max(round(cell_height * width / height), 96)  # tiles keep the images' aspect (1024×768: 3:4)
+    grid = Image.new("RGB", ((len(columns) + 1) * cell, len(rows) * cell_height + 24), "white")
     draw = ImageDraw.Draw(grid)
     for col, title in enumerate(["", "input", "garment", "output", "target", "baseline"][: len(columns) + 1]):
         draw.text((col * cell + 4, 4), title, fill="black")
     for row, (label, position) in enumerate(rows):
-        top = 24 + row * cell
+        top = 24 + row * cell_height
         draw.multiline_text((4, top + 4), label, fill="black")
         for col, images in enumerate(columns, start=1):
-            tile = Image.fromarray(images[position]).resize((cell, cell), Image.Resampling.NEAREST)
+            tile = Image.fromarray(images[position]).resize((cell, cell_height), Image.Resampling.NEAREST)
             grid.paste(tile, (col * cell, top))
     grid.save(path)
 

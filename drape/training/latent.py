@@ -27,6 +27,7 @@ from diffusers.configuration_utils import register_to_config
 from torch import nn
 from torch.nn import functional as F
 
+from drape.config.data import height_width
 from drape.training.model import IMAGE_CHANNELS, TryOnModel, Workload
 from drape.training.pixel import GarmentEncoder, JointAttentionDenoiser, dit_arguments, joint_transformer
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from drape.config.training import VaeConfig
 
 
-def vae_config(vae: VaeConfig, resolution: int) -> dict[str, Any]:
+def vae_config(vae: VaeConfig, resolution: int | tuple[int, int]) -> dict[str, Any]:
     """The AutoencoderKL constructor arguments of `model.vae`: read from `vae.path`'s config.json
     when set, else the fresh VAE its fields describe."""
     if vae.path is not None:
@@ -53,14 +54,14 @@ def vae_config(vae: VaeConfig, resolution: int) -> dict[str, Any]:
         "layers_per_block": vae.layers_per_block,
         "latent_channels": vae.latent_channels,
         "norm_num_groups": vae.norm_num_groups,
-        "sample_size": resolution,
+        "sample_size": max(height_width(resolution)),
         "scaling_factor": vae.scaling_factor,
         "shift_factor": vae.shift_factor,
         "mid_block_add_attention": False,
     }
 
 
-def _frozen_vae(arguments: dict[str, Any] | None, resolution: int) -> Any:
+def _frozen_vae(arguments: dict[str, Any] | None, resolution: int | tuple[int, int]) -> Any:
     """The frozen AutoencoderKL of `arguments` (a model's stored `vae_arguments`), else the default `model.vae`'s."""
     if arguments is None:
         from drape.config.training import VaeConfig
@@ -85,6 +86,11 @@ class LatentModel(TryOnModel):
     @property
     def latent_channels(self) -> int:
         return self.vae.config.latent_channels
+
+    def latent_grid(self, resolution: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+        """(height, width) of the latents of images at `resolution`."""
+        height, width = height_width(resolution)
+        return height // self.downsample, width // self.downsample
 
     def train(self, mode: bool = True) -> LatentModel:
         super().train(mode)
@@ -135,7 +141,11 @@ class LatentModel(TryOnModel):
 
     @classmethod
     def _with_vae(cls, config: PipelineConfig, pretrained: bool, **arguments: Any) -> LatentModel:
-        model: Any = cls(vae_arguments=vae_config(config.model.vae, config.data.resolution), **arguments)  # type: ignore[call-arg]
+        vae = config.model.vae
+        if not pretrained and vae.path is not None and not (Path(vae.path) / "config.json").is_file():
+            # shapes only (the queue estimates off the GPU nodes, where the weights are not mounted): model.vae fields
+            vae = vae.model_copy(update={"path": None})
+        model: Any = cls(vae_arguments=vae_config(vae, config.data.resolution), **arguments)  # type: ignore[call-arg]
         if pretrained and config.model.vae.path is not None:
             weights = AutoencoderKL.from_pretrained(config.model.vae.path, low_cpu_mem_usage=False).state_dict()
             model.vae.load_state_dict(weights)
@@ -148,7 +158,7 @@ class LatentTryOnTransformer(JointAttentionDenoiser, LatentModel):  # type: igno
     @register_to_config
     def __init__(
         self,
-        resolution: int = 64,
+        resolution: int | tuple[int, int] = 64,
         patch_size: int = 2,
         num_layers: int = 2,
         num_attention_heads: int = 4,
@@ -158,7 +168,7 @@ class LatentTryOnTransformer(JointAttentionDenoiser, LatentModel):  # type: igno
     ):
         super().__init__()
         self.vae = _frozen_vae(vae_arguments, resolution)
-        size, channels = resolution // self.downsample, self.latent_channels
+        size, channels = self.latent_grid(resolution), self.latent_channels
         hidden = num_attention_heads * attention_head_dim
         self.garment_encoder = GarmentEncoder(size, garment_patch_size, hidden, channels=channels)
         self.transformer = joint_transformer(
@@ -176,7 +186,7 @@ class LatentTryOnTransformer(JointAttentionDenoiser, LatentModel):  # type: igno
         return cls._with_vae(config, pretrained, **dit_arguments(config))  # type: ignore[return-value]
 
     def workload(self) -> Workload:
-        return self.grid_workload(self.config["resolution"] // self.downsample)
+        return self.grid_workload(*self.latent_grid(self.config["resolution"]))
 
 
 class LatentTryOnUNet(LatentModel):
@@ -188,7 +198,7 @@ class LatentTryOnUNet(LatentModel):
     @register_to_config
     def __init__(
         self,
-        resolution: int = 64,
+        resolution: int | tuple[int, int] = 64,
         block_out_channels: tuple[int, ...] = (32, 64),
         attention: tuple[bool, ...] = (False, True),
         layers_per_block: int = 1,
@@ -198,11 +208,11 @@ class LatentTryOnUNet(LatentModel):
     ):
         super().__init__()
         self.vae = _frozen_vae(vae_arguments, resolution)
-        channels = self.latent_channels
+        channels, (height, width) = self.latent_channels, self.latent_grid(resolution)
         down = tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention)
         up = tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention))
         self.unet = UNet2DConditionModel(
-            sample_size=(resolution // self.downsample, 2 * resolution // self.downsample),
+            sample_size=(height, 2 * width),
             in_channels=3 * channels + 1,
             out_channels=channels,
             down_block_types=down,
@@ -248,8 +258,8 @@ class LatentTryOnUNet(LatentModel):
 
     def workload(self) -> Workload:
         c = self.config
-        size = c["resolution"] // self.downsample
-        return Workload(2 * size * size, c["block_out_channels"][-1], 2 * len(c["block_out_channels"]) * c["layers_per_block"])
+        height, width = self.latent_grid(c["resolution"])
+        return Workload(2 * height * width, c["block_out_channels"][-1], 2 * len(c["block_out_channels"]) * c["layers_per_block"])
 
 
 def fit_vae(

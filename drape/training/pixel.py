@@ -16,6 +16,7 @@ from diffusers import SD3Transformer2DModel
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
+from drape.config.data import height_width
 from drape.training.model import IMAGE_CHANNELS, TryOnModel, Workload
 
 if TYPE_CHECKING:
@@ -25,10 +26,11 @@ if TYPE_CHECKING:
 class GarmentEncoder(nn.Module):
     """Flat-lay garment image (or its latents) → a grid of tokens with learned positions."""
 
-    def __init__(self, resolution: int, patch_size: int, dim: int, channels: int = IMAGE_CHANNELS):
+    def __init__(self, resolution: int | tuple[int, int], patch_size: int, dim: int, channels: int = IMAGE_CHANNELS):
         super().__init__()
+        height, width = height_width(resolution)
         self.proj = nn.Conv2d(channels, dim, kernel_size=patch_size, stride=patch_size)
-        self.pos = nn.Parameter(torch.zeros(1, (resolution // patch_size) ** 2, dim))
+        self.pos = nn.Parameter(torch.zeros(1, (height // patch_size) * (width // patch_size), dim))
         self.norm = nn.LayerNorm(dim)
 
     def forward(self, garment: torch.Tensor) -> torch.Tensor:
@@ -37,7 +39,7 @@ class GarmentEncoder(nn.Module):
 
 
 def joint_transformer(
-    size: int,
+    size: int | tuple[int, int],
     channels: int,
     pose_channels: int,
     *,
@@ -46,11 +48,14 @@ def joint_transformer(
     num_attention_heads: int,
     attention_head_dim: int,
 ) -> Any:  # an SD3Transformer2DModel (mypy sees no ModelMixin methods on it)
-    """The SD3-style joint-attention transformer over a `size`² grid of `channels`-channel samples:
-    in, the noisy sample, the agnostic person, the mask and the pose on channels; out, the prediction."""
+    """The SD3-style joint-attention transformer over a `size` grid (a side, or (height, width)) of
+    `channels`-channel samples: in, the noisy sample, the agnostic person, the mask and the pose on
+    channels; out, the prediction. Its position table covers the longer side, cropped to the grid
+    at each forward (SD3's `pos_embed_max_size`), so a 3:4 grid is as much at home as a square."""
     hidden = num_attention_heads * attention_head_dim
+    longer = max(height_width(size))
     return SD3Transformer2DModel(
-        sample_size=size,
+        sample_size=longer,
         patch_size=patch_size,
         in_channels=2 * channels + 1 + pose_channels,
         out_channels=channels,
@@ -60,11 +65,11 @@ def joint_transformer(
         joint_attention_dim=hidden,
         caption_projection_dim=hidden,
         pooled_projection_dim=hidden,
-        pos_embed_max_size=size // patch_size,
+        pos_embed_max_size=longer // patch_size,
     )
 
 
-def dit_arguments(config: PipelineConfig) -> dict[str, int]:
+def dit_arguments(config: PipelineConfig) -> dict[str, Any]:
     """The constructor arguments a joint-attention denoiser takes from `model.*` and `data.resolution`."""
     m = config.model
     return {
@@ -107,10 +112,10 @@ class JointAttentionDenoiser:
     def sharded_blocks(self) -> list[nn.Module]:
         return list(self.transformer.transformer_blocks)
 
-    def grid_workload(self, size: int) -> Workload:
-        """Tokens of a `size`² grid and of the garment, the transformer's width and depth."""
+    def grid_workload(self, height: int, width: int) -> Workload:
+        """Tokens of a height × width grid and of the garment, the transformer's width and depth."""
         c = self.config
-        tokens = (size // c["patch_size"]) ** 2 + (size // c["garment_patch_size"]) ** 2
+        tokens = sum((height // patch) * (width // patch) for patch in (c["patch_size"], c["garment_patch_size"]))
         return Workload(tokens, c["num_attention_heads"] * c["attention_head_dim"], c["num_layers"])
 
 
@@ -120,7 +125,7 @@ class TryOnTransformer(JointAttentionDenoiser, TryOnModel):  # type: ignore[misc
     @register_to_config
     def __init__(
         self,
-        resolution: int = 64,
+        resolution: int | tuple[int, int] = 64,
         patch_size: int = 4,
         num_layers: int = 2,
         num_attention_heads: int = 4,
@@ -149,4 +154,4 @@ class TryOnTransformer(JointAttentionDenoiser, TryOnModel):  # type: ignore[misc
         return {name: inputs[name] for name in ("agnostic", "mask", "pose", "garment")}
 
     def workload(self) -> Workload:
-        return self.grid_workload(self.config["resolution"])
+        return self.grid_workload(*height_width(self.config["resolution"]))

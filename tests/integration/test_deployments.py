@@ -76,10 +76,12 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache", "live-root"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     from drape.config import load_config
-    from drape.layout import job_paths
+    from drape.layout import job_paths, model_paths
 
     h100 = load_config(PREFECT_FILE.parents[1] / "configs" / "h100.yaml")
     assert set(job_paths(h100)) <= mounts  # the flow pod sees the paths its config writes to
+    read_only = {m["mountPath"] for m in container["volumeMounts"] if m.get("readOnly")}
+    assert all(any(path == m or path.startswith(f"{m}/") for m in read_only) for path in model_paths(h100))
 
 
 def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:

@@ -359,7 +359,13 @@ def test_kubernetes_objects_validate_against_the_api_schema():
         "stage": "geometry",
         "env": json.dumps({"DRAPE_RUN": "r1"}),
         "command": json.dumps([sys.executable, "-m", "drape.train", "--config", "/etc/drape/h100.yaml", "--stage", "geometry"]),
-        "labels": json.dumps({"launch": "torchrun", "mounts": json.dumps(["/mnt/drape", "/mnt/nvme/drape-shards"])}),
+        "labels": json.dumps(
+            {
+                "launch": "torchrun",
+                "mounts": json.dumps(["/mnt/drape", "/mnt/nvme/drape-shards"]),
+                "models": json.dumps(["/models/sd3/vae"]),
+            }
+        ),
         "attempts": 2,
     }
     one_node = [GpuState(f"h100-00/gpu{i}", "h100-00", "H100-80GB", 80) for i in range(8)]
@@ -377,8 +383,10 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     # the paths the job's config uses, mounted at the same paths (checkpoints never on the container's disk)
     mounted = {m.mount_path: m.name for m in pod.containers[0].volume_mounts}
     volumes = {v.name: v for v in pod.volumes}
-    assert set(mounted) == {"/dev/shm", "/mnt/drape", "/mnt/nvme/drape-shards"}
+    assert set(mounted) == {"/dev/shm", "/mnt/drape", "/mnt/nvme/drape-shards", "/models/sd3/vae"}
     assert volumes[mounted["/mnt/drape"]].host_path.path == "/mnt/drape"
+    vae = next(m for m in pod.containers[0].volume_mounts if m.mount_path == "/models/sd3/vae")
+    assert vae.read_only and volumes[vae.name].host_path.type == "Directory"  # pretrained weights: read, never written
     claimed = build_job(job, one_node, settings.model_copy(update={"volume_claims": {"/mnt/drape": "drape-live"}}))
     claimed_volumes = {v.name: v for v in claimed.spec.template.spec.volumes}
     assert claimed_volumes[mounted["/mnt/drape"]].persistent_volume_claim.claim_name == "drape-live"

@@ -216,3 +216,14 @@ def test_gate_calibrate_on_the_nuisance_suite_measures_the_regressions_too():
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "jpeg q60" in result.output and "regression: look-alike letters" in result.output
+
+
+def test_queue_profile_of_the_production_config_prints_estimates_without_its_database():
+    from tests.conftest import TESTS
+
+    result = runner.invoke(
+        app, ["queue", "profile", "--config", str(TESTS.parent / "configs" / "h100.yaml")], env={"COLUMNS": "240"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "unreachable" in result.output and "estimates only" in result.output  # the scheduler's database is not here
+    assert "1024×768 px" in result.output and "(LoRA)" in result.output and "finetune" in result.output

@@ -23,7 +23,7 @@ def test_h100_is_the_production_shape():
     assert config.train.precision == "bf16"
     assert sum(stage.steps for stage in config.train.stages.values()) == 50_000
     assert all(500 <= stage.finetune_steps <= 600 for stage in config.train.stages.values())
-    assert config.data.resolution >= 512
+    assert config.data.height >= 512 and config.data.width >= 512
     assert all(config.train.gpus_for(stage) == 8 for stage in STAGES) and config.queue.max_attempts > 1
 
 
@@ -60,6 +60,7 @@ def test_a_stage_job_asks_for_its_gpus_runs_under_torchrun_and_names_its_paths(c
     spec = train_job_spec(two, stage="texture", mode="full", run_id="r1", command=["python", "-m", "drape.train"])
     assert spec.gpus == 2 and spec.labels["launch"] == "torchrun" and spec.labels["run"] == "r1"
     assert json.loads(spec.labels["mounts"]) == [str(Path(config.paths.root).resolve())]
+    assert json.loads(spec.labels["models"]) == []  # no VAE path, no ONNX embedder: nothing to mount read-only
     assert spec.shape.endswith("/2gpu")
 
 
@@ -103,7 +104,7 @@ def test_missing_file_and_bad_yaml(tmp_path):
 
 def test_patch_size_must_divide_resolution(tmp_path):
     text = (REPO / "configs" / "demo.yaml").read_text().replace("resolution: 64", "resolution: 66")
-    with pytest.raises(ConfigError, match="model.patch_size 4 must divide data.resolution 66"):
+    with pytest.raises(ConfigError, match="model.patch_size 4 must divide data.resolution height 66"):
         load_config(_write(tmp_path, text))
 
 

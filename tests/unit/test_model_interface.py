@@ -112,7 +112,7 @@ def test_the_queue_estimate_reads_the_models_workload(tmp_path):
 
 
 def test_config_errors_name_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="model.patch_size 3 must divide the latent size 16"):
+    with pytest.raises(ConfigError, match="model.patch_size 3 must divide the latent height 16"):
         tiny_config(tmp_path, model={**LATENT["latent-dit"], "patch_size": 3})
     with pytest.raises(ConfigError, match="model.unet.attention has 1 flags, block_out_channels 2 levels"):
         tiny_config(tmp_path, model={"kind": "latent-unet", "unet": {"attention": [True]}})
