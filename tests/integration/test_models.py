@@ -105,6 +105,7 @@ MODELS = {
     },
     "latent-unet": {  # CatVTON: the self-attention is what fine-tuning trains
         "model": {"kind": "latent-unet", "unet": {"block_out_channels": [16, 32]}},
+        "train": {"batch_size": 8},  # a UNet step on the CPU costs several of the DiTs': half the batch keeps the suite short
         "trainable": {
             "identity": ["*"],
             "texture": ["unet.*attn1.*", "null_token"],
@@ -157,7 +158,7 @@ def model_config(tmp_path, name: str, vae_path) -> tuple:
         # the gates' bootstrap bounds over 16 samples: a 32 px texture value is noisy
         data={"control_samples": 16, **spec.get("data", {})},
         model=model,
-        train={"stages": stages},
+        train={"stages": stages, **spec.get("train", {})},
         gates=GATES,
         queue={"enabled": False},
     )
