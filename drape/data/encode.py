@@ -175,6 +175,8 @@ def ensure_latent_dataset(config: PipelineConfig, store, progress: Progress | No
     manifest = read_manifest(store, prefix)
     if manifest is None:
         source = ensure_dataset(source_config(config), store, progress)
+        if source.get("kind") == LATENTS:
+            raise LatentDatasetError(f"data.latents_of {config.data.latents_of!r} is a latent version; name a pixel version")
         with tempfile.TemporaryDirectory(prefix="drape-encode-") as scratch:
             fetched = Path(scratch) / "source"
 
