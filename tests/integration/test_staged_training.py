@@ -321,6 +321,34 @@ def test_retention_sweep_retags_superseded_baselines_and_expires_old_objects(fir
     verify_archived(store, remaining)
 
 
+def test_a_lora_finetune_pass_archives_its_adapters_apart_and_promotes_the_merged_model(first_run, workspace, in_process):
+    """After the sweep (it reads the full fine-tune's outcomes): the same pass with `train.lora`."""
+    from flows.staged_training import staged_training
+
+    config, _ = workspace
+    data = yaml.safe_load(in_process.read_text())
+    data["train"]["lora"] = {"enabled": True, "rank": 4, "lr": 1e-2}
+    data["retention"]["rules"]["adapter"] = {"lifetime_days": 365, "storage_class": "STANDARD_IA"}
+    path = in_process.with_name("tiny-lora.yaml")
+    path.write_text(yaml.safe_dump(data))
+    summary = staged_training(config_path=str(path), mode="finetune", run_name="lora")
+    assert all(row["verdict"] == "pass" for row in summary["stages"]), [(r["stage"], r["checks"]) for r in summary["stages"]]
+    store = ObjectStore(config.object_store_url)
+    records = [r for r in read_archive_manifest(store) if r["run_id"] == summary["run_id"]]
+    adapters = [r for r in records if r["kind"] == "adapter"]
+    assert {r["stage"] for r in adapters} == set(STAGES)
+    assert all("/adapters/step-" in r["key"] for r in adapters)
+    for record in adapters:  # the adapters' own lifetime and class, not the checkpoints'
+        archived, expires = (datetime.fromisoformat(record[k]) for k in ("archived_at", "expires_at"))
+        assert (expires - archived).days == 365 and record["storage_class"] == "STANDARD_IA"
+    for stage in STAGES:
+        baseline = pipeline.live_root(config) / "baselines" / stage / "checkpoint"
+        manifest = read_manifest(baseline)
+        assert manifest["mode"] == "finetune" and manifest["lora"]["targets"], stage  # the merged model is the baseline
+        load_model(baseline)
+    assert_live_invariant(config)
+
+
 def test_a_stage_that_errors_is_aborted_archived_and_its_runs_closed(prefect_harness, tmp_path):
     """Not a gate verdict but an error (here: the gate's ONNX embedder is missing) after training:
     the stage's checkpoints are archived as 'aborted' (kept live until run end, then freed), the
