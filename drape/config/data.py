@@ -18,6 +18,11 @@ def height_width(resolution: int | tuple[int, int] | list[int]) -> tuple[int, in
     return height, width
 
 
+def json_resolution(resolution: int | tuple[int, int] | list[int]) -> int | list[int]:
+    """A resolution as manifests and sample metadata hold it: one side, or [height, width]."""
+    return resolution if isinstance(resolution, int) else list(resolution)
+
+
 class CacheConfig(StrictModel):
     """The node-local shard cache that pre-staging fills (an NVMe path in production)."""
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from drape import STAGES, layout
 from drape.config import PipelineConfig
+from drape.config.data import json_resolution
 from drape.data.reader import ShardIndex
 from drape.data.shards import IMAGE_FIELDS, LATENT_FIELDS, ShardWriter, verify_shard
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
@@ -33,10 +34,6 @@ MANIFEST = layout.DATASET_MANIFEST
 def dataset_prefix(config: PipelineConfig) -> str:
     """The object-store prefix of the config's dataset (`drape.layout`)."""
     return layout.dataset_prefix(config.data.name, config.data.version)
-
-
-def _json_resolution(resolution: int | tuple[int, int]) -> int | list[int]:
-    return resolution if isinstance(resolution, int) else list(resolution)
 
 
 def _split_sizes(config: PipelineConfig) -> dict[str, int]:
@@ -116,7 +113,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
     source = {
         "generator": "drape.data.synth",
         "seed": config.seed,
-        "resolution": _json_resolution(data.resolution),
+        "resolution": json_resolution(data.resolution),
         "num_identities": data.num_identities,
         "num_garments": data.num_garments,
     }
@@ -186,7 +183,7 @@ def import_dataset(
         "layout": layout,
         "root": str(Path(source_root).resolve()),
         "pairs": len(pairs),
-        "resolution": _json_resolution(resolution),
+        "resolution": json_resolution(resolution),
     }
     return write_dataset(
         out_dir,

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
-from drape.config.data import height_width
+from drape.config.data import height_width, json_resolution
 from drape.data.synth import Sample
 
 LAYOUTS = ("viton-hd", "dresscode")
@@ -220,7 +220,7 @@ def _sample(
     meta = {
         **meta,
         "key": key,
-        "resolution": resolution if isinstance(resolution, int) else list(resolution),
+        "resolution": json_resolution(resolution),
         "face_box": _box(_labels_in(labels, ids["face"]), [width * 0.4, 0.0, width * 0.6, height * 0.2]),
         "logo_box": _chest_box(worn),
         "logo_box_source": "chest of the worn garment (no logo annotation)",

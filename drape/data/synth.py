@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, replace
 import numpy as np
 from PIL import Image, ImageFilter
 
-from drape.config.data import height_width
+from drape.config.data import height_width, json_resolution
 from drape.data.synth_draw import (
     FACE,
     GARMENT,
@@ -198,7 +198,7 @@ def _centre_crop(sample: Sample, height: int, width: int, resolution: Resolution
     left, top = (side - width) // 2, (side - height) // 2
     box = (left, top, left + width, top + height)
     meta = dict(sample.meta)
-    meta["resolution"] = list(resolution) if not isinstance(resolution, int) else resolution
+    meta["resolution"] = json_resolution(resolution)
     for name in ("face_box", "logo_box"):
         x0, y0, x1, y1 = meta[name]
         meta[name] = [round(x0 - left, 2), round(y0 - top, 2), round(x1 - left, 2), round(y1 - top, 2)]
