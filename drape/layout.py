@@ -13,6 +13,8 @@ Live storage, ``<paths.root>/live``::
     baselines/<stage>/                                 checkpoint/, outputs/, baseline.json (+ latents, report)
     shards/<dataset>/<version>/<split>/                the shard cache (`data.cache.dir` moves it)
     restored/<run>/<stage>/                            `drape storage restore`
+    models/v<version>/                                 a registry version fetched for inference
+    inference/<bench>/                                 `drape bench inference`: inputs, variants, report
 
 The object store::
 
@@ -296,6 +298,14 @@ class LiveLayout:
 
     def baseline(self, stage: str) -> BaselinePaths:
         return BaselinePaths(self.root / "baselines" / stage)
+
+    def model_version(self, version: str) -> Path:
+        """``models/v<version>/``: a registry version's weights fetched for inference (`drape tryon`)."""
+        return self.root / "models" / f"v{safe_name(version, 'model version')}"
+
+    def inference(self, bench_id: str) -> Path:
+        """``inference/<bench>/``: one `drape bench inference` run's captured inputs, per-variant results, report."""
+        return self.root / "inference" / safe_name(bench_id, "benchmark id")
 
     def restored(self, run_id: str, stage: str) -> Path:
         return self.root / "restored" / safe_name(run_id, "run id") / safe_name(stage, "stage")

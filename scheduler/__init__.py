@@ -47,3 +47,41 @@ def train_job_spec(config, *, stage: str, mode: str, run_id: str, command: list[
             "models": json.dumps(model_paths(config)),  # read-only: the VAE, the identity embedder
         },
     )
+
+
+def inference_job_spec(config, *, bench_id: str, command: list[str]) -> JobSpec:
+    """An inference-benchmark job: one whole GPU and nothing beside it. It asks for all of the
+    biggest GPU's memory (`inference.gpu_memory_gib`, at most what the fleet's biggest GPU has), so
+    the policy can only place it on an idle GPU and can put nothing next to it while it runs."""
+    from scheduler.fleet import fleet_view
+    from scheduler.store import JobStore
+
+    view = fleet_view(config, JobStore(config.queue_url))
+    biggest = max((gpu.total_gib for gpu in view.gpus), default=config.inference.gpu_memory_gib)
+    return JobSpec(
+        kind=JobKind.INFERENCE_BENCHMARK,
+        command=command,
+        gpus=1,
+        mem_gib=min(config.inference.gpu_memory_gib, biggest),
+        duration_s=config.inference.timeout_seconds,
+        priority=4,
+        env={"DRAPE_INFERENCE_EXCLUSIVE": "1"},
+        labels={"bench": bench_id, "mounts": json.dumps(job_paths(config)), "models": json.dumps(model_paths(config))},
+    )
+
+
+def run_inference_benchmark(config, job: dict, directory, on_line=None) -> dict:
+    """`drape.inference.bench` as a queue job (BENCH.json in `directory`), waited for; returns the job row."""
+    import sys
+    from pathlib import Path
+
+    from scheduler.dispatcher import submit_and_wait
+
+    path = Path(directory) / "bench-job.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(job))
+    command = [sys.executable, "-m", "drape.inference.bench", str(path)]
+    spec = inference_job_spec(config, bench_id=job["bench_id"], command=command)
+    return submit_and_wait(
+        config, spec, on_line=on_line, timeout_s=config.inference.timeout_seconds * (len(config.inference.variants) + 3)
+    )

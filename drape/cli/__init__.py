@@ -9,8 +9,10 @@
     drape storage apply-lifecycle | report | sweep | restore   the object store
     drape queue submit|list|cancel|dispatch|profile|simulate   the memory-profile-aware GPU queue
     drape model describe | fit-vae  the model a config trains; a stand-in VAE for latent smoke runs
+    drape tryon --out DIR           render try-ons with a promoted model (seed fixed, a grid)
+    drape bench inference           the inference measuring stick: variants, latency, memory, quality
 
-One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`); `common` holds the
+One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`, `inference`); `common` holds the
 console and config loading, `render` the report tables, `stack` the local Prefect stack.
 """
 
@@ -18,17 +20,19 @@ from __future__ import annotations
 
 import sys
 
-from drape.cli import data, gate, model, pipeline, queue, storage
+from drape.cli import data, gate, inference, model, pipeline, queue, storage
 from drape.cli.common import Typer
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
 for command in (pipeline.demo, pipeline.run, pipeline.serve, pipeline.train):
     app.command()(command)
+app.command()(inference.tryon)
 app.add_typer(data.app, name="data")
 app.add_typer(gate.app, name="gate")
 app.add_typer(storage.app, name="storage")
 app.add_typer(queue.app, name="queue")
 app.add_typer(model.app, name="model")
+app.add_typer(inference.bench_app, name="bench")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -18,6 +18,7 @@ from drape import layout
 from drape.config.base import ConfigError, StrictModel
 from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
+from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
 from drape.config.storage import (
     BASELINE_LIVE_KINDS,
@@ -42,6 +43,7 @@ __all__ = [
     "DiffusionConfig",
     "EmaConfig",
     "GatesConfig",
+    "InferenceConfig",
     "IdentityGateConfig",
     "KubernetesLauncherConfig",
     "LiveUntil",
@@ -52,6 +54,7 @@ __all__ = [
     "OutcomeRule",
     "PathsConfig",
     "PipelineConfig",
+    "QualityConfig",
     "QueueConfig",
     "RetentionConfig",
     "RetentionRule",
@@ -61,6 +64,7 @@ __all__ = [
     "Threshold",
     "TrackingConfig",
     "TrainConfig",
+    "VariantSpec",
     "deep_merge",
     "default_config_path",
     "load_config",
@@ -91,6 +95,7 @@ class PipelineConfig(StrictModel):
     alerts: AlertsConfig = AlertsConfig()
     metrics: MetricsConfig = MetricsConfig()
     queue: QueueConfig = QueueConfig()
+    inference: InferenceConfig = InferenceConfig()
 
     @model_validator(mode="after")
     def _no_credentials_in_urls(self) -> PipelineConfig:

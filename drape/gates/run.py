@@ -30,7 +30,7 @@ from drape.training.trainer import resolve_device
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
     """(N, 3, H, W) in [-1, 1] → (N, H, W, 3) uint8."""
-    return ((images.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
+    return ((images.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
 
 
 def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: dict, gate_dir: Path) -> np.ndarray:

@@ -76,6 +76,33 @@ PRESTAGE_DOWNLOADED = Gauge(
     "drape_prestage_downloaded_bytes", "Bytes pre-staging downloaded for the stage", RUN_STAGE, registry=REGISTRY
 )
 
+# --- the inference measuring stick (`drape bench inference`), pushed grouped by bench ----------------
+BENCH = ["bench", "model", "variant"]
+INFERENCE_LATENCY = Gauge(
+    "drape_inference_latency_seconds",
+    "Latency of one request (scope: denoise or end_to_end; quantile 0.5 or 0.9), one at a time on a warm device",
+    [*BENCH, "scope", "quantile"],
+    registry=REGISTRY,
+)
+INFERENCE_SPEEDUP = Gauge(
+    "drape_inference_speedup", "Drift-corrected denoise speed-up of a variant over the reference", BENCH, registry=REGISTRY
+)
+INFERENCE_PEAK_MEMORY = Gauge(
+    "drape_inference_peak_memory_bytes",
+    "Peak memory of one request (GPU: allocated; CPU: RSS above resident)",
+    BENCH,
+    registry=REGISTRY,
+)
+INFERENCE_ATTENTION_COSINE = Gauge(
+    "drape_inference_attention_cosine", "Worst attention-block cosine similarity against the reference", BENCH, registry=REGISTRY
+)
+INFERENCE_OVERLAP = Gauge(
+    "drape_inference_overlap", "1 - time of n concurrent requests / (n x one alone)", [*BENCH, "concurrency"], registry=REGISTRY
+)
+INFERENCE_APPROVED = Gauge(
+    "drape_inference_approved", "1 when the variant's quality is within the noise floor, else 0", BENCH, registry=REGISTRY
+)
+
 # --- the GPU queue (scheduler/), exported by the dispatcher on /metrics -----------------------------
 QUEUE_JOBS = Gauge("drape_queue_jobs", "Jobs in the queue by state", ["state"], registry=REGISTRY)
 QUEUE_WAIT = Histogram(

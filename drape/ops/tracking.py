@@ -126,13 +126,21 @@ class Tracker:
 
     def get_baseline(self, stage: str):
         """The model version aliased ``<stage>-baseline``, or None on a first run."""
+        return self.version_by_alias(f"{stage}-baseline")
+
+    def version_by_alias(self, alias: str):
+        """The model version `alias` points at, or None when no such alias exists."""
         from mlflow.exceptions import MlflowException
 
         try:
-            return self.client.get_model_version_by_alias(self.model_name, f"{stage}-baseline")
+            return self.client.get_model_version_by_alias(self.model_name, alias)
         except MlflowException as error:
-            self._absent(error, f"alias {stage}-baseline")
+            self._absent(error, f"alias {alias}")
             return None
+
+    def set_version_tags(self, version: str, tags: dict[str, str]) -> None:
+        for key, value in tags.items():
+            self.client.set_model_version_tag(self.model_name, version, key, str(value))
 
     def aliases(self) -> dict[str, str]:
         """alias → version of the registered model (empty before the first snapshot)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -185,8 +186,12 @@ def sample(
     *,
     seed: int,
     num_steps: int | None = None,
+    on_phase: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
-    """Generate try-on images in [-1, 1] for a batch of conditioning inputs, deterministically per seed."""
+    """Generate try-on images in [-1, 1] for a batch of conditioning inputs, deterministically per seed.
+
+    `on_phase` hears "denoise" as the loop starts and "decode" as it ends (the inference stick
+    times the denoising alone between the two)."""
     scheduler = DDIMScheduler.from_config(build_noise_scheduler(diffusion).config, clip_sample=model.clip_sample)
     scheduler.set_timesteps(num_steps or diffusion.sampling_steps)
     agnostic = inputs["agnostic"]
@@ -195,9 +200,13 @@ def sample(
     condition = model.condition(inputs)
     generator = torch.Generator(device="cpu").manual_seed(seed)
     current = torch.randn(model.sample_shape(inputs), generator=generator).to(agnostic.device, agnostic.dtype)
+    if on_phase:
+        on_phase("denoise")
     for timestep in scheduler.timesteps:
         t = torch.full((agnostic.shape[0],), int(timestep), device=agnostic.device)
         prediction = model(current, t, **condition)
         current = scheduler.step(prediction, timestep, current).prev_sample
+    if on_phase:
+        on_phase("decode")
     model.train(was_training)
     return model.decode(current).clamp(-1, 1)

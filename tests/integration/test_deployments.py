@@ -26,6 +26,8 @@ EXPECTED_DEPLOYMENTS = {
     "retention-sweep/weekly",
     "prestage-dataset/demo",
     "queue-dispatcher/demo",
+    "inference-benchmark/demo",
+    "inference-benchmark/h100",
 }
 
 

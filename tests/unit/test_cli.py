@@ -37,6 +37,8 @@ EXPECTED_COMMANDS = {
     "queue profile": ["config"],
     "queue simulate": ["trace", "fleet", "policy"],
     "model describe": ["config"],
+    "tryon": ["config", "inputs", "model", "out", "seed", "variant"],
+    "bench inference": ["config", "inputs", "model", "queue", "runs", "variant"],
     "model fit-vae": ["out", "config", "steps", "samples"],
     "storage apply-lifecycle": ["config"],
     "storage report": ["config"],
