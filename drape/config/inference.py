@@ -89,6 +89,11 @@ class InferenceConfig(StrictModel):
     concurrency: list[int] = Field(default=[2, 4], description="concurrent requests measured beside one at a time")
     concurrency_runs: int = Field(default=3, gt=0, description="repeats of each concurrent batch (median)")
     seed: int = 1234
+    interleave: bool = Field(
+        default=True,
+        description="the reference's process takes turns with each variant's (drift falls on both); off: one after another, "
+        "for a device that cannot hold two copies of the model",
+    )
     repeat_reference: bool = Field(default=True, description="measure the reference in two isolated runs (repeatability)")
     variants: list[VariantSpec] = Field(default_factory=lambda: list(DEFAULT_VARIANTS))
     control: VariantSpec = Field(

@@ -96,6 +96,64 @@ def _floor(config: PipelineConfig, control: dict, directory: Path, results: dict
     return q.measure_quality(config, control, directory / REFERENCE, directory / REFERENCE), "reference against itself"
 
 
+def _job(config: PipelineConfig, checkpoint: Path, directory: Path, role: str, spec: VariantSpec) -> dict:
+    return {
+        "config": config.model_dump(mode="json"),
+        "checkpoint": str(checkpoint),
+        "variant": spec.model_dump(),
+        "role": role,
+        "inputs": str(directory / "inputs.npz"),
+        "out": str(directory / spec.name),
+        "attention": role != "repeat",
+    }
+
+
+def _measure_all(config, runs, job_of, directory: Path, device, progress: Progress | None) -> dict[str, dict]:
+    """Every run's result: each variant in turns with the reference (`inference.interleave`), or
+    alone one after another. A variant the device cannot run starts no process."""
+    from drape.inference.turns import Worker, WorkerError, take_turns
+
+    results: dict[str, dict] = {}
+    timeout = config.inference.timeout_seconds
+    (role, spec), rest = runs[0], runs[1:]
+    reference = Worker(job_of(role, spec), directory / spec.name, timeout) if config.inference.interleave else None
+    try:
+        hello = reference.receive() if reference is not None else {"ready": True}
+        if not hello.get("ready"):
+            raise RuntimeError(f"the reference cannot run here: {redact(hello.get('reason', ''))}")
+        for index, (role, spec) in enumerate(rest, start=1):
+            if progress:
+                progress(index, len(runs), spec.name)
+            head = {"role": role, "describe": spec.describe(), "spec": spec.model_dump()}
+            if reason := unavailable(spec, device):
+                results[spec.name] = {**head, "status": "skipped", "reason": reason}
+                continue
+            if reference is None:
+                results[spec.name] = {**head, **_run_isolated(config, job_of(role, spec), directory / spec.name)}
+                continue
+            other = Worker(job_of(role, spec), directory / spec.name, timeout)
+            try:
+                result, paired = take_turns(reference, other, config.inference.runs)
+                results[spec.name] = {**head, **result, **({"paired_reference": paired} if paired else {})}
+            except WorkerError as error:
+                results[spec.name] = {**head, "status": "failed", "reason": str(error)}
+            finally:
+                other.close()
+        first = runs[0][1]
+        results = {
+            first.name: {
+                "role": "reference",
+                "describe": first.describe(),
+                **(reference.finish() if reference else _run_isolated(config, job_of(*runs[0]), directory / first.name)),
+            },
+            **results,
+        }
+    finally:
+        if reference is not None:
+            reference.close()
+    return results
+
+
 def run_bench(
     config: PipelineConfig,
     *,
@@ -117,29 +175,11 @@ def run_bench(
     np.savez(directory / "inputs.npz", **{name: control[name] for name in INPUT_FIELDS})
     (directory / "keys.json").write_text(json.dumps(control["keys"]))
     runs = plan(config, device, only)
-    results: dict[str, dict] = {}
-    for index, (role, spec) in enumerate(runs):
-        if progress:
-            progress(index, len(runs), spec.name)
-        job = {
-            "config": config.model_dump(mode="json"),
-            "checkpoint": str(source.checkpoint),
-            "variant": spec.model_dump(),
-            "role": role,
-            "inputs": str(directory / "inputs.npz"),
-            "out": str(directory / spec.name),
-            "attention": role != "repeat",
-        }
-        if reason := unavailable(spec, device):  # asked of the device here: no process to start for it
-            results[spec.name] = {
-                "role": role,
-                "describe": spec.describe(),
-                "spec": spec.model_dump(),
-                "status": "skipped",
-                "reason": reason,
-            }
-            continue
-        results[spec.name] = {"role": role, "describe": spec.describe(), **_run_isolated(config, job, directory / spec.name)}
+
+    def job_of(role: str, spec: VariantSpec) -> dict:
+        return _job(config, source.checkpoint, directory, role, spec)
+
+    results = _measure_all(config, runs, job_of, directory, device, progress)
     if progress:
         progress(len(runs), len(runs), "quality")
     if results[REFERENCE].get("status") != "measured":

@@ -3,12 +3,18 @@ tag on the model version), Prometheus series (Pushgateway, grouped by bench)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from drape.config import PipelineConfig
 from drape.inference.bench import write_inference_config
 from drape.inference.report import BenchReport
 from drape.ops import metrics
+
+
+def _key(name: str) -> str:
+    """A variant's name as MLflow allows in a param or metric key ('fp8+cudnn' → 'fp8_cudnn')."""
+    return re.sub(r"[^\w\-. :/]", "_", name)
 
 
 def set_series(report: BenchReport) -> dict[str, str]:
@@ -43,7 +49,7 @@ def log_run(config: PipelineConfig, report: BenchReport, directory: Path, infere
     run_id = tracker.start_run(f"inference-benchmark {report.bench_id}", tags)
     params = {f"inference.{k}": v for k, v in report.settings.items() if k != "quality"}
     params.update({"device": report.surroundings.get("name", "?"), "floor": report.floor_source, "inputs": report.inputs})
-    params.update({f"variant.{r['name']}": r["describe"] for r in report.rows})
+    params.update({f"variant.{_key(r['name'])}": r["describe"] for r in report.rows})
     tracker.log_params(run_id, params)
     figures: dict[str, float] = {}
     for row in report.rows:
@@ -51,12 +57,12 @@ def log_run(config: PipelineConfig, report: BenchReport, directory: Path, infere
             continue
         for key in ("denoise_median_s", "denoise_p90_s", "total_median_s", "total_p90_s", "speedup", "peak_bytes"):
             if row.get(key) is not None:
-                figures[f"{row['name']}.{key}"] = row[key]
+                figures[f"{_key(row['name'])}.{key}"] = row[key]
         attention = (row.get("quality") or {}).get("attention_min")
         if attention is not None:
-            figures[f"{row['name']}.attention_cosine_min"] = attention
+            figures[f"{_key(row['name'])}.attention_cosine_min"] = attention
         if row["approved"] is not None:
-            figures[f"{row['name']}.approved"] = float(row["approved"])
+            figures[f"{_key(row['name'])}.approved"] = float(row["approved"])
     tracker.log_metrics(run_id, figures)
     for name in ("report.json", "table.md"):
         tracker.log_artifact(run_id, directory / name, "inference")

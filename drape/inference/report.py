@@ -36,12 +36,6 @@ def _overlaps(result: dict, alone_s: float) -> dict[str, float]:
     return {n: 1.0 - s / (int(n) * alone_s) for n, s in together.items() if n.isdigit()}
 
 
-def corrected_median(result: dict, beat: float, key: str = "denoise_s") -> float:
-    """The median of each request's latency over the metronome beside it, in seconds at `beat`
-    (the reference run's metronome median): the latency with the machine's drift taken out."""
-    return statistics.median(t / m for t, m in zip(result[key], result["metronome_s"])) * beat
-
-
 def variant_row(name: str, result: dict, reference: dict, quality: Quality | None, reasons: list[str]) -> dict:
     """One run's row: timings, memory, concurrency, quality and the verdict (the reference is the yardstick)."""
     row = {
@@ -55,7 +49,7 @@ def variant_row(name: str, result: dict, reference: dict, quality: Quality | Non
     if row["status"] != "measured":
         return {**row, "approved": False, "why": row["reason"]}
     denoise, total = result["denoise_s"], result["total_s"]
-    beat = statistics.median(reference["metronome_s"])
+    base = result.get("paired_reference") or reference  # the reference's requests in this variant's turns
     peaks, base_peaks = result.get("peak_bytes"), reference.get("peak_bytes")
     row.update(
         steps=result["steps"],
@@ -64,10 +58,8 @@ def variant_row(name: str, result: dict, reference: dict, quality: Quality | Non
         total_median_s=statistics.median(total),
         total_p90_s=_p90(total),
         requests=len(denoise),
-        denoise_corrected_s=corrected_median(result, beat),
-        speedup=corrected_median(reference, beat) / corrected_median(result, beat),
-        raw_speedup=statistics.median(reference["denoise_s"]) / statistics.median(denoise),
-        metronome_s=statistics.median(result["metronome_s"]),
+        speedup=statistics.median(base["denoise_s"]) / statistics.median(denoise),
+        paired=base is not reference,
         peak_bytes=int(statistics.median(peaks)) if peaks else None,
         peak_ratio=statistics.median(peaks) / statistics.median(base_peaks) if peaks and base_peaks else None,
         overlap=_overlaps(result, statistics.median(total)),
@@ -105,7 +97,7 @@ def _cells(row: dict) -> list[str]:
         row["describe"],
         f"{1000 * row['denoise_median_s']:.1f} / {1000 * row['denoise_p90_s']:.1f} ms",
         f"{1000 * row['total_median_s']:.1f} ms",
-        f"{row['speedup']:.2f}× (raw {row['raw_speedup']:.2f}×)",
+        f"{row['speedup']:.2f}×",
         _bytes(row["peak_bytes"]) + (f" ({row['peak_ratio']:.2f}×)" if row.get("peak_ratio") else ""),
         overlap,
         "-" if row["density"] is None else str(row["density"]),
@@ -145,24 +137,21 @@ class BenchReport:
         approved = [r for r in self.rows if r["role"] == "variant" and r["approved"] and r["speedup"] > 1.0]
         return max(approved, key=lambda r: r["speedup"]) if approved else self.row("reference")
 
-    def repeatability(self, key: str = "denoise_median_s") -> float | None:
-        """|Δ| of the reference's denoise median (`key`: raw, or denoise_corrected_s) between its two
-        isolated runs, as a share of the lower."""
+    def repeatability(self) -> float | None:
+        """How far apart the reference's two isolated runs put its denoise median, as a share:
+        |1 − speed-up of the repeat over the reference| (in its turns, when interleaved)."""
         repeat = next((r for r in self.rows if r["role"] == "repeat" and r["status"] == "measured"), None)
-        if repeat is None:
-            return None
-        a, b = self.row("reference")[key], repeat[key]
-        return abs(a - b) / min(a, b)
+        return None if repeat is None else abs(1.0 - repeat["speedup"])
 
     def to_dict(self) -> dict:
-        repeat = {"raw": self.repeatability(), "corrected": self.repeatability("denoise_corrected_s")}
-        return {**asdict(self), "recommended": self.recommended()["name"], "repeatability": repeat}
+        return {**asdict(self), "recommended": self.recommended()["name"], "repeatability": self.repeatability()}
 
     def headline(self) -> list[str]:
         where = self.surroundings
         device = f"{where.get('name', '?')}" + (f", load {where['load_1m']}" if "load_1m" in where else "")
         exclusive = "an exclusive device from the queue" if where.get("exclusive") else "not through the queue"
-        raw, corrected = self.repeatability(), self.repeatability("denoise_corrected_s")
+        repeat = self.repeatability()
+        turns = "in turns with the reference" if any(r.get("paired") for r in self.rows) else "one after another"
         limits = ", ".join(f"{k} ≥ {v:.4f}" for k, v in self.thresholds["checks"].items())
         attention = self.thresholds["attention_min"]
         return [
@@ -172,12 +161,8 @@ class BenchReport:
             f"noise floor: {self.floor_source}; approved when attention cos ≥ "
             + ("-" if attention is None else f"{attention:.6f}")
             + f", {limits}",
-            "repeatability (the reference in two isolated runs): "
-            + (
-                "not measured"
-                if raw is None or corrected is None
-                else f"denoise medians {100 * raw:.1f}% apart raw, {100 * corrected:.1f}% drift-corrected"
-            ),
+            f"isolated runs {turns}; repeatability (the reference in two isolated runs): "
+            + ("not measured" if repeat is None else f"denoise medians {100 * repeat:.1f}% apart"),
             f"recommended: {self.recommended()['name']}",
         ]
 

@@ -107,44 +107,48 @@ def request(prepared: Prepared, diffusion: DiffusionConfig, inputs: dict, seed: 
     return pixels[0], marks["decode"] - marks["denoise"], ended - started, memory.peak() if memory else None
 
 
-class Metronome:
-    """A fixed kernel timed just before each request: how fast the machine is right now.
+class Session:
+    """Timed requests in turns: `timed(n)` runs the next `n` captured inputs (cycling) and keeps each
+    input's first render (the variant's output for it)."""
 
-    A shared machine's speed drifts by more than the differences worth measuring (on the 2-core
-    CI VMs the same request's median moved 12% between processes while request/metronome moved
-    4%). Each request's latency divided by the metronome beside it, times the reference run's
-    metronome, is its drift-corrected latency: speed-ups and repeatability are quoted on both."""
+    def __init__(self, prepared: Prepared, diffusion: DiffusionConfig, requests: list[dict], seed: int):
+        self.prepared, self.diffusion, self.requests, self.seed = prepared, diffusion, requests, seed
+        self.position = 0
+        self.timings: dict[str, list[float]] = {"denoise_s": [], "total_s": []}
+        self.rendered: dict[int, np.ndarray] = {}
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        size, self.repeats = (4096, 10) if device.type == "cuda" else (128, 200)
-        self.matrix = torch.randn(size, size, device=device, dtype=torch.bfloat16 if device.type == "cuda" else torch.float32)
+    def warm(self, count: int) -> None:
+        for index in range(count):
+            request(self.prepared, self.diffusion, self.requests[index % len(self.requests)], self.seed)
 
-    def __call__(self) -> float:
-        started = now(self.device)
-        for _ in range(self.repeats):
-            self.matrix @ self.matrix
-        return now(self.device) - started
+    def timed(self, count: int) -> dict[str, list[float]]:
+        part: dict[str, list[float]] = {"denoise_s": [], "total_s": []}
+        for _ in range(count):
+            index = self.position % len(self.requests)
+            self.position += 1
+            image, denoise_s, total_s, _ = request(self.prepared, self.diffusion, self.requests[index], self.seed)
+            self.rendered.setdefault(index, image)
+            part["denoise_s"].append(denoise_s)
+            part["total_s"].append(total_s)
+        for key, values in part.items():
+            self.timings[key] += values
+        return part
+
+    def outputs(self) -> np.ndarray:
+        """Every input's render (untimed for those the timed requests did not reach)."""
+        for index, inputs in enumerate(self.requests):
+            if index not in self.rendered:
+                self.rendered[index] = request(self.prepared, self.diffusion, inputs, self.seed)[0]
+        return np.stack([self.rendered[i] for i in range(len(self.requests))])
 
 
 def measure(prepared: Prepared, diffusion: DiffusionConfig, requests: list[dict], *, runs: int, warmup: int, seed: int) -> dict:
     """Warm-up requests (not timed), then at least `runs` timed requests, one at a time, cycling
-    through the captured inputs (each at least once: its output is the variant's for that input),
-    each after a metronome reading."""
-    metronome = Metronome(next(iter(requests[0].values())).device)
-    for index in range(warmup):
-        metronome()
-        request(prepared, diffusion, requests[index % len(requests)], seed)
-    denoise, total, beats = [], [], []
-    outputs: dict[int, np.ndarray] = {}
-    for index in range(max(runs, len(requests))):
-        beats.append(metronome())
-        image, denoise_s, total_s, _ = request(prepared, diffusion, requests[index % len(requests)], seed)
-        outputs.setdefault(index % len(requests), image)
-        denoise.append(denoise_s)
-        total.append(total_s)
-    stacked = np.stack([outputs[i] for i in range(len(requests))])
-    return {"denoise_s": denoise, "total_s": total, "metronome_s": beats, "outputs": stacked}
+    through the captured inputs (each at least once)."""
+    session = Session(prepared, diffusion, requests, seed)
+    session.warm(warmup)
+    session.timed(max(runs, len(requests)))
+    return {**session.timings, "outputs": session.outputs()}
 
 
 def peaks(prepared: Prepared, diffusion: DiffusionConfig, requests: list[dict], count: int, seed: int) -> list[int] | None:

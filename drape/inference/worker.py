@@ -14,7 +14,9 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 import numpy as np
 import torch
@@ -77,8 +79,17 @@ def load_requests(path: Path, device: torch.device, dtype: torch.dtype) -> list[
     return [{k: v[i : i + 1].to(device=device, dtype=dtype) for k, v in inputs.items()} for i in range(count)]
 
 
-def run(job: dict) -> dict:
-    """Measure one variant; returns the result (also what result.json holds)."""
+@dataclass
+class Setup:
+    config: PipelineConfig
+    device: torch.device
+    session: stick.Session
+    base: dict
+
+
+def setup(job: dict) -> tuple[dict, Setup | None]:
+    """(the result so far, the loaded and prepared variant); None in place of the second when the
+    device cannot run it (the result says why)."""
     config: PipelineConfig = parse_config(job["config"], "inference job")
     spec = VariantSpec.model_validate(job["variant"])
     from drape.training.checkpoint import load_model
@@ -86,20 +97,25 @@ def run(job: dict) -> dict:
     from drape.training.trainer import resolve_device
 
     device = resolve_device(config.train.device)
-    result: dict = {"variant": spec.name, "spec": spec.model_dump(), "describe": spec.describe(), "role": job["role"]}
-    result["surroundings"] = surroundings(device)
+    base: dict = {"variant": spec.name, "spec": spec.model_dump(), "describe": spec.describe(), "role": job["role"]}
+    base["surroundings"] = surroundings(device)
     if reason := unavailable(spec, device):
-        return {**result, "status": "skipped", "reason": reason}
-    started = time.perf_counter()
+        return {**base, "status": "skipped", "reason": reason}, None
     model = load_model(job["checkpoint"], prefer_ema=True, allowed=(configured_class_path(config),))
     prepared = prepare(model, spec, device, config.diffusion.sampling_steps)
     requests = load_requests(Path(job["inputs"]), device, prepared.dtype)
-    settings = config.inference
-    seed = settings.seed
-    measured = stick.measure(prepared, config.diffusion, requests, runs=settings.runs, warmup=settings.warmup, seed=seed)
-    resident = _resident(device)
+    session = stick.Session(prepared, config.diffusion, requests, config.inference.seed)
+    session.warm(config.inference.warmup)
+    return base, Setup(config, device, session, base)
+
+
+def finish(job: dict, ready: Setup, started: float) -> dict:
+    """After the timed requests: outputs, attention, concurrency and, last, peak memory (see stick)."""
+    config, device, session = ready.config, ready.device, ready.session
+    settings, prepared, requests, seed = config.inference, session.prepared, session.requests, session.seed
     out = Path(job["out"])
-    np.save(out / "outputs.npy", measured.pop("outputs"), allow_pickle=False)
+    np.save(out / "outputs.npy", session.outputs(), allow_pickle=False)
+    resident = _resident(device)
     if job.get("attention", True):
         first = requests[: settings.quality.attention_inputs]
         captured = stick.attention_outputs(prepared, config.diffusion, first, seed, settings.quality.attention_timestep_fraction)
@@ -110,26 +126,67 @@ def run(job: dict) -> dict:
     elif settings.concurrency:
         counts, repeats = settings.concurrency, settings.concurrency_runs
         together = {str(n): s for n, s in stick.concurrency(prepared, config.diffusion, requests, counts, repeats, seed).items()}
-    measured["peak_bytes"] = stick.peaks(prepared, config.diffusion, requests, settings.memory_requests, seed)  # last: see stick
+    peaks = stick.peaks(prepared, config.diffusion, requests, settings.memory_requests, seed)  # last: see stick
     return {
-        **result,
+        **ready.base,
         "status": "measured",
         "steps": prepared.steps,
-        **measured,
+        **session.timings,
+        "peak_bytes": peaks,
         "resident_bytes": resident,
-        "density": _density(result["surroundings"], resident, measured["peak_bytes"], device),
+        "density": _density(ready.base["surroundings"], resident, peaks, device),
         "together_s": together,
         "seconds": time.perf_counter() - started,
     }
 
 
+def run(job: dict) -> dict:
+    """Measure one variant alone: warm-up, at least `inference.runs` timed requests, then the rest."""
+    started = time.perf_counter()
+    base, ready = setup(job)
+    if ready is None:
+        return base
+    ready.session.timed(max(ready.config.inference.runs, len(ready.session.requests)))
+    return finish(job, ready, started)
+
+
+def serve(job: dict, commands: TextIO, replies: TextIO) -> dict:
+    """Take turns: after the warm-up, answer {"run": n} with the timings of n requests, {"finish": true}
+    with the result (also written to result.json by `main`). Replies are one JSON line each."""
+
+    def reply(message: dict) -> None:
+        replies.write(json.dumps(message) + "\n")
+        replies.flush()
+
+    started = time.perf_counter()
+    base, ready = setup(job)
+    if ready is None:
+        reply(base)
+        return base
+    reply({"ready": True})
+    for line in commands:
+        command = json.loads(line)
+        if "run" in command:
+            reply(ready.session.timed(int(command["run"])))
+        elif command.get("finish"):
+            result = finish(job, ready, started)
+            reply({"done": True})
+            return result
+    raise RuntimeError("the benchmark closed the turn-taking pipe before asking the worker to finish")
+
+
 def main(argv: list[str] | None = None) -> int:
-    path = Path((argv or sys.argv[1:])[0])
-    job = json.loads(path.read_text())
+    """`JOB.json` alone: one run; `JOB.json --serve`: take turns over stdin/stdout (see `serve`)."""
+    args = argv if argv is not None else sys.argv[1:]
+    job = json.loads(Path(args[0]).read_text())
     out = Path(job["out"])
     out.mkdir(parents=True, exist_ok=True)
+    replies = None
+    if "--serve" in args:  # the protocol keeps stdout; anything else printed goes to stderr (the log)
+        replies = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
     try:
-        result = run(job)
+        result = serve(job, sys.stdin, replies) if replies else run(job)
     except Exception as error:  # noqa: BLE001 - a variant that breaks is reported as failed, with the reason
         result = {
             "variant": job["variant"]["name"],
@@ -137,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             "status": "failed",
             "reason": f"{type(error).__name__}: {error}",
         }
+        if replies:
+            replies.write(json.dumps(result) + "\n")
+            replies.flush()
     temporary = out / ".result.json.tmp"
     temporary.write_text(json.dumps(result))
     temporary.replace(out / "result.json")

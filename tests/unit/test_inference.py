@@ -1,5 +1,6 @@
 """The inference stick's parts: variants and what a CPU cannot run, the quality verdict, the report's
-arithmetic (drift-corrected speed-ups, overlap, the recommendation), and the stick on a tiny model."""
+arithmetic (speed-ups against the reference's requests in a variant's turns, overlap, the
+recommendation), and the stick on a tiny model."""
 
 from __future__ import annotations
 
@@ -73,9 +74,9 @@ def test_attention_cosines_and_the_verdict():
     assert reasons == ["attention cosine 0.999000 < 0.999890", "coherence 0.9000 < 0.9600"]
 
 
-def _result(role: str, denoise: float, beat: float, **extra) -> dict:
+def _result(role: str, denoise: float, **extra) -> dict:
     base = {"role": role, "status": "measured", "describe": role, "steps": 10, "spec": {"name": role}}
-    timings = {"denoise_s": [denoise] * 10, "total_s": [denoise * 1.2] * 10, "metronome_s": [beat] * 10}
+    timings = {"denoise_s": [denoise] * 10, "total_s": [denoise * 1.2] * 10}
     return {**base, **timings, "peak_bytes": [1000, 1000], "together_s": {"2": 2 * denoise * 1.2 * 0.75}, **extra}
 
 
@@ -84,21 +85,22 @@ def _report(rows: list[dict]) -> BenchReport:
     return BenchReport("b", "m", None, "c", "h", "cs", 2, {"seed": 1, "warmup": 1, "runs": 10}, {}, "control", {}, limits, rows)
 
 
-def test_speed_ups_are_drift_corrected_and_the_fastest_approved_variant_is_recommended():
-    reference = _result("reference", 0.100, 0.010)
-    # measured while the machine ran at half speed (the metronome took twice as long): twice as fast really
-    slow_machine = variant_row("fast", _result("variant", 0.100, 0.020), reference, q.Quality(1.0), [])
-    assert slow_machine["speedup"] == pytest.approx(2.0) and slow_machine["raw_speedup"] == pytest.approx(1.0)
-    assert slow_machine["overlap"] == {"2": pytest.approx(0.25)} and slow_machine["approved"] is True
-    faster_but_worse = variant_row("worse", _result("variant", 0.020, 0.010), reference, q.Quality(0.9), ["attention cosine"])
+def test_speed_ups_are_taken_in_turns_and_the_fastest_approved_variant_is_recommended():
+    reference = _result("reference", 0.100)
+    # the machine ran at half speed during this variant's turns: its reference requests took 0.2 s
+    in_turns = {"denoise_s": [0.200] * 10, "total_s": [0.240] * 10}
+    fast = variant_row("fast", _result("variant", 0.100, paired_reference=in_turns), reference, q.Quality(1.0), [])
+    assert fast["speedup"] == pytest.approx(2.0) and fast["paired"] is True
+    assert fast["overlap"] == {"2": pytest.approx(0.25)} and fast["approved"] is True
+    faster_but_worse = variant_row("worse", _result("variant", 0.020), reference, q.Quality(0.9), ["attention cosine"])
     assert faster_but_worse["speedup"] == pytest.approx(5.0) and faster_but_worse["approved"] is False
-    repeat = variant_row("reference-repeat", _result("repeat", 0.104, 0.010), reference, None, [])
+    repeat = variant_row("reference-repeat", _result("repeat", 0.104), reference, None, [])
     skipped = variant_row("fp8", {"role": "variant", "status": "skipped", "reason": "needs CUDA"}, reference, None, [])
     report = _report(
-        [variant_row("reference", reference, reference, q.Quality(1.0), []), repeat, slow_machine, faster_but_worse, skipped]
+        [variant_row("reference", reference, reference, q.Quality(1.0), []), repeat, fast, faster_but_worse, skipped]
     )
     assert report.recommended()["name"] == "fast"
-    assert report.repeatability() == pytest.approx(0.04)
+    assert report.repeatability() == pytest.approx(1 - 0.100 / 0.104)
     assert skipped["approved"] is False and "fp8: skipped: needs CUDA" in report.markdown()
 
 
@@ -116,7 +118,7 @@ def test_the_stick_times_one_request_at_a_time(prepared_tiny, tiny_dataset):
     inputs = to_model_inputs(load_split(directory, manifest, "control"))
     requests = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(3)]
     measured = stick.measure(prepared, config.diffusion, requests, runs=10, warmup=1, seed=5)
-    assert len(measured["denoise_s"]) == len(measured["total_s"]) == len(measured["metronome_s"]) == 10
+    assert len(measured["denoise_s"]) == len(measured["total_s"]) == 10
     assert all(0 < d < t for d, t in zip(measured["denoise_s"], measured["total_s"]))
     assert measured["outputs"].shape == (3, 32, 32, 3) and measured["outputs"].dtype == np.uint8
     again = stick.request(prepared, config.diffusion, requests[1], 5)[0]
