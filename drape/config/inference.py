@@ -83,7 +83,7 @@ class QualityConfig(StrictModel):
 
 class InferenceConfig(StrictModel):
     model: str = Field(default="denoise-baseline", description="registry alias or checkpoint directory to measure")
-    runs: int = Field(default=10, ge=10, description="timed requests per variant (median and p90 of these)")
+    runs: int = Field(default=20, ge=10, description="timed requests per variant (median and p90 of these)")
     warmup: int = Field(default=3, ge=1, description="untimed requests first (compilation, allocator, caches)")
     memory_requests: int = Field(default=3, gt=0, description="requests of their own that measure peak memory")
     concurrency: list[int] = Field(default=[2, 4], description="concurrent requests measured beside one at a time")

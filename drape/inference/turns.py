@@ -2,11 +2,11 @@
 
 A shared machine's speed drifts over seconds by more than the differences worth measuring, so two
 runs one after another disagree: on a 2-core VM here the reference measured twice, one run after
-the other, put its denoise median 17-31% apart (four benchmarks); in turns, 0.7%. Here every variant still runs in its own process (its own compile
-cache, allocator and hooks), but the reference's process stays up and the two take turns: a few
-requests of one, then of the other, the order swapped each round, never both at once (the idle
-one blocks on its pipe). Drift then falls on both alike, and a variant's speed-up is taken
-against the reference requests measured in its turns.
+the other, put its denoise median 17-31% apart (four benchmarks); in turns, 0.5-2.8%. Every
+variant still runs in its own process (its own compile cache, allocator and hooks), but the
+reference's process stays up and the two take turns: a request of one, then of the other, the
+order swapped each round, never both at once (the idle one blocks on its pipe). Drift then falls
+on both alike, and a variant's speed-up is taken against the reference's requests in its turns.
 
 The protocol is `drape.inference.worker --serve`: one JSON line per command and per reply; every
 wait for a reply is bounded by `inference.timeout_seconds`.
@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-TURN = 2  # requests per turn
+TURN = 1  # requests per turn: one, so drift within a round falls on both alike
 
 
 class WorkerError(RuntimeError):
