@@ -15,10 +15,14 @@ launchers and the trace simulator. Imports run `tasks → scheduler → drape`.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 from drape import JobKind, job_kind_for
-from drape.layout import job_paths, model_paths
+from drape.layout import LiveLayout, job_paths, live_root, model_paths
 from scheduler.store import JobSpec
+
+if TYPE_CHECKING:
+    from drape.inference.report import BenchReport
 
 
 def train_job_spec(config, *, stage: str, mode: str, run_id: str, command: list[str]) -> JobSpec:
@@ -70,18 +74,23 @@ def inference_job_spec(config, *, bench_id: str, command: list[str]) -> JobSpec:
     )
 
 
-def run_inference_benchmark(config, job: dict, directory, on_line=None) -> dict:
-    """`drape.inference.bench` as a queue job (BENCH.json in `directory`), waited for; returns the job row."""
+def run_inference_benchmark(
+    config, *, bench_id: str, model: str | None, inputs: str | None, variants: list[str], on_line=None
+) -> tuple[dict, BenchReport]:
+    """`drape.inference.bench` as a queue job (its BENCH.json in the bench's folder), waited for;
+    returns (the job row, the BenchReport it wrote)."""
     import sys
-    from pathlib import Path
 
+    from drape.inference.report import BenchReport
     from scheduler.dispatcher import submit_and_wait
 
-    path = Path(directory) / "bench-job.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    directory = LiveLayout(live_root(config)).inference(bench_id)
+    directory.mkdir(parents=True, exist_ok=True)
+    job = {"config": config.model_dump(mode="json"), "model": model, "inputs": inputs, "variants": variants, "bench_id": bench_id}
+    path = directory / "bench-job.json"
     path.write_text(json.dumps(job))
     command = [sys.executable, "-m", "drape.inference.bench", str(path)]
-    spec = inference_job_spec(config, bench_id=job["bench_id"], command=command)
-    return submit_and_wait(
-        config, spec, on_line=on_line, timeout_s=config.inference.timeout_seconds * (len(config.inference.variants) + 3)
-    )
+    spec = inference_job_spec(config, bench_id=bench_id, command=command)
+    bound = config.inference.timeout_seconds * (len(config.inference.variants) + 3)
+    row = submit_and_wait(config, spec, on_line=on_line, timeout_s=bound)
+    return row, BenchReport.read(directory / "report.json")

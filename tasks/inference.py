@@ -16,7 +16,6 @@ def bench_inference(config: PipelineConfig, model: str | None, inputs: str | Non
     the report, its Markdown and where it went."""
     from drape.inference.bench import run_bench
     from drape.inference.publish import publish
-    from drape.inference.report import BenchReport
     from drape.layout import LiveLayout, live_root
 
     directory = LiveLayout(live_root(config)).inference(bench_id)
@@ -24,16 +23,10 @@ def bench_inference(config: PipelineConfig, model: str | None, inputs: str | Non
     if config.queue.enabled:
         from scheduler import run_inference_benchmark
 
-        job = {
-            "config": config.model_dump(mode="json"),
-            "model": model,
-            "inputs": inputs,
-            "variants": variants,
-            "bench_id": bench_id,
-        }
-        row = run_inference_benchmark(config, job, directory, on_line=print)
+        row, report = run_inference_benchmark(
+            config, bench_id=bench_id, model=model, inputs=inputs, variants=variants, on_line=print
+        )
         placement = {"job": row["id"], "assigned": row["assigned"], "mem_gib": row["mem_gib"]}
-        report = BenchReport.read(directory / "report.json")
     else:
         report = run_bench(config, model=model, inputs=inputs, only=variants or None, bench_id=bench_id)
     published = publish(config, report, directory, Path(report.home))

@@ -68,7 +68,7 @@ def bench_inference(
     the table; write the recommended variant next to the model, an MLflow run and Prometheus series."""
     from drape.inference.bench import new_bench_id, run_bench
     from drape.inference.publish import publish
-    from drape.inference.report import BenchReport, footnotes
+    from drape.inference.report import footnotes
     from drape.inference.source import InferenceInputError
     from drape.layout import LiveLayout, live_root
 
@@ -81,15 +81,14 @@ def bench_inference(
         if queue:
             from scheduler import run_inference_benchmark
 
-            job = {
-                "config": cfg.model_dump(mode="json"),
-                "model": model,
-                "inputs": inputs,
-                "variants": variant,
-                "bench_id": bench_id,
-            }
-            run_inference_benchmark(cfg, job, directory, on_line=lambda line: console.print(line, markup=False, highlight=False))
-            report = BenchReport.read(directory / "report.json")
+            _, report = run_inference_benchmark(
+                cfg,
+                bench_id=bench_id,
+                model=model,
+                inputs=inputs,
+                variants=variant,
+                on_line=lambda line: console.print(line, markup=False, highlight=False),
+            )
         else:
             with progress_bar() as bar:
                 task = bar.add_task("variants", total=None)
