@@ -31,9 +31,14 @@ def _p90(values: list[float]) -> float:
     return float(np.percentile(values, 90))
 
 
+def overlap(alone_s: float, together_s: float, count: int) -> float:
+    """1 − (time for `count` together) / (`count` × time alone): 0 when they queue, → 1 when free."""
+    return 1.0 - together_s / (count * alone_s)
+
+
 def _overlaps(result: dict, alone_s: float) -> dict[str, float]:
     together = result.get("together_s") or {}
-    return {n: 1.0 - s / (int(n) * alone_s) for n, s in together.items() if n.isdigit()}
+    return {n: overlap(alone_s, s, int(n)) for n, s in together.items() if n.isdigit()}
 
 
 def variant_row(name: str, result: dict, reference: dict, quality: Quality | None, reasons: list[str]) -> dict:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from drape import STAGES
 from drape.config import PipelineConfig
 from drape.layout import LiveLayout, live_root
 from drape.training.checkpoint import CheckpointError, verify_checkpoint
@@ -49,7 +50,7 @@ def resolve_model(config: PipelineConfig, model: str | None = None) -> ResolvedM
     number, layout = str(version.version), LiveLayout(live_root(config))
     stage = wanted.removesuffix("-baseline")
     label = f"{wanted} (v{number})"
-    if wanted.endswith("-baseline") and stage.isidentifier():
+    if stage in STAGES and wanted == f"{stage}-baseline":
         live = layout.baseline(stage)
         record = json.loads(live.record.read_text()) if live.record.is_file() else {}
         if record.get("version") == number and live.checkpoint.is_dir():

@@ -14,6 +14,7 @@ nor counts as it. Those settings slow allocation, so the timed requests run with
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -142,15 +143,6 @@ class Session:
         return np.stack([self.rendered[i] for i in range(len(self.requests))])
 
 
-def measure(prepared: Prepared, diffusion: DiffusionConfig, requests: list[dict], *, runs: int, warmup: int, seed: int) -> dict:
-    """Warm-up requests (not timed), then at least `runs` timed requests, one at a time, cycling
-    through the captured inputs (each at least once)."""
-    session = Session(prepared, diffusion, requests, seed)
-    session.warm(warmup)
-    session.timed(max(runs, len(requests)))
-    return {**session.timings, "outputs": session.outputs()}
-
-
 def peaks(prepared: Prepared, diffusion: DiffusionConfig, requests: list[dict], count: int, seed: int) -> list[int] | None:
     """Peak memory of `count` requests of their own (see the module docstring); None where unreadable.
     On the CPU this leaves the process's heap in exact mode: measure it last."""
@@ -171,7 +163,7 @@ def together(prepared: Prepared, diffusion: DiffusionConfig, requests: list[dict
         stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         barrier.wait()
         try:
-            with torch.cuda.stream(stream) if stream is not None else _nothing():
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 sample(prepared.model, diffusion, requests[index % len(requests)], seed=seed, num_steps=prepared.steps)
         except Exception as error:  # noqa: BLE001 - reported by the caller, with the variant's name
             errors.append(error)
@@ -188,19 +180,6 @@ def together(prepared: Prepared, diffusion: DiffusionConfig, requests: list[dict
     if errors:
         raise RuntimeError(f"{count} concurrent requests: {type(errors[0]).__name__}: {errors[0]}")
     return elapsed
-
-
-class _nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def overlap(alone_s: float, together_s: float, count: int) -> float:
-    """1 − (time for `count` together) / (`count` × time alone): 0 when they queue, → 1 when free."""
-    return 1.0 - together_s / (count * alone_s)
 
 
 def concurrency(

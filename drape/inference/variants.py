@@ -14,7 +14,7 @@ import shutil
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -121,7 +121,6 @@ class Prepared:
     steps: int
     sdpa: Callable[[], AbstractContextManager]
     stateful: nn.Module | None = None  # the module a cache hook wraps: a cache context per request, reset after
-    notes: list[str] = field(default_factory=list)
 
     @contextlib.contextmanager
     def request(self) -> Iterator[None]:

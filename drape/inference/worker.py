@@ -87,9 +87,9 @@ class Setup:
     base: dict
 
 
-def setup(job: dict) -> tuple[dict, Setup | None]:
-    """(the result so far, the loaded and prepared variant); None in place of the second when the
-    device cannot run it (the result says why)."""
+def setup(job: dict) -> Setup | dict:
+    """The loaded, prepared and warmed variant; or, when the device cannot run it, the result that
+    says why."""
     config: PipelineConfig = parse_config(job["config"], "inference job")
     spec = VariantSpec.model_validate(job["variant"])
     from drape.training.checkpoint import load_model
@@ -100,13 +100,13 @@ def setup(job: dict) -> tuple[dict, Setup | None]:
     base: dict = {"variant": spec.name, "spec": spec.model_dump(), "describe": spec.describe(), "role": job["role"]}
     base["surroundings"] = surroundings(device)
     if reason := unavailable(spec, device):
-        return {**base, "status": "skipped", "reason": reason}, None
+        return {**base, "status": "skipped", "reason": reason}
     model = load_model(job["checkpoint"], prefer_ema=True, allowed=(configured_class_path(config),))
     prepared = prepare(model, spec, device, config.diffusion.sampling_steps)
     requests = load_requests(Path(job["inputs"]), device, prepared.dtype)
     session = stick.Session(prepared, config.diffusion, requests, config.inference.seed)
     session.warm(config.inference.warmup)
-    return base, Setup(config, device, session, base)
+    return Setup(config, device, session, base)
 
 
 def finish(job: dict, ready: Setup, started: float) -> dict:
@@ -143,9 +143,9 @@ def finish(job: dict, ready: Setup, started: float) -> dict:
 def run(job: dict) -> dict:
     """Measure one variant alone: warm-up, at least `inference.runs` timed requests, then the rest."""
     started = time.perf_counter()
-    base, ready = setup(job)
-    if ready is None:
-        return base
+    ready = setup(job)
+    if isinstance(ready, dict):
+        return ready
     ready.session.timed(max(ready.config.inference.runs, len(ready.session.requests)))
     return finish(job, ready, started)
 
@@ -159,10 +159,10 @@ def serve(job: dict, commands: TextIO, replies: TextIO) -> dict:
         replies.flush()
 
     started = time.perf_counter()
-    base, ready = setup(job)
-    if ready is None:
-        reply(base)
-        return base
+    ready = setup(job)
+    if isinstance(ready, dict):
+        reply(ready)
+        return ready
     reply({"ready": True})
     for line in commands:
         command = json.loads(line)

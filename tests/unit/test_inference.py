@@ -11,7 +11,7 @@ import torch
 from drape.config import ConfigError, QualityConfig, VariantSpec
 from drape.inference import quality as q
 from drape.inference import stick
-from drape.inference.report import BenchReport, variant_row
+from drape.inference.report import BenchReport, overlap, variant_row
 from drape.inference.variants import prepare, reference_spec, resolved, unavailable
 from drape.training.model import build_model
 from tests.conftest import tiny_config
@@ -117,7 +117,10 @@ def test_the_stick_times_one_request_at_a_time(prepared_tiny, tiny_dataset):
     directory, manifest, _ = tiny_dataset
     inputs = to_model_inputs(load_split(directory, manifest, "control"))
     requests = [{k: v[i : i + 1] for k, v in inputs.items()} for i in range(3)]
-    measured = stick.measure(prepared, config.diffusion, requests, runs=10, warmup=1, seed=5)
+    session = stick.Session(prepared, config.diffusion, requests, 5)
+    session.warm(1)
+    session.timed(10)
+    measured = {**session.timings, "outputs": session.outputs()}
     assert len(measured["denoise_s"]) == len(measured["total_s"]) == 10
     assert all(0 < d < t for d, t in zip(measured["denoise_s"], measured["total_s"]))
     assert measured["outputs"].shape == (3, 32, 32, 3) and measured["outputs"].dtype == np.uint8
@@ -126,4 +129,4 @@ def test_the_stick_times_one_request_at_a_time(prepared_tiny, tiny_dataset):
     attention = stick.attention_outputs(prepared, config.diffusion, requests[:2], 5, 0.5)
     assert sorted(attention) == ["transformer.transformer_blocks.0.attn/0", "transformer.transformer_blocks.0.attn/1"]
     assert stick.concurrency(prepared, config.diffusion, requests, [2], 1, 5)[2] > 0
-    assert stick.overlap(1.0, 1.5, 2) == pytest.approx(0.25)
+    assert overlap(1.0, 1.5, 2) == pytest.approx(0.25)
