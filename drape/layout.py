@@ -15,6 +15,8 @@ Live storage, ``<paths.root>/live``::
     restored/<run>/<stage>/                            `drape storage restore`
     models/v<version>/                                 a registry version fetched for inference
     inference/<bench>/                                 `drape bench inference`: inputs, variants, report
+    shoppers/<shopper>/                                one opted-in shopper: `ShopperPaths` (drape/shoppers/)
+    privacy/pending|audit/<name>.json                  `drape shopper forget`: journals, audit records
 
 The object store::
 
@@ -23,6 +25,7 @@ The object store::
     runs/<run>/<stage>/<path under the live stage directory>      archived artifacts
     archive/manifests/<run>/<stage>-<time>-<id>.jsonl  append-only archive records, one object per call
     archive/manifests/sweep/<time>-<id>.jsonl          the retention sweep's records
+    shoppers/<shopper>/<path under the live shopper directory>; privacy/audit/<request>.json
 
 An artifact's kind follows from where it lives (`artifact_kind`), the same rule for archiving,
 the storage report and baselines.
@@ -51,6 +54,8 @@ ARCHIVE_MANIFESTS = "archive/manifests"
 SWEEP_MANIFESTS = f"{ARCHIVE_MANIFESTS}/sweep"
 MANUAL_RUN = "manual"
 ADAPTERS = "adapters"
+SHOPPERS = "shoppers"
+AUDIT_PREFIX = "privacy/audit"
 
 # what a stage directory holds besides its checkpoints, relative to it, in archive order
 GATE_FILES = ("gate/outputs", "gate/latents.safetensors", "gate/report.json", "gate/grid.png")
@@ -101,6 +106,19 @@ def contained(root: str | Path, relative: object, what: str) -> Path:
     if not path.is_relative_to(base):
         raise UnsafePathError(f"{what} {key!r} resolves to {path}, outside {base}")
     return base / key
+
+
+_SHOPPER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{2,63}$")
+
+
+def safe_shopper_id(value: object) -> str:
+    """An opaque pseudonym (never an email or a name: it names folders and object keys)."""
+    if not isinstance(value, str) or not _SHOPPER_ID.match(value):
+        raise UnsafePathError(
+            f"shopper id {value!r}: expected an opaque id of 3-64 letters, digits, '_' or '-' "
+            "(not an email or a name: it becomes part of paths and object keys)"
+        )
+    return value
 
 
 # --- checkpoints -----------------------------------------------------------------------------
@@ -287,6 +305,33 @@ class BaselinePaths:
 
 
 @dataclass(frozen=True)
+class ShopperPaths:
+    """``shoppers/<shopper>/``: everything drape holds of one opted-in shopper, and nothing else.
+    ``shopper.json`` (the ledger) holds the consent, its expiry, the photos' hashes, the adapter
+    and the try-on folders written elsewhere."""
+
+    root: Path
+
+    def __getattr__(self, name: str) -> Path:
+        if name not in _SHOPPER_FILES:
+            raise AttributeError(name)
+        return self.root / _SHOPPER_FILES[name]
+
+    def tryons(self, name: str) -> Path:
+        return self.root / "tryons" / safe_name(name, "try-on folder")
+
+
+_SHOPPER_FILES = {
+    "ledger": "shopper.json",
+    "photos": "photos",
+    "holdout": "holdout",
+    "adapter": "adapter",
+    "report": "report.json",
+    "job": "job.json",
+}
+
+
+@dataclass(frozen=True)
 class LiveLayout:
     root: Path
 
@@ -307,6 +352,15 @@ class LiveLayout:
         """``inference/<bench>/``: one `drape bench inference` run's captured inputs, per-variant results, report."""
         return self.root / "inference" / safe_name(bench_id, "benchmark id")
 
+    def shopper(self, shopper_id: str) -> ShopperPaths:
+        return ShopperPaths(self.root / SHOPPERS / safe_shopper_id(shopper_id))
+
+    def forget_journal(self, subject: str) -> Path:
+        return self.root / "privacy" / "pending" / f"{safe_name(subject, 'forget subject')}.json"
+
+    def audit(self, request_id: str) -> Path:
+        return self.root / "privacy" / "audit" / f"{safe_name(request_id, 'audit request')}.json"
+
     def restored(self, run_id: str, stage: str) -> Path:
         return self.root / "restored" / safe_name(run_id, "run id") / safe_name(stage, "stage")
 
@@ -325,6 +379,15 @@ def run_key(run_id: str, stage: str | None = None, relative: str = "") -> str:
 def run_key_of(run_dir: str | Path, run_id: str, file: str | Path) -> str:
     """The archive key of `file` under the live run directory `run_dir`."""
     return run_key(run_id, relative=Path(file).relative_to(run_dir).as_posix())
+
+
+def shopper_prefix(shopper_id: str) -> str:
+    """``shoppers/<shopper>/``: one prefix per shopper, so erasing them is one listing."""
+    return f"{SHOPPERS}/{safe_shopper_id(shopper_id)}/"
+
+
+def audit_key(request_id: str) -> str:
+    return f"{AUDIT_PREFIX}/{safe_name(request_id, 'audit request')}.json"
 
 
 def archive_manifest_prefix(run_id: str, stage: str | None = None) -> str:

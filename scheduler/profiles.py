@@ -94,16 +94,16 @@ def parameter_counts(config, stage: str | None) -> tuple[int, int]:
     return sum(sizes.values()), sum(sizes[n] for n in trainable)
 
 
-def lora_parameters(config, stage: str) -> int:
-    """The adapter parameters of a LoRA pass on `stage`: rank × (in + out) per nn.Linear whose weight
-    the stage's patterns select (what `drape.training.lora.lora_targets` adapts)."""
+def lora_parameters(config, stage: str | None) -> int:
+    """The adapter parameters of a LoRA pass on `stage` (None: a shopper's personalization, its
+    `shoppers.trainable` patterns and rank): rank × (in + out) per nn.Linear whose weight the
+    patterns select (what `drape.training.lora.lora_targets` adapts)."""
     from drape.training.model import trainable_parameter_names
 
     facts = model_facts(config)
-    chosen = set(
-        trainable_parameter_names(config.train.stages[stage].trainable, [n for n, _ in facts.sizes], facts.frozen_prefixes)
-    )
-    rank = config.train.lora.rank
+    patterns = config.train.stages[stage].trainable if stage else config.shoppers.trainable
+    chosen = set(trainable_parameter_names(patterns, [n for n, _ in facts.sizes], facts.frozen_prefixes))
+    rank = config.train.lora.rank if stage else config.shoppers.rank
     return sum(rank * (fan_in + fan_out) for name, fan_in, fan_out in facts.linears if f"{name}.weight" in chosen)
 
 
@@ -124,8 +124,11 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
     hidden, layers, tokens, batch = shape.hidden, shape.layers, shape.tokens, config.train.batch_size
     element = 2 if config.train.precision == "bf16" else 4
     training = kind in (JobKind.STAGE_TRAINING, JobKind.FINETUNE, JobKind.PERSONALIZATION)
-    lora = kind == JobKind.FINETUNE and config.train.lora.enabled
-    if lora and stage is not None:
+    personal = kind == JobKind.PERSONALIZATION  # a shopper's adapter: `shoppers` steps, batch and patterns
+    lora = personal or (kind == JobKind.FINETUNE and config.train.lora.enabled)
+    if personal:
+        trainable, batch = lora_parameters(config, None), config.shoppers.batch_size
+    elif lora and stage is not None:
         trainable = lora_parameters(config, stage)
     states = trainable * (4 + 8 + (4 if config.train.ema.enabled else 0)) if training else 0
     activations = tokens * hidden * layers * 34 * (element / 2) * batch
@@ -133,7 +136,7 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
         activations /= 4  # no saved activations for backward: the live working set of one forward
     shards = 1 if lora else gpus  # a LoRA pass replicates its frozen base and the adapters' states (DDP)
     peak = (4 * total + states) / shards + activations / gpus + CONTEXT_GIB * GIB
-    steps = 0
+    steps = config.shoppers.steps if personal else 0
     if stage is not None:
         stage_config = config.train.stages[stage]
         steps = stage_config.steps if kind == JobKind.STAGE_TRAINING else stage_config.finetune_steps

@@ -367,6 +367,16 @@ class JobStore(LeaseMixin):
                 )
         return self.get(job_id)
 
+    def scrub(self, job_id: str, note: str) -> None:
+        """Overwrite a job's inputs (command, environment, labels, message) with `note`; its kind,
+        resources and times stay, for accounting."""
+        with self.engine.begin() as connection:
+            connection.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id)
+                .values(command=json.dumps([note]), env="{}", labels="{}", message=note)
+            )
+
     def measurements(self, shape: str, limit: int = 50) -> list[tuple[float, float]]:
         with self.engine.connect() as connection:
             rows = connection.execute(

@@ -11,8 +11,10 @@
     drape model describe | fit-vae  the model a config trains; a stand-in VAE for latent smoke runs
     drape tryon --out DIR           render try-ons with a promoted model (seed fixed, a grid)
     drape bench inference           the inference measuring stick: variants, latency, memory, quality
+    drape shopper photos | personalize | list | forget   opt-in per-shopper adapters, erasable on request
 
-One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`, `inference`); `common` holds the
+One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`, `inference`,
+`shopper`); `common` holds the
 console and config loading, `render` the report tables, `stack` the local Prefect stack.
 """
 
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import sys
 
-from drape.cli import data, gate, inference, model, pipeline, queue, storage
+from drape.cli import data, gate, inference, model, pipeline, queue, shopper, storage
 from drape.cli.common import Typer
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
@@ -33,6 +35,7 @@ app.add_typer(storage.app, name="storage")
 app.add_typer(queue.app, name="queue")
 app.add_typer(model.app, name="model")
 app.add_typer(inference.bench_app, name="bench")
+app.add_typer(shopper.app, name="shopper")
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -21,31 +21,42 @@ InputsOption = typer.Option(
 
 
 def tryon(
-    out: Path = typer.Option(..., "--out", "-o", help="folder for <sample>.png, grid.png and tryon.json"),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="folder for <sample>.png, grid.png and tryon.json (required without --shopper)"
+    ),
     model: str | None = ModelOption,
     inputs: str | None = InputsOption,
     variant: str = typer.Option("recommended", help="recommended (the benchmark's choice), reference, or a variant's name"),
     seed: int | None = typer.Option(None, help="sampling seed (default: inference.seed)"),
+    shopper: str | None = typer.Option(
+        None,
+        "--shopper",
+        "-s",
+        help="with this shopper's adapter (`drape shopper personalize`); --model is then the adapter's base",
+    ),
     config: Path | None = ConfigOption,
 ) -> None:
-    """Render try-ons with a promoted model: seed fixed, one PNG per input and a grid."""
+    """Render try-ons with a promoted model (and a shopper's adapter): seed fixed, one PNG per input and a grid."""
     from drape.inference.source import InferenceInputError
     from drape.inference.tryon import render_tryons
+    from drape.layout import UnsafePathError
+    from drape.shoppers import ShopperError
 
     cfg = load(config)
+    if out is None and shopper is None:
+        fail("--out is required (or --shopper, whose try-ons go to their own folder)")
     try:
         with progress_bar() as bar:
             task = bar.add_task("rendering try-ons", total=None)
-            summary = render_tryons(
-                cfg,
-                out=out,
-                model=model,
-                inputs=inputs,
-                variant=variant,
-                seed=seed,
-                progress=lambda done, total: bar.update(task, completed=done, total=total),
-            )
-    except InferenceInputError as error:
+            advance = lambda done, total: bar.update(task, completed=done, total=total)  # noqa: E731
+            if shopper:
+                from drape.shoppers.serve import shopper_tryons
+
+                summary, out = shopper_tryons(cfg, shopper, out=out, inputs=inputs, variant=variant, seed=seed, progress=advance)
+            else:
+                assert out is not None
+                summary = render_tryons(cfg, out=out, model=model, inputs=inputs, variant=variant, seed=seed, progress=advance)
+    except (InferenceInputError, ShopperError, UnsafePathError) as error:
         fail(str(error))
     console.print(
         f"{len(summary['outputs'])} try-ons by {summary['model']} ({summary['steps']} steps, seed {summary['seed']}, "

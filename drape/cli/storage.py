@@ -22,7 +22,7 @@ def storage_apply_lifecycle(config: Path | None = ConfigOption) -> None:
     cfg = load(config)
     store = open_store(cfg)
     try:
-        rules = apply_lifecycle(store, cfg.retention)
+        rules = apply_lifecycle(store, cfg.retention, shopper_days=cfg.shoppers.consent_days)
     except StorageError as error:
         fail(str(error))
     console.print(lifecycle_table(f"lifecycle rules on {store!r} (read back from S3)", rules))

@@ -20,6 +20,7 @@ from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
+from drape.config.shoppers import ShopperGateConfig, ShopperPrices, ShoppersConfig
 from drape.config.storage import (
     BASELINE_LIVE_KINDS,
     STORAGE_CLASSES,
@@ -58,6 +59,9 @@ __all__ = [
     "QueueConfig",
     "RetentionConfig",
     "RetentionRule",
+    "ShopperGateConfig",
+    "ShopperPrices",
+    "ShoppersConfig",
     "StageTrainConfig",
     "StorageConfig",
     "TextureGateConfig",
@@ -96,6 +100,7 @@ class PipelineConfig(StrictModel):
     metrics: MetricsConfig = MetricsConfig()
     queue: QueueConfig = QueueConfig()
     inference: InferenceConfig = InferenceConfig()
+    shoppers: ShoppersConfig = ShoppersConfig()
 
     @model_validator(mode="after")
     def _no_credentials_in_urls(self) -> PipelineConfig:
@@ -110,6 +115,7 @@ class PipelineConfig(StrictModel):
             ("tracking.uri", self.tracking.uri, f"MLflow reads MLFLOW_TRACKING_USERNAME/PASSWORD; {libpq}"),
             ("tracking.artifact_root", self.tracking.artifact_root, aws),
             ("metrics.pushgateway_url", self.metrics.pushgateway_url, proxy),
+            ("shoppers.mlflow_backend_store_uri", self.shoppers.mlflow_backend_store_uri, libpq),
         ):
             check_no_credentials(name, url, instead)
         return self

@@ -83,8 +83,11 @@ def render_tryons(
     variant: str = RECOMMENDED,
     seed: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    adapter: Path | None = None,
+    shopper: str | None = None,
 ) -> dict:
-    """Render every input with the model; write ``<key>.png``, ``grid.png`` and ``tryon.json`` to `out`."""
+    """Render every input with the model (with a shopper's `adapter` merged in, when given); write
+    ``<key>.png``, ``grid.png`` and ``tryon.json`` to `out`."""
     from drape.training.checkpoint import load_model
     from drape.training.model import configured_class_path
     from drape.training.trainer import resolve_device
@@ -93,7 +96,12 @@ def render_tryons(
     source = resolve_model(config, model)
     control, control_set = captured_inputs(config, inputs)
     spec, how = choose_variant(config, variant, source.home, device)
-    loaded = load_model(source.checkpoint, prefer_ema=True, allowed=(configured_class_path(config),))
+    if adapter is not None:
+        from drape.shoppers.adapter import apply
+
+        loaded = apply(config, source.checkpoint, adapter)
+    else:
+        loaded = load_model(source.checkpoint, prefer_ema=True, allowed=(configured_class_path(config),))
     prepared = prepare(loaded, spec, device, config.diffusion.sampling_steps)
     seed = config.inference.seed if seed is None else seed
     inputs_all = to_model_inputs(control)
@@ -112,6 +120,8 @@ def render_tryons(
     summary = {
         "model": source.label,
         "checkpoint": str(source.checkpoint),
+        "adapter": str(adapter) if adapter else None,
+        "shopper": shopper,
         "variant": spec.model_dump(),
         "chosen": how,
         "steps": prepared.steps,

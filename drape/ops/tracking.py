@@ -32,7 +32,7 @@ def _quiet_mlflow() -> None:
 class Tracker:
     """Thin wrapper over `MlflowClient` bound to one experiment."""
 
-    def __init__(self, config: PipelineConfig):
+    def __init__(self, config: PipelineConfig, experiment: str | None = None):
         _quiet_mlflow()
         from mlflow.tracking import MlflowClient
 
@@ -40,14 +40,15 @@ class Tracker:
         if self.uri.startswith("sqlite:///"):
             Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
-        experiment = self.client.get_experiment_by_name(config.tracking.experiment)
-        if experiment is None:
+        name = experiment or config.tracking.experiment
+        found = self.client.get_experiment_by_name(name)
+        if found is None:
             artifact_location = None
             if "://" not in self.uri or self.uri.startswith("sqlite"):
                 artifact_location = Path(config.artifact_root).resolve().as_uri()
-            self.experiment_id = self.client.create_experiment(config.tracking.experiment, artifact_location=artifact_location)
+            self.experiment_id = self.client.create_experiment(name, artifact_location=artifact_location)
         else:
-            self.experiment_id = experiment.experiment_id
+            self.experiment_id = found.experiment_id
 
     def start_run(self, name: str, tags: dict[str, str] | None = None, parent_run_id: str | None = None) -> str:
         tags = dict(tags or {})
