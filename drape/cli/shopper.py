@@ -105,19 +105,30 @@ def list_shoppers(config: Path | None = ConfigOption) -> None:
 
 
 @app.command("forget")
-def forget(shopper: str = typer.Argument(..., help="the shopper's id"), config: Path | None = ConfigOption) -> None:
+def forget(
+    shopper: str | None = typer.Argument(None, help="the shopper's id"),
+    expired: bool = typer.Option(False, "--expired", help="every shopper whose consent has expired (shoppers.consent_days)"),
+    config: Path | None = ConfigOption,
+) -> None:
     """Erase every copy of the shopper's photos and all made from them; verify; write an audit record.
     Interrupted, run it again: it goes on from its journal."""
-    from drape.layout import UnsafePathError
+    from drape.layout import SHOPPERS, UnsafePathError, live_root
     from drape.shoppers import ShopperError
+    from drape.shoppers.ledger import list_shoppers as ledgers
 
     cfg = load(config)
-    try:
-        audit = forget_shopper(cfg, shopper)
-    except (ShopperError, UnsafePathError) as error:
-        fail(str(error), 1)
-    console.print(json.dumps(audit, indent=2), markup=False, highlight=False)
-    console.print(f"[green]forgotten and verified[/green]: audit record {audit['request']}")
+    if (shopper is None) == (not expired):
+        fail("give a shopper id or --expired (not both)")
+    chosen = [shopper] if shopper else [ledger.shopper for ledger in ledgers(live_root(cfg) / SHOPPERS) if ledger.expired]
+    for one in chosen:
+        try:
+            audit = forget_shopper(cfg, one)
+        except (ShopperError, UnsafePathError) as error:
+            fail(str(error), 1)
+        console.print(json.dumps(audit, indent=2), markup=False, highlight=False)
+        console.print(f"[green]forgotten and verified[/green]: audit record {audit['request']}")
+    if expired and not chosen:
+        console.print("no shopper's consent has expired")
 
 
 def forget_shopper(cfg, shopper: str) -> dict:

@@ -191,7 +191,8 @@ def test_a_forget_killed_midway_finishes_when_run_again(world, monkeypatch):
 
 def test_the_gate_rejects_an_adapter_trained_on_another_persons_photos(world):
     config = world["config"]
-    report = _personalize_in_process(world, WRONG)  # trained on identity 3's photos, held out: identity 1's
+    report = _personalize_in_process(world, WRONG)  # trained on identity 3's photos, held out: the shopper's
+    print("another person's adapter:", json.dumps(report["gate"]["identity"]))
     assert report["status"] == "rejected", report["gate"]
     assert report["gate"]["identity"]["gain"] < config.shoppers.gate.min_identity_gain
     assert "identity on 4 held-out photos" in report["gate"]["reasons"][0]

@@ -41,7 +41,7 @@ EXPECTED_COMMANDS = {
     "shopper photos": ["config", "count", "first", "identity", "out"],
     "shopper personalize": ["base", "config", "consent_days", "holdout", "photos", "shopper"],
     "shopper list": ["config"],
-    "shopper forget": ["config", "shopper"],
+    "shopper forget": ["config", "expired", "shopper"],
     "bench inference": ["config", "inputs", "model", "queue", "runs", "variant"],
     "model fit-vae": ["out", "config", "steps", "samples"],
     "storage apply-lifecycle": ["config"],

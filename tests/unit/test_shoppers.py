@@ -135,3 +135,28 @@ def test_a_personalization_job_is_profiled_as_an_adapter_on_a_frozen_base(config
     assert lora_parameters(wider, None) == 8 * adapter
     assert estimate(wider, JobKind.PERSONALIZATION, None)[1] == pytest.approx(20 * seconds)
     assert estimate(wider, JobKind.PERSONALIZATION, None)[0] > peak
+
+
+def test_forget_expired_erases_the_shoppers_whose_consent_ran_out(config, tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+    from drape.shoppers.personalize import upload
+
+    layout, store = LiveLayout(live_root(config)), open_store(config)
+    for shopper, days_ago in (("shopper-old", 400), ("shopper-new", 10)):
+        paths = layout.shopper(shopper)
+        (paths.photos).mkdir(parents=True)
+        (paths.photos / "photos-00000.tar").write_bytes(shopper.encode() * 10)
+        write_ledger(paths, Ledger.new(shopper, 365, now=datetime.now(UTC) - timedelta(days=days_ago)))
+        upload(store, paths, "photos", "shopper.json")
+    path = tmp_path / "config.json"
+    path.write_text(config.model_dump_json(by_alias=True))
+    result = CliRunner().invoke(app, ["shopper", "forget", "--expired", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "forgotten and verified" in result.output and result.output.count("audit record") == 1
+    assert not layout.shopper("shopper-old").root.exists() and not store.list("shoppers/shopper-old/")
+    assert read_ledger(layout.shopper("shopper-new")) is not None and store.list("shoppers/shopper-new/")
+    assert CliRunner().invoke(app, ["shopper", "forget", "--config", str(path)]).exit_code == 2
