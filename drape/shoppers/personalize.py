@@ -109,11 +109,11 @@ def personalize(
     source = resolve_model(config, base)
     verdict, fitted = _fit_and_judge(config, paths, source, progress)
     candidate = paths.root / ".adapter-candidate"
-    shutil.rmtree(paths.adapter, ignore_errors=True)
     if verdict["passed"]:
+        shutil.rmtree(paths.adapter, ignore_errors=True)
         candidate.rename(paths.adapter)
     else:
-        shutil.rmtree(candidate)  # a failed adapter is not kept
+        shutil.rmtree(candidate)  # a failed adapter is not kept; an earlier one that passed stays
     device = resolve_device(config.train.device)
     job = {
         "seconds": time.perf_counter() - started,
@@ -152,8 +152,6 @@ def _record(config: PipelineConfig, paths: ShopperPaths, ledger: Ledger, report:
             "manifest_sha256": sha256_file(paths.adapter / "manifest.json"),
         }
         upload(store, paths, "adapter")
-    else:
-        ledger.adapter = None
     tracker.end_run(run, "FINISHED" if report["status"] == "kept" else "FAILED")
     write_ledger(paths, ledger)
     upload(store, paths, "report.json", "shopper.json")

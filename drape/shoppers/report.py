@@ -42,7 +42,7 @@ def build_report(
 ) -> dict:
     kept = verdict["passed"]
     adapter_bytes = tree_bytes(paths.adapter) if kept else 0
-    stored = tree_bytes(paths.photos) + tree_bytes(paths.holdout) + adapter_bytes
+    stored = tree_bytes(paths.photos) + tree_bytes(paths.holdout) + tree_bytes(paths.adapter)
     return {
         "shopper": ledger.shopper,
         "status": "kept" if kept else "rejected",
