@@ -17,7 +17,6 @@ finds the journal and goes on; a scan that still finds something leaves the jour
 from __future__ import annotations
 
 import json
-import os
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -28,7 +27,7 @@ from drape.layout import LiveLayout, audit_key, safe_shopper_id, shopper_prefix
 from drape.shoppers import ShopperError, subject_of
 from drape.shoppers.ledger import Ledger, read_ledger
 from drape.shoppers.photos import PhotoDigests
-from drape.storage.durable import fsync_file
+from drape.storage.durable import publish_json
 from drape.storage.store import ObjectStore, StorageError
 
 
@@ -66,14 +65,6 @@ class ForgetIncomplete(ShopperError):
     """A scan still found the shopper's data; the journal stays and a rerun goes on."""
 
 
-def _write_json(path: Path, payload: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(payload, indent=2))
-    fsync_file(temporary)
-    os.replace(temporary, path)
-
-
 def _ledger_from_store(store: ObjectStore, shopper: str) -> Ledger | None:
     key = shopper_prefix(shopper) + "shopper.json"
     try:
@@ -95,7 +86,7 @@ def open_subject(layout: LiveLayout, store: ObjectStore, shopper: str) -> tuple[
             subject.digests, subject.outputs = ledger.photos, list(ledger.outputs)
             subject.mlflow_runs, subject.jobs = list(ledger.mlflow_runs), list(ledger.jobs)
     subject.attempts += 1
-    _write_json(journal, asdict(subject))
+    publish_json(journal, asdict(subject))
     return subject, journal
 
 
@@ -110,13 +101,13 @@ def forget(layout: LiveLayout, store: ObjectStore, shopper: str, places: list[Pl
         total = subject.totals.setdefault(place.name, {})
         for name, value in counts.items():
             total[name] = total.get(name, 0) + value
-        _write_json(journal, asdict(subject))
+        publish_json(journal, asdict(subject))
         log(f"forget: {place.name}: {_counts(subject.erased[place.name])}")
     found = {place.name: place.scan(subject) for place in places}
     remaining = {name: items for name, items in found.items() if items}
     if remaining:
         subject.erased = {}  # the next run erases everywhere again
-        _write_json(journal, asdict(subject))
+        publish_json(journal, asdict(subject))
         shown = "; ".join(f"{name}: {len(items)} (e.g. {items[0]})" for name, items in remaining.items())
         raise ForgetIncomplete(f"forget {subject.request}: the scan still finds the shopper's data: {shown}; run it again")
     audit = {
@@ -128,7 +119,7 @@ def forget(layout: LiveLayout, store: ObjectStore, shopper: str, places: list[Pl
         "scanned": sorted(found),
         "verified": True,
     }
-    _write_json(layout.audit(subject.request), audit)
+    publish_json(layout.audit(subject.request), audit)
     store.put_file(layout.audit(subject.request), audit_key(subject.request))
     journal.unlink()
     return audit

@@ -10,7 +10,6 @@ copy is kept under the shopper's prefix in the object store for jobs that run el
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 from drape.layout import ShopperPaths, safe_shopper_id
 from drape.shoppers import ShopperError
 from drape.shoppers.photos import PhotoDigests
-from drape.storage.durable import fsync_file
+from drape.storage.durable import publish_json
 
 
 @dataclass
@@ -66,11 +65,7 @@ def read_ledger(paths: ShopperPaths) -> Ledger | None:
 
 
 def write_ledger(paths: ShopperPaths, ledger: Ledger) -> None:
-    paths.root.mkdir(parents=True, exist_ok=True)
-    temporary = paths.ledger.with_name(f".{paths.ledger.name}.tmp")
-    temporary.write_text(json.dumps(asdict(ledger), indent=2))
-    fsync_file(temporary)
-    os.replace(temporary, paths.ledger)
+    publish_json(paths.ledger, asdict(ledger))
 
 
 def require_ledger(paths: ShopperPaths) -> Ledger:

@@ -23,8 +23,9 @@ from drape.layout import LiveLayout, ShopperPaths, live_root, safe_shopper_id, s
 from drape.shoppers import ShopperError, adapter, gate
 from drape.shoppers.ledger import Ledger, read_ledger, require_ledger, write_ledger
 from drape.shoppers.photos import copy_photos, digests, load_photos, split_holdout
-from drape.shoppers.report import build_report, write_report
+from drape.shoppers.report import build_report
 from drape.storage.checksum import sha256_file
+from drape.storage.durable import publish_json
 from drape.storage.store import ObjectStore, open_store
 
 TAGS = {"drape-kind": "shopper"}  # the bucket's shopper rule expires them after the consent (drape.storage.lifecycle)
@@ -141,7 +142,7 @@ def _record(config: PipelineConfig, paths: ShopperPaths, ledger: Ledger, report:
     metrics |= {f"{check}_drop": values["drop"] for check, values in garments.items()}
     metrics |= {"job_seconds": report["job"]["seconds"], "adapter_bytes": report["adapter"]["bytes"]}
     tracker.log_metrics(run, metrics)
-    write_report(paths.report, report)
+    publish_json(paths.report, report)
     tracker.log_artifact(run, paths.report)
     store = open_store(config)
     if report["status"] == "kept":

@@ -6,9 +6,7 @@ and the bytes held for the shopper (photos, adapter, report) per month and over 
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
-from pathlib import Path
 
 from drape.config import PipelineConfig
 from drape.inference.source import ResolvedModel
@@ -65,9 +63,3 @@ def _adapter_parameters(fitted) -> int:
     """Parameters of the adapter: rank × (in + out) per adapted layer (after a merge the model has none left)."""
     rank, model = fitted.spec.config.rank, fitted.model
     return sum(rank * (m.in_features + m.out_features) for n, m in model.named_modules() if n in set(fitted.spec.targets))
-
-
-def write_report(path: Path, report: dict) -> None:
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(report, indent=2))
-    temporary.replace(path)

@@ -50,3 +50,15 @@ def write_synced(path: str | Path, text: str) -> None:
         handle.write(text)
         handle.flush()
         os.fsync(handle.fileno())
+
+
+def publish_json(path: str | Path, payload: dict) -> None:
+    """`payload` as indented JSON at `path`: a temporary name, fsynced, renamed, the directory fsynced."""
+    import json
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.tmp")
+    write_synced(temporary, json.dumps(payload, indent=2))
+    os.replace(temporary, path)
+    fsync_dir(path.parent)

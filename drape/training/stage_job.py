@@ -29,6 +29,7 @@ from drape.data.partition import StageData, load_stage_data, resolve_partitions
 from drape.layout import MANUAL_RUN, LiveLayout, live_root
 from drape.ops.metrics import push_metrics
 from drape.secrets import redact
+from drape.storage.durable import publish_json
 from drape.storage.store import open_store
 from drape.training.distributed import DistContext, init_from_env
 from drape.training.lock import stage_lock
@@ -99,7 +100,7 @@ class StageJob:
     def write(self, path: str | Path, *, result: str | Path | None = None) -> list[str]:
         """Write the job to `path` (atomically) and return the command that runs it (writing its
         result to `result`)."""
-        _write_json(path, self.to_dict())
+        publish_json(path, self.to_dict())
         return [sys.executable, "-m", "drape.train", "--job", str(path), *(["--result", str(result)] if result else [])]
 
     @classmethod
@@ -182,14 +183,6 @@ def progress_lines(stage: str) -> Callable[[int, int], None]:
     return report
 
 
-def _write_json(path: str | Path, payload: dict) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(payload, indent=2))
-    os.replace(temporary, path)
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m drape.train", description=(main.__doc__ or "").split("\n\n")[0])
     parser.add_argument("--job", default=None, help="a stage job file the pipeline wrote (replaces the options below)")
@@ -247,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     payload = result.to_dict()
     for path in filter(None, (args.result, os.environ.get("DRAPE_JOB_RESULT"))):
-        _write_json(path, payload)
+        publish_json(path, payload)
     print(
         f"train-{job.stage}: done, final loss {result.train.final_loss:.4f}, checkpoint {result.train.checkpoint}",
         file=sys.stderr,
