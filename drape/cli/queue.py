@@ -122,6 +122,22 @@ def queue_dispatch(
         console.print("dispatcher stopped; its running jobs keep their leases until they lapse")
 
 
+def _profile_row(table, p, kind: str, stage: str, gpus: int, trains: int, lora: bool) -> None:
+    measured = "-" if p.measured_p95_gib is None else f"{p.measured_p95_gib:.2f}"
+    table.add_row(
+        kind,
+        stage,
+        str(gpus),
+        f"{trains / 1e6:,.2f} M" + (" (LoRA)" if lora else ""),
+        f"{p.estimate_gib:.2f}",
+        f"{p.estimate_duration_s / 60:.1f} min",
+        measured,
+        str(p.measurements),
+        f"{p.mem_gib:.2f}",
+        p.source,
+    )
+
+
 @app.command("profile")
 def queue_profile(config: Path | None = ConfigOption) -> None:
     """Memory profiles per job kind and stage: the estimate from the config vs the measured history."""
@@ -158,20 +174,10 @@ def queue_profile(config: Path | None = ConfigOption) -> None:
             gpus = cfg.train.gpus_for(stage) if kind != JobKind.GATE_EVAL else 1
             lora = kind == JobKind.FINETUNE and cfg.train.lora.enabled
             trains = lora_parameters(cfg, stage) if lora else counts[1] if kind != JobKind.GATE_EVAL else 0
-            p = profile(cfg, store, kind, stage, gpus, counts=counts)
-            measured = "-" if p.measured_p95_gib is None else f"{p.measured_p95_gib:.2f}"
-            table.add_row(
-                kind,
-                stage,
-                str(gpus),
-                f"{trains / 1e6:,.2f} M" + (" (LoRA)" if lora else ""),
-                f"{p.estimate_gib:.2f}",
-                f"{p.estimate_duration_s / 60:.1f} min",
-                measured,
-                str(p.measurements),
-                f"{p.mem_gib:.2f}",
-                p.source,
-            )
+            _profile_row(table, profile(cfg, store, kind, stage, gpus, counts=counts), kind, stage, gpus, trains, lora)
+    # a shopper's adapter (drape shopper personalize): `shoppers` patterns, rank, steps and batch
+    personal = profile(cfg, store, JobKind.PERSONALIZATION, None)
+    _profile_row(table, personal, JobKind.PERSONALIZATION, "-", 1, lora_parameters(cfg, None), True)
     console.print(table)
 
 
