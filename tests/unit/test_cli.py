@@ -233,3 +233,4 @@ def test_queue_profile_of_the_production_config_prints_estimates_without_its_dat
     assert result.exit_code == 0, result.output
     assert "unreachable" in result.output and "estimates only" in result.output  # the scheduler's database is not here
     assert "1024×768 px" in result.output and "(LoRA)" in result.output and "finetune" in result.output
+    assert "personalization" in result.output  # a shopper's adapter has its own profile
