@@ -8,7 +8,6 @@ each image in it (`PhotoDigests`). The synthetic generator gives such a set for 
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 import tarfile
 from dataclasses import dataclass, field
@@ -19,7 +18,7 @@ import numpy as np
 from drape.config import PipelineConfig
 from drape.data.shards import ShardError, ShardWriter
 from drape.shoppers import ShopperError
-from drape.storage.checksum import sha256_file
+from drape.storage.checksum import sha256_bytes, sha256_file
 
 PHOTO_SEED = 7_000_003  # the photos' poses and backgrounds: apart from every split's seeds
 
@@ -32,7 +31,7 @@ class PhotoDigests:
     sizes: set[int] = field(default_factory=set)
 
     def add(self, payload: bytes) -> None:
-        self.sha256.add(hashlib.sha256(payload).hexdigest())
+        self.sha256.add(sha256_bytes(payload))
         self.sizes.add(len(payload))
 
     def update(self, other: PhotoDigests) -> None:

@@ -16,7 +16,6 @@ The queue's records are a place of the scheduler's (`scheduler.privacy`), added 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -26,18 +25,11 @@ from pathlib import Path
 from drape.layout import shopper_prefix
 from drape.shoppers import ShopperError
 from drape.shoppers.forget import Subject
+from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".yaml", ".yml", ".csv", ".md")
 TEXT_LIMIT = 4 << 20  # text files larger than this are not read for the id (logs of that size hold no ids of ours)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 class ObjectStorePlace:
@@ -91,7 +83,7 @@ class ObjectStorePlace:
         from fsspec.asyn import sync
 
         body = self.store.fs.call_s3("get_object", Bucket=bucket, Key=key, VersionId=version)["Body"]
-        return hashlib.sha256(sync(self.store.fs.loop, body.read)).hexdigest()  # aiobotocore's body reads on s3fs's loop
+        return sha256_bytes(sync(self.store.fs.loop, body.read))  # aiobotocore's body reads on s3fs's loop
 
     def scan(self, subject: Subject) -> list[str]:
         digests, found = subject.photo_digests, []
@@ -133,7 +125,7 @@ class LivePlace:
                 size = path.stat().st_size
                 if subject.shopper in path.as_posix():
                     found.append(str(path))
-                elif size in digests.sizes and _sha256(path) in digests.sha256:
+                elif size in digests.sizes and sha256_file(path) in digests.sha256:
                     found.append(f"{path} (a photo's digest)")
                 elif path.suffix in TEXT_SUFFIXES and size <= TEXT_LIMIT and needle in path.read_bytes():
                     found.append(f"{path} (names the shopper)")
