@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from drape.cost import CostError, gpu_rate
 from drape.ops import metrics
 from scheduler.fleet import FleetView, fleet_view
 from scheduler.launchers import build_launcher
@@ -193,6 +194,12 @@ class Dispatcher:
             nodes[gpu.uuid] = gpu.node
             metrics.GPU_MEMORY_ALLOCATED.labels(**labels).set(gpu.allocated_gib)
             metrics.GPU_MEMORY_CAPACITY.labels(**labels).set(gpu.total_gib)
+        for model in sorted({gpu.model for gpu in view.gpus}):
+            try:  # what an idle hour of this model costs; an unpriced model is left out (`drape cost fleet` names it)
+                rate = gpu_rate(self.config.cost, model, self.config.cost.fleet_plan)
+            except CostError:
+                continue
+            metrics.GPU_PRICE.labels(model=model, plan=self.config.cost.fleet_plan).set(rate)
         metrics.DISPATCH_CYCLE.observe(report.seconds)
         metrics.FLEET_SOURCE.clear()
         metrics.FLEET_SOURCE.labels(source=view.source).set(1)

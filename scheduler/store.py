@@ -387,6 +387,10 @@ class JobStore(LeaseMixin):
             ).all()
         return [(float(p), float(d)) for p, d in rows]
 
-    def allocation_events(self) -> list[dict]:
+    def allocation_events(self, job_ids: list[str] | None = None) -> list[dict]:
+        """The allocation log in order (only `job_ids`' rows, when given)."""
+        query = select(allocation_log).order_by(allocation_log.c.seq)
+        if job_ids is not None:
+            query = query.where(allocation_log.c.job_id.in_(job_ids))
         with self.engine.connect() as connection:
-            return [dict(r) for r in connection.execute(select(allocation_log).order_by(allocation_log.c.seq)).mappings()]
+            return [dict(r) for r in connection.execute(query).mappings()]

@@ -133,4 +133,11 @@ def sweep(config: PipelineConfig, dry_run: bool) -> dict:
 
 @task(name="summarize", **_common)
 def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[dict]) -> dict:
-    return pipeline.summarize(config, context, rows)
+    """The run's summary and cost; its jobs' GPU allocations come from the queue's allocation log."""
+    attempts = []
+    if config.queue.enabled:
+        from scheduler.accounting import run_attempts
+        from scheduler.store import JobStore
+
+        attempts = run_attempts(JobStore(config.queue_url), context.run_id)
+    return pipeline.summarize(config, context, rows, attempts)

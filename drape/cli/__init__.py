@@ -12,9 +12,10 @@
     drape tryon --out DIR           render try-ons with a promoted model (seed fixed, a grid)
     drape bench inference           the inference measuring stick: variants, latency, memory, quality
     drape shopper photos | personalize | list | forget   opt-in per-shopper adapters, erasable on request
+    drape cost report | compare | fleet | scaling | estimate   what runs and idle capacity cost
 
 One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`, `inference`,
-`shopper`); `common` holds the
+`shopper`, `cost`); `common` holds the
 console and config loading, `render` the report tables, `stack` the local Prefect stack.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import sys
 
-from drape.cli import data, gate, inference, model, pipeline, queue, shopper, storage
+from drape.cli import cost, data, gate, inference, model, pipeline, queue, shopper, storage
 from drape.cli.common import Typer
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
@@ -36,6 +37,7 @@ app.add_typer(queue.app, name="queue")
 app.add_typer(model.app, name="model")
 app.add_typer(inference.bench_app, name="bench")
 app.add_typer(shopper.app, name="shopper")
+app.add_typer(cost.app, name="cost")
 
 
 def main() -> None:  # pragma: no cover - console entry point

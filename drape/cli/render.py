@@ -50,6 +50,14 @@ def print_summary(summary: dict, wall_seconds: float | None = None) -> None:
         f"Gate reports: {summary['gate_reports']}",
         f"Live storage left: {format_bytes(summary['live_bytes'])}",
     ]
+    cost = summary.get("cost") or {}
+    if "total_usd" in cost:
+        lines.append(
+            f"Cost: {usd(cost['total_usd'])} (GPU {usd(cost['gpu']['usd'])}, {100 * cost['gpu']['not_training_share']:.0f}% "
+            f"not training; storage {usd(cost['storage']['usd'])}): drape cost report {summary['run_id']}"
+        )
+    elif cost:
+        lines.append(f"Cost: not worked out ({cost.get('error')})")
     if wall_seconds is not None:
         lines.append(f"Wall time: {wall_seconds:.0f} s")
     console.print(Panel("\n".join(lines), title="where to look", expand=False))
@@ -89,3 +97,71 @@ def print_storage_report(report: dict) -> None:
     console.print(f"modelled monthly cost: live ${cost['live']:.4f} + archive ${cost['archive']:.4f} = ${cost['total']:.4f}")
     for item in report["expires_next"]:
         console.print(f"expires {item['expires_at'][:10]}: {item['key']} ({format_bytes(item['bytes'])})")
+
+
+def usd(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"${value:,.0f}" if abs(value) >= 100 else f"${value:,.2f}" if abs(value) >= 1 else f"${value:.4f}"
+
+
+def hours(value: float) -> str:
+    return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.4f}"
+
+
+def print_cost_report(report: dict) -> None:
+    """GPU-hours by category, per stage, storage, the total, per promoted checkpoint, other GPU counts."""
+    models = ", ".join(sorted(set(report["models"].values()))) or "?"
+    gpu = report["gpu"]
+    table = table_of(
+        f"run {report['run_id']}: {report['gpus']} × {models}, {report['plan']}, wall {report['wall_hours']:.3f} h",
+        ("GPU time", "GPU-hours", "cost", "share"),
+        left=("GPU time",),
+    )
+    for row in gpu["rows"]:
+        if row["gpu_hours"] or row["category"] in ("training", "data wait", "checkpoint stall", "start-up", "gate sampling"):
+            table.add_row(row["category"], hours(row["gpu_hours"]), usd(row["usd"]), f"{100 * row['share']:.1f}%")
+    table.add_row("[bold]allocated[/bold]", hours(gpu["allocated_gpu_hours"]), usd(gpu["usd"]), "100.0%")
+    console.print(table)
+    storage = report["storage"]
+    rows = table_of("storage", ("item", "amount", "cost"), left=("item", "amount"))
+    for name, row in storage["archived"].items():
+        rows.add_row(f"archived {name}", f"{format_bytes(row['bytes'])}, {row['gb_months']:.4f} GB-months", usd(row["usd"]))
+    rows.add_row("live while running", f"{storage['live']['gb_months']:.6f} GB-months", usd(storage["live"]["usd"]))
+    rows.add_row("registry (baselines)", f"{storage['registry']['gb_months']:.4f} GB-months", usd(storage["registry"]["usd"]))
+    requests = storage["requests"]
+    rows.add_row("requests", f"{requests['put']} PUT, {requests['get']} GET", usd(requests["usd"]))
+    rows.add_row("egress", format_bytes(storage["egress"]["bytes"]), usd(storage["egress"]["usd"]))
+    console.print(rows)
+    stages = table_of("per stage", ("stage", "GPU-hours", "GPU", "storage", "total", "promoted"), left=("stage", "promoted"))
+    for row in report["stages"]:
+        promoted = "yes" if row["promoted"] else "[red]no[/red]"
+        stages.add_row(
+            row["stage"], hours(row["gpu_hours"]), usd(row["gpu_usd"]), usd(row["storage_usd"]), usd(row["usd"]), promoted
+        )
+    console.print(stages)
+    per_run = report["per_promoted_checkpoint"]["run"]
+    console.print(
+        f"total {usd(report['total_usd'])} (GPU {usd(gpu['usd'])}, storage {usd(storage['usd'])}); "
+        f"{100 * gpu['not_training_share']:.1f}% of the GPU-hours not training; per promoted run checkpoint: "
+        + (usd(per_run) if per_run is not None else "none (not every stage was promoted)")
+    )
+    for line in report["what_if"]:
+        console.print(
+            f"on {line['gpus']} GPU(s): efficiency {line['efficiency']:.2f} (measured on {line['measured_on']}), training "
+            f"{line['training_wall_hours']:.4f} h wall, {hours(line['training_gpu_hours'])} GPU-hours, {usd(line['usd'])}"
+        )
+
+
+def print_cost_compare(reports: dict[str, dict]) -> None:
+    plans = list(reports)
+    first = reports[plans[0]]
+    table = table_of(f"run {first['run_id']} under each plan", ("", *plans), left=("",))
+    for index, row in enumerate(first["gpu"]["rows"]):
+        if row["gpu_hours"]:
+            table.add_row(row["category"], *(usd(reports[p]["gpu"]["rows"][index]["usd"]) for p in plans))
+    table.add_row("GPU", *(usd(reports[p]["gpu"]["usd"]) for p in plans))
+    table.add_row("storage", *(usd(reports[p]["storage"]["usd"]) for p in plans))
+    table.add_row("[bold]total[/bold]", *(usd(reports[p]["total_usd"]) for p in plans))
+    table.add_row("per promoted run", *(usd(reports[p]["per_promoted_checkpoint"]["run"]) for p in plans))
+    console.print(table)

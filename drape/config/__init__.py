@@ -16,6 +16,7 @@ from pydantic import ValidationError, model_validator
 
 from drape import layout
 from drape.config.base import ConfigError, StrictModel
+from drape.config.cost import PLANS, CostConfig, GpuPrice
 from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
@@ -39,11 +40,13 @@ __all__ = [
     "AlertsConfig",
     "CacheConfig",
     "CoherenceGateConfig",
+    "CostConfig",
     "ConfigError",
     "DataConfig",
     "DiffusionConfig",
     "EmaConfig",
     "GatesConfig",
+    "GpuPrice",
     "InferenceConfig",
     "IdentityGateConfig",
     "KubernetesLauncherConfig",
@@ -53,6 +56,7 @@ __all__ = [
     "MetricsConfig",
     "ModelConfig",
     "OutcomeRule",
+    "PLANS",
     "PathsConfig",
     "PipelineConfig",
     "QualityConfig",
@@ -101,6 +105,7 @@ class PipelineConfig(StrictModel):
     queue: QueueConfig = QueueConfig()
     inference: InferenceConfig = InferenceConfig()
     shoppers: ShoppersConfig = ShoppersConfig()
+    cost: CostConfig = CostConfig()
 
     @model_validator(mode="after")
     def _no_credentials_in_urls(self) -> PipelineConfig:

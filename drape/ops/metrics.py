@@ -104,6 +104,24 @@ INFERENCE_APPROVED = Gauge(
 )
 
 # --- the GPU queue (scheduler/), exported by the dispatcher on /metrics -----------------------------
+RUN_COST = Gauge(
+    "drape_run_cost_dollars",
+    "What the run cost (USD), by category: GPU time training and each overhead, and storage (drape cost report)",
+    ["run", "category"],
+    registry=REGISTRY,
+)
+STAGE_COST = Gauge(
+    "drape_stage_cost_dollars",
+    "What the run's stage cost (USD); promoted: its checkpoint became the baseline",
+    ["run", "stage", "promoted"],
+    registry=REGISTRY,
+)
+GPU_PRICE = Gauge(
+    "drape_gpu_price_dollars_per_hour",
+    "Price of one GPU-hour of the fleet's models at the fleet's plan (cost.fleet_plan)",
+    ["model", "plan"],
+    registry=REGISTRY,
+)
 QUEUE_JOBS = Gauge("drape_queue_jobs", "Jobs in the queue by state", ["state"], registry=REGISTRY)
 QUEUE_WAIT = Histogram(
     "drape_queue_wait_seconds",

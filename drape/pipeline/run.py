@@ -12,9 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from drape import STAGES, Mode, parse_mode, stages_from
 from drape.config import PipelineConfig
+from drape.cost import timeline
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, read_manifest
 from drape.layout import LiveLayout, StagePaths, live_root, run_key
@@ -24,6 +26,10 @@ from drape.ops.tracking import Tracker
 from drape.pipeline.resume import ResumeError, load_context, mark_closed, save_context
 from drape.storage.retention import release_run
 from drape.storage.store import ObjectStore, open_store, remove_empty_dirs, tree_bytes
+
+if TYPE_CHECKING:
+    from drape.cost.account import Attempt
+    from drape.training.stage_job import StageJobResult
 
 
 class GateFailed(RuntimeError):
@@ -87,15 +93,42 @@ def resources(config: PipelineConfig, context: RunContext) -> RunResources:
 
 @contextmanager
 def timed(config: PipelineConfig, context: RunContext, stage: str, step: str):
-    """Time a stage's step into drape_stage_step_seconds, then push the run's series for the stage."""
-    started = time.perf_counter()
+    """Time a stage's step into drape_stage_step_seconds and the run's cost timeline (with what the
+    step puts in the dict it yields), then push the run's series for the stage."""
+    started, started_at, extra = time.perf_counter(), time.time(), dict[str, float]()
     try:
-        yield
+        yield extra
     finally:
         labels = {"run": context.run_id, "stage": stage, "step": step}
         metrics.STAGE_STEP_SECONDS.labels(**labels).set(time.perf_counter() - started)
         metrics.STAGE_FINISHED.labels(**labels).set(time.time())
         push_metrics(config, grouping={"run": context.run_id, "stage": stage})
+        timeline.record_step(resources(config, context).store, context.run_id, stage, step, started_at, time.time(), **extra)
+
+
+def log_train_summary(
+    config: PipelineConfig, context: RunContext, stage: str, job: StageJobResult, window: tuple[float, float] | None = None
+) -> None:
+    """A stage job's result into the metrics, its MLflow run and the run's cost timeline (`window`:
+    the job's own start and end when it ran in this process; a queue job's is its allocation)."""
+    labels, result, run = {"run": context.run_id, "stage": stage}, job.train, resources(config, context)
+    metrics.TRAIN_THROUGHPUT.labels(**labels).set(result.samples_per_second)
+    metrics.TRAIN_STEPS.labels(**labels).set(result.steps)
+    metrics.STAGE_STEP_SECONDS.labels(**labels, step="train").set(result.train_seconds)
+    metrics.STAGE_FINISHED.labels(**labels, step="train").set(time.time())
+    push_metrics(config, grouping=labels)
+    timeline.record_train(run.store, context.run_id, job, window)
+    run.tracker.log_metrics(
+        context.stage_run_ids[stage],
+        {
+            f"{stage}/train_seconds": result.train_seconds,
+            f"{stage}/data_wait_fraction": result.data_wait_fraction,
+            f"{stage}/checkpoint_stall_seconds": result.checkpoint_stall_seconds,
+            f"{stage}/final_loss": result.final_loss,
+            f"{stage}/shard_read_wait_seconds": job.shard_read_wait_seconds,
+        },
+        result.steps,
+    )
 
 
 def start_run(
@@ -119,6 +152,7 @@ def start_run(
         manifest = ensure_dataset(config, store, progress)
         context = _new_run(config, tracker, run_name, parse_mode(mode), manifest)
         save_context(store, context, config.name, flow_run_id)
+    timeline.record_open(store, context.run_id)
     cache = ShardCache.from_config(config, store, context.dataset_prefix, manifest)
     with _RESOURCES_LOCK:  # what this run's steps share, from the store, tracker and manifest opened here
         _RESOURCES[context.run_id] = RunResources(store, tracker, cache)
@@ -180,18 +214,24 @@ def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
         run.tracker.end_run(stage_run, status)
     run.tracker.end_run(context.mlflow_run_id, status)
     mark_closed(run.store, context.run_id, status)
+    timeline.record_close(run.store, context.run_id, status)
     remove_empty_dirs(run_dir)
     with _RESOURCES_LOCK:
         _RESOURCES.pop(context.run_id, None)
     return released.to_dict()
 
 
-def summarize(config: PipelineConfig, context: RunContext, rows: list[dict]) -> dict:
-    """Close the run and return its summary (what the CLI prints): one row per stage (`archive_passed`)
-    plus where to look."""
-    object_store = repr(resources(config, context).store)
+def summarize(config: PipelineConfig, context: RunContext, rows: list[dict], attempts: list[Attempt] | None = None) -> dict:
+    """Close the run and return its summary (what the CLI prints): one row per stage (`archive_passed`),
+    its cost (`attempts`: its jobs' GPU allocations, from the queue) and where to look."""
+    from drape.cost.report import record_cost
+
+    run = resources(config, context)
+    object_store, store, tracker = repr(run.store), run.store, run.tracker
     released = close_run(config, context, "FINISHED")
+    cost = record_cost(config, store, tracker, context.run_id, context.mlflow_run_id, attempts or [])
     return {
+        "cost": cost,
         "run_id": context.run_id,
         "run_name": context.run_name,
         "stages": rows,

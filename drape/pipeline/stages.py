@@ -17,10 +17,9 @@ from drape.gates.run import evaluate_gate, provenance_problems
 from drape.layout import StagePaths, archive_manifest_prefix, run_key
 from drape.ops import metrics
 from drape.ops.alerts import notify_gate
-from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
 from drape.pipeline.resume import load_progress, restore_newest_checkpoint, save_progress
-from drape.pipeline.run import RunContext, close_run, evict_from, resources, timed
+from drape.pipeline.run import RunContext, close_run, evict_from, log_train_summary, resources, timed
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention
 from drape.storage.store import remove_empty_dirs, remove_tree, tree_bytes
@@ -33,8 +32,9 @@ def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=N
     """Pre-stage `stage`'s shards into the shard cache, verified, keeping the control set and the
     stage before it (which may still be training); returns what was staged and evicted."""
     keep = ["control", *filter(None, [previous_stage(stage)])]
-    with timed(config, context, stage, "prestage"):
+    with timed(config, context, stage, "prestage") as extra:
         result = resources(config, context).cache.prestage(stage, keep=keep, progress=progress)
+        extra.update(downloaded=result.downloaded, downloaded_bytes=result.downloaded_bytes)
         metrics.PRESTAGED_BYTES.labels(run=context.run_id, stage=stage).set(result.bytes)
         metrics.PRESTAGE_DOWNLOADED.labels(run=context.run_id, stage=stage).set(result.downloaded_bytes)
     return result.to_dict()
@@ -82,10 +82,10 @@ def resume_checkpoint(config: PipelineConfig, context: RunContext, stage: str) -
 
 def train(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> TrainResult:
     """Train the stage in this process on its pre-staged shards; logs to the stage's MLflow run."""
-    run = resources(config, context)
+    run, started = resources(config, context), time.time()
     resume_checkpoint(config, context, stage)
     result = stage_job(config, context, stage).run(cache=run.cache, tracker=run.tracker, progress=progress)
-    _log_train_summary(config, context, stage, result)
+    log_train_summary(config, context, stage, result, window=(started, time.time()))
     return result.train
 
 
@@ -104,29 +104,10 @@ def finish_train(config: PipelineConfig, context: RunContext, stage: str, result
     if not path.is_file():
         raise RuntimeError(f"stage {stage}: the train job ended without writing {path}")
     result = StageJobResult.from_dict(json.loads(path.read_text()))
-    _log_train_summary(config, context, stage, result)
+    log_train_summary(config, context, stage, result)  # its window: the queue's allocation
     path.unlink()
     context.paths(stage).job_config.unlink(missing_ok=True)
     return result.train
-
-
-def _log_train_summary(config: PipelineConfig, context: RunContext, stage: str, job: StageJobResult) -> None:
-    labels, result = {"run": context.run_id, "stage": stage}, job.train
-    metrics.TRAIN_THROUGHPUT.labels(**labels).set(result.samples_per_second)
-    metrics.TRAIN_STEPS.labels(**labels).set(result.steps)
-    metrics.STAGE_STEP_SECONDS.labels(**labels, step="train").set(result.train_seconds)
-    metrics.STAGE_FINISHED.labels(**labels, step="train").set(time.time())
-    push_metrics(config, grouping=labels)
-    resources(config, context).tracker.log_metrics(
-        context.stage_run_ids[stage],
-        {
-            f"{stage}/train_seconds": result.train_seconds,
-            f"{stage}/data_wait_fraction": result.data_wait_fraction,
-            f"{stage}/final_loss": result.final_loss,
-            f"{stage}/shard_read_wait_seconds": job.shard_read_wait_seconds,
-        },
-        result.steps,
-    )
 
 
 def _baseline(context: RunContext, stage: str, tracker: Tracker) -> tuple[dict | None, Path | None]:
@@ -238,8 +219,10 @@ def passed_gate(config: PipelineConfig, context: RunContext, stage: str, trained
 def snapshot(config: PipelineConfig, context: RunContext, stage: str, row: dict) -> dict:
     """Register the passed candidate (`row`, from `passed_gate`) as `drape-tryon` ``<stage>-baseline``
     and make it the live baseline; idempotent: a resumed run does not register it twice."""
-    with timed(config, context, stage, "snapshot"):
+    with timed(config, context, stage, "snapshot") as extra:
         result = _snapshot(config, context, stage, row)
+        baseline = context.baseline_dir(stage)
+        extra.update(bytes=tree_bytes(baseline), files=sum(1 for _ in baseline.rglob("*")))
         metrics.PROMOTIONS.labels(run=context.run_id, stage=stage).inc()
         metrics.BASELINE_VERSION.labels(run=context.run_id, stage=stage).set(float(result["version"]))
     save_progress(resources(config, context).store, context.run_id, stage, "snapshotted", {**row, "version": result["version"]})
@@ -313,8 +296,9 @@ def stage_progress(config: PipelineConfig, context: RunContext) -> dict[str, dic
 
 def archive(config: PipelineConfig, context: RunContext, stage: str, outcome: str = Outcome.PASSED) -> dict:
     """Archive the stage's leftovers (verified), free them, and drop its pre-staged shards."""
-    with timed(config, context, stage, "archive"):
+    with timed(config, context, stage, "archive") as extra:
         result = _archive(config, context, stage, outcome)
+        extra.update({k: result[k] for k in ("archived_bytes", "live_bytes_before", "live_bytes_after")})
         labels = {"run": context.run_id, "stage": stage}
         metrics.ARCHIVED_BYTES.labels(**labels).set(result["archived_bytes"])
         metrics.LIVE_BYTES.labels(**labels).set(result["live_bytes_after"])

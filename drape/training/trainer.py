@@ -48,8 +48,10 @@ class TrainResult:
     train_seconds: float
     data_wait_seconds: float
     samples_per_second: float
-    checkpoint_stall_seconds: float = 0.0  # time the loop blocked in sharded checkpoint saves
+    checkpoint_stall_seconds: float = 0.0  # time the loop blocked in checkpoint saves (whole, sharded, adapters)
     ranks: list[dict] = field(default_factory=list)  # per rank: partitions, shards, samples held, data-wait
+    loop_started_at: float = 0.0  # Unix time the first step began (rank 0): start-up ends here, for run costs
+    device: str = ""  # what it trained on: the GPU model, or 'cpu'
 
     @property
     def data_wait_fraction(self) -> float:
@@ -61,7 +63,7 @@ class TrainResult:
     @classmethod
     def from_dict(cls, payload: dict) -> TrainResult:
         """The result a job wrote (`to_dict`); extra keys (peak memory, world size) are ignored."""
-        return cls(**{name: payload[name] for name in cls.__dataclass_fields__})
+        return cls(**{name: payload[name] for name in cls.__dataclass_fields__ if name in payload})
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -105,13 +107,17 @@ class Checkpointer:
         self.every = config.train.checkpoint_every
         self.sharded = ShardedCheckpointer(context, use_async=config.train.async_checkpoint) if context.is_distributed else None
         self.latest = latest  # the newest whole checkpoint: where the stage resumed from, then the last one saved
-
-    @property
-    def stall_seconds(self) -> float:
-        return self.sharded.stall_seconds if self.sharded is not None else 0.0
+        self.stall_seconds = 0.0  # time the training loop spent blocked in `save` and `finish`
 
     def save(self, step: int, state: TrainingState, loss: float) -> None:
-        """Save after `step` if the cadence says so."""
+        """Save after `step` if the cadence says so (the time it blocks is `stall_seconds`)."""
+        started = time.perf_counter()
+        try:
+            self._save(step, state, loss)
+        finally:
+            self.stall_seconds += time.perf_counter() - started
+
+    def _save(self, step: int, state: TrainingState, loss: float) -> None:
         final, due = step == self.total, step % self.every == 0
         manifest = {**self.manifest, "step": step, "loss": loss}
         directory = self.paths.checkpoints
@@ -130,9 +136,11 @@ class Checkpointer:
     def finish(self, state: TrainingState) -> None:
         """A LoRA pass stopped between its last adapter and the merged checkpoint: merge that adapter now."""
         if state.lora is not None and self.latest is None and state.start_step == self.total:
+            started = time.perf_counter()
             adapter = self.paths.adapters / checkpoint_name(self.total)
             manifest = {**self.manifest, "step": self.total, "loss": read_manifest(adapter).get("loss", float("nan"))}
             self.latest = _save_merged(self.paths.checkpoints / checkpoint_name(self.total), state, manifest, self.context)
+            self.stall_seconds += time.perf_counter() - started
 
     def _save_adapter(self, step: int, state: TrainingState, manifest: dict) -> None:
         assert state.lora is not None
@@ -293,7 +301,7 @@ def train_stage(
         state = prepare_training(config, stage, out_dir, init_checkpoint, context, lora=lora)
         checkpointer = Checkpointer(config, Path(out_dir), context, stage, mode, total, data_manifest_hash, state.resumed_from)
         metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
-        started = time.perf_counter()
+        started, started_at = time.perf_counter(), time.time()
         loss = _train_steps(config, state, prefetcher, metrics, checkpointer, context, progress)
         checkpointer.finish(state)
     finally:
@@ -305,18 +313,9 @@ def train_stage(
     if trained:
         metrics.record_ranks(ranks)
     throughput = trained * train.batch_size / seconds if seconds else 0.0
-    return TrainResult(
-        stage,
-        total,
-        state.start_step,
-        loss,
-        str(checkpointer.latest),
-        seconds,
-        prefetcher.wait_seconds,
-        throughput,
-        checkpointer.stall_seconds,
-        ranks,
-    )
+    timing = (seconds, prefetcher.wait_seconds, throughput, checkpointer.stall_seconds)
+    latest, device = str(checkpointer.latest), device_name(context.device)
+    return TrainResult(stage, total, state.start_step, loss, latest, *timing, ranks, started_at, device)
 
 
 def _train_steps(
@@ -361,6 +360,11 @@ def _global_mean(loss: torch.Tensor, context: DistContext) -> float:
         if context.device.type != "cuda":  # gloo has no AVG
             loss /= context.world_size
     return float(loss)
+
+
+def device_name(device: torch.device) -> str:
+    """The GPU model (`torch.cuda.get_device_name`), or 'cpu'."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def peak_memory_gib(device: torch.device) -> float:

@@ -165,6 +165,13 @@ def fleet() -> dict:
     )
 
 
+# $/h of the GPUs the queue has allocated nothing on, each at its model's price (drape cost fleet)
+IDLE_COST = (
+    "sum by (model) ((drape_gpu_memory_allocated_gib == bool 0) "
+    "* on (model) group_left max by (model) (drape_gpu_price_dollars_per_hour))"
+)
+
+
 def queue() -> dict:
     return dashboard(
         "drape-queue",
@@ -205,6 +212,14 @@ def queue() -> dict:
                 width=12,
             ),
             panel("Fleet view source", [("drape_queue_fleet_source == 1", "{{source}}")], kind="stat", width=12),
+            panel("Idle capacity cost at the fleet's plan", [(IDLE_COST, "{{model}}")], unit="currencyUSD", width=12),
+            panel(
+                "Idle capacity cost, last 24 h",
+                [(f"sum(sum_over_time((sum({IDLE_COST}))[24h:1m])) / 60", "idle")],
+                kind="stat",
+                unit="currencyUSD",
+                width=12,
+            ),
         ],
         [],
     )
@@ -244,6 +259,21 @@ def pipeline() -> dict:
                 width=8,
             ),
             panel("Baseline versions", [(f"drape_snapshot_baseline_version{{{R},{S}}}", "{{stage}}")], kind="stat", width=8),
+            panel(
+                "Cost per run by category",
+                [(f"drape_run_cost_dollars{{{R}}}", "{{run}} {{category}}")],
+                kind="table",
+                unit="currencyUSD",
+            ),
+            panel(
+                "Cost per promoted checkpoint",
+                [
+                    (f'drape_stage_cost_dollars{{{R},{S},promoted="true"}}', "{{run}} {{stage}}"),
+                    (f"sum by (run) (drape_run_cost_dollars{{{R}}})", "{{run}} whole run"),
+                ],
+                kind="table",
+                unit="currencyUSD",
+            ),
         ],
         [RUN, STAGE],
     )

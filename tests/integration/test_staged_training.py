@@ -120,6 +120,71 @@ def test_train_jobs_ran_through_the_queue_and_taught_it_their_profiles(first_run
     assert all(store.measurements(j["shape"]) for j in jobs)  # measured peaks now override the estimates
 
 
+def _held_gpu_hours(config, run_id: str) -> tuple[float, float, int]:
+    """Independently of drape.cost: (the run's wall time × its GPUs, the queue's GPU-hours for its
+    jobs, GPUs) from the allocation log's claims and releases and the run's open/close records."""
+    from drape.cost.account import measure
+    from scheduler.store import JobStore
+
+    queue = JobStore(config.queue_url)
+    jobs = {j["id"]: j for j in queue.jobs() if json.loads(j["labels"]).get("run") == run_id}
+    log = [e for e in queue.allocation_events() if e["job_id"] in jobs]
+    claims = sorted((e["at_s"], e["job_id"]) for e in log if e["event"] == "claim")
+    releases = {e["job_id"]: e["at_s"] for e in log if e["event"] == "release"}
+    allocations = [(at, releases[job]) for at, job in claims]
+    store = ObjectStore(config.object_store_url)
+    records = [json.loads(store.read_bytes(k)) for k in store.list(f"runs/{run_id}/cost")]
+    (opened,) = [r["at"] for r in records if r["event"] == "open"]
+    (closed,) = [r["at"] for r in records if r["event"] == "close"]
+    gpus = max(j["gpus"] for j in jobs.values())
+    wall = measure([(opened, closed), *allocations])
+    return gpus * wall / 3600, sum(end - start for start, end in allocations) * gpus / 3600, gpus
+
+
+def test_the_cost_report_adds_up_to_the_run_wall_time_times_its_gpus(first_run, workspace):
+    """Training + each kind of overhead = allocated GPU-hours = the run's wall time × GPUs, and the
+    jobs' part = the queue's allocation log; the same report from `drape cost report` and in MLflow."""
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+    from drape.cost.account import CATEGORIES
+
+    config, path = workspace
+    cost = first_run["cost"]
+    held, queued, gpus = _held_gpu_hours(config, first_run["run_id"])
+    rows = {row["category"]: row["gpu_hours"] for row in cost["gpu"]["rows"]}
+    assert list(rows) == list(CATEGORIES) and all(value >= 0 for value in rows.values())
+    assert sum(rows.values()) == pytest.approx(held, rel=1e-9) == pytest.approx(cost["gpu"]["allocated_gpu_hours"], rel=1e-9)
+    in_jobs = ("training", "data wait", "checkpoint stall", "start-up", "shutdown", "failed attempts")
+    assert sum(rows[c] for c in in_jobs) == pytest.approx(queued, rel=1e-9)
+    for category in ("training", "start-up", "gate sampling", "between stages"):
+        assert rows[category] > 0, category
+    assert rows["checkpoint stall"] > 0  # the final checkpoint of each stage
+    assert cost["gpus"] == gpus and set(cost["models"].values()) == {"cpu"}
+    assert cost["gpu"]["usd"] == pytest.approx(held * 0.04)  # tiny.yaml: a CPU slot at $0.04/h on demand
+    assert cost["storage"]["archived"] and cost["storage"]["usd"] > 0
+    assert cost["per_promoted_checkpoint"]["run"] == pytest.approx(cost["total_usd"])
+    assert [row["stage"] for row in cost["stages"]] == list(STAGES) and all(row["promoted"] for row in cost["stages"])
+    stages_usd = sum(row["usd"] for row in cost["stages"])
+    assert stages_usd + cost["storage"]["run_level_usd"] == pytest.approx(cost["total_usd"], rel=1e-9)
+    assert 0 <= cost["storage"]["run_level_usd"] < 0.01 * cost["total_usd"]  # only the run's open and close records
+
+    result = CliRunner().invoke(app, ["cost", "report", first_run["run_id"], "--config", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    again = json.loads(result.output)
+    assert again["gpu"]["allocated_gpu_hours"] == pytest.approx(cost["gpu"]["allocated_gpu_hours"])
+    tracker = Tracker(config)
+    (parent,) = [
+        r
+        for r in tracker.client.search_runs([tracker.experiment_id], "tags.`drape.run_id` = '" + first_run["run_id"] + "'")
+        if "drape.stage" not in r.data.tags
+    ]
+    assert parent.data.metrics["cost/total_usd"] == pytest.approx(cost["total_usd"])
+    assert "cost.json" in {a.path for a in tracker.client.list_artifacts(parent.info.run_id)}
+    compared = CliRunner().invoke(app, ["cost", "compare", first_run["run_id"], "--config", str(path)])
+    assert compared.exit_code == 0 and "reserved" in compared.output and "burst" in compared.output, compared.output
+
+
 def test_four_aliases_point_at_registered_versions(first_run, workspace):
     config, _ = workspace
     aliases = Tracker(config).aliases()
@@ -271,6 +336,9 @@ def test_finetune_pass_starts_from_baselines_and_is_judged_against_them(first_ru
     before = Tracker(config).aliases()
     summary = staged_training(config_path=str(path), mode="finetune", run_name="finetune")
     assert [row["steps"] for row in summary["stages"]] == [config.train.stages[s].finetune_steps for s in STAGES]
+    rows = {row["category"]: row["gpu_hours"] for row in summary["cost"]["gpu"]["rows"]}  # in-process jobs: their own windows
+    assert rows["training"] > 0 and rows["start-up"] > 0 and rows["failed attempts"] == 0
+    assert sum(rows.values()) == pytest.approx(summary["cost"]["gpu"]["allocated_gpu_hours"])
     after = Tracker(config).aliases()
     assert all(int(after[alias]) > int(before[alias]) for alias in before)
     store = ObjectStore(config.object_store_url)

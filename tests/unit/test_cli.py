@@ -48,6 +48,11 @@ EXPECTED_COMMANDS = {
     "storage report": ["config"],
     "storage sweep": ["allow_unregistered", "config", "dry_run"],
     "storage restore": ["run_id", "stage", "config", "out"],
+    "cost report": ["as_json", "config", "plan", "run_id"],
+    "cost compare": ["config", "plan", "run_id"],
+    "cost fleet": ["config", "window_hours"],
+    "cost scaling": ["config", "ranks", "repeats", "stage", "steps"],
+    "cost estimate": ["config", "efficiency", "like", "like_config", "model"],
 }
 EXPECTED_FLOW_PARAMETERS = {
     "staged_training": ["config_path", "mode", "run_name", "resume"],
