@@ -134,10 +134,14 @@ def sweep(config: PipelineConfig, dry_run: bool) -> dict:
 @task(name="summarize", **_common)
 def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[dict]) -> dict:
     """The run's summary and cost; its jobs' GPU allocations come from the queue's allocation log."""
-    attempts = []
+    attempts: list | None = []
     if config.queue.enabled:
         from scheduler.accounting import run_attempts
         from scheduler.store import JobStore
 
-        attempts = run_attempts(JobStore(config.queue_url), context.run_id)
+        try:
+            attempts = run_attempts(JobStore(config.queue_url), context.run_id)
+        except Exception as error:  # noqa: BLE001 - a finished run is not failed by its accounting
+            print(f"drape: the queue's allocation log could not be read ({type(error).__name__}: {error})")
+            attempts = None
     return pipeline.summarize(config, context, rows, attempts)

@@ -109,8 +109,9 @@ def cost_fleet(
         fleet = idle_cost(cfg.cost, inventory, events, now - window_hours * 3600, now)
     except CostError as error:
         fail(str(error))
+    console.print(f"fleet, last {window_hours:g} h, idle hours priced {fleet['plan']}")
     table = table_of(
-        f"fleet, last {window_hours:g} h, idle priced {fleet['plan']}",
+        "fleet",
         ("model", "GPUs", "allocated GPU-h", "idle GPU-h", "idle", "cost of idle"),
         left=("model",),
     )
@@ -159,18 +160,20 @@ def cost_scaling(
 @app.command("estimate")
 def cost_estimate(
     config: Path | None = ConfigOption,
-    like: str = typer.Option(..., help="a measured run whose overhead shares the modelled run takes"),
+    like: str = typer.Option(..., help="a measured run whose overheads the modelled run takes"),
     like_config: Path | None = typer.Option(None, help="the measured run's config (default: --config)"),
+    step_seconds: float | None = typer.Option(None, min=0.0, help="wall seconds per step (default: the queue's estimate)"),
     efficiency: float = typer.Option(1.0, min=0.01, max=1.0, help="scaling efficiency on the config's GPUs"),
     model: str = typer.Option("NVIDIA H100 80GB HBM3", help="the GPU model the config runs on"),
 ) -> None:
     """A modelled run of the config, priced under every plan.
 
-    Each stage's training time is the queue's estimate from its step counts, divided by
-    `efficiency`; each overhead takes its share of the allocated hours in the measured run `--like`."""
+    Training: each stage's steps × `--step-seconds` (else the queue's compute estimate), divided by
+    `--efficiency`. Overheads from the measured run `--like`: data wait and checkpoint stall as
+    shares of its training loop, start-up, shutdown, gate and between stages as seconds per stage."""
     from drape import STAGES, JobKind
     from drape.cost import CostError
-    from drape.cost.report import modelled, run_report, shares_of
+    from drape.cost.report import modelled, overheads_of, run_report
     from drape.storage.store import open_store
     from scheduler.profiles import estimate
 
@@ -179,18 +182,25 @@ def cost_estimate(
         measured = run_report(measured_cfg, open_store(measured_cfg), like, _attempts(measured_cfg, like))
         gpus = max(cfg.train.gpus_for(stage) for stage in STAGES)
         training = {
-            str(s): estimate(cfg, JobKind.STAGE_TRAINING, s, cfg.train.gpus_for(s))[1] / 3600 / efficiency for s in STAGES
+            str(s): (
+                cfg.train.stages[s].steps * step_seconds
+                if step_seconds is not None
+                else estimate(cfg, JobKind.STAGE_TRAINING, s, cfg.train.gpus_for(s))[1]
+            )
+            / 3600
+            / efficiency
+            for s in STAGES
         }
-        result = modelled(cfg.cost, training, gpus, model, shares_of(measured))
+        result = modelled(cfg.cost, training, gpus, model, overheads_of(measured))
     except CostError as error:
         fail(str(error))
-    table = table_of(
-        f"modelled {cfg.name} run: {gpus} × {model}, overhead shares of run {like}",
-        ("GPU time", "GPU-hours", "share"),
-        left=("GPU time",),
+    source = f"{step_seconds:g} s/step" if step_seconds is not None else "the queue's compute estimate"
+    console.print(
+        f"modelled {cfg.name} run: {gpus} × {model}, training at {source}, efficiency {efficiency:g}, overheads of run {like}"
     )
+    table = table_of(f"modelled {cfg.name} run", ("GPU time", "GPU-hours", "share"), left=("GPU time",))
     for name, value in result["rows"].items():
-        table.add_row(name, hours(value), f"{100 * value / result['allocated_gpu_hours']:.1f}%")
+        table.add_row(name, hours(value), f"{100 * value / result['allocated_gpu_hours']:.2f}%")
     table.add_row("[bold]allocated[/bold]", hours(result["allocated_gpu_hours"]), "100.0%")
     console.print(table)
     console.print(

@@ -113,8 +113,12 @@ def print_cost_report(report: dict) -> None:
     """GPU-hours by category, per stage, storage, the total, per promoted checkpoint, other GPU counts."""
     models = ", ".join(sorted(set(report["models"].values()))) or "?"
     gpu = report["gpu"]
+    console.print(
+        f"run {report['run_id']}: {report['gpus']} × {models}, priced {report['plan']}, wall {report['wall_hours']:.3f} h "
+        f"in {report['segments']} segment(s)"
+    )
     table = table_of(
-        f"run {report['run_id']}: {report['gpus']} × {models}, {report['plan']}, wall {report['wall_hours']:.3f} h",
+        "GPU time",
         ("GPU time", "GPU-hours", "cost", "share"),
         left=("GPU time",),
     )

@@ -129,15 +129,34 @@ def compare(config: PipelineConfig, store: ObjectStore, run_id: str, attempts: l
     return {plan: run_report(config, store, run_id, attempts, plan=plan) for plan in plans}
 
 
-def modelled(cost: CostConfig, training_hours: dict[str, float], gpus: int, model: str, shares: dict[str, float]) -> dict:
-    """A run that is not measured: `training_hours` per stage (wall, on `gpus` GPUs of `model`), with
-    each overhead at its `shares` of a measured run's allocated hours. Priced under every plan."""
-    training_share = 1.0 - sum(shares.values())
-    if training_share <= 0:
-        raise CostError(f"the overhead shares {shares} leave no training")
-    train_gpu_hours = sum(training_hours.values()) * gpus
-    allocated = train_gpu_hours / training_share
-    rows = {"training": train_gpu_hours, **{name: allocated * share for name, share in shares.items()}}
+LOOP_OVERHEADS = ("data wait", "checkpoint stall")  # they grow with the training loop; the others are per stage
+
+
+def overheads_of(report: dict) -> dict:
+    """What a measured run's overheads say about another run: data wait and checkpoint stall as
+    shares of its training loop (they grow with it), the others as wall seconds per stage job."""
+    rows = {row["category"]: row["gpu_hours"] for row in report["gpu"]["rows"]}
+    loop = rows["training"] + sum(rows[name] for name in LOOP_OVERHEADS)
+    stages = max(len(report["stages"]), 1)
+    return {
+        "loop_shares": {name: rows[name] / loop if loop else 0.0 for name in LOOP_OVERHEADS},
+        "seconds_per_stage": {
+            name: rows[name] * 3600 / report["gpus"] / stages for name in OVERHEADS if name not in LOOP_OVERHEADS
+        },
+    }
+
+
+def modelled(cost: CostConfig, training_hours: dict[str, float], gpus: int, model: str, overheads: dict) -> dict:
+    """A run that is not measured: `training_hours` per stage (the wall time of its steps on `gpus`
+    GPUs of `model`) with a measured run's `overheads` (`overheads_of`). Priced under every plan."""
+    kept = 1.0 - sum(overheads["loop_shares"].values())
+    if kept <= 0:
+        raise CostError(f"the measured loop overheads {overheads['loop_shares']} leave no training")
+    training = sum(training_hours.values()) * gpus
+    rows = {"training": training, **{name: training / kept * share for name, share in overheads["loop_shares"].items()}}
+    for name, seconds in overheads["seconds_per_stage"].items():
+        rows[name] = seconds * len(training_hours) * gpus / 3600
+    allocated = sum(rows.values())
     return {
         "gpus": gpus,
         "model": model,
@@ -148,27 +167,30 @@ def modelled(cost: CostConfig, training_hours: dict[str, float], gpus: int, mode
     }
 
 
-def shares_of(report: dict) -> dict[str, float]:
-    """Each overhead's share of a report's allocated GPU-hours."""
-    return {row["category"]: row["share"] for row in report["gpu"]["rows"] if row["category"] in OVERHEADS}
-
-
 def record_cost(
     config: PipelineConfig, store: ObjectStore, tracker, run_id: str, mlflow_run: str, attempts: list[Attempt]
 ) -> dict:
     """The run's report, logged to its MLflow run (``cost/*`` metrics, ``cost.json``) and the
     Pushgateway (``drape_run_cost_dollars``, ``drape_stage_cost_dollars``). A cost that cannot be
-    worked out (an unpriced GPU model) is reported as an error and never fails the run."""
+    worked out (an unpriced GPU model) or logged is reported and never fails the run."""
+    try:
+        report = run_report(config, store, run_id, attempts)
+    except Exception as error:  # noqa: BLE001 - a finished run is never failed by its accounting
+        print(f"drape: the cost of run {run_id} could not be worked out ({type(error).__name__}: {error})")
+        return {"error": f"{type(error).__name__}: {error}"}
+    try:
+        _publish(config, tracker, run_id, mlflow_run, report)
+    except Exception as error:  # noqa: BLE001 - the report stands; `drape cost report` recomputes it
+        print(f"drape: the cost of run {run_id} was not logged to MLflow ({type(error).__name__}: {error})")
+    return report
+
+
+def _publish(config: PipelineConfig, tracker, run_id: str, mlflow_run: str, report: dict) -> None:
     import tempfile
     from pathlib import Path
 
     from drape.ops import metrics
 
-    try:
-        report = run_report(config, store, run_id, attempts)
-    except (CostError, ValueError, OSError) as error:
-        print(f"drape: the cost of run {run_id} could not be worked out: {error}")
-        return {"error": str(error)}
     values = {f"cost/{row['category'].replace(' ', '_')}_gpu_hours": row["gpu_hours"] for row in report["gpu"]["rows"]}
     values |= {"cost/allocated_gpu_hours": report["gpu"]["allocated_gpu_hours"], "cost/gpu_usd": report["gpu"]["usd"]}
     values |= {"cost/storage_usd": report["storage"]["usd"], "cost/total_usd": report["total_usd"]}
@@ -183,4 +205,3 @@ def record_cost(
     for row in report["stages"]:
         metrics.STAGE_COST.labels(run=run_id, stage=row["stage"], promoted=str(row["promoted"]).lower()).set(row["usd"])
     metrics.push_metrics(config, grouping={"run": run_id})
-    return report

@@ -4,11 +4,15 @@ object store (``cost/scaling/<config>-<stage>.json``) for the cost report's "on 
 
 Throughput is the training loop's (samples per second from the first step to the last), so the
 start-up of N processes does not count against it; each point is the median of `repeats` runs.
+On CPU every rank gets the same `threads` (OMP_NUM_THREADS, default 1) and needs that many cores:
+N ranks stand for N devices of the 1-rank run's size, and what is lost is gloo's communication and
+the ranks waiting on each other, as NCCL's would be on GPUs.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -53,7 +57,7 @@ def _command(ranks: int, args: list[str]) -> list[str]:
     ]
 
 
-def run_once(config: PipelineConfig, stage: str, ranks: int, steps: int, workdir: Path, timeout: float) -> dict:
+def run_once(config: PipelineConfig, stage: str, ranks: int, steps: int, workdir: Path, timeout: float, threads: int = 1) -> dict:
     """One short stage job on `ranks` ranks; its result (samples per second, device, ...)."""
     data = config.model_dump(mode="json")
     data["train"]["stages"][stage]["steps"] = steps
@@ -65,7 +69,8 @@ def run_once(config: PipelineConfig, stage: str, ranks: int, steps: int, workdir
     path.write_text(yaml.safe_dump(data))
     args = ["--config", str(path), "--stage", stage, "--out", str(out), "--result", str(result)]
     try:
-        done = subprocess.run(_command(ranks, args), capture_output=True, text=True, timeout=timeout)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        done = subprocess.run(_command(ranks, args), capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"scaling: the {ranks}-rank job of {stage} ran over {timeout:.0f} s") from None
     if done.returncode != 0 or not result.is_file():
@@ -82,6 +87,7 @@ def measure(
     steps: int = 30,
     repeats: int = 1,
     timeout: float = 900.0,
+    threads: int = 1,
     on_point=None,
 ) -> dict:
     """Measure and record the shape's scaling (see the module docstring); returns the record."""
@@ -93,8 +99,9 @@ def measure(
         values = []
         for _ in range(repeats):
             with tempfile.TemporaryDirectory(prefix="drape-scaling-") as workdir:
-                result = run_once(config, stage, count, steps, Path(workdir), timeout)
-            values.append(result["samples_per_second"])
+                result = run_once(config, stage, count, steps, Path(workdir), timeout, threads)
+            loop = result["train_seconds"] - result.get("checkpoint_stall_seconds", 0.0)  # steps only, not the save
+            values.append(result["samples_per_second"] * result["train_seconds"] / max(loop, 1e-9))
             device = result.get("device") or device
         throughput[count] = statistics.median(values)
         if on_point:
@@ -104,6 +111,7 @@ def measure(
         "stage": stage,
         "steps": steps,
         "repeats": repeats,
+        "threads_per_rank": threads,
         "device": device,
         "throughput": {str(k): v for k, v in throughput.items()},
         "efficiency": {str(k): v for k, v in efficiency(throughput).items()},

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from drape.layout import run_key
@@ -26,7 +27,12 @@ def _key(run_id: str, name: str) -> str:
 
 
 def record(store: ObjectStore, run_id: str, name: str, payload: dict) -> None:
-    store.put_bytes(json.dumps(payload, sort_keys=True).encode(), _key(run_id, name))
+    """Write one record; a store that refuses it is reported and the run goes on (its cost report
+    then misses this piece: the step it times still counts, in "between stages")."""
+    try:
+        store.put_bytes(json.dumps(payload, sort_keys=True).encode(), _key(run_id, name))
+    except Exception as error:  # noqa: BLE001 - accounting never stops a run
+        print(f"drape: run {run_id}: cost record {name} not written ({type(error).__name__}: {error})", file=sys.stderr)
 
 
 def record_open(store: ObjectStore, run_id: str, at: float | None = None) -> None:

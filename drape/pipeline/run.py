@@ -223,13 +223,18 @@ def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
 
 def summarize(config: PipelineConfig, context: RunContext, rows: list[dict], attempts: list[Attempt] | None = None) -> dict:
     """Close the run and return its summary (what the CLI prints): one row per stage (`archive_passed`),
-    its cost (`attempts`: its jobs' GPU allocations, from the queue) and where to look."""
+    its cost (`attempts`: its jobs' GPU allocations from the queue; None: they could not be read)
+    and where to look."""
     from drape.cost.report import record_cost
 
     run = resources(config, context)
     object_store, store, tracker = repr(run.store), run.store, run.tracker
     released = close_run(config, context, "FINISHED")
-    cost = record_cost(config, store, tracker, context.run_id, context.mlflow_run_id, attempts or [])
+    cost = (
+        record_cost(config, store, tracker, context.run_id, context.mlflow_run_id, attempts)
+        if attempts is not None
+        else {"error": f"the queue's allocation log could not be read; later: drape cost report {context.run_id}"}
+    )
     return {
         "cost": cost,
         "run_id": context.run_id,

@@ -144,3 +144,21 @@ def test_a_latent_model_under_fsdp2_matches_one_process_and_keeps_its_vae_whole(
     fresh = build_model(config).state_dict()
     assert all(torch.equal(two[name], fresh[name]) for name in fresh if name.startswith("vae."))
     assert not all(torch.equal(two[name], fresh[name]) for name in fresh if not name.startswith("vae."))
+
+
+def test_scaling_efficiency_is_measured_at_one_and_two_ranks_and_recorded(setup):
+    """`drape cost scaling`: the identity job's loop throughput at 1 and 2 gloo ranks (one thread
+    each), efficiency = throughput(2) / (2 × throughput(1)), recorded for the cost report."""
+    from drape.cost.scaling import measure, read_scaling
+    from drape.storage.store import open_store
+
+    root, _, _, _ = setup
+    config = tiny_config(root / "drape", train=TRAIN)
+    store = open_store(config)
+    record = measure(config, store, stage="identity", ranks=(2,), steps=8)
+    assert record["device"] == "cpu" and record["threads_per_rank"] == 1
+    assert record["efficiency"]["1"] == 1.0 and set(record["throughput"]) == {"1", "2"}
+    two = record["throughput"]["2"] / (2 * record["throughput"]["1"])
+    assert record["efficiency"]["2"] == pytest.approx(two)
+    assert 0.1 < two < 1.5, record  # measured, not assumed: whatever gloo and this machine's cores give
+    assert read_scaling(store, config) == record

@@ -129,10 +129,31 @@ def test_scaling_efficiency_and_a_modelled_run():
     assert efficiency({1: 100.0, 2: 180.0, 4: 300.0}) == {1: 1.0, 2: 0.9, 4: 0.75}
     with pytest.raises(ValueError, match="1-rank"):
         efficiency({2: 10.0})
-    run = modelled(
-        CostConfig(), {"identity": 10.0, "texture": 10.0}, 8, "NVIDIA H100 80GB HBM3", {"data wait": 0.1, "start-up": 0.1}
-    )
-    assert run["allocated_gpu_hours"] == pytest.approx(160 / 0.8)
-    assert run["rows"]["data wait"] == pytest.approx(20)
-    assert run["usd"]["on-demand"] == pytest.approx(200 * 2.49)
-    assert run["usd"]["burst"] == pytest.approx(200 * 2.69)
+    overheads = {"loop_shares": {"data wait": 0.1, "checkpoint stall": 0.1}, "seconds_per_stage": {"start-up": 90.0}}
+    run = modelled(CostConfig(), {"identity": 10.0, "texture": 10.0}, 8, "NVIDIA H100 80GB HBM3", overheads)
+    assert run["rows"]["training"] == 160 and run["rows"]["data wait"] == pytest.approx(20)  # 10% of a 200 GPU-h loop
+    assert run["rows"]["start-up"] == pytest.approx(2 * 90 * 8 / 3600)  # per stage job, on every GPU
+    assert run["allocated_gpu_hours"] == pytest.approx(200 + 0.4)
+    assert run["usd"]["on-demand"] == pytest.approx(200.4 * 2.49) and run["usd"]["burst"] == pytest.approx(200.4 * 2.69)
+
+
+def test_the_what_if_lines_scale_training_by_measured_efficiency(tmp_path):
+    import json
+
+    from drape.cost.account import GpuAccount
+    from drape.cost.report import what_if
+    from drape.cost.scaling import scaling_key
+    from drape.storage.store import ObjectStore
+    from tests.conftest import tiny_config
+
+    config = tiny_config(tmp_path / "drape")
+    store = ObjectStore(f"file://{tmp_path}/objects")
+    account = GpuAccount(1, [(0, 7200)], [(0, 7200)], models={"identity": "cpu"})
+    gpu = {"rows": [{"category": "training", "gpu_hours": 2.0, "usd": 0.08}]}
+    assert what_if(config, store, gpu, account, "on-demand") == []  # nothing measured: no line, no assumption
+    record = {"efficiency": {"1": 1.0, "2": 0.8}, "device": "cpu"}
+    store.put_bytes(json.dumps(record).encode(), scaling_key(config))
+    one, two = what_if(config, store, gpu, account, "on-demand")
+    assert (one["gpus"], one["training_gpu_hours"], one["training_wall_hours"]) == (1, 2.0, 2.0)
+    assert two["training_gpu_hours"] == pytest.approx(2.5) and two["training_wall_hours"] == pytest.approx(1.25)
+    assert two["usd"] == pytest.approx(2.5 * 0.04)
