@@ -52,7 +52,7 @@ EXPECTED_COMMANDS = {
     "cost compare": ["config", "plan", "run_id"],
     "cost fleet": ["config", "window_hours"],
     "cost scaling": ["config", "ranks", "repeats", "stage", "steps"],
-    "cost estimate": ["config", "efficiency", "like", "like_config", "model"],
+    "cost estimate": ["config", "efficiency", "like", "like_config", "model", "step_seconds"],
 }
 EXPECTED_FLOW_PARAMETERS = {
     "staged_training": ["config_path", "mode", "run_name", "resume"],
