@@ -4,10 +4,15 @@
    with benchmarks/traces/make_trace.py) on benchmarks/traces/fleet.yaml (32 H100 80 GB + 16 L40S
    48 GB) under both policies with the live policy code, and prints utilization, its ratio to the
    offered-load bound, memory utilization, waits, starved jobs (waiting > 1 h) and makespan.
-2. Times dispatch cycles with 10,000 queued jobs on 1,024 GPUs (128 nodes × 8): the policy
+2. Replays a week of 8-GPU stage jobs beside long-lived single-GPU services and short jobs
+   (`gang_week`) at offered loads 0.70 and 0.85 on 64 H100s (8 nodes × 8), and a variant on a
+   mixed fleet where a third of the jobs name the GPU models they may run on. Side by side: drape,
+   drape as it was (first idle GPU by name, constraints ignored), a Kueue-like requests-quota
+   BestEffortFIFO, and fifo-exclusive; waits per job class (1, 2-4, 8 GPUs) and violations.
+3. Times dispatch cycles with 10,000 queued jobs on 1,024 GPUs (128 nodes × 8): the policy
    alone, and a whole `Dispatcher.cycle` against the SQLite queue (a launcher that starts nothing).
 
-    .venv/bin/python benchmarks/scheduler.py          # ~1 minute
+    .venv/bin/python benchmarks/scheduler.py          # a few minutes
 """
 
 from __future__ import annotations
@@ -25,8 +30,8 @@ import yaml  # noqa: E402
 
 from drape.config import parse_config  # noqa: E402
 from scheduler.dispatcher import Dispatcher  # noqa: E402
-from scheduler.policy import GpuState, JobRequest, plan_drape, plan_fifo_exclusive  # noqa: E402
-from scheduler.simulator import load_fleet, load_trace, render, simulate  # noqa: E402
+from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape, plan_fifo_exclusive, plan_kueue_like  # noqa: E402
+from scheduler.simulator import TraceJob, load_fleet, load_trace, render, simulate  # noqa: E402
 from scheduler.store import JobSpec, JobStore  # noqa: E402
 
 HERE = Path(__file__).parent / "traces"
@@ -38,10 +43,13 @@ class NullLauncher:
     def launch(self, job, gpus):
         return "null"
 
-    def poll(self, job_id):
+    def sees(self, handle):
+        return True
+
+    def poll(self, job_id, handle=None):
         return None
 
-    def cancel(self, job_id):
+    def cancel(self, job_id, handle=None):
         pass
 
 
@@ -61,6 +69,66 @@ def policies() -> None:
         f"goal -90%); utilization ratio drape / fifo-exclusive {drape.utilization / fifo.utilization:.2f}×; "
         f"p95 wait {fifo.p95_wait_s / 60:.0f} → {drape.p95_wait_s / 60:.1f} min"
     )
+
+
+WEEK_S = 7 * 24 * 3600.0
+# (kind, GPUs, share of the GPU-hours, mean hours, GiB per GPU, priority)
+GANG_MIX = (
+    ("stage-training", 8, 0.50, 8.0, 70.0, 5),  # FSDP stage jobs: whole nodes
+    ("service", 1, 0.35, 24.0, 30.0, 3),  # long-lived single-GPU services (inference, evaluation)
+    ("gate-eval", 1, 0.15, 0.5, 20.0, 3),  # short single-GPU jobs
+)
+
+
+def gang_week(load: float, gpus: int, rng: random.Random, constrained: bool = False) -> list[TraceJob]:
+    """A week whose GPU-hours are `load` × the fleet's, split by `GANG_MIX`; Poisson arrivals over
+    the first six days, exponential durations. `constrained`: a third of the jobs may run on H100s
+    only (the 8-GPU jobs always: they need the 80 GB), the rest anywhere."""
+    jobs = []
+    for kind, width, share, mean_h, mem, priority in GANG_MIX:
+        hours, count = load * gpus * WEEK_S / 3600 * share, 0
+        while hours > 0:
+            duration = min(rng.expovariate(1 / (mean_h * 3600)), 4 * mean_h * 3600)
+            submit = rng.uniform(0, WEEK_S * 6 / 7)
+            models = ("H100",) if constrained and (width > 1 or rng.random() < 1 / 3) else ()
+            jobs.append(TraceJob(f"{kind}-{count:05d}", submit, max(duration, 60.0), mem, width, priority, kind, models))
+            hours -= width * duration / 3600
+            count += 1
+    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def gang_fleet(mixed: bool) -> list[GpuState]:
+    groups = [("H100-80GB", 80.0, 6 if mixed else 8), *([("L40S-48GB", 48.0, 2)] if mixed else [])]
+    return [
+        GpuState(f"{model[:4].lower()}-{node:02d}/gpu{i}", f"{model[:4].lower()}-{node:02d}", model, memory)
+        for model, memory, nodes in groups
+        for node in range(nodes)
+        for i in range(8)
+    ]
+
+
+GANG_POLICIES = (
+    ("drape", "drape", PolicyConfig()),
+    ("drape as it was", "drape", PolicyConfig(pack_nodes=False, constraints=False)),
+    ("kueue-like", "kueue-like", PolicyConfig()),
+    ("fifo-exclusive", "fifo-exclusive", PolicyConfig()),
+)
+
+
+def gangs() -> None:
+    for load, mixed in ((0.70, False), (0.85, False), (0.85, True)):
+        fleet = gang_fleet(mixed)
+        trace = gang_week(load, len(fleet), random.Random(7), constrained=mixed)
+        results = []
+        for label, name, config in GANG_POLICIES:
+            started = time.perf_counter()
+            result = simulate(trace, fleet, name, config)
+            result.policy = label
+            results.append(result)
+            print(f"  simulated {label} at {load} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        fleet_name = "48 H100 + 16 L40S, a third of the jobs H100-only" if mixed else "64 H100"
+        print(f"\n## 8-GPU stage jobs beside long-lived services: load {load:.2f}, {fleet_name} ({len(trace)} jobs)\n")
+        print(render(results))
 
 
 def big_state(rng: random.Random) -> tuple[list[GpuState], list[JobRequest]]:
@@ -90,7 +158,7 @@ def cycle_cost() -> None:
     rng = random.Random(1)
     gpus, pending = big_state(rng)
     rows = []
-    for name, plan in (("fifo-exclusive", plan_fifo_exclusive), ("drape", plan_drape)):
+    for name, plan in (("fifo-exclusive", plan_fifo_exclusive), ("kueue-like", plan_kueue_like), ("drape", plan_drape)):
         times = []
         for _ in range(5):
             state = [GpuState(**vars(g)) for g in gpus]
@@ -120,7 +188,7 @@ def cycle_cost() -> None:
             }
         )
         store = JobStore(config.queue_url)
-        started = time.perf_counter()
+        started, base = time.perf_counter(), time.time() - 3600  # submitted within the last hour: none timed out
         for job in pending:
             store.submit(
                 JobSpec(
@@ -132,7 +200,7 @@ def cycle_cost() -> None:
                     priority=job.priority,
                     id=job.id,
                 ),
-                now=job.submit_s,
+                now=base + job.submit_s,
             )
         print(f"  queued 10,000 jobs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         dispatcher = Dispatcher(config, store, launcher=NullLauncher())
@@ -154,4 +222,5 @@ def cycle_cost() -> None:
 
 if __name__ == "__main__":
     policies()
+    gangs()
     cycle_cost()

@@ -102,6 +102,8 @@ def fleet_view(config, store) -> FleetView:
     if source != "ledger":
         store.register_gpus(gpus)
     ledger = store.ledger()
+    whole = {uuid for *_, assigned, _ in store.running_labels() if len(assigned) > 1 for uuid in assigned}
     for gpu in gpus:
         gpu.allocated_gib, gpu.jobs = ledger.get(gpu.uuid, (0.0, 0))
+        gpu.exclusive = gpu.uuid in whole  # a multi-GPU job's: nothing goes beside it
     return FleetView(gpus, source, note)

@@ -4,19 +4,26 @@ by the live dispatcher and the trace simulator, so what the simulator measures i
 `drape` (the default):
 - priority with aging: effective priority = priority + `aging_per_hour` × hours waited, so no
   job waits forever;
-- best fit by memory: a single-GPU job goes to the smallest idle GPU whose memory holds its
-  profile; only when no idle GPU fits is it co-located with other jobs on the GPU whose free
-  memory fits it most tightly (at most `max_jobs_per_gpu` jobs per GPU);
+- best fit by memory, fullest node first: a single-GPU job goes to the smallest idle GPU model
+  whose memory holds its profile, on the node with the fewest idle GPUs (`pack_nodes`), so whole
+  nodes stay free for multi-GPU jobs; only when no idle GPU fits is it co-located with other
+  jobs on the GPU whose free memory fits it most tightly (at most `max_jobs_per_gpu` jobs per
+  GPU, never beside a multi-GPU job);
+- GPU models: a job that names the models it may run on (`models`, each a part of a model's name)
+  is placed on nothing else (`constraints`);
 - idle-aware: a GPU is idle only when the ledger has nothing on it and DCGM agrees (no memory in
   use beyond `idle_mem_gib`, utilization under `idle_util_percent`); free memory is the total
   minus the larger of the ledger's allocations and what DCGM sees in use;
-- whole GPUs for multi-GPU jobs, all on one node;
+- whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run;
 - EASY backfill: the first job that cannot start gets a reservation (the earliest time and GPUs
   at which it fits, from the running jobs' expected ends); a later job may start now only if it
   ends before that time or does not touch the reserved GPUs.
 
 `fifo-exclusive` (the field's ad hoc baseline): first come first served, head-of-line blocking,
 one job per whole GPU, and only the biggest GPUs, whatever a job needs.
+
+`kueue-like` (the common Kubernetes baseline): a requests quota, BestEffortFIFO, whole GPUs,
+kube-scheduler's least-allocated node (`plan_kueue_like`).
 """
 
 from __future__ import annotations
@@ -35,6 +42,8 @@ class PolicyConfig:
     idle_mem_gib: float = 1.0
     idle_util_percent: float = 5.0
     backfill: bool = True
+    pack_nodes: bool = True  # single-GPU jobs on the fullest node (False: the first idle GPU by name)
+    constraints: bool = True  # honour each job's allowed GPU models (False: ignore them, as drape once did)
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,12 @@ class JobRequest:
     gpus: int
     mem_gib: float
     duration_s: float
+    models: tuple[str, ...] = ()  # GPU models it may run on (a part of the name each); empty: any
+
+
+def allowed(job: JobRequest, model: str) -> bool:
+    """Whether `job` may run on a GPU of `model`: it names no models, or one is a part of `model`."""
+    return not job.models or any(pattern.lower() in model.lower() for pattern in job.models)
 
 
 @dataclass
@@ -59,6 +74,7 @@ class GpuState:
     jobs: int = 0  # ledger jobs resident
     observed_used_gib: float | None = None  # DCGM framebuffer used, when known
     observed_util: float | None = None  # DCGM utilization %, when known
+    exclusive: bool = False  # holds a job that shares its GPUs with nobody (a multi-GPU job)
 
     def free_gib(self) -> float:
         return self.total_gib - max(self.allocated_gib, self.observed_used_gib or 0.0)
@@ -100,6 +116,7 @@ class _Pool:
     idle: list[tuple[float, str]] = field(default_factory=list)  # (total, uuid) of idle GPUs
     shared: list[tuple[float, str]] = field(default_factory=list)  # (free, uuid) of GPUs that take more jobs
     idle_by_node: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    idle_count: dict[str, int] = field(default_factory=dict)  # node → idle GPUs
 
     def __post_init__(self):
         for gpu in self.gpus.values():
@@ -114,7 +131,8 @@ class _Pool:
         if gpu.is_idle(self.config):
             add(self.idle, (gpu.total_gib, gpu.uuid))
             add(self.idle_by_node.setdefault(gpu.node, []), (gpu.total_gib, gpu.uuid))
-        elif 0 < gpu.jobs < self.config.max_jobs_per_gpu:
+            self.idle_count[gpu.node] = self.idle_count.get(gpu.node, 0) + 1
+        elif 0 < gpu.jobs < self.config.max_jobs_per_gpu and not gpu.exclusive:
             add(self.shared, (gpu.free_gib(), gpu.uuid))
 
     def _unindex(self, gpu: GpuState) -> None:
@@ -126,17 +144,42 @@ class _Pool:
             position = bisect.bisect_left(entries, key)
             if position < len(entries) and entries[position] == key:
                 entries.pop(position)
+                if entries is self.idle:
+                    self.idle_count[gpu.node] -= 1
+
+    def fits(self, job: JobRequest, uuid: str, exclude: frozenset[str]) -> bool:
+        return uuid not in exclude and (not self.config.constraints or allowed(job, self.gpus[uuid].model))
+
+    def _idle_single(self, job: JobRequest, exclude: frozenset[str]) -> str | None:
+        """The smallest idle GPU model that fits, on the fullest node (fewest idle GPUs) of those.
+        (Packing by expected end as well was tried: it cut 8-GPU waits 3% and the bound by 0.08.)"""
+        chosen, smallest = None, None
+        for total, uuid in self.idle[bisect.bisect_left(self.idle, (job.mem_gib, "")) :]:
+            if smallest is not None and total > smallest:
+                break
+            if not self.fits(job, uuid, exclude):
+                continue
+            if not self.config.pack_nodes:
+                return uuid
+            key = (self.idle_count[self.gpus[uuid].node], uuid)
+            if chosen is None or key < chosen:
+                chosen, smallest = key, total
+        return chosen[-1] if chosen else None
 
     def best_fit(self, job: JobRequest, exclude: frozenset[str] = frozenset(), colocate: bool = True) -> tuple[str, ...] | None:
         if job.gpus == 1:
-            for entries in (self.idle, self.shared if colocate else []):
-                for _, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")) :]:
-                    if uuid not in exclude:
-                        return (uuid,)
+            idle = self._idle_single(job, exclude)
+            if idle is not None:
+                return (idle,)
+            for _, uuid in self.shared[bisect.bisect_left(self.shared, (job.mem_gib, "")) :] if colocate else []:
+                if self.fits(job, uuid, exclude):
+                    return (uuid,)
             return None
         best = None
         for node, entries in self.idle_by_node.items():
-            fitting = [uuid for total, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")) :] if uuid not in exclude]
+            fitting = [
+                uuid for total, uuid in entries[bisect.bisect_left(entries, (job.mem_gib, "")) :] if self.fits(job, uuid, exclude)
+            ]
             if len(fitting) >= job.gpus:
                 chosen = tuple(fitting[: job.gpus])
                 waste = (sum(self.gpus[u].total_gib for u in chosen), len(fitting) - job.gpus, node)
@@ -150,6 +193,7 @@ class _Pool:
             self._unindex(gpu)
             gpu.allocated_gib += mem_gib
             gpu.jobs += 1
+            gpu.exclusive = gpu.exclusive or len(uuids) > 1
             self._index(gpu, sort=True)
 
 
@@ -171,6 +215,7 @@ def _reserve(
             g.jobs,
             max((g.observed_used_gib or 0.0) - g.allocated_gib, 0.0) or None,
             None,
+            g.exclusive,
         )
         for uuid, g in gpus.items()
     }
@@ -180,13 +225,18 @@ def _reserve(
 
     def fits_single(gpu: GpuState) -> bool:
         free = gpu.total_gib - gpu.allocated_gib - (gpu.observed_used_gib or 0.0)
-        return free >= head.mem_gib and (gpu.jobs == 0 or gpu.jobs < config.max_jobs_per_gpu)
+        model_ok = not config.constraints or allowed(head, gpu.model)
+        return model_ok and free >= head.mem_gib and (gpu.jobs == 0 or (gpu.jobs < config.max_jobs_per_gpu and not gpu.exclusive))
 
     def fits_node(node: str) -> tuple[str, ...] | None:
         idle = sorted(
             (g.total_gib, g.uuid)
             for g in by_node[node]
-            if g.jobs == 0 and g.allocated_gib < 1e-6 and g.total_gib >= head.mem_gib and not g.observed_used_gib
+            if g.jobs == 0
+            and g.allocated_gib < 1e-6
+            and g.total_gib >= head.mem_gib
+            and not g.observed_used_gib
+            and (not config.constraints or allowed(head, g.model))
         )
         return tuple(u for _, u in idle[: head.gpus]) if len(idle) >= head.gpus else None
 
@@ -195,6 +245,7 @@ def _reserve(
             if uuid in future:
                 future[uuid].allocated_gib = max(future[uuid].allocated_gib - job.mem_gib, 0.0)
                 future[uuid].jobs = max(future[uuid].jobs - 1, 0)
+                future[uuid].exclusive = future[uuid].exclusive and len(job.gpus) == 1
         when = max(job.expected_end_s, now)
         if head.gpus == 1:
             for uuid in job.gpus:
@@ -259,7 +310,37 @@ def plan_fifo_exclusive(
     return placements
 
 
-POLICIES: dict[str, Callable[..., list[Placement]]] = {"drape": plan_drape, "fifo-exclusive": plan_fifo_exclusive}
+def plan_kueue_like(
+    pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float, config: PolicyConfig = PolicyConfig()
+) -> list[Placement]:
+    """A Kueue-like baseline: a requests quota (the whole fleet) admitting jobs first come first
+    served, skipping the ones that do not fit now (BestEffortFIFO), whole GPUs per job on one node,
+    the node chosen as kube-scheduler's default scoring does (the least allocated), node affinity
+    to the allowed GPU models honoured. No memory profiles, no backfill reservation."""
+    free: dict[str, list[GpuState]] = {}
+    for gpu in sorted(gpus, key=lambda g: g.uuid):
+        if gpu.jobs == 0 and gpu.allocated_gib < 1e-6:
+            free.setdefault(gpu.node, []).append(gpu)
+    placements = []
+    for job in sorted(pending, key=lambda j: (j.submit_s, j.id)):
+        best = None
+        for node, idle in free.items():
+            fitting = [g for g in idle if g.total_gib >= job.mem_gib and allowed(job, g.model)]
+            if len(fitting) >= job.gpus and (best is None or len(idle) > best[0]):
+                best = (len(idle), node, fitting[: job.gpus])
+        if best is None:
+            continue
+        _, node, chosen = best
+        free[node] = [g for g in free[node] if g not in chosen]
+        placements.append(Placement(job.id, tuple(g.uuid for g in chosen), job.mem_gib))
+    return placements
+
+
+POLICIES: dict[str, Callable[..., list[Placement]]] = {
+    "drape": plan_drape,
+    "fifo-exclusive": plan_fifo_exclusive,
+    "kueue-like": plan_kueue_like,
+}
 
 
 def get_policy(name: str) -> Callable[..., list[Placement]]:

@@ -6,20 +6,27 @@ times one job's speed, split evenly: co-location buys memory density, not free t
 multi-GPU job runs at the pace of its slowest GPU. Utilization counts busy GPU-time (a GPU with
 at least one job), never resident jobs; memory utilization counts allocated GiB-time.
 
+A trace's duration measured while sharing (column `measured` = shared) already holds the
+slowdown: such a job runs at its own pace whatever it shares with, so it is not counted twice.
+
 The offered-load bound is the utilization no policy can beat on the trace: all its GPU-work
 done back to back, in no less than the time the last job needs after it is submitted.
+
+Optional trace columns: `gpu_models` (the models a job may run on, `|`-separated parts of a model
+name; empty: any) and `measured` (alone | shared). Waits are reported per job class (1, 2-4 and
+5-8 GPUs), and a placement on a model a job excludes is a violation.
 """
 
 from __future__ import annotations
 
 import csv
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, get_policy
+from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed, get_policy
 
 CONTENTION_OVERLAP = 0.07
 TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
@@ -38,6 +45,12 @@ class TraceJob:
     gpus: int
     priority: int
     kind: str
+    models: tuple[str, ...] = ()
+    measured: str = "alone"
+
+
+def job_class(gpus: int) -> str:
+    return "1" if gpus == 1 else "2-4" if gpus <= 4 else "5-8"
 
 
 def load_trace(path: str | Path) -> list[TraceJob]:
@@ -60,11 +73,15 @@ def load_trace(path: str | Path) -> list[TraceJob]:
                     int(row["gpus"]),
                     int(row["priority"]),
                     row["kind"],
+                    tuple(m for m in (row.get("gpu_models") or "").split("|") if m),
+                    row.get("measured") or "alone",
                 )
             except ValueError as error:
                 raise TraceError(f"{path}:{line}: {error}") from None
             if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
                 raise TraceError(f"{path}:{line}: duration_s, gpus and peak_mem_gib must be positive")
+            if job.measured not in ("alone", "shared"):
+                raise TraceError(f"{path}:{line}: measured must be alone or shared, got {job.measured!r}")
             jobs.append(job)
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
 
@@ -107,6 +124,8 @@ class SimResult:
     makespan_s: float
     bound: float
     placements_by_model: dict[str, int]
+    class_waits: dict[str, dict[str, float]] = field(default_factory=dict)  # class → jobs, mean, p95, max (s)
+    violations: int = 0  # placements on a GPU model the job excludes
 
     @property
     def of_bound(self) -> float:
@@ -122,6 +141,20 @@ def offered_load_bound(trace: list[TraceJob], num_gpus: int) -> float:
     start = min(j.submit_s for j in trace)
     shortest = max(max(j.submit_s + j.duration_s for j in trace) - start, work / num_gpus)
     return work / (num_gpus * shortest)
+
+
+def _waits_by_class(waits: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    found: dict[str, dict[str, float]] = {}
+    for name in ("1", "2-4", "5-8"):
+        values = sorted(w for c, w in waits if c == name)
+        if values:
+            found[name] = {
+                "jobs": len(values),
+                "mean_s": statistics.fmean(values),
+                "p95_s": values[int(0.95 * (len(values) - 1))],
+                "max_s": values[-1],
+            }
+    return found
 
 
 def _check_fits(trace: list[TraceJob], fleet: list[GpuState]) -> None:
@@ -140,19 +173,24 @@ def _release_finished(running: dict[str, dict], gpus: dict[str, GpuState]) -> bo
         record = running.pop(jid)
         for uuid in record["gpus"]:
             gpus[uuid].jobs -= 1
+            gpus[uuid].exclusive = gpus[uuid].exclusive and len(record["gpus"]) == 1
             gpus[uuid].allocated_gib = gpus[uuid].allocated_gib - record["mem"] if gpus[uuid].jobs else 0.0
     return bool(done)
 
 
-def _start(placement: Placement, request: JobRequest, running: dict[str, dict], gpus: dict[str, GpuState], clock: float) -> None:
+def _start(
+    placement: Placement, request: JobRequest, running: dict[str, dict], gpus: dict[str, GpuState], clock: float, shared: bool
+) -> None:
     for uuid in placement.gpus:
         gpus[uuid].jobs += 1
         gpus[uuid].allocated_gib += placement.mem_gib
+        gpus[uuid].exclusive = len(placement.gpus) > 1
     running[placement.job_id] = {
         "gpus": placement.gpus,
         "mem": placement.mem_gib,
         "remaining": request.duration_s,
         "expected_end": clock + request.duration_s,
+        "shared": shared,  # its duration was measured while sharing: it keeps its own pace
     }
 
 
@@ -165,6 +203,8 @@ def _result(
     waits: list[float],
     placed_on: dict[str, int],
     finish_last: float,
+    classed: list[tuple[str, float]],
+    violations: int,
 ) -> SimResult:
     start = trace[0].submit_s if trace else 0.0
     makespan = max(finish_last - start, 1e-9)
@@ -183,6 +223,8 @@ def _result(
         makespan,
         offered_load_bound(trace, len(gpus)) if trace else 0.0,
         placed_on,
+        _waits_by_class(classed),
+        violations,
     )
 
 
@@ -197,12 +239,14 @@ def simulate(
     pending: dict[str, JobRequest] = {}
     running: dict[str, dict] = {}
     waits: list[float] = []
+    classed: list[tuple[str, float]] = []
+    violations = 0
     placed_on: dict[str, int] = {}
     clock, arrival, busy, allocated = trace[0].submit_s if trace else 0.0, 0, 0.0, 0.0
     finish_last = clock
     while arrival < len(trace) or pending or running:
         # 1. advance the clock to the next finish or arrival, progressing running jobs at their shared rates
-        rates = {jid: min(_share(gpus[u].jobs) for u in r["gpus"]) for jid, r in running.items()}
+        rates = {jid: 1.0 if r["shared"] else min(_share(gpus[u].jobs) for u in r["gpus"]) for jid, r in running.items()}
         next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
         upcoming = min(next_finish, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):
@@ -218,18 +262,23 @@ def simulate(
             finish_last = clock
         while arrival < len(trace) and trace[arrival].submit_s <= clock:
             job = trace[arrival]
-            pending[job.job_id] = JobRequest(job.job_id, job.priority, job.submit_s, job.gpus, job.peak_mem_gib, job.duration_s)
+            pending[job.job_id] = JobRequest(
+                job.job_id, job.priority, job.submit_s, job.gpus, job.peak_mem_gib, job.duration_s, job.models
+            )
             arrival += 1
         if not pending:
             continue
         # 3. the live policy places what it can
         ongoing = [RunningJob(jid, tuple(r["gpus"]), r["mem"], r["expected_end"]) for jid, r in running.items()]
         for placement in plan(list(pending.values()), list(gpus.values()), ongoing, clock, config):
-            _start(placement, pending.pop(placement.job_id), running, gpus, clock)
-            waits.append(clock - by_id[placement.job_id].submit_s)
+            request, job = pending.pop(placement.job_id), by_id[placement.job_id]
+            _start(placement, request, running, gpus, clock, job.measured == "shared")
+            waits.append(clock - job.submit_s)
+            classed.append((job_class(job.gpus), clock - job.submit_s))
+            violations += any(not allowed(request, gpus[u].model) for u in placement.gpus)
             model = gpus[placement.gpus[0]].model
             placed_on[model] = placed_on.get(model, 0) + 1
-    return _result(policy, trace, gpus, busy, allocated, waits, placed_on, finish_last)
+    return _result(policy, trace, gpus, busy, allocated, waits, placed_on, finish_last, classed, violations)
 
 
 def render(results: list[SimResult]) -> str:
@@ -246,6 +295,19 @@ def render(results: list[SimResult]) -> str:
             f"{100 * r.memory_utilization:.1f}% | {r.mean_wait_s / 60:.1f} min | {r.p95_wait_s / 60:.1f} min | "
             f"{r.starved} | {r.makespan_s / 3600:.1f} h | {models} |"
         )
+    lines += [
+        "",
+        "| policy | waits: 1 GPU (mean / p95 / max) | 2-4 GPUs | 5-8 GPUs | constraint violations |",
+        "|---|---|---|---|---|",
+    ]
+    for r in results:
+        cells = [
+            f"{w['mean_s'] / 60:.1f} / {w['p95_s'] / 60:.1f} / {w['max_s'] / 60:.1f} min ({w['jobs']:.0f} jobs)"
+            if (w := r.class_waits.get(name))
+            else "-"
+            for name in ("1", "2-4", "5-8")
+        ]
+        lines.append(f"| {r.policy} | {' | '.join(cells)} | {r.violations} |")
     if results:
         lines.append(
             f"\noffered-load bound {100 * results[0].bound:.1f}%; contention: n jobs on one GPU progress at "

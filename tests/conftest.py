@@ -116,8 +116,18 @@ def moto_server():
             os.environ.pop(key, None)
         else:
             os.environ[key] = value
+    _stop(process)
+
+
+def _stop(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds: a service that drains its connections slowly
+    (the Pushgateway once took longer than 10 s at the end of the suite) never fails a teardown."""
     process.terminate()
-    process.wait(timeout=10)
+    try:
+        process.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(timeout=grace)
 
 
 @pytest.fixture
@@ -183,8 +193,7 @@ def pushgateway():
         "prometheus-pushgateway",
     )
     yield url
-    process.terminate()
-    process.wait(timeout=10)
+    _stop(process)
 
 
 @pytest.fixture(scope="session")

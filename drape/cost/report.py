@@ -15,7 +15,7 @@ from drape.cost import CostError, gpu_rate, timeline
 from drape.cost.account import CATEGORIES, OVERHEADS, Attempt, GpuAccount, build
 from drape.cost.scaling import read_scaling
 from drape.cost.storage import storage_cost
-from drape.pipeline.resume import load_progress
+from drape.pipeline.resume import ResumeError, load_progress
 from drape.storage.store import ObjectStore
 
 
@@ -25,7 +25,10 @@ def run_report(
     """The cost report of `run_id` (see the module docstring) as a JSON-able dict."""
     events = timeline.read(store, run_id)
     if not any(e.get("event") == "open" for e in events):
-        raise CostError(f"run {run_id} recorded no cost timeline under {store.key_url(f'runs/{run_id}/cost')}")
+        raise CostError(
+            f"run {run_id} has no cost timeline at {store.key_url(f'runs/{run_id}/cost')}: it is not a run of this "
+            "config's object store, or it ran before drape recorded what runs cost"
+        )
     account = build(events, attempts, time.time())
     plan = plan or config.cost.plan
     gpu = _gpu_rows(config.cost, account, plan)
@@ -91,7 +94,7 @@ def _gpu_rows(cost: CostConfig, account: GpuAccount, plan: str) -> dict:
 def _promoted(store: ObjectStore, run_id: str) -> set[str]:
     try:
         return {stage for stage, record in load_progress(store, run_id).items() if record["phase"] in ("snapshotted", "done")}
-    except ValueError:
+    except ResumeError:  # damaged stage records: nothing counts as promoted
         return set()
 
 

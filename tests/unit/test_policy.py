@@ -81,3 +81,32 @@ def test_queue_database_errors_name_the_url_without_its_password(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(QueueError, match="cannot create the folder"):
         JobStore(f"sqlite:///{tmp_path}/file/sub/queue.db")
+
+
+def test_single_gpu_jobs_fill_the_fullest_node_and_keep_whole_nodes_free():
+    gpus = fleet(h100=8, l40s=0, per_node=4)  # two 4-GPU nodes
+    gpus[0].jobs, gpus[0].allocated_gib = 1, 20.0  # h0 already holds a job
+    placed = plan_drape([job("a", 20, submit=0), job("b", 20, submit=1)], gpus, [], now=5)
+    assert {p.gpus[0].split("/")[0] for p in placed} == {"h0"}  # h1 stays whole for a 4-GPU job
+    (gang,) = plan_drape([job("gang", 70, gpus=4)], gpus, [], now=5)
+    assert {g.split("/")[0] for g in gang.gpus} == {"h1"}
+    first_idle = plan_drape([job("a", 20)], gpus, [], now=5, config=PolicyConfig(pack_nodes=False))
+    assert first_idle[0].gpus == ("h0/gpu1",)  # by name: the same here; packing is the tie-break among equals
+    spread = fleet(h100=8, l40s=0, per_node=4)
+    spread[4].jobs, spread[4].allocated_gib = 1, 20.0  # h1 holds the job now
+    assert plan_drape([job("a", 20)], spread, [], now=5)[0].gpus[0].startswith("h1")
+    assert plan_drape([job("a", 20)], spread, [], now=5, config=PolicyConfig(pack_nodes=False))[0].gpus[0].startswith("h0")
+
+
+def test_a_job_runs_only_on_the_gpu_models_it_allows():
+    from scheduler.policy import plan_kueue_like
+
+    gpus = fleet(h100=2, l40s=2)
+    small_on_h100 = JobRequest("x", 3, 0.0, 1, 10.0, 600.0, ("H100",))  # would best-fit an L40S
+    (placement,) = plan_drape([small_on_h100], gpus, [], now=0)
+    assert placement.gpus[0].startswith("h")
+    assert plan_drape([small_on_h100], gpus, [], now=0, config=PolicyConfig(constraints=False))[0].gpus[0].startswith("l")
+    only_a100 = JobRequest("y", 3, 0.0, 1, 10.0, 600.0, ("A100",))
+    assert plan_drape([only_a100], gpus, [], now=0) == [] and plan_kueue_like([only_a100], gpus, [], now=0) == []
+    (kueue,) = plan_kueue_like([small_on_h100], gpus, [], now=0)
+    assert kueue.gpus[0].startswith("h")

@@ -61,3 +61,34 @@ def test_cli_simulate_prints_both_policies(tmp_path):
         ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy", "random"],
     )
     assert bad.exit_code == 2 and "unknown policy" in bad.output
+
+
+def test_waits_per_job_class_and_constraint_violations(tmp_path):
+    from scheduler.policy import PolicyConfig
+    from scheduler.simulator import render
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind,gpu_models,measured\n"
+        "svc,0,5000,20,1,3,service,H100,alone\n"
+        "gang,10,100,70,2,5,stage-training,,alone\n"
+        "pinned,20,100,10,1,3,gate-eval,H100,shared\n"
+    )
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text(
+        "groups:\n  - {model: H100, memory_gib: 80, nodes: 1, gpus_per_node: 2}\n"
+        "  - {model: L40S, memory_gib: 48, nodes: 1, gpus_per_node: 1}\n"
+    )
+    jobs = load_trace(trace)
+    assert jobs[2].models == ("H100",) and jobs[2].measured == "shared" and jobs[1].models == ()
+    honoured = simulate(jobs, load_fleet(fleet), "drape")
+    assert honoured.violations == 0 and set(honoured.class_waits) == {"1", "2-4"}
+    assert honoured.class_waits["2-4"]["max_s"] == pytest.approx(4990)  # the service holds an H100 the gang needs
+    ignored = simulate(jobs, load_fleet(fleet), "drape", PolicyConfig(constraints=False))
+    assert ignored.violations == 2  # the service and the pinned job on the L40S
+    assert ignored.class_waits["2-4"]["max_s"] == 0
+    assert "constraint violations" in render([honoured, ignored])
+    bad = tmp_path / "bad.csv"
+    bad.write_text(trace.read_text().replace("shared", "sometimes"))
+    with pytest.raises(TraceError, match="measured must be alone or shared"):
+        load_trace(bad)
