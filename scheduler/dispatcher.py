@@ -129,8 +129,13 @@ class Dispatcher:
         """Fail the waiting jobs no node of the fleet can ever hold (when the fleet is known), and
         those waiting longer than `queue.placement_timeout_seconds`, each with what to do."""
         timeout = self.config.queue.placement_timeout_seconds
+        known = bool(view.gpus) and view.source != "ledger"
+        reasons: dict[tuple[int, float], str | None] = {}  # per job shape, once a cycle (10,000 jobs, a few shapes)
         for job in waiting:
-            reason = unplaceable(job.gpus, job.mem_gib, view.gpus) if view.gpus and view.source != "ledger" else None
+            shape = (job.gpus, job.mem_gib)
+            if known and shape not in reasons:
+                reasons[shape] = unplaceable(job.gpus, job.mem_gib, view.gpus)
+            reason = reasons.get(shape)
             if reason is None and now - job.submit_s > timeout:
                 reason = (
                     f"no placement within queue.placement_timeout_seconds ({timeout:g} s): it needs {job.gpus} GPU(s) "
