@@ -88,6 +88,8 @@ def _print_report(report: dict) -> None:
         f"{job['peak_memory_gib']:.2f} GiB; cost ${cost['compute_usd']:.4f} compute, {cost['stored_bytes']:,} bytes stored "
         f"(${cost['storage_usd_over_consent']:.6f} over {cost['consent_months']:.1f} months)"
     )
+    if "price_note" in cost:
+        console.print(f"  [yellow]compute not priced[/yellow]: {cost['price_note']}")
 
 
 @app.command("list")

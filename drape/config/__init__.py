@@ -21,7 +21,7 @@ from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
-from drape.config.shoppers import ShopperGateConfig, ShopperPrices, ShoppersConfig
+from drape.config.shoppers import ShopperGateConfig, ShoppersConfig
 from drape.config.storage import (
     BASELINE_LIVE_KINDS,
     STORAGE_CLASSES,
@@ -64,7 +64,6 @@ __all__ = [
     "RetentionConfig",
     "RetentionRule",
     "ShopperGateConfig",
-    "ShopperPrices",
     "ShoppersConfig",
     "StageTrainConfig",
     "StorageConfig",

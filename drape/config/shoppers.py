@@ -31,14 +31,6 @@ class ShopperGateConfig(StrictModel):
     garment_samples: int = Field(default=8, gt=0, description="control samples rendered for the garment checks")
 
 
-class ShopperPrices(StrictModel):
-    """Prices for the cost line of a personalization's report (USD)."""
-
-    gpu_hour: float = Field(default=2.49, ge=0, description="one GPU-hour of the device the job ran on (H100 on demand)")
-    cpu_hour: float = Field(default=0.04, ge=0, description="one hour of a CPU slot (no GPU): the demo's device")
-    storage_gb_month: float = Field(default=0.023, ge=0, description="S3 Standard, per GB-month")
-
-
 class ShoppersConfig(StrictModel):
     consent_days: int = Field(default=365, gt=0, description="how long a shopper's photos and adapter are kept after consent")
     min_photos: int = Field(default=8, gt=2, description="fewest photos a personalization accepts (training + held out)")
@@ -61,7 +53,6 @@ class ShoppersConfig(StrictModel):
     )
     seed: int = 0
     gate: ShopperGateConfig = ShopperGateConfig()
-    prices: ShopperPrices = ShopperPrices()
     mlflow_backend_store_uri: str | None = Field(
         default=None,
         description="the MLflow server's database, which `mlflow gc` needs to delete a shopper's runs for good "

@@ -103,7 +103,7 @@ def personalize(
     config: PipelineConfig, shopper: str, *, base: str | None = None, progress: Callable[[int, int], None] | None = None
 ) -> dict:
     """Fit, gate and keep or drop the shopper's adapter; returns (and writes) the report."""
-    from drape.training.trainer import peak_memory_gib, resolve_device
+    from drape.training.trainer import device_name, peak_memory_gib, resolve_device
 
     started, paths = time.perf_counter(), shopper_paths(config, shopper)
     ledger = require_ledger(paths)
@@ -120,7 +120,7 @@ def personalize(
         "seconds": time.perf_counter() - started,
         "train_seconds": fitted.seconds,
         "steps": config.shoppers.steps,
-        "device": device.type,
+        "device": device_name(device),  # the GPU model (priced by cost.gpu_prices), or 'cpu'
         "peak_memory_gib": peak_memory_gib(device),
     }
     report = build_report(config, paths, ledger, source, verdict, job, fitted)

@@ -1,7 +1,8 @@
 """A personalization's report: the gate's values, the adapter, the job's time and memory, its cost.
 
-Cost: the job's wall time on its device (one GPU, or a CPU slot) priced at `shoppers.prices`,
-and the bytes held for the shopper (photos, adapter, report) per month and over the consent.
+Cost: the job's wall time on its device (one GPU, or a CPU slot) priced by the price table
+(`cost.gpu_prices` at `cost.plan`, drape/cost/), and the bytes held for the shopper (photos,
+adapter, report) per month and over the consent, at `storage.prices_per_gb_month` STANDARD.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from drape.config import PipelineConfig
+from drape.cost import CostError, gpu_rate
 from drape.inference.source import ResolvedModel
 from drape.layout import ShopperPaths
 from drape.shoppers.ledger import Ledger
@@ -19,12 +21,16 @@ DAYS_PER_MONTH = 30.44
 
 
 def cost(config: PipelineConfig, job: dict, stored_bytes: int, ledger: Ledger) -> dict:
-    prices = config.shoppers.prices
-    hours = job["seconds"] / 3600
-    hourly = prices.gpu_hour if job["device"] == "cuda" else prices.cpu_hour
+    """The job's compute and the shopper's storage in USD; an unpriced device is priced at 0 and named."""
+    hours, unpriced = job["seconds"] / 3600, {}
+    try:
+        hourly = gpu_rate(config.cost, job["device"], config.cost.plan)
+    except CostError as error:
+        hourly, unpriced = 0.0, {"price_note": str(error)}
     months = (datetime.fromisoformat(ledger.expires_at) - datetime.fromisoformat(ledger.consented_at)).days / DAYS_PER_MONTH
-    monthly = stored_bytes / GB * prices.storage_gb_month
+    monthly = stored_bytes / GB * config.storage.prices_per_gb_month.get("STANDARD", 0.0)
     return {
+        **unpriced,
         "device_hours": hours,
         "hourly_usd": hourly,
         "compute_usd": hours * hourly,

@@ -117,6 +117,7 @@ def test_personalize_tryon_forget_leaves_nothing_of_theirs_and_spares_another(wo
     gate = report["gate"]
     assert gate["passed"] and gate["identity"]["gain"] >= config.shoppers.gate.min_identity_gain
     assert report["adapter"]["bytes"] > 0 and report["job"]["peak_memory_gib"] > 0 and report["cost"]["stored_bytes"] > 0
+    assert report["job"]["device"] == "cpu" and report["cost"]["hourly_usd"] == 0.04  # tiny.yaml's CPU slot, on demand
     print("personalization report:", json.dumps({k: report[k] for k in ("adapter", "gate", "job", "cost")}, indent=1))
     job = JobStore(config.queue_url).get(read_ledger(paths).jobs[0])
     assert job["kind"] == "personalization" and job["state"] == "succeeded"
