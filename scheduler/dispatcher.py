@@ -22,7 +22,7 @@ from drape.cost import CostError, gpu_rate
 from drape.ops import metrics
 from scheduler.fleet import FleetView, fleet_view
 from scheduler.launchers import build_launcher
-from scheduler.policy import STARVED_AFTER_S, PolicyConfig, get_policy
+from scheduler.policy import STARVED_AFTER_S, PolicyConfig, allowed, get_policy
 from scheduler.store import JobSpec, JobStore, QueueError
 
 
@@ -130,11 +130,18 @@ class Dispatcher:
         those waiting longer than `queue.placement_timeout_seconds`, each with what to do."""
         timeout = self.config.queue.placement_timeout_seconds
         known = bool(view.gpus) and view.source != "ledger"
-        reasons: dict[tuple[int, float], str | None] = {}  # per job shape, once a cycle (10,000 jobs, a few shapes)
+        reasons: dict[
+            tuple[int, float, tuple[str, ...]], str | None
+        ] = {}  # per job shape, once a cycle (10,000 jobs, a few shapes)
         for job in waiting:
-            shape = (job.gpus, job.mem_gib)
+            shape = (job.gpus, job.mem_gib, job.models)
             if known and shape not in reasons:
-                reasons[shape] = unplaceable(job.gpus, job.mem_gib, view.gpus)
+                fleet = [gpu for gpu in view.gpus if allowed(job, gpu.model)]
+                reasons[shape] = (
+                    unplaceable(job.gpus, job.mem_gib, fleet)
+                    if fleet
+                    else f"no GPU of the fleet is one of the models it allows ({', '.join(job.models)})"
+                )
             reason = reasons.get(shape)
             if reason is None and now - job.submit_s > timeout:
                 reason = (

@@ -9,6 +9,7 @@ measurements      measured peak memory and duration per job shape (memory profil
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -104,6 +105,22 @@ class JobSpec:
     env: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     id: str | None = None
+    gpu_models: list[str] = field(default_factory=list)  # the GPU models it may run on (a part of the name each); empty: any
+
+    def __post_init__(self) -> None:
+        if any(not isinstance(m, str) or not m.strip() or "|" in m for m in self.gpu_models):
+            raise QueueError(f"job gpu_models must be non-empty names without '|', got {self.gpu_models}")
+
+    def stored_labels(self) -> dict[str, str]:
+        """The labels as stored: the allowed GPU models travel among them (`models_of` reads them back)."""
+        return {**self.labels, **({"gpu_models": "|".join(self.gpu_models)} if self.gpu_models else {})}
+
+
+def models_of(labels: str | None) -> tuple[str, ...]:
+    """The allowed GPU models in a job's stored labels (JSON); most jobs name none, and no JSON is parsed."""
+    if not labels or "gpu_models" not in labels:
+        return ()
+    return tuple(m for m in str(json.loads(labels).get("gpu_models", "")).split("|") if m)
 
 
 def sqlite_immediate(engine: Engine) -> None:

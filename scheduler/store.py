@@ -40,6 +40,7 @@ from scheduler.schema import (
     gpus_table,
     jobs_table,
     measurements_table,
+    models_of,
     open_engine,
 )
 
@@ -100,7 +101,7 @@ class JobStore(LeaseMixin):
                     duration_s=spec.duration_s,
                     command=json.dumps(spec.command),
                     env=json.dumps(spec.env),
-                    labels=json.dumps(spec.labels),
+                    labels=json.dumps(spec.stored_labels()),
                     state="queued",
                     submit_s=time.time() if now is None else now,
                     attempts=0,
@@ -141,10 +142,11 @@ class JobStore(LeaseMixin):
         return {state: 0 for state in STATES} | {state: count for state, count in rows}
 
     def pending(self) -> list[JobRequest]:
-        columns = [jobs_table.c[name] for name in ("id", "priority", "submit_s", "gpus", "mem_gib", "duration_s")]
+        """Queued jobs as the policy sees them; the GPU models a job allows travel in its labels."""
+        columns = [jobs_table.c[name] for name in ("id", "priority", "submit_s", "gpus", "mem_gib", "duration_s", "labels")]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "queued")).all()
-        return [JobRequest(*row) for row in rows]
+        return [JobRequest(r.id, r.priority, r.submit_s, r.gpus, r.mem_gib, r.duration_s, models_of(r.labels)) for r in rows]
 
     def running(self) -> list[RunningJob]:
         columns = [

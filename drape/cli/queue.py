@@ -24,6 +24,7 @@ def queue_submit(
     gpus: int = typer.Option(1, help="GPUs (more than one: whole GPUs on one node)"),
     priority: int = typer.Option(3, help="higher runs first; waiting raises it (aging)"),
     stage: str | None = typer.Option(None),
+    gpu_model: list[str] = typer.Option([], help="a GPU model it may run on, a part of its name (repeat; default: any)"),
     config: Path | None = ConfigOption,
 ) -> None:
     """Queue the command after `--` (e.g. drape queue submit --kind gate-eval --mem-gib 12 -- python -m x)."""
@@ -33,11 +34,17 @@ def queue_submit(
     if not ctx.args:
         fail("no command: put it after --")
     try:
-        job_id = JobStore(cfg.queue_url).submit(
-            JobSpec(
-                kind=kind, command=list(ctx.args), mem_gib=mem_gib, duration_s=duration, gpus=gpus, priority=priority, stage=stage
-            )
+        spec = JobSpec(
+            kind=kind,
+            command=list(ctx.args),
+            mem_gib=mem_gib,
+            duration_s=duration,
+            gpus=gpus,
+            priority=priority,
+            stage=stage,
+            gpu_models=gpu_model,
         )
+        job_id = JobStore(cfg.queue_url).submit(spec)
     except QueueError as error:
         fail(str(error))
     console.print(job_id)

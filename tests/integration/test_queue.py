@@ -466,3 +466,37 @@ def test_a_cycle_that_fails_is_logged_and_the_dispatcher_goes_on(tmp_path, capsy
     assert len(calls) == 3 and len(reports) == 2  # the failed cycle did not count, nor end the loop
     assert metrics.DISPATCH_ERRORS._value.get() == before + 1
     assert "cycle failed (1 in a row): ConnectionError: the queue database went away" in capsys.readouterr().out
+
+
+def test_a_job_runs_only_on_the_gpu_models_it_allows_and_one_no_gpu_can_hold_fails(tmp_path):
+    """`JobSpec.gpu_models` end to end: stored with the job, read back by the dispatcher's policy; a
+    small job that would best-fit an L40S goes to an H100 when it allows H100s only, and a job
+    allowing a model the fleet lacks fails with a message naming its models."""
+    from scheduler.dispatcher import Dispatcher
+
+    class NullLauncher:  # starts nothing: the test reads where the jobs were placed
+        def launch(self, job, gpus):
+            return "null"
+
+        def sees(self, handle):
+            return True
+
+        def poll(self, job_id, handle=None):
+            return None
+
+        def cancel(self, job_id, handle=None):
+            pass
+
+    config, _ = _config_file(tmp_path)
+    store = JobStore(config.queue_url)
+    pinned = store.submit(JobSpec(kind="gate-eval", mem_gib=10, duration_s=60, command=["true"], gpu_models=["H100"]))
+    free = store.submit(JobSpec(kind="gate-eval", mem_gib=10, duration_s=60, command=["true"]))
+    absent = store.submit(JobSpec(kind="gate-eval", mem_gib=10, duration_s=60, command=["true"], gpu_models=["A100"]))
+    assert {j.id: j.models for j in store.pending()}[pinned] == ("H100",)
+    Dispatcher(config, store, launcher=NullLauncher()).cycle()
+    assert json.loads(store.get(pinned)["assigned"])[0].startswith("h100")
+    assert json.loads(store.get(free)["assigned"])[0].startswith("l40s")  # the smallest model that fits
+    failed = store.get(absent)
+    assert failed["state"] == "failed" and "models it allows (A100)" in failed["message"]
+    with pytest.raises(Exception, match="gpu_models must be non-empty names"):
+        JobSpec(kind="gate-eval", mem_gib=10, duration_s=60, command=["true"], gpu_models=["H100|A100"])
