@@ -30,27 +30,12 @@ import yaml  # noqa: E402
 
 from drape.config import parse_config  # noqa: E402
 from scheduler.dispatcher import Dispatcher  # noqa: E402
+from scheduler.launchers import NullLauncher  # noqa: E402
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape, plan_fifo_exclusive, plan_kueue_like  # noqa: E402
 from scheduler.simulator import TraceJob, load_fleet, load_trace, render, simulate  # noqa: E402
 from scheduler.store import JobSpec, JobStore  # noqa: E402
 
 HERE = Path(__file__).parent / "traces"
-
-
-class NullLauncher:
-    """Starts nothing; every job runs forever (so each timed cycle plans the full queue)."""
-
-    def launch(self, job, gpus):
-        return "null"
-
-    def sees(self, handle):
-        return True
-
-    def poll(self, job_id, handle=None):
-        return None
-
-    def cancel(self, job_id, handle=None):
-        pass
 
 
 def policies() -> None:

@@ -210,6 +210,23 @@ class LocalLauncher:
             os.killpg(parsed[0], signal.SIGTERM)
 
 
+class NullLauncher:
+    """Starts nothing, and every job it "launched" runs on: for benchmarks and tests that read
+    where the policy placed jobs, or time a dispatch cycle over a full queue."""
+
+    def launch(self, job: dict, gpus: list[GpuState]) -> str:
+        return "null"
+
+    def sees(self, handle: str | None) -> bool:
+        return True
+
+    def poll(self, job_id: str, handle: str | None = None) -> Outcome | None:
+        return None
+
+    def cancel(self, job_id: str, handle: str | None = None) -> None:
+        pass
+
+
 class PrefectLauncher:
     """Runs the job as a flow run of deployment ``labels['deployment']`` with ``labels['parameters']``;
     `handle` is ``flow-run:<id>``."""

@@ -473,19 +473,7 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows_and_one_no_gpu_can_hold_fai
     small job that would best-fit an L40S goes to an H100 when it allows H100s only, and a job
     allowing a model the fleet lacks fails with a message naming its models."""
     from scheduler.dispatcher import Dispatcher
-
-    class NullLauncher:  # starts nothing: the test reads where the jobs were placed
-        def launch(self, job, gpus):
-            return "null"
-
-        def sees(self, handle):
-            return True
-
-        def poll(self, job_id, handle=None):
-            return None
-
-        def cancel(self, job_id, handle=None):
-            pass
+    from scheduler.launchers import NullLauncher  # the test reads where the jobs were placed
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
