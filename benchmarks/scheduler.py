@@ -6,9 +6,13 @@
    offered-load bound, memory utilization, waits, starved jobs (waiting > 1 h) and makespan.
 2. Replays a week of 8-GPU stage jobs beside long-lived single-GPU services and short jobs
    (`gang_week`) at offered loads 0.70 and 0.85 on 64 H100s (8 nodes × 8), and a variant on a
-   mixed fleet where a third of the jobs name the GPU models they may run on. Side by side: drape,
-   drape as it was (first idle GPU by name, constraints ignored), a Kueue-like requests-quota
-   BestEffortFIFO, and fifo-exclusive; waits per job class (1, 2-4, 8 GPUs) and violations.
+   mixed fleet where a third of the jobs name the GPU models they may run on. Side by side: drape
+   (preempting for an 8-GPU job waiting 20 min only jobs that can restart at once on idle GPUs
+   elsewhere), drape without preemption, drape preempting into co-location, drape as it was
+   (first idle GPU by name, constraints ignored, no preemption), a Kueue-like requests-quota
+   BestEffortFIFO, and fifo-exclusive; waits per job class (1, 2-4, 8 GPUs), violations,
+   preemptions and the work they lost. Then the 8-GPU jobs alone on the same fleet: the waits
+   no policy can avoid, the capacity floor.
 3. Times dispatch cycles with 10,000 queued jobs on 1,024 GPUs (128 nodes × 8): the policy
    alone, and a whole `Dispatcher.cycle` against the SQLite queue (a launcher that starts nothing).
 
@@ -29,11 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import yaml  # noqa: E402
 
 from drape.config import parse_config  # noqa: E402
+from scheduler.baselines import plan_fifo_exclusive, plan_kueue_like  # noqa: E402
 from scheduler.dispatcher import Dispatcher  # noqa: E402
 from scheduler.launchers import NullLauncher  # noqa: E402
-from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape, plan_fifo_exclusive, plan_kueue_like  # noqa: E402
-from scheduler.simulator import TraceJob, load_fleet, load_trace, render, simulate  # noqa: E402
+from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape  # noqa: E402
+from scheduler.simulator import TraceJob, load_fleet, load_trace, simulate  # noqa: E402
 from scheduler.store import JobSpec, JobStore  # noqa: E402
+from scheduler.tables import render  # noqa: E402
 
 HERE = Path(__file__).parent / "traces"
 
@@ -94,7 +100,9 @@ def gang_fleet(mixed: bool) -> list[GpuState]:
 
 GANG_POLICIES = (
     ("drape", "drape", PolicyConfig()),
-    ("drape as it was", "drape", PolicyConfig(pack_nodes=False, constraints=False)),
+    ("drape, no preemption", "drape", PolicyConfig(preempt_after_s=None)),
+    ("drape, preempting into co-location", "drape", PolicyConfig(preempt_colocate=True)),
+    ("drape as it was", "drape", PolicyConfig(pack_nodes=False, constraints=False, preempt_after_s=None)),
     ("kueue-like", "kueue-like", PolicyConfig()),
     ("fifo-exclusive", "fifo-exclusive", PolicyConfig()),
 )
@@ -114,6 +122,12 @@ def gangs() -> None:
         fleet_name = "48 H100 + 16 L40S, a third of the jobs H100-only" if mixed else "64 H100"
         print(f"\n## 8-GPU stage jobs beside long-lived services: load {load:.2f}, {fleet_name} ({len(trace)} jobs)\n")
         print(render(results))
+        alone = simulate([j for j in trace if j.gpus > 1], fleet, "drape", PolicyConfig(preempt_after_s=None)).class_waits
+        floor = alone.get("5-8", {"mean_s": 0.0, "max_s": 0.0})
+        print(
+            f"\nthe 8-GPU jobs alone on this fleet (the capacity floor): wait mean {floor['mean_s'] / 60:.1f} min, "
+            f"max {floor['max_s'] / 60:.1f} min"
+        )
 
 
 def big_state(rng: random.Random) -> tuple[list[GpuState], list[JobRequest]]:

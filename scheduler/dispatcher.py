@@ -20,9 +20,10 @@ from pathlib import Path
 
 from drape.cost import CostError, gpu_rate
 from drape.ops import metrics
+from scheduler.baselines import get_policy
 from scheduler.fleet import FleetView, fleet_view
 from scheduler.launchers import build_launcher
-from scheduler.policy import STARVED_AFTER_S, PolicyConfig, allowed, get_policy
+from scheduler.policy import STARVED_AFTER_S, PolicyConfig, allowed
 from scheduler.store import JobSpec, JobStore, QueueError
 
 
@@ -32,6 +33,7 @@ class CycleReport:
     finished: list[str] = field(default_factory=list)
     adopted: list[str] = field(default_factory=list)
     requeued: list[str] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
     conflicts: int = 0
     seconds: float = 0.0
     fleet_source: str = ""
@@ -60,7 +62,12 @@ def unplaceable(gpus: int, mem_gib: float, fleet: list) -> str | None:
 
 def policy_config(config) -> PolicyConfig:
     queue = config.queue
-    return PolicyConfig(aging_per_hour=queue.aging_per_hour, max_jobs_per_gpu=queue.max_jobs_per_gpu)
+    return PolicyConfig(
+        aging_per_hour=queue.aging_per_hour,
+        max_jobs_per_gpu=queue.max_jobs_per_gpu,
+        preempt_after_s=queue.preempt_after_seconds or None,
+        max_preemptions=queue.max_preemptions,
+    )
 
 
 def queue_dir(config) -> Path:
@@ -80,6 +87,7 @@ class Dispatcher:
         self.store = store or JobStore(config.queue_url)
         self.launcher = launcher or build_launcher(config, queue_dir(config) / "logs")
         self.fleet = fleet or (lambda: fleet_view(config, self.store))
+        self._own_fleet = fleet is None  # the cycle passes the running jobs it read to `fleet_view`
         self.id = dispatcher_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.plan = get_policy(config.queue.policy)
         self.policy = policy_config(config)
@@ -94,14 +102,16 @@ class Dispatcher:
         self.store.heartbeat(self.id, lease, now)
         report.adopted, report.requeued = self._take_over(now)
         report.finished = self._reap(now)
-        view = self.fleet()
+        running = self.store.running()
+        view = fleet_view(self.config, self.store, running) if self._own_fleet else self.fleet()
         report.fleet_source, report.note = view.source, view.note
         if view.note and view.note != self._said:
             print(f"queue: {view.note}")
             self._said = view.note
         by_uuid = {g.uuid: g for g in view.gpus}
         pending = self.store.pending()
-        planned = self.plan(pending, view.gpus, self.store.running(), now, self.policy) if pending else []
+        planned = self.plan(pending, view.gpus, running, now, self.policy) if pending else []
+        report.preempted = self._preempt(planned, now)
         granted = self.store.claim_many(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
         report.conflicts = len(planned) - len(granted)  # another dispatcher got there first; next cycle sees it
         rows, handles = self.store.get_many([p.job_id for p in granted]), {}
@@ -116,7 +126,8 @@ class Dispatcher:
                 continue
             self.mine[job["id"]] = handles[job["id"]]
             report.started.append(job["id"])
-            metrics.QUEUE_WAIT.labels(kind=job["kind"]).observe(max(now - job["submit_s"], 0.0))
+            if '"preempted"' not in (job["labels"] or ""):  # a preempted job's wait was counted when it first started
+                metrics.QUEUE_WAIT.labels(kind=job["kind"]).observe(max(now - job["submit_s"], 0.0))
             metrics.QUEUE_PLACEMENTS.labels(kind=job["kind"], model=by_uuid[placement.gpus[0]].model).inc()
         self.store.set_handles(handles)
         started_ids = {p.job_id for p in granted}
@@ -124,6 +135,24 @@ class Dispatcher:
         report.seconds = time.perf_counter() - started_at
         self._export(view, report, now, [now - job.submit_s for job in pending if job.id not in started_ids])
         return report
+
+    def _preempt(self, planned: list, now: float) -> list[str]:
+        """Return the jobs the plan preempts to the queue and stop their launches: this dispatcher's
+        own, or any its launcher sees (the owner stops the rest when it next reaps)."""
+        preempted = []
+        for placement in planned:
+            for victim in placement.evicts:
+                row = self.store.preempt(victim, by=placement.job_id, now=now)
+                if row is None:
+                    continue  # it ended or moved on meanwhile; the claim re-checks the GPUs
+                ours = self.mine.pop(victim, None)
+                handle = ours or row["handle"]
+                if ours or (handle and self.launcher.sees(handle)):
+                    self.launcher.cancel(victim, handle)
+                preempted.append(victim)
+                metrics.QUEUE_PREEMPTIONS.labels(kind=row["kind"]).inc()
+                print(f"queue: preempted {victim} ({row['kind']}) for {placement.job_id}; it resumes from its checkpoint")
+        return preempted
 
     def _fail_unplaceable(self, waiting: list, view: FleetView, now: float) -> None:
         """Fail the waiting jobs no node of the fleet can ever hold (when the fleet is known), and
@@ -169,7 +198,7 @@ class Dispatcher:
         states = self.store.states(sorted(self.mine))
         for job_id, handle in sorted(self.mine.items()):
             state = states.get(job_id)
-            if state == "cancelled":
+            if state in ("cancelled", "queued"):  # cancelled, or preempted by another dispatcher: stop it
                 self.launcher.cancel(job_id, handle)
                 del self.mine[job_id]
                 continue

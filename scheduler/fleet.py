@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from scheduler.policy import GpuState
+from scheduler.policy import GpuState, RunningJob
 
 MIB_PER_GIB = 1024.0
 
@@ -79,8 +79,10 @@ def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
     return gpus
 
 
-def fleet_view(config, store) -> FleetView:
-    """The fleet per `config.queue`, with the ledger's allocations applied; registers what it sees."""
+def fleet_view(config, store, running: list[RunningJob] | None = None) -> FleetView:
+    """The fleet per `config.queue`, with the ledger's allocations applied (and what the `running`
+    jobs, read from the store when not given, declare: who runs alone, declared shares); registers
+    what it sees."""
     from scheduler.simulator import load_fleet
 
     queue = config.queue
@@ -102,8 +104,13 @@ def fleet_view(config, store) -> FleetView:
     if source != "ledger":
         store.register_gpus(gpus)
     ledger = store.ledger()
-    whole = {uuid for *_, assigned, _ in store.running_labels() if len(assigned) > 1 for uuid in assigned}
+    alone: set[str] = set()
+    shares: dict[str, float] = {}
+    for job in store.running() if running is None else running:
+        alone.update(job.gpus if not job.shareable else ())  # a multi-GPU or exclusive job's: nothing goes beside it
+        for uuid in job.gpus:
+            shares[uuid] = shares.get(uuid, 0.0) + job.share
     for gpu in gpus:
         gpu.allocated_gib, gpu.jobs = ledger.get(gpu.uuid, (0.0, 0))
-        gpu.exclusive = gpu.uuid in whole  # a multi-GPU job's: nothing goes beside it
+        gpu.exclusive, gpu.shares = gpu.uuid in alone, shares.get(gpu.uuid, 0.0)
     return FleetView(gpus, source, note)

@@ -83,6 +83,30 @@ def _volumes(job: dict, settings):
     return mounts, volumes
 
 
+def _model_affinity(job: dict, model: str, settings):
+    """A required node affinity to the GPU products the job allows (its `gpu_models`, matched against
+    the configured products' models), so Kubernetes enforces what the queue's policy honoured; None
+    for a job that allows any model (the node selector pins the placed model's product)."""
+    from kubernetes import client
+
+    from scheduler.policy import JobRequest, allowed
+    from scheduler.schema import scheduling_of
+
+    models = scheduling_of(job.get("labels")).models
+    if not models:
+        return None
+    probe = JobRequest(job["id"], 0, 0.0, 1, 0.0, 0.0, models)
+    products = sorted({settings.products.get(model, model)} | {p for m, p in settings.products.items() if allowed(probe, m)})
+    term = client.V1NodeSelectorTerm(
+        match_expressions=[client.V1NodeSelectorRequirement(key=settings.product_label, operator="In", values=products)]
+    )
+    return client.V1Affinity(
+        node_affinity=client.V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=client.V1NodeSelector(node_selector_terms=[term])
+        )
+    )
+
+
 def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[str], env: dict[str, str]):
     from kubernetes import client
 
@@ -114,6 +138,7 @@ def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[
         ),
         containers=[container],
         node_selector={settings.product_label: product},
+        affinity=_model_affinity(job, model, settings),
         tolerations=[client.V1Toleration(**t) for t in settings.tolerations],
         volumes=volumes,
     )

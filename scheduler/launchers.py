@@ -18,6 +18,7 @@ adopts a running job instead of launching it a second time.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -25,6 +26,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -199,15 +201,28 @@ class LocalLauncher:
         tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if code else ""
         return Outcome(code, _exit_message(code) + (f"; log tail:\n{tail}" if tail else ""), peak)
 
-    def cancel(self, job_id: str, handle: str | None = None) -> None:
-        child = self.children.get(job_id)
-        if child is not None:
-            if child.poll() is None:
-                os.killpg(child.pid, signal.SIGTERM)
-            return
+    def cancel(self, job_id: str, handle: str | None = None, grace_s: float = 10.0) -> None:
+        """Stop the job's process group: SIGTERM (a stage job saves what it can), then SIGKILL after
+        `grace_s`, so its GPUs are free when this returns (a preempting job starts on them next)."""
+        child = self.children.pop(job_id, None)
         parsed = self._parse(handle)
-        if parsed is not None and _start_ticks(parsed[0]) == parsed[1]:
-            os.killpg(parsed[0], signal.SIGTERM)
+        pid = child.pid if child is not None else parsed[0] if parsed and _start_ticks(parsed[0]) == parsed[1] else None
+        if pid is None or (child is not None and child.poll() is not None):
+            return
+
+        def alive() -> bool:
+            return child.poll() is None if child is not None else _start_ticks(pid) == (parsed or (0, 0))[1]
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            if child is not None:
+                child.wait(timeout=grace_s)
 
 
 class NullLauncher:

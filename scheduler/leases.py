@@ -11,6 +11,7 @@ alone, never sent back to `queued`.
 
 from __future__ import annotations
 
+import json
 import time
 
 from sqlalchemy import and_, select, update
@@ -81,6 +82,29 @@ class LeaseMixin:
             "handle": None,
             "message": message,
         }
+
+    def preempt(self, job_id: str, by: str, now: float | None = None) -> dict | None:
+        """Return running job `job_id` to the queue for `by` (a starving multi-GPU job), freeing its
+        GPUs; it resumes from its last checkpoint when it starts again. Counts the preemption in its
+        labels (`preempted`) and does not spend one of its attempts. Returns the row as it was (its
+        dispatcher and handle: whoever can stop its launch does), or None if it is no longer running."""
+        now = time.time() if now is None else now
+        with self.engine.begin() as connection:
+            job = connection.execute(select(jobs_table).where(jobs_table.c.id == job_id)).mappings().first()
+            if job is None or job["state"] != "running":
+                return None
+            labels = json.loads(job["labels"] or "{}")
+            labels["preempted"] = str(int(labels.get("preempted", 0) or 0) + 1)
+            message = f"preempted for {by}; queued again, resumes from its last checkpoint"
+            done = connection.execute(
+                update(jobs_table)
+                .where(jobs_table.c.id == job_id, jobs_table.c.state == "running", jobs_table.c.attempts == job["attempts"])
+                .values(**self.requeued(message), labels=json.dumps(labels), attempts=max(job["attempts"] - 1, 0))
+            )
+            if done.rowcount != 1:
+                return None
+            self._release(connection, job_id, None, now)
+        return dict(job)
 
     def requeue(self, job: dict, now: float | None = None, message: str = "") -> bool:
         """Send a stale job no launcher can see back to the queue, freeing its GPUs; False if the row changed."""

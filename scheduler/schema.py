@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError
 
 from drape import JOB_KINDS
+from scheduler.policy import JobRequest, RunningJob
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 KINDS = JOB_KINDS
@@ -106,21 +107,56 @@ class JobSpec:
     labels: dict[str, str] = field(default_factory=dict)
     id: str | None = None
     gpu_models: list[str] = field(default_factory=list)  # the GPU models it may run on (a part of the name each); empty: any
+    exclusive: bool = False  # runs alone on its GPU: never co-located, never preempted
+    share: float = 1.0  # the part of a GPU's compute it declares it uses; under 1 it is co-located by declaration
 
     def __post_init__(self) -> None:
         if any(not isinstance(m, str) or not m.strip() or "|" in m for m in self.gpu_models):
             raise QueueError(f"job gpu_models must be non-empty names without '|', got {self.gpu_models}")
+        if not isinstance(self.share, (int, float)) or not 0 < self.share <= 1:
+            raise QueueError(f"job share must be a number in (0, 1] (the part of a GPU's compute it uses), got {self.share!r}")
+        if self.exclusive and self.share < 1:
+            raise QueueError(f"an exclusive job runs alone; it cannot declare a share of {self.share}")
 
     def stored_labels(self) -> dict[str, str]:
-        """The labels as stored: the allowed GPU models travel among them (`models_of` reads them back)."""
-        return {**self.labels, **({"gpu_models": "|".join(self.gpu_models)} if self.gpu_models else {})}
+        """The labels as stored: the scheduling fields travel among them (`scheduling_of` reads them back)."""
+        extra = {
+            "gpu_models": "|".join(self.gpu_models) if self.gpu_models else None,
+            "exclusive": "true" if self.exclusive else None,
+            "share": f"{self.share:g}" if self.share < 1 else None,
+        }
+        return {**self.labels, **{key: value for key, value in extra.items() if value is not None}}
 
 
-def models_of(labels: str | None) -> tuple[str, ...]:
-    """The allowed GPU models in a job's stored labels (JSON); most jobs name none, and no JSON is parsed."""
-    if not labels or "gpu_models" not in labels:
-        return ()
-    return tuple(m for m in str(json.loads(labels).get("gpu_models", "")).split("|") if m)
+@dataclass(frozen=True)
+class Scheduling:
+    """What a job's stored labels say about where it may run (see `JobSpec`)."""
+
+    models: tuple[str, ...] = ()
+    exclusive: bool = False
+    share: float = 1.0
+    preempted: int = 0
+
+
+SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted")
+
+
+def scheduling_of(labels: str | None) -> Scheduling:
+    """The scheduling fields in a job's stored labels (JSON); most jobs carry none, and then no JSON is parsed."""
+    if not labels or not any(key in labels for key in SCHEDULING_KEYS):
+        return Scheduling()
+    found = json.loads(labels)
+    try:
+        share = min(max(float(found.get("share", 1.0)), 1e-3), 1.0)
+        preempted = max(int(found.get("preempted", 0)), 0)
+    except (TypeError, ValueError):  # labels are input: a bad value schedules as if absent
+        share, preempted = 1.0, 0
+    return Scheduling(
+        tuple(m for m in str(found.get("gpu_models", "")).split("|") if m),
+        str(found.get("exclusive", "")).lower() == "true",
+        share,
+        preempted,
+    )
 
 
 def sqlite_immediate(engine: Engine) -> None:
@@ -162,3 +198,30 @@ def open_engine(url: str) -> Engine:
     except OperationalError as error:
         raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from None
     return engine
+
+
+def job_request(row) -> JobRequest:
+    """A queued job's row (id, priority, submit_s, gpus, mem_gib, duration_s, labels) as the policy sees it."""
+    how = scheduling_of(row.labels)
+    return JobRequest(
+        row.id,
+        row.priority,
+        row.submit_s,
+        row.gpus,
+        row.mem_gib,
+        row.duration_s,
+        how.models,
+        how.exclusive,
+        how.share,
+        how.preempted,
+    )
+
+
+def running_job(row) -> RunningJob:
+    """A running job's row (id, assigned, mem_gib, start_s, duration_s, priority, labels) as the policy
+    sees it: a single-GPU job that did not ask to run alone is one it may preempt."""
+    how, gpus = scheduling_of(row.labels), tuple(json.loads(row.assigned or "[]"))
+    end = (row.start_s or 0) + row.duration_s
+    return RunningJob(
+        row.id, gpus, row.mem_gib, end, row.priority, len(gpus) == 1 and not how.exclusive, how.preempted, how.models
+    )

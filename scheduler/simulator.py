@@ -12,23 +12,35 @@ slowdown: such a job runs at its own pace whatever it shares with, so it is not 
 The offered-load bound is the utilization no policy can beat on the trace: all its GPU-work
 done back to back, in no less than the time the last job needs after it is submitted.
 
+A job that declares a `share` under 1 of a GPU's compute keeps full pace while the declared
+shares on its GPU sum to at most 1; past that, each job on the GPU progresses at
+(1 + overlap × (n − 1)) / (sum of shares), the rule above when no job declares a share.
+
+Preemption (`scheduler/preemption.py`): a preempted job returns to the queue with its remaining
+work plus what it loses: the work since its last checkpoint (one every `CHECKPOINT_EVERY_S` of
+progress) and a restart (`RESTART_S`). Its wait to start again is reported apart from first waits.
+
 Optional trace columns: `gpu_models` (the models a job may run on, `|`-separated parts of a model
-name; empty: any) and `measured` (alone | shared). Waits are reported per job class (1, 2-4 and
-5-8 GPUs), and a placement on a model a job excludes is a violation.
+name; empty: any), `measured` (alone | shared), `sharing` (shareable | exclusive) and `share`.
+Waits are reported per job class (1, 2-4 and 5-8 GPUs), and a placement on a model a job
+excludes is a violation.
 """
 
 from __future__ import annotations
 
 import csv
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
-from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed, get_policy
+from scheduler.baselines import get_policy
+from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed
 
 CONTENTION_OVERLAP = 0.07
+CHECKPOINT_EVERY_S = 600.0  # a preempted job resumes from its last checkpoint, taken every 10 min of progress
+RESTART_S = 60.0  # and pays a restart (launch, load the checkpoint)
 TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
 
 
@@ -47,6 +59,8 @@ class TraceJob:
     kind: str
     models: tuple[str, ...] = ()
     measured: str = "alone"
+    exclusive: bool = False
+    share: float = 1.0
 
 
 def job_class(gpus: int) -> str:
@@ -75,6 +89,8 @@ def load_trace(path: str | Path) -> list[TraceJob]:
                     row["kind"],
                     tuple(m for m in (row.get("gpu_models") or "").split("|") if m),
                     row.get("measured") or "alone",
+                    (row.get("sharing") or "shareable") == "exclusive",
+                    float(row.get("share") or 1.0),
                 )
             except ValueError as error:
                 raise TraceError(f"{path}:{line}: {error}") from None
@@ -82,6 +98,8 @@ def load_trace(path: str | Path) -> list[TraceJob]:
                 raise TraceError(f"{path}:{line}: duration_s, gpus and peak_mem_gib must be positive")
             if job.measured not in ("alone", "shared"):
                 raise TraceError(f"{path}:{line}: measured must be alone or shared, got {job.measured!r}")
+            if (row.get("sharing") or "shareable") not in ("shareable", "exclusive") or not 0 < job.share <= 1:
+                raise TraceError(f"{path}:{line}: sharing must be shareable or exclusive and share in (0, 1]")
             jobs.append(job)
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
 
@@ -126,14 +144,18 @@ class SimResult:
     placements_by_model: dict[str, int]
     class_waits: dict[str, dict[str, float]] = field(default_factory=dict)  # class → jobs, mean, p95, max (s)
     violations: int = 0  # placements on a GPU model the job excludes
+    preemptions: int = 0
+    lost_gpu_h: float = 0.0  # GPU-hours of work preemption threw away (since the last checkpoint, and restarts)
+    max_requeue_wait_s: float = 0.0  # the longest a preempted job waited to start again
 
     @property
     def of_bound(self) -> float:
         return self.utilization / self.bound if self.bound else 0.0
 
 
-def _share(jobs_on_gpu: int) -> float:
-    return (1 + CONTENTION_OVERLAP * (jobs_on_gpu - 1)) / jobs_on_gpu
+def _pace(gpu: GpuState) -> float:
+    """Each job's pace on `gpu`: full while the declared shares fit in one GPU, else split."""
+    return min(1.0, (1 + CONTENTION_OVERLAP * (gpu.jobs - 1)) / max(gpu.shares, 1e-9))
 
 
 def offered_load_bound(trace: list[TraceJob], num_gpus: int) -> float:
@@ -166,50 +188,63 @@ def _check_fits(trace: list[TraceJob], fleet: list[GpuState]) -> None:
             )
 
 
+def _release(record: dict, gpus: dict[str, GpuState]) -> None:
+    for uuid in record["gpus"]:
+        gpu = gpus[uuid]
+        gpu.jobs -= 1
+        gpu.shares = gpu.shares - record["share"] if gpu.jobs else 0.0
+        gpu.exclusive = gpu.exclusive and not record["alone"]
+        gpu.allocated_gib = gpu.allocated_gib - record["mem"] if gpu.jobs else 0.0
+
+
 def _release_finished(running: dict[str, dict], gpus: dict[str, GpuState]) -> bool:
     """Free the GPUs of the jobs that are done; True when any was."""
     done = [jid for jid, r in running.items() if r["remaining"] <= 1e-6]
     for jid in done:
-        record = running.pop(jid)
-        for uuid in record["gpus"]:
-            gpus[uuid].jobs -= 1
-            gpus[uuid].exclusive = gpus[uuid].exclusive and len(record["gpus"]) == 1
-            gpus[uuid].allocated_gib = gpus[uuid].allocated_gib - record["mem"] if gpus[uuid].jobs else 0.0
+        _release(running.pop(jid), gpus)
     return bool(done)
 
 
 def _start(
     placement: Placement, request: JobRequest, running: dict[str, dict], gpus: dict[str, GpuState], clock: float, shared: bool
 ) -> None:
+    alone = len(placement.gpus) > 1 or request.exclusive
     for uuid in placement.gpus:
         gpus[uuid].jobs += 1
         gpus[uuid].allocated_gib += placement.mem_gib
-        gpus[uuid].exclusive = len(placement.gpus) > 1
+        gpus[uuid].shares += request.share
+        gpus[uuid].exclusive = alone
     running[placement.job_id] = {
         "gpus": placement.gpus,
         "mem": placement.mem_gib,
         "remaining": request.duration_s,
         "expected_end": clock + request.duration_s,
         "shared": shared,  # its duration was measured while sharing: it keeps its own pace
+        "share": request.share,
+        "alone": alone,
+        "request": request,
     }
 
 
+def _preempt(job_id: str, running: dict[str, dict], gpus: dict[str, GpuState], clock: float) -> tuple[JobRequest, float]:
+    """Stop `job_id` and return it to the queue with what is left of its work plus what preemption
+    costs: the work since its last checkpoint (every `CHECKPOINT_EVERY_S` of progress) and a restart."""
+    record = running.pop(job_id)
+    _release(record, gpus)
+    request: JobRequest = record["request"]
+    done = request.duration_s - record["remaining"]
+    lost = done % CHECKPOINT_EVERY_S + RESTART_S
+    again = replace(request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1)
+    return again, lost * len(record["gpus"])
+
+
 def _result(
-    policy: str,
-    trace: list[TraceJob],
-    gpus: dict[str, GpuState],
-    busy: float,
-    allocated: float,
-    waits: list[float],
-    placed_on: dict[str, int],
-    finish_last: float,
-    classed: list[tuple[str, float]],
-    violations: int,
+    policy: str, trace: list[TraceJob], gpus: dict[str, GpuState], busy: float, allocated: float, finish_last: float, tally
 ) -> SimResult:
     start = trace[0].submit_s if trace else 0.0
     makespan = max(finish_last - start, 1e-9)
     total_memory = sum(g.total_gib for g in gpus.values())
-    ordered = sorted(waits)
+    waits, ordered = tally.waits, sorted(tally.waits)
     p95 = ordered[int(0.95 * (len(ordered) - 1))] if ordered else 0.0
     return SimResult(
         policy,
@@ -222,10 +257,78 @@ def _result(
         sum(1 for w in waits if w > STARVED_AFTER_S),
         makespan,
         offered_load_bound(trace, len(gpus)) if trace else 0.0,
-        placed_on,
-        _waits_by_class(classed),
-        violations,
+        tally.placed_on,
+        _waits_by_class(tally.classed),
+        tally.violations,
+        tally.preemptions,
+        tally.lost_gpu_s / 3600,
+        max(tally.requeue_waits, default=0.0),
     )
+
+
+@dataclass
+class _Tally:
+    """What a replay counts as it goes."""
+
+    waits: list[float] = field(default_factory=list)  # first starts only
+    classed: list[tuple[str, float]] = field(default_factory=list)
+    requeue_waits: list[float] = field(default_factory=list)  # preemption → start again
+    preempted_at: dict[str, float] = field(default_factory=dict)
+    violations: int = 0
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    placed_on: dict[str, int] = field(default_factory=dict)
+
+
+def _apply(
+    placements: list[Placement],
+    pending: dict[str, JobRequest],
+    running: dict,
+    gpus: dict,
+    by_id: dict,
+    clock: float,
+    tally: _Tally,
+) -> bool:
+    """Start the placements (preempting what they evict first); True when any job was preempted."""
+    evicted = False
+    for placement in placements:
+        for victim in placement.evicts:
+            pending[victim], lost = _preempt(victim, running, gpus, clock)
+            tally.preemptions, tally.lost_gpu_s, evicted = tally.preemptions + 1, tally.lost_gpu_s + lost, True
+            tally.preempted_at[victim] = clock
+        request, job = pending.pop(placement.job_id), by_id[placement.job_id]
+        _start(placement, request, running, gpus, clock, job.measured == "shared")
+        if placement.job_id in tally.preempted_at:
+            tally.requeue_waits.append(clock - tally.preempted_at.pop(placement.job_id))
+            continue
+        tally.waits.append(clock - job.submit_s)
+        tally.classed.append((job_class(job.gpus), clock - job.submit_s))
+        tally.violations += any(not allowed(request, gpus[u].model) for u in placement.gpus)
+        model = gpus[placement.gpus[0]].model
+        tally.placed_on[model] = tally.placed_on.get(model, 0) + 1
+    return evicted
+
+
+def _request(job: TraceJob) -> JobRequest:
+    return JobRequest(
+        job.job_id, job.priority, job.submit_s, job.gpus, job.peak_mem_gib, job.duration_s, job.models, job.exclusive, job.share
+    )
+
+
+def _ongoing(running: dict[str, dict]) -> list[RunningJob]:
+    return [
+        RunningJob(
+            jid,
+            tuple(r["gpus"]),
+            r["mem"],
+            r["expected_end"],
+            r["request"].priority,
+            not r["alone"],
+            r["request"].preempted,
+            r["request"].models,
+        )
+        for jid, r in running.items()
+    ]
 
 
 def simulate(
@@ -238,17 +341,17 @@ def simulate(
     by_id = {j.job_id: j for j in trace}
     pending: dict[str, JobRequest] = {}
     running: dict[str, dict] = {}
-    waits: list[float] = []
-    classed: list[tuple[str, float]] = []
-    violations = 0
-    placed_on: dict[str, int] = {}
+    tally = _Tally()
     clock, arrival, busy, allocated = trace[0].submit_s if trace else 0.0, 0, 0.0, 0.0
     finish_last = clock
     while arrival < len(trace) or pending or running:
         # 1. advance the clock to the next finish or arrival, progressing running jobs at their shared rates
-        rates = {jid: 1.0 if r["shared"] else min(_share(gpus[u].jobs) for u in r["gpus"]) for jid, r in running.items()}
+        rates = {jid: 1.0 if r["shared"] else min(_pace(gpus[u]) for u in r["gpus"]) for jid, r in running.items()}
         next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
-        upcoming = min(next_finish, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
+        patience = config.preempt_after_s if policy == "drape" else None
+        starving = [j.submit_s + patience for j in pending.values() if patience is not None and j.gpus > 1]
+        wake = min((t for t in starving if t > clock), default=float("inf"))  # a waiting gang job may preempt then
+        upcoming = min(next_finish, wake, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):
             raise TraceError(f"policy {policy} can never place {sorted(pending)[:3]} on this fleet")
         elapsed = upcoming - clock
@@ -261,56 +364,11 @@ def simulate(
         if _release_finished(running, gpus):
             finish_last = clock
         while arrival < len(trace) and trace[arrival].submit_s <= clock:
-            job = trace[arrival]
-            pending[job.job_id] = JobRequest(
-                job.job_id, job.priority, job.submit_s, job.gpus, job.peak_mem_gib, job.duration_s, job.models
-            )
+            pending[trace[arrival].job_id] = _request(trace[arrival])
             arrival += 1
-        if not pending:
-            continue
-        # 3. the live policy places what it can
-        ongoing = [RunningJob(jid, tuple(r["gpus"]), r["mem"], r["expected_end"]) for jid, r in running.items()]
-        for placement in plan(list(pending.values()), list(gpus.values()), ongoing, clock, config):
-            request, job = pending.pop(placement.job_id), by_id[placement.job_id]
-            _start(placement, request, running, gpus, clock, job.measured == "shared")
-            waits.append(clock - job.submit_s)
-            classed.append((job_class(job.gpus), clock - job.submit_s))
-            violations += any(not allowed(request, gpus[u].model) for u in placement.gpus)
-            model = gpus[placement.gpus[0]].model
-            placed_on[model] = placed_on.get(model, 0) + 1
-    return _result(policy, trace, gpus, busy, allocated, waits, placed_on, finish_last, classed, violations)
-
-
-def render(results: list[SimResult]) -> str:
-    """A Markdown table of simulation results, plus the contention model in one line."""
-    lines = [
-        "| policy | jobs | GPUs | GPU util | of bound | mem util | mean wait | p95 wait | starved (>1 h) | makespan "
-        "| placements by GPU model |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in results:
-        models = ", ".join(f"{m}: {n}" for m, n in sorted(r.placements_by_model.items()))
-        lines.append(
-            f"| {r.policy} | {r.jobs} | {r.gpus} | {100 * r.utilization:.1f}% | {r.of_bound:.2f} | "
-            f"{100 * r.memory_utilization:.1f}% | {r.mean_wait_s / 60:.1f} min | {r.p95_wait_s / 60:.1f} min | "
-            f"{r.starved} | {r.makespan_s / 3600:.1f} h | {models} |"
-        )
-    lines += [
-        "",
-        "| policy | waits: 1 GPU (mean / p95 / max) | 2-4 GPUs | 5-8 GPUs | constraint violations |",
-        "|---|---|---|---|---|",
-    ]
-    for r in results:
-        cells = [
-            f"{w['mean_s'] / 60:.1f} / {w['p95_s'] / 60:.1f} / {w['max_s'] / 60:.1f} min ({w['jobs']:.0f} jobs)"
-            if (w := r.class_waits.get(name))
-            else "-"
-            for name in ("1", "2-4", "5-8")
-        ]
-        lines.append(f"| {r.policy} | {' | '.join(cells)} | {r.violations} |")
-    if results:
-        lines.append(
-            f"\noffered-load bound {100 * results[0].bound:.1f}%; contention: n jobs on one GPU progress at "
-            f"(1 + {CONTENTION_OVERLAP} × (n − 1)) / n each (compute-bound); utilization = busy GPU-time / capacity"
-        )
-    return "\n".join(lines)
+        # 3. the live policy places what it can; preempted jobs are planned again at once
+        for _ in range(4):
+            placements = plan(list(pending.values()), list(gpus.values()), _ongoing(running), clock, config) if pending else []
+            if not _apply(placements, pending, running, gpus, by_id, clock, tally):
+                break
+    return _result(policy, trace, gpus, busy, allocated, finish_last, tally)

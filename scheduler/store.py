@@ -38,10 +38,11 @@ from scheduler.schema import (
     allocation_log,
     allocations_table,
     gpus_table,
+    job_request,
     jobs_table,
     measurements_table,
-    models_of,
     open_engine,
+    running_job,
 )
 
 
@@ -146,15 +147,14 @@ class JobStore(LeaseMixin):
         columns = [jobs_table.c[name] for name in ("id", "priority", "submit_s", "gpus", "mem_gib", "duration_s", "labels")]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "queued")).all()
-        return [JobRequest(r.id, r.priority, r.submit_s, r.gpus, r.mem_gib, r.duration_s, models_of(r.labels)) for r in rows]
+        return [job_request(r) for r in rows]
 
     def running(self) -> list[RunningJob]:
-        columns = [
-            jobs_table.c[name] for name in ("id", "assigned", "mem_gib", "start_s", "duration_s", "kind", "stage", "labels")
-        ]
+        """Running jobs as the policy sees them (what it may preempt: shareable single-GPU jobs)."""
+        names = ("id", "assigned", "mem_gib", "start_s", "duration_s", "priority", "labels")
         with self.engine.connect() as connection:
-            rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
-        return [RunningJob(r.id, tuple(json.loads(r.assigned or "[]")), r.mem_gib, (r.start_s or 0) + r.duration_s) for r in rows]
+            rows = connection.execute(select(*[jobs_table.c[n] for n in names]).where(jobs_table.c.state == "running")).all()
+        return [running_job(r) for r in rows]
 
     def running_labels(self) -> list[tuple[str, str, str, str, list[str], float]]:
         """(job id, kind, stage, run, GPUs, GiB per GPU) of running jobs: what the join dashboard shows."""

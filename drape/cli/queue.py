@@ -25,6 +25,8 @@ def queue_submit(
     priority: int = typer.Option(3, help="higher runs first; waiting raises it (aging)"),
     stage: str | None = typer.Option(None),
     gpu_model: list[str] = typer.Option([], help="a GPU model it may run on, a part of its name (repeat; default: any)"),
+    exclusive: bool = typer.Option(False, help="run alone on its GPU: never co-located, never preempted"),
+    share: float = typer.Option(1.0, help="the part of a GPU's compute it uses; under 1 it shares a GPU by declaration"),
     config: Path | None = ConfigOption,
 ) -> None:
     """Queue the command after `--` (e.g. drape queue submit --kind gate-eval --mem-gib 12 -- python -m x)."""
@@ -43,6 +45,8 @@ def queue_submit(
             priority=priority,
             stage=stage,
             gpu_models=gpu_model,
+            exclusive=exclusive,
+            share=share,
         )
         job_id = JobStore(cfg.queue_url).submit(spec)
     except QueueError as error:
@@ -195,8 +199,9 @@ def queue_simulate(
     policy: str = typer.Option("fifo-exclusive,drape", help="policies to compare, comma-separated"),
 ) -> None:
     """Replay a trace against a fleet with the live policy code; utilization, waits, starvation, bound."""
-    from scheduler.policy import POLICIES
-    from scheduler.simulator import TraceError, load_fleet, load_trace, render, simulate
+    from scheduler.baselines import POLICIES
+    from scheduler.simulator import TraceError, load_fleet, load_trace, simulate
+    from scheduler.tables import render
 
     names = [p for p in policy.split(",") if p]
     unknown = [p for p in names if p not in POLICIES]

@@ -103,6 +103,13 @@ class QueueConfig(StrictModel):
     policy: Literal["drape", "fifo-exclusive"] = "drape"
     aging_per_hour: float = Field(default=1.0, ge=0)
     max_jobs_per_gpu: int = Field(default=4, gt=0)
+    preempt_after_seconds: float = Field(
+        default=1200.0,
+        ge=0,
+        description="a multi-GPU job waiting this long may preempt lower-priority shareable single-GPU jobs that can "
+        "restart at once on idle GPUs elsewhere (they resume from their checkpoints); 0: never preempt",
+    )
+    max_preemptions: int = Field(default=2, ge=0, description="times one job may be preempted")
     headroom: float = Field(default=0.10, ge=0, description="added to measured p95 peak memory")
     lease_seconds: float = Field(
         default=60.0, gt=0, description="a dispatcher silent this long loses its jobs: adopted by another, or requeued"

@@ -409,6 +409,16 @@ def test_kubernetes_objects_validate_against_the_api_schema():
         "spec": operator["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"],
     }
     kubernetes_validate.validate(template, "1.33", strict=True)
+    assert pod.affinity is None  # any model: the node selector pins the placed one
+    settings = settings.model_copy(update={"products": {**settings.products, "L40S-48GB": "NVIDIA-L40S"}})
+    pinned = build_job({**job, "labels": json.dumps({"gpu_models": "H100|A100"})}, one_node, settings)
+    kubernetes_validate.validate(api.sanitize_for_serialization(pinned), "1.33", strict=True)
+    (term,) = (
+        pinned.spec.template.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+    )
+    (requirement,) = term.match_expressions
+    assert requirement.key == "nvidia.com/gpu.product" and requirement.operator == "In"
+    assert "NVIDIA-H100-80GB-HBM3" in requirement.values and "NVIDIA-L40S" not in requirement.values
     broken = api.sanitize_for_serialization(single)
     broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limitz"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
@@ -488,3 +498,61 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows_and_one_no_gpu_can_hold_fai
     assert failed["state"] == "failed" and "models it allows (A100)" in failed["message"]
     with pytest.raises(Exception, match="gpu_models must be non-empty names"):
         JobSpec(kind="gate-eval", mem_gib=10, duration_s=60, command=["true"], gpu_models=["H100|A100"])
+
+
+def test_a_starving_stage_job_preempts_a_service_that_restarts_at_once_elsewhere(tmp_path):
+    """Preemption end to end with real processes: two H100 nodes each hold one H100-only service, so
+    a 4-GPU stage job that has waited an hour fits neither. The dispatcher preempts one service
+    (stops its process, requeues it without spending an attempt, counts the preemption), starts the
+    stage job on that node, and the service starts again on the other node's idle GPUs."""
+    from scheduler.dispatcher import Dispatcher
+
+    config, _ = _config_file(tmp_path)
+    store = JobStore(config.queue_url)
+    dispatcher = Dispatcher(config, store)
+    starts = tmp_path / "starts"
+    starts.mkdir()
+    record = f'echo "$CUDA_VISIBLE_DEVICES" >> {starts}/"$DRAPE_JOB_ID"; exec sleep 120'
+    services = [
+        store.submit(
+            JobSpec(kind="inference-benchmark", mem_gib=30, duration_s=3600, gpu_models=["H100"], command=["sh", "-c", record])
+        )
+        for _ in range(5)
+    ]
+    dispatcher.cycle()
+    node = {job: json.loads(store.get(job)["assigned"])[0].split("/")[0] for job in services}
+    packed = max(set(node.values()), key=list(node.values()).count)
+    assert list(node.values()).count(packed) == 4  # fullest node first: four on one node, the fifth on the other
+    for job in [job for job in services if node[job] == packed][:3]:
+        store.cancel(job)
+    dispatcher.cycle()
+    survivors = [job for job in services if store.get(job)["state"] == "running"]
+    handles = {job: store.get(job)["handle"] for job in survivors}
+    stage = store.submit(
+        JobSpec(kind="stage-training", gpus=4, mem_gib=70, duration_s=600, priority=5, command=["sh", "-c", "exec sleep 120"]),
+        now=time.time() - 3600,
+    )
+    try:
+        report = dispatcher.cycle()
+        assert stage in report.started and len(report.preempted) == 1, report
+        (victim,) = report.preempted
+        row = store.get(victim)
+        assert row["state"] == "queued" and f"preempted for {stage}" in row["message"] and row["attempts"] == 0
+        assert json.loads(row["labels"])["preempted"] == "1"
+        pid = int(handles[victim].split(":")[1])
+        assert not os.path.exists(f"/proc/{pid}") or "zombie" in open(f"/proc/{pid}/status").read().lower()
+        stage_node = json.loads(store.get(stage)["assigned"])[0].split("/")[0]
+        assert node[victim] == stage_node
+        again = dispatcher.cycle()
+        assert victim in again.started
+        assert json.loads(store.get(victim)["assigned"])[0].split("/")[0] not in (stage_node, "l40s-00")
+        deadline = time.monotonic() + 20
+        while len((starts / victim).read_text().split()) < 2:
+            assert time.monotonic() < deadline, "the preempted service never started again"
+            time.sleep(0.05)
+        stage_gpus = json.loads(store.get(stage)["assigned"])
+        assert all(store.ledger()[gpu][1] == 1 for gpu in stage_gpus)  # the stage job alone on its GPUs
+    finally:
+        for job in [*survivors, stage]:
+            store.cancel(job)
+        dispatcher.cycle()

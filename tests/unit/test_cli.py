@@ -30,7 +30,7 @@ EXPECTED_COMMANDS = {
         "redraws",
         "nuisance",
     ],
-    "queue submit": ["kind", "mem_gib", "duration", "gpus", "priority", "stage", "gpu_model", "config"],
+    "queue submit": ["kind", "mem_gib", "duration", "gpus", "priority", "stage", "gpu_model", "exclusive", "share", "config"],
     "queue list": ["config", "state", "limit"],
     "queue cancel": ["job_id", "config"],
     "queue dispatch": ["config", "once", "metrics_port"],

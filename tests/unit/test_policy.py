@@ -1,6 +1,7 @@
 """Placement policy: best fit by memory, idle-awareness, whole GPUs, aging, EASY backfill, the baseline."""
 
-from scheduler.policy import GpuState, JobRequest, PolicyConfig, RunningJob, plan_drape, plan_fifo_exclusive
+from scheduler.baselines import plan_fifo_exclusive
+from scheduler.policy import GpuState, JobRequest, PolicyConfig, RunningJob, plan_drape
 
 
 def fleet(h100=2, l40s=2, per_node=2):
@@ -99,7 +100,7 @@ def test_single_gpu_jobs_fill_the_fullest_node_and_keep_whole_nodes_free():
 
 
 def test_a_job_runs_only_on_the_gpu_models_it_allows():
-    from scheduler.policy import plan_kueue_like
+    from scheduler.baselines import plan_kueue_like
 
     gpus = fleet(h100=2, l40s=2)
     small_on_h100 = JobRequest("x", 3, 0.0, 1, 10.0, 600.0, ("H100",))  # would best-fit an L40S
@@ -110,3 +111,88 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows():
     assert plan_drape([only_a100], gpus, [], now=0) == [] and plan_kueue_like([only_a100], gpus, [], now=0) == []
     (kueue,) = plan_kueue_like([small_on_h100], gpus, [], now=0)
     assert kueue.gpus[0].startswith("h")
+
+
+def _occupied(per_node=4, nodes=2):
+    """Two H100 nodes of four GPUs, each holding one long single-GPU job on its first GPU."""
+    gpus = fleet(h100=per_node * nodes, l40s=0, per_node=per_node)
+    running = []
+    for node in range(nodes):
+        gpu = gpus[node * per_node]
+        gpu.jobs, gpu.allocated_gib, gpu.shares = 1, 30.0, 1.0
+        running.append(RunningJob(f"svc{node}", (gpu.uuid,), 30.0, 90_000.0, priority=3, shareable=True))
+    return gpus, running
+
+
+def test_a_starving_gang_job_moves_shareable_jobs_off_a_node():
+    gpus, running = _occupied()
+    gang = job("gang", 70, gpus=4, priority=5, submit=0.0)
+    assert plan_drape([gang], gpus, running, now=600.0) == []  # waited 10 min: not starving yet, nothing fits
+    (placement,) = plan_drape([gang], gpus, running, now=1300.0)
+    assert len(placement.evicts) == 1 and placement.evicts[0] in ("svc0", "svc1")
+    node = placement.gpus[0].split("/")[0]
+    assert {g.split("/")[0] for g in placement.gpus} == {node} and len(placement.gpus) == 4
+    victim_gpu = next(r.gpus[0] for r in running if r.id == placement.evicts[0])
+    assert victim_gpu in placement.gpus  # the preempted job's GPU is the one the gang job needed
+    assert plan_drape([gang], gpus, running, now=1300.0, config=PolicyConfig(preempt_after_s=None)) == []
+
+
+def test_preemption_spares_what_it_may_not_touch_and_what_cannot_restart_at_once():
+    gpus, running = _occupied()
+    gang = job("gang", 70, gpus=4, priority=5, submit=0.0)
+    alone = [RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, r.priority, shareable=False) for r in running]
+    assert plan_drape([gang], gpus, alone, now=5000.0) == []  # exclusive jobs are never preempted
+    higher = [RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, 5, True) for r in running]
+    assert plan_drape([gang], gpus, higher, now=5000.0) == []  # nor jobs of its own priority or higher
+    tired = [RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, 3, True, preempted=2) for r in running]
+    assert plan_drape([gang], gpus, tired, now=5000.0) == []  # nor jobs preempted max_preemptions times
+    for gpu in gpus:  # every other GPU busy with jobs the policy does not know: the victims could not restart
+        if not gpu.jobs:
+            gpu.observed_used_gib = 60.0
+    assert plan_drape([gang], gpus, running, now=5000.0) == []
+    h100_only = [RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, 3, True, models=("H100",)) for r in running]
+    gpus, _ = _occupied(nodes=1)  # one node: the victim could restart only on the idle L40S GPUs elsewhere
+    with_l40s = gpus + fleet(h100=0, l40s=2)
+    running, h100_only = running[:1], h100_only[:1]
+    assert plan_drape([gang], with_l40s, h100_only, now=5000.0) == []
+    (placement,) = plan_drape([gang], with_l40s, running, now=5000.0)  # one that may run anywhere moves there
+    assert placement.evicts == ("svc0",)
+
+
+def test_declared_shares_colocate_before_idle_gpus_and_exclusive_jobs_run_alone():
+    gpus = fleet(h100=2, l40s=0, per_node=2)
+    half = [JobRequest(f"s{i}", 3, float(i), 1, 20.0, 600.0, share=0.5) for i in range(2)]
+    placed = plan_drape(half, gpus, [], now=10)
+    assert placed[0].gpus == placed[1].gpus  # two halves fill one GPU; the other stays idle and whole
+    full = [JobRequest(f"f{i}", 3, float(i), 1, 20.0, 600.0) for i in range(2)]
+    assert len({p.gpus for p in plan_drape(full, gpus, [], now=10)}) == 2  # undeclared: an idle GPU each
+    alone = JobRequest("x", 3, -1.0, 1, 20.0, 600.0, exclusive=True)  # first in line
+    (solo,) = plan_drape([alone, *half], fleet(h100=1, l40s=0), [], now=10)
+    assert solo.job_id == "x"  # nothing joins it, declared share or not
+    busy = fleet(h100=1, l40s=0)
+    busy[0].jobs, busy[0].allocated_gib, busy[0].shares = 1, 10.0, 0.5
+    assert plan_drape([alone], busy, [], now=10) == []  # and it never joins anyone
+
+
+def test_scheduling_fields_travel_with_the_job_and_bad_ones_are_refused(tmp_path):
+    import json
+
+    import pytest
+
+    from scheduler.schema import JobSpec, QueueError, scheduling_of
+    from scheduler.store import JobStore
+
+    store = JobStore(f"sqlite:///{tmp_path}/queue.db")
+    half = store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, share=0.5, gpu_models=["H100"]))
+    alone = store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, exclusive=True))
+    plain = store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, labels={"run": "r1"}))
+    pending = {j.id: j for j in store.pending()}
+    assert (pending[half].share, pending[half].exclusive, pending[half].models) == (0.5, False, ("H100",))
+    assert (pending[alone].share, pending[alone].exclusive) == (1.0, True)
+    assert (pending[plain].share, pending[plain].exclusive, pending[plain].preempted) == (1.0, False, 0)
+    assert json.loads(store.get(plain)["labels"]) == {"run": "r1"}  # nothing added for the defaults
+    for bad in ({"share": 0}, {"share": 1.5}, {"exclusive": True, "share": 0.5}):
+        with pytest.raises(QueueError, match="share"):
+            JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, **bad)
+    odd = scheduling_of(json.dumps({"share": "lots", "preempted": "x", "exclusive": "yes"}))  # labels are input
+    assert (odd.share, odd.preempted, odd.exclusive) == (1.0, 0, False)

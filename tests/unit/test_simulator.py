@@ -65,7 +65,7 @@ def test_cli_simulate_prints_both_policies(tmp_path):
 
 def test_waits_per_job_class_and_constraint_violations(tmp_path):
     from scheduler.policy import PolicyConfig
-    from scheduler.simulator import render
+    from scheduler.tables import render
 
     trace = tmp_path / "t.csv"
     trace.write_text(
@@ -91,4 +91,36 @@ def test_waits_per_job_class_and_constraint_violations(tmp_path):
     bad = tmp_path / "bad.csv"
     bad.write_text(trace.read_text().replace("shared", "sometimes"))
     with pytest.raises(TraceError, match="measured must be alone or shared"):
+        load_trace(bad)
+
+
+def test_a_starving_gang_job_preempts_and_the_work_lost_is_counted(tmp_path):
+    from scheduler.policy import PolicyConfig
+    from scheduler.simulator import CHECKPOINT_EVERY_S, RESTART_S
+    from scheduler.tables import render
+
+    trace = tmp_path / "t.csv"
+    trace.write_text(
+        "job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind,sharing,share\n"
+        "svc1,0,100,20,1,3,service,shareable,\n"
+        "svc2,1,5000,20,1,3,service,,\n"
+        "svc3,2,5000,20,1,3,service,exclusive,1\n"
+        "gang,200,1000,70,2,5,stage-training,,\n"
+    )
+    fleet = tmp_path / "f.yaml"
+    fleet.write_text("groups:\n  - {model: H100, memory_gib: 80, nodes: 2, gpus_per_node: 2, node_prefix: n}\n")
+    jobs = load_trace(trace)
+    assert [j.exclusive for j in jobs] == [False, False, True, False]
+    result = simulate(jobs, load_fleet(fleet), "drape")  # svc1 ends at 100: one idle GPU per node, the gang fits neither
+    assert result.preemptions == 1
+    assert result.class_waits["2-4"]["max_s"] == pytest.approx(1200)  # it preempts once it waited preempt_after_s
+    lost = (1400 - 1) % CHECKPOINT_EVERY_S + RESTART_S  # svc2's work since its last checkpoint, and a restart
+    assert result.lost_gpu_h == pytest.approx(lost / 3600)
+    assert result.max_requeue_wait_s == 0  # it moved to the other node's idle GPU at once
+    assert "| 1 | 0.1 GPU-h | 0.0 min |" in render([result])
+    patient = simulate(jobs, load_fleet(fleet), "drape", PolicyConfig(preempt_after_s=None))
+    assert patient.preemptions == 0 and patient.class_waits["2-4"]["max_s"] > 4000  # until svc2 or svc3 ends
+    bad = tmp_path / "bad.csv"
+    bad.write_text(trace.read_text().replace("exclusive,1", "exclusive,2"))
+    with pytest.raises(TraceError, match="share in"):
         load_trace(bad)
