@@ -67,6 +67,7 @@ def policy_config(config) -> PolicyConfig:
         max_jobs_per_gpu=queue.max_jobs_per_gpu,
         preempt_after_s=queue.preempt_after_seconds or None,
         max_preemptions=queue.max_preemptions,
+        spread_after_s=queue.spread_after_seconds or None,
     )
 
 
@@ -110,7 +111,7 @@ class Dispatcher:
             self._said = view.note
         by_uuid = {g.uuid: g for g in view.gpus}
         pending = self.store.pending()
-        planned = self.plan(pending, view.gpus, running, now, self.policy) if pending else []
+        planned = self.plan(pending, view.gpus, running, now, self.policy)  # with nothing queued it may still move jobs
         report.preempted = self._preempt(planned, now)
         granted = self.store.claim_many(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
         report.conflicts = len(planned) - len(granted)  # another dispatcher got there first; next cycle sees it
@@ -151,7 +152,8 @@ class Dispatcher:
                     self.launcher.cancel(victim, handle)
                 preempted.append(victim)
                 metrics.QUEUE_PREEMPTIONS.labels(kind=row["kind"]).inc()
-                print(f"queue: preempted {victim} ({row['kind']}) for {placement.job_id}; it resumes from its checkpoint")
+                why = "to move to an idle GPU" if victim == placement.job_id else f"for {placement.job_id}"
+                print(f"queue: preempted {victim} ({row['kind']}) {why}; it resumes from its checkpoint")
         return preempted
 
     def _fail_unplaceable(self, waiting: list, view: FleetView, now: float) -> None:

@@ -84,10 +84,11 @@ class LeaseMixin:
         }
 
     def preempt(self, job_id: str, by: str, now: float | None = None) -> dict | None:
-        """Return running job `job_id` to the queue for `by` (a starving multi-GPU job), freeing its
-        GPUs; it resumes from its last checkpoint when it starts again. Counts the preemption in its
-        labels (`preempted`) and does not spend one of its attempts. Returns the row as it was (its
-        dispatcher and handle: whoever can stop its launch does), or None if it is no longer running."""
+        """Return running job `job_id` to the queue for `by` (a starving multi-GPU job, or the job
+        itself when it moves off a crowded GPU), freeing its GPUs; it resumes from its last
+        checkpoint when it starts again. Counts the preemption in its labels (`preempted`) and does
+        not spend one of its attempts. Returns the row as it was (its dispatcher and handle: whoever
+        can stop its launch does), or None if it is no longer running."""
         now = time.time() if now is None else now
         with self.engine.begin() as connection:
             job = connection.execute(select(jobs_table).where(jobs_table.c.id == job_id)).mappings().first()
@@ -95,7 +96,8 @@ class LeaseMixin:
                 return None
             labels = json.loads(job["labels"] or "{}")
             labels["preempted"] = str(int(labels.get("preempted", 0) or 0) + 1)
-            message = f"preempted for {by}; queued again, resumes from its last checkpoint"
+            why = "moved off a crowded GPU to an idle one" if by == job_id else f"preempted for {by}"
+            message = f"{why}; queued again, resumes from its last checkpoint"
             done = connection.execute(
                 update(jobs_table)
                 .where(jobs_table.c.id == job_id, jobs_table.c.state == "running", jobs_table.c.attempts == job["attempts"])

@@ -19,7 +19,8 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
   minus the larger of the ledger's allocations and what DCGM sees in use;
 - whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run;
 - preemption: a multi-GPU job waiting `preempt_after_s` takes a node by moving lower-priority
-  shareable jobs elsewhere (`scheduler/preemption.py`);
+  shareable jobs elsewhere; and once nothing waits for them, idle GPUs take back jobs crowded
+  onto a shared GPU (`spread_after_s`; `scheduler/preemption.py`);
 - EASY backfill: the first job that cannot start gets a reservation (the earliest time and GPUs
   at which it fits, from the running jobs' expected ends); a later job may start now only if it
   ends before that time or does not touch the reserved GPUs.
@@ -30,7 +31,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from scheduler.preemption import Preemptor
+from scheduler.preemption import Preemptor, spread
 
 STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, simulator, alerts)
 
@@ -46,6 +47,7 @@ class PolicyConfig:
     constraints: bool = True  # honour each job's allowed GPU models (False: ignore them, as drape once did)
     preempt_after_s: float | None = 1200.0  # a multi-GPU job waiting this long may preempt (None: never)
     max_preemptions: int = 2  # a job is preempted at most this many times
+    spread_after_s: float | None = 3600.0  # move a crowded GPU's job expected to run this much longer to an idle GPU
     preempt_colocate: bool = False  # a preempted job may restart beside other jobs (False: idle GPUs only)
 
 
@@ -225,6 +227,14 @@ class _Pool:
             gpu.exclusive = gpu.exclusive or len(uuids) > 1 or job.exclusive
             self._index(gpu, sort=True)
 
+    def leave(self, uuid: str, job: JobRequest) -> None:
+        """Take `job` off GPU `uuid` (it moves in this pass)."""
+        gpu = self.gpus[uuid]
+        self._unindex(gpu)
+        gpu.allocated_gib, gpu.jobs = max(gpu.allocated_gib - job.mem_gib, 0.0), gpu.jobs - 1
+        gpu.shares = max(gpu.shares - job.share, 0.0) if gpu.jobs else 0.0
+        self._index(gpu, sort=True)
+
     def empty(self, uuids: tuple[str, ...]) -> None:
         """Free GPUs whose jobs were all preempted in this pass."""
         for uuid in uuids:
@@ -337,4 +347,8 @@ def plan_drape(
                 continue
         pool.take(choice, job)
         placements.append(Placement(job.id, choice, job.mem_gib))
+    if config.spread_after_s is not None and pool.idle:
+        placed = {p.job_id for p in placements}
+        if not any(j.gpus > 1 and j.id not in placed for j in pending):  # idle GPUs a waiting gang job needs stay idle
+            placements += spread(pool, running, now, config)
     return placements

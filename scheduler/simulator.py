@@ -368,7 +368,7 @@ def simulate(
             arrival += 1
         # 3. the live policy places what it can; preempted jobs are planned again at once
         for _ in range(4):
-            placements = plan(list(pending.values()), list(gpus.values()), _ongoing(running), clock, config) if pending else []
+            placements = plan(list(pending.values()), list(gpus.values()), _ongoing(running), clock, config)
             if not _apply(placements, pending, running, gpus, by_id, clock, tally):
                 break
     return _result(policy, trace, gpus, busy, allocated, finish_last, tally)

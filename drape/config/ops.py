@@ -109,7 +109,13 @@ class QueueConfig(StrictModel):
         description="a multi-GPU job waiting this long may preempt lower-priority shareable single-GPU jobs that can "
         "restart at once on idle GPUs elsewhere (they resume from their checkpoints); 0: never preempt",
     )
-    max_preemptions: int = Field(default=2, ge=0, description="times one job may be preempted")
+    max_preemptions: int = Field(default=2, ge=0, description="times one job may be preempted (or moved)")
+    spread_after_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="a job sharing a GPU past its compute and expected to run this much longer moves to an idle GPU "
+        "left once nothing waits for it (it resumes from its checkpoint); 0: never move",
+    )
     headroom: float = Field(default=0.10, ge=0, description="added to measured p95 peak memory")
     lease_seconds: float = Field(
         default=60.0, gt=0, description="a dispatcher silent this long loses its jobs: adopted by another, or requeued"

@@ -556,3 +556,33 @@ def test_a_starving_stage_job_preempts_a_service_that_restarts_at_once_elsewhere
         for job in [*survivors, stage]:
             store.cancel(job)
         dispatcher.cycle()
+
+
+def test_a_job_crowded_onto_a_shared_gpu_moves_to_a_gpu_that_frees_up(tmp_path):
+    """Spreading end to end: with every GPU taken, two more jobs share GPUs (the fallback); when a
+    GPU frees up and nothing waits, the dispatcher moves one of them there: preempted (its message
+    says why), claimed again on the idle GPU, and no GPU ever holds more than the ledger allows."""
+    from scheduler.dispatcher import Dispatcher
+    from scheduler.launchers import NullLauncher  # the test reads where the jobs were placed
+
+    config, _ = _config_file(tmp_path)
+    store = JobStore(config.queue_url)
+    dispatcher = Dispatcher(config, store, launcher=NullLauncher())
+    solo = [store.submit(JobSpec(kind="gate-eval", mem_gib=20, duration_s=7200, command=["true"])) for _ in range(12)]
+    dispatcher.cycle()
+    crowded = [store.submit(JobSpec(kind="gate-eval", mem_gib=20, duration_s=7200, command=["true"])) for _ in range(2)]
+    report = dispatcher.cycle()
+    assert sorted(report.started) == sorted(crowded) and not report.preempted
+    shared = {json.loads(store.get(job)["assigned"])[0] for job in crowded}
+    assert all(store.ledger()[gpu][1] == 2 for gpu in shared)
+    alone = next(job for job in solo if json.loads(store.get(job)["assigned"])[0] not in shared)
+    freed = json.loads(store.get(alone)["assigned"])[0]
+    store.cancel(alone)
+    report = dispatcher.cycle()
+    (moved,) = report.preempted
+    assert moved in crowded and report.started == [moved]
+    row = store.get(moved)
+    assert json.loads(row["assigned"]) == [freed] and json.loads(row["labels"])["preempted"] == "1"
+    assert "moved off a crowded GPU" in row["message"]
+    assert [e["event"] for e in store.allocation_events([moved])] == ["claim", "release", "claim"]
+    assert max(jobs for _, jobs in store.ledger().values()) == 2 and store.ledger()[freed] == (20.0, 1)

@@ -1,7 +1,7 @@
 """Placement policy: best fit by memory, idle-awareness, whole GPUs, aging, EASY backfill, the baseline."""
 
 from scheduler.baselines import plan_fifo_exclusive
-from scheduler.policy import GpuState, JobRequest, PolicyConfig, RunningJob, plan_drape
+from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, plan_drape
 
 
 def fleet(h100=2, l40s=2, per_node=2):
@@ -196,3 +196,20 @@ def test_scheduling_fields_travel_with_the_job_and_bad_ones_are_refused(tmp_path
             JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, **bad)
     odd = scheduling_of(json.dumps({"share": "lots", "preempted": "x", "exclusive": "yes"}))  # labels are input
     assert (odd.share, odd.preempted, odd.exclusive) == (1.0, 0, False)
+
+
+def test_idle_gpus_take_back_jobs_crowded_onto_one_gpu_once_nothing_waits_for_them():
+    gpus = fleet(h100=2, l40s=0, per_node=2)
+    gpus[0].jobs, gpus[0].allocated_gib, gpus[0].shares = 2, 60.0, 2.0  # two jobs share h0/gpu0 at half pace each
+    running = [
+        RunningJob("long", ("h0/gpu0",), 30.0, expected_end_s=10_000.0, priority=3, shareable=True),
+        RunningJob("short", ("h0/gpu0",), 30.0, expected_end_s=2_000.0, priority=3, shareable=True),
+    ]
+    (move,) = plan_drape([], gpus, running, now=0.0)
+    assert move == Placement("long", ("h0/gpu1",), 30.0, ("long",))  # the one with an hour or more left moves
+    assert plan_drape([], gpus, running, now=0.0, config=PolicyConfig(spread_after_s=None)) == []
+    gang = job("gang", 70, gpus=2, priority=5, submit=0.0)
+    assert all(p.job_id != "long" for p in plan_drape([gang], gpus, running, now=0.0))  # a waiting gang job keeps the idle GPU
+    declared = [RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, 3, True, share=0.5) for r in running]
+    gpus[0].shares = 1.0
+    assert plan_drape([], gpus, declared, now=0.0) == []  # shares that fit one GPU are not crowded
