@@ -17,7 +17,6 @@ import json
 import math
 import time
 import uuid
-from dataclasses import dataclass, field
 
 from sqlalchemy import (
     bindparam,
@@ -28,6 +27,7 @@ from sqlalchemy import (
     update,
 )
 
+from scheduler.claims import locked_ledger
 from scheduler.leases import LeaseMixin
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
 from scheduler.schema import (
@@ -44,32 +44,6 @@ from scheduler.schema import (
     open_engine,
     running_job,
 )
-
-
-@dataclass
-class _ClaimLedger:
-    """One claim transaction's view of the GPUs it touches: capacity, GiB allocated and jobs on each."""
-
-    totals: dict[str, float]
-    states: dict[str, str]
-    used: dict[str, float] = field(default_factory=dict)
-    jobs_on: dict[str, int] = field(default_factory=dict)
-
-    def admits(self, placement: Placement, max_jobs_per_gpu: int) -> bool:
-        if self.states.get(placement.job_id) != "queued" or not all(g in self.totals for g in placement.gpus):
-            return False
-        whole_gpus = len(placement.gpus) > 1  # multi-GPU jobs share with nobody
-        return not any(
-            self.used.get(g, 0.0) + placement.mem_gib > self.totals[g] + 1e-9
-            or self.jobs_on.get(g, 0) >= max_jobs_per_gpu
-            or (whole_gpus and self.jobs_on.get(g, 0))
-            for g in placement.gpus
-        )
-
-    def take(self, placement: Placement) -> None:
-        for g in placement.gpus:
-            self.used[g], self.jobs_on[g] = self.used.get(g, 0.0) + placement.mem_gib, self.jobs_on.get(g, 0) + 1
-        self.states[placement.job_id] = "running"
 
 
 class JobStore(LeaseMixin):
@@ -214,7 +188,7 @@ class JobStore(LeaseMixin):
             return []
         granted = []
         with self.engine.begin() as connection:
-            ledger = self._locked_ledger(connection, placements)
+            ledger = locked_ledger(connection, placements, self.is_sqlite)
             for placement in placements:
                 if ledger.admits(placement, max_jobs_per_gpu):
                     ledger.take(placement)
@@ -222,28 +196,6 @@ class JobStore(LeaseMixin):
             if granted:
                 self._record_claims(connection, granted, dispatcher, lease_seconds, now)
         return granted
-
-    def _locked_ledger(self, connection, placements: list[Placement]) -> _ClaimLedger:
-        """The wanted GPUs' capacity and allocations and the jobs' states, read under the claim's locks."""
-        wanted = sorted({g for p in placements for g in p.gpus})
-        gpu_rows = select(gpus_table).where(gpus_table.c.uuid.in_(wanted)).order_by(gpus_table.c.uuid)
-        job_rows = (
-            select(jobs_table.c.id, jobs_table.c.state)
-            .where(jobs_table.c.id.in_(sorted(p.job_id for p in placements)))
-            .order_by(jobs_table.c.id)
-        )
-        if not self.is_sqlite:  # PostgreSQL: lock the GPUs, then the jobs, always in key order (no deadlock cycles);
-            gpu_rows, job_rows = gpu_rows.with_for_update(), job_rows.with_for_update()  # a rival waits, then re-reads
-        ledger = _ClaimLedger(
-            {r.uuid: r.total_gib for r in connection.execute(gpu_rows)}, dict(connection.execute(job_rows).all())
-        )
-        for gpu, total, count in connection.execute(
-            select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count())
-            .where(allocations_table.c.gpu_uuid.in_(wanted))
-            .group_by(allocations_table.c.gpu_uuid)
-        ):
-            ledger.used[gpu], ledger.jobs_on[gpu] = float(total), int(count)
-        return ledger
 
     @staticmethod
     def _record_claims(connection, granted: list[Placement], dispatcher: str, lease_seconds: float, now: float) -> None:

@@ -213,3 +213,24 @@ def test_idle_gpus_take_back_jobs_crowded_onto_one_gpu_once_nothing_waits_for_th
     declared = [RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, 3, True, share=0.5) for r in running]
     gpus[0].shares = 1.0
     assert plan_drape([], gpus, declared, now=0.0) == []  # shares that fit one GPU are not crowded
+
+
+def test_a_claim_never_puts_a_job_beside_one_that_runs_alone_whatever_was_planned(tmp_path):
+    """Two dispatchers plan from what they read; the claim re-reads the ledger. A plan made before a
+    rival's gang claim must not put a small job on the gang's GPUs, though its memory would fit."""
+    from scheduler.schema import JobSpec
+    from scheduler.store import JobStore
+
+    store = JobStore(f"sqlite:///{tmp_path}/queue.db")
+    store.register_gpus([GpuState(f"n/gpu{i}", "n", "H100", 80.0) for i in range(4)])
+
+    def submit(**fields):
+        return store.submit(JobSpec(kind="gate-eval", command=["true"], duration_s=60, **{"mem_gib": 5.0, **fields}))
+
+    gang, small, alone, plain = submit(gpus=2, mem_gib=70.0), submit(), submit(exclusive=True), submit()
+    claim = lambda job_id, *gpus: store.claim(Placement(job_id, gpus, 70.0 if job_id == gang else 5.0), "d", 60, 4)  # noqa: E731
+    assert claim(gang, "n/gpu0", "n/gpu1")
+    assert not claim(small, "n/gpu0")  # 75 of 80 GiB would fit; the gang runs alone
+    assert claim(plain, "n/gpu2") and not claim(alone, "n/gpu2")  # an exclusive job joins nobody
+    assert claim(alone, "n/gpu3") and not claim(small, "n/gpu3")  # and nobody joins it
+    assert claim(small, "n/gpu2")
