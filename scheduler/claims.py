@@ -73,7 +73,10 @@ def locked_ledger(connection, placements: list[Placement], is_sqlite: bool) -> C
     lone = (
         select(allocations_table.c.gpu_uuid)
         .join(jobs_table, jobs_table.c.id == allocations_table.c.job_id)
-        .where(allocations_table.c.gpu_uuid.in_(wanted), or_(jobs_table.c.gpus > 1, jobs_table.c.labels.like('%"exclusive"%')))
+        .where(
+            allocations_table.c.gpu_uuid.in_(wanted),
+            or_(jobs_table.c.gpus > 1, jobs_table.c.labels.like('%"exclusive": "true"%')),
+        )
     )
     ledger.held_alone.update(row[0] for row in connection.execute(lone))
     return ledger

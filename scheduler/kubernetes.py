@@ -89,14 +89,13 @@ def _model_affinity(job: dict, model: str, settings):
     for a job that allows any model (the node selector pins the placed model's product)."""
     from kubernetes import client
 
-    from scheduler.policy import JobRequest, allowed
+    from scheduler.policy import allows
     from scheduler.schema import scheduling_of
 
     models = scheduling_of(job.get("labels")).models
     if not models:
         return None
-    probe = JobRequest(job["id"], 0, 0.0, 1, 0.0, 0.0, models)
-    products = sorted({settings.products.get(model, model)} | {p for m, p in settings.products.items() if allowed(probe, m)})
+    products = sorted({settings.products.get(model, model)} | {p for m, p in settings.products.items() if allows(models, m)})
     term = client.V1NodeSelectorTerm(
         match_expressions=[client.V1NodeSelectorRequirement(key=settings.product_label, operator="In", values=products)]
     )

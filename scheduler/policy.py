@@ -67,9 +67,14 @@ class JobRequest:
     preempted: int = 0  # times it was preempted so far
 
 
+def allows(models: tuple[str, ...], model: str) -> bool:
+    """Whether a job naming `models` may run on a GPU of `model`: none named, or one is a part of it."""
+    return not models or any(pattern.lower() in model.lower() for pattern in models)
+
+
 def allowed(job: JobRequest, model: str) -> bool:
-    """Whether `job` may run on a GPU of `model`: it names no models, or one is a part of `model`."""
-    return not job.models or any(pattern.lower() in model.lower() for pattern in job.models)
+    """Whether `job` may run on a GPU of `model` (see `allows`)."""
+    return allows(job.models, model)
 
 
 @dataclass
