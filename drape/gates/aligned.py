@@ -10,8 +10,10 @@ smoothly; the second changes one place. So, per region (a face box, a logo box):
 - registration: the reference region is moved by the sub-pixel shift (quarter pixels, up to
   `max_shift`) that best matches the output's luminance (for the face, both a little blurred
   first: else a fractional shift wins on a soft output by the blur its interpolation adds);
-- delivery (faces): the reference also re-encoded and resampled (`drape.gates.nuisance.delivered`),
-  the version closest to the output compared;
+- delivery: the reference also softened, re-encoded and resampled (`drape.gates.nuisance.delivered`),
+  the version closest to the output compared: for a face, closest over the face; for a mark, closest
+  over the rest of the picture (how soft and how encoded the output is where nothing should change),
+  so a mark melted on its own is not matched by a soft reference;
 - residual: both slightly blurred (codec ringing, resampling), the colour distance per pixel in
   YCbCr with chroma at half resolution as codecs keep it, averaged over small windows; its largest
   value, as a share of full scale, is what the region changed where it changed most;
@@ -28,7 +30,6 @@ import torch
 from torch.nn import functional as F
 
 from drape.gates.checks import _YCC as _YCC_ARRAY
-from drape.gates.checks import lab as _lab
 from drape.gates.nuisance import delivered
 
 _YCC = torch.tensor(_YCC_ARRAY, dtype=torch.float32)  # RGB → YCbCr (JPEG), the one transform the checks use
@@ -166,11 +167,17 @@ def align(
     reencode: bool = False,
     every: bool = False,
     registration_blur: float = 0.0,
+    delivery_from: np.ndarray | None = None,
 ):
     """(output region, relit reference region moved to match it), float (3, h, w) tensors (0-255),
     for `box` padded by `pad` of its size; None when the box is empty. With `reencode`, the
     reference may also be compared re-encoded or resampled (`reencoded`), whichever is closest;
-    `every`: (output region, every such version of the reference region) instead."""
+    `every`: (output region, every such version of the reference region) instead.
+
+    The version (as is, softened, re-encoded) is the one closest to the output over the region
+    itself, or, with `delivery_from` (bool H×W), over those pixels of the whole picture: how soft and
+    how encoded the output is where the model changed nothing, so a region blurred on its own (a
+    melted mark) is still compared with the sharp reference."""
     x0, y0, x1, y1 = _region(box, pad, output.shape)
     if x1 - x0 < 2 or y1 - y0 < 2:
         return None
@@ -202,10 +209,37 @@ def align(
     shift = best_of(fine)
 
     region = lambda picture: _shifted(_padded(picture, (x0, y0, x1, y1), margin), shift[None], (y1 - y0, x1 - x0), margin)[0]  # noqa: E731
+    if delivery_from is not None:
+        whole = [*softened(relit, softness), *reencoded(relit)]
+        chosen = closest_over(output, whole, shift, delivery_from, margin)
+        return seen, region(chosen)
     others = [region(picture) for picture in reencoded(relit)] if reencode else []
     if every:
         return seen, [*softened(region(relit), softness), *others]
     return seen, match_softness(seen, region(relit), softness, others)
+
+
+def closest_over(
+    output: np.ndarray, versions: list[torch.Tensor], shift: torch.Tensor, where: np.ndarray, margin: int
+) -> torch.Tensor:
+    """Of `versions` (whole reference pictures, float (3, H, W)), the one that, moved by `shift`,
+    is closest to `output` over `where` (bool H×W; the frame's outer `margin` pixels left out: a
+    shifted output shows there whatever lay outside the picture)."""
+    height, width = output.shape[:2]
+    mask = torch.from_numpy(where.copy())
+    mask[:margin], mask[-margin:], mask[:, :margin], mask[:, -margin:] = False, False, False, False
+    seen = torch.from_numpy(output.astype(np.float32)).permute(2, 0, 1)
+    whole = (0, 0, width, height)
+    errors = [
+        float(
+            (_shifted(_padded(version, whole, margin), shift[None], (height, width), margin)[0] - seen)
+            .pow(2)
+            .sum(dim=0)[mask]
+            .sum()
+        )
+        for version in versions
+    ]
+    return versions[int(np.argmin(errors))]
 
 
 def reencoded(relit: torch.Tensor) -> list[torch.Tensor]:
@@ -253,59 +287,8 @@ def residual(
     return float(pooled.max()) / 255.0 if pooled.numel() else 0.0
 
 
-def face_ellipse(shape: tuple[int, ...], box, pad: float = _FACE_PAD, share: float = 0.8) -> torch.Tensor:
-    """bool (h, w) over `align`'s region of `box` (padded by `pad`): the ellipse inscribed in the box,
-    scaled by `share`, where a face's own skin is (not the hair or a background of a similar colour)."""
-    x0, y0, x1, y1 = _region(box, pad, shape)
-    bx0, by0, bx1, by1 = box
-    ys, xs = torch.meshgrid(torch.arange(y0, y1) + 0.5, torch.arange(x0, x1) + 0.5, indexing="ij")
-    rx, ry = max((bx1 - bx0) * share / 2, 0.5), max((by1 - by0) * share / 2, 0.5)
-    return ((xs - (bx0 + bx1) / 2) / rx) ** 2 + ((ys - (by0 + by1) / 2) / ry) ** 2 <= 1
-
-
-def tone_difference(
-    seen: torch.Tensor,
-    expected: torch.Tensor,
-    *,
-    where: torch.Tensor | None = None,
-    flat: float = 12.0,
-    blur: float = 0.8,
-    chroma: float = 8.0,
-) -> float:
-    """CIE76 ΔE of the median per-pixel L*a*b* change over the expected region's flat skin: pixels
-    (inside `where`, when given) within `chroma` in a*b* (and 25 in L*) of its central colour where
-    no channel of it has an edge (blurred gradient below `flat`), eroded by a sixteenth of the
-    region (codecs bleed colour that far from an edge); the median, so what ringing is left does
-    not steer it."""
-    smooth = _blur(expected, blur)
-    gradient = torch.zeros(smooth.shape[1:])
-    gradient[1:-1, 1:-1] = (
-        (smooth[:, 2:, 1:-1] - smooth[:, :-2, 1:-1]) ** 2 + (smooth[:, 1:-1, 2:] - smooth[:, 1:-1, :-2]) ** 2
-    ).sqrt().amax(dim=0) / 2
-    h, w = gradient.shape
-    lab = torch.from_numpy(_lab(expected.permute(1, 2, 0).double().numpy()))
-    centre = lab[h // 3 : max(2 * h // 3, h // 3 + 1), w // 3 : max(2 * w // 3, w // 3 + 1)].reshape(-1, 3).median(dim=0).values
-    # skin: the central colour's hue and saturation (a*, b*) at a lighter or darker shade; white or
-    # grey hair as light as the skin is not skin
-    same = ((lab[..., 1:] - centre[1:]).norm(dim=-1) < chroma) & ((lab[..., 0] - centre[0]).abs() < 25)
-    skin = same & (gradient < flat)
-    if where is not None:
-        skin &= where
-    skin[[0, -1], :], skin[:, [0, -1]] = False, False
-    reach = max(1, round(min(h, w) / 16))
-    inner = -F.max_pool2d(-skin[None, None].float(), 2 * reach + 1, stride=1, padding=reach)[0, 0] > 0.5
-    skin = inner if int(inner.sum()) >= 4 else skin
-    if int(skin.sum()) < 4:
-        return 0.0
-    change = _lab(seen[:, skin].T.double().numpy()) - _lab(expected[:, skin].T.double().numpy())
-    return float(np.linalg.norm(np.median(change, axis=0)))
-
-
-# What counts as a full unit of change, per term. The face's two are the same multiple (11-12×) of
-# their 99th percentiles on the nuisance suite at 128 px (residual 0.021, tone ΔE 1.6; measured with
-# benchmarks/gate_validity.py's samples), so each reaches a calibrated threshold at the same share of
-# its nuisance floor and neither hides the other: a quarter step of skin tone (ΔE 2.5-5) shows.
-FACE_UNIT, TONE_UNIT, MARK_UNIT, CLOTH_UNIT = 0.24, 20.0, 0.3, 0.3
+# What counts as a full unit of change for a mark and a garment (the face's: drape.gates.face)
+MARK_UNIT, CLOTH_UNIT = 0.3, 0.3
 BLUR, WINDOW, CHROMA = 1.0, 3, 0.25  # the comparison's scale, window and chroma weight (benchmarks/README.md)
 
 
@@ -313,44 +296,23 @@ def _change(regions, where: torch.Tensor | None = None) -> float:
     return residual(*regions, blur=BLUR, window=WINDOW, chroma=CHROMA, where=where)
 
 
-def face_change(output: np.ndarray, source: np.ndarray, box, max_shift: float = 2.5) -> tuple[float, float] | None:
-    """(aligned residual, skin-tone ΔE) of the face in `box`, against the source relit, registered
-    (on both pictures blurred by 1 px) and delivered (`drape.gates.nuisance.delivered`) as the
-    output is closest to; None when the box is empty. Only the face searches delivery paths: a
-    resampled mark is as soft as a melted one."""
-    light = fit_light(output, source, outside(output.shape, [box]))
-    every = align(
-        output, source, box, light, max_shift=max_shift, pad=_FACE_PAD, every=True, reencode=True, registration_blur=1.0
-    )
-    if every is None:
-        return None
-    seen, versions = every
-    # the tone change no delivery path explains: the least against any version of the reference
-    where = face_ellipse(output.shape, box)
-    tone = min(tone_difference(seen, version, where=where) for version in versions)
-    return _change((seen, match_softness(seen, versions[0], (), versions[1:]))), tone
-
-
-def aligned_identity_scores(outputs: np.ndarray, sources: np.ndarray, face_boxes: list, max_shift: float = 2.5) -> np.ndarray:
-    """Per sample, 1 less the larger of the face's aligned residual (in units of `FACE_UNIT`) and its
-    skin-tone ΔE (in units of `TONE_UNIT`), floored at 0: 1 is the source's face under another light."""
-    scores = []
-    for output, source, box in zip(outputs, sources, face_boxes):
-        terms = face_change(output, source, box, max_shift)
-        scores.append(0.0 if terms is None else max(0.0, 1.0 - max(terms[0] / FACE_UNIT, terms[1] / TONE_UNIT)))
-    return np.array(scores)
-
-
 def aligned_texture_scores(
     outputs: np.ndarray, targets: np.ndarray, logo_boxes: list, face_boxes: list, max_shift: float
 ) -> np.ndarray:
     """Per sample, 1 less the logo region's aligned residual in units of `MARK_UNIT`, floored at 0:
     another letter, case, angle, colour, a lost part, a mirrored or melted mark all leave a residual
-    where they differ; a mark a pixel off, relit, re-encoded or a little softer does not."""
+    where they differ; a mark a pixel off, relit, or in a picture re-encoded, resampled or a little
+    softer as a whole does not (the reference is made as soft and encoded as the picture around the
+    mark shows: `align`'s `delivery_from`)."""
     scores = []
     for output, target, box, face in zip(outputs, targets, logo_boxes, face_boxes):
-        light = fit_light(output, target, outside(output.shape, [face, box]))
-        regions = align(output, target, box, light, max_shift=max_shift, pad=0.1)
+        rest = outside(output.shape, [face, box])
+        light = fit_light(output, target, rest)
+        # how soft and how encoded the output is, read off the picture beyond the mark (and the face,
+        # judged on its own): a whole picture resized or re-encoded is compared with a reference made
+        # as soft, a mark melted on its own with the sharp one
+        beyond = outside(output.shape, [face, _region(box, 0.5, output.shape)])
+        regions = align(output, target, box, light, max_shift=max_shift, pad=0.1, delivery_from=beyond, registration_blur=0.5)
         scores.append(0.0 if regions is None else max(0.0, 1.0 - _change(regions) / MARK_UNIT))
     return np.array(scores)
 
@@ -369,8 +331,14 @@ def aligned_coherence_scores(
             continue
         ys, xs = np.nonzero(region)
         box = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
-        light = fit_light(output, reference, outside(output.shape, [face], mask))
-        regions = align(output, reference, box, light, max_shift=max_shift, pad=_GARMENT_PAD)
+        rest = outside(output.shape, [face], mask)
+        # a light ridge: beyond the painted mask a picture can be mostly flat (background, hair), and a
+        # ridge of 100 levels² there took a 5% contrast change for a fraction of it (the garment's
+        # largest nuisance change at 128 px, 0.21)
+        light = fit_light(output, reference, rest, ridge=10.0)
+        regions = align(
+            output, reference, box, light, max_shift=max_shift, pad=_GARMENT_PAD, delivery_from=rest, registration_blur=1.0
+        )
         if regions is None:
             scores.append(0.0)
             continue

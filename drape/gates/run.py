@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gates import aligned
+from drape.gates import aligned, face
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
 from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
@@ -114,7 +114,7 @@ def check_scores(
     faces, logos, targets = [m["face_box"] for m in meta], [m["logo_box"] for m in meta], control["target"]
     values = {}
     if "identity" in checks and gates.identity.method == "aligned":
-        values["identity"] = aligned.aligned_identity_scores(outputs, targets, faces, gates.identity.max_shift_pixels)
+        values["identity"] = face.aligned_identity_scores(outputs, targets, faces, gates.identity.max_shift_pixels)
     elif "identity" in checks:
         values["identity"] = identity_scores(outputs, targets, faces, embedder or build_embedder(gates))
     texture = gates.texture

@@ -19,7 +19,7 @@ import torch
 
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gates.aligned import aligned_identity_scores
+from drape.gates.face import aligned_identity_scores
 from drape.gates.run import check_scores, to_uint8
 from drape.inference.source import subset
 from drape.training.model import TryOnModel, sample
