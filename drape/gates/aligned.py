@@ -172,12 +172,9 @@ def align(
     """(output region, relit reference region moved to match it), float (3, h, w) tensors (0-255),
     for `box` padded by `pad` of its size; None when the box is empty. With `reencode`, the
     reference may also be compared re-encoded or resampled (`reencoded`), whichever is closest;
-    `every`: (output region, every such version of the reference region) instead.
-
-    The version (as is, softened, re-encoded) is the one closest to the output over the region
-    itself, or, with `delivery_from` (bool H×W), over those pixels of the whole picture: how soft and
-    how encoded the output is where the model changed nothing, so a region blurred on its own (a
-    melted mark) is still compared with the sharp reference."""
+    `every`: (output region, every such version of the reference region) instead. The version
+    is the one closest over the region itself, or, with `delivery_from` (bool H×W), over those
+    pixels of the whole picture (`closest_over`): a mark melted on its own meets the sharp one."""
     x0, y0, x1, y1 = _region(box, pad, output.shape)
     if x1 - x0 < 2 or y1 - y0 < 2:
         return None
