@@ -12,8 +12,9 @@ smoothly; the second changes one place. So, per region (a face box, a logo box):
   first: else a fractional shift wins on a soft output by the blur its interpolation adds);
 - delivery: the reference also softened, re-encoded and resampled (`drape.gates.nuisance.delivered`),
   compared with the output: for a face, the least change over every version (`drape.gates.face`);
-  for a mark or a garment, the version closest over the rest of the picture (how soft and how encoded the output is where nothing should change),
-  so a mark melted on its own is not matched by a soft reference;
+  for a mark or a garment, the version closest over the rest of the picture (how soft and how
+  encoded the output is where nothing should change), so a mark melted on its own is not matched
+  by a soft reference;
 - residual: both slightly blurred (codec ringing, resampling), the colour distance per pixel in
   YCbCr with chroma at half resolution as codecs keep it, averaged over small windows; its largest
   value, as a share of full scale, is what the region changed where it changed most;
