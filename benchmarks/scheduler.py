@@ -12,9 +12,11 @@
    spreading only, drape with neither, drape preempting into co-location, drape as it was
    (first idle GPU by name, constraints ignored, neither), a Kueue-like requests-quota
    BestEffortFIFO, and fifo-exclusive; waits per job class (1, 2-4, 8 GPUs), violations,
-   preemptions and the work they lost. Then the 8-GPU jobs alone on the same fleet: the waits
-   no policy can avoid, the capacity floor. Then the same weeks over five seeds: medians and the
-   worst seed (one week's makespan hangs on its tail).
+   preemptions and the work they lost. Then the 8-GPU jobs alone on the same fleet (the capacity
+   floor), and beside single-GPU jobs that start on arrival, packed one or two to a GPU at no cost
+   (`scheduler/bounds.py`): the waits no policy that starts them on arrival unslowed can avoid.
+   Then the same weeks over five seeds: medians and the worst seed (one week's makespan hangs on
+   its tail), with those floors.
 3. Times dispatch cycles with 10,000 queued jobs on 1,024 GPUs (128 nodes × 8): the policy
    alone, and a whole `Dispatcher.cycle` against the SQLite queue (a launcher that starts nothing).
 
@@ -36,6 +38,7 @@ import yaml  # noqa: E402
 
 from drape.config import parse_config  # noqa: E402
 from scheduler.baselines import plan_fifo_exclusive, plan_kueue_like  # noqa: E402
+from scheduler.bounds import gang_floor  # noqa: E402
 from scheduler.dispatcher import Dispatcher  # noqa: E402
 from scheduler.launchers import NullLauncher  # noqa: E402
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape  # noqa: E402
@@ -110,6 +113,7 @@ GANG_POLICIES = (
     ("fifo-exclusive", "fifo-exclusive", PolicyConfig()),
 )
 GANG_WORKLOADS = ((0.70, False), (0.85, False), (0.85, True))
+FLOOR_LABELS = {1: "one per GPU", 2: "two per GPU at no cost"}
 SEEDS = (1, 2, 3, 4, 5)
 
 
@@ -133,6 +137,13 @@ def gangs() -> None:
             f"\nthe 8-GPU jobs alone on this fleet (the capacity floor): wait mean {floor['mean_s'] / 60:.1f} min, "
             f"max {floor['max_s'] / 60:.1f} min"
         )
+        for per_gpu in (1, 2):
+            bound = gang_floor(trace, fleet, per_gpu)
+            print(
+                f"the 8-GPU jobs beside single-GPU jobs started on arrival, {FLOOR_LABELS[per_gpu]} (scheduler/bounds.py): "
+                f"wait mean {bound.mean_s / 60:.1f} min, max {bound.max_s / 60:.1f} min, "
+                f"{bound.over(3600)} of {len(bound.waits_s)} over 1 h"
+            )
 
 
 def _seeded(args: tuple[float, bool, int, int]) -> tuple:
@@ -141,7 +152,17 @@ def _seeded(args: tuple[float, bool, int, int]) -> tuple:
     fleet = gang_fleet(mixed)
     result = simulate(gang_week(load, len(fleet), random.Random(seed), constrained=mixed), fleet, name, config)
     gang, single = result.class_waits.get("5-8", {}), result.class_waits.get("1", {})
-    return (load, mixed, label, result.of_bound, gang.get("mean_s", 0.0), gang.get("max_s", 0.0), single.get("max_s", 0.0))
+    stretch = result.class_stretch.get("1", {}).get("mean", 1.0)
+    return (
+        load,
+        mixed,
+        label,
+        result.of_bound,
+        gang.get("mean_s", 0.0),
+        gang.get("max_s", 0.0),
+        single.get("max_s", 0.0),
+        stretch,
+    )
 
 
 def seeded() -> None:
@@ -156,17 +177,29 @@ def seeded() -> None:
         rows = list(pool.map(_seeded, runs))
     print(f"  simulated {len(runs)} seeded weeks in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     print(f"\n## The gang weeks over seeds {', '.join(map(str, SEEDS))}: median (worst seed)\n")
-    print("| load, fleet | policy | of bound | 8-GPU mean wait | 8-GPU max wait | 1-GPU max wait |")
-    print("|---|---|---|---|---|---|")
+    print("| load, fleet | policy | of bound | 8-GPU mean wait | 8-GPU max wait | 1-GPU max wait | 1-GPU run time / duration |")
+    print("|---|---|---|---|---|---|---|")
     for load, mixed in GANG_WORKLOADS:
         for i in chosen:
             label = GANG_POLICIES[i][0]
             mine = [r for r in rows if r[:3] == (load, mixed, label)]
-            bound, mean, worst, single = ([r[k] for r in mine] for k in (3, 4, 5, 6))
+            bound, mean, worst, single, stretch = ([r[k] for r in mine] for k in (3, 4, 5, 6, 7))
             print(
                 f"| {load:.2f}, {'mixed' if mixed else '64 H100'} | {label} | {statistics.median(bound):.3f} ({min(bound):.3f}) "
                 f"| {statistics.median(mean) / 60:.0f} min ({max(mean) / 60:.0f}) | {statistics.median(worst) / 60:.0f} min "
-                f"({max(worst) / 60:.0f}) | {statistics.median(single) / 60:.0f} min ({max(single) / 60:.0f}) |"
+                f"({max(worst) / 60:.0f}) | {statistics.median(single) / 60:.0f} min ({max(single) / 60:.0f}) "
+                f"| {statistics.median(stretch):.2f} ({max(stretch):.2f}) |"
+            )
+        fleet = gang_fleet(mixed)
+        for per_gpu, label in FLOOR_LABELS.items():
+            floors = [
+                gang_floor(gang_week(load, len(fleet), random.Random(seed), constrained=mixed), fleet, per_gpu) for seed in SEEDS
+            ]
+            mean, worst = [f.mean_s for f in floors], [f.max_s for f in floors]
+            print(
+                f"| {load:.2f}, {'mixed' if mixed else '64 H100'} | floor: singles on arrival, {label} | - "
+                f"| {statistics.median(mean) / 60:.0f} min ({max(mean) / 60:.0f}) | {statistics.median(worst) / 60:.0f} min "
+                f"({max(worst) / 60:.0f}) | 0 min (0) | 1.00 (1.00) |"
             )
 
 

@@ -23,7 +23,8 @@ progress) and a restart (`RESTART_S`). Its wait to start again is reported apart
 Optional trace columns: `gpu_models` (the models a job may run on, `|`-separated parts of a model
 name; empty: any), `measured` (alone | shared), `sharing` (shareable | exclusive) and `share`.
 Waits are reported per job class (1, 2-4 and 5-8 GPUs), and a placement on a model a job
-excludes is a violation.
+excludes is a violation. So is each class's run time over its duration (finish less first start,
+over the trace's duration): what sharing and preemption slowed it, which a wait does not show.
 """
 
 from __future__ import annotations
@@ -147,6 +148,8 @@ class SimResult:
     preemptions: int = 0
     lost_gpu_h: float = 0.0  # GPU-hours of work preemption threw away (since the last checkpoint, and restarts)
     max_requeue_wait_s: float = 0.0  # the longest a preempted job waited to start again
+    # class → mean and max of (finish − first start) / duration: what sharing (and preemption) slowed it
+    class_stretch: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def of_bound(self) -> float:
@@ -197,12 +200,12 @@ def _release(record: dict, gpus: dict[str, GpuState]) -> None:
         gpu.allocated_gib = gpu.allocated_gib - record["mem"] if gpu.jobs else 0.0
 
 
-def _release_finished(running: dict[str, dict], gpus: dict[str, GpuState]) -> bool:
-    """Free the GPUs of the jobs that are done; True when any was."""
+def _release_finished(running: dict[str, dict], gpus: dict[str, GpuState]) -> list[str]:
+    """Free the GPUs of the jobs that are done; their ids."""
     done = [jid for jid, r in running.items() if r["remaining"] <= 1e-6]
     for jid in done:
         _release(running.pop(jid), gpus)
-    return bool(done)
+    return done
 
 
 def _start(
@@ -263,6 +266,11 @@ def _result(
         tally.preemptions,
         tally.lost_gpu_s / 3600,
         max(tally.requeue_waits, default=0.0),
+        {
+            name: {"mean": statistics.fmean(values), "max": max(values)}
+            for name in ("1", "2-4", "5-8")
+            if (values := [v for c, v in tally.stretch if c == name])
+        },
     )
 
 
@@ -278,6 +286,11 @@ class _Tally:
     preemptions: int = 0
     lost_gpu_s: float = 0.0
     placed_on: dict[str, int] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)  # first starts
+    stretch: list[tuple[str, float]] = field(default_factory=list)  # (class, (finish − first start) / duration)
+
+    def finished(self, job: TraceJob, clock: float) -> None:
+        self.stretch.append((job_class(job.gpus), (clock - self.started_at.pop(job.job_id)) / max(job.duration_s, 1e-9)))
 
 
 def _apply(
@@ -302,6 +315,7 @@ def _apply(
             tally.requeue_waits.append(clock - tally.preempted_at.pop(placement.job_id))
             continue
         tally.waits.append(clock - job.submit_s)
+        tally.started_at[job.job_id] = clock
         tally.classed.append((job_class(job.gpus), clock - job.submit_s))
         tally.violations += any(not allowed(request, gpus[u].model) for u in placement.gpus)
         model = gpus[placement.gpus[0]].model
@@ -361,7 +375,8 @@ def simulate(
             r["remaining"] -= rates[jid] * elapsed
         clock = upcoming
         # 2. finished jobs free their GPUs; arrivals join the queue
-        if _release_finished(running, gpus):
+        for jid in _release_finished(running, gpus):
+            tally.finished(by_id[jid], clock)
             finish_last = clock
         while arrival < len(trace) and trace[arrival].submit_s <= clock:
             pending[trace[arrival].job_id] = _request(trace[arrival])

@@ -18,6 +18,9 @@ def test_colocated_jobs_share_the_gpu_by_the_contention_model(tmp_path):
     assert result.utilization == pytest.approx(1.0) and result.bound == pytest.approx(1.0)
     exclusive = simulate(trace, gpus, "fifo-exclusive")
     assert exclusive.makespan_s == pytest.approx(200) and exclusive.mean_wait_s == pytest.approx(50)
+    # sharing shows as run time over duration (the wait does not): 2 / 1.07 each co-located, 1 alone
+    assert result.class_stretch["1"] == pytest.approx({"mean": 2 / 1.07, "max": 2 / 1.07})
+    assert exclusive.class_stretch["1"] == pytest.approx({"mean": 1.0, "max": 1.0})
 
 
 def test_starvation_and_bound_on_a_small_trace(tmp_path):
