@@ -137,6 +137,8 @@ class _Pool:
     shared: list[tuple[float, str]] = field(default_factory=list)  # (free, uuid) of GPUs that take more jobs
     idle_by_node: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     idle_count: dict[str, int] = field(default_factory=dict)  # node → idle GPUs
+    # total → (its node's idle GPUs, uuid) of idle GPUs: the fullest node's GPU of a size, first
+    idle_by_count: dict[float, list[tuple[int, str]]] = field(default_factory=dict)
 
     def __post_init__(self):
         for gpu in self.gpus.values():
@@ -145,27 +147,47 @@ class _Pool:
         self.shared.sort()
         for entries in self.idle_by_node.values():
             entries.sort()
+        for total, uuid in self.idle:
+            self.idle_by_count.setdefault(total, []).append((self.idle_count[self.gpus[uuid].node], uuid))
+        for entries in self.idle_by_count.values():
+            entries.sort()
+
+    def _recount(self, node: str, change: int) -> None:
+        """`node`'s idle count moves by `change`: its idle GPUs' entries in `idle_by_count` follow."""
+        before = self.idle_count.get(node, 0)
+        for total, uuid in self.idle_by_node.get(node, []):
+            entries = self.idle_by_count[total]
+            entries.pop(bisect.bisect_left(entries, (before, uuid)))
+            bisect.insort(entries, (before + change, uuid))
+        self.idle_count[node] = before + change
 
     def _index(self, gpu: GpuState, sort: bool = False) -> None:
         add = bisect.insort if sort else list.append
         if gpu.is_idle(self.config):
+            if sort:  # after __post_init__: keep `idle_by_count` in step (it is built from the rest there)
+                self._recount(gpu.node, +1)
+                bisect.insort(self.idle_by_count.setdefault(gpu.total_gib, []), (self.idle_count[gpu.node], gpu.uuid))
+            else:
+                self.idle_count[gpu.node] = self.idle_count.get(gpu.node, 0) + 1
             add(self.idle, (gpu.total_gib, gpu.uuid))
             add(self.idle_by_node.setdefault(gpu.node, []), (gpu.total_gib, gpu.uuid))
-            self.idle_count[gpu.node] = self.idle_count.get(gpu.node, 0) + 1
         elif 0 < gpu.jobs < self.config.max_jobs_per_gpu and not gpu.exclusive:
             add(self.shared, (gpu.free_gib(), gpu.uuid))
 
     def _unindex(self, gpu: GpuState) -> None:
-        for entries, key in (
-            (self.idle, (gpu.total_gib, gpu.uuid)),
-            (self.shared, (gpu.free_gib(), gpu.uuid)),
-            (self.idle_by_node.get(gpu.node, []), (gpu.total_gib, gpu.uuid)),
-        ):
-            position = bisect.bisect_left(entries, key)
-            if position < len(entries) and entries[position] == key:
-                entries.pop(position)
-                if entries is self.idle:
-                    self.idle_count[gpu.node] -= 1
+        key = (gpu.total_gib, gpu.uuid)
+        position = bisect.bisect_left(self.idle, key)
+        if position < len(self.idle) and self.idle[position] == key:
+            self.idle.pop(position)
+            counted = self.idle_by_count[gpu.total_gib]
+            counted.pop(bisect.bisect_left(counted, (self.idle_count[gpu.node], gpu.uuid)))
+            mine = self.idle_by_node[gpu.node]
+            mine.pop(bisect.bisect_left(mine, key))
+            self._recount(gpu.node, -1)
+        entries, key = self.shared, (gpu.free_gib(), gpu.uuid)
+        position = bisect.bisect_left(entries, key)
+        if position < len(entries) and entries[position] == key:
+            entries.pop(position)
 
     def fits(self, job: JobRequest, uuid: str, exclude: frozenset[str]) -> bool:
         return uuid not in exclude and (not self.config.constraints or allowed(job, self.gpus[uuid].model))
@@ -176,8 +198,12 @@ class _Pool:
     def _idle_single(self, job: JobRequest, exclude: frozenset[str]) -> str | None:
         """The smallest idle GPU model that fits, on the fullest node (fewest idle GPUs) of those.
         (Packing by expected end as well was tried: it cut 8-GPU waits 3% and the bound by 0.08.)"""
+        start = bisect.bisect_left(self.idle, (job.mem_gib, ""))
+        if self.config.pack_nodes and not exclude and not (self.config.constraints and job.models):
+            # every idle GPU fits: the smallest size's fullest node, from the index
+            return self.idle_by_count[self.idle[start][0]][0][1] if start < len(self.idle) else None
         chosen, smallest = None, None
-        for total, uuid in self.idle[bisect.bisect_left(self.idle, (job.mem_gib, "")) :]:
+        for total, uuid in self.idle[start:]:
             if smallest is not None and total > smallest:
                 break
             if not self.fits(job, uuid, exclude):

@@ -234,3 +234,49 @@ def test_a_claim_never_puts_a_job_beside_one_that_runs_alone_whatever_was_planne
     assert claim(plain, "n/gpu2") and not claim(alone, "n/gpu2")  # an exclusive job joins nobody
     assert claim(alone, "n/gpu3") and not claim(small, "n/gpu3")  # and nobody joins it
     assert claim(small, "n/gpu2")
+
+
+def test_the_fullest_node_index_picks_what_a_scan_of_every_idle_gpu_picks():
+    """`_Pool.idle_by_count` (kept in step as GPUs are taken, left and emptied) gives the same GPU as
+    scanning every idle GPU of the smallest fitting size for the fullest node (fewest idle GPUs)."""
+    import random
+
+    from scheduler.policy import _Pool
+
+    rng = random.Random(3)
+    gpus = [
+        GpuState(f"{kind}{node:02d}/gpu{i}", f"{kind}{node:02d}", model, total)
+        for kind, model, total, nodes in (("h", "H100-80GB", 80.0, 6), ("l", "L40S-48GB", 48.0, 4))
+        for node in range(nodes)
+        for i in range(8)
+    ]
+    for gpu in gpus:
+        if rng.random() < 0.4:
+            gpu.jobs, gpu.allocated_gib = 1, 10.0
+    pool = _Pool({g.uuid: g for g in gpus}, PolicyConfig())
+
+    def scanned(mem: float) -> str | None:
+        sizes = sorted({g.total_gib for g in pool.gpus.values() if g.is_idle(pool.config) and g.total_gib >= mem})
+        if not sizes:
+            return None
+        idle = [g for g in pool.gpus.values() if g.is_idle(pool.config)]
+        count = {node: sum(1 for g in idle if g.node == node) for node in {g.node for g in idle}}
+        return min((count[g.node], g.uuid) for g in idle if g.total_gib == sizes[0])[1]
+
+    placed: list[tuple[str, JobRequest]] = []
+    for step in range(300):
+        job = JobRequest(f"j{step}", 3, 0.0, 1, rng.choice((10.0, 30.0, 60.0)), 100.0)
+        expected, choice = scanned(job.mem_gib), pool.best_fit(job)
+        if expected is not None:  # (with no idle GPU it may co-locate: not this index's choice)
+            assert choice == (expected,), step
+        roll = rng.random()
+        if roll < 0.6 and choice:
+            pool.take(choice, job)
+            placed.append((choice[0], job))
+        elif roll < 0.85 and placed:
+            uuid, done = placed.pop(rng.randrange(len(placed)))
+            pool.leave(uuid, done)
+        elif placed:
+            emptied = placed[rng.randrange(len(placed))][0]
+            pool.empty((emptied,))
+            placed = [(uuid, done) for uuid, done in placed if uuid != emptied]
