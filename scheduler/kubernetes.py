@@ -106,19 +106,34 @@ def _model_affinity(job: dict, model: str, settings):
     )
 
 
-def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[str], env: dict[str, str]):
+def gpu_resource(job: dict, gpus: int, settings) -> tuple[str, dict[str, str]]:
+    """(the extended resource a pod of `job` requests, environment it adds). A shareable single-GPU
+    job takes `shared_resource` when one is configured (a GPU the device plugin time-slices or runs
+    under MPS), with a declared share as MPS's thread percentage; a multi-GPU or exclusive job, or
+    any job when none is configured, takes whole GPUs (`nvidia.com/gpu`, which a node that shares
+    its GPUs under a renamed resource does not offer: Kubernetes then keeps it off such nodes)."""
+    from scheduler.schema import scheduling_of
+
+    how = scheduling_of(job.get("labels"))
+    if not settings.shared_resource or gpus != 1 or how.exclusive:
+        return "nvidia.com/gpu", {}
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, round(100 * how.share)))} if how.share < 1 else {}
+    return settings.shared_resource, env
+
+
+def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[str], env: dict[str, str], gpus: int = 0):
+    """The pod of `job` (`gpus`: the job's GPUs in all, when it may share one: `gpu_resource`)."""
     from kubernetes import client
 
     product = settings.products.get(model, model)
     mounts, volumes = _volumes(job, settings)
+    resource, extra = gpu_resource(job, gpus, settings)
     container = client.V1Container(
         name="trainer",
         image=settings.image,
         command=command,
-        env=[client.V1EnvVar(name=k, value=v) for k, v in sorted(env.items())],
-        resources=client.V1ResourceRequirements(
-            limits={"nvidia.com/gpu": str(gpus_per_pod)}, requests={"nvidia.com/gpu": str(gpus_per_pod)}
-        ),
+        env=[client.V1EnvVar(name=k, value=v) for k, v in sorted({**env, **extra}.items())],
+        resources=client.V1ResourceRequirements(limits={resource: str(gpus_per_pod)}, requests={resource: str(gpus_per_pod)}),
         volume_mounts=mounts,
         security_context=client.V1SecurityContext(
             allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"])
@@ -169,7 +184,10 @@ def build_job(job: dict, gpus: list[GpuState], settings):
     if len(nodes) <= 1:
         ranks = per_pod if job_labels(job).get("launch") == "torchrun" else 1
         return _batch_job(
-            name, labels, settings.namespace, _pod_spec(job, per_pod, model, settings, torchrun_command(command, ranks), env)
+            name,
+            labels,
+            settings.namespace,
+            _pod_spec(job, per_pod, model, settings, torchrun_command(command, ranks), env, gpus=len(gpus)),
         )
     if settings.training_operator:
         return _pytorchjob(name, labels, job, per_pod, len(nodes), model, settings, command, env)

@@ -65,6 +65,12 @@ class KubernetesLauncherConfig(StrictModel):
     )
     request_timeout_seconds: float = Field(default=30.0, gt=0, description="the longest wait for one Kubernetes API call")
     training_operator: bool = Field(default=False, description="multi-node jobs as Kubeflow PyTorchJobs instead of indexed Jobs")
+    shared_resource: str | None = Field(
+        default=None,
+        description="the resource a shared GPU is offered as (NVIDIA's device plugin with time-slicing or MPS and "
+        "renameByDefault: nvidia.com/gpu.shared); shareable single-GPU jobs request it, exclusive and multi-GPU jobs "
+        "request whole GPUs (nvidia.com/gpu); unset: every job requests whole GPUs",
+    )
 
     @model_validator(mode="after")
     def _image_pinned(self) -> KubernetesLauncherConfig:

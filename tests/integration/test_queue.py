@@ -419,6 +419,20 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     (requirement,) = term.match_expressions
     assert requirement.key == "nvidia.com/gpu.product" and requirement.operator == "In"
     assert "NVIDIA-H100-80GB-HBM3" in requirement.values and "NVIDIA-L40S" not in requirement.values
+    # shared GPUs: with `shared_resource`, a shareable single-GPU job requests it, its declared share as
+    # MPS's thread percentage; an exclusive or multi-GPU job still requests whole GPUs
+    shared = settings.model_copy(update={"shared_resource": "nvidia.com/gpu.shared"})
+    service, one_gpu = {**job, "labels": json.dumps({"share": "0.5"})}, one_node[:1]
+    served = build_job(service, one_gpu, shared)
+    kubernetes_validate.validate(api.sanitize_for_serialization(served), "1.33", strict=True)
+    container = served.spec.template.spec.containers[0]
+    assert container.resources.limits == container.resources.requests == {"nvidia.com/gpu.shared": "1"}
+    assert {e.name: e.value for e in container.env}["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    alone = build_job({**job, "labels": json.dumps({"exclusive": "true", "share": "0.5"})}, one_gpu, shared)
+    assert alone.spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in {e.name for e in alone.spec.template.spec.containers[0].env}
+    assert build_job(job, one_node, shared).spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
+    assert build_job(service, one_gpu, settings).spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
     broken = api.sanitize_for_serialization(single)
     broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limitz"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
