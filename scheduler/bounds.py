@@ -5,7 +5,8 @@ leave them, under assumptions that all favour the whole-node jobs:
 - every single-GPU job starts the moment it is submitted, runs for its duration and takes 1/`per_gpu`
   of a GPU (`per_gpu` = 2: two jobs share each GPU at no slowdown), packed at every instant into as
   few nodes as possible, and moved between nodes for free;
-- single-GPU jobs that allow other GPU models fill the nodes the whole-node jobs may not use first;
+- single-GPU jobs that allow other GPU models fill the nodes the whole-node jobs may not use first
+  (after the jobs that may run only there), and spill over onto theirs only past that room;
 - a whole-node job takes ceil(GPUs / GPUs per node) free nodes it may use, in order of submission,
   and is never interrupted, even when single-GPU jobs would then lack room (they are not delayed).
 
@@ -44,14 +45,18 @@ class Floor:
         return sum(wait > seconds for wait in self.waits_s)
 
 
-def _single_changes(trace: list, off_usable: list[str], by_node: dict[str, list[GpuState]]) -> list[tuple[float, int, bool]]:
-    """The single-GPU jobs as (time, +1 at start / -1 at end, whether it may run off the usable nodes),
-    ends before starts at one instant."""
+PINNED, FLEXIBLE, AWAY = "pinned", "flexible", "away"  # a single-GPU job's nodes: usable only, both, others only
+
+
+def _single_changes(trace: list, usable: list[str], by_node: dict[str, list[GpuState]]) -> list[tuple[float, int, str]]:
+    """The single-GPU jobs as (time, +1 at start / -1 at end, where it may run: PINNED, FLEXIBLE or
+    AWAY from the usable nodes), ends before starts at one instant."""
     changes = []
     for job in trace:
         if job.gpus == 1:
-            flexible = any(allows(job.models, by_node[node][0].model) for node in off_usable)
-            changes += [(job.submit_s, 1, flexible), (job.submit_s + job.duration_s, -1, flexible)]
+            on = {node in usable for node, gpus in by_node.items() if allows(job.models, gpus[0].model)}
+            where = FLEXIBLE if on == {True, False} else AWAY if on == {False} else PINNED
+            changes += [(job.submit_s, 1, where), (job.submit_s + job.duration_s, -1, where)]
     return sorted(changes, key=lambda change: (change[0], change[1]))
 
 
@@ -70,8 +75,8 @@ def gang_floor(trace: list, fleet: list[GpuState], per_gpu: int = 1) -> Floor:
     usable = [node for node, gpus in by_node.items() if not gangs or allows(gangs[0].models, gpus[0].model)]
     off_usable = [node for node in by_node if node not in usable]
     elsewhere = sum(len(by_node[node]) for node in off_usable) * per_gpu  # single-GPU room off the usable nodes
-    changes = _single_changes(trace, off_usable, by_node)
-    running = {True: 0, False: 0}  # single-GPU jobs running, by whether they may run off the usable nodes
+    changes = _single_changes(trace, usable, by_node)
+    running = {PINNED: 0, FLEXIBLE: 0, AWAY: 0}  # single-GPU jobs running, by where they may run
     ends: list[tuple[float, int]] = []  # (end, nodes) of running whole-node jobs
     queue: list = []
     waits: list[float] = []
@@ -86,8 +91,10 @@ def gang_floor(trace: list, fleet: list[GpuState], per_gpu: int = 1) -> Floor:
         while index < len(gangs) and gangs[index].submit_s <= now:
             queue.append(gangs[index])
             index += 1
-        # the usable nodes the running single-GPU jobs fill, packed
-        blocked = math.ceil(math.ceil((running[False] + max(0, running[True] - elsewhere)) / per_gpu) / width)
+        # the usable nodes the running single-GPU jobs fill, packed: those that may run elsewhere go
+        # there first, after those that can run nowhere else
+        spill = max(0, running[FLEXIBLE] - max(0, elsewhere - running[AWAY]))
+        blocked = math.ceil(math.ceil((running[PINNED] + spill) / per_gpu) / width)
         while queue and len(usable) - blocked - busy >= (need := math.ceil(queue[0].gpus / width)):
             job = queue.pop(0)
             waits.append(now - job.submit_s)

@@ -49,6 +49,10 @@ def test_single_jobs_that_allow_the_other_model_fill_its_nodes_first():
     assert gang_floor(flexible, fleet).waits_s == [99.0]  # 8 fill the L40S node, 4 spill onto the H100 node
     fewer = [*_singles(8, 100.0), _gang("g", 1.0, 10.0, ("H100",))]
     assert gang_floor(fewer, fleet).waits_s == [0.0]  # all 8 fit on the L40S node
+    away = [*_singles(4, 100.0, ("L40S",)), *_singles(8, 100.0), _gang("g", 1.0, 10.0, ("H100",))]
+    assert gang_floor(away, fleet).waits_s == [99.0]  # 4 L40S-only jobs leave room there for 4: 4 spill
+    apart = [*_singles(12, 100.0, ("L40S",)), _gang("g", 1.0, 10.0, ("H100",))]
+    assert gang_floor(apart, fleet).waits_s == [0.0]  # more than the L40S node holds, yet they never hold an H100
 
 
 def test_a_floor_needs_one_model_set_and_a_fleet_wide_enough():
