@@ -137,10 +137,10 @@ def gangs() -> None:
             f"\nthe 8-GPU jobs alone on this fleet (the capacity floor): wait mean {floor['mean_s'] / 60:.1f} min, "
             f"max {floor['max_s'] / 60:.1f} min"
         )
-        for per_gpu in (1, 2):
+        for per_gpu, packing in FLOOR_LABELS.items():
             bound = gang_floor(trace, fleet, per_gpu)
             print(
-                f"the 8-GPU jobs beside single-GPU jobs started on arrival, {FLOOR_LABELS[per_gpu]} (scheduler/bounds.py): "
+                f"the 8-GPU jobs beside single-GPU jobs started on arrival, {packing} (scheduler/bounds.py): "
                 f"wait mean {bound.mean_s / 60:.1f} min, max {bound.max_s / 60:.1f} min, "
                 f"{bound.over(3600)} of {len(bound.waits_s)} over 1 h"
             )

@@ -23,8 +23,8 @@ progress) and a restart (`RESTART_S`). Its wait to start again is reported apart
 Optional trace columns: `gpu_models` (the models a job may run on, `|`-separated parts of a model
 name; empty: any), `measured` (alone | shared), `sharing` (shareable | exclusive) and `share`.
 Waits are reported per job class (1, 2-4 and 5-8 GPUs), and a placement on a model a job
-excludes is a violation. So is each class's run time over its duration (finish less first start,
-over the trace's duration): what sharing and preemption slowed it, which a wait does not show.
+excludes is a violation. Each class's run time over its duration (finish less first start, over
+the trace's duration) is reported too: what sharing and preemption slowed it, which a wait does not show.
 """
 
 from __future__ import annotations
