@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, or_, select
-
 from scheduler.policy import Placement
-from scheduler.schema import allocations_table, gpus_table, jobs_table, scheduling_of
+from scheduler.schema import marks, scheduling_of
 
 
 @dataclass
@@ -47,36 +45,30 @@ class ClaimLedger:
 
 def locked_ledger(connection, placements: list[Placement], is_sqlite: bool) -> ClaimLedger:
     """The wanted GPUs' capacity, allocations and lone holders, and the jobs' states, read under the
-    claim's locks (PostgreSQL: the GPU rows, then the job rows, in key order: no deadlock cycles)."""
+    claim's locks (PostgreSQL: the GPU rows, then the job rows, in key order: no deadlock cycles).
+    Raw SQL: SQLAlchemy renders each IN list anew, which costs more than the reads at the first
+    cycle's thousands of claims."""
     wanted = sorted({g for p in placements for g in p.gpus})
-    gpu_rows = select(gpus_table).where(gpus_table.c.uuid.in_(wanted)).order_by(gpus_table.c.uuid)
-    job_rows = (
-        select(jobs_table.c.id, jobs_table.c.state, jobs_table.c.gpus, jobs_table.c.labels)
-        .where(jobs_table.c.id.in_(sorted(p.job_id for p in placements)))
-        .order_by(jobs_table.c.id)
-    )
-    if not is_sqlite:  # a rival claim waits on the locks, then re-reads
-        gpu_rows, job_rows = gpu_rows.with_for_update(), job_rows.with_for_update()
-    totals = {r.uuid: r.total_gib for r in connection.execute(gpu_rows)}
-    jobs = connection.execute(job_rows).all()
+    ids = sorted(p.job_id for p in placements)
+    gpus_in, jobs_in = marks(connection, len(wanted)), marks(connection, len(ids))
+    lock = "" if is_sqlite else " FOR UPDATE"  # a rival claim waits on the locks, then re-reads
+    read = connection.exec_driver_sql
+    totals = dict(read(f"SELECT uuid, total_gib FROM gpus WHERE uuid IN ({gpus_in}) ORDER BY uuid{lock}", tuple(wanted)).all())
+    jobs = read(f"SELECT id, state, gpus, labels FROM jobs WHERE id IN ({jobs_in}) ORDER BY id{lock}", tuple(ids)).all()
     ledger = ClaimLedger(
         totals,
-        {r.id: r.state for r in jobs},
-        {r.id for r in jobs if r.gpus > 1 or scheduling_of(r.labels).exclusive},
+        {job_id: state for job_id, state, _, _ in jobs},
+        {job_id for job_id, _, gpus, labels in jobs if gpus > 1 or scheduling_of(labels).exclusive},
     )
-    for gpu, total, count in connection.execute(
-        select(allocations_table.c.gpu_uuid, func.sum(allocations_table.c.mem_gib), func.count())
-        .where(allocations_table.c.gpu_uuid.in_(wanted))
-        .group_by(allocations_table.c.gpu_uuid)
+    for gpu, total, count in read(
+        f"SELECT gpu_uuid, SUM(mem_gib), COUNT(*) FROM allocations WHERE gpu_uuid IN ({gpus_in}) GROUP BY gpu_uuid",
+        tuple(wanted),
     ):
         ledger.used[gpu], ledger.jobs_on[gpu] = float(total), int(count)
-    lone = (
-        select(allocations_table.c.gpu_uuid)
-        .join(jobs_table, jobs_table.c.id == allocations_table.c.job_id)
-        .where(
-            allocations_table.c.gpu_uuid.in_(wanted),
-            or_(jobs_table.c.gpus > 1, jobs_table.c.labels.like('%"exclusive": "true"%')),
-        )
+    lone = read(
+        "SELECT a.gpu_uuid FROM allocations a JOIN jobs j ON j.id = a.job_id "
+        f"WHERE a.gpu_uuid IN ({gpus_in}) AND (j.gpus > 1 OR j.labels LIKE {marks(connection, 1)})",
+        (*wanted, '%"exclusive": "true"%'),
     )
-    ledger.held_alone.update(row[0] for row in connection.execute(lone))
+    ledger.held_alone.update(row[0] for row in lone)
     return ledger

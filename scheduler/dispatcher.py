@@ -128,13 +128,14 @@ class Dispatcher:
             self.mine[job["id"]] = handles[job["id"]]
             report.started.append(job["id"])
             if '"preempted"' not in (job["labels"] or ""):  # a preempted job's wait was counted when it first started
-                metrics.QUEUE_WAIT.labels(kind=job["kind"]).observe(max(now - job["submit_s"], 0.0))
-            metrics.QUEUE_PLACEMENTS.labels(kind=job["kind"], model=by_uuid[placement.gpus[0]].model).inc()
+                metrics.child(metrics.QUEUE_WAIT, job["kind"]).observe(max(now - job["submit_s"], 0.0))
+            metrics.child(metrics.QUEUE_PLACEMENTS, job["kind"], by_uuid[placement.gpus[0]].model).inc()
         self.store.set_handles(handles)
         started_ids = {p.job_id for p in granted}
         self._fail_unplaceable([job for job in pending if job.id not in started_ids], view, now)
-        report.seconds = time.perf_counter() - started_at
-        self._export(view, report, now, [now - job.submit_s for job in pending if job.id not in started_ids])
+        self._export(view, now, [now - job.submit_s for job in pending if job.id not in started_ids])
+        report.seconds = time.perf_counter() - started_at  # the whole cycle, its metrics included
+        metrics.DISPATCH_CYCLE.observe(report.seconds)
         return report
 
     def _preempt(self, planned: list, now: float) -> list[str]:
@@ -225,33 +226,30 @@ class Dispatcher:
             finished.append(job_id)
         return finished
 
-    def _export(self, view: FleetView, report: CycleReport, now: float, waits: list[float]) -> None:
+    def _export(self, view: FleetView, now: float, waits: list[float]) -> None:
         """Queue metrics; `waits` are the still-queued jobs' waits so far."""
         for state, count in self.store.counts().items():
             metrics.QUEUE_JOBS.labels(state=state).set(count)
         metrics.QUEUE_STARVED.set(sum(1 for wait in waits if wait > STARVED_AFTER_S))
         metrics.QUEUE_OLDEST_WAIT.set(max(waits, default=0.0))
-        nodes: dict[str, str] = {}
-        for gpu in view.gpus:
-            labels = {"gpu": gpu.uuid, "node": gpu.node, "model": gpu.model}
-            nodes[gpu.uuid] = gpu.node
-            metrics.GPU_MEMORY_ALLOCATED.labels(**labels).set(gpu.allocated_gib)
-            metrics.GPU_MEMORY_CAPACITY.labels(**labels).set(gpu.total_gib)
+        nodes = {gpu.uuid: gpu.node for gpu in view.gpus}
+        metrics.GPU_MEMORY_ALLOCATED.replace({(g.uuid, g.node, g.model): g.allocated_gib for g in view.gpus})
+        metrics.GPU_MEMORY_CAPACITY.replace({(g.uuid, g.node, g.model): g.total_gib for g in view.gpus})
         for model in sorted({gpu.model for gpu in view.gpus}):
             try:  # what an idle hour of this model costs; an unpriced model is left out (`drape cost fleet` names it)
                 rate = gpu_rate(self.config.cost, model, self.config.cost.fleet_plan)
             except CostError:
                 continue
             metrics.GPU_PRICE.labels(model=model, plan=self.config.cost.fleet_plan).set(rate)
-        metrics.DISPATCH_CYCLE.observe(report.seconds)
         metrics.FLEET_SOURCE.clear()
         metrics.FLEET_SOURCE.labels(source=view.source).set(1)
-        metrics.QUEUE_JOB_GPU_MEMORY.clear()
-        for job_id, kind, stage, run, assigned, mem_gib in self.store.running_labels():
-            for gpu_uuid in assigned:
-                metrics.QUEUE_JOB_GPU_MEMORY.labels(
-                    job_id=job_id, kind=kind, run=run, stage=stage, gpu=gpu_uuid, node=nodes.get(gpu_uuid, "")
-                ).set(mem_gib)
+        metrics.QUEUE_JOB_GPU_MEMORY.replace(
+            {
+                (job_id, kind, run, stage, gpu_uuid, nodes.get(gpu_uuid, "")): mem_gib
+                for job_id, kind, stage, run, assigned, mem_gib in self.store.running_labels()
+                for gpu_uuid in assigned
+            }
+        )
 
     def run(
         self,

@@ -139,12 +139,13 @@ class Scheduling:
 
 
 SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted")
+UNCONSTRAINED = Scheduling()
 
 
 def scheduling_of(labels: str | None) -> Scheduling:
     """The scheduling fields in a job's stored labels (JSON); most jobs carry none, and then no JSON is parsed."""
     if not labels or not any(key in labels for key in SCHEDULING_KEYS):
-        return Scheduling()
+        return UNCONSTRAINED
     found = json.loads(labels)
     try:
         share = min(max(float(found.get("share", 1.0)), 1e-3), 1.0)
@@ -206,6 +207,8 @@ def job_request(row) -> JobRequest:
     more than the rest of the conversion."""
     job_id, priority, submit_s, gpus, mem_gib, duration_s, labels = row
     how = scheduling_of(labels)
+    if how is UNCONSTRAINED:
+        return JobRequest(job_id, priority, submit_s, gpus, mem_gib, duration_s)
     return JobRequest(job_id, priority, submit_s, gpus, mem_gib, duration_s, how.models, how.exclusive, how.share, how.preempted)
 
 
@@ -217,3 +220,17 @@ def running_job(row) -> RunningJob:
     return RunningJob(
         row.id, gpus, row.mem_gib, end, row.priority, len(gpus) == 1 and not how.exclusive, how.preempted, how.models
     )
+
+
+def marks(connection, count: int) -> str:
+    """`count` parameter marks in the driver's style, comma-separated (for an IN list in raw SQL)."""
+    return ", ".join(["?" if connection.dialect.paramstyle == "qmark" else "%s"] * count)
+
+
+def execute_many(connection, sql: str, rows: list[tuple]) -> None:
+    """`sql` once per row (executemany), handed to the driver as it is: SQLAlchemy's per-row
+    parameter processing costs more than the database's work at thousands of rows a claim. `sql`
+    marks parameters with ``?`` (SQLite's style; psycopg's ``%s`` is substituted)."""
+    if connection.dialect.paramstyle != "qmark":
+        sql = sql.replace("?", "%s")
+    connection.exec_driver_sql(sql, rows)

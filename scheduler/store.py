@@ -19,7 +19,6 @@ import time
 import uuid
 
 from sqlalchemy import (
-    bindparam,
     delete,
     func,
     insert,
@@ -37,9 +36,11 @@ from scheduler.schema import (
     QueueError,
     allocation_log,
     allocations_table,
+    execute_many,
     gpus_table,
     job_request,
     jobs_table,
+    marks,
     measurements_table,
     open_engine,
     running_job,
@@ -199,23 +200,21 @@ class JobStore(LeaseMixin):
 
     @staticmethod
     def _record_claims(connection, granted: list[Placement], dispatcher: str, lease_seconds: float, now: float) -> None:
-        rows = [{"job_id": p.job_id, "gpu_uuid": g, "mem_gib": p.mem_gib} for p in granted for g in p.gpus]
-        connection.execute(insert(allocations_table), rows)
-        connection.execute(
-            insert(allocation_log), [{**row, "event": "claim", "dispatcher": dispatcher, "at_s": now} for row in rows]
+        rows = [(p.job_id, g, p.mem_gib) for p in granted for g in p.gpus]
+        execute_many(connection, "INSERT INTO allocations (job_id, gpu_uuid, mem_gib) VALUES (?, ?, ?)", rows)
+        execute_many(
+            connection,
+            "INSERT INTO allocation_log (job_id, gpu_uuid, mem_gib, event, dispatcher, at_s) VALUES (?, ?, ?, 'claim', ?, ?)",
+            [(*row, dispatcher, now) for row in rows],
         )
-        connection.execute(
-            update(jobs_table)
-            .where(jobs_table.c.id == bindparam("job"))
-            .values(
-                state="running",
-                start_s=now,
-                dispatcher=dispatcher,
-                lease_expires_s=now + lease_seconds,
-                assigned=bindparam("b_assigned"),
-                attempts=jobs_table.c.attempts + 1,
-            ),
-            [{"job": p.job_id, "b_assigned": json.dumps(list(p.gpus))} for p in sorted(granted, key=lambda p: p.job_id)],
+        execute_many(
+            connection,
+            "UPDATE jobs SET state = 'running', start_s = ?, dispatcher = ?, lease_expires_s = ?, assigned = ?,"
+            " attempts = attempts + 1 WHERE id = ?",
+            [
+                (now, dispatcher, now + lease_seconds, json.dumps(list(p.gpus)), p.job_id)
+                for p in sorted(granted, key=lambda p: p.job_id)
+            ],
         )
 
     def set_handles(self, handles: dict[str, str]) -> None:
@@ -225,17 +224,20 @@ class JobStore(LeaseMixin):
         if not handles:
             return
         with self.engine.begin() as connection:
-            connection.execute(
-                update(jobs_table).where(jobs_table.c.id == bindparam("job")).values(handle=bindparam("value")),
-                [{"job": job_id, "value": handles[job_id]} for job_id in sorted(handles)],
+            execute_many(
+                connection, "UPDATE jobs SET handle = ? WHERE id = ?", [(handles[job_id], job_id) for job_id in sorted(handles)]
             )
 
     def get_many(self, job_ids: list[str]) -> dict[str, dict]:
+        """Job id → row of each of `job_ids` that exists (the first cycle launches thousands)."""
         found: dict[str, dict] = {}
         with self.engine.connect() as connection:
             for start in range(0, len(job_ids), 500):
-                query = select(jobs_table).where(jobs_table.c.id.in_(job_ids[start : start + 500]))
-                found.update((row["id"], dict(row)) for row in connection.execute(query).mappings())
+                part = tuple(job_ids[start : start + 500])
+                # handed to the driver as it is: SQLAlchemy renders an IN list anew each time
+                result = connection.exec_driver_sql(f"SELECT * FROM jobs WHERE id IN ({marks(connection, len(part))})", part)
+                keys = tuple(result.keys())
+                found.update((record["id"], record) for record in (dict(zip(keys, row)) for row in result.all()))
         return found
 
     def _release(self, connection, job_id: str, dispatcher: str | None, now: float) -> None:

@@ -12,11 +12,44 @@ from __future__ import annotations
 import sys
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, pushadd_to_gateway
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from drape.storage.store import redact_url
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+
+class GaugeTable:
+    """A gauge whose series are the rows of a table replaced whole (`replace`) and read at scrape
+    time: the queue's per-job and per-GPU state. A dispatch cycle sets thousands of rows, and a
+    Gauge child per row re-validates its label names when created, which cost more than the rest
+    of the cycle's export; rows that leave the table leave the exposition with them."""
+
+    def __init__(self, name: str, documentation: str, labelnames: list[str], registry: CollectorRegistry):
+        self._name, self._documentation, self._labelnames = name, documentation, tuple(labelnames)
+        self._rows: dict[tuple[str, ...], float] = {}
+        registry.register(self)
+
+    def replace(self, rows: dict[tuple[str, ...], float]) -> None:
+        """The table becomes `rows` (label values in `labelnames` order → value); one assignment, so a
+        scrape reads the old table or the new one whole."""
+        self._rows = dict(rows)
+
+    def value(self, *labels: str) -> float | None:
+        return self._rows.get(labels)
+
+    def _family(self) -> GaugeMetricFamily:
+        return GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
+
+    def describe(self):
+        return [self._family()]
+
+    def collect(self):
+        family = self._family()
+        for labels, value in self._rows.items():
+            family.add_metric(labels, value)
+        yield family
+
 
 DATA_WAIT = Histogram(
     "drape_data_wait_seconds",
@@ -136,16 +169,18 @@ QUEUE_PLACEMENTS = Counter("drape_queue_placements", "Jobs started, by kind and 
 QUEUE_PREEMPTIONS = Counter(
     "drape_queue_preemptions", "Running jobs preempted for a starving multi-GPU job, by kind", ["kind"], registry=REGISTRY
 )
-QUEUE_JOB_GPU_MEMORY = Gauge(
+QUEUE_JOB_GPU_MEMORY = GaugeTable(
     "drape_queue_job_gpu_memory_gib",
     "GiB a running queue job holds on a GPU: joins flow runs (run) to queue jobs (job_id) to GPUs (gpu)",
     ["job_id", "kind", "run", "stage", "gpu", "node"],
     registry=REGISTRY,
 )
-GPU_MEMORY_ALLOCATED = Gauge(
+GPU_MEMORY_ALLOCATED = GaugeTable(
     "drape_gpu_memory_allocated_gib", "GPU memory the queue has allocated to jobs", ["gpu", "node", "model"], registry=REGISTRY
 )
-GPU_MEMORY_CAPACITY = Gauge("drape_gpu_memory_capacity_gib", "GPU memory capacity", ["gpu", "node", "model"], registry=REGISTRY)
+GPU_MEMORY_CAPACITY = GaugeTable(
+    "drape_gpu_memory_capacity_gib", "GPU memory capacity", ["gpu", "node", "model"], registry=REGISTRY
+)
 DISPATCH_CYCLE = Histogram(
     "drape_queue_dispatch_cycle_seconds",
     "Wall time of one dispatch cycle",
@@ -161,6 +196,19 @@ FLEET_SOURCE = Gauge(
     ["source"],
     registry=REGISTRY,
 )
+
+
+_CHILDREN: dict[tuple[int, tuple[str, ...]], object] = {}
+
+
+def child(metric, *values: str):
+    """`metric.labels(*values)`, kept: a dispatch cycle counts each job it starts, and `labels()`
+    re-validates on every call. Only for metrics nothing clears."""
+    key = (id(metric), values)
+    found = _CHILDREN.get(key)
+    if found is None:
+        found = _CHILDREN[key] = metric.labels(*values)
+    return found
 
 
 class _Only:

@@ -514,6 +514,43 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows_and_one_no_gpu_can_hold_fai
         JobSpec(kind="gate-eval", mem_gib=10, duration_s=60, command=["true"], gpu_models=["H100|A100"])
 
 
+def test_the_cycle_exports_the_series_of_running_jobs_only(tmp_path):
+    """The join series (job, run, GPU) of a job that ended goes at the next cycle, one that runs keeps
+    its GiB, a job that comes back has its series again; the cycle histogram counts each cycle."""
+    from drape.ops.metrics import REGISTRY
+    from scheduler.dispatcher import Dispatcher
+    from scheduler.launchers import NullLauncher
+
+    def held() -> dict[str, float]:
+        return {
+            sample.labels["job_id"]: sample.value
+            for metric in REGISTRY.collect()
+            if metric.name == "drape_queue_job_gpu_memory_gib"
+            for sample in metric.samples
+            if sample.labels["run"] == "series"
+        }
+
+    def cycles() -> float:
+        return REGISTRY.get_sample_value("drape_queue_dispatch_cycle_seconds_count") or 0.0
+
+    config, _ = _config_file(tmp_path)
+    store = JobStore(config.queue_url)
+    spec = {"kind": "gate-eval", "duration_s": 60, "command": ["true"], "labels": {"run": "series"}}
+    first, second = store.submit(JobSpec(mem_gib=30, **spec)), store.submit(JobSpec(mem_gib=20, **spec))
+    dispatcher, before = Dispatcher(config, store, launcher=NullLauncher()), cycles()
+    dispatcher.cycle()
+    assert held() == {first: 30.0, second: 20.0}
+    store.finish(first, exit_code=0, dispatcher=dispatcher.id)
+    dispatcher.mine.pop(first)
+    dispatcher.cycle()
+    assert held() == {second: 20.0}
+    store.finish(second, exit_code=1, dispatcher=dispatcher.id, max_attempts=2)  # back to the queue
+    dispatcher.mine.pop(second)
+    report = dispatcher.cycle()
+    assert report.started == [second] and held() == {second: 20.0}
+    assert cycles() - before == 3
+
+
 def test_a_starving_stage_job_preempts_a_service_that_restarts_at_once_elsewhere(tmp_path):
     """Preemption end to end with real processes: two H100 nodes each hold one H100-only service, so
     a 4-GPU stage job that has waited an hour fits neither. The dispatcher preempts one service
