@@ -27,11 +27,41 @@ TESTS = Path(__file__).parent
 TINY = TESTS / "configs" / "tiny.yaml"
 
 
-def tiny_config(root: Path, **overrides):
-    """The tiny test config with live storage, MLflow and the object store under `root`."""
+def tiny_config(root: Path, *, fresh_mlflow: bool = False, **overrides):
+    """The tiny test config with live storage, MLflow and the object store under `root` (MLflow's
+    database there already migrated unless `fresh_mlflow`)."""
     data = yaml.safe_load(TINY.read_text())
     data = deep_merge(data, {"paths": {"root": str(root)}})
-    return parse_config(deep_merge(data, overrides), str(TINY))
+    config = parse_config(deep_merge(data, overrides), str(TINY))
+    if config.tracking_uri.startswith("sqlite:///") and not fresh_mlflow:
+        _seed_mlflow(Path(config.tracking_uri.removeprefix("sqlite:///")))
+    return config
+
+
+_MLFLOW_TEMPLATE: list[Path] = []
+
+
+def _seed_mlflow(database: Path) -> None:
+    """An empty MLflow database at `database` unless one is there, copied from one MLflow migrated
+    once per session: migrating a new SQLite database takes seconds, and the suite makes dozens.
+    Only MLflow's own tables are in it (drape's experiment is made by the run, with its root's
+    artifact location); tests/unit/conftest.py's `dag_config` starts its run from no database."""
+    import atexit
+    import shutil
+    import tempfile
+
+    if database.exists():
+        return
+    if not _MLFLOW_TEMPLATE:
+        from mlflow.tracking import MlflowClient
+
+        folder = tempfile.mkdtemp(prefix="drape-mlflow-template-")
+        atexit.register(shutil.rmtree, folder, ignore_errors=True)
+        template = Path(folder) / "mlflow.db"
+        MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()
+        _MLFLOW_TEMPLATE.append(template)
+    database.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_MLFLOW_TEMPLATE[0], database)
 
 
 @pytest.fixture

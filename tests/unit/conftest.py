@@ -24,7 +24,10 @@ PASS_ANYTHING = {
 def dag_config(tmp_path_factory):
     steps = {stage: {"steps": 4} for stage in STAGES}
     return tiny_config(
-        tmp_path_factory.mktemp("dag") / "drape", train={"checkpoint_every": 2, "stages": steps}, gates=PASS_ANYTHING
+        tmp_path_factory.mktemp("dag") / "drape",
+        fresh_mlflow=True,  # the run creates MLflow's database itself
+        train={"checkpoint_every": 2, "stages": steps},
+        gates=PASS_ANYTHING,
     )
 
 
