@@ -22,6 +22,7 @@ class ClaimLedger:
     used: dict[str, float] = field(default_factory=dict)
     jobs_on: dict[str, int] = field(default_factory=dict)
     held_alone: set[str] = field(default_factory=set)  # GPUs a job that runs alone holds
+    rows: dict[str, dict] = field(default_factory=dict)  # the placed jobs' rows as read
 
     def admits(self, placement: Placement, max_jobs_per_gpu: int) -> bool:
         if self.states.get(placement.job_id) != "queued" or not all(g in self.totals for g in placement.gpus):
@@ -54,11 +55,14 @@ def locked_ledger(connection, placements: list[Placement], is_sqlite: bool) -> C
     lock = "" if is_sqlite else " FOR UPDATE"  # a rival claim waits on the locks, then re-reads
     read = connection.exec_driver_sql
     totals = dict(read(f"SELECT uuid, total_gib FROM gpus WHERE uuid IN ({gpus_in}) ORDER BY uuid{lock}", tuple(wanted)).all())
-    jobs = read(f"SELECT id, state, gpus, labels FROM jobs WHERE id IN ({jobs_in}) ORDER BY id{lock}", tuple(ids)).all()
+    found = read(f"SELECT * FROM jobs WHERE id IN ({jobs_in}) ORDER BY id{lock}", tuple(ids))  # whole: the launcher's
+    keys = tuple(found.keys())
+    jobs = [dict(zip(keys, row)) for row in found.all()]
     ledger = ClaimLedger(
         totals,
-        {job_id: state for job_id, state, _, _ in jobs},
-        {job_id for job_id, _, gpus, labels in jobs if gpus > 1 or scheduling_of(labels).exclusive},
+        {job["id"]: job["state"] for job in jobs},
+        {job["id"] for job in jobs if job["gpus"] > 1 or scheduling_of(job["labels"]).exclusive},
+        rows={job["id"]: job for job in jobs},
     )
     for gpu, total, count in read(
         f"SELECT gpu_uuid, SUM(mem_gib), COUNT(*) FROM allocations WHERE gpu_uuid IN ({gpus_in}) GROUP BY gpu_uuid",

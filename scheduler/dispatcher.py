@@ -113,11 +113,10 @@ class Dispatcher:
         pending = self.store.pending()
         planned = self.plan(pending, view.gpus, running, now, self.policy)  # with nothing queued it may still move jobs
         report.preempted = self._preempt(planned, now)
-        granted = self.store.claim_many(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
+        granted = self.store.claim_rows(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
         report.conflicts = len(planned) - len(granted)  # another dispatcher got there first; next cycle sees it
-        rows, handles = self.store.get_many([p.job_id for p in granted]), {}
-        for placement in granted:
-            job = rows[placement.job_id]
+        handles: dict[str, str] = {}
+        for placement, job in granted:
             try:
                 handles[job["id"]] = self.launcher.launch(job, [by_uuid[u] for u in placement.gpus])
             except Exception as error:  # noqa: BLE001 - a launch that fails ends the job, with the reason
@@ -131,7 +130,7 @@ class Dispatcher:
                 metrics.child(metrics.QUEUE_WAIT, job["kind"]).observe(max(now - job["submit_s"], 0.0))
             metrics.child(metrics.QUEUE_PLACEMENTS, job["kind"], by_uuid[placement.gpus[0]].model).inc()
         self.store.set_handles(handles)
-        started_ids = {p.job_id for p in granted}
+        started_ids = {p.job_id for p, _ in granted}
         self._fail_unplaceable([job for job in pending if job.id not in started_ids], view, now)
         self._export(view, now, [now - job.submit_s for job in pending if job.id not in started_ids])
         report.seconds = time.perf_counter() - started_at  # the whole cycle, its metrics included

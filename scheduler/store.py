@@ -47,6 +47,33 @@ from scheduler.schema import (
 )
 
 
+class _Converted:
+    """A row → object conversion that keeps, from one call to the next, the objects of the rows
+    that came back unchanged: each dispatch cycle reads every queued and running job, and most
+    are the same rows as in the last cycle. The conversion must depend on the row alone."""
+
+    def __init__(self, convert):
+        self.convert, self.last = convert, {}
+
+    def __call__(self, rows) -> list:
+        last, kept = self.last, {}
+        for row in rows:
+            found = last.get(row)
+            kept[row] = found if found is not None else self.convert(row)
+        self.last = kept
+        return list(kept.values())
+
+
+def _assigned(placement: Placement) -> str:
+    """The `assigned` column of a claimed job: its GPUs, as JSON."""
+    return json.dumps(list(placement.gpus))
+
+
+def _job_labels(row) -> tuple[str, str, str, str, list[str], float]:
+    job_id, kind, stage, labels, assigned, mem_gib = row
+    return job_id, kind, stage or "", json.loads(labels or "{}").get("run", ""), json.loads(assigned or "[]"), mem_gib
+
+
 class JobStore(LeaseMixin):
     """The queue's tables behind one SQLAlchemy engine (see the module docstring)."""
 
@@ -54,6 +81,8 @@ class JobStore(LeaseMixin):
         self.url = url
         self.is_sqlite = url.startswith("sqlite")
         self.engine = open_engine(url)
+        self._pending, self._running = _Converted(job_request), _Converted(running_job)
+        self._labelled = _Converted(_job_labels)
 
     # --- submitting and reading ----------------------------------------------------------
     def submit(self, spec: JobSpec, now: float | None = None) -> str:
@@ -122,24 +151,21 @@ class JobStore(LeaseMixin):
         columns = [jobs_table.c[name] for name in ("id", "priority", "submit_s", "gpus", "mem_gib", "duration_s", "labels")]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "queued")).all()
-        return [job_request(r) for r in rows]
+        return self._pending(rows)
 
     def running(self) -> list[RunningJob]:
         """Running jobs as the policy sees them (what it may preempt: shareable single-GPU jobs)."""
         names = ("id", "assigned", "mem_gib", "start_s", "duration_s", "priority", "labels")
         with self.engine.connect() as connection:
             rows = connection.execute(select(*[jobs_table.c[n] for n in names]).where(jobs_table.c.state == "running")).all()
-        return [running_job(r) for r in rows]
+        return self._running(rows)
 
     def running_labels(self) -> list[tuple[str, str, str, str, list[str], float]]:
         """(job id, kind, stage, run, GPUs, GiB per GPU) of running jobs: what the join dashboard shows."""
         columns = [jobs_table.c[name] for name in ("id", "kind", "stage", "labels", "assigned", "mem_gib")]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "running")).all()
-        return [
-            (r.id, r.kind, r.stage or "", json.loads(r.labels or "{}").get("run", ""), json.loads(r.assigned or "[]"), r.mem_gib)
-            for r in rows
-        ]
+        return self._labelled(rows)
 
     # --- inventory and ledger -------------------------------------------------------------
     def register_gpus(self, gpus: list[GpuState]) -> None:
@@ -184,6 +210,13 @@ class JobStore(LeaseMixin):
     ) -> list[Placement]:
         """Claim placements in one transaction, each checked against the ledger as it stands (including
         the claims before it); returns those that were granted."""
+        return [placement for placement, _ in self.claim_rows(placements, dispatcher, lease_seconds, max_jobs_per_gpu, now)]
+
+    def claim_rows(
+        self, placements: list[Placement], dispatcher: str, lease_seconds: float, max_jobs_per_gpu: int, now: float | None = None
+    ) -> list[tuple[Placement, dict]]:
+        """`claim_many`, each granted placement with its job's row as the claim left it (what a
+        launcher reads; the claim read the rows anyway, under its locks)."""
         now = time.time() if now is None else now
         if not placements:
             return []
@@ -196,7 +229,11 @@ class JobStore(LeaseMixin):
                     granted.append(placement)
             if granted:
                 self._record_claims(connection, granted, dispatcher, lease_seconds, now)
-        return granted
+        claimed = {"state": "running", "start_s": now, "dispatcher": dispatcher, "lease_expires_s": now + lease_seconds}
+        return [
+            (p, {**ledger.rows[p.job_id], **claimed, "assigned": _assigned(p), "attempts": ledger.rows[p.job_id]["attempts"] + 1})
+            for p in granted
+        ]
 
     @staticmethod
     def _record_claims(connection, granted: list[Placement], dispatcher: str, lease_seconds: float, now: float) -> None:
@@ -211,10 +248,7 @@ class JobStore(LeaseMixin):
             connection,
             "UPDATE jobs SET state = 'running', start_s = ?, dispatcher = ?, lease_expires_s = ?, assigned = ?,"
             " attempts = attempts + 1 WHERE id = ?",
-            [
-                (now, dispatcher, now + lease_seconds, json.dumps(list(p.gpus)), p.job_id)
-                for p in sorted(granted, key=lambda p: p.job_id)
-            ],
+            [(now, dispatcher, now + lease_seconds, _assigned(p), p.job_id) for p in sorted(granted, key=lambda p: p.job_id)],
         )
 
     def set_handles(self, handles: dict[str, str]) -> None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from collections import defaultdict
 
 import pytest
@@ -89,6 +90,36 @@ def test_dispatchers_starting_together_register_the_fleet_once(tmp_path, request
     second.register_gpus(gpus)
     monkeypatch.setattr(store_module, "select", real_select)
     assert sorted(g.uuid for g in second.inventory()) == [g.uuid for g in gpus]
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_a_claim_returns_the_rows_it_left(tmp_path, request, database):
+    """The rows `claim_rows` hands the launcher are the rows the database holds after the claim,
+    column for column; a placement the ledger refuses comes back with none."""
+    import sqlalchemy
+
+    from scheduler.policy import GpuState, Placement
+
+    queue = {}
+    if database == "postgresql":  # a database of its own: the jobs it leaves would be other tests' jobs
+        server, name = request.getfixturevalue("postgres_url"), f"claims_{uuid.uuid4().hex[:8]}"
+        with sqlalchemy.create_engine(server, isolation_level="AUTOCOMMIT").connect() as connection:
+            connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
+        queue = {"url": server.rsplit("/", 1)[0] + f"/{name}"}
+    config, _ = _config_file(tmp_path, **queue)
+    store = JobStore(config.queue_url)
+    node = "n0"
+    store.register_gpus([GpuState(f"{node}/gpu{i}", node, "H100-80GB", 80.0) for i in range(3)])
+    spec = {"kind": "gate-eval", "duration_s": 60, "command": ["true"]}
+    small = store.submit(JobSpec(mem_gib=30, labels={"run": "r1"}, **spec))
+    gang = store.submit(JobSpec(mem_gib=40, gpus=2, **spec))
+    too_big = store.submit(JobSpec(mem_gib=60, exclusive=True, **spec))
+    placements = [Placement(small, (f"{node}/gpu0",), 30), Placement(too_big, (f"{node}/gpu0",), 60)]
+    granted = store.claim_rows(placements, "d1", 30.0, 4, now=1000.0)
+    assert [(p.job_id, row) for p, row in granted] == [(small, store.get(small))]
+    assert store.get(small)["attempts"] == 1 and store.get(small)["assigned"] == json.dumps([f"{node}/gpu0"])
+    ((placement, row),) = store.claim_rows([Placement(gang, (f"{node}/gpu1", f"{node}/gpu2"), 40)], "d2", 30.0, 4, now=1001.0)
+    assert row == store.get(gang) and row["dispatcher"] == "d2" and row["lease_expires_s"] == 1031.0
 
 
 @pytest.mark.parametrize("database, jobs", [("sqlite", 1000), ("postgresql", 400)])
