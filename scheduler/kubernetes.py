@@ -83,26 +83,39 @@ def _volumes(job: dict, settings):
     return mounts, volumes
 
 
-def _model_affinity(job: dict, model: str, settings):
-    """A required node affinity to the GPU products the job allows (its `gpu_models`, matched against
-    the configured products' models), so Kubernetes enforces what the queue's policy honoured; None
-    for a job that allows any model (the node selector pins the placed model's product)."""
+def _affinity(job: dict, model: str, settings, nodes: list[str]):
+    """Where Kubernetes may run the job's pods: on the GPU products the job allows (its `gpu_models`,
+    matched against the configured products' models), so Kubernetes enforces what the queue's policy
+    honoured; with `node_label`, on the nodes the queue placed it on, one pod per node. None when
+    neither applies (the node selector pins the placed model's product)."""
     from kubernetes import client
 
     from scheduler.policy import allows
     from scheduler.schema import scheduling_of
 
     models = scheduling_of(job.get("labels")).models
-    if not models:
+    requirements = []
+    if models:
+        products = sorted({settings.products.get(model, model)} | {p for m, p in settings.products.items() if allows(models, m)})
+        requirements.append(client.V1NodeSelectorRequirement(key=settings.product_label, operator="In", values=products))
+    if settings.node_label and nodes:
+        requirements.append(client.V1NodeSelectorRequirement(key=settings.node_label, operator="In", values=nodes))
+    if not requirements:
         return None
-    products = sorted({settings.products.get(model, model)} | {p for m, p in settings.products.items() if allows(models, m)})
-    term = client.V1NodeSelectorTerm(
-        match_expressions=[client.V1NodeSelectorRequirement(key=settings.product_label, operator="In", values=products)]
-    )
-    return client.V1Affinity(
-        node_affinity=client.V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=client.V1NodeSelector(node_selector_terms=[term])
+    apart = None
+    if settings.node_label and len(nodes) > 1:  # the pods of one job on distinct nodes of those
+        apart = client.V1PodAntiAffinity(
+            required_during_scheduling_ignored_during_execution=[
+                client.V1PodAffinityTerm(
+                    label_selector=client.V1LabelSelector(match_labels={"drape.ai/job-id": _labels(job)["drape.ai/job-id"]}),
+                    topology_key=settings.node_label,
+                )
+            ]
         )
+    selector = client.V1NodeSelector(node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=requirements)])
+    return client.V1Affinity(
+        node_affinity=client.V1NodeAffinity(required_during_scheduling_ignored_during_execution=selector),
+        pod_anti_affinity=apart,
     )
 
 
@@ -121,8 +134,18 @@ def gpu_resource(job: dict, gpus: int, settings) -> tuple[str, dict[str, str]]:
     return settings.shared_resource, env
 
 
-def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[str], env: dict[str, str], gpus: int = 0):
-    """The pod of `job` (`gpus`: the job's GPUs in all, when it may share one: `gpu_resource`)."""
+def _pod_spec(
+    job: dict,
+    gpus_per_pod: int,
+    model: str,
+    settings,
+    command: list[str],
+    env: dict[str, str],
+    nodes: list[str],
+    gpus: int = 0,
+):
+    """The pod of `job` placed on `nodes` (`gpus`: the job's GPUs in all, when it may share one:
+    `gpu_resource`)."""
     from kubernetes import client
 
     product = settings.products.get(model, model)
@@ -152,7 +175,7 @@ def _pod_spec(job: dict, gpus_per_pod: int, model: str, settings, command: list[
         ),
         containers=[container],
         node_selector={settings.product_label: product},
-        affinity=_model_affinity(job, model, settings),
+        affinity=_affinity(job, model, settings, nodes),
         tolerations=[client.V1Toleration(**t) for t in settings.tolerations],
         volumes=volumes,
     )
@@ -187,10 +210,10 @@ def build_job(job: dict, gpus: list[GpuState], settings):
             name,
             labels,
             settings.namespace,
-            _pod_spec(job, per_pod, model, settings, torchrun_command(command, ranks), env, gpus=len(gpus)),
+            _pod_spec(job, per_pod, model, settings, torchrun_command(command, ranks), env, nodes, gpus=len(gpus)),
         )
     if settings.training_operator:
-        return _pytorchjob(name, labels, job, per_pod, len(nodes), model, settings, command, env)
+        return _pytorchjob(name, labels, job, per_pod, nodes, model, settings, command, env)
     torchrun = [
         "torchrun",
         f"--nnodes={len(nodes)}",
@@ -204,7 +227,7 @@ def build_job(job: dict, gpus: list[GpuState], settings):
         + ' --node-rank="$JOB_COMPLETION_INDEX" '
         + " ".join(shlex.quote(part) for part in module_args(command))
     )
-    pod = _pod_spec(job, per_pod, model, settings, ["/bin/sh", "-c", script], env)
+    pod = _pod_spec(job, per_pod, model, settings, ["/bin/sh", "-c", script], env, nodes)
     pod.subdomain = name  # stable DNS for the rendezvous: <name>-<index>.<name>
     return _batch_job(
         name, labels, settings.namespace, pod, completion_mode="Indexed", completions=len(nodes), parallelism=len(nodes)
@@ -225,11 +248,11 @@ def headless_service(job_name: str, namespace: str, labels: dict[str, str]):
     )
 
 
-def _pytorchjob(name, labels, job, per_pod, nodes, model, settings, command, env) -> dict:
+def _pytorchjob(name, labels, job, per_pod, nodes: list[str], model, settings, command, env) -> dict:
     from kubernetes import client
 
     api = client.ApiClient()
-    pod = api.sanitize_for_serialization(_pod_spec(job, per_pod, model, settings, command, env))
+    pod = api.sanitize_for_serialization(_pod_spec(job, per_pod, model, settings, command, env, nodes))
     pod["containers"][0]["name"] = "pytorch"
 
     def replica(count: int) -> dict:
@@ -239,7 +262,7 @@ def _pytorchjob(name, labels, job, per_pod, nodes, model, settings, command, env
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
-        "spec": {"nprocPerNode": str(per_pod), "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(nodes - 1)}},
+        "spec": {"nprocPerNode": str(per_pod), "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(len(nodes) - 1)}},
     }
 
 

@@ -65,6 +65,13 @@ class KubernetesLauncherConfig(StrictModel):
     )
     request_timeout_seconds: float = Field(default=30.0, gt=0, description="the longest wait for one Kubernetes API call")
     training_operator: bool = Field(default=False, description="multi-node jobs as Kubeflow PyTorchJobs instead of indexed Jobs")
+    node_label: str | None = Field(
+        default=None,
+        description="the node label whose value is the fleet's node name (kubernetes.io/hostname when the fleet's "
+        "nodes are the cluster's, as DCGM's Hostname is under the GPU operator); set, every pod is pinned to the "
+        "nodes the queue placed its job on (one pod per node across nodes), so the ledger says where it runs; "
+        "unset: Kubernetes picks among the nodes of the placed GPU product",
+    )
     shared_resource: str | None = Field(
         default=None,
         description="the resource a shared GPU is offered as (NVIDIA's device plugin with time-slicing or MPS and "

@@ -464,6 +464,28 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in {e.name for e in alone.spec.template.spec.containers[0].env}
     assert build_job(job, one_node, shared).spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
     assert build_job(service, one_gpu, settings).spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+    # pinned to the queue's nodes: one node's pod to it; across nodes, one pod on each of them
+    hosts = settings.model_copy(update={"node_label": "kubernetes.io/hostname"})
+    on_node, across = build_job(job, one_node, hosts), build_job(job, two_nodes, hosts)
+    operated = build_job(job, two_nodes, hosts.model_copy(update={"training_operator": True}))
+    operated_pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "x"}}
+    operated_pod["spec"] = operated["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    for obj in (api.sanitize_for_serialization(on_node), api.sanitize_for_serialization(across), operated_pod):
+        kubernetes_validate.validate(obj, "1.33", strict=True)
+
+    def placement(obj) -> tuple[list[list[str]], list[str]]:
+        affinity = obj.spec.template.spec.affinity
+        (term,) = affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+        apart = (
+            affinity.pod_anti_affinity.required_during_scheduling_ignored_during_execution if affinity.pod_anti_affinity else []
+        )
+        return [[r.key, *r.values] for r in term.match_expressions], [a.topology_key for a in apart]
+
+    assert placement(on_node) == ([["kubernetes.io/hostname", "h100-00"]], [])
+    assert placement(across) == ([["kubernetes.io/hostname", "h100-00", "h100-01"]], ["kubernetes.io/hostname"])
+    both = placement(build_job({**job, "labels": json.dumps({"gpu_models": "H100"})}, one_node, hosts))[0]
+    assert both == [["nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"], ["kubernetes.io/hostname", "h100-00"]]
+    assert operated["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["affinity"]["podAntiAffinity"]
     broken = api.sanitize_for_serialization(single)
     broken["spec"]["template"]["spec"]["containers"][0]["resources"]["limitz"] = {}
     with pytest.raises(kubernetes_validate.ValidationError):
