@@ -25,6 +25,7 @@ import sys
 
 from drape.cli import cost, data, gate, inference, model, pipeline, queue, shopper, storage
 from drape.cli.common import Typer
+from drape.ops.process import end_without_collection
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
 for command in (pipeline.demo, pipeline.run, pipeline.serve, pipeline.train):
@@ -40,5 +41,7 @@ app.add_typer(shopper.app, name="shopper")
 app.add_typer(cost.app, name="cost")
 
 
-def main() -> None:  # pragma: no cover - console entry point
+def main() -> None:
+    """The `drape` console command."""
+    end_without_collection()
     sys.exit(app())

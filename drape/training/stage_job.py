@@ -28,6 +28,7 @@ from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
 from drape.data.partition import StageData, load_stage_data, resolve_partitions
 from drape.layout import MANUAL_RUN, LiveLayout, live_root
 from drape.ops.metrics import push_metrics
+from drape.ops.process import end_without_collection
 from drape.secrets import redact
 from drape.storage.durable import publish_json
 from drape.storage.store import open_store
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     run, labels and pushes its Prometheus series, and writes its result with the measured peak
     memory to `--result` and to $DRAPE_JOB_RESULT. Under torchrun every rank runs this.
     """
+    end_without_collection()
     parser = _parser()
     args = parser.parse_args(argv)
     job = job_from_args(args, parser)
