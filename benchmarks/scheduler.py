@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 import statistics
 import sys
@@ -276,6 +277,8 @@ def cycle_cost() -> None:
             )
         print(f"  queued 10,000 jobs in {time.perf_counter() - started:.1f} s", file=sys.stderr)
         dispatcher = Dispatcher(config, store, launcher=NullLauncher())
+        gc.collect()
+        gc.freeze()  # as `Dispatcher.run` does before its first cycle
         first = dispatcher.cycle()
         rows.append(("dispatcher cycle, fleet empty (claims + launches)", first.seconds, len(first.started)))
         steady = [dispatcher.cycle() for _ in range(5)]

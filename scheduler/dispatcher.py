@@ -9,6 +9,7 @@ relaying the job's log lines.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -260,6 +261,10 @@ class Dispatcher:
         """Cycle every `queue.poll_seconds` until `stop()` is true or `max_cycles` ran. A cycle that
         fails (the database or the cluster unreachable a moment) is logged and the loop goes on: its
         jobs keep running, and the leases it could not renew are adopted back once it can."""
+        # what the process holds by now (modules, config, fleet) lives as long as it: a collection
+        # during a cycle then walks only what the cycles make (gc.freeze, as long-running servers do)
+        gc.collect()
+        gc.freeze()
         cycles, failures = 0, 0
         while not (stop and stop()) and (max_cycles is None or cycles < max_cycles):
             try:
