@@ -139,7 +139,7 @@ class Scheduling:
 
 
 SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted")
-UNCONSTRAINED = Scheduling()
+UNCONSTRAINED = Scheduling()  # shared: most jobs carry no scheduling fields
 
 
 def scheduling_of(labels: str | None) -> Scheduling:
@@ -207,8 +207,6 @@ def job_request(row) -> JobRequest:
     more than the rest of the conversion."""
     job_id, priority, submit_s, gpus, mem_gib, duration_s, labels = row
     how = scheduling_of(labels)
-    if how is UNCONSTRAINED:
-        return JobRequest(job_id, priority, submit_s, gpus, mem_gib, duration_s)
     return JobRequest(job_id, priority, submit_s, gpus, mem_gib, duration_s, how.models, how.exclusive, how.share, how.preempted)
 
 

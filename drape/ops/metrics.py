@@ -35,9 +35,6 @@ class GaugeTable:
         scrape reads the old table or the new one whole."""
         self._rows = dict(rows)
 
-    def value(self, *labels: str) -> float | None:
-        return self._rows.get(labels)
-
     def _family(self) -> GaugeMetricFamily:
         return GaugeMetricFamily(self._name, self._documentation, labels=self._labelnames)
 
