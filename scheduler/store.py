@@ -40,7 +40,6 @@ from scheduler.schema import (
     gpus_table,
     job_request,
     jobs_table,
-    marks,
     measurements_table,
     open_engine,
     running_job,
@@ -263,15 +262,11 @@ class JobStore(LeaseMixin):
             )
 
     def get_many(self, job_ids: list[str]) -> dict[str, dict]:
-        """Job id → row of each of `job_ids` that exists (the first cycle launches thousands)."""
         found: dict[str, dict] = {}
         with self.engine.connect() as connection:
             for start in range(0, len(job_ids), 500):
-                part = tuple(job_ids[start : start + 500])
-                # handed to the driver as it is: SQLAlchemy renders an IN list anew each time
-                result = connection.exec_driver_sql(f"SELECT * FROM jobs WHERE id IN ({marks(connection, len(part))})", part)
-                keys = tuple(result.keys())
-                found.update((record["id"], record) for record in (dict(zip(keys, row)) for row in result.all()))
+                query = select(jobs_table).where(jobs_table.c.id.in_(job_ids[start : start + 500]))
+                found.update((row["id"], dict(row)) for row in connection.execute(query).mappings())
         return found
 
     def _release(self, connection, job_id: str, dispatcher: str | None, now: float) -> None:
