@@ -1,6 +1,6 @@
 # drape: the two commands (see README).
 #   make demo   create .venv, install, run the whole pipeline on the embedded demo config
-#   make test   create .venv if needed, install, run the test suite
+#   make test   create .venv if needed, install, run the test suite (TEST_WORKERS=2 processes)
 #   make lint   the formatter, the linter and the type checker (ruff format --check, ruff check, mypy)
 
 PYTHON ?= python3.11
@@ -47,9 +47,12 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/drape serve
 
+# two pytest-xdist workers (one per core on a 2-core machine), each given whole modules, the
+# longest first (tests/conftest.py); TEST_WORKERS=0 runs the suite in one process
+TEST_WORKERS ?= 2
 test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
 
 # the production path at CPU size with kills and resumes (part of `make test`; README "Run on a cluster")
 rehearse: $(STAMP) services

@@ -18,6 +18,10 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # One of `make test`'s workers, each with a core: torch's OpenMP threads (and those of the
+    # subprocesses it starts) would otherwise spin against the other worker's.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import yaml  # noqa: E402
 
@@ -25,6 +29,30 @@ from drape.config import deep_merge, parse_config  # noqa: E402
 
 TESTS = Path(__file__).parent
 TINY = TESTS / "configs" / "tiny.yaml"
+
+# Modules that run for minutes, longest first. `make test` hands whole modules to its workers
+# (`--dist loadfile`) in collection order: these start first, so no worker begins one near the end.
+LONGEST_FIRST = (
+    "integration/test_rehearsal.py",
+    "integration/test_dashboards.py",
+    "integration/test_models.py",
+    "integration/test_staged_training.py",
+    "integration/test_shoppers.py",
+    "integration/test_inference.py",
+    "integration/test_distributed.py",
+    "integration/test_deployments.py",
+    "unit/test_floor.py",
+    "integration/test_trainer_process.py",
+    "integration/test_flow_s3.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        relative = item.path.relative_to(TESTS).as_posix()
+        return LONGEST_FIRST.index(relative) if relative in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each module's tests keep their order
 
 
 def tiny_config(root: Path, *, fresh_mlflow: bool = False, **overrides):

@@ -31,10 +31,12 @@ STEPS = {"identity": 200, "texture": 30, "geometry": 30, "denoise": 30}
 # Gate thresholds for these models, below what they reach and above broken weights. Measured here
 # (bootstrap lower bounds over 16 control samples, every stage of the three models): identity
 # 0.40-0.90, texture 0.05-0.23, coherence 0.16-0.34 (tiny.yaml's pixel model with scrambled weights:
-# identity -0.01, coherence 0.04). At 32 px the texture check cannot separate anything
-# (tiny.yaml): its threshold only catches a blank or inverted logo region.
+# identity -0.01, coherence 0.04). With one thread per process (`make test`'s workers) torch sums
+# in another order, and latent-unet's geometry stage reached an identity lower bound of 0.28.
+# At 32 px the texture check cannot separate anything (tiny.yaml): its threshold only catches a
+# blank or inverted logo region.
 GATES = {
-    "identity": {"min_similarity": 0.30},
+    "identity": {"min_similarity": 0.20},
     "texture": {"min_fidelity": 0.01},
     "coherence": {"min_score": 0.10},
 }
