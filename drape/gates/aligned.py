@@ -8,13 +8,14 @@ smoothly; the second changes one place. So, per region (a face box, a logo box):
   (4×4 blocks, the worst fifth of them dropped twice, so the region itself and misregistered edges do
   not steer the fit): global brightness, contrast and white balance are undone, a local change is not;
 - registration: the reference region is moved by the sub-pixel shift (quarter pixels, up to
-  `max_shift`) that best matches the output's luminance (for the face, both a little blurred
-  first: else a fractional shift wins on a soft output by the blur its interpolation adds);
+  `max_shift`) that best matches the output's luminance, and its chroma where the region's
+  luminance hardly varies (`registration_chroma`; for the face, both a little blurred first:
+  else a fractional shift wins on a soft output by the blur its interpolation adds);
 - delivery: the reference also softened, re-encoded and resampled (`drape.gates.nuisance.delivered`),
   compared with the output: for a face, the least change over every version (`drape.gates.face`);
   for a mark or a garment, the version closest over the rest of the picture (how soft and how
-  encoded the output is where nothing should change), so a mark melted on its own is not matched
-  by a soft reference;
+  encoded the output is where nothing should change; of versions about as close there, the one
+  closest over the region), so a mark melted on its own is not matched by a soft reference;
 - residual: both slightly blurred (codec ringing, resampling), the colour distance per pixel in
   YCbCr with chroma at half resolution as codecs keep it, averaged over small windows; its largest
   value, as a share of full scale, is what the region changed where it changed most;
@@ -36,9 +37,21 @@ from drape.gates.nuisance import delivered
 _YCC = torch.tensor(_YCC_ARRAY, dtype=torch.float32)  # RGB → YCbCr (JPEG), the one transform the checks use
 
 
-def _luma(tensor: torch.Tensor) -> torch.Tensor:
-    """(..., 3, H, W) RGB → (..., H, W) luminance."""
-    return (tensor * _YCC[0][:, None, None]).sum(dim=-3)
+def _centred_colour(tensor: torch.Tensor, chroma: float) -> torch.Tensor:
+    """(..., 3, H, W) RGB → (..., 3·H·W): luminance and both chroma channels (weighted by `chroma`),
+    each less its mean: what registration matches."""
+    ycc = torch.einsum("ij,...jhw->...ihw", _YCC * torch.tensor([1.0, chroma, chroma])[:, None], tensor)
+    return (ycc - ycc.mean(dim=(-2, -1), keepdim=True)).flatten(-3)
+
+
+def registration_chroma(region: torch.Tensor) -> float:
+    """How much registration weighs chroma for `region` (3, h, w): a quarter where its luminance
+    varies less than 0.4 times as much as its chroma (a red mark on a blue shirt is nearly one
+    luminance), else none (codecs blur and shift chroma, and on a mark of mostly chroma at 0.45 a
+    whole picture softened by 0.75 px was then registered a fraction off)."""
+    ycc = torch.einsum("ij,jhw->ihw", _YCC, region).flatten(1)
+    spread = ycc.std(dim=1)
+    return 0.25 if float(spread[0]) < 0.4 * float(spread[1:].norm()) else 0.0
 
 
 @dataclass(frozen=True)
@@ -58,24 +71,32 @@ def fit_light(
     block: int = 4,
     rounds: int = 2,
     outlier: float = 3.0,
-    ridge: float = 100.0,
+    ridge: float = 10.0,
 ) -> Light:
     """Per-channel gain and offset taking `reference` to `output`, fitted on the blocks inside
     `where` (bool H×W: where the model should have changed nothing; the whole picture when None or
     when it leaves fewer than 8 blocks), robustly: blocks fitting `outlier` times worse than the
     median block (and by over 3 levels) are dropped, `rounds` times. The fit is a pure gain (the
     means' ratio) plus a slope about it shrunk by `ridge` (levels²): a picture of one flat colour
-    gets that gain alone."""
+    gets that gain alone. The ridge is light: the rest of a picture can be mostly flat (a white
+    shirt, a background, hair), and with 100 levels² a 5% contrast change there was taken for a
+    fraction of it (the dropped blocks were the contrasted ones), leaving a mark's residual as large
+    as a turned mark's and a light face's tone up to 6 ΔE off. Blocks whose output is all at either
+    end of the range (in a channel) are left out of that channel's fit."""
     pool = lambda image: F.avg_pool2d(torch.from_numpy(image.astype(np.float32)).permute(2, 0, 1)[None], block)[0]  # noqa: E731
     x, y = pool(reference).reshape(3, -1).numpy(), pool(output).reshape(3, -1).numpy()
     chosen = np.ones(x.shape[1], dtype=bool)
     if where is not None:
         inside = pool(where[..., None].astype(np.float32) * np.ones(3, np.float32))[0].reshape(-1).numpy() > 0.99
         chosen = inside if inside.sum() >= 8 else chosen
+    # a block whose output is all at either end of the range says only that the light took it there
+    # or beyond: a light skin's red at 255 under a brighter light is not a gain of 1
+    railed = (y >= 254.5) | (y <= 0.5)
     gain, offset = np.ones(3, np.float32), np.zeros(3, np.float32)
     for round_ in range(rounds + 1):
         for c in range(3):
-            xc, yc = x[c, chosen], y[c, chosen]
+            use = chosen & ~railed[c] if (chosen & ~railed[c]).sum() >= 8 else chosen
+            xc, yc = x[c, use], y[c, use]
             # a pure gain (brightness, white balance) plus the ridge slope of what it leaves (contrast):
             # a few flat colours cannot swing the slope
             pure = float(yc.mean() / max(xc.mean(), 1.0))
@@ -189,17 +210,17 @@ def align(
     # with `registration_blur`, both compared a little blurred: a fractional shift's interpolation
     # (itself a blur) then cannot win by making the reference as soft as a resized or re-encoded output
     probe = _blur(crop, registration_blur) if registration_blur > 0 else crop
-    target = _luma(_blur(seen, registration_blur) if registration_blur > 0 else seen)[::stride, ::stride].flatten()
-    target = target - target.mean()
+    chroma = registration_chroma(seen)
+    target = _centred_colour((_blur(seen, registration_blur) if registration_blur > 0 else seen)[:, ::stride, ::stride], chroma)
     per_chunk = max(1, 8_000_000 // (3 * target.numel()))
 
     def best_of(shifts: torch.Tensor) -> torch.Tensor:
         scores = []
         for start in range(0, len(shifts), per_chunk):
-            moved = _shifted(probe, shifts[start : start + per_chunk], (y1 - y0, x1 - x0), margin, stride)
-            luma = _luma(moved).flatten(1)
-            luma = luma - luma.mean(dim=1, keepdim=True)
-            scores.append((luma * target).sum(dim=1) / (luma.norm(dim=1) * target.norm()).clamp_min(1e-6))
+            moved = _centred_colour(
+                _shifted(probe, shifts[start : start + per_chunk], (y1 - y0, x1 - x0), margin, stride), chroma
+            )
+            scores.append((moved * target).sum(dim=1) / (moved.norm(dim=1) * target.norm()).clamp_min(1e-6))
         return shifts[int(torch.cat(scores).argmax())]
 
     coarse = best_of(_shift_grid(float(np.floor(max_shift)), 1.0))  # whole pixels, then quarters around the best
@@ -209,20 +230,27 @@ def align(
     region = lambda picture: _shifted(_padded(picture, (x0, y0, x1, y1), margin), shift[None], (y1 - y0, x1 - x0), margin)[0]  # noqa: E731
     if delivery_from is not None:
         whole = [*softened(relit, softness), *reencoded(relit)]
-        chosen = closest_over(output, whole, shift, delivery_from, margin)
-        return seen, region(chosen)
+        # of the versions as close over the rest as the closest (within `DELIVERY_TIE`), the one
+        # closest over the region: on the rest a blur and a resampling can fit about as well, and
+        # only the region tells them apart; a mark melted on a sharp picture has no such tie
+        tied = closest_over(output, whole, shift, delivery_from, margin)
+        return seen, min((region(whole[k]) for k in tied), key=lambda candidate: float((seen - candidate).pow(2).sum()))
     others = [region(picture) for picture in reencoded(relit)] if reencode else []
     if every:
         return seen, [*softened(region(relit), softness), *others]
     return seen, match_softness(seen, region(relit), softness, others)
 
 
+DELIVERY_TIE = 1.25  # versions within this factor of the closest's squared error over the rest are tied
+
+
 def closest_over(
     output: np.ndarray, versions: list[torch.Tensor], shift: torch.Tensor, where: np.ndarray, margin: int
-) -> torch.Tensor:
-    """Of `versions` (whole reference pictures, float (3, H, W)), the one that, moved by `shift`,
-    is closest to `output` over `where` (bool H×W; the frame's outer `margin` pixels left out: a
-    shifted output shows there whatever lay outside the picture)."""
+) -> list[int]:
+    """The indices of `versions` (whole reference pictures, float (3, H, W)) that, moved by `shift`,
+    are about as close to `output` over `where` as the closest (within `DELIVERY_TIE` of its
+    squared error; bool H×W; the frame's outer `margin` pixels left out: a shifted output shows
+    there whatever lay outside the picture), closest first."""
     height, width = output.shape[:2]
     mask = torch.from_numpy(where.copy())
     mask[:margin], mask[-margin:], mask[:, :margin], mask[:, -margin:] = False, False, False, False
@@ -237,7 +265,8 @@ def closest_over(
         )
         for version in versions
     ]
-    return versions[int(np.argmin(errors))]
+    best = min(errors)
+    return sorted((k for k, error in enumerate(errors) if error <= DELIVERY_TIE * best + 1e-6), key=errors.__getitem__)
 
 
 def reencoded(relit: torch.Tensor) -> list[torch.Tensor]:
@@ -330,10 +359,7 @@ def aligned_coherence_scores(
         ys, xs = np.nonzero(region)
         box = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
         rest = outside(output.shape, [face], mask)
-        # a light ridge: beyond the painted mask a picture can be mostly flat (background, hair), and a
-        # ridge of 100 levels² there took a 5% contrast change for a fraction of it (the garment's
-        # largest nuisance change at 128 px, 0.21)
-        light = fit_light(output, reference, rest, ridge=10.0)
+        light = fit_light(output, reference, rest)
         regions = align(
             output, reference, box, light, max_shift=max_shift, pad=_GARMENT_PAD, delivery_from=rest, registration_blur=1.0
         )

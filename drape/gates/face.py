@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from drape.gates.aligned import _FACE_PAD, _blur, _change, _region, align, fit_light, outside
+from drape.gates.aligned import _FACE_PAD, Light, _blur, _change, _region, align, fit_light, outside
 from drape.gates.checks import lab as _lab
 
 # What counts as a full unit of change, per term: the same multiple (11.5×) of their 99th
@@ -74,15 +74,17 @@ def face_change(output: np.ndarray, source: np.ndarray, box, max_shift: float = 
     (on both pictures blurred by 1 px) and delivered (`drape.gates.nuisance.delivered`) as the
     output is closest to; None when the box is empty. Only the face searches delivery paths: a
     resampled mark is as soft as a melted one."""
-    # a light ridge (10 levels², as the garment's): with 100, a 5% contrast change on a dark picture
-    # was taken for a fraction of it and left a light face's tone up to 6 ΔE off
-    light = fit_light(output, source, outside(output.shape, [box]), ridge=10.0)
-    every = align(
-        output, source, box, light, max_shift=max_shift, pad=_FACE_PAD, every=True, reencode=True, registration_blur=1.0
-    )
-    if every is None:
+    # two lights: the one fitted outside the face, and none (re-encoding a saturated picture clips
+    # its ringing, which a fit can take for a few percent of gain and a light face's tone for 2-3 ΔE)
+    fitted = fit_light(output, source, outside(output.shape, [box]))
+    lights = (fitted, Light(np.ones(3, np.float32), np.zeros(3, np.float32)))
+    every = [
+        align(output, source, box, light, max_shift=max_shift, pad=_FACE_PAD, every=True, reencode=True, registration_blur=1.0)
+        for light in lights
+    ]
+    if every[0] is None:
         return None
-    seen, versions = every
+    seen, versions = every[0][0], [version for _, found in every for version in found]
     # the tone change no delivery path explains: the least against any version of the reference
     where = face_ellipse(output.shape, box)
     tone = min(tone_difference(seen, version, where=where) for version in versions)
