@@ -202,31 +202,8 @@ def align(
         return None
     margin = int(np.ceil(max_shift)) + 1
     relit = torch.from_numpy(np.clip(light.apply(reference), 0, 255)).permute(2, 0, 1)
-    crop = _padded(relit, (x0, y0, x1, y1), margin)
     seen = torch.from_numpy(output[y0:y1, x0:x1].astype(np.float32)).permute(2, 0, 1)
-    # registration reads at most 65,536 points of the region per candidate shift (a 1024 px garment:
-    # every third row and column), in chunks of at most 8 M values: bounded time and memory
-    stride = max(1, int(np.ceil(np.sqrt((y1 - y0) * (x1 - x0) / 65536))))
-    # with `registration_blur`, both compared a little blurred: a fractional shift's interpolation
-    # (itself a blur) then cannot win by making the reference as soft as a resized or re-encoded output
-    probe = _blur(crop, registration_blur) if registration_blur > 0 else crop
-    chroma = registration_chroma(seen)
-    target = _centred_colour((_blur(seen, registration_blur) if registration_blur > 0 else seen)[:, ::stride, ::stride], chroma)
-    per_chunk = max(1, 8_000_000 // (3 * target.numel()))
-
-    def best_of(shifts: torch.Tensor) -> torch.Tensor:
-        scores = []
-        for start in range(0, len(shifts), per_chunk):
-            moved = _centred_colour(
-                _shifted(probe, shifts[start : start + per_chunk], (y1 - y0, x1 - x0), margin, stride), chroma
-            )
-            scores.append((moved * target).sum(dim=1) / (moved.norm(dim=1) * target.norm()).clamp_min(1e-6))
-        return shifts[int(torch.cat(scores).argmax())]
-
-    coarse = best_of(_shift_grid(float(np.floor(max_shift)), 1.0))  # whole pixels, then quarters around the best
-    fine = (coarse + _shift_grid(0.75, 0.25)).clamp(-max_shift, max_shift)
-    shift = best_of(fine)
-
+    shift = _register(seen, _padded(relit, (x0, y0, x1, y1), margin), margin, max_shift, registration_blur)
     region = lambda picture: _shifted(_padded(picture, (x0, y0, x1, y1), margin), shift[None], (y1 - y0, x1 - x0), margin)[0]  # noqa: E731
     if delivery_from is not None:
         whole = [*softened(relit, softness), *reencoded(relit)]
@@ -242,6 +219,31 @@ def align(
 
 
 DELIVERY_TIE = 1.25  # versions within this factor of the closest's squared error over the rest are tied
+
+
+def _register(seen: torch.Tensor, crop: torch.Tensor, margin: int, max_shift: float, blur: float) -> torch.Tensor:
+    """The (dx, dy) that best moves `crop` (the reference region with `margin` around) onto `seen`:
+    whole pixels up to `max_shift`, then quarters around the best, by normalised correlation of
+    luminance (and chroma: `registration_chroma`). With `blur`, both compared that blurred: a
+    fractional shift's interpolation (itself a blur) then cannot win by making the reference as
+    soft as a resized or re-encoded output. It reads at most 65,536 points of the region per
+    candidate (a 1024 px garment: every third row and column), in chunks of at most 8 M values."""
+    height, width = seen.shape[1:]
+    stride = max(1, int(np.ceil(np.sqrt(height * width / 65536))))
+    probe = _blur(crop, blur) if blur > 0 else crop
+    chroma = registration_chroma(seen)
+    target = _centred_colour((_blur(seen, blur) if blur > 0 else seen)[:, ::stride, ::stride], chroma)
+    per_chunk = max(1, 8_000_000 // (3 * target.numel()))
+
+    def best_of(shifts: torch.Tensor) -> torch.Tensor:
+        scores = []
+        for start in range(0, len(shifts), per_chunk):
+            moved = _centred_colour(_shifted(probe, shifts[start : start + per_chunk], (height, width), margin, stride), chroma)
+            scores.append((moved * target).sum(dim=1) / (moved.norm(dim=1) * target.norm()).clamp_min(1e-6))
+        return shifts[int(torch.cat(scores).argmax())]
+
+    coarse = best_of(_shift_grid(float(np.floor(max_shift)), 1.0))
+    return best_of((coarse + _shift_grid(0.75, 0.25)).clamp(-max_shift, max_shift))
 
 
 def closest_over(
