@@ -95,7 +95,8 @@ def fit_light(
     gain, offset = np.ones(3, np.float32), np.zeros(3, np.float32)
     for round_ in range(rounds + 1):
         for c in range(3):
-            use = chosen & ~railed[c] if (chosen & ~railed[c]).sum() >= 8 else chosen
+            use = chosen & ~railed[c]
+            use = use if use.sum() >= 8 else chosen
             xc, yc = x[c, use], y[c, use]
             # a pure gain (brightness, white balance) plus the ridge slope of what it leaves (contrast):
             # a few flat colours cannot swing the slope
@@ -233,7 +234,7 @@ def _register(seen: torch.Tensor, crop: torch.Tensor, margin: int, max_shift: fl
     probe = _blur(crop, blur) if blur > 0 else crop
     chroma = registration_chroma(seen)
     target = _centred_colour((_blur(seen, blur) if blur > 0 else seen)[:, ::stride, ::stride], chroma)
-    per_chunk = max(1, 8_000_000 // (3 * target.numel()))
+    per_chunk = max(1, 8_000_000 // target.numel())  # a candidate's values: as many as the target's
 
     def best_of(shifts: torch.Tensor) -> torch.Tensor:
         scores = []
@@ -252,7 +253,7 @@ def closest_over(
     """The indices of `versions` (whole reference pictures, float (3, H, W)) that, moved by `shift`,
     are about as close to `output` over `where` as the closest (within `DELIVERY_TIE` of its
     squared error; bool H×W; the frame's outer `margin` pixels left out: a shifted output shows
-    there whatever lay outside the picture), closest first."""
+    there whatever lay outside the picture)."""
     height, width = output.shape[:2]
     mask = torch.from_numpy(where.copy())
     mask[:margin], mask[-margin:], mask[:, :margin], mask[:, -margin:] = False, False, False, False
@@ -268,7 +269,7 @@ def closest_over(
         for version in versions
     ]
     best = min(errors)
-    return sorted((k for k, error in enumerate(errors) if error <= DELIVERY_TIE * best + 1e-6), key=errors.__getitem__)
+    return [k for k, error in enumerate(errors) if error <= DELIVERY_TIE * best + 1e-6]
 
 
 def reencoded(relit: torch.Tensor) -> list[torch.Tensor]:
