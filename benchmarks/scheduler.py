@@ -75,16 +75,24 @@ GANG_MIX = (
     ("service", 1, 0.35, 24.0, 30.0, 3),  # long-lived single-GPU services (inference, evaluation)
     ("gate-eval", 1, 0.15, 0.5, 20.0, 3),  # short single-GPU jobs
 )
+# the same with a fifth of the GPU-hours in 2- and 4-GPU jobs (a width drawn per job)
+FINETUNE_MIX = (
+    ("stage-training", 8, 0.40, 8.0, 70.0, 5),
+    ("finetune", (2, 4), 0.20, 3.0, 40.0, 4),  # LoRA fine-tunes, multi-GPU evaluations
+    ("service", 1, 0.28, 24.0, 30.0, 3),
+    ("gate-eval", 1, 0.12, 0.5, 20.0, 3),
+)
 
 
-def gang_week(load: float, gpus: int, rng: random.Random, constrained: bool = False) -> list[TraceJob]:
-    """A week whose GPU-hours are `load` × the fleet's, split by `GANG_MIX`; Poisson arrivals over
+def gang_week(load: float, gpus: int, rng: random.Random, constrained: bool = False, mix: tuple = GANG_MIX) -> list[TraceJob]:
+    """A week whose GPU-hours are `load` × the fleet's, split by `mix`; Poisson arrivals over
     the first six days, exponential durations. `constrained`: a third of the jobs may run on H100s
     only (the 8-GPU jobs always: they need the 80 GB), the rest anywhere."""
     jobs = []
-    for kind, width, share, mean_h, mem, priority in GANG_MIX:
+    for kind, widths, share, mean_h, mem, priority in mix:
         hours, count = load * gpus * WEEK_S / 3600 * share, 0
         while hours > 0:
+            width = rng.choice(widths) if isinstance(widths, tuple) else widths
             duration = min(rng.expovariate(1 / (mean_h * 3600)), 4 * mean_h * 3600)
             submit = rng.uniform(0, WEEK_S * 6 / 7)
             models = ("H100",) if constrained and (width > 1 or rng.random() < 1 / 3) else ()
@@ -109,35 +117,52 @@ GANG_POLICIES = (
     ("drape, spreading only", "drape", PolicyConfig(preempt_after_s=None)),
     ("drape, neither", "drape", PolicyConfig(preempt_after_s=None, spread_after_s=None)),
     ("drape, preempting into co-location", "drape", PolicyConfig(preempt_colocate=True)),
+    ("drape, fragmentation-aware", "drape", PolicyConfig(fragmentation=True)),
     ("drape as it was", "drape", PolicyConfig(pack_nodes=False, constraints=False, preempt_after_s=None, spread_after_s=None)),
     ("kueue-like", "kueue-like", PolicyConfig()),
     ("fifo-exclusive", "fifo-exclusive", PolicyConfig()),
 )
-GANG_WORKLOADS = ((0.70, False), (0.85, False), (0.85, True))
+# (load, fleet and mix): "64 H100", "mixed" (48 H100 + 16 L40S, a third of the jobs H100-only), or
+# "fine-tunes" (64 H100, FINETUNE_MIX)
+GANG_WORKLOADS = ((0.70, "64 H100"), (0.85, "64 H100"), (0.85, "mixed"), (0.85, "fine-tunes"))
+WORKLOAD_NAMES = {
+    "64 H100": "8-GPU stage jobs beside long-lived services: load {load:.2f}, 64 H100",
+    "mixed": "8-GPU stage jobs beside long-lived services: load {load:.2f}, 48 H100 + 16 L40S, a third of the jobs H100-only",
+    "fine-tunes": "8-GPU stage jobs and 2-4-GPU fine-tunes beside long-lived services: load {load:.2f}, 64 H100",
+}
+
+
+def workload(load: float, kind: str, seed: int) -> tuple[list[TraceJob], list[GpuState]]:
+    """The trace and fleet of one gang week (`GANG_WORKLOADS`)."""
+    fleet = gang_fleet(kind == "mixed")
+    mix = FINETUNE_MIX if kind == "fine-tunes" else GANG_MIX
+    return gang_week(load, len(fleet), random.Random(seed), constrained=kind == "mixed", mix=mix), fleet
+
+
 FLOOR_LABELS = {1: "one per GPU", 2: "two per GPU at no cost"}
 SEEDS = (1, 2, 3, 4, 5)
 
 
 def gangs() -> None:
-    for load, mixed in GANG_WORKLOADS:
-        fleet = gang_fleet(mixed)
-        trace = gang_week(load, len(fleet), random.Random(7), constrained=mixed)
+    for load, kind in GANG_WORKLOADS:
+        trace, fleet = workload(load, kind, 7)
         results = []
         for label, name, config in GANG_POLICIES:
             started = time.perf_counter()
             result = simulate(trace, fleet, name, config)
             result.policy = label
             results.append(result)
-            print(f"  simulated {label} at {load} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
-        fleet_name = "48 H100 + 16 L40S, a third of the jobs H100-only" if mixed else "64 H100"
-        print(f"\n## 8-GPU stage jobs beside long-lived services: load {load:.2f}, {fleet_name} ({len(trace)} jobs)\n")
+            print(f"  simulated {label} at {load}, {kind} in {time.perf_counter() - started:.1f} s", file=sys.stderr)
+        print(f"\n## {WORKLOAD_NAMES[kind].format(load=load)} ({len(trace)} jobs)\n")
         print(render(results))
         alone = simulate([j for j in trace if j.gpus > 1], fleet, "drape", PolicyConfig(preempt_after_s=None)).class_waits
         floor = alone.get("5-8", {"mean_s": 0.0, "max_s": 0.0})
         print(
-            f"\nthe 8-GPU jobs alone on this fleet (the capacity floor): wait mean {floor['mean_s'] / 60:.1f} min, "
+            f"\nthe multi-GPU jobs alone on this fleet (the capacity floor): 8-GPU wait mean {floor['mean_s'] / 60:.1f} min, "
             f"max {floor['max_s'] / 60:.1f} min"
         )
+        if any(1 < j.gpus < 8 for j in trace):
+            continue  # the floor below holds whole-node jobs only
         for per_gpu, packing in FLOOR_LABELS.items():
             bound = gang_floor(trace, fleet, per_gpu)
             print(
@@ -147,23 +172,30 @@ def gangs() -> None:
             )
 
 
-def _seeded(args: tuple[float, bool, int, int]) -> tuple:
-    load, mixed, seed, index = args
+def _seeded(args: tuple[float, str, int, int]) -> tuple:
+    load, kind, seed, index = args
     label, name, config = GANG_POLICIES[index]
-    fleet = gang_fleet(mixed)
-    result = simulate(gang_week(load, len(fleet), random.Random(seed), constrained=mixed), fleet, name, config)
-    gang, single = result.class_waits.get("5-8", {}), result.class_waits.get("1", {})
+    result = simulate(*workload(load, kind, seed), name, config)
+    waits = {name: result.class_waits.get(name, {}) for name in ("1", "2-4", "5-8")}
     stretch = result.class_stretch.get("1", {}).get("mean", 1.0)
     return (
         load,
-        mixed,
+        kind,
         label,
         result.of_bound,
-        gang.get("mean_s", 0.0),
-        gang.get("max_s", 0.0),
-        single.get("max_s", 0.0),
+        waits["5-8"].get("mean_s", 0.0),
+        waits["5-8"].get("max_s", 0.0),
+        waits["2-4"].get("max_s", float("nan")),
+        waits["1"].get("max_s", 0.0),
         stretch,
     )
+
+
+def _minutes(values: list[float]) -> str:
+    """Median (worst) of `values` in minutes; "-" where the class is absent (NaN)."""
+    if any(v != v for v in values):
+        return "-"
+    return f"{statistics.median(values) / 60:.0f} min ({max(values) / 60:.0f})"
 
 
 def seeded() -> None:
@@ -172,35 +204,35 @@ def seeded() -> None:
     from concurrent.futures import ProcessPoolExecutor
 
     chosen = [i for i, (label, *_) in enumerate(GANG_POLICIES) if label != "fifo-exclusive"]
-    runs = [(load, mixed, seed, i) for load, mixed in GANG_WORKLOADS for seed in SEEDS for i in chosen]
+    runs = [(load, kind, seed, i) for load, kind in GANG_WORKLOADS for seed in SEEDS for i in chosen]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2) as pool:
         rows = list(pool.map(_seeded, runs))
     print(f"  simulated {len(runs)} seeded weeks in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     print(f"\n## The gang weeks over seeds {', '.join(map(str, SEEDS))}: median (worst seed)\n")
-    print("| load, fleet | policy | of bound | 8-GPU mean wait | 8-GPU max wait | 1-GPU max wait | 1-GPU run time / duration |")
-    print("|---|---|---|---|---|---|---|")
-    for load, mixed in GANG_WORKLOADS:
+    print(
+        "| load, fleet | policy | of bound | 8-GPU mean wait | 8-GPU max wait | 2-4-GPU max wait | 1-GPU max wait "
+        "| 1-GPU run time / duration |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for load, kind in GANG_WORKLOADS:
         for i in chosen:
             label = GANG_POLICIES[i][0]
-            mine = [r for r in rows if r[:3] == (load, mixed, label)]
-            bound, mean, worst, single, stretch = ([r[k] for r in mine] for k in (3, 4, 5, 6, 7))
+            mine = [r for r in rows if r[:3] == (load, kind, label)]
+            bound, mean, worst, middle, single, stretch = ([r[k] for r in mine] for k in (3, 4, 5, 6, 7, 8))
             print(
-                f"| {load:.2f}, {'mixed' if mixed else '64 H100'} | {label} | {statistics.median(bound):.3f} ({min(bound):.3f}) "
-                f"| {statistics.median(mean) / 60:.0f} min ({max(mean) / 60:.0f}) | {statistics.median(worst) / 60:.0f} min "
-                f"({max(worst) / 60:.0f}) | {statistics.median(single) / 60:.0f} min ({max(single) / 60:.0f}) "
+                f"| {load:.2f}, {kind} | {label} | {statistics.median(bound):.3f} ({min(bound):.3f}) | {_minutes(mean)} "
+                f"| {_minutes(worst)} | {_minutes(middle)} | {_minutes(single)} "
                 f"| {statistics.median(stretch):.2f} ({max(stretch):.2f}) |"
             )
-        fleet = gang_fleet(mixed)
+        if kind == "fine-tunes":
+            continue  # the floor holds whole-node jobs only
         for per_gpu, label in FLOOR_LABELS.items():
-            floors = [
-                gang_floor(gang_week(load, len(fleet), random.Random(seed), constrained=mixed), fleet, per_gpu) for seed in SEEDS
-            ]
+            floors = [gang_floor(*workload(load, kind, seed), per_gpu) for seed in SEEDS]
             mean, worst = [f.mean_s for f in floors], [f.max_s for f in floors]
             print(
-                f"| {load:.2f}, {'mixed' if mixed else '64 H100'} | floor: singles on arrival, {label} | - "
-                f"| {statistics.median(mean) / 60:.0f} min ({max(mean) / 60:.0f}) | {statistics.median(worst) / 60:.0f} min "
-                f"({max(worst) / 60:.0f}) | 0 min (0) | 1.00 (1.00) |"
+                f"| {load:.2f}, {kind} | floor: singles on arrival, {label} | - | {_minutes(mean)} | {_minutes(worst)} "
+                "| - | 0 min (0) | 1.00 (1.00) |"
             )
 
 

@@ -68,6 +68,7 @@ def policy_config(config) -> PolicyConfig:
         max_jobs_per_gpu=queue.max_jobs_per_gpu,
         preempt_after_s=queue.preempt_after_seconds or None,
         max_preemptions=queue.max_preemptions,
+        fragmentation=queue.placement == "fragmentation",
         spread_after_s=queue.spread_after_seconds or None,
     )
 

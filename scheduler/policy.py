@@ -6,7 +6,9 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
   job waits forever;
 - best fit by memory, fullest node first: a single-GPU job goes to the smallest idle GPU model
   whose memory holds its profile, on the node with the fewest idle GPUs (`pack_nodes`), so whole
-  nodes stay free for multi-GPU jobs; only when no idle GPU fits is it co-located with other
+  nodes stay free for multi-GPU jobs (or, with `fragmentation`, on the node where taking a GPU
+  adds least to the idle GPUs the workload's widths cannot use, the fullest among equals:
+  `scheduler/fragmentation.py`); only when no idle GPU fits is it co-located with other
   jobs on the GPU whose free memory fits it most tightly (at most `max_jobs_per_gpu` jobs per
   GPU, never beside a multi-GPU or exclusive job);
 - declared sharing: a job that declares a `share` under 1 of a GPU's compute goes first beside
@@ -29,9 +31,12 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
 from __future__ import annotations
 
 import bisect
+from collections import Counter
 from dataclasses import dataclass, field
 
+from scheduler.fragmentation import Widths, widths_by_size
 from scheduler.preemption import Preemptor, spread
+from scheduler.reservation import Reservation, reserve
 
 STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, simulator, alerts)
 
@@ -49,6 +54,7 @@ class PolicyConfig:
     max_preemptions: int = 2  # a job is preempted at most this many times
     spread_after_s: float | None = 3600.0  # move a crowded GPU's job expected to run this much longer to an idle GPU
     preempt_colocate: bool = False  # a preempted job may restart beside other jobs (False: idle GPUs only)
+    fragmentation: bool = False  # score nodes by what a placement does to wider jobs (False: fullest node first)
 
 
 @dataclass(frozen=True)
@@ -122,12 +128,6 @@ class Placement:
 
 
 @dataclass
-class _Reservation:
-    time_s: float
-    gpus: frozenset[str]
-
-
-@dataclass
 class _Pool:
     """Mutable view of the fleet for one planning pass, indexed for best-fit lookups."""
 
@@ -139,6 +139,8 @@ class _Pool:
     idle_count: dict[str, int] = field(default_factory=dict)  # node → idle GPUs
     # total → (its node's idle GPUs, uuid) of idle GPUs: the fullest node's GPU of a size, first
     idle_by_count: dict[float, list[tuple[int, str]]] = field(default_factory=dict)
+    widths: dict[float, Widths] = field(default_factory=dict)  # per GPU size; none: the fullest node first
+    order: dict[float, tuple[int, ...]] = field(default_factory=dict)  # idle counts, the cheapest node first
 
     def __post_init__(self):
         for gpu in self.gpus.values():
@@ -151,6 +153,12 @@ class _Pool:
             self.idle_by_count.setdefault(total, []).append((self.idle_count[self.gpus[uuid].node], uuid))
         for entries in self.idle_by_count.values():
             entries.sort()
+        self.order = {size: widths.order() for size, widths in self.widths.items()}
+
+    def _rank(self, total: float, count: int) -> tuple[int, int]:
+        """Sort key of a node with `count` idle GPUs for one more GPU of size `total`."""
+        widths = self.widths.get(total)
+        return (widths.cost(count, 1) if widths else 0, count)
 
     def _recount(self, node: str, change: int) -> None:
         """`node`'s idle count moves by `change`: its idle GPUs' entries in `idle_by_count` follow."""
@@ -200,8 +208,15 @@ class _Pool:
         (Packing by expected end as well was tried: it cut 8-GPU waits 3% and the bound by 0.08.)"""
         start = bisect.bisect_left(self.idle, (job.mem_gib, ""))
         if self.config.pack_nodes and not exclude and not (self.config.constraints and job.models):
-            # every idle GPU fits: the smallest size's fullest node, from the index
-            return self.idle_by_count[self.idle[start][0]][0][1] if start < len(self.idle) else None
+            # every idle GPU fits: the smallest size's cheapest node, from the index
+            if start == len(self.idle):
+                return None
+            entries = self.idle_by_count[self.idle[start][0]]
+            for count in self.order.get(self.idle[start][0], ()):
+                position = bisect.bisect_left(entries, (count, ""))
+                if position < len(entries) and entries[position][0] == count:
+                    return entries[position][1]
+            return entries[0][1]
         chosen, smallest = None, None
         for total, uuid in self.idle[start:]:
             if smallest is not None and total > smallest:
@@ -210,7 +225,7 @@ class _Pool:
                 continue
             if not self.config.pack_nodes:
                 return uuid
-            key = (self.idle_count[self.gpus[uuid].node], uuid)
+            key = (*self._rank(total, self.idle_count[self.gpus[uuid].node]), uuid)
             if chosen is None or key < chosen:
                 chosen, smallest = key, total
         return chosen[-1] if chosen else None
@@ -243,7 +258,9 @@ class _Pool:
             ]
             if len(fitting) >= job.gpus:
                 chosen = tuple(fitting[: job.gpus])
-                waste = (sum(self.gpus[u].total_gib for u in chosen), len(fitting) - job.gpus, node)
+                widths = self.widths.get(self.gpus[chosen[-1]].total_gib)
+                cost = widths.cost(self.idle_count[node], job.gpus) if widths else 0
+                waste = (sum(self.gpus[u].total_gib for u in chosen), cost, len(fitting) - job.gpus, node)
                 if best is None or waste < best[0]:
                     best = (waste, chosen)
         return best[1] if best else None
@@ -279,73 +296,20 @@ def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> flo
     return job.priority + config.aging_per_hour * max(now - job.submit_s, 0.0) / 3600.0
 
 
-def _reserve(
-    head: JobRequest, gpus: dict[str, GpuState], running: list[RunningJob], now: float, config: PolicyConfig
-) -> _Reservation | None:
-    """When and where `head` fits as running jobs end in expected order (None: never, as things stand)."""
-    future = {
-        uuid: GpuState(
-            g.uuid,
-            g.node,
-            g.model,
-            g.total_gib,
-            g.allocated_gib,
-            g.jobs,
-            max((g.observed_used_gib or 0.0) - g.allocated_gib, 0.0) or None,
-            None,
-            g.exclusive,
-        )
-        for uuid, g in gpus.items()
-    }
-    by_node: dict[str, list[GpuState]] = {}
-    for gpu in future.values():
-        by_node.setdefault(gpu.node, []).append(gpu)
-
-    def fits_single(gpu: GpuState) -> bool:
-        free = gpu.total_gib - gpu.allocated_gib - (gpu.observed_used_gib or 0.0)
-        model_ok = not config.constraints or allowed(head, gpu.model)
-        return model_ok and free >= head.mem_gib and (gpu.jobs == 0 or (gpu.jobs < config.max_jobs_per_gpu and not gpu.exclusive))
-
-    def fits_node(node: str) -> tuple[str, ...] | None:
-        idle = sorted(
-            (g.total_gib, g.uuid)
-            for g in by_node[node]
-            if g.jobs == 0
-            and g.allocated_gib < 1e-6
-            and g.total_gib >= head.mem_gib
-            and not g.observed_used_gib
-            and (not config.constraints or allowed(head, g.model))
-        )
-        return tuple(u for _, u in idle[: head.gpus]) if len(idle) >= head.gpus else None
-
-    for job in sorted(running, key=lambda r: r.expected_end_s):
-        for uuid in job.gpus:
-            if uuid in future:
-                future[uuid].allocated_gib = max(future[uuid].allocated_gib - job.mem_gib, 0.0)
-                future[uuid].jobs = max(future[uuid].jobs - 1, 0)
-                future[uuid].exclusive = future[uuid].exclusive and len(job.gpus) == 1
-        when = max(job.expected_end_s, now)
-        if head.gpus == 1:
-            for uuid in job.gpus:
-                if uuid in future and fits_single(future[uuid]):
-                    return _Reservation(when, frozenset({uuid}))
-        else:
-            for node in {future[u].node for u in job.gpus if u in future}:
-                chosen = fits_node(node)
-                if chosen:
-                    return _Reservation(when, frozenset(chosen))
-    return None
-
-
 def plan_drape(
     pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float, config: PolicyConfig = PolicyConfig()
 ) -> list[Placement]:
     """Placements to start now under the drape policy (see the module docstring)."""
     state = {g.uuid: GpuState(**vars(g)) for g in gpus}
-    pool = _Pool(state, config)
+    widths = {}
+    if config.fragmentation:
+        per_node = Counter(g.node for g in gpus)
+        shapes = [(j.gpus, j.mem_gib) for j in pending] + [(len(r.gpus), r.mem_gib) for r in running]
+        widths = widths_by_size(shapes, {g.total_gib for g in gpus}, max(per_node.values(), default=0))
+    pool = _Pool(state, config, widths=widths)
     order = sorted(pending, key=lambda j: (-effective_priority(j, now, config), j.submit_s, j.id))
     placements: list[Placement] = []
-    reservation: _Reservation | None = None
+    reservation: Reservation | None = None
     blocked = False
     patience = config.preempt_after_s
     starving = patience is not None and any(j.gpus > 1 and now - j.submit_s >= patience for j in order)
@@ -370,7 +334,7 @@ def plan_drape(
                 blocked = True
                 durations = {j.id: j.duration_s for j in order}
                 ends = running + [RunningJob(p.job_id, p.gpus, p.mem_gib, now + durations[p.job_id]) for p in placements]
-                reservation = _reserve(job, state, ends, now, config)
+                reservation = reserve(job, state, ends, now, config)
             continue
         if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
             choice = pool.best_fit(job, exclude=reservation.gpus)

@@ -123,6 +123,12 @@ class QueueConfig(StrictModel):
         "restart at once on idle GPUs elsewhere (they resume from their checkpoints); 0: never preempt",
     )
     max_preemptions: int = Field(default=2, ge=0, description="times one job may be preempted (or moved)")
+    placement: Literal["fullest-node", "fragmentation"] = Field(
+        default="fullest-node",
+        description="the node for a job among those that fit: the fullest (fewest idle GPUs; a multi-GPU job: fewest "
+        "left over), or the one whose idle GPUs the waiting and running jobs' widths can still use best "
+        "(scheduler/fragmentation.py); measured in benchmarks/scheduler.py",
+    )
     spread_after_seconds: float = Field(
         default=3600.0,
         ge=0,

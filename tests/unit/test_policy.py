@@ -1,5 +1,7 @@
 """Placement policy: best fit by memory, idle-awareness, whole GPUs, aging, EASY backfill, the baseline."""
 
+import pytest
+
 from scheduler.baselines import plan_fifo_exclusive
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, plan_drape
 
@@ -236,11 +238,15 @@ def test_a_claim_never_puts_a_job_beside_one_that_runs_alone_whatever_was_planne
     assert claim(small, "n/gpu2")
 
 
-def test_the_fullest_node_index_picks_what_a_scan_of_every_idle_gpu_picks():
+@pytest.mark.parametrize("fragmentation", [False, True])
+def test_the_node_index_picks_what_a_scan_of_every_idle_gpu_picks(fragmentation):
     """`_Pool.idle_by_count` (kept in step as GPUs are taken, left and emptied) gives the same GPU as
-    scanning every idle GPU of the smallest fitting size for the fullest node (fewest idle GPUs)."""
+    scanning every idle GPU of the smallest fitting size for the cheapest node: the fullest (fewest
+    idle GPUs), or with the workload's widths the one whose fragmentation grows least, then the fullest."""
     import random
+    from collections import Counter
 
+    from scheduler.fragmentation import Widths
     from scheduler.policy import _Pool
 
     rng = random.Random(3)
@@ -253,7 +259,11 @@ def test_the_fullest_node_index_picks_what_a_scan_of_every_idle_gpu_picks():
     for gpu in gpus:
         if rng.random() < 0.4:
             gpu.jobs, gpu.allocated_gib = 1, 10.0
-    pool = _Pool({g.uuid: g for g in gpus}, PolicyConfig())
+    # GPUs wanted by 1-, 2-, 4- and 8-GPU jobs: a node with 2 idle GPUs is kept for a 2-GPU job
+    widths = {size: Widths.of(Counter({1: 50, 2: 60, 4: 20, 8: 24}), 8) for size in (80.0, 48.0)} if fragmentation else {}
+    pool = _Pool({g.uuid: g for g in gpus}, PolicyConfig(), widths=widths)
+    if fragmentation:
+        assert pool.order[80.0] == (1, 3, 5, 6, 7, 2, 4, 8)
 
     def scanned(mem: float) -> str | None:
         sizes = sorted({g.total_gib for g in pool.gpus.values() if g.is_idle(pool.config) and g.total_gib >= mem})
@@ -261,7 +271,8 @@ def test_the_fullest_node_index_picks_what_a_scan_of_every_idle_gpu_picks():
             return None
         idle = [g for g in pool.gpus.values() if g.is_idle(pool.config)]
         count = {node: sum(1 for g in idle if g.node == node) for node in {g.node for g in idle}}
-        return min((count[g.node], g.uuid) for g in idle if g.total_gib == sizes[0])[1]
+        cost = (lambda g: widths[g.total_gib].cost(count[g.node], 1)) if fragmentation else (lambda g: 0)
+        return min((cost(g), count[g.node], g.uuid) for g in idle if g.total_gib == sizes[0])[-1]
 
     placed: list[tuple[str, JobRequest]] = []
     for step in range(300):
@@ -280,3 +291,39 @@ def test_the_fullest_node_index_picks_what_a_scan_of_every_idle_gpu_picks():
             emptied = placed[rng.randrange(len(placed))][0]
             pool.empty((emptied,))
             placed = [(uuid, done) for uuid, done in placed if uuid != emptied]
+
+
+def test_fragmentation_keeps_the_idle_gpus_wider_jobs_can_use():
+    """A single-GPU job takes a node with 3 idle GPUs before one with 2 when 2-GPU jobs are part of
+    the workload (2 left is a pair; 1 left of 2 serves only single-GPU jobs); with widths 1 and 8 only,
+    or without `fragmentation` (the default), the fullest node first."""
+    from collections import Counter
+
+    from scheduler.fragmentation import Widths, widths_by_size
+    from scheduler.policy import _Pool
+
+    def nodes(*busy: int) -> list[GpuState]:
+        gpus = []
+        for n, taken in enumerate(busy):
+            gpus += [GpuState(f"n{n}/gpu{i}", f"n{n}", "H100", 80.0, *((20.0, 1) if i < taken else ())) for i in range(8)]
+        return gpus
+
+    gpus = nodes(6, 5, 0)  # n0: 2 idle, n1: 3 idle, n2: 8 idle
+    waiting = [job("one", 20, priority=9)] + [job(f"pair{i}", 20, gpus=2, priority=1, submit=1.0) for i in range(3)]
+    aware = PolicyConfig(fragmentation=True)
+    placed = {p.job_id: p.gpus for p in plan_drape(waiting, gpus, [], now=5, config=aware)}
+    assert placed["one"][0].startswith("n1/")  # leaves n1 a pair; n0's pair takes a 2-GPU job
+    assert {g.split("/")[0] for g in placed["pair0"]} == {"n0"}
+    fullest = plan_drape(waiting, gpus, [], now=5)  # the default
+    assert fullest[0].job_id == "one" and fullest[0].gpus[0].startswith("n0/")
+    stage_jobs = [job("one", 20, priority=9), job("gang", 20, gpus=8, priority=1, duration=9e9)]
+    assert plan_drape(stage_jobs, nodes(6, 5, 8), [], now=5, config=aware)[0].gpus[0].startswith("n0/")  # widths 1, 8: fullest
+
+    # a 4-GPU job where 2-GPU jobs dominate: breaking a whole node leaves two pairs; 5 idle would leave one GPU
+    many_pairs = widths_by_size([(1, 20.0)] * 50 + [(2, 20.0)] * 100 + [(4, 20.0)] * 10 + [(8, 70.0)], [80.0], 8)
+    assert many_pairs[80.0] == Widths.of(Counter({1: 50, 2: 200, 4: 40, 8: 8}), 8)  # each job weighs its GPUs
+    quad, eight = job("quad", 20, gpus=4), nodes(3, 0)  # n0: 5 idle, n1: 8 idle
+    pool = _Pool({g.uuid: GpuState(**vars(g)) for g in eight}, PolicyConfig(), widths=many_pairs)
+    assert {g.split("/")[0] for g in pool.best_fit(quad)} == {"n1"}
+    tightest = _Pool({g.uuid: GpuState(**vars(g)) for g in eight}, PolicyConfig())
+    assert {g.split("/")[0] for g in tightest.best_fit(quad)} == {"n0"}  # fewest left over, as before
