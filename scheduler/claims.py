@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sqlalchemy import select
+
 from scheduler.policy import Placement
-from scheduler.schema import marks, scheduling_of
+from scheduler.schema import allocation_log, allocations_table, marks, scheduling_of
 
 
 @dataclass
@@ -76,3 +78,20 @@ def locked_ledger(connection, placements: list[Placement], is_sqlite: bool) -> C
     )
     ledger.held_alone.update(row[0] for row in lone)
     return ledger
+
+
+def shared_since(connection, job_id: str, start_s: float) -> bool:
+    """Whether another job held one of `job_id`'s GPUs at any moment since `start_s` (while it ran):
+    one that holds one now, or one that released one after `start_s`. Read before `job_id`'s own
+    release, in the transaction that records its end."""
+    mine = select(allocations_table.c.gpu_uuid).where(allocations_table.c.job_id == job_id)
+    beside = select(allocations_table.c.job_id).where(
+        allocations_table.c.gpu_uuid.in_(mine), allocations_table.c.job_id != job_id
+    )
+    left = select(allocation_log.c.job_id).where(
+        allocation_log.c.gpu_uuid.in_(mine),
+        allocation_log.c.job_id != job_id,
+        allocation_log.c.event == "release",
+        allocation_log.c.at_s > start_s,
+    )
+    return connection.execute(beside.limit(1)).first() is not None or connection.execute(left.limit(1)).first() is not None

@@ -160,8 +160,9 @@ def profile(config, store, kind: str, stage: str | None, gpus: int = 1, counts: 
     history = store.measurements(shape) if store is not None else []
     if not history:
         return Profile(shape, estimate_gib, estimate_seconds, None, None, 0, estimate_gib, estimate_seconds, "estimate")
-    peak = _p95([p for p, _ in history])
-    seconds = _p95([d for _, d in history])
+    peak = _p95([p for p, _, _ in history])
+    alone = [d for _, d, shared in history if not shared]  # a run beside other jobs was slowed by them
+    seconds = _p95(alone or [d for _, d, _ in history])
     return Profile(
         shape,
         estimate_gib,

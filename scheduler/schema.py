@@ -4,7 +4,8 @@ jobs              one row per job: spec, state, placement, lease, exit
 gpus              the fleet inventory the ledger allocates from
 allocations       GiB each running job holds on each GPU (the ledger)
 allocation_log    every claim and release, append-only (replayed by the tests)
-measurements      measured peak memory and duration per job shape (memory profiles)
+measurements      measured peak memory and duration per job shape (memory profiles), and whether
+                  the job shared a GPU while it ran (its duration then holds the slowdown)
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import Column, Float, Integer, MetaData, String, Table, Text, create_engine, event
+from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, create_engine, event, inspect, text
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DatabaseError, OperationalError
 
 from drape import JOB_KINDS
 from scheduler.policy import JobRequest, RunningJob
@@ -75,6 +76,7 @@ allocation_log = Table(
     Column("event", String(8), nullable=False),  # claim | release
     Column("dispatcher", String(64)),
     Column("at_s", Float, nullable=False),
+    Index("allocation_log_gpu_at", "gpu_uuid", "at_s"),  # who held a GPU since when (`claims.shared_since`)
 )
 measurements_table = Table(
     "measurements",
@@ -84,6 +86,7 @@ measurements_table = Table(
     Column("peak_gib", Float, nullable=False),
     Column("duration_s", Float, nullable=False),
     Column("recorded_s", Float, nullable=False),
+    Column("shared", Integer),  # 1: another job held one of its GPUs while it ran; NULL: recorded before this was
 )
 
 
@@ -196,9 +199,25 @@ def open_engine(url: str) -> Engine:
         sqlite_immediate(engine)
     try:
         metadata.create_all(engine)
+        _upgrade(engine)
     except OperationalError as error:
         raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from None
     return engine
+
+
+def _upgrade(engine: Engine) -> None:
+    """What a database created by an earlier drape lacks (`create_all` adds tables, not columns or
+    the indexes of tables that exist): `measurements.shared`, the allocation log's GPU index.
+    Idempotent, and safe when another process upgrades at the same moment."""
+    if "shared" not in {column["name"] for column in inspect(engine).get_columns("measurements")}:
+        try:
+            with engine.begin() as connection:
+                connection.execute(text("ALTER TABLE measurements ADD COLUMN shared INTEGER"))
+        except DatabaseError:  # another process added it first
+            if "shared" not in {column["name"] for column in inspect(engine).get_columns("measurements")}:
+                raise
+    with engine.begin() as connection:  # SQLite and PostgreSQL (9.5+) both know IF NOT EXISTS
+        connection.execute(text("CREATE INDEX IF NOT EXISTS allocation_log_gpu_at ON allocation_log (gpu_uuid, at_s)"))
 
 
 def job_request(row) -> JobRequest:

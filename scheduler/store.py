@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from scheduler.claims import locked_ledger
+from scheduler.claims import locked_ledger, shared_since
 from scheduler.leases import LeaseMixin
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
 from scheduler.schema import (
@@ -306,21 +306,32 @@ class JobStore(LeaseMixin):
             job = connection.execute(select(jobs_table).where(jobs_table.c.id == job_id)).mappings().first()
             if job is None or job["state"] != "running":
                 return None
+            shared = shared_since(connection, job_id, job["start_s"] or now)
             self._release(connection, job_id, dispatcher, now)
             if exit_code != 0 and job["attempts"] < max_attempts:
                 note = f"attempt {job['attempts']} of {max_attempts} failed ({message[-1500:]}); queued again"
                 connection.execute(update(jobs_table).where(jobs_table.c.id == job_id).values(**self.requeued(note)))
                 return "queued"
             state = "succeeded" if exit_code == 0 else "failed"
+            # how its run was measured, for a trace of the queue (`scheduler/traces.py`)
+            ran = {"measured": "shared" if shared else "alone", **({"peak_gib": f"{peak_gib:.3f}"} if peak_gib else {})}
             connection.execute(
                 update(jobs_table)
                 .where(jobs_table.c.id == job_id)
-                .values(state=state, finish_s=now, exit_code=exit_code, message=message[-2000:], lease_expires_s=None)
+                .values(
+                    state=state,
+                    finish_s=now,
+                    exit_code=exit_code,
+                    message=message[-2000:],
+                    lease_expires_s=None,
+                    labels=json.dumps({**json.loads(job["labels"] or "{}"), **ran}),
+                )
             )
             if state == "succeeded" and peak_gib is not None:
+                duration = now - (job["start_s"] or now)
                 connection.execute(
                     insert(measurements_table).values(
-                        shape=job["shape"], peak_gib=peak_gib, duration_s=now - (job["start_s"] or now), recorded_s=now
+                        shape=job["shape"], peak_gib=peak_gib, duration_s=duration, recorded_s=now, shared=int(shared)
                     )
                 )
         return state
@@ -362,15 +373,16 @@ class JobStore(LeaseMixin):
                 .values(command=json.dumps([note]), env="{}", labels="{}", message=note)
             )
 
-    def measurements(self, shape: str, limit: int = 50) -> list[tuple[float, float]]:
+    def measurements(self, shape: str, limit: int = 50) -> list[tuple[float, float, bool]]:
+        """The newest runs of `shape`: (peak GiB, seconds, whether it shared a GPU while it ran)."""
         with self.engine.connect() as connection:
             rows = connection.execute(
-                select(measurements_table.c.peak_gib, measurements_table.c.duration_s)
+                select(measurements_table.c.peak_gib, measurements_table.c.duration_s, measurements_table.c.shared)
                 .where(measurements_table.c.shape == shape)
                 .order_by(measurements_table.c.id.desc())
                 .limit(limit)
             ).all()
-        return [(float(p), float(d)) for p, d in rows]
+        return [(float(p), float(d), bool(s)) for p, d, s in rows]
 
     def allocation_events(self, job_ids: list[str] | None = None) -> list[dict]:
         """The allocation log in order (only `job_ids`' rows, when given)."""

@@ -1,4 +1,4 @@
-"""`drape queue submit | list | cancel | dispatch | profile | simulate`: the memory-profile-aware GPU queue."""
+"""`drape queue submit | list | cancel | dispatch | profile | simulate | trace`: the memory-profile-aware GPU queue."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from drape.cli.common import ConfigOption, Typer, console, fail, load
 from drape.cli.render import table_of
 from drape.secrets import redact
 
-app = Typer(help="The GPU queue: submit, list, cancel, dispatch, profile, simulate.", no_args_is_help=True)
+app = Typer(help="The GPU queue: submit, list, cancel, dispatch, profile, simulate, trace.", no_args_is_help=True)
 
 
 @app.command("submit", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
@@ -213,3 +213,24 @@ def queue_simulate(
     except TraceError as error:
         fail(str(error))
     print(render(results))
+
+
+@app.command("trace")
+def queue_trace(
+    out: Path = typer.Option(..., help="CSV to write: the columns `drape queue simulate --trace` reads"),
+    since_hours: float | None = typer.Option(None, help="only jobs submitted in the last this many hours"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """The queue's succeeded jobs as a trace to replay: run time measured alone or shared, peak memory, scheduling fields."""
+    import time
+
+    from scheduler.store import JobStore
+    from scheduler.traces import export_trace
+
+    if since_hours is not None and since_hours <= 0:
+        fail(f"--since-hours must be positive, got {since_hours}")
+    if not out.parent.is_dir():
+        fail(f"--out {out}: its folder {out.parent} does not exist")
+    since = time.time() - since_hours * 3600 if since_hours is not None else None
+    count = export_trace(JobStore(load(config).queue_url), out, since)
+    console.print(f"{out}: {count} job(s); replay with drape queue simulate --trace {out} --fleet FLEET.yaml")
