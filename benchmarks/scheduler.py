@@ -365,8 +365,8 @@ def cycle_cost() -> None:
 
 
 def in_fresh_process(function) -> None:
-    """Run `function` in a new interpreter, as a dispatcher runs in its own process: timed in this
-    one after the simulations, the same cycles took about twice as long."""
+    """Run `function` in a new interpreter, as a dispatcher runs in its own process (nothing of the
+    simulations before it in memory)."""
     import multiprocessing
 
     process = multiprocessing.get_context("spawn").Process(target=function)
