@@ -23,7 +23,7 @@
    process: the policy alone, and a whole `Dispatcher.cycle` against the SQLite queue (a launcher
    that starts nothing), the first cycle three times from the same queue.
 
-    .venv/bin/python benchmarks/scheduler.py          # about 7 minutes on 2 cores
+    .venv/bin/python benchmarks/scheduler.py          # 6-8 minutes on 2 cores
 """
 
 from __future__ import annotations
