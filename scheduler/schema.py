@@ -209,15 +209,17 @@ def _upgrade(engine: Engine) -> None:
     """What a database created by an earlier drape lacks (`create_all` adds tables, not columns or
     the indexes of tables that exist): `measurements.shared`, the allocation log's GPU index.
     Idempotent, and safe when another process upgrades at the same moment."""
-    if "shared" not in {column["name"] for column in inspect(engine).get_columns("measurements")}:
+    schema = inspect(engine)
+    if "shared" not in {column["name"] for column in schema.get_columns("measurements")}:
         try:
             with engine.begin() as connection:
                 connection.execute(text("ALTER TABLE measurements ADD COLUMN shared INTEGER"))
         except DatabaseError:  # another process added it first
             if "shared" not in {column["name"] for column in inspect(engine).get_columns("measurements")}:
                 raise
-    with engine.begin() as connection:  # SQLite and PostgreSQL (9.5+) both know IF NOT EXISTS
-        connection.execute(text("CREATE INDEX IF NOT EXISTS allocation_log_gpu_at ON allocation_log (gpu_uuid, at_s)"))
+    if "allocation_log_gpu_at" not in {index["name"] for index in schema.get_indexes("allocation_log")}:
+        with engine.begin() as connection:  # SQLite and PostgreSQL (9.5+) both know IF NOT EXISTS
+            connection.execute(text("CREATE INDEX IF NOT EXISTS allocation_log_gpu_at ON allocation_log (gpu_uuid, at_s)"))
 
 
 def job_request(row) -> JobRequest:
