@@ -26,7 +26,10 @@ COLUMNS = (*TRACE_COLUMNS, "gpu_models", "measured", "sharing", "share")
 
 def trace_rows(store, since_s: float | None = None) -> list[dict[str, str]]:
     """The succeeded jobs (submitted at or after `since_s`, when given) as trace rows, by submit time."""
-    query = select(jobs_table).where(jobs_table.c.state == "succeeded", jobs_table.c.start_s.is_not(None))
+    names = ("id", "submit_s", "start_s", "finish_s", "mem_gib", "gpus", "priority", "kind", "labels")
+    query = select(*(jobs_table.c[name] for name in names)).where(  # not commands or environments
+        jobs_table.c.state == "succeeded", jobs_table.c.start_s.is_not(None)
+    )
     if since_s is not None:
         query = query.where(jobs_table.c.submit_s >= since_s)
     with store.engine.connect() as connection:
@@ -37,7 +40,7 @@ def trace_rows(store, since_s: float | None = None) -> list[dict[str, str]]:
         labels, how = json.loads(job["labels"] or "{}"), scheduling_of(job["labels"])
         try:
             peak = float(labels.get("peak_gib") or job["mem_gib"])
-        except ValueError:  # labels are input: a bad value falls back to the profile it ran with
+        except (TypeError, ValueError):  # labels are input: a bad value falls back to the profile it ran with
             peak = float(job["mem_gib"])
         rows.append(
             {
