@@ -7,6 +7,8 @@ smoothly; the second changes one place. So, per region (a face box, a logo box):
 - light: each channel of the output is fitted as gain × reference + offset over the whole picture
   (4×4 blocks, the worst fifth of them dropped twice, so the region itself and misregistered edges do
   not steer the fit): global brightness, contrast and white balance are undone, a local change is not;
+  where the rest of the picture cannot tell lights apart (a dark background: a contrast change, an
+  offset and a codec's colour noise fit it alike), each plausible light is tried (`plausible_lights`);
 - registration: the reference region is moved by the sub-pixel shift (quarter pixels, up to
   `max_shift`) that best matches the output's luminance, and its chroma where the region's
   luminance hardly varies (`registration_chroma`; for the face, both a little blurred first:
@@ -25,13 +27,14 @@ smoothly; the second changes one place. So, per region (a face box, a logo box):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 from torch.nn import functional as F
 
 from drape.gates.checks import _YCC as _YCC_ARRAY
+from drape.gates.light import Light, outside, plausible_lights
 from drape.gates.nuisance import delivered
 
 _YCC = torch.tensor(_YCC_ARRAY, dtype=torch.float32)  # RGB → YCbCr (JPEG), the one transform the checks use
@@ -52,72 +55,6 @@ def registration_chroma(region: torch.Tensor) -> float:
     ycc = torch.einsum("ij,jhw->ihw", _YCC, region).flatten(1)
     spread = ycc.std(dim=1)
     return 0.25 if float(spread[0]) < 0.4 * float(spread[1:].norm()) else 0.0
-
-
-@dataclass(frozen=True)
-class Light:
-    gain: np.ndarray  # (3,) per channel
-    offset: np.ndarray  # (3,) per channel
-
-    def apply(self, image: np.ndarray) -> np.ndarray:
-        return image.astype(np.float32) * self.gain + self.offset
-
-
-def fit_light(
-    output: np.ndarray,
-    reference: np.ndarray,
-    where: np.ndarray | None = None,
-    *,
-    block: int = 4,
-    rounds: int = 2,
-    outlier: float = 3.0,
-    ridge: float = 10.0,
-) -> Light:
-    """Per-channel gain and offset taking `reference` to `output`, fitted on the blocks inside
-    `where` (bool H×W: where the model should have changed nothing; the whole picture when None or
-    when it leaves fewer than 8 blocks), robustly: blocks fitting `outlier` times worse than the
-    median block (and by over 3 levels) are dropped, `rounds` times. The fit is a pure gain (the
-    means' ratio) plus a slope about it shrunk by `ridge` (levels²): a picture of one flat colour
-    gets that gain alone. The ridge is light: the rest of a picture can be mostly flat (a white
-    shirt, a background, hair), and with 100 levels² a 5% contrast change there was taken for a
-    fraction of it (the dropped blocks were the contrasted ones), leaving a mark's residual as large
-    as a turned mark's and a light face's tone up to 6 ΔE off. Blocks whose output is all at either
-    end of the range (in a channel) are left out of that channel's fit."""
-    pool = lambda image: F.avg_pool2d(torch.from_numpy(image.astype(np.float32)).permute(2, 0, 1)[None], block)[0]  # noqa: E731
-    x, y = pool(reference).reshape(3, -1).numpy(), pool(output).reshape(3, -1).numpy()
-    chosen = np.ones(x.shape[1], dtype=bool)
-    if where is not None:
-        inside = pool(where[..., None].astype(np.float32) * np.ones(3, np.float32))[0].reshape(-1).numpy() > 0.99
-        chosen = inside if inside.sum() >= 8 else chosen
-    # a block whose output is all at either end of the range says only that the light took it there
-    # or beyond: a light skin's red at 255 under a brighter light is not a gain of 1
-    railed = (y >= 254.5) | (y <= 0.5)
-    gain, offset = np.ones(3, np.float32), np.zeros(3, np.float32)
-    for round_ in range(rounds + 1):
-        for c in range(3):
-            use = chosen & ~railed[c]
-            use = use if use.sum() >= 8 else chosen
-            xc, yc = x[c, use], y[c, use]
-            # a pure gain (brightness, white balance) plus the ridge slope of what it leaves (contrast):
-            # a few flat colours cannot swing the slope
-            pure = float(yc.mean() / max(xc.mean(), 1.0))
-            left = yc - pure * xc
-            gain[c] = pure + float(((xc - xc.mean()) * (left - left.mean())).mean() / (xc.var() + ridge))
-            offset[c] = float(yc.mean() - gain[c] * xc.mean())
-        if round_ < rounds:
-            error = np.abs(x * gain[:, None] + offset[:, None] - y).sum(axis=0)
-            chosen = chosen & (error <= max(outlier * float(np.median(error[chosen])), 3.0))
-    return Light(np.clip(gain, 0.5, 2.0), offset)
-
-
-def outside(shape: tuple[int, ...], boxes: list, mask: np.ndarray | None = None) -> np.ndarray:
-    """Where the light is fitted: outside `boxes` (what is judged) and, when given, outside `mask`
-    (where the model paints, for the garment check: a garment whose hue turned is not light)."""
-    where = np.ones(shape[:2], dtype=bool) if mask is None else mask <= 127
-    height, width = shape[:2]
-    for x0, y0, x1, y1 in boxes:
-        where[max(int(y0), 0) : min(int(np.ceil(y1)), height), max(int(x0), 0) : min(int(np.ceil(x1)), width)] = False
-    return where
 
 
 _FACE_PAD, _GARMENT_PAD = 0.15, 0.05  # a face box and a garment mask's box grow by these shares of their size
@@ -191,13 +128,16 @@ def align(
     every: bool = False,
     registration_blur: float = 0.0,
     delivery_from: np.ndarray | None = None,
+    also: Sequence[Light] = (),
 ):
     """(output region, relit reference region moved to match it), float (3, h, w) tensors (0-255),
     for `box` padded by `pad` of its size; None when the box is empty. With `reencode`, the
     reference may also be compared re-encoded or resampled (`reencoded`), whichever is closest;
     `every`: (output region, every such version of the reference region) instead. The version
     is the one closest over the region itself, or, with `delivery_from` (bool H×W), over those
-    pixels of the whole picture (`closest_over`): a mark melted on its own meets the sharp one."""
+    pixels of the whole picture (`closest_over`): a mark melted on its own meets the sharp one;
+    then `also` (other lights, `plausible_lights`) are tried as `light` is, on the same registration,
+    and of every light's versions the one closest over the region is compared."""
     x0, y0, x1, y1 = _region(box, pad, output.shape)
     if x1 - x0 < 2 or y1 - y0 < 2:
         return None
@@ -207,12 +147,15 @@ def align(
     shift = _register(seen, _padded(relit, (x0, y0, x1, y1), margin), margin, max_shift, registration_blur)
     region = lambda picture: _shifted(_padded(picture, (x0, y0, x1, y1), margin), shift[None], (y1 - y0, x1 - x0), margin)[0]  # noqa: E731
     if delivery_from is not None:
-        whole = [*softened(relit, softness), *reencoded(relit)]
-        # of the versions as close over the rest as the closest (within `DELIVERY_TIE`), the one
-        # closest over the region: on the rest a blur and a resampling can fit about as well, and
-        # only the region tells them apart; a mark melted on a sharp picture has no such tie
-        tied = closest_over(output, whole, shift, delivery_from, margin)
-        return seen, min((region(whole[k]) for k in tied), key=lambda candidate: float((seen - candidate).pow(2).sum()))
+        candidates = []
+        for other in (light, *also):
+            lit = relit if other is light else torch.from_numpy(np.clip(other.apply(reference), 0, 255)).permute(2, 0, 1)
+            whole = [*softened(lit, softness), *reencoded(lit)]
+            # of the versions as close over the rest as the closest (within `DELIVERY_TIE`), the one
+            # closest over the region: on the rest a blur and a resampling can fit about as well, and
+            # only the region tells them apart; a mark melted on a sharp picture has no such tie
+            candidates += [region(whole[k]) for k in closest_over(output, whole, shift, delivery_from, margin)]
+        return seen, min(candidates, key=lambda candidate: float((seen - candidate).pow(2).sum()))
     others = [region(picture) for picture in reencoded(relit)] if reencode else []
     if every:
         return seen, [*softened(region(relit), softness), *others]
@@ -337,12 +280,14 @@ def aligned_texture_scores(
     scores = []
     for output, target, box, face in zip(outputs, targets, logo_boxes, face_boxes):
         rest = outside(output.shape, [face, box])
-        light = fit_light(output, target, rest)
+        light, *also = plausible_lights(output, target, rest)
         # how soft and how encoded the output is, read off the picture beyond the mark (and the face,
         # judged on its own): a whole picture resized or re-encoded is compared with a reference made
         # as soft, a mark melted on its own with the sharp one
         beyond = outside(output.shape, [face, _region(box, 0.5, output.shape)])
-        regions = align(output, target, box, light, max_shift=max_shift, pad=0.1, delivery_from=beyond, registration_blur=0.5)
+        regions = align(
+            output, target, box, light, max_shift=max_shift, pad=0.1, delivery_from=beyond, registration_blur=0.5, also=also
+        )
         scores.append(0.0 if regions is None else max(0.0, 1.0 - _change(regions) / MARK_UNIT))
     return np.array(scores)
 
@@ -362,9 +307,17 @@ def aligned_coherence_scores(
         ys, xs = np.nonzero(region)
         box = (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1)
         rest = outside(output.shape, [face], mask)
-        light = fit_light(output, reference, rest)
+        light, *also = plausible_lights(output, reference, rest)
         regions = align(
-            output, reference, box, light, max_shift=max_shift, pad=_GARMENT_PAD, delivery_from=rest, registration_blur=1.0
+            output,
+            reference,
+            box,
+            light,
+            max_shift=max_shift,
+            pad=_GARMENT_PAD,
+            delivery_from=rest,
+            registration_blur=1.0,
+            also=also,
         )
         if regions is None:
             scores.append(0.0)

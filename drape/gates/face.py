@@ -10,8 +10,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from drape.gates.aligned import _FACE_PAD, Light, _blur, _change, _region, align, fit_light, outside
+from drape.gates.aligned import _FACE_PAD, _blur, _change, _region, align
 from drape.gates.checks import lab as _lab
+from drape.gates.light import outside, plausible_lights
 
 # What counts as a full unit of change, per term: the same multiple (11.5×) of their 99th
 # percentiles on the nuisance suite at 128 px (residual 0.0142, tone ΔE 1.85; measured with
@@ -74,10 +75,10 @@ def face_change(output: np.ndarray, source: np.ndarray, box, max_shift: float = 
     (on both pictures blurred by 1 px) and delivered (`drape.gates.nuisance.delivered`) as the
     output is closest to; None when the box is empty. Only the face searches delivery paths: a
     resampled mark is as soft as a melted one."""
-    # two lights: the one fitted outside the face, and none (under JPEG q60 a light face's fit found a
-    # green gain of 0.974, and its tone read 2.59 ΔE relit against 1.18 with the light left alone)
-    fitted = fit_light(output, source, outside(output.shape, [box]))
-    lights = (fitted, Light(np.ones(3, np.float32), np.zeros(3, np.float32)))
+    # every light the rest of the picture cannot tell apart, none among them (under JPEG q60 a light
+    # face's fit found a green gain of 0.974, and its tone read 2.59 ΔE relit against 1.18 with the
+    # light left alone)
+    lights = plausible_lights(output, source, outside(output.shape, [box]))
     every = [
         align(output, source, box, light, max_shift=max_shift, pad=_FACE_PAD, every=True, reencode=True, registration_blur=1.0)
         for light in lights
