@@ -102,6 +102,11 @@ def _shifted(crop: torch.Tensor, shifts: torch.Tensor, size: tuple[int, int], ma
     (dx, dy); every `stride`-th row and column of the window only."""
     channels, height, width = crop.shape
     h, w = size
+    whole = shifts.round()
+    if len(shifts) == 1 and stride == 1 and bool((shifts == whole).all()):
+        # a whole-pixel move (most often none) is a window of the crop: what sampling gives there
+        dx, dy = int(whole[0, 0]), int(whole[0, 1])
+        return crop[None, :, margin + dy : margin + dy + h, margin + dx : margin + dx + w]
     rows, columns = torch.arange(0, h, stride, dtype=torch.float32), torch.arange(0, w, stride, dtype=torch.float32)
     ys, xs = torch.meshgrid(rows, columns, indexing="ij")
     gx = (xs[None] + margin + shifts[:, 0, None, None]) * 2 / width + 1 / width - 1
