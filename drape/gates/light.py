@@ -114,7 +114,7 @@ def plausible_lights(output: np.ndarray, reference: np.ndarray, where: np.ndarra
     dark background), a contrast change and a small offset, or a re-encoding's colour noise, fit it
     alike and part only on a brighter garment: at 128 px, under JPEG q60, a dark rest's fit found a
     red gain of 1.08 (offset -7.4) and read a print 0.038 off where no light read 0.017; under
-    contrast +5% the per-channel fit read a white shirt 0.035 off, one offset 0.016 (the true light: 0.002)."""
+    contrast +5% the per-channel fit read a white shirt 0.035 off, every light tried 0.016 (the true light: 0.002)."""
     return fit_light(output, reference, where), fit_light(output, reference, where, shared=True, ridge=SHARED_RIDGE), NO_LIGHT
 
 
