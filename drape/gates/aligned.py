@@ -11,15 +11,18 @@ smoothly; the second changes one place. So, per region (a face box, a logo box):
   offset and a codec's colour noise fit it alike), each plausible light is tried (`plausible_lights`);
 - registration: the reference region is moved by the sub-pixel shift (quarter pixels, up to
   `max_shift`) that best matches the output's luminance, and its chroma where the region's
-  luminance hardly varies (`registration_chroma`; for the face, both a little blurred first:
-  else a fractional shift wins on a soft output by the blur its interpolation adds);
+  luminance hardly varies (`registration_chroma`; a mark's always: `MARK_REGISTRATION_CHROMA`;
+  for the face, both a little blurred first: else a fractional shift wins on a soft output by the
+  blur its interpolation adds); a mark is also registered against each delivered version of the
+  reference (resampling rings, and moves a small mark's edges a quarter pixel);
 - delivery: the reference also softened, re-encoded and resampled (`drape.gates.nuisance.delivered`),
   compared with the output: for a face, the least change over every version (`drape.gates.face`);
   for a mark or a garment, the version closest over the rest of the picture (how soft and how
   encoded the output is where nothing should change; of versions about as close there, the one
   closest over the region), so a mark melted on its own is not matched by a soft reference;
 - residual: both slightly blurred (codec ringing, resampling), the colour distance per pixel in
-  YCbCr with chroma at half resolution as codecs keep it, averaged over small windows; its largest
+  YCbCr with chroma at half resolution as codecs keep it (weighted a quarter, a mark's a half:
+  `MARK_CHROMA`), averaged over small windows; its largest
   value, as a share of full scale, is what the region changed where it changed most;
 - skin tone (faces): the median L*a*b* change over the face ellipse's flat skin, the least against
   any delivered version of the reference (a tone change no delivery path explains).
@@ -134,6 +137,8 @@ def align(
     registration_blur: float = 0.0,
     delivery_from: np.ndarray | None = None,
     also: Sequence[Light] = (),
+    reregister: bool = False,
+    chroma: float | None = None,
 ):
     """(output region, relit reference region moved to match it), float (3, h, w) tensors (0-255),
     for `box` padded by `pad` of its size; None when the box is empty. With `reencode`, the
@@ -142,14 +147,16 @@ def align(
     is the one closest over the region itself, or, with `delivery_from` (bool H×W), over those
     pixels of the whole picture (`closest_over`): a mark melted on its own meets the sharp one;
     then `also` (other lights, `plausible_lights`) are tried as `light` is, on the same registration,
-    and of every light's versions the one closest over the region is compared."""
+    and of every light's versions the one closest over the region is compared; with `reregister`,
+    each such version is also compared registered on its own (`_reregistered`). `chroma`: how much
+    registration weighs chroma (None: `registration_chroma`'s rule)."""
     x0, y0, x1, y1 = _region(box, pad, output.shape)
     if x1 - x0 < 2 or y1 - y0 < 2:
         return None
     margin = int(np.ceil(max_shift)) + 1
     relit = torch.from_numpy(np.clip(light.apply(reference), 0, 255)).permute(2, 0, 1)
     seen = torch.from_numpy(output[y0:y1, x0:x1].astype(np.float32)).permute(2, 0, 1)
-    shift = _register(seen, _padded(relit, (x0, y0, x1, y1), margin), margin, max_shift, registration_blur)
+    shift = _register(seen, _padded(relit, (x0, y0, x1, y1), margin), margin, max_shift, registration_blur, chroma)
     region = lambda picture: _shifted(_padded(picture, (x0, y0, x1, y1), margin), shift[None], (y1 - y0, x1 - x0), margin)[0]  # noqa: E731
     if delivery_from is not None:
         candidates = []
@@ -159,7 +166,14 @@ def align(
             # of the versions as close over the rest as the closest (within `DELIVERY_TIE`), the one
             # closest over the region: on the rest a blur and a resampling can fit about as well, and
             # only the region tells them apart; a mark melted on a sharp picture has no such tie
-            candidates += [region(whole[k]) for k in closest_over(output, whole, shift, delivery_from, margin)]
+            for k in closest_over(output, whole, shift, delivery_from, margin):
+                candidates.append(region(whole[k]))
+                if reregister:
+                    candidates.append(
+                        _reregistered(
+                            seen, _padded(whole[k], (x0, y0, x1, y1), margin), margin, max_shift, registration_blur, chroma
+                        )
+                    )
         return seen, min(candidates, key=lambda candidate: float((seen - candidate).pow(2).sum()))
     others = [region(picture) for picture in reencoded(relit)] if reencode else []
     if every:
@@ -167,20 +181,34 @@ def align(
     return seen, match_softness(seen, region(relit), softness, others)
 
 
+def _reregistered(
+    seen: torch.Tensor, crop: torch.Tensor, margin: int, max_shift: float, blur: float, chroma: float | None
+) -> torch.Tensor:
+    """`crop` (a delivered version of the reference region, `margin` around) moved to match `seen` by
+    its own registration: a resampled picture's ringing moves a small sharp mark's edges, and
+    registered on the sharp reference it lands a quarter pixel off the resampled one (the held-apart
+    control set's sample 16 at 128 px, an orange mark on black resized 0.75: 0.041 of full scale
+    at the sharp one's shift, 0.027 at its own)."""
+    shift = _register(seen, crop, margin, max_shift, blur, chroma)
+    return _shifted(crop, shift[None], (seen.shape[1], seen.shape[2]), margin)[0]
+
+
 DELIVERY_TIE = 1.25  # versions within this factor of the closest's squared error over the rest are tied
 
 
-def _register(seen: torch.Tensor, crop: torch.Tensor, margin: int, max_shift: float, blur: float) -> torch.Tensor:
+def _register(
+    seen: torch.Tensor, crop: torch.Tensor, margin: int, max_shift: float, blur: float, chroma: float | None = None
+) -> torch.Tensor:
     """The (dx, dy) that best moves `crop` (the reference region with `margin` around) onto `seen`:
     whole pixels up to `max_shift`, then quarters around the best, by normalised correlation of
-    luminance (and chroma: `registration_chroma`). With `blur`, both compared that blurred: a
+    luminance and chroma weighted by `chroma` (None: `registration_chroma`'s). With `blur`, both compared that blurred: a
     fractional shift's interpolation (itself a blur) then cannot win by making the reference as
     soft as a resized or re-encoded output. It reads at most 65,536 points of the region per
     candidate (a 1024 px garment: every third row and column), in chunks of at most 8 M values."""
     height, width = seen.shape[1:]
     stride = max(1, int(np.ceil(np.sqrt(height * width / 65536))))
     probe = _blur(crop, blur) if blur > 0 else crop
-    chroma = registration_chroma(seen)
+    chroma = registration_chroma(seen) if chroma is None else chroma
     target = _centred_colour((_blur(seen, blur) if blur > 0 else seen)[:, ::stride, ::stride], chroma)
     per_chunk = max(1, 8_000_000 // target.numel())  # a candidate's values: as many as the target's
 
@@ -268,6 +296,11 @@ def residual(
 # What counts as a full unit of change for a mark and a garment (the face's: drape.gates.face)
 MARK_UNIT, CLOTH_UNIT = 0.3, 0.3
 BLUR, WINDOW, CHROMA = 1.0, 3, 0.25  # the comparison's scale, window and chroma weight (benchmarks/README.md)
+# a mark is a colour on a plate, and on a plate of nearly its luminance (purple on red, red on blue)
+# it is seen in chroma: its registration and residual weigh chroma at these. At 128 px, a purple K
+# on red turned 12° read 0.021 at a quarter weight, under the nuisance floor (0.027, a print resized
+# 0.75); registered on luminance only, a red Z on blue moved half a pixel read 0.051 at a half
+MARK_REGISTRATION_CHROMA, MARK_CHROMA = 0.25, 0.5
 
 
 def _change(regions, where: torch.Tensor | None = None) -> float:
@@ -291,9 +324,23 @@ def aligned_texture_scores(
         # as soft, a mark melted on its own with the sharp one
         beyond = outside(output.shape, [face, _region(box, 0.5, output.shape)])
         regions = align(
-            output, target, box, light, max_shift=max_shift, pad=0.1, delivery_from=beyond, registration_blur=0.5, also=also
+            output,
+            target,
+            box,
+            light,
+            max_shift=max_shift,
+            pad=0.1,
+            delivery_from=beyond,
+            registration_blur=0.5,
+            also=also,
+            reregister=True,
+            chroma=MARK_REGISTRATION_CHROMA,
         )
-        scores.append(0.0 if regions is None else max(0.0, 1.0 - _change(regions) / MARK_UNIT))
+        scores.append(
+            0.0
+            if regions is None
+            else max(0.0, 1.0 - residual(*regions, blur=BLUR, window=WINDOW, chroma=MARK_CHROMA) / MARK_UNIT)
+        )
     return np.array(scores)
 
 
