@@ -34,6 +34,16 @@ def test_change_threshold_against_the_baseline():
     assert first.passed and not first.change_checked and first.to_dict()["change"]["note"] == "no baseline yet"
 
 
+def test_the_variant_that_set_a_tolerance_is_within_it():
+    """A nuisance tolerance is the fall of a variant's mean; judged again, that variant falls by
+    as much, whatever the order the floats were added in."""
+    values = {f"s{i}": v for i, v in enumerate([0.311406, 0.458282, 0.749142, 0.476715, 0.355325, 0.550435])}
+    tolerance = max(float(np.mean(np.ones(6)) - np.mean(list(values.values()))), 0.0)
+    result = CheckResult("texture", values, 0.3, baseline_mean=1.0, max_drop=tolerance)
+    assert result.change_passed
+    assert not CheckResult("texture", values, 0.3, baseline_mean=1.0, max_drop=tolerance - 1e-6).change_passed
+
+
 def test_report_needs_every_check_and_ranks_worst_samples():
     checks = {name: CheckResult(name, {"a": 0.9, "b": 0.4, "c": 0.7}, 0.1) for name in ("identity", "texture")}
     report = GateReport("geometry", "r", "ckpt", "control-x", checks)
