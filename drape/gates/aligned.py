@@ -188,7 +188,7 @@ def _reregistered(
     its own registration: a resampled picture's ringing moves a small sharp mark's edges, and
     registered on the sharp reference it lands a quarter pixel off the resampled one (the held-apart
     control set's sample 16 at 128 px, an orange mark on black resized 0.75: 0.041 of full scale
-    at the sharp one's shift, 0.027 at its own)."""
+    at the sharp one's shift, 0.008 at its own)."""
     shift = _register(seen, crop, margin, max_shift, blur, chroma)
     return _shifted(crop, shift[None], (seen.shape[1], seen.shape[2]), margin)[0]
 
@@ -201,9 +201,9 @@ def _register(
 ) -> torch.Tensor:
     """The (dx, dy) that best moves `crop` (the reference region with `margin` around) onto `seen`:
     whole pixels up to `max_shift`, then quarters around the best, by normalised correlation of
-    luminance and chroma weighted by `chroma` (None: `registration_chroma`'s). With `blur`, both compared that blurred: a
-    fractional shift's interpolation (itself a blur) then cannot win by making the reference as
-    soft as a resized or re-encoded output. It reads at most 65,536 points of the region per
+    luminance and chroma weighted by `chroma` (None: `registration_chroma`'s). With `blur`, both
+    compared that blurred: a fractional shift's interpolation (itself a blur) then cannot win by
+    making the reference as soft as a resized or re-encoded output. It reads at most 65,536 points of the region per
     candidate (a 1024 px garment: every third row and column), in chunks of at most 8 M values."""
     height, width = seen.shape[1:]
     stride = max(1, int(np.ceil(np.sqrt(height * width / 65536))))
