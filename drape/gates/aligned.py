@@ -167,13 +167,10 @@ def align(
             # closest over the region: on the rest a blur and a resampling can fit about as well, and
             # only the region tells them apart; a mark melted on a sharp picture has no such tie
             for k in closest_over(output, whole, shift, delivery_from, margin):
-                candidates.append(region(whole[k]))
+                crop = _padded(whole[k], (x0, y0, x1, y1), margin)
+                candidates.append(_shifted(crop, shift[None], (y1 - y0, x1 - x0), margin)[0])
                 if reregister:
-                    candidates.append(
-                        _reregistered(
-                            seen, _padded(whole[k], (x0, y0, x1, y1), margin), margin, max_shift, registration_blur, chroma
-                        )
-                    )
+                    candidates.append(_reregistered(seen, crop, margin, max_shift, registration_blur, chroma))
         return seen, min(candidates, key=lambda candidate: float((seen - candidate).pow(2).sum()))
     others = [region(picture) for picture in reencoded(relit)] if reencode else []
     if every:
@@ -203,8 +200,9 @@ def _register(
     whole pixels up to `max_shift`, then quarters around the best, by normalised correlation of
     luminance and chroma weighted by `chroma` (None: `registration_chroma`'s). With `blur`, both
     compared that blurred: a fractional shift's interpolation (itself a blur) then cannot win by
-    making the reference as soft as a resized or re-encoded output. It reads at most 65,536 points of the region per
-    candidate (a 1024 px garment: every third row and column), in chunks of at most 8 M values."""
+    making the reference as soft as a resized or re-encoded output. It reads at most 65,536 points
+    of the region per candidate (a 1024 px garment: every third row and column), in chunks of at
+    most 8 M values."""
     height, width = seen.shape[1:]
     stride = max(1, int(np.ceil(np.sqrt(height * width / 65536))))
     probe = _blur(crop, blur) if blur > 0 else crop
@@ -303,8 +301,8 @@ BLUR, WINDOW, CHROMA = 1.0, 3, 0.25  # the comparison's scale, window and chroma
 MARK_REGISTRATION_CHROMA, MARK_CHROMA = 0.25, 0.5
 
 
-def _change(regions, where: torch.Tensor | None = None) -> float:
-    return residual(*regions, blur=BLUR, window=WINDOW, chroma=CHROMA, where=where)
+def _change(regions, where: torch.Tensor | None = None, chroma: float = CHROMA) -> float:
+    return residual(*regions, blur=BLUR, window=WINDOW, chroma=chroma, where=where)
 
 
 def aligned_texture_scores(
@@ -336,11 +334,7 @@ def aligned_texture_scores(
             reregister=True,
             chroma=MARK_REGISTRATION_CHROMA,
         )
-        scores.append(
-            0.0
-            if regions is None
-            else max(0.0, 1.0 - residual(*regions, blur=BLUR, window=WINDOW, chroma=MARK_CHROMA) / MARK_UNIT)
-        )
+        scores.append(0.0 if regions is None else max(0.0, 1.0 - _change(regions, chroma=MARK_CHROMA) / MARK_UNIT))
     return np.array(scores)
 
 
