@@ -22,9 +22,9 @@ jobs it is not: a single-GPU job goes to a node with 3 idle GPUs before one with
 a whole node of 8 (`tests/unit/test_policy.py` checks each case).
 
 Measured (`benchmarks/scheduler.py`, the week with 2-4-GPU fine-tunes at load 0.85 on 64 H100,
-five seeds, medians against the fullest node first): 0.953 of the offered-load bound against
-0.978, 8-GPU jobs' mean wait 220 against 213 min and longest 773 against 843 min, 2-4-GPU jobs'
-longest 476 against 468 min. No better there, so it is an option (`queue.placement:
+ten seeds, medians against the fullest node first): 0.995 of the offered-load bound against
+0.994, 8-GPU jobs' mean wait 241 against 253 min and longest 889 against 901 min, 2-4-GPU jobs'
+longest 634 against 562 min. No clear gain there, so it is an option (`queue.placement:
 fragmentation`), not the default; with widths 1 and 8 only it places exactly as the fullest node.
 """
 

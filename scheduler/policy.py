@@ -8,9 +8,10 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
   whose memory holds its profile, on the node with the fewest idle GPUs (`pack_nodes`), so whole
   nodes stay free for multi-GPU jobs (or, with `fragmentation`, on the node where taking a GPU
   adds least to the idle GPUs the workload's widths cannot use, the fullest among equals:
-  `scheduler/fragmentation.py`); only when no idle GPU fits is it co-located with other
-  jobs on the GPU whose free memory fits it most tightly (at most `max_jobs_per_gpu` jobs per
-  GPU, never beside a multi-GPU or exclusive job);
+  `scheduler/fragmentation.py`); only when no idle GPU fits is it co-located, on the GPU with
+  the fewest jobs, of those the one whose jobs are expected to end soonest (so a long job is not
+  slowed for days beside another long one), where its memory fits (at most `max_jobs_per_gpu`
+  jobs per GPU, never beside a multi-GPU or exclusive job);
 - declared sharing: a job that declares a `share` under 1 of a GPU's compute goes first beside
   jobs whose declared shares leave room for it (they keep full pace), keeping idle GPUs whole;
   an `exclusive` job runs alone on an idle GPU;
@@ -21,8 +22,9 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
   minus the larger of the ledger's allocations and what DCGM sees in use;
 - whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run;
 - preemption: a multi-GPU job waiting `preempt_after_s` takes a node by moving lower-priority
-  shareable jobs elsewhere; and once nothing waits for them, idle GPUs take back jobs crowded
-  onto a shared GPU (`spread_after_s`; `scheduler/preemption.py`);
+  shareable jobs elsewhere; and idle GPUs take back jobs crowded onto a shared GPU
+  (`spread_after_s`; `scheduler/preemption.py`), except the GPUs reserved for a waiting
+  multi-GPU job (none at all while one waits, with `spread_beside_reservation` off);
 - EASY backfill: the first job that cannot start gets a reservation (the earliest time and GPUs
   at which it fits, from the running jobs' expected ends); a later job may start now only if it
   ends before that time or does not touch the reserved GPUs.
@@ -39,6 +41,7 @@ from scheduler.preemption import Preemptor, spread
 from scheduler.reservation import Reservation, reserve
 
 STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, simulator, alerts)
+COLOCATION_WINDOW = 32  # co-location weighs this many of the tightest memory fits
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,8 @@ class PolicyConfig:
     spread_after_s: float | None = 3600.0  # move a crowded GPU's job expected to run this much longer to an idle GPU
     preempt_colocate: bool = False  # a preempted job may restart beside other jobs (False: idle GPUs only)
     fragmentation: bool = False  # score nodes by what a placement does to wider jobs (False: fullest node first)
+    spread_beside_reservation: bool = True  # spread while a gang job waits, off its reservation (False: not at all)
+    colocate_by_end: bool = True  # share the GPU with the fewest jobs, ending soonest (False: the tightest memory fit)
 
 
 @dataclass(frozen=True)
@@ -141,6 +146,9 @@ class _Pool:
     idle_by_count: dict[float, list[tuple[int, str]]] = field(default_factory=dict)
     widths: dict[float, Widths] = field(default_factory=dict)  # per GPU size; none: the fullest node first
     order: dict[float, tuple[int, ...]] = field(default_factory=dict)  # idle counts, the cheapest node first
+    now: float = 0.0
+    ends: dict[str, float] = field(default_factory=dict)  # uuid → when its jobs are expected to have ended
+    no_room: float = float("inf")  # no shared GPU takes a job of this many GiB or more (a cache)
 
     def __post_init__(self):
         for gpu in self.gpus.values():
@@ -237,6 +245,22 @@ class _Pool:
                 return uuid
         return None
 
+    def _colocate(self, job: JobRequest, exclude: frozenset[str]) -> str | None:
+        """The GPU `job` shares, of the `COLOCATION_WINDOW` tightest memory fits: the fewest jobs on
+        it, then the soonest its jobs are expected to end (a long job is not slowed for days beside
+        another long one), then the tightest. A bounded look: one cycle plans thousands of jobs."""
+        if job.mem_gib >= self.no_room:
+            return None
+        window: list[tuple[int, float, str]] = []
+        for _, uuid in self.shared[bisect.bisect_left(self.shared, (job.mem_gib, "")) :]:
+            if self.fits(job, uuid, exclude):
+                window.append((self.gpus[uuid].jobs, self.ends.get(uuid, self.now), uuid))
+                if len(window) == (COLOCATION_WINDOW if self.config.colocate_by_end else 1):
+                    break
+        if not window and not exclude and not (self.config.constraints and job.models):
+            self.no_room = job.mem_gib  # nothing this size or larger fits until a job leaves
+        return min(window, key=lambda entry: entry[:2])[-1] if window else None
+
     def best_fit(self, job: JobRequest, exclude: frozenset[str] = frozenset(), colocate: bool = True) -> tuple[str, ...] | None:
         if job.gpus == 1:
             declared = self._declared(job, exclude) if job.share < 1.0 and not job.exclusive else None
@@ -245,12 +269,8 @@ class _Pool:
             idle = self._idle_single(job, exclude)
             if idle is not None:
                 return (idle,)
-            for _, uuid in (
-                self.shared[bisect.bisect_left(self.shared, (job.mem_gib, "")) :] if colocate and not job.exclusive else []
-            ):
-                if self.fits(job, uuid, exclude):
-                    return (uuid,)
-            return None
+            shared = self._colocate(job, exclude) if colocate and not job.exclusive else None
+            return (shared,) if shared is not None else None
         best = None
         for node, entries in self.idle_by_node.items():
             fitting = [
@@ -269,6 +289,7 @@ class _Pool:
         for uuid in uuids:
             gpu = self.gpus[uuid]
             self._unindex(gpu)
+            self.ends[uuid] = max(self.ends.get(uuid, self.now), self.now + job.duration_s)
             gpu.allocated_gib += job.mem_gib
             gpu.jobs += 1
             gpu.shares += job.share
@@ -280,6 +301,7 @@ class _Pool:
         gpu = self.gpus[uuid]
         self._unindex(gpu)
         gpu.allocated_gib, gpu.jobs = max(gpu.allocated_gib - job.mem_gib, 0.0), gpu.jobs - 1
+        self.no_room = float("inf")
         gpu.shares = max(gpu.shares - job.share, 0.0) if gpu.jobs else 0.0
         self._index(gpu, sort=True)
 
@@ -288,6 +310,8 @@ class _Pool:
         for uuid in uuids:
             gpu = self.gpus[uuid]
             self._unindex(gpu)
+            self.ends.pop(uuid, None)
+            self.no_room = float("inf")
             gpu.allocated_gib, gpu.jobs, gpu.shares, gpu.exclusive, gpu.observed_used_gib = 0.0, 0, 0.0, False, None
             self._index(gpu, sort=True)
 
@@ -306,7 +330,11 @@ def plan_drape(
         per_node = Counter(g.node for g in gpus)
         shapes = [(j.gpus, j.mem_gib) for j in pending] + [(len(r.gpus), r.mem_gib) for r in running]
         widths = widths_by_size(shapes, {g.total_gib for g in gpus}, max(per_node.values(), default=0))
-    pool = _Pool(state, config, widths=widths)
+    clear_at: dict[str, float] = {}  # uuid → when its running jobs are expected to have ended
+    for ongoing in running:
+        for uuid in ongoing.gpus:
+            clear_at[uuid] = max(clear_at.get(uuid, now), ongoing.expected_end_s)
+    pool = _Pool(state, config, widths=widths, now=now, ends=clear_at)
     order = sorted(pending, key=lambda j: (-effective_priority(j, now, config), j.submit_s, j.id))
     placements: list[Placement] = []
     reservation: Reservation | None = None
@@ -342,8 +370,25 @@ def plan_drape(
                 continue
         pool.take(choice, job)
         placements.append(Placement(job.id, choice, job.mem_gib))
-    if config.spread_after_s is not None and pool.idle:
-        placed = {p.job_id for p in placements}
-        if not any(j.gpus > 1 and j.id not in placed for j in pending):  # idle GPUs a waiting gang job needs stay idle
-            placements += spread(pool, running, now, config)
-    return placements
+    return placements + _spread(pool, pending, placements, running, reservation, now, config)
+
+
+def _spread(
+    pool: _Pool,
+    pending: list[JobRequest],
+    placements: list[Placement],
+    running: list[RunningJob],
+    reservation: Reservation | None,
+    now: float,
+    config: PolicyConfig,
+) -> list[Placement]:
+    """Moves of crowded jobs onto idle GPUs (`scheduler/preemption.py`); while a multi-GPU job
+    waits, only off the reserved GPUs, and none when nothing is reserved."""
+    if config.spread_after_s is None or not pool.idle:
+        return []
+    placed = {p.job_id for p in placements}
+    if not any(j.gpus > 1 and j.id not in placed for j in pending):
+        return spread(pool, running, now, config)
+    if config.spread_beside_reservation and reservation is not None:
+        return spread(pool, running, now, config, exclude=reservation.gpus)
+    return []

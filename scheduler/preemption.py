@@ -14,15 +14,19 @@ stops their launch and requeues them; the simulator charges the work since the l
 and a restart, see `scheduler/simulator.py`).
 
 Spreading (`spread`): co-location is what a full fleet falls back on; once idle GPUs are left
-after everything waiting was placed (and no multi-GPU job waits for them), a job crowded onto a
-GPU past its compute moves to one, so long co-located jobs do not run at half pace for days.
+after everything waiting was placed, a job crowded onto a GPU past its compute moves to one, so
+long co-located jobs do not run at half pace for days. While a multi-GPU job waits, only onto
+idle GPUs its reservation does not hold (`PolicyConfig.spread_beside_reservation`): without
+that, a day-long service co-located at a busy hour stayed at half pace while 8-GPU jobs queued,
+and its end set the week's makespan.
 
-Measured on `benchmarks/scheduler.py`'s gang week over five seeds: preempting into co-location
-cut 8-GPU waits most but stretched co-located long jobs (the contention model) and cost up to a
-quarter of the bound on a seed; preemption without spreading cost 0.05-0.06 of the median
-bound; preempting to idle GPUs and spreading cost 0.03 of it at load 0.85 on 64 H100 (0.968
-against 0.996 with neither) and none at 0.70 or on the mixed fleet, and cut the 8-GPU jobs'
-mean wait by a sixth to two thirds, so that is the default.
+Measured on `benchmarks/scheduler.py`'s gang weeks over ten seeds (medians): preempting into
+co-location cut 8-GPU waits most but stretched co-located long jobs (the contention model);
+preempting to idle GPUs and spreading cut the 8-GPU jobs' mean wait by 42-52% against drape
+with neither (220 against 457 min at load 0.85 on 64 H100). Spreading beside a reservation, with
+co-location on the GPU that clears soonest, raised the bound to 0.989-0.998 on every gang week
+(from 0.979-0.998, the worst seed 0.917 from 0.892) at a cost in 8-GPU waits on the fine-tune
+week (mean 253 against 199 min).
 """
 
 from __future__ import annotations
@@ -109,12 +113,15 @@ class Preemptor:
         return None
 
 
-def spread(pool: _Pool, running: list[RunningJob], now: float, config: PolicyConfig) -> list[Placement]:
+def spread(
+    pool: _Pool, running: list[RunningJob], now: float, config: PolicyConfig, exclude: frozenset[str] = frozenset()
+) -> list[Placement]:
     """Moves of jobs that share a GPU past its compute (declared shares over 1) onto idle GPUs left
     once everything waiting was placed: co-location is what a full fleet falls back on, not a
     state to stay in. One job per crowded GPU a pass, the one expected to run longest, and only
     shareable jobs expected to run `spread_after_s` more (a move costs the work since the last
-    checkpoint and a restart). Each move preempts the job and places it again."""
+    checkpoint and a restart). Each move preempts the job and places it again. GPUs in `exclude`
+    (a waiting multi-GPU job's reservation) are not moved onto."""
     from scheduler.policy import JobRequest, Placement  # at call time: the policy module imports this one
 
     crowded: dict[str, list[RunningJob]] = {}
@@ -129,8 +136,9 @@ def spread(pool: _Pool, running: list[RunningJob], now: float, config: PolicyCon
         if not pool.idle:
             break
         job = max(crowded[uuid], key=lambda j: (j.expected_end_s, j.id))
-        probe = JobRequest(job.id, job.priority, 0.0, 1, job.mem_gib, 0.0, job.models, share=job.share)
-        target = pool.best_fit(probe, colocate=False)
+        left = max(job.expected_end_s - now, 0.0)
+        probe = JobRequest(job.id, job.priority, 0.0, 1, job.mem_gib, left, job.models, share=job.share)
+        target = pool.best_fit(probe, exclude=exclude, colocate=False)
         if target is None:
             continue
         pool.leave(uuid, probe)

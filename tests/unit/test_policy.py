@@ -327,3 +327,92 @@ def test_fragmentation_keeps_the_idle_gpus_wider_jobs_can_use():
     assert {g.split("/")[0] for g in pool.best_fit(quad)} == {"n1"}
     tightest = _Pool({g.uuid: GpuState(**vars(g)) for g in eight}, PolicyConfig())
     assert {g.split("/")[0] for g in tightest.best_fit(quad)} == {"n0"}  # fewest left over, as before
+
+
+def test_a_job_shares_the_gpu_with_the_fewest_jobs_then_the_one_that_clears_soonest():
+    """With no idle GPU, a job is co-located where it is slowed least and longest: beside one job
+    before two, and beside the job expected to end soonest, not the tightest memory fit (a service
+    beside another service would run at half pace for days)."""
+    gpus = fleet(h100=3, l40s=0, per_node=3)
+    for gpu, allocated, count in zip(gpus, (40.0, 20.0, 20.0), (1, 1, 2)):
+        gpu.jobs, gpu.allocated_gib, gpu.shares = count, allocated, float(count)
+    running = [
+        RunningJob("service", ("h0/gpu0",), 40.0, expected_end_s=300_000.0, priority=3, shareable=True),
+        RunningJob("eval", ("h0/gpu1",), 20.0, expected_end_s=1_800.0, priority=3, shareable=True),
+        RunningJob("a", ("h0/gpu2",), 10.0, expected_end_s=600.0, priority=3, shareable=True),
+        RunningJob("b", ("h0/gpu2",), 10.0, expected_end_s=600.0, priority=3, shareable=True),
+    ]
+    none = PolicyConfig(spread_after_s=None)
+    (placed,) = plan_drape([job("new", 30, duration=200_000.0)], gpus, running, now=0.0, config=none)
+    assert placed.gpus == ("h0/gpu1",)  # not h0/gpu0 (tightest: 40 GiB free) nor h0/gpu2 (two jobs already)
+    both = plan_drape([job("x", 30, submit=0.0), job("y", 30, submit=1.0)], gpus, running, now=0.0, config=none)
+    assert [p.gpus for p in both] == [("h0/gpu1",), ("h0/gpu0",)]  # h0/gpu1 now holds two: y joins the one-job GPU
+    gpus[1].allocated_gib = 60.0  # the soonest-clear GPU lacks the memory: the next best that fits
+    (placed,) = plan_drape([job("new", 30)], gpus, running, now=0.0, config=none)
+    assert placed.gpus == ("h0/gpu0",)
+
+
+def test_crowded_jobs_move_off_a_waiting_gang_jobs_reservation_but_never_onto_it():
+    """While a 2-GPU job waits for node h1 (its reservation, when h1's job ends), a long job crowded
+    onto h0/gpu0 moves to h0's idle GPU; h1's idle GPU stays free for the gang job. With
+    `spread_beside_reservation` off, nothing moves while a gang job waits (drape before)."""
+    gpus = fleet(h100=4, l40s=0, per_node=2)
+    gpus[0].jobs, gpus[0].allocated_gib, gpus[0].shares = 2, 60.0, 2.0
+    gpus[2].jobs, gpus[2].allocated_gib, gpus[2].shares, gpus[2].exclusive = 1, 70.0, 1.0, True
+    running = [
+        RunningJob("long", ("h0/gpu0",), 30.0, expected_end_s=100_000.0, priority=3, shareable=True),
+        RunningJob("short", ("h0/gpu0",), 30.0, expected_end_s=2_000.0, priority=3, shareable=True),
+        RunningJob("alone", ("h1/gpu0",), 70.0, expected_end_s=5_000.0, priority=3),
+    ]
+    gang = job("gang", 70, gpus=2, priority=5, submit=0.0, duration=20_000.0)
+    assert plan_drape([gang], gpus, running, now=0.0) == [Placement("long", ("h0/gpu1",), 30.0, ("long",))]
+    assert plan_drape([gang], gpus, running, now=0.0, config=PolicyConfig(spread_beside_reservation=False)) == []
+    gpus[1].observed_used_gib, gpus[1].observed_util = 20.0, 50.0  # h0/gpu1 is in use outside the queue
+    assert plan_drape([gang], gpus, running, now=0.0) == []  # h1/gpu1 is reserved: no move onto it
+
+
+def test_colocation_weighs_the_tightest_fits_and_never_an_idle_gpu_or_one_without_room():
+    """`_Pool` co-locates (no idle GPU left) on the GPU a scan of every shared GPU with room picks
+    among the `COLOCATION_WINDOW` tightest memory fits: the fewest jobs, then the soonest expected
+    end, then the tightest; and the cache of sizes that found no room stays right as jobs come and go."""
+    import random
+
+    from scheduler.policy import COLOCATION_WINDOW, _Pool
+
+    rng = random.Random(5)
+    gpus = [GpuState(f"n{node:02d}/gpu{i}", f"n{node:02d}", "H100", 80.0) for node in range(24) for i in range(8)]
+    ends = {}
+    for gpu in gpus:
+        gpu.jobs = rng.choice((1, 1, 2, 3))
+        gpu.allocated_gib = rng.uniform(5.0, 20.0) * gpu.jobs
+        ends[gpu.uuid] = rng.uniform(0.0, 90_000.0)
+    pool = _Pool({g.uuid: g for g in gpus}, PolicyConfig(), now=0.0, ends=ends)
+
+    def scanned(mem: float) -> str | None:
+        room = sorted(
+            (g.free_gib(), g.uuid)
+            for g in pool.gpus.values()
+            if 0 < g.jobs < pool.config.max_jobs_per_gpu and not g.exclusive and g.free_gib() >= mem
+        )[:COLOCATION_WINDOW]
+        return min(((pool.gpus[u].jobs, pool.ends[u], free, u) for free, u in room), default=(None,))[-1]
+
+    placed: list[tuple[str, JobRequest]] = []
+    checked = 0
+    for step in range(600):
+        job_ = JobRequest(f"j{step}", 3, 0.0, 1, rng.choice((10.0, 20.0, 40.0, 70.0)), rng.uniform(60.0, 90_000.0))
+        choice = pool.best_fit(job_)
+        if not any(g.is_idle(pool.config) for g in pool.gpus.values()):  # (an idle GPU comes first)
+            assert choice == ((expected,) if (expected := scanned(job_.mem_gib)) else None), step
+            checked += 1
+        roll = rng.random()
+        if roll < 0.6 and choice:
+            pool.take(choice, job_)
+            placed.append((choice[0], job_))
+        elif roll < 0.9 and placed:
+            uuid, done = placed.pop(rng.randrange(len(placed)))
+            pool.leave(uuid, done)
+        elif placed:
+            emptied = placed[rng.randrange(len(placed))][0]
+            pool.empty((emptied,))
+            placed = [(uuid, done) for uuid, done in placed if uuid != emptied]
+    assert checked > 300
