@@ -20,10 +20,13 @@ its verdict on a control set of the config's size made of each variant, in a fir
 against a perfect baseline.
 
     .venv/bin/python benchmarks/gate_validity.py [--config configs/demo.yaml] [--samples 120] \\
-        [--resolution 64 128 256] [--nuisance] [--tables] [--seed 1] [--no-verdicts]
+        [--resolution 64 128 256] [--nuisance] [--tables] [--seed 1] [--no-verdicts | --verdicts-only] \\
+        [--method before|aligned]
 
 `--seed` draws the control set with another generator seed than the config's: samples the checks
-were not tuned on (held apart); `--no-verdicts` stops after the per-sample table.
+were not tuned on (held apart); `--no-verdicts` stops after the per-sample table; `--verdicts-only`
+skips it (the gate measures its own floors, so the verdicts do not depend on it); `--method` runs
+one of the two ways only.
 
 At the demo's 64 px a face is 11×14 pixels and a logo letter about 6×4: the production config
 runs at 1024 px. The correlation texture check is measured with its default melted and mirrored
@@ -85,6 +88,20 @@ def _summary(results: dict[tuple[int, str], tuple[dict, list[Row]]], false_alarm
         table.add_row(row.check, label, *cells)
     table.add_row("", "threshold", *(" / ".join(f"{v:.3f}" for v in results[c][0].values()) for c in columns))
     return table
+
+
+def _unscored_rows(clean_suite: dict, regressions: bool) -> list[Row]:
+    """The per-sample table's rows in its order, without scores: what `--verdicts-only` judges."""
+    from drape.gates import corruptions
+    from drape.gates import regressions as redrawn
+
+    rows = []
+    for check in corruptions.CORRUPTIONS:
+        rows += [Row(check, name, False, np.zeros(0), float("nan")) for name in clean_suite]
+        rows += [Row(check, name, True, np.zeros(0), float("nan")) for name in corruptions.CORRUPTIONS[check]]
+        if regressions:
+            rows += [Row(check, name, True, np.zeros(0), float("nan"), suite="regression") for name in redrawn.REGRESSIONS[check]]
+    return rows
 
 
 def _subset(control: dict, size: int) -> dict:
@@ -200,13 +217,16 @@ def main() -> None:
         "--seed", type=int, default=None, help="the generator's seed (default: the config's); another draws held-apart samples"
     )
     parser.add_argument("--no-verdicts", action="store_true", help="per-sample detection only, no gate verdicts")
+    parser.add_argument("--verdicts-only", action="store_true", help="the gate verdicts only, no per-sample table")
+    parser.add_argument("--method", choices=("before", "aligned"), default=None, help="one method only (default: both)")
     args = parser.parse_args()
     config = load_config(args.config)
     if args.seed is not None:
         config = config.model_copy(update={"seed": args.seed})
+    from drape.gates.corruptions import CLEAN
+
     suite = None
     if args.nuisance:
-        from drape.gates.corruptions import CLEAN
         from drape.gates.nuisance import NUISANCE
 
         suite = {**CLEAN, **NUISANCE}
@@ -219,7 +239,12 @@ def main() -> None:
         sized = config.model_copy(update={"data": config.data.model_copy(update={"resolution": resolution})})
         control = controls[resolution] = synthesize_split(sized, "control", args.samples)
         for method, variant in _variants(sized, args.as_configured).items():
+            if args.method not in (None, method):
+                continue
             configs[(resolution, method)] = variant
+            if args.verdicts_only:
+                results[(resolution, method)] = {}, _unscored_rows(suite or CLEAN, args.nuisance)
+                continue
             started = time.perf_counter()
             thresholds, rows = calibrate(
                 variant, control, false_alarm=args.false_alarm, clean_suite=suite, regressions=args.nuisance
@@ -236,7 +261,8 @@ def main() -> None:
         f"gate validity: per-sample detection (red below 95%) and false alarms (fa, red above {args.false_alarm:.0%}) at "
         f"thresholds set at {args.false_alarm:.0%} false alarms on {label}; {args.samples} control samples per resolution"
     )
-    console.print(_summary(results, args.false_alarm, title))
+    if not args.verdicts_only:
+        console.print(_summary(results, args.false_alarm, title))
     if args.no_verdicts:
         return
     size = config.data.control_samples
@@ -248,6 +274,8 @@ def main() -> None:
         seconds = time.perf_counter() - started
         console.print(f"{resolution} px, {method}: gate verdicts in {seconds:.0f} s", highlight=False)
     console.print(_verdict_table(verdicts, next(iter(results.values()))[1], size))
+    if args.verdicts_only:
+        return
     detected = {
         column: float(np.median([row.rate for row in rows if row.aimed and len(row.scores)]))
         for column, (_, rows) in results.items()
