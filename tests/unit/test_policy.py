@@ -238,6 +238,23 @@ def test_a_claim_never_puts_a_job_beside_one_that_runs_alone_whatever_was_planne
     assert claim(small, "n/gpu2")
 
 
+def _churn(pool, rng, placed: list, choice, job: JobRequest, leave_below: float) -> list:
+    """One random step of a pass: `job` takes `choice` (6 in 10), a placed job leaves (up to
+    `leave_below`), or a GPU is emptied (its jobs preempted); the placed jobs after it."""
+    roll = rng.random()
+    if roll < 0.6 and choice:
+        pool.take(choice, job)
+        placed.append((choice[0], job))
+    elif roll < leave_below and placed:
+        uuid, done = placed.pop(rng.randrange(len(placed)))
+        pool.leave(uuid, done)
+    elif placed:
+        emptied = placed[rng.randrange(len(placed))][0]
+        pool.empty((emptied,))
+        placed = [(uuid, done) for uuid, done in placed if uuid != emptied]
+    return placed
+
+
 @pytest.mark.parametrize("fragmentation", [False, True])
 def test_the_node_index_picks_what_a_scan_of_every_idle_gpu_picks(fragmentation):
     """`_Pool.idle_by_count` (kept in step as GPUs are taken, left and emptied) gives the same GPU as
@@ -280,17 +297,7 @@ def test_the_node_index_picks_what_a_scan_of_every_idle_gpu_picks(fragmentation)
         expected, choice = scanned(job.mem_gib), pool.best_fit(job)
         if expected is not None:  # (with no idle GPU it may co-locate: not this index's choice)
             assert choice == (expected,), step
-        roll = rng.random()
-        if roll < 0.6 and choice:
-            pool.take(choice, job)
-            placed.append((choice[0], job))
-        elif roll < 0.85 and placed:
-            uuid, done = placed.pop(rng.randrange(len(placed)))
-            pool.leave(uuid, done)
-        elif placed:
-            emptied = placed[rng.randrange(len(placed))][0]
-            pool.empty((emptied,))
-            placed = [(uuid, done) for uuid, done in placed if uuid != emptied]
+        placed = _churn(pool, rng, placed, choice, job, leave_below=0.85)
 
 
 def test_fragmentation_keeps_the_idle_gpus_wider_jobs_can_use():
@@ -404,15 +411,5 @@ def test_colocation_weighs_the_tightest_fits_and_never_an_idle_gpu_or_one_withou
         if not any(g.is_idle(pool.config) for g in pool.gpus.values()):  # (an idle GPU comes first)
             assert choice == ((expected,) if (expected := scanned(job_.mem_gib)) else None), step
             checked += 1
-        roll = rng.random()
-        if roll < 0.6 and choice:
-            pool.take(choice, job_)
-            placed.append((choice[0], job_))
-        elif roll < 0.9 and placed:
-            uuid, done = placed.pop(rng.randrange(len(placed)))
-            pool.leave(uuid, done)
-        elif placed:
-            emptied = placed[rng.randrange(len(placed))][0]
-            pool.empty((emptied,))
-            placed = [(uuid, done) for uuid, done in placed if uuid != emptied]
+        placed = _churn(pool, rng, placed, choice, job_, leave_below=0.9)
     assert checked > 300
