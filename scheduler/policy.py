@@ -146,7 +146,7 @@ class _Pool:
     idle_by_count: dict[float, list[tuple[int, str]]] = field(default_factory=dict)
     widths: dict[float, Widths] = field(default_factory=dict)  # per GPU size; none: the fullest node first
     order: dict[float, tuple[int, ...]] = field(default_factory=dict)  # idle counts, the cheapest node first
-    now: float = 0.0
+    now: float = 0.0  # the planning pass's clock (s)
     ends: dict[str, float] = field(default_factory=dict)  # uuid → when its jobs are expected to have ended
     no_room: float = float("inf")  # no shared GPU takes a job of this many GiB or more (a cache)
 
