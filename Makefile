@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.drape/prefect
 
-.PHONY: demo test lint format install services serve rehearse clean
+.PHONY: demo test lint format install services serve rehearse clean image image-cpu
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -71,3 +71,12 @@ format: $(STAMP)
 
 clean:
 	rm -rf .drape
+
+# the image every manifest names (queue.kubernetes.image, infra/k8s, deployments/): GPU (CUDA) and
+# CPU variants of one Dockerfile; push it where the cluster pulls from
+IMAGE ?= ghcr.io/drape-ai/drape:0.1.0
+image:
+	docker build --build-arg VARIANT=gpu -t $(IMAGE) .
+
+image-cpu:
+	docker build --build-arg VARIANT=cpu -t $(IMAGE)-cpu .

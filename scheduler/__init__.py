@@ -9,6 +9,7 @@ launchers and the trace simulator. Imports run `tasks → scheduler → drape`.
     dispatcher.py  claim and launch; `submit_and_wait` for the pipeline's train task
     launchers.py   local process (torchrun for multi-GPU stage jobs), Prefect flow run
     kubernetes.py  Kubernetes Jobs, indexed Jobs, PyTorchJobs: objects and launcher
+    kubernetes_pods.py  their pods: credentials Secret, CPU/memory per GPU held, /dev/shm, mounts, placement
     simulator.py   trace replay with the contention model
 """
 

@@ -1,17 +1,26 @@
 """Queue jobs as Kubernetes objects, and the launcher that creates, watches and adopts them.
 
-- One node: a `batch/v1` Job; more than one GPU of a torchrun job (`labels.launch`) runs its
-  ranks under ``torchrun --standalone --nproc-per-node=N``.
-- Several nodes: an indexed Job with torchrun rendezvous across pods through a headless
-  Service, or a Kubeflow PyTorchJob with `queue.kubernetes.training_operator`.
-- Every pod mounts the job's paths (`labels.mounts`: its config's live root and shard cache) at
-  the same paths, from the node (`hostPath`) or from the PersistentVolumeClaim that
-  `queue.kubernetes.volume_claims` names for that path. One rule: a path the job's config names
-  is the same path in the pod, so checkpoints, gate outputs and results land where the flow
-  reads them, never on the container's own disk.
-- Each attempt has its own name (``drape-<job id>-a<attempt>``): a retry never collides with
-  the Job of the attempt before it (409), and a restarted dispatcher adopts a Job by the name
-  the queue recorded.
+Three shapes, each started by torchrun with an explicit c10d rendezvous (no variable an
+operator may or may not set is read):
+
+- One node: a `batch/v1` Job. A torchrun job (`labels.launch`) on N > 1 GPUs runs
+  ``torchrun --nnodes=1 --nproc-per-node=N --rdzv-backend=c10d --rdzv-endpoint=localhost:29500``
+  (the pod has its own network namespace: the port never collides); other jobs run as they are.
+- Several nodes, an indexed Job (one pod per node) with a headless Service: every pod runs
+  ``torchrun --nnodes=<nodes> --nproc-per-node=<GPUs per pod> --rdzv-endpoint=<name>-0.<name>:29500
+  --rdzv-id=<name>``; the pod's `JOB_COMPLETION_INDEX` (set by the Job controller) decides only
+  that pod 0 hosts the rendezvous store (`is_host`).
+- Several nodes with `queue.kubernetes.training_operator`: a Kubeflow PyTorchJob whose Master runs
+  the same torchrun as pod 0 (`is_host=1`, endpoint ``<name>-master-0:29500``, the Service the
+  operator creates for the Master from its `pytorchjob-port`) and whose Workers join it
+  (`is_host=0`). The operator's MASTER_ADDR, RANK, WORLD_SIZE and PET_* are not relied on:
+  torchrun's flags are explicit and torchrun sets each rank's own.
+
+c10d numbers the nodes as they join (torchrun ignores ``--node-rank`` for it), and each rank gets
+RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT from torchrun. A pod's credentials,
+CPU and memory, /dev/shm and mounts are `scheduler/kubernetes_pods.py`'s. Each attempt has its own
+name (``drape-<job id>-a<attempt>``): a retry never collides with the objects of the attempt
+before it (409), and a restarted dispatcher adopts a Job by the name the queue recorded.
 
 `build_job` returns plain objects that the tests validate against the Kubernetes API schema.
 The API clients are built after the kube config is loaded (in-cluster, else ~/.kube/config),
@@ -22,163 +31,64 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 from pathlib import PurePosixPath
 
-from scheduler.launchers import Outcome, module_args, torchrun_command
+from scheduler.kubernetes_pods import Placement, job_labels, k8s_name, pod_labels, pod_spec
+from scheduler.launchers import Outcome, module_args
 from scheduler.policy import GpuState
 
-
-def k8s_name(job_id: str, attempt: int | None = None) -> str:
-    """A DNS-1123 name for the job's attempt (63 characters at most)."""
-    suffix = f"-a{attempt}" if attempt else ""
-    base = re.sub(r"[^a-z0-9-]", "-", f"drape-{job_id}".lower())[: 63 - len(suffix)].rstrip("-")
-    return base + suffix
+RDZV_PORT = 29500
+INDEX = "${JOB_COMPLETION_INDEX:?not a pod of an indexed Job}"  # a pod of an indexed Job always has it
 
 
-def _labels(job: dict) -> dict[str, str]:
-    labels = {
-        "app.kubernetes.io/name": "drape",
-        "app.kubernetes.io/component": "gpu-job",
-        "app.kubernetes.io/part-of": "drape",  # what the NetworkPolicies admit to MLflow and the database
-        "drape.ai/job-id": k8s_name(job["id"])[6:],
-        "drape.ai/kind": job["kind"],
-    }
-    if job.get("stage"):
-        labels["drape.ai/stage"] = job["stage"]
-    return labels
+def _program(command: list[str]) -> list[str]:
+    """What torchrun starts in each rank: a python command's `-m module args` (torchrun brings its
+    own interpreter), any other program as it is (`--no-python`)."""
+    if command and PurePosixPath(command[0]).name.startswith("python"):
+        return module_args(command)
+    return ["--no-python", *command]
 
 
-def job_labels(job: dict) -> dict:
-    return json.loads(job.get("labels") or "{}")
+def torchrun_args(nnodes: int, nproc: int, endpoint: str, rdzv_id: str) -> list[str]:
+    """torchrun with a c10d rendezvous at `endpoint` (host:port), `nnodes` nodes of `nproc` ranks each."""
+    return [
+        "torchrun",
+        f"--nnodes={nnodes}",
+        f"--nproc-per-node={nproc}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={endpoint}",
+        f"--rdzv-id={rdzv_id}",
+    ]
 
 
-def _volumes(job: dict, settings):
-    """(mounts, volumes): /dev/shm in memory, every path of the job's config at its own path, and
-    its pretrained files (the VAE, the identity embedder) read-only from the node."""
-    from kubernetes import client
-
-    mounts = [client.V1VolumeMount(name="dshm", mount_path="/dev/shm")]
-    volumes = [client.V1Volume(name="dshm", empty_dir=client.V1EmptyDirVolumeSource(medium="Memory"))]
-    paths = json.loads(job_labels(job).get("mounts", "[]"))
-    for index, path in enumerate(paths):
-        if not PurePosixPath(path).is_absolute():
-            raise ValueError(f"job {job['id']}: path {path!r} of its config is relative; a pod needs absolute paths")
-        name = f"drape-path-{index}"
-        mounts.append(client.V1VolumeMount(name=name, mount_path=path))
-        claim = settings.volume_claims.get(path)
-        source = (
-            {"persistent_volume_claim": client.V1PersistentVolumeClaimVolumeSource(claim_name=claim)}
-            if claim
-            else {"host_path": client.V1HostPathVolumeSource(path=path, type="DirectoryOrCreate")}
-        )
-        volumes.append(client.V1Volume(name=name, **source))
-    for index, path in enumerate(json.loads(job_labels(job).get("models", "[]"))):  # pretrained files: read-only
-        if not PurePosixPath(path).is_absolute():
-            raise ValueError(f"job {job['id']}: model path {path!r} of its config is relative; a pod needs absolute paths")
-        name = f"drape-model-{index}"
-        mounts.append(client.V1VolumeMount(name=name, mount_path=path, read_only=True))
-        volumes.append(client.V1Volume(name=name, host_path=client.V1HostPathVolumeSource(path=path, type="Directory")))
-    return mounts, volumes
+def rendezvous_conf(is_host: str, timeout_s: int) -> str:
+    """``--rdzv-conf``: whether this node hosts the rendezvous store ("1"/"0", or a shell expression),
+    and how long a node waits for the others (a pod on a fresh node pulls its image first)."""
+    return f"--rdzv-conf=is_host={is_host},join_timeout={timeout_s},read_timeout={timeout_s}"
 
 
-def _affinity(job: dict, model: str, settings, nodes: list[str]):
-    """Where Kubernetes may run the job's pods: on the GPU products the job allows (its `gpu_models`,
-    matched against the configured products' models), so Kubernetes enforces what the queue's policy
-    honoured; with `node_label`, on the nodes the queue placed it on, one pod per node. None when
-    neither applies (the node selector pins the placed model's product)."""
-    from kubernetes import client
-
-    from scheduler.policy import allows
-    from scheduler.schema import scheduling_of
-
-    models = scheduling_of(job.get("labels")).models
-    requirements = []
-    if models:
-        products = sorted({settings.products.get(model, model)} | {p for m, p in settings.products.items() if allows(models, m)})
-        requirements.append(client.V1NodeSelectorRequirement(key=settings.product_label, operator="In", values=products))
-    if settings.node_label and nodes:
-        requirements.append(client.V1NodeSelectorRequirement(key=settings.node_label, operator="In", values=nodes))
-    if not requirements:
-        return None
-    apart = None
-    if settings.node_label and len(nodes) > 1:  # the pods of one job on distinct nodes of those
-        apart = client.V1PodAntiAffinity(
-            required_during_scheduling_ignored_during_execution=[
-                client.V1PodAffinityTerm(
-                    label_selector=client.V1LabelSelector(match_labels={"drape.ai/job-id": _labels(job)["drape.ai/job-id"]}),
-                    topology_key=settings.node_label,
-                )
-            ]
-        )
-    selector = client.V1NodeSelector(node_selector_terms=[client.V1NodeSelectorTerm(match_expressions=requirements)])
-    return client.V1Affinity(
-        node_affinity=client.V1NodeAffinity(required_during_scheduling_ignored_during_execution=selector),
-        pod_anti_affinity=apart,
-    )
+def _single_node_command(command: list[str], name: str, ranks: int, settings) -> list[str]:
+    if ranks <= 1:
+        return command
+    args = torchrun_args(1, ranks, f"localhost:{RDZV_PORT}", name)
+    return [*args, rendezvous_conf("1", settings.rendezvous_timeout_seconds), *_program(command)]
 
 
-def gpu_resource(job: dict, gpus: int, settings) -> tuple[str, dict[str, str]]:
-    """(the extended resource a pod of `job` requests, environment it adds). A shareable single-GPU
-    job takes `shared_resource` when one is configured (a GPU the device plugin time-slices or runs
-    under MPS), with a declared share as MPS's thread percentage; a multi-GPU or exclusive job, or
-    any job when none is configured, takes whole GPUs (`nvidia.com/gpu`, which a node that shares
-    its GPUs under a renamed resource does not offer: Kubernetes then keeps it off such nodes)."""
-    from scheduler.schema import scheduling_of
-
-    how = scheduling_of(job.get("labels"))
-    if not settings.shared_resource or gpus != 1 or how.exclusive:
-        return "nvidia.com/gpu", {}
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, round(100 * how.share)))} if how.share < 1 else {}
-    return settings.shared_resource, env
+def _indexed_script(command: list[str], name: str, nodes: int, per_pod: int, settings) -> list[str]:
+    """The indexed Job's container command: a shell that makes pod 0 the rendezvous host, then
+    execs torchrun (PID 1 then, so a deletion's SIGTERM reaches the ranks)."""
+    fixed = torchrun_args(nodes, per_pod, f"{name}-0.{name}:{RDZV_PORT}", name)
+    conf = rendezvous_conf(f"$(({INDEX} == 0))", settings.rendezvous_timeout_seconds)
+    quoted = [shlex.quote(part) for part in fixed] + [f'"{conf}"'] + [shlex.quote(part) for part in _program(command)]
+    return ["/bin/sh", "-c", "exec " + " ".join(quoted)]
 
 
-def _pod_spec(
-    job: dict,
-    gpus_per_pod: int,
-    model: str,
-    settings,
-    command: list[str],
-    env: dict[str, str],
-    nodes: list[str],
-    gpus: int = 0,
-):
-    """The pod of `job` placed on `nodes` (`gpus`: the job's GPUs in all, when it may share one:
-    `gpu_resource`)."""
-    from kubernetes import client
-
-    product = settings.products.get(model, model)
-    mounts, volumes = _volumes(job, settings)
-    resource, extra = gpu_resource(job, gpus, settings)
-    container = client.V1Container(
-        name="trainer",
-        image=settings.image,
-        command=command,
-        env=[client.V1EnvVar(name=k, value=v) for k, v in sorted({**env, **extra}.items())],
-        resources=client.V1ResourceRequirements(limits={resource: str(gpus_per_pod)}, requests={resource: str(gpus_per_pod)}),
-        volume_mounts=mounts,
-        security_context=client.V1SecurityContext(
-            allow_privilege_escalation=False, capabilities=client.V1Capabilities(drop=["ALL"])
-        ),
-    )
-    return client.V1PodSpec(
-        restart_policy="Never",
-        service_account_name=settings.service_account,
-        automount_service_account_token=False,  # a training job never calls the Kubernetes API
-        security_context=client.V1PodSecurityContext(
-            run_as_non_root=True,
-            run_as_user=settings.run_as_user,
-            run_as_group=settings.run_as_user,
-            fs_group=settings.run_as_user,
-            seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
-        ),
-        containers=[container],
-        node_selector={settings.product_label: product},
-        affinity=_affinity(job, model, settings, nodes),
-        tolerations=[client.V1Toleration(**t) for t in settings.tolerations],
-        volumes=volumes,
-    )
+def _placement(gpus: list[GpuState]) -> Placement:
+    nodes = sorted({g.node for g in gpus})
+    per_pod = max(len(gpus) // max(len(nodes), 1), 1)
+    model, total = (gpus[0].model, gpus[0].total_gib) if gpus else ("unknown", 0.0)
+    return Placement(nodes=nodes, gpus_per_pod=per_pod, model=model, gpu_total_gib=total, gpus=len(gpus))
 
 
 def _batch_job(name: str, labels: dict, namespace: str, pod, **spec):
@@ -199,43 +109,25 @@ def _batch_job(name: str, labels: dict, namespace: str, pod, **spec):
 
 def build_job(job: dict, gpus: list[GpuState], settings):
     """The Kubernetes object for a claimed job: a Job, an indexed Job across nodes, or a PyTorchJob (dict)."""
-    name, labels, command = k8s_name(job["id"], job.get("attempts")), _labels(job), json.loads(job["command"])
+    name, labels, command = k8s_name(job["id"], job.get("attempts")), pod_labels(job), json.loads(job["command"])
     env = {**json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
-    nodes = sorted({g.node for g in gpus})
-    per_pod = max(len(gpus) // max(len(nodes), 1), 1)
-    model = gpus[0].model if gpus else "unknown"
-    if len(nodes) <= 1:
-        ranks = per_pod if job_labels(job).get("launch") == "torchrun" else 1
-        return _batch_job(
-            name,
-            labels,
-            settings.namespace,
-            _pod_spec(job, per_pod, model, settings, torchrun_command(command, ranks), env, nodes, gpus=len(gpus)),
-        )
+    placement = _placement(gpus)
+    if len(placement.nodes) <= 1:
+        ranks = placement.gpus_per_pod if job_labels(job).get("launch") == "torchrun" else 1
+        pod = pod_spec(job, placement, settings, _single_node_command(command, name, ranks, settings), env)
+        return _batch_job(name, labels, settings.namespace, pod)
     if settings.training_operator:
-        return _pytorchjob(name, labels, job, per_pod, nodes, model, settings, command, env)
-    torchrun = [
-        "torchrun",
-        f"--nnodes={len(nodes)}",
-        f"--nproc-per-node={per_pod}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={name}-0.{name}:29500",
-        f"--rdzv-id={name}",
-    ]
-    script = (
-        " ".join(shlex.quote(part) for part in torchrun)
-        + ' --node-rank="$JOB_COMPLETION_INDEX" '
-        + " ".join(shlex.quote(part) for part in module_args(command))
-    )
-    pod = _pod_spec(job, per_pod, model, settings, ["/bin/sh", "-c", script], env, nodes)
+        return _pytorchjob(name, labels, job, placement, settings, command, env)
+    script = _indexed_script(command, name, len(placement.nodes), placement.gpus_per_pod, settings)
+    pod = pod_spec(job, placement, settings, script, env, ports=(("rdzv", RDZV_PORT),))
     pod.subdomain = name  # stable DNS for the rendezvous: <name>-<index>.<name>
-    return _batch_job(
-        name, labels, settings.namespace, pod, completion_mode="Indexed", completions=len(nodes), parallelism=len(nodes)
-    )
+    count = len(placement.nodes)
+    return _batch_job(name, labels, settings.namespace, pod, completion_mode="Indexed", completions=count, parallelism=count)
 
 
 def headless_service(job_name: str, namespace: str, labels: dict[str, str]):
-    """The headless Service an indexed Job's pods resolve each other by."""
+    """The headless Service an indexed Job's pods resolve each other by; it publishes a pod's address
+    before it is ready, so pod 0's name resolves as soon as it has one."""
     from kubernetes import client
 
     return client.V1Service(
@@ -243,26 +135,38 @@ def headless_service(job_name: str, namespace: str, labels: dict[str, str]):
         kind="Service",
         metadata=client.V1ObjectMeta(name=job_name, namespace=namespace, labels=labels),
         spec=client.V1ServiceSpec(
-            cluster_ip="None", selector={"job-name": job_name}, ports=[client.V1ServicePort(name="rdzv", port=29500)]
+            cluster_ip="None",
+            publish_not_ready_addresses=True,
+            selector={"job-name": job_name},
+            ports=[client.V1ServicePort(name="rdzv", port=RDZV_PORT)],
         ),
     )
 
 
-def _pytorchjob(name, labels, job, per_pod, nodes: list[str], model, settings, command, env) -> dict:
+def _pytorchjob(name: str, labels: dict, job: dict, placement: Placement, settings, command: list[str], env) -> dict:
+    """A PyTorchJob: the Master hosts the rendezvous at the Service the operator gives it
+    (``<name>-master-0``, port from the container's `pytorchjob-port`), the Workers join it."""
     from kubernetes import client
 
-    api = client.ApiClient()
-    pod = api.sanitize_for_serialization(_pod_spec(job, per_pod, model, settings, command, env, nodes))
-    pod["containers"][0]["name"] = "pytorch"
+    api, nodes, per_pod = client.ApiClient(), len(placement.nodes), placement.gpus_per_pod
+    fixed = torchrun_args(nodes, per_pod, f"{name}-master-0:{RDZV_PORT}", name)
 
-    def replica(count: int) -> dict:
+    def replica(count: int, is_host: str) -> dict:
+        run = [*fixed, rendezvous_conf(is_host, settings.rendezvous_timeout_seconds), *_program(command)]
+        pod = api.sanitize_for_serialization(
+            pod_spec(job, placement, settings, run, env, ports=(("pytorchjob-port", RDZV_PORT),))
+        )
+        pod["containers"][0]["name"] = "pytorch"  # the operator's name for the training container
         return {"replicas": count, "restartPolicy": "Never", "template": {"metadata": {"labels": labels}, "spec": pod}}
 
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "PyTorchJob",
         "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
-        "spec": {"nprocPerNode": str(per_pod), "pytorchReplicaSpecs": {"Master": replica(1), "Worker": replica(len(nodes) - 1)}},
+        "spec": {
+            "nprocPerNode": str(per_pod),
+            "pytorchReplicaSpecs": {"Master": replica(1, "1"), "Worker": replica(nodes - 1, "0")},
+        },
     }
 
 

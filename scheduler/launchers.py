@@ -1,11 +1,13 @@
 """Launchers start a claimed job on its GPUs and report when it ends.
 
 - `LocalLauncher`: a process group with `CUDA_VISIBLE_DEVICES` set to the assigned devices
-  (empty for the CPU slot), `DRAPE_JOB_ID`, and `DRAPE_JOB_RESULT`, a JSON file where the job may
-  write its measured peak memory; stdout and stderr go to `<log dir>/<job id>.log`, the exit
-  status to `<log dir>/<job id>.exit`. A torchrun job (`labels.launch`) on more than one GPU runs
-  its ranks under ``python -m torch.distributed.run --standalone --nproc-per-node=N`` (gloo on a
-  machine without CUDA).
+  (empty for the CPU slot), `DRAPE_NODE` (the node the queue chose), `DRAPE_JOB_ID`, and
+  `DRAPE_JOB_RESULT`, a JSON file where the job may write its measured peak memory; stdout and
+  stderr go to `<log dir>/<job id>.log`, the exit status to `<log dir>/<job id>.exit`. A torchrun
+  job (`labels.launch`) on more than one GPU runs its ranks under ``python -m
+  torch.distributed.run --standalone --nproc-per-node=N`` (gloo on a machine without CUDA). A node
+  named in `queue.node_commands` runs the job through its prefix (`ssh node-a`, or `nsenter` into
+  a rehearsal node's mount namespace).
 - `KubernetesLauncher` (`scheduler/kubernetes.py`): a Job, an indexed Job across nodes, or a
   PyTorchJob.
 - `PrefectLauncher`: a flow run of a deployment on a work pool (`run_deployment`).
@@ -116,9 +118,10 @@ class LocalLauncher:
     """Jobs as process groups on this machine; `handle` is ``pid:<pid>:<start ticks>:<host>``, so a
     restarted dispatcher on this host can tell the job's process from any other and adopt it."""
 
-    def __init__(self, log_dir: str | Path, passed: Iterable[str] = ()):
+    def __init__(self, log_dir: str | Path, passed: Iterable[str] = (), node_commands: dict[str, list[str]] | None = None):
         self.log_dir = Path(log_dir)
         self.passed = tuple(passed)
+        self.node_commands = node_commands or {}
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.children: dict[str, subprocess.Popen] = {}
         self.host = socket.gethostname()
@@ -140,10 +143,13 @@ class LocalLauncher:
             "DRAPE_JOB_ID": job["id"],
             "DRAPE_JOB_RESULT": str(self.result_path(job["id"])),
             "DRAPE_JOB_EXIT": str(self.exit_path(job["id"])),
+            "DRAPE_NODE": gpus[0].node if gpus else self.host,
         }
         command = json.loads(job["command"])
         if json.loads(job.get("labels") or "{}").get("launch") == "torchrun":
             command = torchrun_command(command, len(gpus), local=True)
+        # on another node: its prefix runs the job there; the shell that records the exit status stays here
+        command = [*self.node_commands.get(gpus[0].node if gpus else "", []), *command]
         self.exit_path(job["id"]).unlink(missing_ok=True)
         log = open(self.log_path(job["id"]), "ab")
         try:
@@ -288,4 +294,4 @@ def build_launcher(config, log_dir: str | Path):
         return KubernetesLauncher(config.queue.kubernetes)
     if kind == "prefect":
         return PrefectLauncher()
-    return LocalLauncher(log_dir, config.queue.job_environment)
+    return LocalLauncher(log_dir, config.queue.job_environment, config.queue.node_commands)

@@ -15,6 +15,7 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
 - declared sharing: a job that declares a `share` under 1 of a GPU's compute goes first beside
   jobs whose declared shares leave room for it (they keep full pace), keeping idle GPUs whole;
   an `exclusive` job runs alone on an idle GPU;
+- warm caches: a job naming a `prefer_node` (where its stage's shards are cached) goes there if it fits;
 - GPU models: a job that names the models it may run on (`models`, each a part of a model's name)
   is placed on nothing else (`constraints`);
 - idle-aware: a GPU is idle only when the ledger has nothing on it and DCGM agrees (no memory in
@@ -76,6 +77,7 @@ class JobRequest:
     exclusive: bool = False  # a single-GPU job that shares its GPU with nobody (multi-GPU jobs always do)
     share: float = 1.0  # the part of a GPU's compute it declares it uses (< 1: co-located by declaration)
     preempted: int = 0  # times it was preempted so far
+    prefer_node: str = ""  # among equal choices, first this node (its shard cache is warm for the job)
 
 
 def allows(models: tuple[str, ...], model: str) -> bool:
@@ -266,8 +268,8 @@ class _Pool:
             declared = self._declared(job, exclude) if job.share < 1.0 and not job.exclusive else None
             if declared is not None:
                 return (declared,)
-            idle = self._idle_single(job, exclude)
-            if idle is not None:
+            warm = self._idle_single(job, self._off(job.prefer_node, exclude)) if job.prefer_node else None
+            if (idle := warm or self._idle_single(job, exclude)) is not None:
                 return (idle,)
             shared = self._colocate(job, exclude) if colocate and not job.exclusive else None
             return (shared,) if shared is not None else None
@@ -280,10 +282,14 @@ class _Pool:
                 chosen = tuple(fitting[: job.gpus])
                 widths = self.widths.get(self.gpus[chosen[-1]].total_gib)
                 cost = widths.cost(self.idle_count[node], job.gpus) if widths else 0
-                waste = (sum(self.gpus[u].total_gib for u in chosen), cost, len(fitting) - job.gpus, node)
+                total = sum(self.gpus[u].total_gib for u in chosen)  # first: a warm cache (most jobs prefer none)
+                waste = (node != job.prefer_node, total, cost, len(fitting) - job.gpus, node)
                 if best is None or waste < best[0]:
                     best = (waste, chosen)
         return best[1] if best else None
+
+    def _off(self, node: str, exclude: frozenset[str]) -> frozenset[str]:  # to try the preferred node alone
+        return exclude | frozenset(uuid for uuid, gpu in self.gpus.items() if gpu.node != node)
 
     def take(self, uuids: tuple[str, ...], job: JobRequest) -> None:
         for uuid in uuids:

@@ -139,9 +139,10 @@ class Scheduling:
     exclusive: bool = False
     share: float = 1.0
     preempted: int = 0
+    prefer_node: str = ""  # the node whose shard cache holds its data (where the previous stage trained)
 
 
-SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted")
+SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted", "prefer_node")
 UNCONSTRAINED = Scheduling()  # shared: most jobs carry no scheduling fields
 
 
@@ -160,6 +161,7 @@ def scheduling_of(labels: str | None) -> Scheduling:
         str(found.get("exclusive", "")).lower() == "true",
         share,
         preempted,
+        str(found.get("prefer_node", ""))[:253],  # a node name (DNS-1123 subdomain at most)
     )
 
 
@@ -228,7 +230,19 @@ def job_request(row) -> JobRequest:
     more than the rest of the conversion."""
     job_id, priority, submit_s, gpus, mem_gib, duration_s, labels = row
     how = scheduling_of(labels)
-    return JobRequest(job_id, priority, submit_s, gpus, mem_gib, duration_s, how.models, how.exclusive, how.share, how.preempted)
+    return JobRequest(
+        job_id,
+        priority,
+        submit_s,
+        gpus,
+        mem_gib,
+        duration_s,
+        how.models,
+        how.exclusive,
+        how.share,
+        how.preempted,
+        how.prefer_node,
+    )
 
 
 def running_job(row) -> RunningJob:

@@ -59,11 +59,13 @@ def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> T
     if left is not None:  # the job the run's interrupted flow submitted runs on: wait for it, never a second
         print(f"train-{stage}: waiting for {left['id']} ({left['state']}), submitted before the run was resumed")
         wait_for(config, store, left["id"], on_line=_relay(stage))
-        return pipeline.finish_train(config, context, stage, context.paths(stage).train_result)
-    command, result_path = pipeline.train_command(config, context, stage)
+        return pipeline.finish_train(config, context, stage)
+    command = pipeline.train_command(config, context, stage)
     spec = train_job_spec(config, stage=stage, mode=context.mode, run_id=context.run_id, command=command)
+    if node := pipeline.warm_node(config, context, stage):  # its cache holds this stage's shards
+        spec.labels["prefer_node"] = node
     submit_and_wait(config, spec, on_line=_relay(stage))
-    return pipeline.finish_train(config, context, stage, result_path)
+    return pipeline.finish_train(config, context, stage)
 
 
 def _relay(stage: str):

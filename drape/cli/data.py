@@ -19,11 +19,13 @@ def data_synth(
     config: Path | None = ConfigOption,
     out: Path | None = typer.Option(None, help="write shards to this local directory instead of the object store"),
 ) -> None:
-    """Generate the synthetic try-on dataset as stage shards plus the control set."""
+    """Generate the synthetic try-on dataset as stage shards plus the control set (whatever data.source says:
+    generating it is what this command is for)."""
     from drape.data.dataset import build_dataset, dataset_prefix, ensure_dataset
     from drape.storage.store import open_store
 
     cfg = load(config)
+    cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "synthetic"})})
     sizes = {**cfg.data.samples_per_stage, "control": cfg.data.control_samples}
     with progress_bar() as progress:
         bars = {split: progress.add_task(f"synth {split}", total=count) for split, count in sizes.items()}

@@ -121,10 +121,11 @@ class Stack:
     def deploy(self) -> str:
         return self.prefect("deploy", "--all", "--prefect-file", str(PREFECT_FILE)).stdout
 
-    def start_worker(self, pool: str = "local") -> None:
+    def start_worker(self, pool: str = "local", prefix: list[str] | None = None) -> None:
+        """A process worker for `pool`; `prefix` runs it elsewhere (on a rehearsal node: nsenter into its namespace)."""
         log = open(self.home / f"worker-{pool}.log", "ab")
         self.processes[f"worker-{pool}"] = subprocess.Popen(
-            [_prefect(), "worker", "start", "--pool", pool, "--type", "process"],
+            [*(prefix or []), _prefect(), "worker", "start", "--pool", pool, "--type", "process"],
             cwd=REPO,
             env=self.env(),
             stdout=log,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from drape import layout
 from drape.config.base import ConfigError, StrictModel
@@ -81,6 +81,12 @@ __all__ = [
 
 class PathsConfig(StrictModel):
     root: str = ".drape"
+    shared: bool = Field(
+        default=False,
+        description="the flow and the queue's trainers see one paths.root (a ReadWriteMany volume every pod mounts): "
+        "checkpoints and results are read in place. Off (the default), nodes share nothing but the object store, "
+        "and every hand-off goes through it (docs/topology.md)",
+    )
 
     @property
     def root_path(self) -> Path:
@@ -105,6 +111,11 @@ class PipelineConfig(StrictModel):
     inference: InferenceConfig = InferenceConfig()
     shoppers: ShoppersConfig = ShoppersConfig()
     cost: CostConfig = CostConfig()
+
+    @property
+    def trains_apart(self) -> bool:
+        """Stage jobs run through the queue on nodes that share nothing with the flow's but the object store."""
+        return self.queue.enabled and not self.paths.shared
 
     @model_validator(mode="after")
     def _no_credentials_in_urls(self) -> PipelineConfig:

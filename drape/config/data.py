@@ -53,6 +53,15 @@ class LoaderConfig(StrictModel):
 class DataConfig(StrictModel):
     name: str = "synth-tryon"
     version: str = "v1"
+    source: Literal["store", "synthetic"] = Field(
+        default="store",
+        description=(
+            "store: the dataset must already be in the object store (`drape data shard` of a VITON-HD or DressCode "
+            "tree), a missing one is an error, never generated in its place (a latent version, latents_of, is still "
+            "encoded from its stored pixel version); synthetic: drape.data.synth generates and publishes it (seeded) "
+            "the first time it is missing"
+        ),
+    )
     resolution: int | tuple[int, int] = Field(
         default=64,
         description="pixels per side (square), or [height, width]: [1024, 768] for VITON-HD and DressCode",

@@ -83,6 +83,15 @@ class GatesConfig(StrictModel):
     texture: TextureGateConfig = TextureGateConfig()
     coherence: CoherenceGateConfig = CoherenceGateConfig()
     sample_seed: int = 1234
+    batch_size: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description=(
+            "control samples rendered per sampling pass: the gate's device memory is this many samples' whatever "
+            "the control set's size; the outputs do not depend on it (each sample draws its own noise)"
+        ),
+    )
     grid_samples: int = Field(default=8, gt=0)
     nuisance_floor: bool = Field(
         default=True,

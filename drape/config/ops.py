@@ -78,6 +78,44 @@ class KubernetesLauncherConfig(StrictModel):
         "renameByDefault: nvidia.com/gpu.shared); shareable single-GPU jobs request it, exclusive and multi-GPU jobs "
         "request whole GPUs (nvidia.com/gpu); unset: every job requests whole GPUs",
     )
+    credentials_secret: str | None = Field(
+        default="drape-s3",
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description="the Secret every job pod takes its environment from (envFrom): the object store's and MLflow's "
+        "credentials, e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN, AWS_ENDPOINT_URL), "
+        "MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME/PASSWORD; never PGPASSWORD (jobs never reach the queue "
+        "database); its values never appear in a job's spec; unset: none (pods get credentials another way, e.g. "
+        "from their service account's cloud identity)",
+    )
+    cpu_per_gpu: float = Field(
+        default=10.0,
+        gt=0,
+        le=64,
+        description="CPUs a job pod requests per GPU it holds (a shared GPU: the part of it its memory profile holds), "
+        "at least 1: a rank's data loader workers and its main process; 8 GPUs × 10 fit an 8×H100 node of 96 vCPUs "
+        "(Azure ND H100 v5) as well as one of 192 (AWS p5) or 208 (GCP a3)",
+    )
+    host_memory_gib_per_gpu: float = Field(
+        default=160.0,
+        gt=0,
+        le=1024,
+        description="host memory (GiB) a job pod requests, and is limited to, per GPU it holds, besides /dev/shm: "
+        "8 × 160 + 64 GiB of /dev/shm fit the ~1.8-2 TiB of an 8×H100 node",
+    )
+    shm_gib_per_gpu: float = Field(
+        default=8.0,
+        gt=0,
+        le=256,
+        description="size of the memory-backed /dev/shm (GiB) per GPU a job pod holds (data loader workers hand "
+        "batches over through it; Kubernetes' default 64 MB kills them); counted in the pod's memory request and limit",
+    )
+    rendezvous_timeout_seconds: int = Field(
+        default=1800,
+        ge=60,
+        le=86400,
+        description="how long a multi-node job's torchrun waits for the other pods to join its c10d rendezvous "
+        "(join_timeout, read_timeout): pods on fresh nodes pull a multi-GB image first",
+    )
 
     @model_validator(mode="after")
     def _image_pinned(self) -> KubernetesLauncherConfig:
@@ -113,6 +151,11 @@ class QueueConfig(StrictModel):
     inventory: str | None = Field(default=None, description="fleet YAML for 'static' (and the ledger's inventory)")
     prometheus_url: str | None = Field(default=None, description="Prometheus with the DCGM exporter's series")
     launcher: Literal["local", "kubernetes", "prefect"] = "local"
+    node_commands: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="local launcher: node name → the command prefix that runs a program on that node (e.g. "
+        "['ssh', 'node-a'], or nsenter into a rehearsal node's mount namespace); a node not listed runs jobs here",
+    )
     policy: Literal["drape", "fifo-exclusive"] = "drape"
     aging_per_hour: float = Field(default=1.0, ge=0)
     max_jobs_per_gpu: int = Field(default=4, gt=0)

@@ -26,7 +26,7 @@ from drape.data.reader import ShardIndex
 from drape.data.shards import IMAGE_FIELDS, LATENT_FIELDS, ShardWriter, verify_shard
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage.checksum import sha256_bytes, sha256_file
-from drape.storage.store import ObjectStore, StorageError
+from drape.storage.store import ObjectStore, StorageError, redact_url
 
 MANIFEST = layout.DATASET_MANIFEST
 
@@ -275,9 +275,25 @@ def read_manifest(store: ObjectStore, prefix: str) -> dict | None:
     return check_dataset_manifest(manifest, store.key_url(key))
 
 
+class DatasetMissing(FileNotFoundError):
+    """The config's dataset is not in the object store and `data.source` is 'store': nothing is
+    generated under its name (a misspelt name would otherwise train on noise, and pass)."""
+
+
+def _missing(config: PipelineConfig, store: ObjectStore, prefix: str) -> DatasetMissing:
+    data = config.data
+    return DatasetMissing(
+        f"no dataset at {store.key_url(prefix)} (data.source: store): check data.name {data.name!r} and "
+        f"data.version {data.version!r}, or create it: `drape data shard <VITON-HD or DressCode root> "
+        f"--out {redact_url(store.url)} --name {data.name} --version {data.version}`; for the synthetic "
+        "dataset, set data.source: synthetic or run `drape data synth`"
+    )
+
+
 def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callable[[str, int], None] | None = None) -> dict:
-    """The dataset's manifest, generating and publishing the dataset first if the store lacks it (a
-    latent version, `data.latents_of`: encoding it from its pixel version, `drape.data.encode`)."""
+    """The dataset's manifest (a latent version, `data.latents_of`: encoded from its pixel version
+    first if the store lacks it, `drape.data.encode`). A dataset the store lacks is generated and
+    published only under `data.source: synthetic`; under 'store' it is `DatasetMissing`."""
     if config.data.latents_of is not None:
         from drape.data.encode import ensure_latent_dataset
 
@@ -286,6 +302,8 @@ def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callabl
     manifest = read_manifest(store, prefix)
     if manifest is not None:
         return manifest
+    if config.data.source != "synthetic":
+        raise _missing(config, store, prefix)
     with tempfile.TemporaryDirectory(prefix="drape-synth-") as scratch:
         build_dataset(config, scratch, progress)
         publish_dataset(scratch, store, prefix)

@@ -9,7 +9,7 @@ output, target per control sample).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +24,7 @@ from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, i
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
 from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
 from drape.training.checkpoint import load_model
-from drape.training.model import configured_class_path, sample
+from drape.training.model import TryOnModel, configured_class_path, sample
 from drape.training.trainer import resolve_device
 
 
@@ -33,18 +33,40 @@ def to_uint8(images: torch.Tensor) -> np.ndarray:
     return ((images.float().clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).cpu().numpy()
 
 
+def sample_control(
+    config: PipelineConfig, model: TryOnModel, control: dict, *, seed: int | None = None
+) -> Iterator[tuple[list[str], torch.Tensor]]:
+    """(keys, images in [-1, 1] on the CPU) of the control set, `gates.batch_size` samples at a time.
+
+    Only one chunk's inputs and activations are on the device at once, so the gate's peak memory
+    does not grow with the control set (512 samples at 1024×768 in production); each sample keeps
+    its own noise (`first_index`), so the images are those one batch of the whole set would give.
+    `seed`: default `gates.sample_seed`."""
+    device = next(model.parameters()).device
+    seed = config.gates.sample_seed if seed is None else seed
+    size, total = config.gates.batch_size, len(control["keys"])
+    for start in range(0, total, size):
+        chunk = {name: values[start : start + size] for name, values in control.items()}
+        inputs = {k: v.to(device) for k, v in to_model_inputs(chunk).items()}
+        generated = sample(model, config.diffusion, inputs, seed=seed, first_index=start)
+        yield list(chunk["keys"]), generated.cpu()
+
+
 def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: dict, gate_dir: Path) -> np.ndarray:
-    """Raw model outputs for the control set (fixed seed and sampler), saved as PNGs and latents."""
+    """Raw model outputs for the control set (fixed seed and sampler, `sample_control`), saved as
+    PNGs and latents as each chunk is rendered."""
     device = resolve_device(config.train.device)
     model = load_model(checkpoint, prefer_ema=True, allowed=(configured_class_path(config),)).to(device)  # type: ignore[arg-type]
-    inputs = {k: v.to(device) for k, v in to_model_inputs(control).items()}
-    generated = sample(model, config.diffusion, inputs, seed=config.gates.sample_seed)
-    outputs = to_uint8(generated)
     (gate_dir / "outputs").mkdir(parents=True, exist_ok=True)
-    for key, image in zip(control["keys"], outputs):
-        Image.fromarray(image).save(gate_dir / "outputs" / f"{key}.png")
-    save_file({"final": generated.float().cpu().contiguous()}, str(gate_dir / "latents.safetensors"))
-    return outputs
+    finals, outputs = [], []
+    for keys, generated in sample_control(config, model, control):
+        images = to_uint8(generated)
+        for key, image in zip(keys, images):
+            Image.fromarray(image).save(gate_dir / "outputs" / f"{key}.png")
+        finals.append(generated.float())
+        outputs.append(images)
+    save_file({"final": torch.cat(finals).contiguous()}, str(gate_dir / "latents.safetensors"))
+    return np.concatenate(outputs)
 
 
 def read_outputs(directory: str | Path, keys: list[str], shape: tuple[int, int] | None = None) -> np.ndarray:

@@ -18,13 +18,13 @@ retention policy keeps live until the run ends (`live_until: run_end`; by defaul
 """
 
 from drape.layout import live_root
+from drape.pipeline.queue_job import finish_train, train_command, warm_node
 from drape.pipeline.resume import ResumeError, run_of_flow_run
 from drape.pipeline.run import GateFailed, RunContext, close_run, resources, start_run, summarize
 from drape.pipeline.stages import (
     abort,
     archive,
     archive_passed,
-    finish_train,
     gate,
     passed_gate,
     prestage,
@@ -34,7 +34,6 @@ from drape.pipeline.stages import (
     stage_progress,
     start_checkpoint,
     train,
-    train_command,
 )
 from drape.pipeline.standalone import prestage_dataset, sweep
 
@@ -64,4 +63,5 @@ __all__ = [
     "sweep",
     "train",
     "train_command",
+    "warm_node",
 ]

@@ -18,20 +18,16 @@ weights of an uninterrupted one: training resumes exactly (drape/training/batche
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 from dataclasses import asdict, fields
 from pathlib import Path
 
 from drape import STAGES
-from drape.layout import UnsafePathError, archive_manifest_prefix, contained, run_key
-from drape.storage.durable import fsync_dir, fsync_tree
-from drape.storage.retention import read_archive_manifest
+from drape.layout import run_key
+from drape.storage.handoff import HandoffError, fetch_checkpoint, newest_published
 from drape.storage.store import ObjectStore
 
 PHASES = ("gated", "snapshotted", "done")
-_STEP = re.compile(r"/checkpoints/(step-(\d+)(?:\.dcp)?)/")
 
 
 class ResumeError(RuntimeError):
@@ -117,23 +113,10 @@ def load_progress(store: ObjectStore, run_id: str) -> dict[str, dict]:
 def restore_newest_checkpoint(store: ObjectStore, run_id: str, stage: str, checkpoints_dir: Path) -> Path | None:
     """The newest checkpoint archived for `run_id`'s `stage`, brought back (verified) under
     `checkpoints_dir`; None when nothing was archived."""
-    newest: dict[str, list[dict]] = {}
-    for record in read_archive_manifest(store, archive_manifest_prefix(run_id)):  # the run's manifests (a directory)
-        if record["run_id"] == run_id and record["stage"] == stage and (match := _STEP.search("/" + record["key"])):
-            newest.setdefault(match.group(1), []).append(record)
-    if not newest:
+    name = newest_published(store, run_id, stage)
+    if name is None:
         return None
-    name = max(newest, key=lambda n: int(_STEP.search(f"/checkpoints/{n}/").group(2)))  # type: ignore[union-attr]
-    destination, staging = checkpoints_dir / name, checkpoints_dir / f".{name}.restoring"
-    shutil.rmtree(staging, ignore_errors=True)  # a restore killed half-way
-    for record in newest[name]:
-        relative = record["key"].split(f"/checkpoints/{name}/", 1)[1]
-        try:
-            target = contained(staging, relative, f"archive record key {record['key']!r}")
-        except UnsafePathError as error:
-            raise ResumeError(f"{error}; it leads outside {destination}") from None
-        store.get_file(record["key"], target, sha256=record["sha256"])
-    fsync_tree(staging)
-    os.replace(staging, destination)  # whole, or not there: never a half checkpoint to resume from
-    fsync_dir(checkpoints_dir)
-    return destination
+    try:
+        return fetch_checkpoint(store, run_id, stage, name, checkpoints_dir)
+    except HandoffError as error:
+        raise ResumeError(str(error)) from None

@@ -21,19 +21,23 @@ from drape.ops.tracking import Tracker
 from drape.pipeline.resume import load_progress, restore_newest_checkpoint, save_progress
 from drape.pipeline.run import RunContext, close_run, evict_from, log_train_summary, resources, timed
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
+from drape.storage.handoff import adopt_published
 from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention
 from drape.storage.store import remove_empty_dirs, remove_tree, tree_bytes
 from drape.training.checkpoint import export_weights, list_checkpoints
-from drape.training.stage_job import StageJob, StageJobResult
+from drape.training.stage_job import StageJob
 from drape.training.trainer import TrainResult
 
 
 def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> dict:
     """Pre-stage `stage`'s shards into the shard cache, verified, keeping the control set and the
-    stage before it (which may still be training); returns what was staged and evicted."""
+    stage before it (which may still be training); returns what was staged and evicted. When
+    stages train apart (`trains_apart`), this node only gates: it stages the control set, and the
+    node training the stage before warms its own cache with `stage`'s shards (drape/training/apart.py)."""
+    split = "control" if config.trains_apart else stage
     keep = ["control", *filter(None, [previous_stage(stage)])]
     with timed(config, context, stage, "prestage") as extra:
-        result = resources(config, context).cache.prestage(stage, keep=keep, progress=progress)
+        result = resources(config, context).cache.prestage(split, keep=keep, progress=progress)
         extra.update(downloaded=result.downloaded, downloaded_bytes=result.downloaded_bytes)
         metrics.PRESTAGED_BYTES.labels(run=context.run_id, stage=stage).set(result.bytes)
         metrics.PRESTAGE_DOWNLOADED.labels(run=context.run_id, stage=stage).set(result.downloaded_bytes)
@@ -86,27 +90,6 @@ def train(config: PipelineConfig, context: RunContext, stage: str, progress=None
     resume_checkpoint(config, context, stage)
     result = stage_job(config, context, stage).run(cache=run.cache, tracker=run.tracker, progress=progress)
     log_train_summary(config, context, stage, result, window=(started, time.time()))
-    return result.train
-
-
-def train_command(config: PipelineConfig, context: RunContext, stage: str) -> tuple[list[str], Path]:
-    """The stage's training as a queue job: the command (`python -m drape.train --job …`) and the
-    file its result lands in."""
-    paths = context.paths(stage)
-    paths.train_result.unlink(missing_ok=True)
-    resume_checkpoint(config, context, stage)
-    return stage_job(config, context, stage).write(paths.job_config, result=paths.train_result), paths.train_result
-
-
-def finish_train(config: PipelineConfig, context: RunContext, stage: str, result_path: str | Path) -> TrainResult:
-    """The TrainResult a queue job wrote; logs the stage summary and removes the job's files."""
-    path = Path(result_path)
-    if not path.is_file():
-        raise RuntimeError(f"stage {stage}: the train job ended without writing {path}")
-    result = StageJobResult.from_dict(json.loads(path.read_text()))
-    log_train_summary(config, context, stage, result)  # its window: the queue's allocation
-    path.unlink()
-    context.paths(stage).job_config.unlink(missing_ok=True)
     return result.train
 
 
@@ -312,6 +295,10 @@ def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: s
     live_before = tree_bytes(root)
     actions = plan_retention(classify_stage_dir(stage_dir, outcome), config.retention, key_root=run_key(context.run_id, stage))
     result = execute_plan(actions, run.store, archive_manifest_prefix(context.run_id, stage), run_id=context.run_id, stage=stage)
+    # what the stage's trainer published and this node never held: the stage's outcome now
+    done = {action.key_prefix for action in actions}
+    files, sent = adopt_published(run.store, config.retention, run_id=context.run_id, stage=stage, outcome=outcome, done=done)
+    result.archived_files, result.archived_bytes = result.archived_files + files, result.archived_bytes + sent
     for shard in run.cache.shards(stage):  # the object store holds the verified original
         run.store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
     run.cache.evict(stage)

@@ -15,23 +15,19 @@ Renders use the gates' sampler and seed (`gates.sample_seed`), the same for base
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from drape.config import PipelineConfig
-from drape.data.dataset import to_model_inputs
 from drape.gates.face import aligned_identity_scores
-from drape.gates.run import check_scores, to_uint8
+from drape.gates.run import check_scores, sample_control, to_uint8
 from drape.inference.source import subset
-from drape.training.model import TryOnModel, sample
+from drape.training.model import TryOnModel
 
 GARMENT_CHECKS = ("texture", "coherence")
 
 
 def render(config: PipelineConfig, model: TryOnModel, arrays: dict, seed: int | None = None) -> np.ndarray:
-    device = next(model.parameters()).device
-    inputs = {k: v.to(device) for k, v in to_model_inputs(arrays).items()}
-    with torch.no_grad():
-        return to_uint8(sample(model, config.diffusion, inputs, seed=config.gates.sample_seed if seed is None else seed))
+    """`model`'s uint8 outputs for `arrays`, rendered as the gate renders (`gates.batch_size` at a time)."""
+    return np.concatenate([to_uint8(images) for _, images in sample_control(config, model, arrays, seed=seed)])
 
 
 def identity_means(config: PipelineConfig, models: dict[str, TryOnModel], holdout: dict) -> dict[str, float]:

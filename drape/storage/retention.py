@@ -188,7 +188,10 @@ def execute_plan(
     for action in actions:
         for file, inner in _files(Path(action.artifact.path)):
             key = f"{action.key_prefix}/{inner}" if inner else action.key_prefix
-            stored = store.put_file(file, key, tags=object_tags(action.artifact, stage), storage_class=action.storage_class)
+            tags = object_tags(action.artifact, stage)
+            stored = store.put_file(file, key, tags=tags, storage_class=action.storage_class)
+            if store.is_s3 and store.get_tags(key) != tags:  # there already (a trainer published it): retag it
+                store.restamp(key, tags, size=stored.bytes, sha256=stored.sha256, storage_class=action.storage_class)
             expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
             records.append(
                 {

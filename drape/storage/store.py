@@ -191,12 +191,14 @@ class ObjectStore:
         *,
         size: int,
         sha256: str,
+        storage_class: str | None = None,
         single_copy_limit: int = SINGLE_COPY_LIMIT,
         part_bytes: int = 512 * 2**20,
     ) -> None:
         """On S3, copy the object onto itself with `tags`: its creation date becomes now, so lifecycle
         rules count their days from the retag (a superseded baseline's grace period starts when it is
-        superseded, not when it was uploaded). Storage class and metadata are kept; the copy is
+        superseded, not when it was uploaded). Metadata is kept, and the storage class unless
+        `storage_class` names another; the copy is
         verified by reading it back. Objects over `single_copy_limit` (S3's 5 GiB CopyObject limit)
         are copied part by part (UploadPartCopy), atomically for readers.
         """
@@ -207,7 +209,7 @@ class ObjectStore:
         common = {
             "Tagging": urlencode(tags),
             "Metadata": head.get("Metadata", {}),
-            "StorageClass": head.get("StorageClass", "STANDARD"),
+            "StorageClass": storage_class or head.get("StorageClass", "STANDARD"),
             "ChecksumAlgorithm": "SHA256",
         }
         copy = {"Bucket": bucket, "Key": inner, "CopySource": {"Bucket": bucket, "Key": inner}}
@@ -284,8 +286,10 @@ class ObjectStore:
             raise StorageError(f"{self.key_url(key)}: missing in the object store") from None
 
     def list(self, prefix: str) -> list[str]:
-        """Keys under `prefix` (recursive), relative to the store base."""
+        """Keys under `prefix` (recursive), relative to the store base, as the store has them now:
+        s3fs's cached listing is dropped first (another node may have written since)."""
         root = self.path(prefix)
+        self.fs.invalidate_cache(root)
         if not self.fs.exists(root):
             return []
         found = self.fs.find(root)

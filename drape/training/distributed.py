@@ -26,6 +26,7 @@ import json
 import os
 import pickle  # noqa: S403 - only through _MetadataUnpickler's allowlist
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,7 @@ class ShardedCheckpointer:
         self.context, self.use_async = context, use_async
         self.pending: tuple | None = None  # (future, path, manifest)
         self.stall_seconds = 0.0  # time the training loop spent blocked in save calls
+        self.on_commit: Callable[[Path], None] | None = None  # rank 0, with each committed checkpoint folder
         # the background save runs its own collectives: on the training group they would interleave
         # with DDP's all-reduces differently on each rank and deadlock (torchtitan does the same)
         self.group = dist.new_group(backend="gloo") if use_async and context.is_distributed else None
@@ -150,6 +152,8 @@ class ShardedCheckpointer:
             write_synced(path / ".manifest.json.tmp", json.dumps(record, indent=2))
             os.replace(path / ".manifest.json.tmp", path / "manifest.json")
             fsync_dir(path)
+            if self.on_commit is not None:
+                self.on_commit(path)
         self.context.barrier()
 
 

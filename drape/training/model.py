@@ -18,6 +18,7 @@ it loads alone; a class that is not built in loads only when the caller's config
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -178,6 +179,24 @@ def diffusion_target(scheduler: DDPMScheduler, clean: torch.Tensor, noise: torch
     raise ValueError(f"diffusion.prediction_type {kind!r} is not supported; expected sample, epsilon or v_prediction")
 
 
+def noise_seed(seed: int, index: int) -> int:
+    """The seed of sample `index`'s starting noise under `seed`: a hash of both, so that neighbouring
+    seeds share no sample's noise (with seed + index, seed 1's sample 0 would be seed 0's sample 1)."""
+    digest = hashlib.sha256(f"drape-noise/{seed}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1  # under 2**63: any torch generator takes it
+
+
+def initial_noise(shape: tuple[int, ...], seed: int, first_index: int = 0) -> torch.Tensor:
+    """Standard normal noise of `shape` (N, ...) on the CPU, row i from its own generator
+    (`noise_seed(seed, first_index + i)`): a sample's noise, hence its output, is the same whichever
+    batch it is drawn in (the gate renders its control set in chunks, `gates.batch_size`)."""
+    rows = [
+        torch.randn(shape[1:], generator=torch.Generator(device="cpu").manual_seed(noise_seed(seed, first_index + i)))
+        for i in range(shape[0])
+    ]
+    return torch.stack(rows)
+
+
 @torch.no_grad()
 def sample(
     model: TryOnModel,
@@ -185,11 +204,14 @@ def sample(
     inputs: dict[str, torch.Tensor],
     *,
     seed: int,
+    first_index: int = 0,
     num_steps: int | None = None,
     on_phase: Callable[[str], None] | None = None,
 ) -> torch.Tensor:
     """Generate try-on images in [-1, 1] for a batch of conditioning inputs, deterministically per seed.
 
+    Each sample starts from its own noise (`initial_noise`): row i of the batch is sample
+    `first_index + i` of a larger set, and renders as it would in a batch of any size.
     `on_phase` hears "denoise" as the loop starts and "decode" as it ends (the inference stick
     times the denoising alone between the two)."""
     scheduler = DDIMScheduler.from_config(build_noise_scheduler(diffusion).config, clip_sample=model.clip_sample)
@@ -198,8 +220,7 @@ def sample(
     was_training = model.training
     model.eval()
     condition = model.condition(inputs)
-    generator = torch.Generator(device="cpu").manual_seed(seed)
-    current = torch.randn(model.sample_shape(inputs), generator=generator).to(agnostic.device, agnostic.dtype)
+    current = initial_noise(model.sample_shape(inputs), seed, first_index).to(agnostic.device, agnostic.dtype)
     if on_phase:
         on_phase("denoise")
     for timestep in scheduler.timesteps:

@@ -4,9 +4,13 @@ A `StageJob` names the stage, the mode, the run it belongs to and where it write
 reads the dataset manifest, deals the stage's shards to this rank's data partitions, fetches
 whichever of this rank's shards are not in the node's shard cache yet (none, when the pipeline
 pre-staged them) and trains. In the pipeline it runs in-process with the run's store, cache and
-tracker; as a queue job the pipeline writes it to ``job-config.json`` (`write`) and the job runs
-``python -m drape.train --job FILE`` (`main`), which reads it back unchanged (`read`). Operators
-run the same thing with ``python -m drape.train --config F --stage S``.
+tracker. As a queue job it runs apart, on a node that shares nothing with the flow's but the
+object store (`handoff`): the pipeline publishes it to the store (`publish`) and the job runs
+``python -m drape.train --job <store URL>`` (`main`), which reads it back unchanged (`read`),
+takes its starting weights and the stage's newest checkpoint from the store, and publishes its
+checkpoints and result there (drape/training/apart.py). With `paths.shared` (a volume every pod
+mounts) the job file is ``job-config.json`` in the stage folder instead. Operators run the same
+thing with ``python -m drape.train --config F --stage S``.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +36,9 @@ from drape.ops.metrics import push_metrics
 from drape.ops.process import end_without_collection
 from drape.secrets import redact
 from drape.storage.durable import publish_json
-from drape.storage.store import open_store
+from drape.storage.handoff import job_key, result_key
+from drape.storage.store import ObjectStore, open_store, remove_tree
+from drape.training.apart import CheckpointPublisher, NextStageWarmer, fetch_init, restore_newest
 from drape.training.distributed import DistContext, init_from_env
 from drape.training.lock import stage_lock
 from drape.training.trainer import TrainResult, peak_memory_gib, resolve_device, train_stage
@@ -45,6 +52,8 @@ class StageJobResult:
     shard_read_wait_seconds: float  # time reading blocked on a shard that was not local yet
     peak_memory_gib: float
     world_size: int
+    node: str = ""  # the host it trained on
+    warmed: dict | None = None  # the next stage's shards this node pre-staged while it trained (run apart)
 
     def to_dict(self) -> dict:
         return {
@@ -52,6 +61,8 @@ class StageJobResult:
             "peak_memory_gib": self.peak_memory_gib,
             "world_size": self.world_size,
             "shard_read_wait_seconds": self.shard_read_wait_seconds,
+            "node": self.node,
+            "warmed": self.warmed,
         }
 
     @classmethod
@@ -61,6 +72,8 @@ class StageJobResult:
             payload.get("shard_read_wait_seconds", 0.0),
             payload.get("peak_memory_gib", 0.0),
             payload.get("world_size", 1),
+            str(payload.get("node", "")),
+            payload.get("warmed"),
         )
 
 
@@ -73,10 +86,14 @@ class StageJob:
     init_checkpoint: str | None = None
     run_id: str = MANUAL_RUN
     mlflow_run: str | None = None  # the stage's MLflow run, when it belongs to a pipeline run
+    handoff: bool = False  # runs apart from the flow: everything it takes and gives goes through the store
+    init_key: str | None = None  # run apart: the store prefix of the published weights it starts from
 
-    def __post_init__(self) -> None:  # the one place stage and mode are checked
+    def __post_init__(self) -> None:  # the one place stage, mode and (run apart) the stage folder are checked
         object.__setattr__(self, "stage", parse_stage(self.stage))
         object.__setattr__(self, "mode", parse_mode(self.mode))
+        if self.handoff:  # a node's own folder for the stage, whatever the job file says
+            object.__setattr__(self, "out_dir", LiveLayout(live_root(self.config)).stage(self.run_id, self.stage).root)
         object.__setattr__(self, "out_dir", Path(self.out_dir))
 
     @classmethod
@@ -96,6 +113,8 @@ class StageJob:
             "init_checkpoint": self.init_checkpoint,
             "run_id": self.run_id,
             "mlflow_run": self.mlflow_run,
+            "handoff": self.handoff,
+            "init_key": self.init_key,
         }
 
     def write(self, path: str | Path, *, result: str | Path | None = None) -> list[str]:
@@ -104,13 +123,32 @@ class StageJob:
         publish_json(path, self.to_dict())
         return [sys.executable, "-m", "drape.train", "--job", str(path), *(["--result", str(result)] if result else [])]
 
+    def publish(self, store: ObjectStore) -> list[str]:
+        """Publish the job to the object store (run apart) and return the command that runs it on any node."""
+        key = job_key(self.run_id, self.stage)
+        store.put_bytes(json.dumps(self.to_dict(), indent=2).encode(), key)
+        endpoint = self.config.storage.endpoint_url
+        command = [sys.executable, "-m", "drape.train", "--job", store.key_url(key)]
+        return command + (["--store-endpoint", endpoint] if endpoint else [])
+
     @classmethod
-    def read(cls, path: str | Path) -> StageJob:
-        payload = json.loads(Path(path).read_text())
-        if payload.get("schema") != JOB_SCHEMA:
-            raise ValueError(f"{path}: not a drape stage job (schema {payload.get('schema')!r}, expected {JOB_SCHEMA!r})")
-        fields = {k: payload[k] for k in ("stage", "mode", "out_dir", "init_checkpoint", "run_id", "mlflow_run")}
-        return cls(parse_config(payload["config"], str(path)), **fields)
+    def read(cls, path: str | Path, *, endpoint_url: str | None = None) -> StageJob:
+        """The job in a file, or at an object store URL (``s3://…/job.json``, with `endpoint_url`)."""
+        where = str(path)
+        if "://" in where and not where.startswith("file://"):
+            folder, name = where.rsplit("/", 1)
+            text = ObjectStore(folder, endpoint_url=endpoint_url).read_bytes(name).decode()
+        else:
+            text = Path(where.removeprefix("file://")).read_text()
+        payload = json.loads(text)
+        if not isinstance(payload, dict) or payload.get("schema") != JOB_SCHEMA:
+            schema = payload.get("schema") if isinstance(payload, dict) else None
+            raise ValueError(f"{where}: not a drape stage job (schema {schema!r}, expected {JOB_SCHEMA!r})")
+        names = ("stage", "mode", "out_dir", "init_checkpoint", "run_id", "mlflow_run")
+        if missing := [name for name in (*names, "config") if name not in payload]:
+            raise ValueError(f"{where}: the stage job lacks {', '.join(missing)}")
+        fields = {k: payload[k] for k in names} | {k: payload[k] for k in ("handoff", "init_key") if k in payload}
+        return cls(parse_config(payload["config"], where), **fields)
 
     # --- running it -------------------------------------------------------------------------------
     def run(
@@ -125,31 +163,74 @@ class StageJob:
         pipeline runs the job in its own process; otherwise they are built here."""
         context = context or DistContext(device=resolve_device(self.config.train.device))
         cache = cache or self._cache(context)
+        store = open_store(self.config) if self.handoff else None
+        init = self._take_from_store(store, context) if store is not None else self.init_checkpoint
         read_wait_before = cache.read_wait_seconds
         partitions = resolve_partitions(self.config.train.data_partitions, context.world_size, self.config.train.batch_size)
         # each rank fetches (if not pre-staged already) and reads only its own partitions' shards
         data = load_stage_data(cache, self.stage, partitions=partitions, world_size=context.world_size, rank=context.rank)
         context.barrier()
+        warmer = publisher = None
+        if store is not None and context.local_rank == 0:  # one per node
+            warmer = NextStageWarmer(cache, self.stage)
+            publisher = CheckpointPublisher(store, self.config.retention, run_id=self.run_id, stage=self.stage)
         # one live trainer per stage directory; no shard may be evicted under the reader while it trains
         with stage_lock(self.out_dir, hold=context.is_main), cache.pin([self.stage]):
-            result = self._train(data, context, cache.manifest, tracker, progress)
-        return StageJobResult(
-            result, cache.read_wait_seconds - read_wait_before, peak_memory_gib(context.device), context.world_size
+            try:
+                result = self._train(data, context, cache.manifest, tracker, progress, init, publisher)
+            except BaseException:
+                if publisher is not None:
+                    publisher.close(raise_errors=False)  # what was saved is published: a retry resumes from it
+                raise
+            if publisher is not None:
+                publisher.close()
+        job_result = StageJobResult(
+            result,
+            cache.read_wait_seconds - read_wait_before,
+            peak_memory_gib(context.device),
+            context.world_size,
+            os.environ.get("DRAPE_NODE") or socket.gethostname(),  # the queue's name for the node, where it set one
+            warmer.summary() if warmer is not None else None,
         )
+        if store is not None:
+            self._give_back(store, job_result, context)
+        return job_result
 
-    def _train(self, data: StageData, context: DistContext, manifest: dict, tracker, progress) -> TrainResult:
+    def _take_from_store(self, store: ObjectStore, context: DistContext) -> str | None:
+        """Run apart: the starting weights and the store's newest checkpoint onto this node (one
+        process per node fetches, the others wait); the local path of the starting weights."""
+        if context.local_rank == 0:
+            if self.init_key:
+                fetch_init(store, self.init_key, self.out_dir)
+            restored = restore_newest(store, self.run_id, self.stage, self.out_dir)
+            if restored is not None:
+                print(f"train-{self.stage}: resuming from {restored.name}, fetched from the object store (verified)", flush=True)
+        context.barrier()
+        return str(self.out_dir / "init") if self.init_key else None
+
+    def _give_back(self, store: ObjectStore, result: StageJobResult, context: DistContext) -> None:
+        """Run apart: the result into the store, then this node's copy of the stage freed (all published)."""
+        context.barrier()
+        if context.is_main:
+            store.put_bytes(json.dumps(result.to_dict()).encode(), result_key(self.run_id, self.stage))
+        if context.local_rank == 0:
+            remove_tree(self.out_dir)
+        context.barrier()
+
+    def _train(self, data: StageData, context: DistContext, manifest: dict, tracker, progress, init, on_saved) -> TrainResult:
         return train_stage(
             self.config,
             stage=self.stage,
             data=data,
             out_dir=self.out_dir,
-            init_checkpoint=self.init_checkpoint,
+            init_checkpoint=init,
             mode=self.mode,
             data_manifest_hash=manifest_hash(manifest),
             log_metrics=self._sink(tracker),
             progress=progress,
             metric_labels={"run": self.run_id, "stage": self.stage},
             context=context,
+            on_saved=on_saved,
         )
 
     def _cache(self, context: DistContext) -> ShardCache:
@@ -186,7 +267,10 @@ def progress_lines(stage: str) -> Callable[[int, int], None]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m drape.train", description=(main.__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--job", default=None, help="a stage job file the pipeline wrote (replaces the options below)")
+    parser.add_argument(
+        "--job", default=None, help="a stage job the pipeline wrote: a file or an object store URL (replaces the options below)"
+    )
+    parser.add_argument("--store-endpoint", default=None, help="the S3 endpoint of a --job URL (default: AWS's)")
     parser.add_argument("--config", default=None)
     parser.add_argument("--stage", default=None, choices=STAGES)
     parser.add_argument("--out", default=None, help="stage directory (default <root>/live/runs/manual/<stage>)")
@@ -201,7 +285,7 @@ def _parser() -> argparse.ArgumentParser:
 def job_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> StageJob:
     if args.job:
         try:
-            return StageJob.read(args.job)
+            return StageJob.read(args.job, endpoint_url=args.store_endpoint)
         except (OSError, ValueError) as error:
             parser.exit(2, f"{parser.prog}: cannot read the job file {args.job}: {redact(str(error))}\n")
     if not args.config or not args.stage:

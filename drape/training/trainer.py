@@ -95,6 +95,7 @@ class Checkpointer:
         total: int,
         data_manifest_hash: str,
         latest: Path | None = None,
+        on_saved: Callable[[Path], None] | None = None,
     ):
         self.config, self.paths, self.total, self.context = config, StagePaths(stage_dir), total, context
         self.manifest = {
@@ -105,7 +106,11 @@ class Checkpointer:
             "data_manifest_hash": data_manifest_hash,
         }
         self.every = config.train.checkpoint_every
+        # called on the main rank with each checkpoint or adapter folder once complete (the store hand-off publishes it)
+        self.on_saved = on_saved if context.is_main else None
         self.sharded = ShardedCheckpointer(context, use_async=config.train.async_checkpoint) if context.is_distributed else None
+        if self.sharded is not None:
+            self.sharded.on_commit = self.on_saved
         self.latest = latest  # the newest whole checkpoint: where the stage resumed from, then the last one saved
         self.stall_seconds = 0.0  # time the training loop spent blocked in `save` and `finish`
 
@@ -124,14 +129,20 @@ class Checkpointer:
         if state.lora is not None:
             if due or final:
                 self._save_adapter(step, state, manifest)
+                self._saved(self.paths.adapters / checkpoint_name(step))
             if final:
-                self.latest = _save_merged(directory / checkpoint_name(step), state, manifest, self.context)
+                self.latest = self._saved(_save_merged(directory / checkpoint_name(step), state, manifest, self.context))
         elif self.sharded is not None and due and not final:
             self.sharded.save(directory / checkpoint_name(step, sharded=True), state.model, state.optimizer, state.ema, manifest)
         elif final or (self.sharded is None and due):
             if self.sharded is not None:
                 self.sharded.wait()
-            self.latest = _save_whole(directory / checkpoint_name(step), self.config, state, manifest, self.context)
+            self.latest = self._saved(_save_whole(directory / checkpoint_name(step), self.config, state, manifest, self.context))
+
+    def _saved(self, path: Path) -> Path:
+        if self.on_saved is not None:
+            self.on_saved(path)
+        return path
 
     def finish(self, state: TrainingState) -> None:
         """A LoRA pass stopped between its last adapter and the merged checkpoint: merge that adapter now."""
@@ -139,7 +150,8 @@ class Checkpointer:
             started = time.perf_counter()
             adapter = self.paths.adapters / checkpoint_name(self.total)
             manifest = {**self.manifest, "step": self.total, "loss": read_manifest(adapter).get("loss", float("nan"))}
-            self.latest = _save_merged(self.paths.checkpoints / checkpoint_name(self.total), state, manifest, self.context)
+            merged = _save_merged(self.paths.checkpoints / checkpoint_name(self.total), state, manifest, self.context)
+            self.latest = self._saved(merged)
             self.stall_seconds += time.perf_counter() - started
 
     def _save_adapter(self, step: int, state: TrainingState, manifest: dict) -> None:
@@ -278,6 +290,7 @@ def train_stage(
     progress: Callable[[int, int], None] | None = None,
     metric_labels: dict[str, str] | None = None,
     context: DistContext | None = None,
+    on_saved: Callable[[Path], None] | None = None,
 ) -> TrainResult:
     """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints (a LoRA fine-tune pass:
     adapters under `out_dir`/adapters, the merged model at the end, `drape.training.lora`).
@@ -287,7 +300,8 @@ def train_stage(
     already in `out_dir`. `mode` 'full' runs the stage's `steps`, 'finetune' its
     `finetune_steps`. The first batches are decoding while the model is built. Every step's
     data-wait and duration go to the Prometheus histograms ``drape_data_wait_seconds`` and
-    ``drape_train_step_seconds`` labelled `metric_labels` (run, stage) and the rank.
+    ``drape_train_step_seconds`` labelled `metric_labels` (run, stage) and the rank. `on_saved` is
+    called on the main rank with every checkpoint and adapter folder once it is complete.
     """
     total, train = total_steps(config, stage, mode), config.train
     context = context or DistContext(device=resolve_device(train.device))
@@ -299,7 +313,9 @@ def train_stage(
     prefetcher = BatchPrefetcher.for_rank(config, data, context, stage=stage, start=start, stop=total)
     try:
         state = prepare_training(config, stage, out_dir, init_checkpoint, context, lora=lora)
-        checkpointer = Checkpointer(config, Path(out_dir), context, stage, mode, total, data_manifest_hash, state.resumed_from)
+        checkpointer = Checkpointer(
+            config, Path(out_dir), context, stage, mode, total, data_manifest_hash, state.resumed_from, on_saved
+        )
         metrics = StepMetrics(config, stage, total, context, log_metrics, metric_labels)
         started, started_at = time.perf_counter(), time.time()
         loss = _train_steps(config, state, prefetcher, metrics, checkpointer, context, progress)

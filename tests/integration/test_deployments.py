@@ -60,8 +60,7 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
         if isinstance(node, list):
             return [render(v) for v in node]
         if isinstance(node, str) and node.startswith("{{ ") and node.endswith(" }}"):
-            value = values.get(node[3:-3])
-            return str(value) if node[3:-3] in ("gpus",) else value
+            return values.get(node[3:-3])
         return node
 
     manifest = render(template["job_configuration"]["job_manifest"])
@@ -73,8 +72,19 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     assert container["image"] == "ghcr.io/drape-ai/drape:0.1.0"
     assert manifest["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
-    assert manifest["spec"]["template"]["spec"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    # the flow pod is CPU-only: its stage jobs ask the queue for a node's GPUs, so a flow pod holding any
+    # would keep its own stage from starting; nor does it tolerate the GPU nodes' taint
+    pod = manifest["spec"]["template"]["spec"]
+    assert not any("gpu" in name for part in container["resources"].values() for name in part), container["resources"]
+    assert container["resources"] == {
+        "limits": {"cpu": "16", "memory": "64Gi"},
+        "requests": {"cpu": "4", "memory": "16Gi"},
+    }
+    assert "nodeSelector" not in pod and "tolerations" not in pod and "gpu" not in json.dumps(pod).replace("gpu-k8s", "")
+    deployed = yaml.safe_load(text)["definitions"]["work_pools"]["gpu_k8s"]["job_variables"]
+    assert set(deployed) <= set(variables) and not {"gpus", "gpu_product"} & (set(deployed) | set(variables))
+    dshm = next(v for v in pod["volumes"] if v["name"] == "dshm")
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "2Gi"}
     assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache", "live-root"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     from drape.config import load_config
@@ -143,7 +153,8 @@ def test_deploy_and_run_a_queued_flow_run_through_a_worker(tmp_path):
         assert sweep["schedules"][0]["schedule"]["cron"] == "0 3 * * 0"
         pools = {p["name"]: p for p in _api(stack, "/work_pools/filter", {})}
         assert pools["local"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
-        assert "gpu_product" in pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]
+        pool_variables = pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]
+        assert "cpu_request" in pool_variables and "gpus" not in pool_variables  # the flow pod: CPU only
         evil = stack.prefect(
             "deployment", "run", "staged-training/h100", "--job-variable", "image=evil/miner:1", timeout=60, check=False
         )

@@ -128,3 +128,22 @@ def test_production_overlay_pins_the_image_and_scales_the_dispatcher():
     assert dispatcher["spec"]["replicas"] == 3
     pv = next(o for o in objects if o["kind"] == "PersistentVolume")
     assert pv["spec"]["local"]["path"] == "/mnt/nvme/drape-shards" and pv["spec"]["storageClassName"] == "drape-shard-cache"
+
+
+def test_trainer_pods_reach_each_other_and_nothing_else_reaches_them():
+    """A multi-node job's pods meet at the torchrun rendezvous and talk NCCL: under default-deny-ingress
+    a policy must admit the pods the dispatcher labels (scheduler/kubernetes.py), and only from them."""
+    import json
+
+    from drape.config import KubernetesLauncherConfig
+    from scheduler.kubernetes import build_job
+    from scheduler.policy import GpuState
+
+    objects = render(K8S / "overlays/production")
+    policy = next(o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == "trainers-from-trainers")
+    gpus = [GpuState(f"n{n}/gpu{i}", f"n{n}", "H100-80GB", 80) for n in range(2) for i in range(8)]
+    job = {"id": "stage-training-x", "kind": "stage-training", "command": json.dumps(["python", "-m", "drape.train"])}
+    pod_labels = build_job(job, gpus, KubernetesLauncherConfig()).spec.template.metadata.labels
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": {"matchLabels": selector}}]}]

@@ -407,10 +407,10 @@ def test_kubernetes_objects_validate_against_the_api_schema():
         kubernetes_validate.validate(api.sanitize_for_serialization(obj), "1.33", strict=True)
     pod = single.spec.template.spec
     assert pod.node_selector == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-    assert pod.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
+    assert pod.containers[0].resources.limits["nvidia.com/gpu"] == "8"  # host shares: tests/unit/test_k8s_pods.py
     assert single.metadata.name == "drape-stage-training-abc123-a2"  # each attempt its own Job: no 409 on a retry
-    assert pod.containers[0].command[:3] == ["torchrun", "--standalone", "--nproc-per-node=8"]
-    assert pod.containers[0].command[3:5] == ["-m", "drape.train"]
+    assert pod.containers[0].command[:3] == ["torchrun", "--nnodes=1", "--nproc-per-node=8"]
+    assert pod.containers[0].command[-6:-4] == ["-m", "drape.train"]
     # the paths the job's config uses, mounted at the same paths (checkpoints never on the container's disk)
     mounted = {m.mount_path: m.name for m in pod.containers[0].volume_mounts}
     volumes = {v.name: v for v in pod.volumes}
@@ -430,7 +430,7 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     )
     assert indexed.spec.completion_mode == "Indexed" and indexed.spec.completions == 2
     script = indexed.spec.template.spec.containers[0].command[2]
-    assert "--nnodes=2" in script and '--node-rank="$JOB_COMPLETION_INDEX"' in script and "-m drape.train" in script
+    assert "--nnodes=2" in script and "JOB_COMPLETION_INDEX" in script and "-m drape.train" in script
     operator = build_job(job, two_nodes, settings.model_copy(update={"training_operator": True}))
     assert operator["kind"] == "PyTorchJob" and operator["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1
     template = {
@@ -457,13 +457,14 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     served = build_job(service, one_gpu, shared)
     kubernetes_validate.validate(api.sanitize_for_serialization(served), "1.33", strict=True)
     container = served.spec.template.spec.containers[0]
-    assert container.resources.limits == container.resources.requests == {"nvidia.com/gpu.shared": "1"}
+    assert container.resources.limits["nvidia.com/gpu.shared"] == container.resources.requests["nvidia.com/gpu.shared"] == "1"
+    assert "nvidia.com/gpu" not in container.resources.limits
     assert {e.name: e.value for e in container.env}["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
     alone = build_job({**job, "labels": json.dumps({"exclusive": "true", "share": "0.5"})}, one_gpu, shared)
-    assert alone.spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+    assert alone.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in {e.name for e in alone.spec.template.spec.containers[0].env}
-    assert build_job(job, one_node, shared).spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "8"}
-    assert build_job(service, one_gpu, settings).spec.template.spec.containers[0].resources.limits == {"nvidia.com/gpu": "1"}
+    assert build_job(job, one_node, shared).spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+    assert build_job(service, one_gpu, settings).spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     # pinned to the queue's nodes: one node's pod to it; across nodes, one pod on each of them
     hosts = settings.model_copy(update={"node_label": "kubernetes.io/hostname"})
     on_node, across = build_job(job, one_node, hosts), build_job(job, two_nodes, hosts)

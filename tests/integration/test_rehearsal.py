@@ -1,16 +1,27 @@
-"""The rehearsal (`make rehearse`): configs/rehearsal.yaml's production path end to end, with kills.
+"""The rehearsal (`make rehearse`): configs/rehearsal.yaml's production path end to end, on
+separate nodes, with kills.
 
 Real services: S3 through a moto server over HTTP, the queue on a throwaway PostgreSQL with a
 dispatcher process of its own, an `mlflow server`, the Pushgateway, a Prefect server and process
 worker running `prefect deployment run 'staged-training/rehearsal'`. Every stage job is 2 FSDP
 ranks under torchrun (gloo), with sharded intermediate checkpoints saved in the background.
 
+Three nodes share no disk (tests/integration/nodes.py: a mount namespace each, its own directory
+bound over drape's live root and shard cache): `flow` (no GPU slots) runs the Prefect worker and
+its flow runs; `node-a-00` and `node-b-00` (2 slots each) run the stage jobs, started in them by
+the dispatcher (a CPU process of its own, touching no live root) through `queue.node_commands`.
+They share the object store, the queue database, MLflow and Prefect's API: every hand-off goes
+through the store.
+
 1. An uninterrupted run: four stages pass, each trained by 2 ranks; the server holds the flow
    run's train, gate, snapshot and archive task runs and a gate-report artifact per stage; the DCP
-   checkpoints are archived and verified; live storage holds what the invariant allows.
-2. A second run loses its flow and its stage job together during stage 2 (both SIGKILLed, as when
-   their node goes): the queue retries the job, which resumes from its sharded checkpoint; the run
-   resumed with `--param resume=<run id>` does not train stage 1 again.
+   checkpoints are archived and verified; each node's disk holds what the invariant allows and
+   nothing reached the host's; each stage after the first trained on the node whose cache the
+   stage before warmed, and waited on data less than 1% of its time there.
+2. A second run loses, during stage 2, the node training it (all its processes, its disk) and its
+   flow process: the node leaves the fleet, the queue retries the job on the other node, which
+   resumes from the store's newest sharded checkpoint; the run resumed with `--param
+   resume=<run id>` does not train stage 1 again.
 3. In the same resumed run, one rank of stage 3's job is SIGKILLed: torchrun fails the job, the
    queue retries it, the retry resumes from the newest sharded checkpoint.
 4. Still in that run, the dispatcher is SIGKILLed during stage 4's job and started again: the new
@@ -36,15 +47,24 @@ import yaml
 
 from drape import STAGES
 from drape.config import deep_merge, load_config
-from drape.layout import live_root
+from drape.layout import checkpoint_step, live_root
+from drape.storage.handoff import newest_published, result_key
 from drape.storage.retention import read_archive_manifest, verify_archived
 from drape.storage.store import open_store
 from drape.training.checkpoint import load_model
 from scheduler.store import JobStore
 from tests.conftest import prefect_api
+from tests.integration.nodes import Nodes
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
+TRAINERS = ("node-a-00", "node-b-00")
+
+
+def _fleet(path: Path, nodes: tuple[str, ...]) -> None:
+    """The queue's static fleet: 2 CPU slots on each of `nodes` (a node lost leaves it)."""
+    groups = [{"model": "cpu", "memory_gib": 16, "nodes": 1, "gpus_per_node": 2, "node_prefix": n[:-3]} for n in nodes]
+    path.write_text(yaml.safe_dump({"groups": groups}))
 
 
 def _until(predicate, timeout: float, what: str, every: float = 0.2):
@@ -78,17 +98,18 @@ def _pids(**env) -> list[int]:
 
 
 class Rehearsal:
-    def __init__(self, root: Path, config_path: Path, stack, env: dict[str, str]):
-        self.root, self.config_path, self.stack, self.env = root, config_path, stack, env
+    def __init__(self, root: Path, config_path: Path, stack, env: dict[str, str], nodes: Nodes):
+        self.root, self.config_path, self.stack, self.env, self.nodes = root, config_path, stack, env, nodes
         self.config = load_config(config_path)
         self.store = JobStore(self.config.queue_url)
+        self.objects = open_store(self.config)
         self.dispatcher: subprocess.Popen | None = None
         self.dispatchers = 0
 
     def start_dispatcher(self) -> None:
         self.dispatchers += 1
         log = open(self.root / f"dispatcher-{self.dispatchers}.log", "ab")
-        self.dispatcher = subprocess.Popen(
+        self.dispatcher = subprocess.Popen(  # a CPU process of its own: its launches enter the trainer nodes
             [str(Path(sys.executable).with_name("drape")), "queue", "dispatch", "--config", str(self.config_path)],
             cwd=REPO,
             env=self.env,
@@ -123,8 +144,22 @@ class Rehearsal:
         return next((j for j in self.jobs(run_id, stage) if j["state"] == "running" and j["handle"]), None)
 
     def checkpoint(self, run_id: str, stage: str, step: int) -> bool:
-        path = live_root(self.config) / "runs" / run_id / stage / "checkpoints" / f"step-{step:07d}.dcp" / "manifest.json"
-        return path.is_file()
+        """Whether the stage's trainer published a checkpoint of `step` or later to the store."""
+        newest = newest_published(self.objects, run_id, stage)
+        return newest is not None and checkpoint_step(newest) >= step
+
+    def live(self, node: str) -> Path:
+        """`node`'s own live root, seen from the host."""
+        return self.nodes.disk(node) / "0"
+
+    def node_of(self, job: dict) -> str:
+        nodes = {gpu.split("/")[0] for gpu in json.loads(job["assigned"] or "[]")}
+        assert len(nodes) == 1, job
+        return nodes.pop()
+
+    def result(self, run_id: str, stage: str) -> dict:
+        """What the stage's trainer published (the last attempt's)."""
+        return json.loads(self.objects.read_bytes(result_key(run_id, stage)))
 
     def results(self, job: dict) -> list[dict]:
         """The result line of every attempt of `job` that finished training (from its log)."""
@@ -133,7 +168,7 @@ class Rehearsal:
         return [json.loads(line) for line in lines if line.startswith('{"stage"')]
 
     def final_weights(self) -> dict[str, torch.Tensor]:
-        return load_model(live_root(self.config) / "baselines" / "denoise" / "checkpoint").state_dict()
+        return load_model(self.live("flow") / "baselines" / "denoise" / "checkpoint").state_dict()
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +179,8 @@ def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushga
     from drape.cli.stack import Stack, free_port
 
     root = tmp_path_factory.mktemp("rehearsal")
+    fleet = root / "fleet.yaml"
+    _fleet(fleet, TRAINERS)
     database = f"rehearsal_{uuid.uuid4().hex[:8]}"
     with sqlalchemy.create_engine(postgres_url, isolation_level="AUTOCOMMIT").connect() as connection:
         connection.execute(sqlalchemy.text(f"CREATE DATABASE {database}"))
@@ -156,9 +193,13 @@ def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushga
         "metrics": {"pushgateway_url": pushgateway},
         "queue": {
             "url": postgres_url.rsplit("/", 1)[0] + f"/{database}",
-            "inventory": str(REPO / "configs" / "rehearsal-fleet.yaml"),
+            "inventory": str(fleet),
         },
     }
+    nodes = Nodes(root, [root / "drape" / "live"])  # the live root holds the shard cache
+    for node in ("flow", *TRAINERS):
+        nodes.add(node)
+    services["queue"]["node_commands"] = {node: nodes.command(node) for node in TRAINERS}
     config_path = root / "rehearsal.yaml"
     config_path.write_text(
         yaml.safe_dump(deep_merge(yaml.safe_load((REPO / "configs" / "rehearsal.yaml").read_text()), services))
@@ -167,12 +208,12 @@ def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushga
     saved = os.environ.get("PREFECT_WORKER_QUERY_SECONDS")
     os.environ["PREFECT_WORKER_QUERY_SECONDS"] = "2"  # the worker picks a flow run up within 2 s
     stack = Stack(root / "prefect", free_port())
-    rehearsal = Rehearsal(root, config_path, stack, env)
+    rehearsal = Rehearsal(root, config_path, stack, env, nodes)
     try:
         stack.start_server()
         stack.create_pools()
         stack.deploy()
-        stack.start_worker("local")
+        stack.start_worker("local", prefix=nodes.command("flow"))  # its flow runs: on the flow's node
         rehearsal.start_dispatcher()
         yield rehearsal
     finally:
@@ -181,6 +222,7 @@ def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushga
         stack.stop()
         for pid in _pids(DRAPE_JOB_ID=None):  # nothing a job started outlives the rehearsal
             os.kill(pid, signal.SIGKILL)
+        nodes.close()
         if saved is None:
             os.environ.pop("PREFECT_WORKER_QUERY_SECONDS", None)
         else:
@@ -196,6 +238,14 @@ def _finish(process: subprocess.Popen, what: str, timeout: float = 900) -> str:
         pytest.fail(f"{what} did not finish:\n{output[-3000:]}")
     assert process.returncode == 0, f"{what} failed:\n{output[-4000:]}"
     return output
+
+
+def _data_wait(result: dict) -> dict[str, float]:
+    """The parts of a stage job's training time (rank 0) spent waiting on data: on reads of shards
+    that were not in the node's cache yet (the store), and on the loader's decoding (CPU: on 2
+    cores shared by 2 ranks, their decoding processes and the background uploads)."""
+    seconds = result["train_seconds"]
+    return {"store reads": result["shard_read_wait_seconds"] / seconds, "loader": result["data_wait_seconds"] / seconds}
 
 
 def _run_ids(rehearsal: Rehearsal) -> list[str]:
@@ -243,23 +293,42 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     store = open_store(rehearsal.config)
     archived = [r for r in read_archive_manifest(store) if r["run_id"] == first]
     assert {r["stage"] for r in archived if ".dcp/" in r["key"]} == set(STAGES)  # sharded intermediates archived
+    assert {r["outcome"] for r in archived if ".dcp/" in r["key"]} == {"passed"}  # published, then adopted
     verify_archived(store, archived)
-    live = live_root(rehearsal.config)
-    leftovers = [p for p in (live / "runs").rglob("*") if p.is_file()] if (live / "runs").exists() else []
-    assert not leftovers, leftovers  # the run's live files went once archived; baselines and shards stay
-    assert {p.name for p in (live / "baselines").iterdir()} == set(STAGES)
+    for node in ("flow", *TRAINERS):  # the run's live files went once archived; baselines and shards stay
+        runs = rehearsal.live(node) / "runs"
+        leftovers = [p for p in runs.rglob("*") if p.is_file()] if runs.exists() else []
+        assert not leftovers, (node, leftovers)
+    assert {p.name for p in (rehearsal.live("flow") / "baselines").iterdir()} == set(STAGES)
+    assert not any(rehearsal.live(node).joinpath("baselines").exists() for node in TRAINERS)  # the flow's node gates
+    host = live_root(rehearsal.config)
+    assert not [p for p in host.rglob("*")], "a process wrote to the host's live root, outside every node"
+    # each stage after the first trained where the stage before warmed the cache, and read from it
+    placed = {stage: rehearsal.node_of(rehearsal.jobs(first, stage)[0]) for stage in STAGES}
+    assert len(set(placed.values())) == 1, placed
+    waits = {}
+    for stage in STAGES:
+        result = rehearsal.result(first, stage)
+        assert result["node"] == placed[stage]
+        waits[stage] = _data_wait(result)
+        assert stage == "denoise" or result["warmed"]["done"], result["warmed"]
+        if stage != STAGES[0]:  # on the warm node: not one read waited on the store
+            assert waits[stage]["store reads"] == 0.0, (stage, waits[stage])
 
-    # 2. the flow and its stage job killed together during stage 2 ------------------------------
+    # 2. the node training stage 2 lost whole, and the flow's process with it ------------------
     started = time.monotonic()
     second_flow = rehearsal.deployment_run("run_name=rehearsal-2")
     second = _until(lambda: next(iter(set(_run_ids(rehearsal)) - {first}), None), 300, "run 2 starting")
     job = _until(lambda: rehearsal.running_job(second, "texture"), 300, "stage 2's job running")
-    _until(lambda: rehearsal.checkpoint(second, "texture", 20), 300, "stage 2's first sharded checkpoint")
+    _until(lambda: rehearsal.checkpoint(second, "texture", 20), 300, "stage 2's first sharded checkpoint published")
+    lost = rehearsal.node_of(job)
+    survivor = next(node for node in TRAINERS if node != lost)
+    _fleet(Path(rehearsal.config.queue.inventory or ""), (survivor,))  # the node leaves the fleet (DCGM: no series)
     flow_pids = _pids(PREFECT__FLOW_RUN_ID=None)
-    job_pids = _pids(DRAPE_JOB_ID=job["id"])
-    assert flow_pids and job_pids
-    for pid in flow_pids + job_pids:
+    assert flow_pids and rehearsal.nodes.pids(lost)
+    for pid in flow_pids:
         os.kill(pid, signal.SIGKILL)
+    assert rehearsal.nodes.kill(lost)  # every process on it, then its disk
     try:
         second_flow.communicate(timeout=120)  # the watcher sees the flow run crash
     except subprocess.TimeoutExpired:
@@ -289,6 +358,7 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     assert len(rehearsal.jobs(second, "identity")) == 1  # only run 2's first flow trained it
     texture_results = [r for j in rehearsal.jobs(second, "texture") for r in rehearsal.results(j)]
     assert texture_results and all(r["resumed_from_step"] >= 20 for r in texture_results), texture_results
+    assert {r["node"] for r in texture_results} == {survivor}  # resumed elsewhere, from the store
     (geometry_job,) = rehearsal.jobs(second, "geometry")
     assert geometry_job["state"] == "succeeded" and geometry_job["attempts"] == 2, geometry_job
     assert [r["resumed_from_step"] >= 20 for r in rehearsal.results(geometry_job)] == [True]
@@ -301,4 +371,7 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     assert promoted["run_id"] == second  # the weights compared are the resumed run's own
     worst = max(float((reference[name] - tensor).abs().max()) for name, tensor in rehearsal.final_weights().items())
     assert worst < 1e-5, f"the resumed run's weights differ from the uninterrupted run's by {worst}"
+    cold = {s: rehearsal.result(second, s) for s in ("texture", "geometry")}
+    waits.update({f"{s} (run 2, {r['node']})": _data_wait(r) for s, r in cold.items()})
     print(f"\nrehearsal: {timings}; largest weight difference {worst:.3g}; claims per job {dict(claims)}")
+    print(f"rehearsal: placed {placed}; data-wait fraction {waits}")

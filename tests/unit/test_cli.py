@@ -119,6 +119,30 @@ def test_data_synth_writes_shards_and_manifest(tmp_path):
     assert manifest["control_set"].startswith("control-")
 
 
+def test_data_synth_publishes_to_the_store_whatever_data_source_says(tmp_path):
+    """Generating the synthetic dataset is what the command is for: data.source: store (the
+    default) refuses to generate a missing dataset for a run, not for `drape data synth`."""
+    import yaml
+
+    from drape.config import load_config
+    from drape.data.dataset import dataset_prefix, ensure_dataset
+    from drape.storage.store import open_store
+    from tests.conftest import TINY
+
+    data = yaml.safe_load(TINY.read_text())
+    data["paths"] = {"root": str(tmp_path / "drape")}
+    sizes = dict.fromkeys(data["data"]["samples_per_stage"], 4)
+    data["data"] |= {"source": "store", "samples_per_stage": sizes, "control_samples": 2}
+    path = tmp_path / "store.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["data", "synth", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    config = load_config(path)
+    assert config.data.source == "store"
+    assert ensure_dataset(config, open_store(config))["source"]["generator"] == "drape.data.synth"
+    assert dataset_prefix(config) in result.output
+
+
 def _write_outputs(folder, control, images):
     from PIL import Image
 
@@ -202,6 +226,7 @@ def test_the_trainer_command_line_is_unchanged():
         "-h",
         "--help",
         "--job",
+        "--store-endpoint",
         "--config",
         "--stage",
         "--out",

@@ -64,7 +64,8 @@ def test_a_queue_job_is_one_file_read_back_unchanged(dag_config, one_stage):
     from drape.training.stage_job import StageJob
 
     context, *_ = one_stage
-    command, result_path = pipeline.train_command(dag_config, context, "texture")
+    command = pipeline.train_command(dag_config, context, "texture")
+    result_path = context.paths("texture").train_result
     assert command[1:4] == ["-m", "drape.train", "--job"] and command[-2:] == ["--result", str(result_path)]
     job = StageJob.read(command[4])
     assert job == pipeline.stage_job(dag_config, context, "texture")

@@ -413,3 +413,31 @@ def test_colocation_weighs_the_tightest_fits_and_never_an_idle_gpu_or_one_withou
             checked += 1
         placed = _churn(pool, rng, placed, choice, job_, leave_below=0.9)
     assert checked > 300
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_a_job_goes_to_the_node_whose_cache_is_warm_when_it_is_free(gpus):
+    from dataclasses import replace
+
+    fleet_of_two = fleet(h100=4, l40s=0, per_node=2)
+    plain = job("stage", 70, gpus=gpus)
+    (placement,) = plan_drape([plain], fleet_of_two, [], now=0)
+    assert placement.gpus[0].startswith("h0/")  # without a preference: the first of equals
+    warm = replace(plain, prefer_node="h1")
+    (placement,) = plan_drape([warm], fleet(h100=4, l40s=0, per_node=2), [], now=0)
+    assert {g.split("/")[0] for g in placement.gpus} == {"h1"}
+    busy = fleet(h100=4, l40s=0, per_node=2)
+    for gpu in busy[2:]:
+        gpu.jobs, gpu.allocated_gib = 1, 75.0  # the warm node is full: the job does not wait for it
+    (placement,) = plan_drape([warm], busy, [], now=0)
+    assert placement.gpus[0].startswith("h0/")
+
+
+def test_a_preferred_node_in_the_labels_reaches_the_policy():
+    import json
+
+    from scheduler.schema import job_request
+
+    labels = json.dumps({"run": "r", "prefer_node": "node-b-00"})
+    assert job_request(("j", 5, 0.0, 2, 10.0, 60.0, labels)).prefer_node == "node-b-00"
+    assert job_request(("j", 5, 0.0, 2, 10.0, 60.0, json.dumps({"run": "r"}))).prefer_node == ""

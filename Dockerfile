@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# drape's one image, for every pod of the cluster: flow pods, the queue's trainer pods, the
+# dispatcher, the Prefect worker and MLflow (infra/k8s, deployments/, queue.kubernetes.image).
+#   make image       the GPU variant: NVIDIA's CUDA runtime and cuDNN, torch's CUDA build
+#   make image-cpu   the CPU variant: python:3.11-slim, torch's CPU build (the production path at CPU size)
+# Both hold:
+#   /opt/drape        this repository (flows/, configs/, deployments/): the deployments' working directory
+#   /opt/venv         Python 3.11 with drape installed (`pip install .`), first on PATH: `python`, `drape`,
+#                     `torchrun` (torch), `prefect` with its Kubernetes worker, `mlflow` (psycopg2 for the
+#                     postgresql:// URIs of MLflow's backend store and of the queue)
+#   user 10001:10001  the non-root user every securityContext names (queue.kubernetes.run_as_user)
+# tests/unit/test_image.py checks these promises against the manifests without building the image.
+ARG VARIANT=gpu
+
+# Ubuntu 22.04 has Python 3.11 in its own archive (24.04 only through a PPA). PyPI's Linux torch
+# is the CUDA build and brings its CUDA libraries as wheels; the base brings what the driver needs.
+FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu22.04 AS base-gpu
+ARG TORCH_INDEX_URL=https://pypi.org/simple
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends python3.11 python3.11-venv ca-certificates \
+ && rm -rf /var/lib/apt/lists/* \
+ && python3.11 -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0
+
+FROM python:3.11-slim-bookworm AS base-cpu
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0
+
+FROM base-${VARIANT} AS image
+ENV PATH=/opt/venv/bin:$PATH \
+    VIRTUAL_ENV=/opt/venv \
+    HOME=/home/drape \
+    LANG=C.UTF-8 \
+    PYTHONUNBUFFERED=1 \
+    PREFECT_SERVER_ANALYTICS_ENABLED=false
+RUN groupadd --gid 10001 drape \
+ && useradd --uid 10001 --gid 10001 --no-log-init --create-home --home-dir /home/drape --shell /usr/sbin/nologin drape
+WORKDIR /opt/drape
+COPY . /opt/drape
+# torch is installed above (pinned as pyproject.toml pins it); prefect-kubernetes: `prefect worker
+# start --type kubernetes` (infra/k8s/base/prefect-worker.yaml)
+RUN pip install --no-cache-dir /opt/drape "prefect-kubernetes>=0.8,<0.9" "psycopg2-binary>=2.9,<3" \
+ && rm -rf /opt/drape/build /opt/drape/drape.egg-info
+# numeric, so the kubelet can verify runAsNonRoot
+USER 10001:10001
+CMD ["drape", "--help"]
