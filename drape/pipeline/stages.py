@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from drape import Mode, Outcome, Stage, previous_stage
+from drape import Outcome, Stage, previous_stage
 from drape.config import PipelineConfig
 from drape.data.dataset import load_split
 from drape.gates.report import GateReport
@@ -18,6 +18,7 @@ from drape.layout import StagePaths, archive_manifest_prefix, run_key
 from drape.ops import metrics
 from drape.ops.alerts import notify_gate
 from drape.ops.tracking import Tracker
+from drape.pipeline.baselines import baseline_source, ensure_live_baseline
 from drape.pipeline.resume import load_progress, restore_newest_checkpoint, save_progress
 from drape.pipeline.run import RunContext, close_run, evict_from, log_train_summary, resources, timed
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
@@ -48,7 +49,7 @@ def start_checkpoint(context: RunContext, stage: str) -> str | None:
     """Where `stage` starts: a fine-tune from its own baseline, a full run from the previous stage's
     baseline (None: the first stage of a full run, fresh weights). A baseline that should be there
     and is not is an error: the stage never silently starts from fresh weights."""
-    source = stage if context.mode is Mode.FINETUNE else previous_stage(stage)
+    source = baseline_source(context, stage)
     if source is None:
         return None
     checkpoint = context.layout.baseline(source).checkpoint
@@ -61,7 +62,9 @@ def start_checkpoint(context: RunContext, stage: str) -> str | None:
 
 
 def stage_job(config: PipelineConfig, context: RunContext, stage: str) -> StageJob:
-    """The stage's training job in this run: from `start_checkpoint`, into the run's stage directory."""
+    """The stage's training job in this run: from `start_checkpoint` (its live baseline rebuilt from
+    the registry first if this node lost it), into the run's stage directory."""
+    ensure_live_baseline(config, context, stage)
     return StageJob(
         config,
         Stage(stage),

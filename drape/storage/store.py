@@ -108,6 +108,8 @@ class ObjectStore:
         return f"{redact_url(self.url)}/{key}"
 
     def exists(self, key: str) -> bool:
+        """Whether `key` is in the store now (not in a listing s3fs cached before another node wrote it)."""
+        self.fs.invalidate_cache(self.path(key))
         return self.fs.exists(self.path(key))
 
     def size(self, key: str) -> int:

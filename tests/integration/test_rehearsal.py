@@ -367,7 +367,7 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     assert denoise_job["dispatcher"] != killed_dispatcher  # adopted by the restarted dispatcher
     claims = _alternating(rehearsal.store.allocation_events())
     assert claims[denoise_job["id"]] == 2 and claims[geometry_job["id"]] == 2 * 2  # 2 slots per claim
-    promoted = json.loads((live_root(rehearsal.config) / "baselines" / "denoise" / "baseline.json").read_text())
+    promoted = json.loads((rehearsal.live("flow") / "baselines" / "denoise" / "baseline.json").read_text())
     assert promoted["run_id"] == second  # the weights compared are the resumed run's own
     worst = max(float((reference[name] - tensor).abs().max()) for name, tensor in rehearsal.final_weights().items())
     assert worst < 1e-5, f"the resumed run's weights differ from the uninterrupted run's by {worst}"

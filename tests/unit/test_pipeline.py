@@ -73,3 +73,44 @@ def test_a_queue_job_is_one_file_read_back_unchanged(dag_config, one_stage):
     with pytest.raises(ValueError, match="not a drape stage job"):
         StageJob.read(command[4])
     shutil.rmtree(context.stage_dir("texture"))
+
+
+def test_a_flow_node_that_lost_its_disk_gets_the_live_baseline_back_from_the_registry(dag_config, one_stage):
+    """The flow pod rescheduled elsewhere: the stage after identity still starts from identity's
+    baseline, rebuilt from the registry version and verified; a damaged copy there is refused."""
+    from drape.training.checkpoint import CheckpointError
+
+    context, *_ = one_stage
+    live = context.layout.baseline("identity")
+    kept = live.root.with_name("identity-kept")
+    shutil.copytree(live.root, kept)
+    try:
+        shutil.rmtree(live.root)
+        job = pipeline.stage_job(dag_config, context, "texture")
+        assert job.init_checkpoint == str(live.checkpoint)
+        files = sorted(p.relative_to(live.checkpoint) for p in live.checkpoint.rglob("*") if p.is_file())
+        assert files and all((live.checkpoint / f).read_bytes() == (kept / "checkpoint" / f).read_bytes() for f in files)
+        assert sorted(p.name for p in live.outputs.iterdir()) == sorted(p.name for p in (kept / "outputs").iterdir())
+        assert json.loads(live.record.read_text())["version"] == json.loads((kept / "baseline.json").read_text())["version"]
+        assert not live.staging.exists()
+        # a registry copy that does not match its manifest never becomes the live baseline
+        shutil.rmtree(live.root)
+        original = Tracker.download
+
+        def damaged(self, uri, destination):
+            found = original(self, uri, destination)
+            for weights in Path(destination).rglob("*.safetensors"):
+                weights.write_bytes(b"not the weights")
+            return found
+
+        Tracker.download = damaged  # type: ignore[method-assign]
+        try:
+            with pytest.raises(CheckpointError, match="does not match"):
+                pipeline.stage_job(dag_config, context, "texture")
+        finally:
+            Tracker.download = original  # type: ignore[method-assign]
+        assert not live.root.exists()
+    finally:
+        shutil.rmtree(live.root, ignore_errors=True)
+        shutil.rmtree(live.staging, ignore_errors=True)
+        kept.rename(live.root)
