@@ -124,8 +124,13 @@ def fed_prometheus(tmp_path_factory, pushgateway, prefect_harness):
         )
         path = root / "tiny.yaml"
         path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+        began = time.time()
         summary = staged_training(config_path=str(path), run_name="dashboards")
         time.sleep(4)  # a few more scrapes and rule evaluations
+        # panels over [24h:1m] subqueries see series only at minute boundaries: let one pass after the
+        # queue's series appeared (the first dispatch, a few seconds into the run), plus a scrape
+        boundary = (int(began + 10) // 60 + 1) * 60
+        time.sleep(max(0.0, boundary + 3 - time.time()))
         yield url, started, summary
     finally:
         process.terminate()
