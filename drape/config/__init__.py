@@ -31,7 +31,16 @@ from drape.config.storage import (
     RetentionRule,
     StorageConfig,
 )
-from drape.config.training import DiffusionConfig, EmaConfig, LoraConfig, ModelConfig, StageTrainConfig, TrainConfig
+from drape.config.training import (
+    UNET_KINDS,
+    DenoiserConfig,
+    DiffusionConfig,
+    EmaConfig,
+    LoraConfig,
+    ModelConfig,
+    StageTrainConfig,
+    TrainConfig,
+)
 from drape.secrets import check_no_credentials, redact
 
 __all__ = [
@@ -43,6 +52,7 @@ __all__ = [
     "CostConfig",
     "ConfigError",
     "DataConfig",
+    "DenoiserConfig",
     "DiffusionConfig",
     "EmaConfig",
     "GatesConfig",
@@ -143,7 +153,7 @@ class PipelineConfig(StrictModel):
                 raise ValueError(
                     f"data.resolution {side} {length} must be a multiple of the VAE's downsampling {model.downsample}"
                 )
-            if model.kind == "latent-unet" and model.class_ is None:
+            if model.kind in UNET_KINDS and model.class_ is None:
                 continue
             space = length // model.downsample
             where = (

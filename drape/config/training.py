@@ -10,7 +10,10 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from drape import STAGES
 from drape.config.base import StageName, StrictModel
 
-ModelKind = Literal["pixel-dit", "latent-dit", "latent-unet"]
+ModelKind = Literal["pixel-dit", "latent-dit", "latent-unet", "catvton"]
+LATENT_KINDS = ("latent-dit", "latent-unet", "catvton")  # diffuse the latents of model.vae
+UNET_KINDS = ("latent-unet", "catvton")  # convolutional: no patch size to divide the latents
+PRETRAINED_KINDS = ("catvton",)  # recipes whose denoiser starts from model.denoiser
 
 
 class VaeConfig(StrictModel):
@@ -29,6 +32,9 @@ class VaeConfig(StrictModel):
     norm_num_groups: int = Field(default=8, gt=0)
     scaling_factor: float = Field(default=1.0, gt=0, description="latents = (z - shift_factor) * scaling_factor")
     shift_factor: float = 0.0
+    mid_block_attention: bool = Field(
+        default=False, description="an attention layer in the encoder's and decoder's mid block (SD's and SD3's VAEs: true)"
+    )
 
     @property
     def downsample(self) -> int:
@@ -61,6 +67,26 @@ class UNetConfig(StrictModel):
         return self
 
 
+class DenoiserConfig(StrictModel):
+    """Where a recipe's denoiser (`model.kind: catvton`) starts from: pretrained weights, never a download."""
+
+    path: str | None = Field(
+        default=None,
+        description=(
+            "a local diffusers folder (config.json + diffusion_pytorch_model.safetensors, or one holding unet/), "
+            "or a hub id found in the local Hugging Face cache (nothing is downloaded); unset: random weights "
+            "shaped by `config` (tests, smoke runs)"
+        ),
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "the denoiser's constructor arguments (its config.json) where `path` is unset or not mounted "
+            "(the queue's estimate builds on the meta device); unset: the recipe's (catvton: SD1.5-inpainting's UNet)"
+        ),
+    )
+
+
 class ModelConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
@@ -77,8 +103,13 @@ class ModelConfig(StrictModel):
     attention_head_dim: int = Field(default=32, gt=0)
     garment_patch_size: int = Field(default=8, gt=0)
     pose_channels: int = Field(default=3, gt=0)
+    concat_axis: Literal["height", "width"] = Field(
+        default="height",
+        description="catvton: the latent axis person and garment are concatenated along (CatVTON's code: height)",
+    )
     vae: VaeConfig = VaeConfig()
     unet: UNetConfig = UNetConfig()
+    denoiser: DenoiserConfig = DenoiserConfig()
 
     @field_validator("class_")
     @classmethod
@@ -87,9 +118,18 @@ class ModelConfig(StrictModel):
             raise ValueError(f"model.class must be 'package.module:Name', got {value!r}")
         return value
 
+    @model_validator(mode="after")
+    def _denoiser_is_read(self) -> ModelConfig:
+        if self.denoiser != DenoiserConfig() and (self.class_ is not None or self.kind not in PRETRAINED_KINDS):
+            raise ValueError(
+                f"model.denoiser is set but {self.class_ or self.kind} does not read it "
+                f"(recipes from a pretrained denoiser: {', '.join(PRETRAINED_KINDS)})"
+            )
+        return self
+
     @property
     def latent(self) -> bool:
-        return self.class_ is None and self.kind.startswith("latent-")
+        return self.class_ is None and self.kind in LATENT_KINDS
 
     @property
     def downsample(self) -> int:
@@ -101,6 +141,17 @@ class DiffusionConfig(StrictModel):
     num_train_timesteps: int = Field(default=1000, gt=0)
     prediction_type: Literal["sample", "epsilon", "v_prediction"] = "sample"
     beta_schedule: Literal["linear", "scaled_linear", "squaredcos_cap_v2"] = "squaredcos_cap_v2"
+    beta_start: float = Field(
+        default=0.0001, gt=0, lt=1, description="linear / scaled_linear: the first beta (SD1.5: 0.00085; diffusers' default)"
+    )
+    beta_end: float = Field(default=0.02, gt=0, lt=1, description="linear / scaled_linear: the last beta (SD1.5: 0.012)")
+
+    @model_validator(mode="after")
+    def _betas_grow(self) -> DiffusionConfig:
+        if self.beta_start >= self.beta_end:
+            raise ValueError(f"diffusion.beta_start {self.beta_start} must be below diffusion.beta_end {self.beta_end}")
+        return self
+
     sampling_steps: int = Field(default=10, gt=0)
 
 

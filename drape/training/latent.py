@@ -57,11 +57,11 @@ def vae_config(vae: VaeConfig, resolution: int | tuple[int, int]) -> dict[str, A
         "sample_size": max(height_width(resolution)),
         "scaling_factor": vae.scaling_factor,
         "shift_factor": vae.shift_factor,
-        "mid_block_add_attention": False,
+        "mid_block_add_attention": vae.mid_block_attention,
     }
 
 
-def _frozen_vae(arguments: dict[str, Any] | None, resolution: int | tuple[int, int]) -> Any:
+def frozen_vae(arguments: dict[str, Any] | None, resolution: int | tuple[int, int]) -> Any:
     """The frozen AutoencoderKL of `arguments` (a model's stored `vae_arguments`), else the default `model.vae`'s."""
     if arguments is None:
         from drape.config.training import VaeConfig
@@ -167,7 +167,7 @@ class LatentTryOnTransformer(JointAttentionDenoiser, LatentModel):  # type: igno
         vae_arguments: dict | None = None,
     ):
         super().__init__()
-        self.vae = _frozen_vae(vae_arguments, resolution)
+        self.vae = frozen_vae(vae_arguments, resolution)
         size, channels = self.latent_grid(resolution), self.latent_channels
         hidden = num_attention_heads * attention_head_dim
         self.garment_encoder = GarmentEncoder(size, garment_patch_size, hidden, channels=channels)
@@ -207,7 +207,7 @@ class LatentTryOnUNet(LatentModel):
         vae_arguments: dict | None = None,
     ):
         super().__init__()
-        self.vae = _frozen_vae(vae_arguments, resolution)
+        self.vae = frozen_vae(vae_arguments, resolution)
         channels, (height, width) = self.latent_channels, self.latent_grid(resolution)
         down = tuple("CrossAttnDownBlock2D" if a else "DownBlock2D" for a in attention)
         up = tuple("CrossAttnUpBlock2D" if a else "UpBlock2D" for a in reversed(attention))

@@ -40,6 +40,7 @@ BUILT_IN = {
     "pixel-dit": "drape.training.pixel:TryOnTransformer",
     "latent-dit": "drape.training.latent:LatentTryOnTransformer",
     "latent-unet": "drape.training.latent:LatentTryOnUNet",
+    "catvton": "drape.training.catvton:CatVTON",
 }
 PIXEL_DIT = BUILT_IN["pixel-dit"]  # what a checkpoint that names no class holds (written before the interface)
 
@@ -162,6 +163,8 @@ def build_noise_scheduler(diffusion: DiffusionConfig) -> DDPMScheduler:
     return DDPMScheduler(
         num_train_timesteps=diffusion.num_train_timesteps,
         beta_schedule=diffusion.beta_schedule,
+        beta_start=diffusion.beta_start,  # read by linear and scaled_linear only
+        beta_end=diffusion.beta_end,
         prediction_type=diffusion.prediction_type,
         clip_sample=True,
     )
