@@ -121,8 +121,8 @@ def publish_checkpoint(store: ObjectStore, path: str | Path, policy, *, run_id: 
     folder = path.parent.name
     if folder not in _FOLDERS:
         raise ValueError(f"{path}: a published checkpoint lives in one of {sorted(_FOLDERS)}")
-    if not (path / "manifest.json").is_file():
-        raise HandoffError(f"{path}: not a complete checkpoint (no manifest.json): nothing to publish")
+    if not path.is_dir() or not any(p.is_file() for p in path.rglob("*")):
+        raise HandoffError(f"{path}: no checkpoint files there: nothing to publish")
     artifact = LiveArtifact(str(path), _FOLDERS[folder], PUBLISHED, f"{folder}/{path.name}")
     lifetime, storage_class = resolve(policy, artifact.kind, PUBLISHED)
     action = RetentionAction(artifact, run_key(run_id, stage, artifact.relative), lifetime, storage_class, "run_end")
@@ -144,8 +144,26 @@ def published(store: ObjectStore, run_id: str, stage: str, folder: str = "checkp
 
 
 def newest_published(store: ObjectStore, run_id: str, stage: str, folder: str = "checkpoints") -> str | None:
+    """The newest checkpoint of the stage that is whole in the store (`is_complete`), or None."""
     names = published(store, run_id, stage, folder)
-    return max(names, key=lambda n: (checkpoint_step(n), not n.endswith(".dcp"))) if names else None
+    for name in sorted(names, key=lambda n: (checkpoint_step(n), not n.endswith(".dcp")), reverse=True):
+        if is_complete(store, name, names[name]):
+            return name
+    return None
+
+
+def is_complete(store: ObjectStore, name: str, records: list[dict]) -> bool:
+    """Whether every file the checkpoint's manifest lists is recorded: the nodes of a multi-node job
+    publish their own ranks' shards, and the manifest (rank 0's) may be there before the others'."""
+    held = {record["key"].split(f"/{name}/", 1)[1] for record in records}
+    manifest = next((r for r in records if r["key"].endswith(f"/{name}/manifest.json")), None)
+    if manifest is None:
+        return False
+    try:
+        listed = json.loads(store.read_bytes(manifest["key"])).get("files", {})
+    except (StorageError, ValueError, AttributeError):
+        return False
+    return isinstance(listed, dict) and set(listed) <= held
 
 
 def fetch_checkpoint(store: ObjectStore, run_id: str, stage: str, name: str, directory: str | Path) -> Path:

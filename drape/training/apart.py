@@ -3,6 +3,8 @@
 Nodes share nothing but the store (docs/topology.md), so a queue job's trainer
 - fetches the weights it starts from (`fetch_init`) and, when this node has no checkpoint of the
   stage as new as the store's, the store's newest (`restore_newest`): a stage resumes on any node;
+  across nodes, every node resumes from the one rank 0 finds newest and whole in the store
+  (`align_to`), since each node publishes its own ranks' shards;
 - publishes every checkpoint once saved, in the background, one at a time (`CheckpointPublisher`):
   the loop never waits on an upload, and the job is not done until every upload is verified;
 - warms this node's shard cache with the next stage's shards while it trains (`warm_next`), so
@@ -12,15 +14,16 @@ Nodes share nothing but the store (docs/topology.md), so a queue job's trainer
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from drape import next_stage
-from drape.layout import checkpoint_step
+from drape.layout import checkpoint_dirs, checkpoint_order, checkpoint_step
 from drape.storage.handoff import fetch_checkpoint, get_tree, newest_published, publish_checkpoint
-from drape.storage.store import ObjectStore
+from drape.storage.store import ObjectStore, remove_tree
 from drape.training.state import resume_point
 
 
@@ -73,6 +76,30 @@ def restore_newest(store: ObjectStore, run_id: str, stage: str, stage_dir: Path)
     if name is None or (local is not None and checkpoint_step(local) >= checkpoint_step(name)):
         return None
     return fetch_checkpoint(store, run_id, stage, name, stage_dir / "checkpoints")
+
+
+def whole_here(checkpoint: Path) -> bool:
+    """Whether every file the checkpoint's manifest lists is in this node's copy (on a node of a
+    multi-node job that shares no disk, a sharded checkpoint holds only its own ranks' shards)."""
+    try:
+        listed = json.loads((checkpoint / "manifest.json").read_text()).get("files", {})
+    except (OSError, ValueError, AttributeError):
+        return False
+    return isinstance(listed, dict) and all((checkpoint / name).is_file() for name in listed)
+
+
+def align_to(store: ObjectStore, run_id: str, stage: str, stage_dir: Path, name: str | None) -> Path | None:
+    """A multi-node job's nodes all resume from `name`, the store's newest whole checkpoint (rank 0
+    chose it): checkpoints here newer than it were never whole anywhere (a node was lost before its
+    shards were published) and go; `name` is fetched unless this node has it whole."""
+    directory = stage_dir / "checkpoints"
+    for path in checkpoint_dirs(directory):
+        if name is None or checkpoint_order(path) > checkpoint_order(name):
+            print(f"train-{stage}: {path.name} is not whole on every node; resuming from {name or 'the start'}", flush=True)
+            remove_tree(path)
+    if name is None or whole_here(directory / name):
+        return None
+    return fetch_checkpoint(store, run_id, stage, name, directory)
 
 
 class NextStageWarmer:

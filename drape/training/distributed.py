@@ -144,17 +144,34 @@ class ShardedCheckpointer:
             self._commit(path, manifest)
 
     def _commit(self, path: Path, manifest: dict) -> None:
+        """The manifest lists every rank's files, hashed where they were written: on nodes that share
+        no disk each node holds its own ranks' shards (`on_commit` on each node then publishes them)."""
         self.context.barrier()
+        held = _node_files(path) if self.context.local_rank == 0 else {}
+        files = _all_files(held, self.context)
         if self.context.is_main:
-            files = {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != "manifest.json"}
-            fsync_tree(path)  # the shards durable before the manifest commits them
             record = {**manifest, "format": "dcp", "world_size": self.context.world_size, "files": files}
             write_synced(path / ".manifest.json.tmp", json.dumps(record, indent=2))
             os.replace(path / ".manifest.json.tmp", path / "manifest.json")
             fsync_dir(path)
-            if self.on_commit is not None:
-                self.on_commit(path)
+        if self.context.local_rank == 0 and self.on_commit is not None:
+            self.on_commit(path)
         self.context.barrier()
+
+
+def _node_files(path: Path) -> dict[str, str]:
+    """name → sha256 of the shards this node wrote, made durable before the manifest commits them."""
+    fsync_tree(path)
+    return {p.name: sha256_file(p) for p in sorted(path.iterdir()) if p.is_file() and p.name != "manifest.json"}
+
+
+def _all_files(held: dict[str, str], context: DistContext) -> dict[str, str]:
+    """Every node's `held` files, merged (one node, or a shared disk: the same names, once)."""
+    if not context.is_distributed:
+        return held
+    gathered: list[dict[str, str] | None] = [None] * context.world_size
+    dist.all_gather_object(gathered, held)
+    return {name: digest for part in gathered for name, digest in sorted((part or {}).items())}
 
 
 def verify_dcp(path: str | Path) -> dict:

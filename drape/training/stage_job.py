@@ -36,9 +36,9 @@ from drape.ops.metrics import push_metrics
 from drape.ops.process import end_without_collection
 from drape.secrets import redact
 from drape.storage.durable import publish_json
-from drape.storage.handoff import job_key, result_key
+from drape.storage.handoff import job_key, newest_published, result_key
 from drape.storage.store import ObjectStore, open_store, remove_tree
-from drape.training.apart import CheckpointPublisher, NextStageWarmer, fetch_init, restore_newest
+from drape.training.apart import CheckpointPublisher, NextStageWarmer, align_to, fetch_init, restore_newest
 from drape.training.distributed import DistContext, init_from_env
 from drape.training.lock import stage_lock
 from drape.training.trainer import TrainResult, peak_memory_gib, resolve_device, train_stage
@@ -199,10 +199,17 @@ class StageJob:
     def _take_from_store(self, store: ObjectStore, context: DistContext) -> str | None:
         """Run apart: the starting weights and the store's newest checkpoint onto this node (one
         process per node fetches, the others wait); the local path of the starting weights."""
+        across_nodes = context.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", context.world_size))
+        if across_nodes:  # every node from the checkpoint rank 0 finds newest and whole in the store
+            chosen = [newest_published(store, self.run_id, self.stage) if context.is_main else None]
+            torch.distributed.broadcast_object_list(chosen, src=0)
         if context.local_rank == 0:
             if self.init_key:
                 fetch_init(store, self.init_key, self.out_dir)
-            restored = restore_newest(store, self.run_id, self.stage, self.out_dir)
+            if across_nodes:
+                restored = align_to(store, self.run_id, self.stage, self.out_dir, chosen[0])
+            else:
+                restored = restore_newest(store, self.run_id, self.stage, self.out_dir)
             if restored is not None:
                 print(f"train-{self.stage}: resuming from {restored.name}, fetched from the object store (verified)", flush=True)
         context.barrier()

@@ -106,11 +106,12 @@ class Checkpointer:
             "data_manifest_hash": data_manifest_hash,
         }
         self.every = config.train.checkpoint_every
-        # called on the main rank with each checkpoint or adapter folder once complete (the store hand-off publishes it)
+        # called with each checkpoint or adapter folder once complete (the store hand-off publishes it): on
+        # the main rank, which writes whole checkpoints and adapters, and for sharded ones on each node's first
         self.on_saved = on_saved if context.is_main else None
         self.sharded = ShardedCheckpointer(context, use_async=config.train.async_checkpoint) if context.is_distributed else None
         if self.sharded is not None:
-            self.sharded.on_commit = self.on_saved
+            self.sharded.on_commit = on_saved
         self.latest = latest  # the newest whole checkpoint: where the stage resumed from, then the last one saved
         self.stall_seconds = 0.0  # time the training loop spent blocked in `save` and `finish`
 

@@ -150,3 +150,33 @@ def test_a_stage_job_travels_as_a_store_url(tmp_path):
     store.put_bytes(json.dumps({"schema": "drape.stage_job/v1", "stage": "texture"}).encode(), "runs/r4/texture/job.json")
     with pytest.raises(ValueError, match="lacks"):
         StageJob.read(command[4])
+
+
+def test_a_checkpoint_counts_only_once_every_node_published_its_shards(store, tmp_path):
+    """Multi-node: rank 0's node publishes its shards and the manifest, the other node its own; until
+    both are in, the newest whole checkpoint is the one before, and every node resumes from it."""
+    from drape.training.apart import align_to
+
+    node_0, node_1 = tmp_path / "node-0" / "checkpoints", tmp_path / "node-1" / "checkpoints"
+    for step in (20, 40):
+        main = node_0 / f"step-{step:07d}.dcp"
+        main.mkdir(parents=True)
+        (main / "__0_0.distcp").write_bytes(b"rank 0")
+        (main / "manifest.json").write_text(json.dumps({"files": {"__0_0.distcp": "x", "__1_0.distcp": "y"}}))
+        publish_checkpoint(store, main, POLICY, run_id="m", stage="identity")
+    other = node_1 / "step-0000020.dcp"
+    other.mkdir(parents=True)
+    (other / "__1_0.distcp").write_bytes(b"rank 1")
+    publish_checkpoint(store, other, POLICY, run_id="m", stage="identity")  # node 1 was lost before its step 40
+    assert newest_published(store, "m", "identity") == "step-0000020.dcp"
+    # node 0 holds step 40 (not whole anywhere) and step 20 without rank 1's shard: both replaced
+    stage_dir = tmp_path / "node-0"
+    restored = align_to(store, "m", "identity", stage_dir, "step-0000020.dcp")
+    assert restored is not None and sorted(p.name for p in restored.iterdir()) == [
+        "__0_0.distcp",
+        "__1_0.distcp",
+        "manifest.json",
+    ]
+    assert not (node_0 / "step-0000040.dcp").exists()
+    assert align_to(store, "m", "identity", stage_dir, "step-0000020.dcp") is None  # whole here now
+    assert align_to(store, "m", "identity", tmp_path / "fresh", None) is None  # nothing whole: from the start
