@@ -1,14 +1,15 @@
 """Memory profiles: what a job needs on a GPU, estimated from the config and learned from runs.
 
 Estimate (per GPU, GiB): parameters × bytes for fp32 weights, plus gradients (4 B), AdamW states
-(8 B) and EMA (4 B) for the stage's trainable parameters, plus activations: tokens × hidden ×
-layers × 34 bytes-per-element-equivalent × batch (Megatron's estimate, with flash attention so
+(8 B; 2 B with `train.optimizer` adamw8bit) and EMA (4 B) for the stage's trainable parameters,
+plus activations: tokens × hidden × layers × 34 bytes-per-element-equivalent × the micro-batch
+(the batch over `train.grad_accumulation_steps`; Megatron's estimate, with flash attention so
 no s² term; halved at bf16), plus 1.5 GiB of CUDA context and workspace. Evaluation jobs hold
-weights and one batch of sampling activations. Duration: 6 × parameters × tokens × samples per
-step at 35% MFU of an H100's 989 dense bf16 TFLOP/s, counting the denoiser's parameters only (a frozen
-VAE runs once per image, not per token, and has no backward). A LoRA fine-tune pass
-(`train.lora.enabled`) trains rank × (in + out) parameters per adapted layer, and replicates the
-frozen base on each GPU (DDP) instead of sharding it.
+weights and one batch of sampling activations (two with classifier-free guidance). Duration:
+6 × parameters × tokens × samples per step at 35% MFU of an H100's 989 dense bf16 TFLOP/s,
+counting the denoiser's parameters only (a frozen VAE runs once per image, not per token, and has
+no backward). A LoRA fine-tune pass (`train.lora.enabled`) trains rank × (in + out) parameters
+per adapted layer, and replicates the frozen base on each GPU (DDP) instead of sharding it.
 
 Measured: every job run through the queue records its peak GPU memory
 (`torch.cuda.max_memory_allocated`) and duration under its shape key; once a shape has
@@ -44,7 +45,10 @@ class Profile:
 def shape_key(config, kind: str, stage: str | None, gpus: int = 1) -> str:
     data = config.data
     pixels = f"{data.height}px" if data.height == data.width else f"{data.height}x{data.width}px"
-    return f"{kind}/{config.name}/{stage or '-'}/{pixels}/b{config.train.batch_size}/{config.train.precision}/{gpus}gpu"
+    train = config.train
+    batch = f"b{train.batch_size}" + (f"x{train.grad_accumulation_steps}" if train.grad_accumulation_steps > 1 else "")
+    optimizer = "" if train.optimizer == "adamw" else f"/{train.optimizer}"
+    return f"{kind}/{config.name}/{stage or '-'}/{pixels}/{batch}/{train.precision}{optimizer}/{gpus}gpu"
 
 
 @dataclass(frozen=True)
@@ -130,10 +134,13 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
         trainable, batch = lora_parameters(config, None), config.shoppers.batch_size
     elif lora and stage is not None:
         trainable = lora_parameters(config, stage)
-    states = trainable * (4 + 8 + (4 if config.train.ema.enabled else 0)) if training else 0
-    activations = tokens * hidden * layers * 34 * (element / 2) * batch
+    moments = 2 if config.train.optimizer == "adamw8bit" and not personal else 8  # a shopper's fit runs torch's AdamW
+    states = trainable * (4 + moments + (4 if config.train.ema.enabled else 0)) if training else 0
+    guided = 2 if config.diffusion.guidance_scale > 1 else 1  # sampling with guidance: two passes in one batch
+    accumulated = config.train.grad_accumulation_steps if training and not personal else 1
+    activations = tokens * hidden * layers * 34 * (element / 2) * batch / accumulated
     if not training:
-        activations /= 4  # no saved activations for backward: the live working set of one forward
+        activations *= guided / 4  # no saved activations for backward: the live working set of one forward
     shards = 1 if lora else gpus  # a LoRA pass replicates its frozen base and the adapters' states (DDP)
     peak = (4 * total + states) / shards + activations / gpus + CONTEXT_GIB * GIB
     steps = config.shoppers.steps if personal else 0
@@ -143,7 +150,7 @@ def estimate(config, kind: str, stage: str | None, gpus: int = 1, counts: tuple[
     flops = (
         (4 if lora else 6) * denoiser * tokens * batch * max(steps, 1)  # LoRA: no weight gradients of the base
         if training
-        else 2 * denoiser * tokens * batch * config.diffusion.sampling_steps
+        else 2 * denoiser * tokens * batch * config.diffusion.sampling_steps * guided
     )
     return peak / GIB, flops / (H100_DENSE_BF16_FLOPS * ASSUMED_MFU * gpus)
 

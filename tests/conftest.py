@@ -424,3 +424,16 @@ def postgres_url():
         timeout=120,
     )
     shutil.rmtree(directory, ignore_errors=True)
+
+
+def random_tryon_batch(size: int = 2, resolution: int = 32) -> dict:
+    """A model-input batch of random images in [-1, 1] (target, agnostic, pose, garment) and a binary mask."""
+    import torch
+
+    generator = torch.Generator().manual_seed(0)
+    batch = {
+        name: torch.rand(size, 3, resolution, resolution, generator=generator) * 2 - 1
+        for name in ("target", "agnostic", "pose", "garment")
+    }
+    batch["mask"] = (torch.rand(size, 1, resolution, resolution, generator=generator) > 0.5).float()
+    return batch

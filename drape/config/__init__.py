@@ -10,6 +10,7 @@ should be greater than 0 (got -5)``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -33,6 +34,7 @@ from drape.config.storage import (
 )
 from drape.config.training import (
     UNET_KINDS,
+    ConditionName,
     DenoiserConfig,
     DiffusionConfig,
     EmaConfig,
@@ -164,6 +166,27 @@ class PipelineConfig(StrictModel):
             for field, patch in (("patch_size", model.patch_size), ("garment_patch_size", model.garment_patch_size)):
                 if space % patch:
                     raise ValueError(f"model.{field} {patch} must divide {where}")
+        return self
+
+    @model_validator(mode="after")
+    def _conditions_the_model_reads(self) -> PipelineConfig:
+        model = self.model
+        read = set(get_args(ConditionName)) - ({"pose"} if model.kind == "catvton" else set())
+        named = [("train.cfg_dropout", name) for name in self.train.cfg_dropout]
+        named += [("diffusion.guidance_conditions", name) for name in self.diffusion.guidance_conditions]
+        for field, name in named:
+            if model.class_ is None and name not in read:
+                reads = ", ".join(sorted(read))
+                raise ValueError(f"{field}: model.kind {model.kind} is not conditioned on {name} (it reads {reads})")
+        return self
+
+    @model_validator(mode="after")
+    def _training_choices_fit(self) -> PipelineConfig:
+        train = self.train
+        if train.loss_weighting == "min_snr" and self.diffusion.objective != "ddpm":
+            raise ValueError("train.loss_weighting min_snr weighs DDPM timesteps by SNR; diffusion.objective is flow_matching")
+        if train.optimizer == "adamw8bit" and train.device == "cpu":
+            raise ValueError("train.optimizer adamw8bit is bitsandbytes' CUDA optimizer; train.device is cpu (use adamw)")
         return self
 
     @model_validator(mode="after")

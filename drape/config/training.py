@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -14,6 +14,9 @@ ModelKind = Literal["pixel-dit", "latent-dit", "latent-unet", "catvton"]
 LATENT_KINDS = ("latent-dit", "latent-unet", "catvton")  # diffuse the latents of model.vae
 UNET_KINDS = ("latent-unet", "catvton")  # convolutional: no patch size to divide the latents
 PRETRAINED_KINDS = ("catvton",)  # recipes whose denoiser starts from model.denoiser
+ConditionName = Literal["agnostic", "mask", "pose", "garment"]  # what the built-in models condition on
+# diffusers.optimization's schedules that are a LambdaLR of the step alone (resume sets the step)
+LrSchedulerName = Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"]
 
 
 class VaeConfig(StrictModel):
@@ -138,13 +141,41 @@ class ModelConfig(StrictModel):
 
 
 class DiffusionConfig(StrictModel):
+    """The diffusion a model trains and samples with (drape/training/objective.py): DDPM noising
+    (`prediction_type` its target, DDIM sampling) or rectified flow matching (SD3 / FitDiT: velocity
+    target, logit-normal timesteps, FlowMatchEulerDiscreteScheduler sampling), and sampling guidance."""
+
+    objective: Literal["ddpm", "flow_matching"] = Field(
+        default="ddpm",
+        description="ddpm: DDPMScheduler noising, DDIM sampling; flow_matching: x_t = (1 - t)·x0 + t·noise, target noise - x0",
+    )
     num_train_timesteps: int = Field(default=1000, gt=0)
-    prediction_type: Literal["sample", "epsilon", "v_prediction"] = "sample"
+    prediction_type: Literal["sample", "epsilon", "v_prediction"] = Field(default="sample", description="ddpm only")
     beta_schedule: Literal["linear", "scaled_linear", "squaredcos_cap_v2"] = "squaredcos_cap_v2"
     beta_start: float = Field(
         default=0.0001, gt=0, lt=1, description="linear / scaled_linear: the first beta (SD1.5: 0.00085; diffusers' default)"
     )
     beta_end: float = Field(default=0.02, gt=0, lt=1, description="linear / scaled_linear: the last beta (SD1.5: 0.012)")
+
+    logit_mean: float = Field(
+        default=0.0, ge=-5, le=5, description="flow_matching: training t = sigmoid(N(logit_mean, logit_std)) (SD3: 0)"
+    )
+    logit_std: float = Field(default=1.0, gt=0, le=5, description="flow_matching: see logit_mean (SD3: 1)")
+    flow_shift: float = Field(
+        default=1.0, gt=0, le=20, description="flow_matching sampling: FlowMatchEulerDiscreteScheduler's shift (SD3: 3.0)"
+    )
+    sampling_steps: int = Field(default=10, gt=0)
+    guidance_scale: float = Field(
+        default=1.0,
+        ge=1,
+        le=30,
+        description="classifier-free guidance at sampling; 1: none (one pass), above 1: a conditional and an unconditional pass",
+    )
+    guidance_conditions: list[ConditionName] = Field(
+        default=["garment"],
+        min_length=1,
+        description="what the unconditional pass zeroes (CatVTON: the garment); train with train.cfg_dropout on them",
+    )
 
     @model_validator(mode="after")
     def _betas_grow(self) -> DiffusionConfig:
@@ -152,7 +183,18 @@ class DiffusionConfig(StrictModel):
             raise ValueError(f"diffusion.beta_start {self.beta_start} must be below diffusion.beta_end {self.beta_end}")
         return self
 
-    sampling_steps: int = Field(default=10, gt=0)
+    @model_validator(mode="after")
+    def _settings_of_the_objective(self) -> DiffusionConfig:
+        changed = [name for name, field in type(self).model_fields.items() if getattr(self, name) != field.default]
+        ddpm_only = {"prediction_type", "beta_schedule", "beta_start", "beta_end"} & set(changed)
+        flow_only = {"logit_mean", "logit_std", "flow_shift"} & set(changed)
+        if self.objective == "flow_matching" and ddpm_only:
+            raise ValueError(
+                f"diffusion.{sorted(ddpm_only)[0]} is a ddpm setting; diffusion.objective flow_matching predicts the velocity"
+            )
+        if self.objective == "ddpm" and flow_only:
+            raise ValueError(f"diffusion.{sorted(flow_only)[0]} is a flow_matching setting; diffusion.objective is ddpm")
+        return self
 
 
 class StageTrainConfig(StrictModel):
@@ -182,10 +224,39 @@ class LoraConfig(StrictModel):
 
 
 class TrainConfig(StrictModel):
-    batch_size: int = Field(default=16, gt=0)
-    lr: float = Field(default=1e-3, gt=0)
+    batch_size: int = Field(
+        default=16, gt=0, description="the global batch of one optimizer step, over all GPUs and accumulated micro-batches"
+    )
+    grad_accumulation_steps: int = Field(
+        default=1,
+        gt=0,
+        le=1024,
+        description=(
+            "micro-batches per optimizer step: each GPU runs batch_size / (GPUs × grad_accumulation_steps) samples "
+            "at a time, the same batch and draws as without accumulation"
+        ),
+    )
+    lr: float = Field(default=1e-3, gt=0, description="the peak learning rate (after warmup)")
+    lr_scheduler: LrSchedulerName = Field(
+        default="constant", description="diffusers.optimization.get_scheduler's schedule over the stage's steps"
+    )
+    lr_warmup_steps: int = Field(default=0, ge=0, description="steps of linear warmup (not with the plain constant schedule)")
+    optimizer: Literal["adamw", "adamw8bit"] = Field(
+        default="adamw", description="adamw8bit: bitsandbytes' 8-bit AdamW (CUDA and bitsandbytes installed, else an error)"
+    )
     weight_decay: float = Field(default=0.0, ge=0)
     grad_clip: float = Field(default=1.0, gt=0)
+    loss_weighting: Literal["none", "min_snr"] = Field(
+        default="none", description="min_snr: Min-SNR-γ (Hang et al. 2023) per sample, diffusion.objective ddpm only"
+    )
+    min_snr_gamma: float = Field(default=5.0, gt=0, le=100, description="min_snr: γ of min(SNR, γ) (the paper: 5)")
+    cfg_dropout: dict[ConditionName, Annotated[float, Field(ge=0, lt=1)]] = Field(
+        default={},
+        description=(
+            "per condition, the probability a sample's condition is zeroed in training (classifier-free guidance; "
+            "CatVTON: garment 0.1); drawn from the step's generator"
+        ),
+    )
     ema: EmaConfig = EmaConfig()
     lora: LoraConfig = LoraConfig()
     checkpoint_every: int = Field(default=50, gt=0)
@@ -224,9 +295,27 @@ class TrainConfig(StrictModel):
             gpus = self.gpus_for(stage)
             if self.batch_size % gpus:
                 raise ValueError(f"train.batch_size {self.batch_size} does not split over {stage}'s {gpus} GPUs")
+            if self.batch_size % (gpus * self.grad_accumulation_steps):
+                raise ValueError(
+                    f"train.batch_size {self.batch_size} does not split into train.grad_accumulation_steps "
+                    f"{self.grad_accumulation_steps} micro-batches on each of {stage}'s {gpus} GPUs"
+                )
             if self.data_partitions is not None and self.data_partitions % gpus:
                 raise ValueError(
                     f"train.data_partitions {self.data_partitions} is not a multiple of {stage}'s {gpus} GPUs "
                     "(each rank holds whole partitions)"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _warmup_fits(self) -> TrainConfig:
+        if self.lr_warmup_steps and self.lr_scheduler == "constant":
+            raise ValueError("train.lr_warmup_steps is set; train.lr_scheduler constant has no warmup: use constant_with_warmup")
+        for stage, stage_config in self.stages.items():
+            shortest = min(stage_config.steps, stage_config.finetune_steps)
+            if self.lr_warmup_steps >= shortest:
+                raise ValueError(
+                    f"train.lr_warmup_steps {self.lr_warmup_steps} must be below {stage}'s {shortest} steps "
+                    "(its steps and finetune_steps): the schedule would never reach train.lr"
                 )
         return self

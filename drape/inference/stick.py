@@ -19,7 +19,6 @@ import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +26,8 @@ import torch
 from drape.config import DiffusionConfig
 from drape.gates.run import to_uint8
 from drape.inference.variants import Prepared
-from drape.training.model import build_noise_scheduler, sample
+from drape.training.model import sample
+from drape.training.objective import build_objective
 
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -203,8 +203,7 @@ def attention_outputs(prepared: Prepared, diffusion: DiffusionConfig, requests: 
     request: its target noised to timestep `fraction` of the schedule with seeded noise, so every
     variant sees the same input whatever its sampling steps."""
     model, captured = prepared.model, {}
-    scheduler: Any = build_noise_scheduler(diffusion)
-    timestep = int(fraction * (diffusion.num_train_timesteps - 1))
+    objective = build_objective(diffusion)
     names = {module: name for name, module in model.named_modules() if _is_attention(module)}
     current: list[str] = [""]
 
@@ -219,8 +218,8 @@ def attention_outputs(prepared: Prepared, diffusion: DiffusionConfig, requests: 
             generator = torch.Generator(device="cpu").manual_seed(seed + index)
             clean = model.encode(inputs["target"])
             noise = torch.randn(clean.shape, generator=generator).to(clean.device, clean.dtype)
-            t = torch.full((clean.shape[0],), timestep, device=clean.device)
-            noisy = scheduler.add_noise(clean, noise, t)
+            t = objective.timesteps_at(fraction, clean.shape[0]).to(clean.device)
+            noisy = objective.add_noise(clean, noise, t)
             with prepared.request():
                 model(noisy, t, **model.condition(inputs))
     finally:

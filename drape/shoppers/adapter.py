@@ -24,7 +24,8 @@ from drape.data.dataset import to_model_inputs
 from drape.shoppers import ShopperError
 from drape.training.checkpoint import CheckpointError, load_model, verify_checkpoint
 from drape.training.lora import ADAPTER_NAME, ADAPTER_WEIGHTS, LoraPass, attach, base_digest, lora_targets, merge, save_adapter
-from drape.training.model import TryOnModel, build_noise_scheduler, configured_class_path, diffusion_target
+from drape.training.model import TryOnModel, configured_class_path
+from drape.training.objective import build_objective
 
 
 @dataclass
@@ -76,7 +77,7 @@ def fit(config: PipelineConfig, checkpoint: Path, photos: dict, *, progress: Cal
     model.to(device).train()  # type: ignore[arg-type]
     parameters = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(parameters, lr=shoppers.lr, weight_decay=0.0)
-    scheduler: Any = build_noise_scheduler(config.diffusion)  # diffusers' config attributes are dynamic
+    objective = build_objective(config.diffusion)
     inputs = {k: v.to(device) for k, v in to_model_inputs(photos).items()}
     inputs["face_weights"] = face_weights(photos, shoppers.face_weight).to(device)
     count, generator = len(photos["keys"]), torch.Generator().manual_seed(shoppers.seed)
@@ -88,9 +89,9 @@ def fit(config: PipelineConfig, checkpoint: Path, photos: dict, *, progress: Cal
         with torch.no_grad():
             clean, condition = model.prepare(batch)
         noise = torch.randn(clean.shape, generator=generator).to(device)
-        timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (len(rows),), generator=generator).to(device)
-        prediction = model(scheduler.add_noise(clean, noise, timesteps), timesteps, **condition)
-        loss = _weighted_mse(prediction, diffusion_target(scheduler, clean, noise, timesteps), weights)
+        timesteps = objective.draw_timesteps(len(rows), generator).to(device)
+        prediction = model(objective.add_noise(clean, noise, timesteps), timesteps, **condition)
+        loss = _weighted_mse(prediction, objective.target(clean, noise, timesteps), weights)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(parameters, config.train.grad_clip)

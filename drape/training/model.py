@@ -20,17 +20,17 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from diffusers import DDIMScheduler, DDPMScheduler
 from diffusers.configuration_utils import ConfigMixin
 from diffusers.models.modeling_utils import ModelMixin
 from torch import nn
 
 from drape.config import DiffusionConfig
+from drape.training.objective import build_noise_scheduler, build_objective, diffusion_target  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from drape.config import PipelineConfig
@@ -158,30 +158,6 @@ def trainable_parameter_names(patterns: list[str], names: list[str], frozen: tup
     return [name for name in names if any(fnmatch.fnmatchcase(name, p) for p in patterns) and not name.startswith(frozen)]
 
 
-def build_noise_scheduler(diffusion: DiffusionConfig) -> DDPMScheduler:
-    """The training scheduler (`add_noise`); sampling uses DDIM from the same config."""
-    return DDPMScheduler(
-        num_train_timesteps=diffusion.num_train_timesteps,
-        beta_schedule=diffusion.beta_schedule,
-        beta_start=diffusion.beta_start,  # read by linear and scaled_linear only
-        beta_end=diffusion.beta_end,
-        prediction_type=diffusion.prediction_type,
-        clip_sample=True,
-    )
-
-
-def diffusion_target(scheduler: DDPMScheduler, clean: torch.Tensor, noise: torch.Tensor, timesteps: torch.Tensor) -> torch.Tensor:
-    """What the model learns to predict under the scheduler's prediction_type."""
-    kind = scheduler.config.prediction_type
-    if kind == "sample":
-        return clean
-    if kind == "epsilon":
-        return noise
-    if kind == "v_prediction":
-        return scheduler.get_velocity(clean, noise, timesteps)
-    raise ValueError(f"diffusion.prediction_type {kind!r} is not supported; expected sample, epsilon or v_prediction")
-
-
 def noise_seed(seed: int, index: int) -> int:
     """The seed of sample `index`'s starting noise under `seed`: a hash of both, so that neighbouring
     seeds share no sample's noise (with seed + index, seed 1's sample 0 would be seed 0's sample 1)."""
@@ -200,6 +176,35 @@ def initial_noise(shape: tuple[int, ...], seed: int, first_index: int = 0) -> to
     return torch.stack(rows)
 
 
+def unconditional(
+    condition: dict[str, torch.Tensor], names: Sequence[str], drop: torch.Tensor | None = None
+) -> dict[str, torch.Tensor]:
+    """`condition` with `names` zeroed (the null condition of classifier-free guidance, as CatVTON
+    zeroes the garment's latent), in every row or in the rows where `drop` is true."""
+    nulled = dict(condition)
+    for name in names:
+        value = condition[name]
+        if drop is None:
+            nulled[name] = torch.zeros_like(value)
+        else:
+            nulled[name] = torch.where(drop.to(value.device).reshape(-1, *([1] * (value.ndim - 1))), 0, value)
+    return nulled
+
+
+def guided_prediction(
+    model: TryOnModel, diffusion: DiffusionConfig, current: torch.Tensor, t: torch.Tensor, condition: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    """The model's prediction; with `diffusion.guidance_scale` s > 1 classifier-free guided: the
+    unconditional and conditional passes in one batch, combined as uncond + s · (cond − uncond)."""
+    scale = diffusion.guidance_scale
+    if scale == 1:
+        return model(current, t, **condition)
+    null = unconditional(condition, diffusion.guidance_conditions)
+    both = {name: torch.cat([null[name], value]) for name, value in condition.items()}
+    uncond, cond = model(torch.cat([current, current]), torch.cat([t, t]), **both).chunk(2)
+    return uncond + scale * (cond - uncond)
+
+
 @torch.no_grad()
 def sample(
     model: TryOnModel,
@@ -213,11 +218,13 @@ def sample(
 ) -> torch.Tensor:
     """Generate try-on images in [-1, 1] for a batch of conditioning inputs, deterministically per seed.
 
-    Each sample starts from its own noise (`initial_noise`): row i of the batch is sample
-    `first_index + i` of a larger set, and renders as it would in a batch of any size.
-    `on_phase` hears "denoise" as the loop starts and "decode" as it ends (the inference stick
-    times the denoising alone between the two)."""
-    scheduler = DDIMScheduler.from_config(build_noise_scheduler(diffusion).config, clip_sample=model.clip_sample)
+    The sampler is the objective's (`diffusion.objective`: DDIM, or FlowMatchEuler), guided when
+    `diffusion.guidance_scale` is above 1 (`guided_prediction`). Each sample starts from its own
+    noise (`initial_noise`): row i of the batch is sample `first_index + i` of a larger set, and
+    renders as it would in a batch of any size. `on_phase` hears "denoise" as the loop starts and
+    "decode" as it ends (the inference stick times the denoising alone between the two)."""
+    objective = build_objective(diffusion)
+    scheduler = objective.sampler(model.clip_sample)
     scheduler.set_timesteps(num_steps or diffusion.sampling_steps)
     agnostic = inputs["agnostic"]
     was_training = model.training
@@ -227,8 +234,8 @@ def sample(
     if on_phase:
         on_phase("denoise")
     for timestep in scheduler.timesteps:
-        t = torch.full((agnostic.shape[0],), int(timestep), device=agnostic.device)
-        prediction = model(current, t, **condition)
+        t = objective.model_timesteps(timestep, agnostic.shape[0], agnostic.device)
+        prediction = guided_prediction(model, diffusion, current, t, condition)
         current = scheduler.step(prediction, timestep, current).prev_sample
     if on_phase:
         on_phase("decode")

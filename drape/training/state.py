@@ -1,4 +1,4 @@
-"""What a stage run trains and where it resumes: the model, its trainable parameters, AdamW and EMA.
+"""What a stage run trains and where it resumes: the model, its trainable parameters, optimizer and EMA.
 
 A stage resumes from the newest checkpoint in its ``checkpoints/`` (sharded or whole), else starts
 from the checkpoint it was given (the previous stage's baseline) or fresh weights. A LoRA
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 from drape import stage_index
 from drape.config import PipelineConfig
@@ -20,11 +21,12 @@ from drape.training.checkpoint import list_checkpoints, load_model, load_trainin
 from drape.training.distributed import DistContext, load_sharded, unwrap, wrap_model
 from drape.training.lora import LoraPass, adapter_step, attach, base_digest, load_adapter, lora_targets, newest_adapter
 from drape.training.model import TryOnModel, build_model, configured_class_path, trainable_parameter_names
+from drape.training.optim import build_optimizer
 
 
 @dataclass
 class TrainingState:
-    """What a stage trains and where it resumes: model (wrapped), optimizer, EMA and the first step."""
+    """What a stage trains and where it resumes: model (wrapped), optimizer and its schedule, EMA, the first step."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -34,6 +36,7 @@ class TrainingState:
     start_step: int
     resumed_from: Path | None  # the whole checkpoint it resumed from (None: started, or resumed from DCP or an adapter)
     lora: LoraPass | None = None  # a LoRA pass: what it adapts
+    lr_schedule: LambdaLR | None = None  # the learning rate per step (`drape.training.optim.lr_schedule`), set at start_step
 
 
 def resume_point(checkpoints_dir: Path) -> Path | None:
@@ -66,12 +69,10 @@ def _configure_trainable(model: TryOnModel, patterns: list[str]) -> list[str]:
 
 
 def _optimizer(config: PipelineConfig, stage: str, model: torch.nn.Module, names: list[str], lr: float | None = None):
-    """AdamW over `names` of the (wrapped) model, and a fresh EMA of them when EMA is on."""
+    """`train.optimizer` over `names` of the (wrapped) model, and a fresh EMA of them when EMA is on."""
     train = config.train
     parameters = dict(unwrap(model).named_parameters())
-    optimizer = torch.optim.AdamW(
-        [parameters[n] for n in names], lr=lr or train.stages[stage].lr or train.lr, weight_decay=train.weight_decay
-    )
+    optimizer = build_optimizer(train, [parameters[n] for n in names], lr or train.stages[stage].lr or train.lr)
     ema = {n: parameters[n].detach().clone() for n in names} if train.ema.enabled else None
     return parameters, optimizer, ema
 

@@ -1,8 +1,10 @@
 """Stage trainer: trains one stage's parameter subset, checkpoints, resumes. No Prefect inside.
 
-Every source of randomness in a step (batch indices, noise, timesteps) comes from a generator
-seeded by (seed, stage, step) (`drape.training.batches`), so a run killed mid-stage and resumed
-from its newest checkpoint ends with exactly the weights of an uninterrupted run. Batches are
+Every source of randomness in a step (batch indices, noise, timesteps, condition dropout) comes
+from a generator seeded by (seed, stage, step) (`drape.training.batches`), and the learning rate
+is a function of the step (`drape.training.optim`), so a run killed mid-stage and resumed from its
+newest checkpoint ends with exactly the weights of an uninterrupted run. One step, its
+micro-batches and its loss are `drape.training.step`. Batches are
 decoded ahead by worker processes (`BatchPrefetcher`); the time the loop blocks on it is the
 data-wait that gets logged. The loop asks and the components decide: `Checkpointer` owns when and how to save,
 `StepMetrics` when to log.
@@ -20,11 +22,9 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from torch.nn import functional as F
 
 from drape import Mode, parse_mode
 from drape.config import PipelineConfig
-from drape.data.dataset import to_model_inputs
 from drape.data.partition import StageData, resolve_partitions
 from drape.layout import ADAPTERS, StagePaths, checkpoint_name
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
@@ -32,8 +32,11 @@ from drape.training.batches import BatchPrefetcher
 from drape.training.checkpoint import read_manifest, save_checkpoint
 from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, unwrap
 from drape.training.lora import is_lora_pass, merge, save_adapter
-from drape.training.model import TryOnModel, build_model, build_noise_scheduler, diffusion_target
+from drape.training.model import TryOnModel, build_model
+from drape.training.objective import build_objective
+from drape.training.optim import check_optimizer, lr_schedule
 from drape.training.state import TrainingState, prepare_training, resume_step
+from drape.training.step import train_step
 
 MetricsSink = Callable[[dict[str, float], int], None]
 
@@ -249,35 +252,6 @@ class StepMetrics:
             self.sink({f"{self.stage}/data_wait_fraction/rank{r['rank']}": r["data_wait_fraction"] for r in ranks}, self.total)
 
 
-def _step(
-    config: PipelineConfig, state: TrainingState, scheduler, batch: dict, generator: torch.Generator, context: DistContext
-) -> torch.Tensor:
-    """One optimizer step on this rank's rows of the global batch (uint8, as decoded); returns the loss."""
-    train, device = config.train, context.device
-    batch = to_model_inputs({k: v.to(device, non_blocking=True) for k, v in batch.items()})
-    with torch.no_grad():
-        clean, condition = cast(TryOnModel, unwrap(state.model)).prepare(batch)  # pixels, or the frozen VAE's latents
-    local = context.local_slice(train.batch_size)
-    global_shape = (train.batch_size, *clean.shape[1:])  # the batch holds this rank's rows only
-    noise = torch.randn(global_shape, generator=generator)[local].to(device)  # the global batch's noise, this rank's rows
-    timesteps = torch.randint(0, scheduler.config.num_train_timesteps, (train.batch_size,), generator=generator)[local].to(device)
-    noisy = scheduler.add_noise(clean, noise, timesteps)
-    if state.lora is not None and train.lora.dropout:  # the adapters' dropout masks, drawn again alike on resume
-        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)) + context.rank)
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=train.precision == "bf16"):
-        prediction = state.model(noisy, timesteps, **condition)
-    loss = F.mse_loss(prediction.float(), diffusion_target(scheduler, clean, noise, timesteps))
-    state.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_([state.parameters[n] for n in state.names], train.grad_clip)
-    state.optimizer.step()
-    if state.ema is not None:
-        with torch.no_grad():
-            for n in state.names:
-                state.ema[n].lerp_(state.parameters[n].detach(), 1 - train.ema.decay)
-    return loss.detach()
-
-
 def train_stage(
     config: PipelineConfig,
     *,
@@ -310,10 +284,12 @@ def train_stage(
     if data.count != partitions:
         raise ValueError(f"stage {stage}: data is dealt into {data.count} partitions, the run uses {partitions}")
     lora = is_lora_pass(config, mode)
+    check_optimizer(train, context.device)
     start = resume_step(out_dir, lora=lora)
     prefetcher = BatchPrefetcher.for_rank(config, data, context, stage=stage, start=start, stop=total)
     try:
         state = prepare_training(config, stage, out_dir, init_checkpoint, context, lora=lora)
+        state.lr_schedule = lr_schedule(train, state.optimizer, total, state.start_step)
         checkpointer = Checkpointer(
             config, Path(out_dir), context, stage, mode, total, data_manifest_hash, state.resumed_from, on_saved
         )
@@ -345,13 +321,13 @@ def _train_steps(
     progress: Callable[[int, int], None] | None,
 ) -> float:
     """The stage's remaining steps, each recorded and offered to the checkpointer; the last loss (NaN: none ran)."""
-    scheduler = build_noise_scheduler(config.diffusion)
+    objective = build_objective(config.diffusion)
     loss = float("nan")
     state.model.train()
     for _ in range(state.start_step, checkpointer.total):
         (step, batch, generator), waited = prefetcher.next()
         step_started = time.perf_counter()
-        loss, done = _global_mean(_step(config, state, scheduler, batch, generator, context), context), step + 1
+        loss, done = _global_mean(train_step(config, state, objective, batch, generator, context), context), step + 1
         metrics.record(done, loss, time.perf_counter() - step_started, waited)
         checkpointer.save(done, state, loss)
         if progress and context.is_main:

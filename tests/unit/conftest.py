@@ -55,3 +55,41 @@ def one_stage(dag_config):
     archived = t.archive.fn(config, context, "identity", {**row, "version": snap["version"]})
     summary = t.summarize.fn(config, context, [archived])
     return context, staged, trained, report, artifacts, snap, archived, summary
+
+
+def seven_texture_steps(config, **train):
+    """`config` with a 7-step texture stage checkpointed every 3 steps, and `train` overrides."""
+    data = config.model_dump(mode="json")
+    data["train"].update({"checkpoint_every": 3, **train})
+    data["train"]["stages"]["texture"]["steps"] = 7
+    return type(config).model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def texture_data(tiny_dataset):
+    from drape.data.partition import split_data
+
+    directory, manifest, _ = tiny_dataset
+    return split_data(directory, manifest, "texture")
+
+
+class Killed(Exception):
+    pass
+
+
+def uninterrupted_and_resumed(cfg, data, folder):
+    """The texture stage of `cfg` trained whole, and trained again killed after step 5 then resumed
+    (from its step-3 checkpoint, which the test checks): the two results."""
+    from drape.training.checkpoint import list_checkpoints
+    from drape.training.trainer import train_stage
+
+    full = train_stage(cfg, stage="texture", data=data, out_dir=folder / "full", init_checkpoint=None)
+
+    def die_at_step_5(done, total):
+        if done == 5:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_stage(cfg, stage="texture", data=data, out_dir=folder / "killed", init_checkpoint=None, progress=die_at_step_5)
+    assert [p.name for p in list_checkpoints(folder / "killed" / "checkpoints")] == ["step-0000003"]
+    return full, train_stage(cfg, stage="texture", data=data, out_dir=folder / "killed", init_checkpoint=None)

@@ -20,7 +20,7 @@ from drape.training.checkpoint import load_model, save_checkpoint
 from drape.training.model import build_model, build_noise_scheduler, sample, trainable_parameter_names
 from drape.training.pretrained import map_pretrained, resolve_denoiser, widen_input_channels
 from scheduler.profiles import model_facts
-from tests.conftest import tiny_config
+from tests.conftest import random_tryon_batch, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 # SD1.5-inpainting's block structure (three cross-attention levels, then one without) at tiny widths
@@ -49,16 +49,6 @@ def _save_unet(folder: Path, seed: int = 7, **changes) -> dict[str, torch.Tensor
     unet = UNet2DConditionModel(**{**TINY_UNET, **changes})
     unet.save_pretrained(folder, safe_serialization=True)
     return unet.state_dict()
-
-
-def _batch(size: int = 2, resolution: int = 32) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    batch = {
-        name: torch.rand(size, 3, resolution, resolution, generator=generator) * 2 - 1
-        for name in ("target", "agnostic", "pose", "garment")
-    }
-    batch["mask"] = (torch.rand(size, 1, resolution, resolution, generator=generator) > 0.5).float()
-    return batch
 
 
 def test_a_pretrained_unet_loads_through_the_denoiser_path(tmp_path):
@@ -144,7 +134,7 @@ def test_catvton_trains_the_self_attention_alone(axis, tmp_path):
     chosen = set(trainable_parameter_names(SELF_ATTENTION, names, model.frozen_prefixes))
     for name, parameter in model.named_parameters():
         parameter.requires_grad_(name in chosen)
-    clean, condition = model.prepare(_batch())
+    clean, condition = model.prepare(random_tryon_batch())
     assert clean.shape == (2, 4, 16, 16) and set(condition) == {"agnostic", "mask", "garment"}  # no pose
     noise = torch.randn_like(clean)
     prediction = model(clean + noise, torch.tensor([10, 900]), **condition)
@@ -158,7 +148,7 @@ def test_catvton_trains_the_self_attention_alone(axis, tmp_path):
 def test_catvton_samples_pixels_and_loads_alone_from_a_checkpoint(tmp_path):
     config = tiny_config(tmp_path / "drape", model=_model({"config": TINY_UNET}))
     model = build_model(config)
-    batch = _batch()
+    batch = random_tryon_batch()
     images = sample(model, config.diffusion, batch, seed=3, num_steps=2)
     assert images.shape == (2, 3, 32, 32) and images.abs().max() <= 1
     assert not torch.allclose(

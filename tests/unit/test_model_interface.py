@@ -15,7 +15,7 @@ from drape.config import ConfigError
 from drape.training.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint
 from drape.training.model import BUILT_IN, build_model, resolve_class, sample, trainable_parameter_names
 from scheduler.profiles import ASSUMED_MFU, H100_DENSE_BF16_FLOPS, estimate, model_facts, parameter_counts, workload
-from tests.conftest import tiny_config
+from tests.conftest import random_tryon_batch, tiny_config
 
 LATENT = {
     "latent-dit": {"kind": "latent-dit", "patch_size": 2, "garment_patch_size": 4, "vae": {"latent_channels": 4}},
@@ -23,21 +23,11 @@ LATENT = {
 }
 
 
-def _batch(size: int = 2, resolution: int = 32) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    batch = {
-        name: torch.rand(size, 3, resolution, resolution, generator=generator) * 2 - 1
-        for name in ("target", "agnostic", "pose", "garment")
-    }
-    batch["mask"] = (torch.rand(size, 1, resolution, resolution, generator=generator) > 0.5).float()
-    return batch
-
-
 @pytest.mark.parametrize("kind", list(LATENT))
 def test_a_latent_model_diffuses_vae_latents_and_samples_pixels(kind, tmp_path):
     config = tiny_config(tmp_path, model=LATENT[kind])
     model = build_model(config)
-    batch = _batch()
+    batch = random_tryon_batch()
     clean, condition = model.prepare(batch)
     assert clean.shape == (2, 4, 16, 16)  # 32 px, the VAE's two blocks halve it once, 4 channels
     prediction = model(torch.randn_like(clean), torch.tensor([10, 900]), **condition)

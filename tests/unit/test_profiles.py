@@ -16,6 +16,27 @@ def test_estimate_grows_with_what_the_job_holds(config):
     assert estimate(bigger, "stage-training", "identity", counts=counts)[0] > training
 
 
+def test_8bit_moments_accumulation_and_guidance_change_the_estimate(config):
+    counts = parameter_counts(config, "identity")
+    training, _ = estimate(config, "stage-training", "identity", counts=counts)
+    evaluation, seconds = estimate(config, "gate-eval", "identity", counts=counts)
+
+    def changed(section, **update):
+        return config.model_copy(update={section: getattr(config, section).model_copy(update=update)})
+
+    eight_bit = changed("train", optimizer="adamw8bit")
+    assert estimate(eight_bit, "stage-training", "identity", counts=counts)[0] == pytest.approx(
+        training - 6 * counts[1] / 2**30
+    )  # 2 B of moments per trainable parameter instead of 8
+    accumulated = changed("train", grad_accumulation_steps=4)
+    assert estimate(accumulated, "stage-training", "identity", counts=counts)[0] < training
+    guided = estimate(changed("diffusion", guidance_scale=3.0), "gate-eval", "identity", counts=counts)
+    assert guided[0] > evaluation and guided[1] == pytest.approx(2 * seconds)
+    assert shape_key(accumulated, "stage-training", "identity").split("/")[4] == "b16x4"
+    assert "/adamw8bit/" in shape_key(eight_bit, "stage-training", "identity")
+    assert shape_key(config, "stage-training", "identity").endswith("/b16/fp32/1gpu")  # unchanged by default
+
+
 def test_measured_history_overrides_the_estimate_with_p95_plus_headroom(config, tmp_path):
     store = JobStore(f"sqlite:///{tmp_path}/queue.db")
     first = profile(config, store, "stage-training", "texture")

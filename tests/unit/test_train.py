@@ -3,42 +3,14 @@
 import pytest
 import torch
 
-from drape.data.partition import split_data
-from drape.training.checkpoint import list_checkpoints, load_model
+from drape.training.checkpoint import load_model
 from drape.training.trainer import train_stage
-
-
-class Killed(Exception):
-    pass
-
-
-def _config(config, **train):
-    data = config.model_dump(mode="json")
-    data["train"].update({"checkpoint_every": 3, **train})
-    data["train"]["stages"]["texture"]["steps"] = 7
-    return type(config).model_validate(data)
-
-
-@pytest.fixture(scope="module")
-def texture_data(tiny_dataset):
-    directory, manifest, _ = tiny_dataset
-    return split_data(directory, manifest, "texture")
+from tests.unit.conftest import seven_texture_steps, uninterrupted_and_resumed
 
 
 def test_resume_after_kill_matches_uninterrupted(config, texture_data, tmp_path):
-    cfg = _config(config, ema={"enabled": True, "decay": 0.9})
-    full = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "full", init_checkpoint=None)
-
-    def die_at_step_5(done, total):
-        if done == 5:
-            raise Killed
-
-    with pytest.raises(Killed):
-        train_stage(
-            cfg, stage="texture", data=texture_data, out_dir=tmp_path / "killed", init_checkpoint=None, progress=die_at_step_5
-        )
-    assert [p.name for p in list_checkpoints(tmp_path / "killed" / "checkpoints")] == ["step-0000003"]
-    resumed = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "killed", init_checkpoint=None)
+    cfg = seven_texture_steps(config, ema={"enabled": True, "decay": 0.9})
+    full, resumed = uninterrupted_and_resumed(cfg, texture_data, tmp_path)
     assert resumed.resumed_from_step == 3 and resumed.steps == 7
     a, b = load_model(full.checkpoint).state_dict(), load_model(resumed.checkpoint).state_dict()
     for name in a:
@@ -47,7 +19,7 @@ def test_resume_after_kill_matches_uninterrupted(config, texture_data, tmp_path)
 
 
 def test_only_the_stage_subset_trains(config, texture_data, tmp_path):
-    cfg = _config(config)
+    cfg = seven_texture_steps(config)
     first = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "a", init_checkpoint=None)
     before = load_model(first.checkpoint).state_dict()
     data = cfg.model_dump(mode="json")
@@ -71,7 +43,7 @@ def test_metrics_reach_the_sink_and_prometheus(config, texture_data, tmp_path):
 
     logged = []
     result = train_stage(
-        _config(config, log_every=2),
+        seven_texture_steps(config, log_every=2),
         stage="texture",
         data=texture_data,
         out_dir=tmp_path,
@@ -106,9 +78,11 @@ def test_patterns_that_match_nothing_fail_clearly(config, texture_data, tmp_path
 
 
 def test_gradient_checkpointing_gives_the_same_weights(config, texture_data, tmp_path):
-    plain = train_stage(_config(config), stage="texture", data=texture_data, out_dir=tmp_path / "plain", init_checkpoint=None)
+    plain = train_stage(
+        seven_texture_steps(config), stage="texture", data=texture_data, out_dir=tmp_path / "plain", init_checkpoint=None
+    )
     checkpointed = train_stage(
-        _config(config, gradient_checkpointing=True),
+        seven_texture_steps(config, gradient_checkpointing=True),
         stage="texture",
         data=texture_data,
         out_dir=tmp_path / "ckpt",
