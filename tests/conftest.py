@@ -37,6 +37,8 @@ LONGEST_FIRST = (
     "integration/test_dashboards.py",
     "integration/test_models.py",
     "integration/test_staged_training.py",
+    "integration/test_recipes.py",
+    "integration/test_multinode.py",
     "integration/test_shoppers.py",
     "integration/test_inference.py",
     "integration/test_distributed.py",

@@ -10,7 +10,7 @@ from drape.config import ConfigError, load_config
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["demo.yaml", "h100.yaml", "rehearsal.yaml", "catvton.yaml"])
+@pytest.mark.parametrize("name", ["demo.yaml", "h100.yaml", "rehearsal.yaml", "catvton.yaml", "fitdit.yaml"])
 def test_shipped_configs_load(name):
     config = load_config(REPO / "configs" / name)
     assert set(config.train.stages) == set(STAGES)
