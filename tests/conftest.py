@@ -439,3 +439,23 @@ def random_tryon_batch(size: int = 2, resolution: int = 32) -> dict:
     }
     batch["mask"] = (torch.rand(size, 1, resolution, resolution, generator=generator) > 0.5).float()
     return batch
+
+
+PASS_ANYTHING = {  # the lowest gate bounds allowed: only a flat output fails
+    "identity": {"min_similarity": 1e-6},
+    "texture": {"min_fidelity": 1e-6},
+    "coherence": {"min_score": 1e-6},
+}
+# SD1.5-inpainting's UNet block structure (three cross-attention levels, then one without) at tiny widths
+TINY_UNET = {
+    "block_out_channels": [8, 8, 16, 16],
+    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
+    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
+    "layers_per_block": 2,
+    "attention_head_dim": 2,
+    "norm_num_groups": 4,
+    "cross_attention_dim": 8,
+    "in_channels": 9,
+    "out_channels": 4,
+    "sample_size": 16,
+}

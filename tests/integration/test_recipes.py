@@ -20,31 +20,13 @@ from diffusers import UNet2DConditionModel
 from drape import STAGES, pipeline
 from drape.training.checkpoint import read_manifest
 from drape.training.latent import fit_vae, synthetic_images, vae_config
-from tests.conftest import tiny_config
+from tests.conftest import PASS_ANYTHING, TINY_UNET, tiny_config
 
 pytestmark = pytest.mark.slow
 
 # A few steps a stage; the first stage trains long enough that its outputs carry the person (the
 # gates' lowest thresholds are above zero, which a random model's bootstrap lower bound is not).
 STEPS = {"identity": 60, "texture": 4, "geometry": 4, "denoise": 4}
-PASS_ANYTHING = {  # the lowest bounds allowed (tests/unit/conftest.py): only a flat output fails
-    "identity": {"min_similarity": 1e-6},
-    "texture": {"min_fidelity": 1e-6},
-    "coherence": {"min_score": 1e-6},
-}
-# SD1.5-inpainting's block structure at tiny widths (tests/unit/test_catvton.py)
-TINY_UNET = {
-    "block_out_channels": [8, 8, 16, 16],
-    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
-    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
-    "layers_per_block": 2,
-    "attention_head_dim": 2,
-    "norm_num_groups": 4,
-    "cross_attention_dim": 8,
-    "in_channels": 9,
-    "out_channels": 4,
-    "sample_size": 16,
-}
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,9 @@ import pytest
 from drape import STAGES
 from drape.layout import checkpoint_name
 from tasks import stages as t
-from tests.conftest import tiny_config
+from tests.conftest import PASS_ANYTHING, tiny_config
 
 # the lowest thresholds allowed: everything but a collapsed (flat) output passes
-PASS_ANYTHING = {
-    "identity": {"min_similarity": 1e-6},
-    "texture": {"min_fidelity": 1e-6},
-    "coherence": {"min_score": 1e-6},
-}  # the lowest bounds allowed
 
 
 @pytest.fixture(scope="session")

@@ -20,22 +20,9 @@ from drape.training.checkpoint import load_model, save_checkpoint
 from drape.training.model import build_model, build_noise_scheduler, sample, trainable_parameter_names
 from drape.training.pretrained import map_pretrained, resolve_denoiser, widen_input_channels
 from scheduler.profiles import model_facts
-from tests.conftest import random_tryon_batch, tiny_config
+from tests.conftest import TINY_UNET, random_tryon_batch, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-# SD1.5-inpainting's block structure (three cross-attention levels, then one without) at tiny widths
-TINY_UNET = {
-    "block_out_channels": [8, 8, 16, 16],
-    "down_block_types": ["CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D", "DownBlock2D"],
-    "up_block_types": ["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
-    "layers_per_block": 2,
-    "attention_head_dim": 2,
-    "norm_num_groups": 4,
-    "cross_attention_dim": 8,
-    "in_channels": 9,
-    "out_channels": 4,
-    "sample_size": 16,
-}
 SELF_ATTENTION = ["unet.*.attn1.*"]
 
 
