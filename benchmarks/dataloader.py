@@ -5,7 +5,7 @@
    every sample decoded into memory before step 1 (the reader before). Goal: largest ≤ 1.10×
    smallest.
 2. throughput: decoded samples/s at 1024 px with 1 and 2 workers, against the per-rank demand of
-   the configs/h100.yaml model at 40% MFU; then a loop that sleeps each step's GPU time at that
+   the configs/fitdit.yaml model at 40% MFU; then a loop that sleeps each step's GPU time at that
    demand measures the data-wait share. Goal: the decoding cores per rank for data-wait < 1% (≤ 4).
 3. readers: drape vs the `webdataset` package and `litdata` on the same 1024 px samples, same
    worker count: samples/s and peak RSS (trainer; largest worker). Goal: drape ≥ 1.0× the best.
@@ -134,7 +134,7 @@ def h100_demand() -> tuple[float, list[str]]:
     """Samples/s one H100 rank consumes at 40% MFU, from the h100 config's FLOPs per sample."""
     from scheduler.profiles import parameter_counts, tokens_per_sample
 
-    config = load_config(REPO / "configs" / "h100.yaml")
+    config = load_config(REPO / "configs" / "fitdit.yaml")
     parameters, _ = parameter_counts(config, None)
     tokens = tokens_per_sample(config)
     layers, width = config.model.num_layers, config.model.num_attention_heads * config.model.attention_head_dim
@@ -213,7 +213,7 @@ def warmup(stages: dict[str, Path], repeats: int, litdata: str | None, results: 
     batches read the disk while later ones partly hit what earlier draws cached, so every reader's
     ratio is lowered by the stage being small), and from runs with every shard in the page cache
     (both ends read memory: what is left is the reader's own start-up). Then as a stage job sees
-    it: the reader created, the model built (configs/h100.yaml's, on this CPU), then steps at the
+    it: the reader created, the model built (configs/fitdit.yaml's, on this CPU), then steps at the
     h100 demand (one sample per rank, the GPU step slept), timed from the first step."""
     names = ["drape", "webdataset"] + (["litdata"] if litdata is not None else [])
     warm = {

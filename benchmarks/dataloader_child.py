@@ -171,11 +171,11 @@ _IMPORTS = {
 
 def _model_setup() -> None:
     """What a stage job does between creating its reader and its first step: build the model (that
-    of configs/h100.yaml, 0.9 B parameters, on this CPU)."""
+    of configs/fitdit.yaml, 0.9 B parameters, on this CPU)."""
     from drape.config import load_config
     from drape.training.model import build_model
 
-    build_model(load_config(Path(__file__).resolve().parents[1] / "configs" / "h100.yaml"))
+    build_model(load_config(Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml"))
 
 
 def stream(spec: dict) -> dict:

@@ -1,6 +1,6 @@
 """The production-shaped model on GPUs: step time, peak memory, MFU and checkpoint stall.
 
-Trains configs/h100.yaml's transformer (depth reduced with --layers if needed) for --steps steps
+Trains configs/fitdit.yaml's transformer (depth reduced with --layers if needed) for --steps steps
 on random images at the config's resolution, bf16, under torchrun when several GPUs are given,
 with a sharded (async DCP) checkpoint every --every steps, and prints one table. MFU counts
 6 × parameters × tokens × samples per second against --peak-tflops per GPU (H100/H200 SXM
@@ -65,7 +65,7 @@ def main() -> int:
     import yaml
 
     cuda = torch.cuda.is_available()
-    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "h100.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml").read_text())
     overrides = {
         "queue": {"enabled": False},
         "train": {
@@ -82,7 +82,7 @@ def main() -> int:
         overrides["train"]["batch_size"] = args.batch
     if args.resolution or not cuda:
         overrides["data"] = {"resolution": args.resolution or 64}
-    config = parse_config(deep_merge(data, overrides), "configs/h100.yaml + benchmark overrides")
+    config = parse_config(deep_merge(data, overrides), "configs/fitdit.yaml + benchmark overrides")
     context = init_from_env(config.train.device)
     with tempfile.TemporaryDirectory(prefix="drape-gpu-bench-") as own:
         shared = [own]  # every rank reads the shards rank 0 writes, and checkpoints to one place

@@ -11,9 +11,9 @@ differs is drape around the step:
   the checkpointer's cadence check. Per-step time is the gap between its `progress` callbacks
   (data-wait included); the stage's final checkpoint (once per stage) falls outside the timed
   steps, and no intermediate checkpoint is due.
-- bare: a plain for-loop of forward, loss, backward, clip, step over tensors already decoded and
-  in memory (the same steps' batches, drawn by drape's seeded indices beforehand), noise and
-  timesteps drawn inline from a seeded generator.
+- bare: a plain for-loop over the same steps' batches as decoded (uint8, drawn by drape's seeded
+  indices beforehand and held in memory): to float, forward, loss, backward, clip, step, noise and
+  timesteps drawn inline from a seeded generator. It never waits for data: its row is the floor.
 
 Each run warms up for `--warmup` steps, then times `--steps` steps; the pair runs `--repeats`
 times, alternating which goes first. The table shows the median per-step time of each side over
@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from drape.config import PipelineConfig, deep_merge, load_config, parse_config  # noqa: E402
-from drape.data.dataset import build_dataset, to_model_inputs  # noqa: E402
+from drape.data.dataset import build_dataset  # noqa: E402
 from drape.data.partition import StageData, split_data  # noqa: E402
 from drape.training.batches import BatchPrefetcher  # noqa: E402
 from drape.training.distributed import DistContext  # noqa: E402
@@ -55,10 +55,12 @@ STAGE = "identity"  # tiny.yaml trains every parameter in it: the bare loop's op
 GOAL = 0.05
 
 
-def tiny_config(root: Path, total: int) -> PipelineConfig:
-    """tests/configs/tiny.yaml under `root`, its identity stage `total` steps, no checkpoint due before the end."""
+def tiny_config(root: Path, total: int, resolution: int = 32) -> PipelineConfig:
+    """tests/configs/tiny.yaml under `root` at `resolution` px, its identity stage `total` steps, no
+    checkpoint due before the end."""
     path = REPO / "tests" / "configs" / "tiny.yaml"
     raw = load_config(path).model_dump(mode="json", by_alias=True)
+    raw["data"]["resolution"] = resolution
     train = {"checkpoint_every": total + 1, "log_every": 1, "stages": {STAGE: {"steps": total}}}  # every step's data-wait
     patch = {"paths": {"root": str(root)}, "train": train}
     return parse_config(deep_merge(raw, patch), str(path))
@@ -81,30 +83,37 @@ def time_drape(config: PipelineConfig, data: StageData, out: Path, warmup: int) 
     return [gaps[i] for i in kept], [waits[i + 2] for i in kept]
 
 
-def load_batches(config: PipelineConfig, data: StageData, total: int) -> list[tuple[torch.Tensor, dict]]:
-    """The stage's first `total` batches (drape's seeded indices), decoded and prepared, in memory."""
-    model = build_model(config)
+def load_batches(config: PipelineConfig, data: StageData, total: int) -> list[dict[str, torch.Tensor]]:
+    """The stage's first `total` batches (drape's seeded indices) as decoded: uint8 arrays, in memory."""
     prefetcher = BatchPrefetcher.for_rank(config, data, DistContext(device=torch.device("cpu")), stage=STAGE, start=0, stop=total)
     batches = []
     try:
-        with torch.no_grad():
-            for _ in range(total):
-                (_, batch, _), _ = prefetcher.next()
-                batches.append(model.prepare(to_model_inputs(batch)))
+        for _ in range(total):
+            (_, batch, _), _ = prefetcher.next()
+            batches.append({name: tensor.clone() for name, tensor in batch.items()})
     finally:
         prefetcher.close()
     return batches
 
 
-def time_bare(config: PipelineConfig, batches: list[tuple[torch.Tensor, dict]], warmup: int) -> list[float]:
-    """Per-step seconds of a plain loop over `batches`: forward, MSE to the target, backward, clip, AdamW."""
+def to_float(batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """What any loop does to a uint8 batch: images to [-1, 1] (N, C, H, W), the mask to [0, 1]."""
+    images = {name: batch[name].permute(0, 3, 1, 2).float() / 127.5 - 1 for name in ("target", "agnostic", "pose", "garment")}
+    condition = {name: images[name] for name in ("agnostic", "pose", "garment")}
+    return images["target"], condition | {"mask": batch["mask"].float()[:, None] / 255.0}
+
+
+def time_bare(config: PipelineConfig, batches: list[dict[str, torch.Tensor]], warmup: int) -> list[float]:
+    """Per-step seconds of a plain loop over `batches`: to float, forward, MSE to the target,
+    backward, clip, AdamW."""
     model = build_model(config).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.train.lr, weight_decay=config.train.weight_decay)
     scheduler = build_noise_scheduler(config.diffusion)  # diffusers' DDPMScheduler, nothing of drape's around it
     generator, steps = torch.Generator().manual_seed(config.seed), config.diffusion.num_train_timesteps
     times = []
-    for clean, condition in batches:
+    for batch in batches:
         started = time.perf_counter()
+        clean, condition = to_float(batch)
         noise = torch.randn(clean.shape, generator=generator)
         timesteps = torch.randint(0, steps, (len(clean),), generator=generator)
         prediction = model(scheduler.add_noise(clean, noise, timesteps), timesteps, **condition)
@@ -148,37 +157,50 @@ def print_table(drape: list[float], bare: list[float], waits: list[float], repea
     return overhead
 
 
+def measure(args: argparse.Namespace, root: Path, resolution: int) -> tuple[float, float, float]:
+    """One size's table: the drape/bare pairs at `resolution` px; returns (drape ms, bare ms, overhead)."""
+    total = args.warmup + args.steps + 1  # + the final step, whose checkpoint save is not timed
+    config = tiny_config(root / "drape", total, resolution)
+    manifest = build_dataset(config, root / "shards")
+    data = split_data(root / "shards", manifest, STAGE)
+    batches = load_batches(config, data, total)
+    drape: list[float] = []
+    bare: list[float] = []
+    waits: list[float] = []
+    print(f"\n{resolution}×{resolution} px, batch {config.train.batch_size}", flush=True)
+    for repeat in range(args.repeats):
+        order = ("drape", "bare") if repeat % 2 == 0 else ("bare", "drape")
+        for side in order:
+            if side == "drape":
+                times, waited = time_drape(config, data, root / f"run-{repeat}", args.warmup)
+                drape, waits = drape + times, waits + waited
+            else:
+                bare += time_bare(config, batches, args.warmup)
+        so_far = f"drape {statistics.median(drape) * 1e3:.2f} ms, bare {statistics.median(bare) * 1e3:.2f} ms"
+        print(f"repeat {repeat + 1}/{args.repeats}: {so_far}", flush=True)
+    overhead = print_table(drape, bare, waits, args.repeats, args.steps)
+    if overhead > GOAL or args.profile:
+        print("\ncProfile of one drape run (model build and the final checkpoint included):")
+        print(profile_drape(config, data, root / "profiled"))
+    return statistics.median(drape) * 1e3, statistics.median(bare) * 1e3, overhead
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=100, help="timed steps per run")
     parser.add_argument("--repeats", type=int, default=7, help="drape/bare pairs, alternating which runs first")
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps at the start of each run")
+    parser.add_argument("--resolutions", default="32,64", help="sizes of the tiny model's images, comma-separated")
     parser.add_argument("--profile", action="store_true", help="profile a drape run even within the goal")
     args = parser.parse_args()
-    total = args.warmup + args.steps + 1  # + the final step, whose checkpoint save is not timed
-    with tempfile.TemporaryDirectory(prefix="drape-overhead-") as scratch:
-        root = Path(scratch)
-        config = tiny_config(root / "drape", total)
-        manifest = build_dataset(config, root / "shards")
-        data = split_data(root / "shards", manifest, STAGE)
-        batches = load_batches(config, data, total)
-        drape: list[float] = []
-        bare: list[float] = []
-        waits: list[float] = []
-        for repeat in range(args.repeats):
-            order = ("drape", "bare") if repeat % 2 == 0 else ("bare", "drape")
-            for side in order:
-                if side == "drape":
-                    times, waited = time_drape(config, data, root / f"run-{repeat}", args.warmup)
-                    drape, waits = drape + times, waits + waited
-                else:
-                    bare += time_bare(config, batches, args.warmup)
-            so_far = f"drape {statistics.median(drape) * 1e3:.2f} ms, bare {statistics.median(bare) * 1e3:.2f} ms"
-            print(f"repeat {repeat + 1}/{args.repeats}: {so_far}", flush=True)
-        overhead = print_table(drape, bare, waits, args.repeats, args.steps)
-        if overhead > GOAL or args.profile:
-            print("\ncProfile of one drape run (model build and the final checkpoint included):")
-            print(profile_drape(config, data, root / "profiled"))
+    rows = {}
+    for resolution in (int(r) for r in args.resolutions.split(",")):
+        with tempfile.TemporaryDirectory(prefix="drape-overhead-") as scratch:
+            rows[resolution] = measure(args, Path(scratch), resolution)
+    print("\nsummary: drape's cost per step is about constant; its share falls as the step grows")
+    print(f"{'size':>8}{'bare ms':>10}{'drape ms':>10}{'+ ms/step':>11}{'overhead':>10}")
+    for resolution, (drape_ms, bare_ms, overhead) in rows.items():
+        print(f"{resolution:>6}px{bare_ms:10.2f}{drape_ms:10.2f}{drape_ms - bare_ms:11.2f}{overhead:+10.1%}")
     return 0
 
 

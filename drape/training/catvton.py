@@ -15,7 +15,7 @@ canvas, no text encoder, and only the self-attention trained. Here:
   hidden states to the residual where the cross-attention was, so CatVTON's released attn1
   weights meet the function they were trained under. The UNet runs with
   `encoder_hidden_states=None`. The self-attention (``attn1``) is what the stages train
-  (`unet.*.attn1.*` in configs/catvton.yaml). Pose or DensePose is not an input: widening the
+  (`unet.*.attn1.*` in configs/h100.yaml). Pose or DensePose is not an input: widening the
   pretrained input for it would silently change the model CatVTON is.
 - The UNet's weights come from `model.denoiser.path` (drape.training.pretrained: a local folder or
   the local Hugging Face cache, safetensors only); a 4-channel SD1.5 base grows to 9 inputs by

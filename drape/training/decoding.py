@@ -25,6 +25,7 @@ worker left.
 from __future__ import annotations
 
 import gc
+import mmap
 import multiprocessing
 import os
 import queue
@@ -159,7 +160,13 @@ def _read(directory: Path, name: str, layout: list) -> dict[str, np.ndarray]:
     """The arrays of a handed-over batch, mapped (copy-on-write, no copy made); the file is unlinked."""
     path = directory / name
     total = sum(int(np.prod(shape)) * np.dtype(dtype).itemsize for _, shape, dtype, _ in layout)
-    mapped = np.memmap(path, dtype=np.uint8, mode="c", shape=(total,)) if total else None
+    mapped = None
+    if total:
+        descriptor = os.open(path, os.O_RDONLY)
+        try:  # a private mapping: the trainer may write to its batch without touching the file
+            mapped = np.frombuffer(mmap.mmap(descriptor, total, flags=mmap.MAP_PRIVATE), dtype=np.uint8)
+        finally:
+            os.close(descriptor)
     path.unlink()
     return _views(mapped, layout)
 

@@ -160,7 +160,7 @@ def test_a_unet_whose_output_is_not_the_vaes_latents_is_refused(tmp_path):
 
 
 def test_describe_prints_catvtons_published_size_from_the_meta_device():
-    config = load_config(REPO / "configs" / "catvton.yaml")  # its weights are not on this machine
+    config = load_config(REPO / "configs" / "h100.yaml")  # its weights are not on this machine
     facts = model_facts(config)
     sizes = dict(facts.sizes)
     trainable = {
@@ -174,7 +174,7 @@ def test_describe_prints_catvtons_published_size_from_the_meta_device():
     from drape.cli import app
 
     result = CliRunner().invoke(
-        app, ["model", "describe", "--config", str(REPO / "configs" / "catvton.yaml")], env={"COLUMNS": "240"}
+        app, ["model", "describe", "--config", str(REPO / "configs" / "h100.yaml")], env={"COLUMNS": "240"}
     )
     assert result.exit_code == 0, result.output
     assert "899.23 M parameters (83.65 M frozen), 49.57 M trainable by the stages" in result.output
@@ -182,7 +182,7 @@ def test_describe_prints_catvtons_published_size_from_the_meta_device():
 
 
 def test_the_schedule_is_sd15s(tmp_path):
-    config = load_config(REPO / "configs" / "catvton.yaml")
+    config = load_config(REPO / "configs" / "h100.yaml")
     scheduler = build_noise_scheduler(config.diffusion)
     assert (scheduler.config.beta_start, scheduler.config.beta_end, scheduler.config.prediction_type) == (
         0.00085,
