@@ -12,7 +12,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS ?= 60
 export PREFECT_HOME ?= $(CURDIR)/.drape/prefect
 
-.PHONY: demo test lint format install services serve rehearse clean image image-cpu
+.PHONY: demo test lint format install services serve rehearse clean image image-cpu docs docs-serve
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,7 @@ $(BIN)/python:
 # torch first, pinned: the CPU build that lies on this machine's disk (an unpinned torch pulls CUDA).
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[test,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -64,6 +64,15 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+
+# the documentation site (mkdocs.yml): strict, so a broken link or a page left out of the navigation
+# fails; the config and CLI references are generated from the code as it builds (docs/hooks.py)
+export NO_MKDOCS_2_WARNING := 1
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --quiet
+
+docs-serve: $(STAMP)
+	$(BIN)/mkdocs serve
 
 format: $(STAMP)
 	$(BIN)/ruff format .

@@ -23,7 +23,7 @@ def queue_submit(
     duration: float = typer.Option(3600.0, help="expected run time (s)"),
     gpus: int = typer.Option(1, help="GPUs (more than one: whole GPUs on one node)"),
     priority: int = typer.Option(3, help="higher runs first; waiting raises it (aging)"),
-    stage: str | None = typer.Option(None),
+    stage: str | None = typer.Option(None, help="the pipeline stage it trains, if any (its memory history is kept per stage)"),
     gpu_model: list[str] = typer.Option([], help="a GPU model it may run on, a part of its name (repeat; default: any)"),
     exclusive: bool = typer.Option(False, help="run alone on its GPU: never co-located, never preempted"),
     share: float = typer.Option(1.0, help="the part of a GPU's compute it uses; under 1 it shares a GPU by declaration"),
@@ -58,7 +58,7 @@ def queue_submit(
 def queue_list(
     config: Path | None = ConfigOption,
     state: str | None = typer.Option(None, help="only jobs in this state"),
-    limit: int = typer.Option(50),
+    limit: int = typer.Option(50, help="at most this many jobs"),
 ) -> None:
     """Jobs, oldest first, with state, GPUs, memory and waits."""
     import json

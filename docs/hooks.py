@@ -1,0 +1,179 @@
+"""MkDocs hook: the config and CLI references, generated at build time from the code itself.
+
+`reference/config.md` walks the pydantic models under `PipelineConfig` (every field: its YAML path,
+type, default, bounds and description); `reference/cli.md` walks the `drape` command (every command:
+usage, help, options). Nothing is hand-copied, so the pages cannot drift from the code; a field or
+option without a description shows as such (tests/unit/test_docs.py counts them).
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterator
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+CONFIG_PAGE = "reference/config.md"
+CLI_PAGE = "reference/cli.md"
+BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "length ≥"), ("max_length", "length ≤"))
+
+
+def _models_in(annotation: Any) -> Iterator[type[BaseModel]]:
+    """The pydantic models an annotation holds (itself, or inside Optional, list, dict, …)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for argument in typing.get_args(annotation):
+        yield from _models_in(argument)
+
+
+def type_name(annotation: Any) -> str:
+    """A field's type as a reader writes it in YAML terms: `int`, `str | None`, `list[float]`, `'a' | 'b'`."""
+    if annotation is type(None):
+        return "null"
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        return " | ".join(repr(value) for value in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_name(argument) for argument in typing.get_args(annotation))
+    if origin is typing.Annotated:
+        return type_name(typing.get_args(annotation)[0])
+    if origin is not None:
+        arguments = ", ".join(type_name(argument) for argument in typing.get_args(annotation))
+        return f"{getattr(origin, '__name__', str(origin))}[{arguments}]"
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return " | ".join(repr(member.value) for member in annotation)
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def default_text(field: FieldInfo) -> str:
+    """The default as YAML would spell it; `required` where there is none."""
+    if field.default_factory is not None:
+        try:
+            value = field.default_factory()  # type: ignore[call-arg]
+        except TypeError:
+            return "(computed)"
+    elif field.default is PydanticUndefined:
+        return "required"
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    if isinstance(value, Enum):
+        value = value.value
+    text = "null" if value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "…"
+
+
+def bounds_text(field: FieldInfo) -> str:
+    """`≥ 1, ≤ 64` from the field's constraints (pydantic's annotated-types metadata)."""
+    found = []
+    for item in field.metadata:
+        for attribute, sign in BOUNDS:
+            value = getattr(item, attribute, None)
+            if value is not None:
+                found.append(f"{sign} {value}")
+    return ", ".join(found)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ") or " "
+
+
+def config_sections(model: type[BaseModel], path: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
+    """(YAML path, model) for `model` and every model nested under it, depth first, each once per path."""
+    yield path, model
+    for name, field in model.model_fields.items():
+        key = field.alias or name
+        for nested in dict.fromkeys(_models_in(field.annotation)):
+            yield from config_sections(nested, f"{path}.{key}" if path else key)
+
+
+def config_reference(root: type[BaseModel]) -> tuple[str, int, int]:
+    """The config reference page; (markdown, fields, fields without a description)."""
+    lines = [
+        "# Config reference",
+        "",
+        "Generated from the pydantic models in `drape/config/` when the site is built. A pipeline config",
+        "is a YAML file of these sections; unknown keys are errors, and a bad value fails at load naming",
+        "the field and the file.",
+        "",
+    ]
+    fields = undocumented = 0
+    for path, model in config_sections(root):
+        lines += [f"## `{path or '(top level)'}`", ""]
+        doc = (model.__doc__ or "").strip()
+        if doc and not doc.startswith(("A base class", "Usage docs")):
+            lines += [" ".join(doc.split()), ""]
+        lines += ["| field | type | default | bounds | description |", "| --- | --- | --- | --- | --- |"]
+        for name, field in model.model_fields.items():
+            fields += 1
+            undocumented += not field.description
+            key = field.alias or name
+            row = (
+                f"`{key}`",
+                type_name(field.annotation),
+                f"`{default_text(field)}`",
+                bounds_text(field),
+                field.description or "",
+            )
+            lines.append("| " + " | ".join(_cell(cell) for cell in row) + " |")
+        lines.append("")
+    return "\n".join(lines), fields, undocumented
+
+
+def _commands(command: Any, path: list[str]) -> Iterator[tuple[list[str], Any]]:
+    """(words, command) of `command` and every subcommand; typer's vendored click or click alike."""
+    yield path, command
+    subcommands = getattr(command, "commands", None) or {}
+    for name in sorted(subcommands):
+        yield from _commands(subcommands[name], [*path, name])
+
+
+def cli_reference(command: Any, name: str = "drape") -> tuple[str, int, int]:
+    """The CLI reference page; (markdown, options, options without help)."""
+    lines = ["# CLI reference", "", "Generated from the `drape` command when the site is built.", ""]
+    options = undocumented = 0
+    for path, sub in _commands(command, [name]):
+        context = sub.context_class(sub, info_name=" ".join(path))
+        lines += [
+            f"## `{' '.join(path)}`",
+            "",
+            " ".join((sub.help or "").split()),
+            "",
+            "```text",
+            sub.get_usage(context),
+            "```",
+            "",
+        ]
+        rows = []
+        for parameter in sub.get_params(context):
+            if parameter.param_type_name != "option" or getattr(parameter, "hidden", False) or parameter.name == "help":
+                continue
+            options += 1
+            undocumented += not parameter.help
+            names = ", ".join(f"`{option}`" for option in [*parameter.opts, *parameter.secondary_opts])
+            default = "" if parameter.default in (None, ()) or callable(parameter.default) else f"`{parameter.default!r}`"
+            rows.append(f"| {names} | {_cell(default)} | {_cell(' '.join((parameter.help or '').split()))} |")
+        if rows:
+            lines += ["| option | default | help |", "| --- | --- | --- |", *rows, ""]
+    return "\n".join(lines), options, undocumented
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """Add the two generated pages to the site (mkdocs calls this once per build)."""
+    import typer
+    from mkdocs.structure.files import File
+
+    from drape.cli import app
+    from drape.config import PipelineConfig
+
+    config_page, _, _ = config_reference(PipelineConfig)
+    cli_page, _, _ = cli_reference(typer.main.get_command(app))
+    for uri, content in ((CONFIG_PAGE, config_page), (CLI_PAGE, cli_page)):
+        files.append(File.generated(config, uri, content=content))
+    return files
