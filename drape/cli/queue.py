@@ -234,3 +234,33 @@ def queue_trace(
     since = time.time() - since_hours * 3600 if since_hours is not None else None
     count = export_trace(JobStore(load(config).queue_url), out, since)
     console.print(f"{out}: {count} job(s); replay with drape queue simulate --trace {out} --fleet FLEET.yaml")
+
+
+@app.command("kueue")
+def queue_kueue(
+    fleet: Path = typer.Option(..., help="fleet YAML: groups: [{model, memory_gib, nodes, gpus_per_node}]"),
+    local_queue: str = typer.Option("drape", help="the LocalQueue jobs name (kueue.x-k8s.io/queue-name)"),
+    cluster_queue: str = typer.Option("drape", help="the ClusterQueue whose quota is the fleet"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """Kueue's objects for a fleet (kueue.x-k8s.io/v1beta2): a ResourceFlavor per GPU model or MIG
+    profile, the ClusterQueue, the LocalQueue; YAML to `kubectl apply -f -`."""
+    import yaml
+
+    from scheduler.kueue import KueueError, flavors_from_fleet, kueue_objects
+    from scheduler.simulator import TraceError, load_fleet
+
+    settings = load(config).queue.kubernetes
+    try:
+        flavors = flavors_from_fleet(load_fleet(fleet), settings.product_label, settings.products)
+        objects = kueue_objects(
+            flavors,
+            namespace=settings.namespace,
+            cluster_queue=cluster_queue,
+            local_queue=local_queue,
+            cpu_per_gpu=settings.cpu_per_gpu,
+            memory_gib_per_gpu=settings.host_memory_gib_per_gpu + settings.shm_gib_per_gpu,
+        )
+    except (TraceError, KueueError) as error:
+        fail(str(error))
+    print(yaml.safe_dump_all(objects, sort_keys=False), end="")
