@@ -37,6 +37,7 @@ EXPECTED_COMMANDS = {
     "queue profile": ["config"],
     "queue simulate": ["trace", "fleet", "policy"],
     "queue trace": ["out", "since_hours", "config"],
+    "queue kueue": ["fleet", "local_queue", "cluster_queue", "config"],
     "model describe": ["config"],
     "tryon": ["config", "inputs", "model", "out", "seed", "shopper", "variant"],
     "shopper photos": ["config", "count", "first", "identity", "out"],
