@@ -47,7 +47,8 @@ def storage_sweep(
         False, help="supersede archived baselines of stages the registry has no baseline for (else: an error)"
     ),
 ) -> None:
-    """Retag superseded baselines and delete expired objects where lifecycle rules cannot (file://)."""
+    """Retag superseded baselines, delete expired objects where lifecycle rules cannot (file://) and
+    the hand-off copies of superseded baselines."""
     from drape import pipeline
 
     cfg = load(config)
@@ -55,8 +56,8 @@ def storage_sweep(
     verb = "would retag" if dry_run else "retagged"
     console.print(
         f"{verb} {len(result['retagged'])} superseded baseline object(s); "
-        f"{'would delete' if dry_run else 'deleted'} {len(result['deleted'])} expired object(s) "
-        f"({format_bytes(result['freed_bytes'])})"
+        f"{'would delete' if dry_run else 'deleted'} {len(result['deleted'])} expired object(s) and "
+        f"{len(result['handoffs'])} superseded baseline hand-off(s) ({format_bytes(result['freed_bytes'])})"
     )
 
 

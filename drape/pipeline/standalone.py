@@ -41,6 +41,7 @@ def sweep(
         "dry_run": dry_run,
         "retagged": result.retagged,
         "deleted": result.deleted,
+        "handoffs": result.handoffs,
         "freed_bytes": result.freed_bytes,
         "manifest_key": result.manifest_key,
     }

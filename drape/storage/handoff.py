@@ -114,6 +114,47 @@ def get_tree(store: ObjectStore, prefix: str, local_dir: str | Path) -> Path:
     return destination
 
 
+def published_at(store: ObjectStore, prefix: str) -> datetime:
+    """When a tree was published: its file list's modification time (S3 LastModified), in UTC."""
+    info = store.fs.info(store.path(f"{prefix}/{TREE_INDEX}"))
+    stamp = info.get("LastModified") or info.get("mtime") or info.get("created")
+    if isinstance(stamp, datetime):
+        return stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)
+    return datetime.fromtimestamp(float(stamp), UTC)
+
+
+def superseded_handoffs(
+    store: ObjectStore, current_baseline_runs: dict[str, str], *, now: datetime, grace_days: float
+) -> list[str]:
+    """Baseline hand-offs (`handoff/baselines/<stage>/v<version>-<run>`) of a run that is no longer its
+    stage's baseline, published more than `grace_days` before `now`: copies of archived baselines
+    that no job starts from any more (a run that started from one has had the grace to fetch it).
+    A stage without a current baseline keeps its hand-offs (an empty registry supersedes nothing)."""
+    found = []
+    for key in store.list("handoff/baselines"):
+        parts = key.split("/")
+        if len(parts) < 5 or parts[-1] != TREE_INDEX:
+            continue
+        stage, folder = parts[2], parts[3]
+        run = folder.split("-", 1)[1] if folder.startswith("v") and "-" in folder else None
+        current = current_baseline_runs.get(stage)
+        prefix = "/".join(parts[:4])
+        if run and current and run != current and (now - published_at(store, prefix)).total_seconds() > grace_days * 86400:
+            found.append(prefix)
+    return sorted(found)
+
+
+def remove_tree(store: ObjectStore, prefix: str) -> int:
+    """Delete a published tree: its file list first (it no longer counts), then its files; the bytes freed."""
+    files = tree_index(store, prefix)
+    store.fs.rm(store.path(f"{prefix}/{TREE_INDEX}"))
+    for record in files:
+        key = f"{prefix}/{record['path']}"
+        if store.exists(key):
+            store.fs.rm(store.path(key))
+    return sum(record["bytes"] for record in files)
+
+
 # --- checkpoints: published as the trainer saves them ---------------------------------------------
 def publish_checkpoint(store: ObjectStore, path: str | Path, policy, *, run_id: str, stage: str) -> int:
     """Archive one checkpoint (or adapter) folder as 'published', keep its live copy; returns bytes sent."""

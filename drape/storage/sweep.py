@@ -6,6 +6,9 @@
    (`ObjectStore.restamp`): its tags select the superseded-baseline lifecycle rule and its new
    creation date makes S3 count the grace period from now.
 2. On stores without lifecycle rules (file://), objects past their `expires_at` are deleted.
+3. Hand-off copies of superseded baselines (`handoff/baselines/<stage>/v<version>-<run>`, the
+   weights stage jobs start from; drape/storage/handoff.py) published more than
+   `baseline_grace_days` ago are deleted, on every store: they are copies of archived checkpoints.
 Each change is appended as a new manifest object under ``archive/manifests/sweep/``; nothing is
 rewritten. `dry_run` reports what would change and changes nothing.
 """
@@ -19,6 +22,7 @@ from datetime import UTC, datetime, timedelta
 from drape import Outcome
 from drape.config import RetentionConfig
 from drape.layout import SWEEP_MANIFESTS, new_manifest_key, safe_key
+from drape.storage.handoff import remove_tree, superseded_handoffs
 from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest, resolve
 from drape.storage.store import ObjectStore, StorageError
 
@@ -27,6 +31,7 @@ from drape.storage.store import ObjectStore, StorageError
 class SweepResult:
     retagged: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
+    handoffs: list[str] = field(default_factory=list)  # superseded baselines' hand-off copies (deleted)
     freed_bytes: int = 0
     manifest_key: str = ""
 
@@ -70,7 +75,12 @@ def sweep(
             updates.append({**record, "deleted_at": now.isoformat(), "recorded_at": now.isoformat()})
             result.deleted.append(record["key"])
             result.freed_bytes += record["bytes"]
-    if dry_run or not updates:
+    result.handoffs = superseded_handoffs(store, current_baseline_runs, now=now, grace_days=policy.baseline_grace_days)
+    if dry_run:
+        return result
+    for prefix in result.handoffs:
+        result.freed_bytes += remove_tree(store, prefix)
+    if not updates:
         return result
     result.manifest_key = new_manifest_key(SWEEP_MANIFESTS, now, separator="/")
     store.put_bytes("".join(json.dumps(u, sort_keys=True) + "\n" for u in updates).encode(), result.manifest_key)

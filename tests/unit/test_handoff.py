@@ -180,3 +180,28 @@ def test_a_checkpoint_counts_only_once_every_node_published_its_shards(store, tm
     assert not (node_0 / "step-0000040.dcp").exists()
     assert align_to(store, "m", "identity", stage_dir, "step-0000020.dcp") is None  # whole here now
     assert align_to(store, "m", "identity", tmp_path / "fresh", None) is None  # nothing whole: from the start
+
+
+def test_the_sweep_deletes_superseded_baselines_hand_offs_after_the_grace(store, tmp_path):
+    from datetime import UTC, datetime, timedelta
+
+    from drape.storage.handoff import baseline_weights_key, tree_index
+    from drape.storage.sweep import sweep
+
+    weights = _checkpoint(tmp_path / "baseline", 100)
+    old, current = baseline_weights_key("identity", "3-run-a"), baseline_weights_key("identity", "4-run-b")
+    other_stage = baseline_weights_key("texture", "1-run-a")
+    for prefix in (old, current, other_stage):
+        put_tree(store, weights, prefix)
+    policy = RetentionConfig(baseline_grace_days=30)
+    runs = {"identity": "run-b"}  # texture has no baseline in the registry: its hand-offs stay
+    now = datetime.now(UTC)
+    assert sweep(store, policy, runs, now=now + timedelta(days=29), allow_unregistered=True).handoffs == []
+    later = now + timedelta(days=31)
+    planned = sweep(store, policy, runs, now=later, dry_run=True, allow_unregistered=True)
+    assert planned.handoffs == [old] and tree_index(store, old)  # a dry run deletes nothing
+    done = sweep(store, policy, runs, now=later, allow_unregistered=True)
+    assert done.handoffs == [old] and done.freed_bytes == sum(r["bytes"] for r in tree_index(store, current))
+    assert store.list(old) == []
+    for kept in (current, other_stage):
+        get_tree(store, kept, tmp_path / "fetched" / kept.replace("/", "_"))  # whole and verified
