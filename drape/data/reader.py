@@ -19,11 +19,20 @@ from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from drape.data.shards import IMAGE_FIELDS, LATENT_FIELDS, MODEL_FIELDS, ShardError, check_member, decode_member
+from drape.data.shards import (
+    IMAGE_FIELDS,
+    LATENT_FIELDS,
+    MODEL_FIELDS,
+    ShardError,
+    check_member,
+    decode_member,
+    verify_shard,
+)
 
 FIELDS = (*IMAGE_FIELDS, *LATENT_FIELDS, "meta")  # "meta" is the <key>.json member
 _MEMBER_FIELD = {f"{field}.png": field for field in IMAGE_FIELDS} | {f"{f}.npy": f for f in LATENT_FIELDS} | {"json": "meta"}
@@ -137,8 +146,6 @@ class ShardIndex:
 
     def take(self, indices, fields: tuple[str, ...] | None = None) -> dict:
         """The samples at `indices`, stacked as `stack_samples` stacks them (only `fields` decoded)."""
-        from drape.data.dataset import stack_samples
-
         fields = fields or self.fields
         return stack_samples((self.sample(int(i), fields) for i in indices), fields)
 
@@ -152,3 +159,47 @@ class ShardIndex:
 
     def __del__(self) -> None:
         self.close()
+
+
+def stack_samples(samples, fields: tuple[str, ...] = (*IMAGE_FIELDS, "meta")) -> dict:
+    """Decoded samples ({key, meta, image fields}) → {field: stacked array, 'keys': [...], 'meta': [...]}
+    (of `fields`; 'meta' stays a list)."""
+    columns: dict[str, list] = {field: [] for field in fields}
+    keys = []
+    for sample in samples:
+        keys.append(sample["key"])
+        for field in columns:
+            columns[field].append(sample[field])
+    stacked = {field: np.stack(values) for field, values in columns.items() if field != "meta"}
+    return {**stacked, "keys": keys, **({"meta": columns["meta"]} if "meta" in columns else {})}
+
+
+def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None = None) -> Iterator[dict]:
+    """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given.
+    Read through the shard index, the one reader training uses too."""
+    path = Path(path)
+    if sha256 is not None:
+        verify_shard(path, sha256=sha256, size=size)
+    index = ShardIndex([path])
+    try:
+        for position in range(len(index)):
+            yield index.sample(position)
+    finally:
+        index.close()
+
+
+def to_model_inputs(arrays: dict) -> dict:
+    """uint8 images (numpy arrays, or tensors on any device) → float tensors the model takes, on
+    the same device: images in [-1, 1] (N, 3, H, W), mask in [0, 1] (N, 1, H, W). Latent fields
+    (a latent dataset's float16 arrays) → float32 tensors, as the VAE encoded them."""
+    import torch
+
+    if LATENT_FIELDS[0] in arrays:
+        return {name: torch.as_tensor(arrays[name]).float() for name in LATENT_FIELDS}
+
+    inputs = {
+        name: torch.as_tensor(arrays[name]).permute(0, 3, 1, 2).float() / 127.5 - 1
+        for name in ("target", "agnostic", "pose", "garment")
+    }
+    inputs["mask"] = torch.as_tensor(arrays["mask"]).float()[:, None] / 255.0
+    return inputs

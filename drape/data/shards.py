@@ -14,7 +14,6 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -200,19 +199,3 @@ def check_structure(path: str | Path) -> int:
     if count == 0:
         raise ShardError(f"shard {path}: empty (no members)")
     return count
-
-
-def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None = None) -> Iterator[dict]:
-    """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given.
-    Read through the shard index (`drape.data.reader`), the one reader training uses too."""
-    from drape.data.reader import ShardIndex
-
-    path = Path(path)
-    if sha256 is not None:
-        verify_shard(path, sha256=sha256, size=size)
-    index = ShardIndex([path])
-    try:
-        for position in range(len(index)):
-            yield index.sample(position)
-    finally:
-        index.close()
