@@ -39,6 +39,7 @@ EXPECTED_COMMANDS = {
     "queue trace": ["out", "since_hours", "config"],
     "model describe": ["config"],
     "tryon": ["config", "inputs", "model", "out", "seed", "shopper", "variant"],
+    "eval": ["config", "mode", "split", "version"],
     "shopper photos": ["config", "count", "first", "identity", "out"],
     "shopper personalize": ["base", "config", "consent_days", "holdout", "photos", "shopper"],
     "shopper list": ["config"],
