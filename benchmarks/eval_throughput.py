@@ -125,7 +125,8 @@ def main() -> None:
 def report(args, evaluate_s: float, sampling_s: float, resumed_s: float) -> None:
     n = args.samples
     print(
-        f"\n{n} samples at 32 px, batch {args.batch}, DDPM 6 steps, CPU ({torch.get_num_threads()} threads); medians of {args.repeats}"
+        f"\n{n} samples at 32 px, batch {args.batch}, DDPM 6 steps, CPU ({torch.get_num_threads()} threads); "
+        f"medians of {args.repeats}"
     )
     print(f"{'':34s} {'seconds':>9s} {'samples/s':>10s}")
     for name, seconds in (
@@ -137,15 +138,14 @@ def report(args, evaluate_s: float, sampling_s: float, resumed_s: float) -> None
     overhead = evaluate_s / sampling_s - 1
     print(f"ratio eval / sampling: {evaluate_s / sampling_s:.3f} (eval's own work: {overhead:+.1%} of sampling at this size)")
     print(f"\nprojection: VITON-HD test, {VITON_TEST_PAIRS} pairs at 1024×768, catvton recipe (50 steps) on one H100")
-    print(
-        "(assumed, not measured here: the eval's own work there, Inception at 299 px and AlexNet per image, is small next to sampling)"
-    )
+    print("(assumed, not measured here: the eval's own work there, Inception and AlexNet per image, is small next to sampling)")
     print(f"{'H100 speed-up over the A100 (assumed)':48s} {'s/sample':>9s} {'samples/s':>10s} {'hours':>7s}")
     for label, speedup in H100_SPEEDUPS.items():
         seconds = CATVTON_A100_SECONDS / speedup
         print(f"{label:48s} {seconds:9.2f} {1 / seconds:10.3f} {VITON_TEST_PAIRS * seconds / 3600:7.2f}")
     print(
-        "9.25 s is CatVTON's own setting; configs/catvton.yaml samples unguided (guidance_scale 1): a guided run adds a pass per step."
+        "9.25 s is CatVTON's own setting; configs/catvton.yaml samples unguided (guidance_scale 1): "
+        "a guided run adds a pass per step."
     )
 
 
