@@ -109,7 +109,7 @@ def run_eval(
         total = min(len(index), config.eval.num_samples or len(index))
         dataset = f"{config.data.name}/{config.data.version}"
         protocol = build_protocol(config, dataset=dataset, split=stored, mode=mode, num_samples=total, model=resolved.label)
-        out_dir = LiveLayout(live_root(config)).root / "eval"
+        out_dir = LiveLayout(live_root(config)).evaluations()
         result = evaluate(config, model, index, networks.to(device), protocol=protocol, out_dir=out_dir, progress=progress)
     finally:
         index.close()
