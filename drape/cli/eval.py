@@ -39,7 +39,7 @@ def evaluate(
                 mode=mode,
                 progress=lambda done, total: progress.update(bar, completed=done, total=total),
             )
-    except (EvalInputError, MissingWeights) as error:
+    except (EvalInputError, MissingWeights, ValueError) as error:  # a bad weight file or split: input errors
         fail(str(error))
     metrics = result["metrics"]
     published = [f"{name} (published, VITON-HD)" for name in PUBLISHED[mode]]

@@ -85,6 +85,9 @@ def write_dataset(
             writer.__exit__(RuntimeError, None, None)
         raise
     splits = {split: [info.to_dict() for info in writer.close()] for split, writer in writers.items()}
+    for split in EVAL_SPLITS:
+        if not splits[split]:  # a synthetic dataset has no evaluation splits: no empty folders either
+            (out_dir / split).rmdir()
     splits = {split: shards for split, shards in splits.items() if shards or split not in EVAL_SPLITS}
     empty = [split for split, shards in splits.items() if not shards]
     if empty:

@@ -117,6 +117,8 @@ def evaluate(
     """Metrics of `model` on the first `protocol['samples']` samples of `index`; batches persisted
     under `out_dir`/<protocol id>/ and reused when present. Returns {metrics, protocol, directory,
     resumed_batches}; results.json holds the same."""
+    if protocol["samples"] < 2:
+        raise ValueError(f"{protocol['dataset']} {protocol['split']}: {protocol['samples']} samples; FID and KID need at least 2")
     directory = Path(out_dir) / protocol_id(protocol)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "protocol.json").write_text(json.dumps(protocol, indent=2))
