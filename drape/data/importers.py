@@ -10,6 +10,7 @@ VITON-HD::
     <root>/{train,test}/agnostic-v3.2/<person>.jpg    clothing-agnostic photo (optional here)
     <root>/{train,test}/agnostic-mask/<person>_mask.png   the agnostic mask it ships (optional: used as the mask)
     <root>/{train,test}/openpose_img/<person>_rendered.png  rendered skeleton (optional: used as the pose map)
+    <root>/{train,test}/image-densepose/<person>.jpg  DensePose (optional: carried as the densepose field)
 
 DressCode::
 
@@ -19,6 +20,10 @@ DressCode::
     <root>/<category>/keypoints/<id>_2.json       {"keypoints": [[x, y, score, index], ...]} (18 points)
     <root>/<category>/label_maps/<id>_4.png       parsing (DressCode labels)
     <root>/<category>/skeletons/<id>_5.jpg        rendered skeleton (optional: used as the pose map)
+    <root>/<category>/dense/<id>_5.png            DensePose (optional: carried as the densepose field)
+
+Conditioning the source ships is carried as optional shard fields (`CONDITION_FIELDS`): the label
+map (``parse``), and ``densepose``, ``skeleton`` and ``agnostic_mask`` where present.
 
 Which pairs form which split is `drape.data.sources` (the official splits); every file opened here
 must resolve inside the source root (`contained_file`).
@@ -168,10 +173,24 @@ def _sample(key: str, letterbox: _Letterbox, files: dict, keypoints: dict, ids: 
         "logo_box": _chest_box(worn),
         "logo_box_source": "chest of the worn garment (no logo annotation)",
         "keypoints": {KEYPOINT_NAMES[i] if i < len(KEYPOINT_NAMES) else str(i): p for i, p in points.items()},
-        "conditioning": sorted(name for name in ("agnostic", "shipped_mask", "shipped_pose") if files.get(name) is not None),
+        "conditioning": sorted(
+            name for name in ("agnostic", "shipped_mask", "shipped_pose", "densepose") if files.get(name) is not None
+        ),
     }
     worn_image = Image.fromarray((worn * 255).astype(np.uint8))
-    return Sample(key, target, agnostic_image, mask_image, pose, flat, worn_image, meta)
+    return Sample(key, target, agnostic_image, mask_image, pose, flat, worn_image, meta, _conditions(letterbox, files, labels))
+
+
+def _conditions(letterbox: _Letterbox, files: dict, labels: np.ndarray) -> dict[str, Image.Image]:
+    """The conditioning the dataset ships, letterboxed like the photo: its label map (labels as grey
+    levels), and DensePose, rendered skeleton and agnostic mask where present."""
+    carried = {"parse": Image.fromarray(labels.astype(np.uint8), mode="L")}
+    for name, source, fill in (("densepose", "densepose", (0, 0, 0)), ("skeleton", "shipped_pose", (0, 0, 0))):
+        if files.get(source) is not None:
+            carried[name] = letterbox.image(files[source], fill, nearest=name == "densepose")
+    if files.get("shipped_mask") is not None:
+        carried["agnostic_mask"] = letterbox.image(files["shipped_mask"], 0, nearest=True)
+    return carried
 
 
 def _openpose(path: Path) -> dict[int, tuple[float, float]]:
@@ -200,6 +219,7 @@ def _viton_files(root: Path, pair: dict, stem: str) -> tuple[dict, Path]:
         "agnostic": _optional(root, f"{base}/agnostic-v3.2/{pair['person']}", "RGB"),
         "shipped_mask": _optional(root, f"{base}/agnostic-mask/{stem}_mask.png", "L"),
         "shipped_pose": _optional(root, f"{base}/openpose_img/{stem}_rendered.png", "RGB"),
+        "densepose": _optional(root, f"{base}/image-densepose/{pair['person']}", "RGB"),
     }
     return files, contained_file(root, f"{base}/openpose_json/{stem}_keypoints.json")
 
@@ -211,6 +231,7 @@ def _dresscode_files(root: Path, pair: dict, stem: str) -> tuple[dict, Path]:
         "labels": _open(contained_file(root, f"{base}/label_maps/{ident}_4.png"), "P"),
         "cloth": _open(contained_file(root, f"{base}/images/{pair['cloth']}"), "RGB"),
         "shipped_pose": _optional(root, f"{base}/skeletons/{ident}_5.jpg", "RGB"),
+        "densepose": _optional(root, f"{base}/dense/{ident}_5.png", "RGB"),
     }
     return files, contained_file(root, f"{base}/keypoints/{ident}_2.json")
 

@@ -12,7 +12,10 @@ The shards must stay where they are while an index reads them: the trainer holds
 in the shard cache (`ShardCache.pin`) for as long as it trains.
 
 An index holds one kind of shard: pixels (PNG image fields) or latents (`drape data encode`:
-float16 ``.npy`` fields); `kind` says which, and `model_fields` what the model reads of it.
+float16 ``.npy`` fields); `kind` says which, and `model_fields` what the model reads of it. A
+pixel sample may also carry the conditioning its public dataset ships (`CONDITION_FIELDS`: label
+map, DensePose, skeleton, agnostic mask); `conditions` names those every sample of the index has,
+read only when asked for by name.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from drape.data.shards import (
+    CONDITION_FIELDS,
     IMAGE_FIELDS,
     LATENT_FIELDS,
     MODEL_FIELDS,
@@ -34,8 +38,9 @@ from drape.data.shards import (
     verify_shard,
 )
 
-FIELDS = (*IMAGE_FIELDS, *LATENT_FIELDS, "meta")  # "meta" is the <key>.json member
-_MEMBER_FIELD = {f"{field}.png": field for field in IMAGE_FIELDS} | {f"{f}.npy": f for f in LATENT_FIELDS} | {"json": "meta"}
+FIELDS = (*IMAGE_FIELDS, *LATENT_FIELDS, "meta", *CONDITION_FIELDS)  # "meta" is the <key>.json member
+_MEMBER_FIELD = {f"{field}.png": field for field in (*IMAGE_FIELDS, *CONDITION_FIELDS)}
+_MEMBER_FIELD |= {f"{f}.npy": f for f in LATENT_FIELDS} | {"json": "meta"}
 # per kind of shard: the fields each of its samples has, and what the model reads of them
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pixels": ((*IMAGE_FIELDS, "meta"), MODEL_FIELDS),
@@ -44,7 +49,7 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 
 def _kind_of(path: Path, key: str, row: np.ndarray) -> str:
-    present = {field for field, (offset, _) in zip(FIELDS, row) if offset >= 0}
+    present = {field for field, (offset, _) in zip(FIELDS, row) if offset >= 0} - set(CONDITION_FIELDS)
     for kind, (fields, _) in KINDS.items():
         if present == set(fields):
             return kind
@@ -100,7 +105,11 @@ class ShardIndex:
             raise ShardError(f"shards {[str(p) for p in self.paths[:3]]}...: mix {sorted(kinds)} (one split holds one kind)")
         self.kind = kinds.pop() if kinds else "pixels"
         self.fields, self.model_fields = KINDS[self.kind]
-        self.spans = self.spans[:, [FIELDS.index(field) for field in self.fields]]  # the kind's columns only
+        # the conditioning every sample carries (`CONDITION_FIELDS`): read when asked for by name
+        held = [f for f in CONDITION_FIELDS if len(self.keys) and (self.spans[:, FIELDS.index(f), 0] >= 0).all()]
+        self.conditions = tuple(held) if self.kind == "pixels" else ()
+        self._columns = (*self.fields, *self.conditions)
+        self.spans = self.spans[:, [FIELDS.index(field) for field in self._columns]]  # the kind's columns only
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -112,7 +121,7 @@ class ShardIndex:
 
     def _span(self, index: int, fields: tuple[str, ...]) -> tuple[int, int]:
         """(first byte, end) of `fields`' members of sample `index` (adjacent in its tar)."""
-        spans = self.spans[index, [self.fields.index(field) for field in fields]]
+        spans = self.spans[index, [self._columns.index(field) for field in fields]]
         return int(spans[:, 0].min()), int((spans[:, 0] + spans[:, 1]).max())
 
     def prefetch(self, indices, fields: tuple[str, ...] | None = None) -> None:
@@ -136,7 +145,7 @@ class ShardIndex:
         block = os.pread(descriptor, end - start, start)
         sample: dict = {"key": key}
         for field in fields:
-            offset, size = (int(n) for n in self.spans[index, self.fields.index(field)])
+            offset, size = (int(n) for n in self.spans[index, self._columns.index(field)])
             payload = block[offset - start : offset - start + size]
             member = f"{key}.{'json' if field == 'meta' else field + ('.npy' if field in LATENT_FIELDS else '.png')}"
             if len(payload) != size:

@@ -35,9 +35,14 @@ def _keypoints_body25(scale=1.0):
 
 
 def _write_viton_person(root: Path, folder: str, stem: str, seed: int) -> None:
+    """One person as VITON-HD ships them, with its optional DensePose and agnostic mask."""
     photo, labels = _person(seed, 13, 5, 14)
-    for sub in ("image", "cloth", "cloth-mask", "image-parse-v3", "openpose_json", "agnostic-v3.2"):
+    for sub in ("image", "cloth", "cloth-mask", "image-parse-v3", "openpose_json", "agnostic-v3.2", "agnostic-mask"):
         (root / folder / sub).mkdir(parents=True, exist_ok=True)
+    (root / folder / "image-densepose").mkdir(exist_ok=True)
+    region = np.isin(np.asarray(labels), (5, 14))
+    Image.fromarray((region * 255).astype(np.uint8)).save(root / folder / "agnostic-mask" / f"{stem}_mask.png")
+    Image.fromarray(np.asarray(photo)[::-1].copy()).save(root / folder / "image-densepose" / f"{stem}.jpg")
     photo.save(root / folder / "image" / f"{stem}.jpg")
     labels.save(root / folder / "image-parse-v3" / f"{stem}.png")
     colour = tuple(int(v) for v in np.random.default_rng(seed).integers(0, 255, 3))

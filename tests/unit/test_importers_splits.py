@@ -4,10 +4,12 @@ no test person in training, unpaired pairs never a target, and every name kept i
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from drape import STAGES
 from drape.data.dataset import import_dataset, load_split
+from drape.data.reader import ShardIndex
 from drape.data.sources import SourceError, list_pairs, split_counts
 from tests.unit.test_importers import make_dresscode, make_viton_hd
 
@@ -108,3 +110,22 @@ def test_a_missing_official_pairs_file_is_named(tmp_path):
     (source / "lower_body" / "test_pairs_paired.txt").unlink()
     with pytest.raises(SourceError, match=r"lower_body/test_pairs_paired.txt: missing"):
         list_pairs(source, "dresscode")
+
+
+@pytest.mark.parametrize(
+    "layout, carried",
+    [("viton-hd", ("parse", "densepose", "agnostic_mask")), ("dresscode", ("parse", "skeleton"))],
+)
+def test_the_shipped_conditioning_is_carried_as_fields(imported, layout, carried):
+    _, out, manifest = imported[layout]
+    index = ShardIndex([out / shard["path"] for shard in manifest["splits"]["test_paired"]])
+    try:
+        assert set(index.conditions) == set(carried) and "parse" not in index.fields  # read when asked for
+        sample = index.sample(0, ("parse", *carried[1:], "mask"))
+    finally:
+        index.close()
+    face, garment = (13, 5) if layout == "viton-hd" else (11, 4)
+    assert sample["parse"].shape == (32, 24) and {face, garment} <= set(np.unique(sample["parse"]).tolist())
+    assert all(sample[name].shape[:2] == (32, 24) for name in carried)
+    if layout == "viton-hd":  # the mask is the one VITON-HD ships
+        assert np.array_equal(sample["mask"] > 127, sample["agnostic_mask"] > 127)
