@@ -50,3 +50,9 @@ def test_a_clear_regression_fails_with_a_line_naming_it(inception_path):
         _settings(inception_path, max_fid_increase=1000, max_kid_increase=10), targets, candidate, baseline
     )
     assert all(check.passed for check in generous)
+
+
+def test_the_gate_option_needs_the_inception_weights_path():
+    with pytest.raises(ValueError, match=r"eval.fid_gate.enabled needs eval.inception_path"):
+        EvalConfig(fid_gate={"enabled": True})
+    assert EvalConfig().fid_gate.enabled is False  # off unless asked for
