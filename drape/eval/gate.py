@@ -9,8 +9,10 @@ above the configured margin: a regression the control set shows with confidence,
 could make. Its result reads like the other checks': value, baseline, bound, threshold, verdict,
 and a failure line naming all of them.
 
-Cost: each resample computes two FIDs (a matrix square root of features × features) and two
-KIDs; `eval.fid_gate.resamples` trades the bound's precision for time.
+Cost: each resample computes two FIDs (eigenvalues of a features × features matrix) and two
+KIDs. At Inception's 2,048 features and 512 control samples one FID takes 5.8 s and ten KID
+subsets 1.0 s on one CPU thread, so 50 resamples are about 11 minutes there: the statistics run
+on the GPU when there is one; `eval.fid_gate.resamples` trades the bound's precision for time.
 """
 
 from __future__ import annotations
@@ -61,9 +63,9 @@ def _features(network: InceptionFeatures, images: np.ndarray, batch_size: int = 
     return np.concatenate(chunks)
 
 
-def _metrics(real: np.ndarray, fake: np.ndarray, settings: EvalConfig) -> dict[str, float]:
-    kid, _ = kid_of(real, fake, subset_size=settings.kid_subset_size, subsets=min(settings.kid_subsets, 10))
-    return {"fid": fid_of(real, fake), "kid": kid}
+def _metrics(real: np.ndarray, fake: np.ndarray, settings: EvalConfig, device: torch.device) -> dict[str, float]:
+    kid, _ = kid_of(real, fake, subset_size=settings.kid_subset_size, subsets=min(settings.kid_subsets, 10), device=device)
+    return {"fid": fid_of(real, fake, device), "kid": kid}
 
 
 def distribution_checks(
@@ -74,18 +76,21 @@ def distribution_checks(
     *,
     network: InceptionFeatures | None = None,
     seed: int = 0,
+    device: torch.device | None = None,
 ) -> list[DistributionCheck]:
     """FID and KID of `candidate` and `baseline` outputs (uint8 (N, H, W, 3), same rows) against
-    `targets`, each with its bootstrap bound; `network`: default `settings.inception_path`."""
+    `targets`, each with its bootstrap bound; `network`: default `settings.inception_path`;
+    `device`: where features and statistics are computed (default: the GPU when there is one)."""
     gate = settings.fid_gate
-    network = network or load_inception(settings.inception_path)
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    network = (network or load_inception(settings.inception_path)).to(device)
     real, ours, theirs = (_features(network, images) for images in (targets, candidate, baseline))
-    point = {"candidate": _metrics(real, ours, settings), "baseline": _metrics(real, theirs, settings)}
+    point = {"candidate": _metrics(real, ours, settings, device), "baseline": _metrics(real, theirs, settings, device)}
     rng = np.random.default_rng(seed)
     rises: dict[str, list[float]] = {"fid": [], "kid": []}
     for _ in range(gate.resamples):
         rows = rng.integers(0, len(real), len(real))
-        mine, base = _metrics(real[rows], ours[rows], settings), _metrics(real[rows], theirs[rows], settings)
+        mine, base = _metrics(real[rows], ours[rows], settings, device), _metrics(real[rows], theirs[rows], settings, device)
         for name in rises:
             rises[name].append(mine[name] - base[name])
     limits = {"fid": gate.max_fid_increase, "kid": gate.max_kid_increase}

@@ -60,23 +60,26 @@ def batch_records(networks: FeatureNetworks, generated: np.ndarray, reference: n
     return records
 
 
-def fid_of(real: np.ndarray, fake: np.ndarray) -> float:
-    """torchmetrics' FID of two feature sets (at least 2 samples each)."""
-    metric = FrechetInceptionDistance(feature=PassThrough(real.shape[1]))
-    metric.update(torch.as_tensor(real, dtype=torch.float64), real=True)
-    metric.update(torch.as_tensor(fake, dtype=torch.float64), real=False)
+def fid_of(real: np.ndarray, fake: np.ndarray, device: torch.device | None = None) -> float:
+    """torchmetrics' FID of two feature sets (at least 2 samples each), computed on `device` (CPU)."""
+    device = device or torch.device("cpu")
+    metric = FrechetInceptionDistance(feature=PassThrough(real.shape[1])).to(device)
+    metric.update(torch.as_tensor(real, dtype=torch.float64, device=device), real=True)
+    metric.update(torch.as_tensor(fake, dtype=torch.float64, device=device), real=False)
     return float(metric.compute())
 
 
-def kid_of(real: np.ndarray, fake: np.ndarray, *, subset_size: int, subsets: int, seed: int = 0) -> tuple[float, float]:
+def kid_of(
+    real: np.ndarray, fake: np.ndarray, *, subset_size: int, subsets: int, seed: int = 0, device: torch.device | None = None
+) -> tuple[float, float]:
     """torchmetrics' KID (mean, std over `subsets` random subsets of min(`subset_size`, n) samples),
-    with the subsets drawn from a fixed seed."""
-    size = min(subset_size, len(real), len(fake))
+    with the subsets drawn from a fixed seed (on the CPU's generator: the same on any `device`)."""
+    size, device = min(subset_size, len(real), len(fake)), device or torch.device("cpu")
     with warnings.catch_warnings():  # "saves all features in a buffer": these are already in memory
         warnings.simplefilter("ignore", UserWarning)
-        metric = KernelInceptionDistance(feature=PassThrough(real.shape[1]), subset_size=size, subsets=subsets)
-    metric.update(torch.as_tensor(real, dtype=torch.float64), real=True)
-    metric.update(torch.as_tensor(fake, dtype=torch.float64), real=False)
+        metric = KernelInceptionDistance(feature=PassThrough(real.shape[1]), subset_size=size, subsets=subsets).to(device)
+    metric.update(torch.as_tensor(real, dtype=torch.float64, device=device), real=True)
+    metric.update(torch.as_tensor(fake, dtype=torch.float64, device=device), real=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         mean, std = metric.compute()
