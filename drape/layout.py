@@ -348,6 +348,10 @@ class LiveLayout:
         """``models/v<version>/``: a registry version's weights fetched for inference (`drape tryon`)."""
         return self.root / "models" / f"v{safe_name(version, 'model version')}"
 
+    def evaluations(self) -> Path:
+        """``eval/``: `drape eval` runs, one folder per protocol (``eval-<hash>/``: batches, results.json)."""
+        return self.root / "eval"
+
     def inference(self, bench_id: str) -> Path:
         """``inference/<bench>/``: one `drape bench inference` run's captured inputs, per-variant results, report."""
         return self.root / "inference" / safe_name(bench_id, "benchmark id")

@@ -10,6 +10,7 @@
     drape queue submit|list|cancel|dispatch|profile|simulate   the memory-profile-aware GPU queue
     drape model describe | fit-vae  the model a config trains; a stand-in VAE for latent smoke runs
     drape tryon --out DIR           render try-ons with a promoted model (seed fixed, a grid)
+    drape eval --version V --split test --mode paired|unpaired   SSIM, LPIPS, FID, KID, protocol beside them
     drape bench inference           the inference measuring stick: variants, latency, memory, quality
     drape shopper photos | personalize | list | forget   opt-in per-shopper adapters, erasable on request
     drape cost report | compare | fleet | scaling | estimate   what runs and idle capacity cost
@@ -24,6 +25,7 @@ from __future__ import annotations
 import sys
 
 from drape.cli import cost, data, gate, inference, model, pipeline, queue, shopper, storage
+from drape.cli import eval as evaluation
 from drape.cli.common import Typer
 from drape.ops.process import end_without_collection
 
@@ -31,6 +33,7 @@ app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusi
 for command in (pipeline.demo, pipeline.run, pipeline.serve, pipeline.train):
     app.command()(command)
 app.command()(inference.tryon)
+app.command("eval")(evaluation.evaluate)
 app.add_typer(data.app, name="data")
 app.add_typer(gate.app, name="gate")
 app.add_typer(storage.app, name="storage")

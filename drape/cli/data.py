@@ -144,8 +144,8 @@ def data_encode(
     batch_size: int = typer.Option(16, min=1, help="samples per VAE forward"),
 ) -> None:
     """Encode version data.latents_of with model.vae into the latent version data.version, once."""
-    from drape.data.dataset import dataset_prefix, read_manifest
-    from drape.data.encode import LatentDatasetError, ensure_latent_dataset, source_config
+    from drape.data.dataset import dataset_prefix, ensure_dataset, read_manifest
+    from drape.data.encode import LatentDatasetError, source_config
     from drape.storage.store import StorageError, open_store
 
     cfg = load(config)
@@ -158,7 +158,7 @@ def data_encode(
         with progress_bar() as progress:
             bars = {split: progress.add_task(f"encode {split}", total=sizes.get(split)) for split in cfg.data.samples_per_stage}
             advance = lambda split, n: progress.advance(bars[split], n) if split in bars else None  # noqa: E731
-            manifest = ensure_latent_dataset(cfg, store, advance)
+            manifest = ensure_dataset(cfg, store, advance)  # data.latents_of is set: encodes
         source = read_manifest(store, dataset_prefix(source_config(cfg))) or {}
     except (LatentDatasetError, StorageError, ValueError) as error:
         fail(f"cannot encode {cfg.data.name}/{cfg.data.latents_of}: {error}")

@@ -19,6 +19,7 @@ from drape import layout
 from drape.config.base import ConfigError, StrictModel
 from drape.config.cost import PLANS, CostConfig, GpuPrice
 from drape.config.data import CacheConfig, DataConfig, LoaderConfig
+from drape.config.eval import EvalConfig, FidGateConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
@@ -46,6 +47,8 @@ from drape.config.training import (
 from drape.secrets import check_no_credentials, redact
 
 __all__ = [
+    "EvalConfig",
+    "FidGateConfig",
     "BASELINE_LIVE_KINDS",
     "STORAGE_CLASSES",
     "AlertsConfig",
@@ -123,6 +126,7 @@ class PipelineConfig(StrictModel):
     inference: InferenceConfig = InferenceConfig()
     shoppers: ShoppersConfig = ShoppersConfig()
     cost: CostConfig = CostConfig()
+    eval: EvalConfig = EvalConfig()
 
     @property
     def trains_apart(self) -> bool:

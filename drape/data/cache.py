@@ -34,8 +34,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from drape import format_bytes
-from drape.data.dataset import check_dataset_manifest
-from drape.data.shards import ShardError, check_structure, read_shard
+from drape.data.manifest import check_dataset_manifest
+from drape.data.reader import read_shard
+from drape.data.shards import ShardError, check_structure
 from drape.layout import contained, shard_cache_dataset_dir
 from drape.storage.checksum import sha256_file
 from drape.storage.store import ObjectStore, StorageError

@@ -11,7 +11,6 @@ Layout in the object store::
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
@@ -19,21 +18,27 @@ from pathlib import Path
 
 import numpy as np
 
-from drape import STAGES, layout
+from drape import STAGES
 from drape.config import PipelineConfig
 from drape.config.data import json_resolution
-from drape.data.reader import ShardIndex
-from drape.data.shards import IMAGE_FIELDS, LATENT_FIELDS, ShardWriter, verify_shard
+from drape.data.encode import ensure_latent_dataset
+from drape.data.importers import load_pair
+from drape.data.manifest import (  # noqa: F401 - re-exported: callers import the dataset API from here
+    MANIFEST,
+    ManifestError,
+    check_dataset_manifest,
+    control_set_id,
+    dataset_prefix,
+    manifest_hash,
+    publish_dataset,
+    read_manifest,
+)
+from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_inputs  # noqa: F401 - re-exported
+from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
+from drape.data.sources import TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError, redact_url
-
-MANIFEST = layout.DATASET_MANIFEST
-
-
-def dataset_prefix(config: PipelineConfig) -> str:
-    """The object-store prefix of the config's dataset (`drape.layout`)."""
-    return layout.dataset_prefix(config.data.name, config.data.version)
 
 
 def _split_sizes(config: PipelineConfig) -> dict[str, int]:
@@ -41,12 +46,13 @@ def _split_sizes(config: PipelineConfig) -> dict[str, int]:
 
 
 SPLITS = ("control", *STAGES)
+EVAL_SPLITS = (TEST_PAIRED, TEST_UNPAIRED)  # an imported dataset's evaluation sets (optional: synthetic has none)
 
 
 def _writers_for(out_dir: Path, max_samples: int, max_bytes: int | None) -> dict[str, ShardWriter]:
     return {
         split: ShardWriter(out_dir=out_dir / split, root=out_dir, max_samples=max_samples, max_bytes=max_bytes)
-        for split in SPLITS
+        for split in (*SPLITS, *EVAL_SPLITS)
     }
 
 
@@ -65,6 +71,7 @@ def write_dataset(
     """Shard (split, sample) pairs into `out_dir`/<split>/ and write the manifest; returns it.
 
     Every stage and the control set must receive samples: a rule that starves one is an error.
+    The evaluation splits (`EVAL_SPLITS`) are written when they receive samples.
     """
     out_dir = Path(out_dir)
     writers = _writers_for(out_dir, max_samples, max_bytes)
@@ -78,6 +85,10 @@ def write_dataset(
             writer.__exit__(RuntimeError, None, None)
         raise
     splits = {split: [info.to_dict() for info in writer.close()] for split, writer in writers.items()}
+    for split in EVAL_SPLITS:
+        if not splits[split]:  # a synthetic dataset has no evaluation splits: no empty folders either
+            (out_dir / split).rmdir()
+    splits = {split: shards for split, shards in splits.items() if shards or split not in EVAL_SPLITS}
     empty = [split for split, shards in splits.items() if not shards]
     if empty:
         raise ValueError(f"dataset {name}/{version}: no samples for {empty} under stage rule {stage_rule}")
@@ -157,6 +168,26 @@ def assign_splits(keys: list[str], *, control: int, weights: dict[str, float], s
     return assignment
 
 
+def control_keys(keys: list[str], count: int, salt: str = "") -> list[str]:
+    """The `count` keys of lowest hash: the control set drawn from the paired test pairs."""
+    if count > len(keys):
+        raise ValueError(f"control set of {count} samples, but the source has {len(keys)} paired test pairs")
+    return sorted(keys, key=lambda key: sha256_bytes(f"{salt}control:{key}".encode()))[:count]
+
+
+def _import_samples(source_root: Path, layout: str, pairs: list[dict], assignment: dict, control: set, resolution):
+    """(split, sample) of every pair: a training pair into its stage, a paired test pair into
+    test_paired (and control when chosen), an unpaired one into test_unpaired only."""
+    for pair in pairs:
+        sample = load_pair(source_root, layout, pair, resolution)
+        if pair["split"] == TRAIN:
+            yield assignment[pair["key"]], sample
+            continue
+        if pair["key"] in control:
+            yield "control", sample
+        yield pair["split"], sample
+
+
 def import_dataset(
     source_root: str | Path,
     out_dir: str | Path,
@@ -171,23 +202,31 @@ def import_dataset(
     layout: str | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> dict:
-    """Cut a VITON-HD or DressCode tree into stage shards by the hash rule of `assign_splits`."""
-    from drape.data.importers import detect_layout, list_pairs, load_pair
-
+    """Cut a VITON-HD or DressCode tree along its official splits (`drape.data.sources`): its
+    training pairs into stage shards by the hash rule of `assign_splits`, `control` of its paired
+    test pairs into the control set, and its paired and unpaired test pairs into test_paired and
+    test_unpaired (evaluation only: never a stage)."""
+    source_root = Path(source_root)
     layout = layout or detect_layout(source_root)
     pairs = list_pairs(source_root, layout)
-    assignment = assign_splits([pair["key"] for pair in pairs], control=control, weights=weights, salt=f"{name}/{version}/")
-    samples = ((assignment[pair["key"]], load_pair(source_root, layout, pair, resolution)) for pair in pairs)
-    rule = {"rule": "sha256 of the pair key", "control_samples": control, "weights": {s: weights.get(s, 0) for s in STAGES}}
+    salt = f"{name}/{version}/"
+    assignment = assign_splits([p["key"] for p in pairs if p["split"] == TRAIN], control=0, weights=weights, salt=salt)
+    chosen = set(control_keys([p["key"] for p in pairs if p["split"] == TEST_PAIRED], control, salt))
+    rule = {
+        "rule": "official splits; training pairs to stages by sha256 of the pair key; control from the paired test pairs",
+        "control_samples": control,
+        "weights": {s: weights.get(s, 0) for s in STAGES},
+    }
     source = {
         "layout": layout,
-        "root": str(Path(source_root).resolve()),
+        "root": str(source_root.resolve()),
         "pairs": len(pairs),
+        "official_splits": split_counts(pairs),
         "resolution": json_resolution(resolution),
     }
     return write_dataset(
         out_dir,
-        samples,
+        _import_samples(source_root, layout, pairs, assignment, chosen, resolution),
         name=name,
         version=version,
         source=source,
@@ -196,83 +235,6 @@ def import_dataset(
         max_bytes=max_bytes,
         progress=progress,
     )
-
-
-def control_set_id(shards: list[dict]) -> str:
-    """Content hash naming the control set: its shards' hashes in order."""
-    return "control-" + sha256_bytes("".join(s["sha256"] for s in shards).encode())[:16]
-
-
-def manifest_hash(manifest: dict) -> str:
-    return sha256_bytes(json.dumps(manifest, sort_keys=True).encode())
-
-
-def publish_dataset(local_dir: str | Path, store: ObjectStore, prefix: str) -> None:
-    """Upload every shard (verified), then the manifest, which commits the dataset.
-
-    A committed dataset version is immutable: publishing over one is an error.
-    """
-    local_dir = Path(local_dir)
-    if store.exists(f"{prefix}/{MANIFEST}"):
-        raise FileExistsError(f"{store.key_url(prefix)} already exists; dataset versions are immutable, choose a new version")
-    manifest = json.loads((local_dir / MANIFEST).read_text())
-    for shards in manifest["splits"].values():
-        for shard in shards:
-            store.put_file(local_dir / shard["path"], f"{prefix}/{shard['path']}")
-    store.put_file(local_dir / MANIFEST, f"{prefix}/{MANIFEST}")
-
-
-class ManifestError(ValueError):
-    """A dataset manifest that cannot be trusted: the message names it, the field and what was expected."""
-
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def check_dataset_manifest(manifest: object, where: str) -> dict:
-    """`manifest` (read from `where`) if it is a dataset manifest whose every name and shard path
-    stays inside the cache and store (`layout.safe_name`, `layout.safe_key`) and whose shard
-    records are well-formed; ManifestError naming the field otherwise."""
-    if not isinstance(manifest, dict):
-        raise ManifestError(f"{where}: expected a JSON object, got {type(manifest).__name__}")
-    try:
-        layout.safe_name(manifest.get("name"), f"{where}: name")
-        layout.safe_name(manifest.get("version"), f"{where}: version")
-        splits = manifest.get("splits")
-        if not isinstance(splits, dict) or not splits:
-            raise ManifestError(f"{where}: splits: expected an object of split name → shard list")
-        for split, shards in splits.items():
-            layout.safe_name(split, f"{where}: split")
-            if not isinstance(shards, list):
-                raise ManifestError(f"{where}: splits.{split}: expected a list of shards")
-            for i, shard in enumerate(shards):
-                at = f"{where}: splits.{split}[{i}]"
-                if not isinstance(shard, dict):
-                    raise ManifestError(f"{at}: expected an object with path, bytes, sha256, samples")
-                layout.safe_key(shard.get("path"), f"{at}.path")
-                if not (_count(shard.get("bytes")) and _count(shard.get("samples"))):
-                    raise ManifestError(f"{at}: bytes and samples must be integers >= 0")
-                if not isinstance(shard.get("sha256"), str) or not _SHA256.match(shard["sha256"]):
-                    raise ManifestError(f"{at}.sha256: expected 64 lowercase hex digits")
-    except layout.UnsafePathError as error:
-        raise ManifestError(str(error)) from None
-    return manifest
-
-
-def read_manifest(store: ObjectStore, prefix: str) -> dict | None:
-    """The dataset manifest under `prefix`, checked (`check_dataset_manifest`); None when absent."""
-    key = f"{prefix}/{MANIFEST}"
-    if not store.exists(key):
-        return None
-    try:
-        manifest = json.loads(store.read_bytes(key))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ManifestError(f"{store.key_url(key)}: not JSON ({error}); the dataset manifest is damaged") from None
-    return check_dataset_manifest(manifest, store.key_url(key))
 
 
 class DatasetMissing(FileNotFoundError):
@@ -295,9 +257,7 @@ def ensure_dataset(config: PipelineConfig, store: ObjectStore, progress: Callabl
     first if the store lacks it, `drape.data.encode`). A dataset the store lacks is generated and
     published only under `data.source: synthetic`; under 'store' it is `DatasetMissing`."""
     if config.data.latents_of is not None:
-        from drape.data.encode import ensure_latent_dataset
-
-        return ensure_latent_dataset(config, store, progress)
+        return ensure_latent_dataset(config, store, progress, ensure_source=ensure_dataset)
     prefix = dataset_prefix(config)
     manifest = read_manifest(store, prefix)
     if manifest is not None:
@@ -325,19 +285,6 @@ def load_split(cache_dir: str | Path, manifest: dict, split: str) -> dict:
         return index.take(range(len(index)))
     finally:
         index.close()
-
-
-def stack_samples(samples, fields: tuple[str, ...] = (*IMAGE_FIELDS, "meta")) -> dict:
-    """Decoded samples ({key, meta, image fields}) → {field: stacked array, 'keys': [...], 'meta': [...]}
-    (of `fields`; 'meta' stays a list)."""
-    columns: dict[str, list] = {field: [] for field in fields}
-    keys = []
-    for sample in samples:
-        keys.append(sample["key"])
-        for field in columns:
-            columns[field].append(sample[field])
-    stacked = {field: np.stack(values) for field, values in columns.items() if field != "meta"}
-    return {**stacked, "keys": keys, **({"meta": columns["meta"]} if "meta" in columns else {})}
 
 
 def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> dict:
@@ -370,20 +317,3 @@ def load_control_dir(directory: str | Path) -> tuple[dict, str]:
         raise FileNotFoundError(f"{directory}: expected a dataset root with {MANIFEST} or a folder of control shards (*.tar)")
     entries = [{"path": shard.name, "sha256": sha256_file(shard), "bytes": shard.stat().st_size} for shard in shards]
     return load_split(directory, {"splits": {"control": entries}}, "control"), control_set_id(entries)
-
-
-def to_model_inputs(arrays: dict) -> dict:
-    """uint8 images (numpy arrays, or tensors on any device) → float tensors the model takes, on
-    the same device: images in [-1, 1] (N, 3, H, W), mask in [0, 1] (N, 1, H, W). Latent fields
-    (a latent dataset's float16 arrays) → float32 tensors, as the VAE encoded them."""
-    import torch
-
-    if LATENT_FIELDS[0] in arrays:
-        return {name: torch.as_tensor(arrays[name]).float() for name in LATENT_FIELDS}
-
-    inputs = {
-        name: torch.as_tensor(arrays[name]).permute(0, 3, 1, 2).float() / 127.5 - 1
-        for name in ("target", "agnostic", "pose", "garment")
-    }
-    inputs["mask"] = torch.as_tensor(arrays["mask"]).float()[:, None] / 255.0
-    return inputs

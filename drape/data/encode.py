@@ -32,11 +32,14 @@ import torch
 
 from drape import layout
 from drape.config import PipelineConfig
-from drape.data.reader import ShardIndex
+from drape.data.manifest import dataset_prefix, manifest_hash, publish_dataset, read_manifest
+from drape.data.reader import ShardIndex, to_model_inputs
 from drape.data.shards import LATENT_FIELDS, MODEL_FIELDS, ShardWriter, verify_shard
+from drape.data.sources import TEST_PAIRED, TEST_UNPAIRED
 from drape.storage.checksum import sha256_bytes, sha256_file
 
 Progress = Callable[[str, int], None]
+PIXEL_SPLITS = ("control", TEST_PAIRED, TEST_UNPAIRED)  # copied as they are: the gates and `drape eval` judge pixels
 LATENTS = "latents"
 
 
@@ -94,8 +97,6 @@ def check_latent_manifest(config: PipelineConfig, manifest: dict, where: str, so
 
 
 def _encode_shard(model, index: ShardIndex, writer: ShardWriter, batch_size: int, device: torch.device) -> int:
-    from drape.data.dataset import to_model_inputs
-
     for start in range(0, len(index), batch_size):
         arrays = index.take(range(start, min(start + batch_size, len(index))), (*MODEL_FIELDS, "meta"))
         inputs = {name: tensor.to(device) for name, tensor in to_model_inputs(arrays).items()}
@@ -118,14 +119,13 @@ def encode_dataset(
     """Write the latent dataset of the pixel dataset `source` (its manifest) into `out_dir`; returns
     its manifest. `fetch(shard)` gives a verified local path of a source shard; a shard is freed
     (when `fetch` downloaded it) as soon as it is encoded."""
-    from drape.data.dataset import manifest_hash
     from drape.training.model import build_model
 
     out_dir, device = Path(out_dir), device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model: Any = build_model(config).to(device).eval()  # type: ignore[arg-type]  # the VAE from model.vae.path; the denoiser is unused
     splits: dict[str, list[dict]] = {}
     for split, shards in source["splits"].items():
-        if split == "control":  # the gates' inputs stay pixels, byte for byte (the same control set id)
+        if split in PIXEL_SPLITS:  # the gates' and evaluation's inputs stay pixels, byte for byte (the same control set id)
             for shard in shards:
                 target = layout.contained(out_dir, shard["path"], "control shard path")
                 target.parent.mkdir(parents=True, exist_ok=True)
@@ -165,16 +165,19 @@ def _vae_facts(model) -> dict:
     return {"latent_channels": c.latent_channels, "downsample": model.downsample, "scaling_factor": c.scaling_factor}
 
 
-def ensure_latent_dataset(config: PipelineConfig, store, progress: Progress | None = None) -> dict:
+def ensure_latent_dataset(
+    config: PipelineConfig, store, progress: Progress | None = None, *, ensure_source: Callable[..., dict]
+) -> dict:
     """The config's latent dataset (`data.version`, encoded from `data.latents_of`), encoding and
     publishing it first when the store lacks it; checked against the config's VAE, and against the
-    source when the store still holds it (a team may drop the pixels once they are encoded)."""
-    from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, publish_dataset, read_manifest
+    source when the store still holds it (a team may drop the pixels once they are encoded).
+    `ensure_source(config, store, progress)` gives the pixel version's manifest
+    (`drape.data.dataset.ensure_dataset`, passed in: datasets sit above this module)."""
 
     prefix, source_prefix = dataset_prefix(config), dataset_prefix(source_config(config))
     manifest = read_manifest(store, prefix)
     if manifest is None:
-        source = ensure_dataset(source_config(config), store, progress)
+        source = ensure_source(source_config(config), store, progress)
         if source.get("kind") == LATENTS:
             raise LatentDatasetError(f"data.latents_of {config.data.latents_of!r} is a latent version; name a pixel version")
         with tempfile.TemporaryDirectory(prefix="drape-encode-") as scratch:

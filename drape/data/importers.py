@@ -8,13 +8,25 @@ VITON-HD::
     <root>/{train,test}/image-parse-v3/<person>.png   human parsing (LIP labels)
     <root>/{train,test}/openpose_json/<person>_keypoints.json   OpenPose BODY_25
     <root>/{train,test}/agnostic-v3.2/<person>.jpg    clothing-agnostic photo (optional here)
+    <root>/{train,test}/agnostic-mask/<person>_mask.png   the agnostic mask it ships (optional: used as the mask)
+    <root>/{train,test}/openpose_img/<person>_rendered.png  rendered skeleton (optional: used as the pose map)
+    <root>/{train,test}/image-densepose/<person>.jpg  DensePose (optional: carried as the densepose field)
 
 DressCode::
 
-    <root>/{upper_body,lower_body,dresses}/{train,test}_pairs*.txt   "<id>_0.jpg <id>_1.jpg" per line
+    <root>/{upper_body,lower_body,dresses}/{train_pairs,test_pairs_paired,test_pairs_unpaired}.txt
+                                                  "<id>_0.jpg <id>_1.jpg" per line
     <root>/<category>/images/<id>_0.jpg (person), <id>_1.jpg (garment)
     <root>/<category>/keypoints/<id>_2.json       {"keypoints": [[x, y, score, index], ...]} (18 points)
     <root>/<category>/label_maps/<id>_4.png       parsing (DressCode labels)
+    <root>/<category>/skeletons/<id>_5.jpg        rendered skeleton (optional: used as the pose map)
+    <root>/<category>/dense/<id>_5.png            DensePose (optional: carried as the densepose field)
+
+Conditioning the source ships is carried as optional shard fields (`CONDITION_FIELDS`): the label
+map (``parse``), and ``densepose``, ``skeleton`` and ``agnostic_mask`` where present.
+
+Which pairs form which split is `drape.data.sources` (the official splits); every file opened here
+must resolve inside the source root (`contained_file`).
 
 Images keep their aspect: each is padded (white, centred) to the dataset resolution's aspect and
 resized to it, so VITON-HD's and DressCode's 768×1024 photos go to `data.resolution: [1024, 768]`
@@ -34,9 +46,16 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
 
 from drape.config.data import height_width, json_resolution
+from drape.data.sources import (  # noqa: F401 - SourceError, detect_layout, list_pairs re-exported
+    DRESSCODE_CATEGORIES,
+    LAYOUTS,
+    TEST_UNPAIRED,
+    SourceError,
+    contained_file,
+    detect_layout,
+    list_pairs,
+)
 from drape.data.synth import Sample
-
-LAYOUTS = ("viton-hd", "dresscode")
 
 # label ids of the parsers each dataset ships
 VITON_LABELS = {"face": (4, 13), "hair": (1, 2), "garment": (5, 6, 7), "limbs": (14, 15)}
@@ -46,77 +65,9 @@ DRESSCODE_LABELS: dict[str, Any] = {  # label ids per part (per category for gar
     "garment": {"upper_body": (4,), "lower_body": (5, 6), "dresses": (7,)},
     "limbs": {"upper_body": (14, 15), "lower_body": (12, 13), "dresses": (12, 13, 14, 15)},
 }
-DRESSCODE_CATEGORIES = ("upper_body", "lower_body", "dresses")
 # OpenPose 18-point skeleton (BODY_25 shares these indices for the points used here)
 KEYPOINT_NAMES = ("nose", "neck", "r_shoulder", "r_elbow", "r_wrist", "l_shoulder", "l_elbow", "l_wrist")
 LIMBS = ((1, 2), (2, 3), (3, 4), (1, 5), (5, 6), (6, 7), (1, 0))
-
-
-class SourceError(ValueError):
-    """A source tree that does not match the layout; names the file and what was expected."""
-
-
-def detect_layout(root: str | Path) -> str:
-    root = Path(root)
-    if not root.is_dir():
-        raise SourceError(f"{root}: not a directory (expected a VITON-HD or DressCode dataset root)")
-    if any((root / split / "image").is_dir() for split in ("train", "test")):
-        return "viton-hd"
-    if any((root / category / "images").is_dir() for category in DRESSCODE_CATEGORIES):
-        return "dresscode"
-    raise SourceError(
-        f"{root}: neither VITON-HD (train|test/image/...) nor DressCode ({'|'.join(DRESSCODE_CATEGORIES)}/images/...) layout"
-    )
-
-
-def list_pairs(root: str | Path, layout: str) -> list[dict]:
-    """Every (person, garment) pair the pairs files name, without loading images."""
-    root = Path(root)
-    pairs = []
-    if layout == "viton-hd":
-        for split in ("train", "test"):
-            pairs_file = root / f"{split}_pairs.txt"
-            if (root / split / "image").is_dir():
-                if not pairs_file.is_file():
-                    raise SourceError(f"{pairs_file}: missing (VITON-HD lists '<person>.jpg <cloth>.jpg' pairs there)")
-                pairs += [
-                    {"split": split, "person": a, "cloth": b, "key": f"viton-{split}-{Path(a).stem}-{Path(b).stem}"}
-                    for a, b in _read_pairs(pairs_file)
-                ]
-    elif layout == "dresscode":
-        for category in DRESSCODE_CATEGORIES:
-            if not (root / category / "images").is_dir():
-                continue
-            files = sorted((root / category).glob("*pairs*.txt"))
-            if not files:
-                raise SourceError(f"{root / category}: no pairs file (expected train_pairs.txt / test_pairs_paired.txt)")
-            for pairs_file in files:
-                pairs += [
-                    {
-                        "split": pairs_file.stem,
-                        "category": category,
-                        "person": a,
-                        "cloth": b,
-                        "key": f"dresscode-{category}-{Path(a).stem}-{Path(b).stem}",
-                    }
-                    for a, b in _read_pairs(pairs_file)
-                ]
-    else:
-        raise SourceError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-    unique = {pair["key"]: pair for pair in pairs}
-    return list(unique.values())
-
-
-def _read_pairs(path: Path) -> list[tuple[str, str]]:
-    pairs = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        fields = line.split()
-        if not fields:
-            continue
-        if len(fields) < 2:
-            raise SourceError(f"{path}:{number}: expected '<person image> <garment image>', got {line!r}")
-        pairs.append((fields[0], fields[1]))
-    return pairs
 
 
 def _open(path: Path, mode: str) -> Image.Image:
@@ -189,34 +140,31 @@ def _mask(labels: np.ndarray, garment_ids, limb_ids, face_ids) -> np.ndarray:
     return region & ~_labels_in(labels, face_ids)
 
 
-def _sample(
-    key: str,
-    letterbox: _Letterbox,
-    person: Image.Image,
-    labels_image: Image.Image,
-    garment: Image.Image,
-    garment_mask_flat: Image.Image | None,
-    keypoints: dict[int, tuple[float, float]],
-    ids: dict,
-    meta: dict,
-    agnostic: Image.Image | None,
-) -> Sample:
+def _sample(key: str, letterbox: _Letterbox, files: dict, keypoints: dict, ids: dict, meta: dict) -> Sample:
+    """The drape sample of one pair's opened `files` (person, labels, cloth[, cloth_mask, agnostic,
+    shipped_mask, shipped_pose]), letterboxed to the dataset resolution."""
     resolution, height, width = letterbox.resolution, letterbox.height, letterbox.width
-    target = letterbox.image(person, (255, 255, 255))
-    labels = np.asarray(letterbox.image(labels_image, 0, nearest=True))
-    mask = _mask(labels, ids["garment"], ids["limbs"], ids["face"] + ids["hair"])
+    target = letterbox.image(files["person"], (255, 255, 255))
+    labels = np.asarray(letterbox.image(files["labels"], 0, nearest=True))
+    if files.get("shipped_mask") is not None:  # the dataset's own agnostic mask, as it ships it
+        mask = np.asarray(letterbox.image(files["shipped_mask"], 0, nearest=True)) >= 128
+    else:
+        mask = _mask(labels, ids["garment"], ids["limbs"], ids["face"] + ids["hair"])
     mask_image = Image.fromarray((mask * 255).astype(np.uint8))
     grey = Image.new("RGB", target.size, (128, 128, 128))
+    agnostic = files.get("agnostic")
     agnostic_image = (
         letterbox.image(agnostic, (255, 255, 255)) if agnostic is not None else Image.composite(grey, target, mask_image)
     )
-    garment_square = _Letterbox(garment.size, resolution)
-    flat = garment_square.image(garment, (255, 255, 255))
-    if garment_mask_flat is not None:  # clean catalog background
-        cutout = garment_square.image(garment_mask_flat, 0).point(lambda v: 255 if v >= 128 else 0)
+    garment_square = _Letterbox(files["cloth"].size, resolution)
+    flat = garment_square.image(files["cloth"], (255, 255, 255))
+    if files.get("cloth_mask") is not None:  # clean catalog background
+        cutout = garment_square.image(files["cloth_mask"], 0).point(lambda v: 255 if v >= 128 else 0)
         flat = Image.composite(flat, Image.new("RGB", flat.size, (255, 255, 255)), cutout)
     worn = _labels_in(labels, ids["garment"])
     points = {index: letterbox.point(x, y) for index, (x, y) in keypoints.items()}
+    shipped_pose = files.get("shipped_pose")
+    pose = letterbox.image(shipped_pose, (0, 0, 0)) if shipped_pose is not None else _pose_image(points, height, width)
     meta = {
         **meta,
         "key": key,
@@ -225,17 +173,24 @@ def _sample(
         "logo_box": _chest_box(worn),
         "logo_box_source": "chest of the worn garment (no logo annotation)",
         "keypoints": {KEYPOINT_NAMES[i] if i < len(KEYPOINT_NAMES) else str(i): p for i, p in points.items()},
+        "conditioning": sorted(
+            name for name in ("agnostic", "shipped_mask", "shipped_pose", "densepose") if files.get(name) is not None
+        ),
     }
-    return Sample(
-        key,
-        target,
-        agnostic_image,
-        mask_image,
-        _pose_image(points, height, width),
-        flat,
-        Image.fromarray((worn * 255).astype(np.uint8)),
-        meta,
-    )
+    worn_image = Image.fromarray((worn * 255).astype(np.uint8))
+    return Sample(key, target, agnostic_image, mask_image, pose, flat, worn_image, meta, _conditions(letterbox, files, labels))
+
+
+def _conditions(letterbox: _Letterbox, files: dict, labels: np.ndarray) -> dict[str, Image.Image]:
+    """The conditioning the dataset ships, letterboxed like the photo: its label map (labels as grey
+    levels), and DensePose, rendered skeleton and agnostic mask where present."""
+    carried = {"parse": Image.fromarray(labels.astype(np.uint8), mode="L")}
+    for name, source, fill in (("densepose", "densepose", (0, 0, 0)), ("skeleton", "shipped_pose", (0, 0, 0))):
+        if files.get(source) is not None:
+            carried[name] = letterbox.image(files[source], fill, nearest=name == "densepose")
+    if files.get("shipped_mask") is not None:
+        carried["agnostic_mask"] = letterbox.image(files["shipped_mask"], 0, nearest=True)
+    return carried
 
 
 def _openpose(path: Path) -> dict[int, tuple[float, float]]:
@@ -249,49 +204,71 @@ def _openpose(path: Path) -> dict[int, tuple[float, float]]:
     return {i: (float(flat[3 * i]), float(flat[3 * i + 1])) for i in range(len(flat) // 3) if float(flat[3 * i + 2]) > 0}
 
 
+def _optional(root: Path, relative: str, mode: str) -> Image.Image | None:
+    path = contained_file(root, relative)
+    return _open(path, mode) if path.is_file() else None
+
+
+def _viton_files(root: Path, pair: dict, stem: str) -> tuple[dict, Path]:
+    base = pair["folder"]
+    files = {
+        "person": _open(contained_file(root, f"{base}/image/{pair['person']}"), "RGB"),
+        "labels": _open(contained_file(root, f"{base}/image-parse-v3/{stem}.png"), "P"),
+        "cloth": _open(contained_file(root, f"{base}/cloth/{pair['cloth']}"), "RGB"),
+        "cloth_mask": _optional(root, f"{base}/cloth-mask/{pair['cloth']}", "L"),
+        "agnostic": _optional(root, f"{base}/agnostic-v3.2/{pair['person']}", "RGB"),
+        "shipped_mask": _optional(root, f"{base}/agnostic-mask/{stem}_mask.png", "L"),
+        "shipped_pose": _optional(root, f"{base}/openpose_img/{stem}_rendered.png", "RGB"),
+        "densepose": _optional(root, f"{base}/image-densepose/{pair['person']}", "RGB"),
+    }
+    return files, contained_file(root, f"{base}/openpose_json/{stem}_keypoints.json")
+
+
+def _dresscode_files(root: Path, pair: dict, stem: str) -> tuple[dict, Path]:
+    base, ident = pair["category"], stem.rsplit("_", 1)[0]
+    files = {
+        "person": _open(contained_file(root, f"{base}/images/{pair['person']}"), "RGB"),
+        "labels": _open(contained_file(root, f"{base}/label_maps/{ident}_4.png"), "P"),
+        "cloth": _open(contained_file(root, f"{base}/images/{pair['cloth']}"), "RGB"),
+        "shipped_pose": _optional(root, f"{base}/skeletons/{ident}_5.jpg", "RGB"),
+        "densepose": _optional(root, f"{base}/dense/{ident}_5.png", "RGB"),
+    }
+    return files, contained_file(root, f"{base}/keypoints/{ident}_2.json")
+
+
+def _ids(layout: str, category: str | None) -> dict:
+    if layout == "viton-hd":
+        return {k: tuple(v) for k, v in VITON_LABELS.items()}
+    assert category is not None, "a DressCode pair names its category"
+    return {
+        "face": DRESSCODE_LABELS["face"],
+        "hair": DRESSCODE_LABELS["hair"],
+        "garment": DRESSCODE_LABELS["garment"][category],
+        "limbs": DRESSCODE_LABELS["limbs"][category],
+    }
+
+
 def load_pair(root: str | Path, layout: str, pair: dict, resolution: int | tuple[int, int]) -> Sample:
-    """One pair from `list_pairs` as a Sample at `resolution`."""
+    """One pair from `drape.data.sources.list_pairs` as a Sample at `resolution`; every file it opens
+    must resolve inside `root`."""
     root = Path(root)
     person_stem, cloth_stem = Path(pair["person"]).stem, Path(pair["cloth"]).stem
-    if layout == "viton-hd":
-        base = root / pair["split"]
-        person = _open(base / "image" / pair["person"], "RGB")
-        labels = _open(base / "image-parse-v3" / f"{person_stem}.png", "P")
-        cloth = _open(base / "cloth" / pair["cloth"], "RGB")
-        cloth_mask_path = base / "cloth-mask" / pair["cloth"]
-        cloth_mask = _open(cloth_mask_path, "L") if cloth_mask_path.is_file() else None
-        agnostic_path = base / "agnostic-v3.2" / pair["person"]
-        agnostic = _open(agnostic_path, "RGB") if agnostic_path.is_file() else None
-        keypoints = _openpose(base / "openpose_json" / f"{person_stem}_keypoints.json")
-        ids = {k: tuple(v) for k, v in VITON_LABELS.items()}
-        meta = {"source": "viton-hd", "split": pair["split"]}
-        key_scale = 1.0
-    else:
-        category = pair["category"]
-        base = root / category
-        person = _open(base / "images" / pair["person"], "RGB")
-        labels = _open(base / "label_maps" / f"{person_stem.rsplit('_', 1)[0]}_4.png", "P")
-        cloth = _open(base / "images" / pair["cloth"], "RGB")
-        cloth_mask, agnostic = None, None
-        keypoints = _openpose(base / "keypoints" / f"{person_stem.rsplit('_', 1)[0]}_2.json")
-        ids = {
-            "face": DRESSCODE_LABELS["face"],
-            "hair": DRESSCODE_LABELS["hair"],
-            "garment": DRESSCODE_LABELS["garment"][category],
-            "limbs": DRESSCODE_LABELS["limbs"][category],
-        }
-        meta = {"source": "dresscode", "category": category, "split": pair["split"]}
+    reader = _viton_files if layout == "viton-hd" else _dresscode_files
+    files, keypoints_path = reader(root, pair, person_stem)
+    person, labels = files["person"], files["labels"]
+    key_scale = 1.0
+    if layout == "dresscode" and labels.size != person.size:
         key_scale = person.width / labels.width  # DressCode's keypoints and label maps share one (smaller) grid
-        if labels.size != person.size:
-            labels = labels.resize(person.size, Image.Resampling.NEAREST)
+        labels = labels.resize(person.size, Image.Resampling.NEAREST)
     if labels.size != person.size:
         raise SourceError(
             f"{pair['person']}: parsing is {labels.size[0]}×{labels.size[1]}, the photo "
             f"{person.size[0]}×{person.size[1]}; expected the same size"
         )
-    labels = Image.fromarray(np.asarray(labels).astype(np.uint8), mode="L")
-    keypoints = {i: (x * key_scale, y * key_scale) for i, (x, y) in keypoints.items()}
-    meta.update(identity_id=f"{meta['source']}-{person_stem}", garment_id=f"{meta['source']}-{cloth_stem}")
-    return _sample(
-        pair["key"], _Letterbox(person.size, resolution), person, labels, cloth, cloth_mask, keypoints, ids, meta, agnostic
-    )
+    files["labels"] = Image.fromarray(np.asarray(labels).astype(np.uint8), mode="L")
+    keypoints = {i: (x * key_scale, y * key_scale) for i, (x, y) in _openpose(keypoints_path).items()}
+    source = "viton-hd" if layout == "viton-hd" else "dresscode"
+    meta = {"source": source, "split": pair["split"], "paired": pair["split"] != TEST_UNPAIRED}
+    meta |= {"category": pair["category"]} if "category" in pair else {}
+    meta |= {"identity_id": f"{source}-{person_stem}", "garment_id": f"{source}-{cloth_stem}"}
+    return _sample(pair["key"], _Letterbox(person.size, resolution), files, keypoints, _ids(layout, pair.get("category")), meta)

@@ -12,21 +12,35 @@ The shards must stay where they are while an index reads them: the trainer holds
 in the shard cache (`ShardCache.pin`) for as long as it trains.
 
 An index holds one kind of shard: pixels (PNG image fields) or latents (`drape data encode`:
-float16 ``.npy`` fields); `kind` says which, and `model_fields` what the model reads of it.
+float16 ``.npy`` fields); `kind` says which, and `model_fields` what the model reads of it. A
+pixel sample may also carry the conditioning its public dataset ships (`CONDITION_FIELDS`: label
+map, DensePose, skeleton, agnostic mask); `conditions` names those every sample of the index has,
+read only when asked for by name.
 """
 
 from __future__ import annotations
 
 import os
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
-from drape.data.shards import IMAGE_FIELDS, LATENT_FIELDS, MODEL_FIELDS, ShardError, check_member, decode_member
+from drape.data.shards import (
+    CONDITION_FIELDS,
+    IMAGE_FIELDS,
+    LATENT_FIELDS,
+    MODEL_FIELDS,
+    ShardError,
+    check_member,
+    decode_member,
+    verify_shard,
+)
 
-FIELDS = (*IMAGE_FIELDS, *LATENT_FIELDS, "meta")  # "meta" is the <key>.json member
-_MEMBER_FIELD = {f"{field}.png": field for field in IMAGE_FIELDS} | {f"{f}.npy": f for f in LATENT_FIELDS} | {"json": "meta"}
+FIELDS = (*IMAGE_FIELDS, *LATENT_FIELDS, "meta", *CONDITION_FIELDS)  # "meta" is the <key>.json member
+_MEMBER_FIELD = {f"{field}.png": field for field in (*IMAGE_FIELDS, *CONDITION_FIELDS)}
+_MEMBER_FIELD |= {f"{f}.npy": f for f in LATENT_FIELDS} | {"json": "meta"}
 # per kind of shard: the fields each of its samples has, and what the model reads of them
 KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "pixels": ((*IMAGE_FIELDS, "meta"), MODEL_FIELDS),
@@ -35,7 +49,7 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 
 
 def _kind_of(path: Path, key: str, row: np.ndarray) -> str:
-    present = {field for field, (offset, _) in zip(FIELDS, row) if offset >= 0}
+    present = {field for field, (offset, _) in zip(FIELDS, row) if offset >= 0} - set(CONDITION_FIELDS)
     for kind, (fields, _) in KINDS.items():
         if present == set(fields):
             return kind
@@ -91,7 +105,11 @@ class ShardIndex:
             raise ShardError(f"shards {[str(p) for p in self.paths[:3]]}...: mix {sorted(kinds)} (one split holds one kind)")
         self.kind = kinds.pop() if kinds else "pixels"
         self.fields, self.model_fields = KINDS[self.kind]
-        self.spans = self.spans[:, [FIELDS.index(field) for field in self.fields]]  # the kind's columns only
+        # the conditioning every sample carries (`CONDITION_FIELDS`): read when asked for by name
+        held = [f for f in CONDITION_FIELDS if len(self.keys) and (self.spans[:, FIELDS.index(f), 0] >= 0).all()]
+        self.conditions = tuple(held) if self.kind == "pixels" else ()
+        self._columns = (*self.fields, *self.conditions)
+        self.spans = self.spans[:, [FIELDS.index(field) for field in self._columns]]  # the kind's columns only
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -103,7 +121,7 @@ class ShardIndex:
 
     def _span(self, index: int, fields: tuple[str, ...]) -> tuple[int, int]:
         """(first byte, end) of `fields`' members of sample `index` (adjacent in its tar)."""
-        spans = self.spans[index, [self.fields.index(field) for field in fields]]
+        spans = self.spans[index, [self._columns.index(field) for field in fields]]
         return int(spans[:, 0].min()), int((spans[:, 0] + spans[:, 1]).max())
 
     def prefetch(self, indices, fields: tuple[str, ...] | None = None) -> None:
@@ -127,7 +145,7 @@ class ShardIndex:
         block = os.pread(descriptor, end - start, start)
         sample: dict = {"key": key}
         for field in fields:
-            offset, size = (int(n) for n in self.spans[index, self.fields.index(field)])
+            offset, size = (int(n) for n in self.spans[index, self._columns.index(field)])
             payload = block[offset - start : offset - start + size]
             member = f"{key}.{'json' if field == 'meta' else field + ('.npy' if field in LATENT_FIELDS else '.png')}"
             if len(payload) != size:
@@ -137,8 +155,6 @@ class ShardIndex:
 
     def take(self, indices, fields: tuple[str, ...] | None = None) -> dict:
         """The samples at `indices`, stacked as `stack_samples` stacks them (only `fields` decoded)."""
-        from drape.data.dataset import stack_samples
-
         fields = fields or self.fields
         return stack_samples((self.sample(int(i), fields) for i in indices), fields)
 
@@ -152,3 +168,47 @@ class ShardIndex:
 
     def __del__(self) -> None:
         self.close()
+
+
+def stack_samples(samples, fields: tuple[str, ...] = (*IMAGE_FIELDS, "meta")) -> dict:
+    """Decoded samples ({key, meta, image fields}) → {field: stacked array, 'keys': [...], 'meta': [...]}
+    (of `fields`; 'meta' stays a list)."""
+    columns: dict[str, list] = {field: [] for field in fields}
+    keys = []
+    for sample in samples:
+        keys.append(sample["key"])
+        for field in columns:
+            columns[field].append(sample[field])
+    stacked = {field: np.stack(values) for field, values in columns.items() if field != "meta"}
+    return {**stacked, "keys": keys, **({"meta": columns["meta"]} if "meta" in columns else {})}
+
+
+def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None = None) -> Iterator[dict]:
+    """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given.
+    Read through the shard index, the one reader training uses too."""
+    path = Path(path)
+    if sha256 is not None:
+        verify_shard(path, sha256=sha256, size=size)
+    index = ShardIndex([path])
+    try:
+        for position in range(len(index)):
+            yield index.sample(position)
+    finally:
+        index.close()
+
+
+def to_model_inputs(arrays: dict) -> dict:
+    """uint8 images (numpy arrays, or tensors on any device) → float tensors the model takes, on
+    the same device: images in [-1, 1] (N, 3, H, W), mask in [0, 1] (N, 1, H, W). Latent fields
+    (a latent dataset's float16 arrays) → float32 tensors, as the VAE encoded them."""
+    import torch
+
+    if LATENT_FIELDS[0] in arrays:
+        return {name: torch.as_tensor(arrays[name]).float() for name in LATENT_FIELDS}
+
+    inputs = {
+        name: torch.as_tensor(arrays[name]).permute(0, 3, 1, 2).float() / 127.5 - 1
+        for name in ("target", "agnostic", "pose", "garment")
+    }
+    inputs["mask"] = torch.as_tensor(arrays["mask"]).float()[:, None] / 255.0
+    return inputs

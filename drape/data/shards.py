@@ -14,7 +14,6 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -27,6 +26,9 @@ Image.preinit()  # PNG's decoder loaded once here, not in every decoding worker 
 
 IMAGE_FIELDS = ("target", "agnostic", "mask", "pose", "garment", "garment_mask")
 MODEL_FIELDS = ("target", "agnostic", "mask", "pose", "garment")  # what the model reads of a pixel sample
+# conditioning a public dataset ships, carried where present (optional members of a pixel sample):
+# label map (parse, labels as grey levels), DensePose, rendered skeleton, the dataset's own agnostic mask
+CONDITION_FIELDS = ("parse", "densepose", "skeleton", "agnostic_mask")
 # what a latent model reads of a latent sample: the four images encoded, the mask pooled to the latent grid
 LATENT_FIELDS = ("target_latent", "agnostic_latent", "mask_latent", "pose_latent", "garment_latent")
 
@@ -86,6 +88,11 @@ class ShardWriter:
     def write(self, sample) -> None:
         """Add one `drape.data.synth.Sample` (or anything with .key, the image fields and .meta)."""
         members = {f"{field}.png": _png_bytes(getattr(sample, field)) for field in IMAGE_FIELDS}
+        conditions = getattr(sample, "conditions", None) or {}
+        unknown = sorted(set(conditions) - set(CONDITION_FIELDS))
+        if unknown:
+            raise ValueError(f"sample {sample.key!r}: conditions {unknown} are not among {CONDITION_FIELDS}")
+        members |= {f"{name}.png": _png_bytes(image) for name, image in conditions.items()}
         self._write(sample.key, members, sample.meta)
 
     def write_latents(self, key: str, latents: dict[str, np.ndarray], meta: dict) -> None:
@@ -153,7 +160,7 @@ def decode_member(shard: Path, name: str, payload: bytes):
         if name.endswith(".npy"):
             return np.load(io.BytesIO(payload), allow_pickle=False)
         with Image.open(io.BytesIO(payload)) as image:
-            mode = "L" if "mask" in name else "RGB"
+            mode = "L" if ("mask" in name or name.endswith(".parse.png")) else "RGB"
             return np.asarray(image if image.mode == mode else image.convert(mode))
     except Exception as error:  # noqa: BLE001 - any decoder failure is the shard's fault
         raise ShardError(f"shard {shard}: member {name!r} cannot be decoded: {error}") from None
@@ -200,19 +207,3 @@ def check_structure(path: str | Path) -> int:
     if count == 0:
         raise ShardError(f"shard {path}: empty (no members)")
     return count
-
-
-def read_shard(path: str | Path, *, sha256: str | None = None, size: int | None = None) -> Iterator[dict]:
-    """Yield samples {key, meta, <image fields as uint8 arrays>}; verifies the hash first if given.
-    Read through the shard index (`drape.data.reader`), the one reader training uses too."""
-    from drape.data.reader import ShardIndex
-
-    path = Path(path)
-    if sha256 is not None:
-        verify_shard(path, sha256=sha256, size=size)
-    index = ShardIndex([path])
-    try:
-        for position in range(len(index)):
-            yield index.sample(position)
-    finally:
-        index.close()

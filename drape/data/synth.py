@@ -17,7 +17,7 @@ person kept whole and the boxes and keypoints moved with the crop.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 from PIL import Image, ImageFilter
@@ -88,6 +88,8 @@ class Sample:
     garment: Image.Image
     garment_mask: Image.Image
     meta: dict
+    # conditioning a public dataset ships (`drape.data.shards.CONDITION_FIELDS`), where present
+    conditions: dict[str, Image.Image] = field(default_factory=dict)
 
 
 def _rng(*seed: int) -> np.random.Generator:

@@ -345,6 +345,13 @@ def evaluate_gate(
         baseline=baseline,
     )
     report.provenance = list(provenance or []) + flat_outputs(outputs, control["keys"])
-    (gate_dir / "report.json").write_text(json.dumps(report.to_dict(), indent=2))
+    distribution: list = []  # eval.fid_gate: FID/KID vs the baseline's, at a bootstrap bound (drape.eval.gate)
+    if config.eval.fid_gate.enabled and baseline_outputs is not None:
+        from drape.eval.gate import distribution_checks
+
+        distribution = distribution_checks(config.eval, control["target"], outputs, baseline_outputs)
+        report.provenance += [line for check in distribution for line in check.failures()]
+    written = {**report.to_dict(), "distribution": [check.to_dict() for check in distribution]}
+    (gate_dir / "report.json").write_text(json.dumps(written, indent=2))
     save_grid(gate_dir / "grid.png", control, outputs, report, config.gates.grid_samples, baseline_outputs)
     return report

@@ -40,6 +40,7 @@ EXPECTED_COMMANDS = {
     "queue kueue": ["fleet", "local_queue", "cluster_queue", "config"],
     "model describe": ["config"],
     "tryon": ["config", "inputs", "model", "out", "seed", "shopper", "variant"],
+    "eval": ["config", "mode", "split", "version"],
     "shopper photos": ["config", "count", "first", "identity", "out"],
     "shopper personalize": ["base", "config", "consent_days", "holdout", "photos", "shopper"],
     "shopper list": ["config"],

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageDraw
 from typer.testing import CliRunner
 
 from drape import STAGES
@@ -34,52 +34,75 @@ def _keypoints_body25(scale=1.0):
     return [v for x, y in points for v in (x * scale, y * scale, 0.9 if x else 0.0)]
 
 
-def make_viton_hd(root: Path, pairs: int = 14) -> Path:
-    for split in ("train", "test"):
-        count = pairs if split == "train" else 4
-        lines = []
-        for i in range(count):
-            person, cloth = f"{i:05d}_00.jpg", f"{(i * 7) % count:05d}_00.jpg"
-            lines.append(f"{person} {cloth}")
-            photo, labels = _person(i, 13, 5, 14)
-            for folder in ("image", "cloth", "cloth-mask", "image-parse-v3", "openpose_json", "agnostic-v3.2"):
-                (root / split / folder).mkdir(parents=True, exist_ok=True)
-            photo.save(root / split / "image" / person)
-            labels.save(root / split / "image-parse-v3" / f"{Path(person).stem}.png")
-            Image.new("RGB", (W, H), tuple(int(v) for v in np.random.default_rng(i).integers(0, 255, 3))).save(
-                root / split / "cloth" / person
-            )
-            Image.new("L", (W, H), 255).save(root / split / "cloth-mask" / person)
-            Image.new("RGB", (W, H), (128, 128, 128)).save(root / split / "agnostic-v3.2" / person)
-            (root / split / "openpose_json" / f"{Path(person).stem}_keypoints.json").write_text(
-                json.dumps({"version": 1.3, "people": [{"pose_keypoints_2d": _keypoints_body25()}]})
-            )
-        (root / f"{split}_pairs.txt").write_text("\n".join(lines) + "\n")
+def _write_viton_person(root: Path, folder: str, stem: str, seed: int) -> None:
+    """One person as VITON-HD ships them, with its optional DensePose and agnostic mask."""
+    photo, labels = _person(seed, 13, 5, 14)
+    for sub in ("image", "cloth", "cloth-mask", "image-parse-v3", "openpose_json", "agnostic-v3.2", "agnostic-mask"):
+        (root / folder / sub).mkdir(parents=True, exist_ok=True)
+    (root / folder / "image-densepose").mkdir(exist_ok=True)
+    region = np.isin(np.asarray(labels), (5, 14))
+    Image.fromarray((region * 255).astype(np.uint8)).save(root / folder / "agnostic-mask" / f"{stem}_mask.png")
+    Image.fromarray(np.asarray(photo)[::-1].copy()).save(root / folder / "image-densepose" / f"{stem}.jpg")
+    photo.save(root / folder / "image" / f"{stem}.jpg")
+    labels.save(root / folder / "image-parse-v3" / f"{stem}.png")
+    colour = tuple(int(v) for v in np.random.default_rng(seed).integers(0, 255, 3))
+    Image.new("RGB", (W, H), colour).save(root / folder / "cloth" / f"{stem}.jpg")
+    Image.new("L", (W, H), 255).save(root / folder / "cloth-mask" / f"{stem}.jpg")
+    Image.new("RGB", (W, H), (128, 128, 128)).save(root / folder / "agnostic-v3.2" / f"{stem}.jpg")
+    (root / folder / "openpose_json" / f"{stem}_keypoints.json").write_text(
+        json.dumps({"version": 1.3, "people": [{"pose_keypoints_2d": _keypoints_body25()}]})
+    )
+
+
+def make_viton_hd(root: Path, pairs: int = 14, test: int = 4) -> Path:
+    """VITON-HD as it ships: train_pairs.txt (each person with their own cloth), test_pairs.txt
+    (unpaired: each test person with another test person's cloth), persons disjoint."""
+    train = [f"{i:05d}_00" for i in range(pairs)]
+    tested = [f"{10000 + i:05d}_00" for i in range(test)]
+    for i, stem in enumerate(train):
+        _write_viton_person(root, "train", stem, i)
+    for i, stem in enumerate(tested):
+        _write_viton_person(root, "test", stem, 1000 + i)
+    (root / "train_pairs.txt").write_text("".join(f"{s}.jpg {s}.jpg\n" for s in train))
+    unpaired = [f"{s}.jpg {tested[(i + 1) % test]}.jpg\n" for i, s in enumerate(tested)]
+    (root / "test_pairs.txt").write_text("".join(unpaired))
     return root
 
 
-def make_dresscode(root: Path, per_category: int = 6) -> Path:
+def _write_dresscode_person(root: Path, category: str, ident: str, seed: int, garment_label: int) -> None:
+    for folder in ("images", "keypoints", "label_maps", "skeletons"):
+        (root / category / folder).mkdir(parents=True, exist_ok=True)
+    photo, labels = _person(seed, 11, garment_label, 14)
+    photo.save(root / category / "images" / f"{ident}_0.jpg")
+    Image.new("RGB", (W, H), (seed % 250, 40, 200)).save(root / category / "images" / f"{ident}_1.jpg")
+    labels.resize((W // 2, H // 2), Image.Resampling.NEAREST).save(root / category / "label_maps" / f"{ident}_4.png")
+    skeleton = Image.new("RGB", (W, H), (0, 0, 0))
+    ImageDraw.Draw(skeleton).line([(24, 10), (24, 40)], fill=(255, 0, 0), width=3)
+    skeleton.save(root / category / "skeletons" / f"{ident}_5.jpg")
+    flat = _keypoints_body25(0.5)[: 18 * 3]
+    (root / category / "keypoints" / f"{ident}_2.json").write_text(
+        json.dumps({"keypoints": [[flat[3 * k], flat[3 * k + 1], flat[3 * k + 2], k] for k in range(18)]})
+    )
+
+
+def make_dresscode(root: Path, per_category: int = 6, test: int = 2) -> Path:
+    """DressCode as it ships: per category train_pairs.txt, test_pairs_paired.txt and
+    test_pairs_unpaired.txt ('<id>_0.jpg <id>_1.jpg'), training and test persons disjoint."""
     labels_by_category = {"upper_body": 4, "lower_body": 6, "dresses": 7}
     for c, (category, garment_label) in enumerate(labels_by_category.items()):
-        for folder in ("images", "keypoints", "label_maps"):
-            (root / category / folder).mkdir(parents=True, exist_ok=True)
-        lines = []
-        for i in range(per_category):
-            ident = f"{c:02d}{i:04d}"
-            photo, labels = _person(100 * c + i, 11, garment_label, 14)
-            photo.save(root / category / "images" / f"{ident}_0.jpg")
-            Image.new("RGB", (W, H), (20 * i, 40, 200)).save(root / category / "images" / f"{ident}_1.jpg")
-            labels.resize((W // 2, H // 2), Image.Resampling.NEAREST).save(root / category / "label_maps" / f"{ident}_4.png")
-            flat = _keypoints_body25(0.5)[: 18 * 3]
-            (root / category / "keypoints" / f"{ident}_2.json").write_text(
-                json.dumps({"keypoints": [[flat[3 * k], flat[3 * k + 1], flat[3 * k + 2], k] for k in range(18)]})
-            )
-            lines.append(f"{ident}_0.jpg {ident}_1.jpg")
-        (root / category / "train_pairs.txt").write_text("\n".join(lines) + "\n")
+        train = [f"{c:02d}{i:04d}" for i in range(per_category)]
+        tested = [f"{c:02d}{9000 + i:04d}" for i in range(test)]
+        for i, ident in enumerate(train + tested):
+            _write_dresscode_person(root, category, ident, 100 * c + i, garment_label)
+        (root / category / "train_pairs.txt").write_text("".join(f"{i}_0.jpg {i}_1.jpg\n" for i in train))
+        (root / category / "test_pairs_paired.txt").write_text("".join(f"{i}_0.jpg {i}_1.jpg\n" for i in tested))
+        unpaired = [f"{ident}_0.jpg {tested[(k + 1) % test]}_1.jpg\n" for k, ident in enumerate(tested)]
+        (root / category / "test_pairs_unpaired.txt").write_text("".join(unpaired))
     return root
 
 
-@pytest.mark.parametrize("maker, layout, pairs", [(make_viton_hd, "viton-hd", 18), (make_dresscode, "dresscode", 18)])
+# pairs listed: VITON-HD 14 train + 4 paired + 4 unpaired test; DressCode 3 × (6 train + 2 + 2)
+@pytest.mark.parametrize("maker, layout, pairs", [(make_viton_hd, "viton-hd", 22), (make_dresscode, "dresscode", 30)])
 def test_import_cuts_stage_shards_with_gate_meta(tmp_path, maker, layout, pairs):
     source = maker(tmp_path / "src")
     assert detect_layout(source) == layout
@@ -95,7 +118,9 @@ def test_import_cuts_stage_shards_with_gate_meta(tmp_path, maker, layout, pairs)
         max_samples=3,
     )
     counts = {split: sum(s["samples"] for s in shards) for split, shards in manifest["splits"].items()}
-    assert counts["control"] == 4 and sum(counts.values()) == pairs and all(counts[s] > 0 for s in STAGES)
+    listed = manifest["source"]["official_splits"]
+    assert sum(listed.values()) == pairs and counts["test_paired"] == listed["test_paired"]
+    assert counts["control"] == 4 and sum(counts[s] for s in STAGES) == listed["train"] and all(counts[s] > 0 for s in STAGES)
     assert manifest["stage_rule"]["control_samples"] == 4 and manifest["source"]["layout"] == layout
     assert (tmp_path / "out" / MANIFEST).is_file()
     control = load_split(tmp_path / "out", manifest, "control")
@@ -154,7 +179,7 @@ def test_missing_and_broken_source_files_are_named(tmp_path):
 
 
 def test_cli_shard_publishes_and_refuses_to_overwrite_a_version(tmp_path, config):
-    source = make_dresscode(tmp_path / "dresscode", per_category=4)
+    source = make_dresscode(tmp_path / "dresscode", per_category=6)
     config_file = tmp_path / "config.yaml"
     import yaml
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from drape.data.dataset import stack_samples
-from drape.data.reader import ShardIndex
-from drape.data.shards import ShardError, read_shard
+from drape.data.reader import ShardIndex, read_shard
+from drape.data.shards import ShardError
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import tarfile
 import numpy as np
 import pytest
 
-from drape.data.shards import IMAGE_FIELDS, ShardError, ShardWriter, check_structure, read_shard, verify_shard
+from drape.data.reader import read_shard
+from drape.data.shards import IMAGE_FIELDS, ShardError, ShardWriter, check_structure, verify_shard
 from drape.data.synth import generate_split
 
 
