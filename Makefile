@@ -69,7 +69,7 @@ lint: $(STAMP)
 # fails; the config and CLI references are generated from the code as it builds (docs/hooks.py)
 export NO_MKDOCS_2_WARNING := 1
 docs: $(STAMP)
-	$(BIN)/mkdocs build --strict --quiet
+	$(BIN)/mkdocs build --strict
 
 docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve

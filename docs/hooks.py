@@ -112,7 +112,8 @@ def config_reference(root: type[BaseModel]) -> tuple[str, int, int]:
         lines += ["| field | type | default | bounds | description |", "| --- | --- | --- | --- | --- |"]
         for name, field in model.model_fields.items():
             fields += 1
-            undocumented += not field.description
+            sections = [m for m in _models_in(field.annotation) if (m.__doc__ or "").strip()]
+            undocumented += not (field.description or sections)  # a section is described by its model's docstring
             key = field.alias or name
             row = (
                 f"`{key}`",

@@ -46,8 +46,10 @@ class EvalConfig(StrictModel):
     num_samples: int | None = Field(default=None, gt=0, description="evaluate the first N samples of the split (default all)")
     seed: int | None = Field(default=None, description="sampling seed (default gates.sample_seed: the gates' noise)")
     kid_subset_size: int = Field(default=1000, gt=1, le=100_000, description="KID subset size (capped at the sample count)")
-    kid_subsets: int = Field(default=100, gt=0, le=10_000)
-    fid_gate: FidGateConfig = Field(default_factory=lambda: FidGateConfig())
+    kid_subsets: int = Field(default=100, gt=0, le=10_000, description="KID subsets averaged (torchmetrics' subsets)")
+    fid_gate: FidGateConfig = Field(
+        default_factory=lambda: FidGateConfig(), description="the gates' optional FID/KID check against the baseline"
+    )
 
     @model_validator(mode="after")
     def _gate_needs_inception(self) -> EvalConfig:

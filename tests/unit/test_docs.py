@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 from tests.conftest import TESTS
 
 REPO = TESTS.parent
-UNDOCUMENTED_FIELDS_AT_MOST = 111  # a ratchet: new config fields come with a description
+UNDOCUMENTED_FIELDS_AT_MOST = 96  # a ratchet: new config fields come with a description (a section: its docstring)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_the_config_reference_renders_types_defaults_and_bounds(hooks):
         needed: str
 
     page, fields, undocumented = hooks.config_reference(Outer)
-    assert (fields, undocumented) == (6, 5)
+    assert (fields, undocumented) == (6, 4)  # `inner` is described by its docstring
     assert "| `count` | int | `3` | ≥ 1, ≤ 8 | how many \\| at most 8 |" in page
     assert "| `ratio` | float \\| null | `null` |" in page and "| `names` | list[str] | `['x']` |" in page
     assert "| `needed` | str | `required` |" in page
