@@ -53,8 +53,8 @@ def _free_ports(count: int) -> list[int]:
 
 def _conf(root: Path, ports: list[int]) -> str:
     nodes = "\n".join(
-        f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=2000 "
-        f"Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
+        f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=2 Sockets=1 CoresPerSocket=2 "
+        f"ThreadsPerCore=1 RealMemory=2000 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
         for name, port in zip(NODES, ports[1:], strict=True)
     )
     return f"""ClusterName=drape-test
@@ -76,7 +76,6 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 GresTypes=gpu
 JobCompType=jobcomp/filetxt
-AccountingStorageTRES=gres/gpu
 JobCompLoc={root / "jobcomp.txt"}
 JobAcctGatherType=jobacct_gather/none
 MpiDefault=none
@@ -134,9 +133,16 @@ class SlurmCluster:
         self.root.joinpath("munge").chmod(0o700)
         self._spawn(
             "munged",
-            ["munged", "-F", "--force", f"--socket={self.root / 'munge.socket'}", f"--key-file={key}",
-             f"--pid-file={self.root / 'munge' / 'munged.pid'}", f"--seed-file={self.root / 'munge' / 'seed'}",
-             f"--log-file={self.root / 'munge' / 'munged.log'}"],
+            [
+                "munged",
+                "-F",
+                "--force",
+                f"--socket={self.root / 'munge.socket'}",
+                f"--key-file={key}",
+                f"--pid-file={self.root / 'munge' / 'munged.pid'}",
+                f"--seed-file={self.root / 'munge' / 'seed'}",
+                f"--log-file={self.root / 'munge' / 'munged.log'}",
+            ],
         )
         deadline = time.monotonic() + 10
         while not (self.root / "munge.socket").exists():
@@ -183,8 +189,11 @@ class SlurmCluster:
             states = self.node_states()
             if all(states.get(name, "").rstrip("*").lower() in ("idle", "mixed", "allocated") for name in names):
                 return
-            if time.monotonic() > deadline:
-                raise SlurmError(f"nodes {names} not up within {timeout:.0f} s: {states}\n{self.logs()}")
+            dead = [name for name, process in self.processes.items() if process.poll() is not None]
+            if time.monotonic() > deadline or dead:
+                raise SlurmError(
+                    f"{dead} exited; " if dead else "" + f"nodes {names} not up within {timeout:.0f} s: {states}\n{self.logs()}"
+                )
             time.sleep(0.2)
 
     def logs(self) -> str:
@@ -194,10 +203,10 @@ class SlurmCluster:
 
     def close(self) -> None:
         """Every daemon SIGTERMed, then SIGKILLed; each slurmd's job steps go with its process group."""
-        for name, process in reversed(list(self.processes.items())):
+        for process in reversed(list(self.processes.values())):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
-        for name, process in self.processes.items():
+        for process in self.processes.values():
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
