@@ -22,7 +22,7 @@ import subprocess
 import time
 from pathlib import Path
 
-NODES = ("n1", "n2")
+NODES = ("slurm-00", "slurm-01")
 GPUS_PER_NODE = 2
 
 
