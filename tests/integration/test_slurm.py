@@ -50,9 +50,15 @@ STEPS = 40
 JOB_TIMEOUT = 240.0
 
 
-def _fleet(path: Path, gpus_per_node: int = 2) -> str:
+def _fleet(path: Path, gpus_per_node: int = 2, memory_gib: float = 16) -> str:
     """drape's static fleet: the Slurm nodes (slurm-00, slurm-01), 2 CPU 'GPUs' of 16 GiB each."""
-    group = {"model": "cpu", "memory_gib": 16, "nodes": len(NODES), "gpus_per_node": gpus_per_node, "node_prefix": "slurm"}
+    group = {
+        "model": "cpu",
+        "memory_gib": memory_gib,
+        "nodes": len(NODES),
+        "gpus_per_node": gpus_per_node,
+        "node_prefix": "slurm",
+    }
     path.write_text(yaml.safe_dump({"groups": [group]}))
     return str(path)
 
@@ -269,16 +275,13 @@ def test_a_restarted_dispatcher_adopts_the_running_slurm_job(cluster, tmp_path):
 
 def test_a_job_no_node_can_hold_is_refused_and_a_fleet_slurm_disagrees_with_is_refused_at_launch(cluster, tmp_path):
     config, slurm, _ = cluster
-    huge = JobSpec(kind="stage_training", command=["true"], gpus=2, mem_gib=64.0, duration_s=60, stage="identity")
-    with pytest.raises(QueueError, match=r"refused: no node of the fleet can hold it: .*64\.0 GiB.*largest GPU has 16\.0 GiB"):
-        submit_and_wait(config, huge, timeout_s=30)
-    wrong = _config(
-        tmp_path / "wrong",
-        config.storage.object_store_url.split("/")[2],
-        config.storage.endpoint_url,
-        _fleet(tmp_path / "wrong-fleet.yaml", gpus_per_node=4),
-    )  # drape thinks 4 GPUs a node, Slurm's gres says 2
-    four = JobSpec(kind="stage_training", command=["true"], gpus=4, mem_gib=1.0, duration_s=60, stage="identity")
+    bucket, endpoint = config.storage.object_store_url.split("/")[2], config.storage.endpoint_url
+    small = _config(tmp_path / "small", bucket, endpoint, _fleet(tmp_path / "small.yaml", memory_gib=0.5))
+    spec = _submit(small, "huge")  # the stage's memory profile: more than a 0.5 GiB GPU holds
+    with pytest.raises(QueueError, match=r"refused: no node of the fleet can hold it: it needs 4 GPU\(s\) with .* GiB each"):
+        submit_and_wait(small, spec, timeout_s=30)
+    wrong = _config(tmp_path / "wrong", bucket, endpoint, _fleet(tmp_path / "wrong.yaml", gpus_per_node=4))
+    four = JobSpec(kind="stage-training", command=["true"], gpus=4, mem_gib=1.0, duration_s=60, stage="identity")
     with pytest.raises(QueueError, match=r"drape placed 4 GPU\(s\) on node slurm-00, but Slurm's gres there is gpu:2"):
-        submit_and_wait(wrong, four, timeout_s=30)
+        submit_and_wait(wrong, four, timeout_s=30)  # drape's fleet says 4 GPUs a node, Slurm's gres.conf 2
     assert _slurm_runs(slurm) == [] and not slurm.run("squeue", "-h").strip()  # nothing reached Slurm
