@@ -118,7 +118,8 @@ def _task_command(job: dict, request: SlurmRequest, settings) -> str:
 _BODY = """set -uo pipefail
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_addr=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
-export DRAPE_RDZV_ENDPOINT="${{head_addr:-$head_node}}:{port}"
+# each run of a requeued job its own port: the store of the run before may still hold the last one
+export DRAPE_RDZV_ENDPOINT="${{head_addr:-$head_node}}:$(( {port} + ${{SLURM_RESTART_COUNT:-0}} % 16 ))"
 export DRAPE_RDZV_ID="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
 echo "drape: Slurm job $SLURM_JOB_ID run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, rendezvous $DRAPE_RDZV_ENDPOINT"
 stopping=""
@@ -129,7 +130,8 @@ stop() {{  # $1: USR1 (the time limit or an operator: checkpoint, exit, requeue)
 }}
 trap 'stop USR1' USR1
 trap 'stop TERM' TERM
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c {task} &
+# one task on each node of the allocation, said outright: a step Slurm would lay out otherwise fails
+srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 bash -c {task} &
 srun_pid=$!
 status=0
 while :; do  # a trapped signal ends `wait` early: wait again until srun is gone

@@ -37,7 +37,13 @@ class SlurmLauncherConfig(StrictModel):
         default=False,
         description="lift the start delay Slurm gives a requeued job (about 120 s) as soon as the launcher sees it",
     )
-    rendezvous_port: int = Field(default=29500, ge=1024, le=65535, description="torchrun's c10d port on the first node")
+    rendezvous_port: int = Field(
+        default=29500,
+        ge=1024,
+        le=65519,
+        description="torchrun's c10d port on the first node; run k of a requeued job uses this + k % 16, since the "
+        "store of the run before may still hold its port",
+    )
     rendezvous_timeout_seconds: int = Field(default=900, ge=30, le=86400, description="how long nodes wait for each other")
     setup: list[str] = Field(
         default_factory=list,

@@ -160,7 +160,12 @@ class SlurmCluster:
             log.close()
 
     def start_node(self, node: str) -> None:
-        """Start (or restart) `node`'s slurmd, inside its mount namespace when there are `nodes`."""
+        """Start `node`'s slurmd, inside its mount namespace when there are `nodes`; a node that was
+        killed comes back as a fresh machine: a new namespace over a new, empty disk."""
+        if self.nodes is not None and f"slurmd-{node}" in self.processes:
+            subprocess.run(["umount", str(self.nodes.handles / node)], capture_output=True, timeout=30)
+            self.nodes.names.remove(node)
+            self.nodes.add(node)
         prefix = self.nodes.command(node) if self.nodes is not None else []
         self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node], prefix)
 

@@ -10,8 +10,9 @@ where drape placed it (--nodelist, --gres=gpu:2).
 1. a stage job trains, checkpoints (sharded, through the store), and its result reaches the flow;
 2. USR1 (what --signal=B:USR1@N sends before the time limit) to the batch script: the trainer
    checkpoints and exits, the job is requeued, resumes, and ends with test 1's weights;
-3. one node's slurmd and steps are killed mid-job: the job fails, drape retries it on the nodes
-   again (n2's slurmd back, its disk empty), the rerun resumes; never two runs at once;
+3. one node's slurmd and steps are killed mid-job: Slurm (told --requeue) requeues the job, which
+   runs again once the node is back (its disk empty) and resumes from the store; the queue job is
+   submitted once and its two runs never overlap;
 4. the dispatcher is SIGKILLed and a new one adopts the running Slurm job (one sbatch in all);
 5. a job whose memory profile fits no node is refused at submit, with why; and a fleet that says
    a node has more GPUs than Slurm's gres is refused at launch, naming both counts.
@@ -214,7 +215,7 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same
     assert worst == 0.0, f"the resumed job's weights differ from the uninterrupted job's by {worst}"
 
 
-def test_a_node_killed_mid_job_fails_it_and_the_retry_resumes_never_twice_at_once(cluster, tmp_path):
+def test_a_node_killed_mid_job_is_requeued_and_resumes_never_running_twice(cluster, tmp_path):
     config, slurm, nodes = cluster
     store, objects = JobStore(config.queue_url), open_store(config)
     job_id = store.submit(_submit(config, "lost"))
@@ -228,17 +229,25 @@ def test_a_node_killed_mid_job_fails_it_and_the_retry_resumes_never_twice_at_onc
         return newest is not None and checkpoint_step(newest) >= 10
 
     _until(checkpointed, JOB_TIMEOUT, "a whole checkpoint in the store")
-    first = store.get(job_id)["handle"]
+    handle = store.get(job_id)["handle"]
+    slurm_id = handle.split(":")[1]
     slurm.kill_node(NODES[1])  # its slurmd, its job steps, its disk
-    _until(lambda: (dispatcher.cycle(), store.get(job_id)["attempts"] == 2)[1], 120, "the queue's retry")
+
+    def requeued() -> bool:
+        dispatcher.cycle()  # the queue job stays running: Slurm, told --requeue, runs it again
+        return "Restarts=1" in slurm.run("scontrol", "show", "job", "-o", slurm_id)
+
+    _until(requeued, 120, "Slurm's requeue after the node failure")
+    time.sleep(3)  # the requeued job waits for the node Slurm set DOWN
+    assert store.get(job_id)["state"] == "running"
     slurm.start_node(NODES[1])  # the node comes back empty (a fresh machine in its place)
     row = wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
-    assert row["state"] == "succeeded" and row["handle"] != first, row
+    assert row["state"] == "succeeded" and row["attempts"] == 1 and row["handle"] == handle, row
     result = json.loads(objects.read_bytes(result_key("lost", "identity")))
     assert result["resumed_from_step"] >= 10, result
     runs = _slurm_runs(slurm)
-    assert [r[1] for r in runs] == [f"drape-{job_id}-a1", f"drape-{job_id}-a2"], runs  # one Slurm job per attempt
-    assert runs[0][4] <= runs[1][3], f"the retry started before the first run ended: {runs}"
+    assert [(r[0], r[2]) for r in runs] == [(slurm_id, "NODE_FAIL"), (slurm_id, "COMPLETED")], runs  # submitted once
+    assert runs[0][4] <= runs[1][3], f"the rerun started before the failed run ended: {runs}"
 
 
 def test_a_restarted_dispatcher_adopts_the_running_slurm_job(cluster, tmp_path):
