@@ -34,11 +34,13 @@ import yaml
 
 from drape.cli.stack import free_port
 from drape.layout import checkpoint_step
+from drape.ops import metrics
 from drape.storage.handoff import fetch_checkpoint, newest_published, result_key
 from drape.storage.store import open_store
 from drape.training.checkpoint import load_model
 from drape.training.stage_job import StageJob
 from scheduler import train_job_spec
+from scheduler.accounting import run_attempts
 from scheduler.dispatcher import submit_and_wait
 from scheduler.store import JobSpec, JobStore, QueueError
 from tests.conftest import tiny_config
@@ -210,6 +212,10 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same
     assert 0 < result["resumed_from_step"] < STEPS, result  # the step it was told to stop at
     runs = [r for r in _slurm_runs(slurm) if r[0] == slurm_id]
     assert [r[2] for r in runs][-1] == "COMPLETED" and len(runs) == 2, runs  # requeued once, then done
+    attempts = run_attempts(store, "warned", config)  # the cost report's GPU time: both Slurm runs, from sacct
+    assert [a.gpus for a in attempts] == [4, 4] and all(a.end is not None and a.end >= a.start for a in attempts), attempts
+    labels = {"job_id": job_id, "engine": "slurm", "state": "COMPLETED"}
+    assert (metrics.REGISTRY.get_sample_value("drape_engine_job_gpu_hours", labels) or 0) > 0
     resumed = _weights(config, tmp_path, "warned")
     worst = max(float((reference[name] - tensor).abs().max()) for name, tensor in resumed.items())
     assert worst == 0.0, f"the resumed job's weights differ from the uninterrupted job's by {worst}"
