@@ -211,6 +211,7 @@ class SlurmLauncher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.script_dir.mkdir(parents=True, exist_ok=True)
         self.pending_since: dict[str, float] = {}
+        self.requeued_since: dict[str, float] = {}  # "<job id>:<restarts>" → when first seen waiting to restart
 
     def _run(self, *argv: str, env: dict[str, str] | None = None, check: bool = True) -> str:
         environ = env or {**os.environ}
@@ -299,8 +300,7 @@ class SlurmLauncher:
         return self._ended(job_id, parsed[0], state, shown.get("ExitCode", "0:0"), reason, _requested_gpus(shown))
 
     def _pending(self, job_id: str, slurm_id: str, shown: dict[str, str], reason: str) -> Outcome | None:
-        if reason == "BeginTime" and shown.get("Restarts", "0") != "0" and self.settings.requeued_start_now:
-            self._run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now", check=False)
+        self._lift_requeue_delay(job_id, slurm_id, shown, reason)
         if reason in WAITING_TURN:
             self.pending_since.pop(job_id, None)
             return None
@@ -314,6 +314,15 @@ class SlurmLauncher:
             f"Slurm kept job {slurm_id} pending for {self.settings.pending_timeout_seconds:g} s ({reason}) on the nodes drape "
             "placed it on: the schedulers disagree about those nodes; cancelled",
         )
+
+    def _lift_requeue_delay(self, job_id: str, slurm_id: str, shown: dict[str, str], reason: str) -> None:
+        after = self.settings.requeued_start_after_seconds
+        if after is None or reason != "BeginTime" or shown.get("Restarts", "0") == "0":
+            return
+        key = f"{job_id}:{shown.get('Restarts')}"
+        seen = self.requeued_since.setdefault(key, time.monotonic())
+        if time.monotonic() - seen >= after:
+            self._run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now", check=False)
 
     def _ended(self, job_id: str, slurm_id: str, state: str, exit_code: str, reason: str, gpus: int | None) -> Outcome:
         from drape.ops import metrics
@@ -362,4 +371,5 @@ def run_gpu_hours(run: SlurmRun, gpus: int | None = None) -> float:
 def build(config, log_dir: Path) -> SlurmLauncher:
     settings = config.queue.slurm
     script_dir = Path(settings.script_dir) if settings.script_dir else log_dir.parent / "slurm"
-    return SlurmLauncher(settings, log_dir, script_dir, config.queue.job_environment)
+    logs = Path(settings.log_dir) if settings.log_dir else log_dir
+    return SlurmLauncher(settings, logs, script_dir, config.queue.job_environment)

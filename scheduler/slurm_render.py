@@ -38,14 +38,23 @@ def stage_script(config, *, stage: str, nodes: int, run_id: str = "RUN_ID", pyth
         "env": "{}",
         "labels": json.dumps({"run": run_id, "launch": "torchrun", "mounts": json.dumps(job_paths(config))}),
     }
-    model = _model(config)
-    per_node = gpus // nodes
-    placed = [GpuState(f"gpu-{n:02d}/gpu{i}", f"gpu-{n:02d}", model, 80.0) for n in range(nodes) for i in range(per_node)]
+    placed = _placement(config, nodes, gpus // nodes)
     log = Path(config.paths.root) / "queue" / "logs" / f"{job['id']}.log"
     header = f"# memory profile: {sized.mem_gib:.1f} GiB per GPU ({sized.source}), {gpus} GPU(s), shape {sized.shape}\n"
     return batch_script(job, placed, config.queue.slurm, log).replace("\n", "\n" + header, 1)
 
 
-def _model(config) -> str:
-    """The GPU model the config's Slurm gres types name first (H100-80GB with `gres_types`), else 'H100-80GB'."""
-    return next(iter(config.queue.slurm.gres_types), "H100-80GB")
+def _placement(config, nodes: int, per_node: int) -> list[GpuState]:
+    """`per_node` GPUs on each of the first `nodes` nodes of the config's static fleet (else nodes
+    gpu-00, gpu-01, … of the GPU model `queue.slurm.gres_types` names first, or H100-80GB)."""
+    if config.queue.fleet == "static" and config.queue.inventory:
+        from scheduler.simulator import load_fleet
+
+        fleet = load_fleet(config.queue.inventory)
+        names = sorted({gpu.node for gpu in fleet})[:nodes]
+        placed = [gpu for name in names for gpu in [g for g in fleet if g.node == name][:per_node]]
+        if len(names) == nodes and len(placed) == nodes * per_node:
+            return placed
+        raise ValueError(f"{config.queue.inventory}: fewer than {nodes} node(s) of {per_node} GPU(s)")
+    model = next(iter(config.queue.slurm.gres_types), "H100-80GB")
+    return [GpuState(f"gpu-{n:02d}/gpu{i}", f"gpu-{n:02d}", model, 80.0) for n in range(nodes) for i in range(per_node)]

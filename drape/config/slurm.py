@@ -33,9 +33,13 @@ class SlurmLauncherConfig(StrictModel):
         "to save a checkpoint, publish it and exit; the job is then requeued and resumes from it",
     )
     requeue: bool = Field(default=True, description="sbatch --requeue: a job on a failed node, or preempted, runs again")
-    requeued_start_now: bool = Field(
-        default=False,
-        description="lift the start delay Slurm gives a requeued job (about 120 s) as soon as the launcher sees it",
+    requeued_start_after_seconds: float | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="lift the start delay Slurm gives a requeued job (about 120 s) this long after the launcher first "
+        "sees it waiting (the run before must have left its nodes: too soon, Slurm kills the new run's batch); "
+        "unset: Slurm's own delay",
     )
     rendezvous_port: int = Field(
         default=29500,
@@ -60,5 +64,10 @@ class SlurmLauncherConfig(StrictModel):
         gt=0,
         description="a job Slurm keeps pending this long for a reason other than waiting its turn (a node down or "
         "drained, a gres it cannot give) is cancelled and fails with Slurm's reason: the schedulers disagree",
+    )
+    log_dir: str | None = Field(
+        default=None,
+        description="where Slurm writes each job's output (sbatch --output): a folder the nodes share with the "
+        "dispatcher's node, which relays the lines to the flow; default <root>/queue/logs",
     )
     script_dir: str | None = Field(default=None, description="where sbatch scripts are written; default <root>/queue/slurm")

@@ -12,6 +12,7 @@ saved and exits with `EXIT_STOPPED`, and its next run resumes from that checkpoi
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ import torch
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request, resumable; not a success
 _flag = threading.Event()
 _installed = threading.Event()
+_owner: list[int] = []  # the pid that installed the handlers; a forked child (a data loader worker) keeps the default
 
 
 class StopRequested(Exception):
@@ -32,6 +34,10 @@ class StopRequested(Exception):
 
 
 def _handler(signum: int, frame) -> None:
+    if _owner and os.getpid() != _owner[0]:  # inherited by a forked helper: end it as the default would
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
     if not _flag.is_set():
         print(
             f"drape: {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting",
@@ -43,6 +49,7 @@ def _handler(signum: int, frame) -> None:
 
 def install() -> None:
     """SIGTERM and SIGUSR1 ask the training loop to checkpoint and stop (main thread only)."""
+    _owner[:] = [os.getpid()]
     for signum in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(signum, _handler)
     _installed.set()

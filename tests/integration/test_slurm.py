@@ -117,7 +117,7 @@ def _config(root: Path, bucket: str, endpoint: str, inventory: str, **queue):
             "max_attempts": 2,
             "slurm": {
                 "accounting": "jobcomp",
-                "requeued_start_now": True,
+                "requeued_start_after_seconds": 5,
                 "rendezvous_port": free_port(),
                 "cpus_per_gpu": 1,
                 "time_limit_minutes": 30,
