@@ -38,6 +38,27 @@ services:
 		$$SUDO apt-get install -y -q --no-install-recommends $(APT_PACKAGES) >/dev/null \
 		  || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends $(APT_PACKAGES) >/dev/null; }; \
 	fi
+	@$(MAKE) --no-print-directory slurm-services
+
+# Debian's Slurm (slurmctld, slurmd, sbatch, sacct) and munge for tests/integration/test_slurm.py, which
+# starts its own daemons with its own config (SLURM_CONF): a policy-rc.d that exits 101 keeps the
+# packages from starting any at install, and one that was there before is put back.
+SLURM_PACKAGES := slurm-wlm munge
+.PHONY: slurm-services
+slurm-services:
+	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing $(SLURM_PACKAGES) with apt-get (no daemon started)"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		saved=$$(mktemp); had=0; \
+		if [ -e /usr/sbin/policy-rc.d ]; then had=1; $$SUDO cp -p /usr/sbin/policy-rc.d "$$saved"; fi; \
+		printf '#!/bin/sh\nexit 101\n' | $$SUDO tee /usr/sbin/policy-rc.d >/dev/null && $$SUDO chmod 755 /usr/sbin/policy-rc.d; \
+		$$SUDO apt-get install -y -q --no-install-recommends $(SLURM_PACKAGES) >/dev/null \
+		  || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends $(SLURM_PACKAGES) >/dev/null; }; \
+		status=$$?; \
+		if [ $$had = 1 ]; then $$SUDO cp -p "$$saved" /usr/sbin/policy-rc.d; else $$SUDO rm -f /usr/sbin/policy-rc.d; fi; \
+		rm -f "$$saved"; exit $$status; \
+	fi
 
 demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"

@@ -48,7 +48,7 @@ from drape.config import parse_config  # noqa: E402
 from scheduler.baselines import plan_fifo_exclusive, plan_kueue_like  # noqa: E402
 from scheduler.bounds import gang_floor  # noqa: E402
 from scheduler.dispatcher import Dispatcher  # noqa: E402
-from scheduler.launchers import NullLauncher  # noqa: E402
+from scheduler.local import NullLauncher  # noqa: E402
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape  # noqa: E402
 from scheduler.simulator import TraceJob, load_fleet, load_trace, simulate  # noqa: E402
 from scheduler.store import JobSpec, JobStore  # noqa: E402

@@ -7,9 +7,14 @@ launchers and the trace simulator. Imports run `tasks → scheduler → drape`.
     profiles.py    memory profiles: estimated from the config, learned from measured peaks
     fleet.py       GPUs from DCGM via Prometheus, a static inventory, or this machine
     dispatcher.py  claim and launch; `submit_and_wait` for the pipeline's train task
-    launchers.py   local process (torchrun for multi-GPU stage jobs), Prefect flow run
+    engine.py      the one shape of an engine (launch, poll, cancel, sees) and the choice by queue.launcher
+    local.py       the local engine: processes (torchrun for multi-GPU stage jobs), queue.node_commands
     kubernetes.py  Kubernetes Jobs, indexed Jobs, PyTorchJobs: objects and launcher
     kubernetes_pods.py  their pods: credentials Secret, CPU/memory per GPU held, /dev/shm, mounts, placement
+    slurm.py       the Slurm engine: sbatch scripts (srun torchrun on every node), requeue, adoption, sacct
+    slurm_render.py  a config's sbatch script without a cluster (`drape queue sbatch`)
+    prefect_runs.py  the Prefect engine: a flow run of a deployment
+    gangs.py       jobs wider than a node on whole idle nodes (engines that span nodes)
     simulator.py   trace replay with the contention model
 """
 

@@ -22,9 +22,10 @@ from pathlib import Path
 from drape.cost import CostError, gpu_rate
 from drape.ops import metrics
 from scheduler.baselines import get_policy
+from scheduler.engine import build_launcher, spans_nodes
 from scheduler.fleet import FleetView, fleet_view
-from scheduler.launchers import build_launcher
-from scheduler.policy import STARVED_AFTER_S, PolicyConfig, allowed
+from scheduler.gangs import fits_across_nodes, spanning
+from scheduler.policy import STARVED_AFTER_S, JobRequest, PolicyConfig, allowed
 from scheduler.store import JobSpec, JobStore, QueueError
 
 
@@ -41,8 +42,11 @@ class CycleReport:
     note: str = ""
 
 
-def unplaceable(gpus: int, mem_gib: float, fleet: list) -> str | None:
-    """Why no node of `fleet` can ever hold a job of `gpus` × `mem_gib` (even empty), or None."""
+def unplaceable(gpus: int, mem_gib: float, fleet: list, *, across_nodes: bool = False) -> str | None:
+    """Why no node of `fleet` can ever hold a job of `gpus` × `mem_gib` (even empty), or None;
+    `across_nodes` (an engine that spans nodes): whole nodes together may hold it."""
+    if across_nodes and fits_across_nodes(JobRequest("-", 0, 0.0, gpus, mem_gib, 0.0), fleet):
+        return None
     fits: dict[str, int] = {}
     for gpu in fleet:
         if gpu.total_gib >= mem_gib:
@@ -93,6 +97,8 @@ class Dispatcher:
         self._own_fleet = fleet is None  # the cycle passes the running jobs it read to `fleet_view`
         self.id = dispatcher_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.plan = get_policy(config.queue.policy)
+        if spans_nodes(config):  # jobs wider than a node take whole nodes
+            self.plan = spanning(self.plan)
         self.policy = policy_config(config)
         self.mine: dict[str, str] = {}  # job id → launcher handle, of the jobs this dispatcher watches
         self._said: str = ""
@@ -171,7 +177,7 @@ class Dispatcher:
             if known and shape not in reasons:
                 fleet = [gpu for gpu in view.gpus if allowed(job, gpu.model)]
                 reasons[shape] = (
-                    unplaceable(job.gpus, job.mem_gib, fleet)
+                    unplaceable(job.gpus, job.mem_gib, fleet, across_nodes=spans_nodes(self.config))
                     if fleet
                     else f"no GPU of the fleet is one of the models it allows ({', '.join(job.models)})"
                 )
@@ -292,7 +298,11 @@ def submit_and_wait(
     """
     store = JobStore(config.queue_url)
     view = fleet_view(config, store)
-    if view.gpus and view.source != "ledger" and (reason := unplaceable(spec.gpus, spec.mem_gib, view.gpus)):
+    if (
+        view.gpus
+        and view.source != "ledger"
+        and (reason := unplaceable(spec.gpus, spec.mem_gib, view.gpus, across_nodes=spans_nodes(config)))
+    ):
         raise QueueError(f"job {spec.kind} ({spec.stage or 'no stage'}) refused: {reason}")
     job_id = store.submit(spec)
     print(f"queue: submitted {job_id} ({spec.kind}, {spec.gpus}×{spec.mem_gib:.1f} GiB)")

@@ -32,22 +32,13 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from pathlib import PurePosixPath
 
+from scheduler.engine import Outcome, torchrun_program
 from scheduler.kubernetes_pods import Placement, job_labels, k8s_name, pod_labels, pod_spec
-from scheduler.launchers import Outcome, module_args
 from scheduler.policy import GpuState
 
 RDZV_PORT = 29500
 INDEX = "${JOB_COMPLETION_INDEX:?not a pod of an indexed Job}"  # a pod of an indexed Job always has it
-
-
-def _program(command: list[str]) -> list[str]:
-    """What torchrun starts in each rank: a python command's `-m module args` (torchrun brings its
-    own interpreter), any other program as it is (`--no-python`)."""
-    if command and PurePosixPath(command[0]).name.startswith("python"):
-        return module_args(command)
-    return ["--no-python", *command]
 
 
 def torchrun_args(nnodes: int, nproc: int, endpoint: str, rdzv_id: str) -> list[str]:
@@ -72,7 +63,7 @@ def _single_node_command(command: list[str], name: str, ranks: int, settings) ->
     if ranks <= 1:
         return command
     args = torchrun_args(1, ranks, f"localhost:{RDZV_PORT}", name)
-    return [*args, rendezvous_conf("1", settings.rendezvous_timeout_seconds), *_program(command)]
+    return [*args, rendezvous_conf("1", settings.rendezvous_timeout_seconds), *torchrun_program(command)]
 
 
 def _indexed_script(command: list[str], name: str, nodes: int, per_pod: int, settings) -> list[str]:
@@ -80,7 +71,7 @@ def _indexed_script(command: list[str], name: str, nodes: int, per_pod: int, set
     execs torchrun (PID 1 then, so a deletion's SIGTERM reaches the ranks)."""
     fixed = torchrun_args(nodes, per_pod, f"{name}-0.{name}:{RDZV_PORT}", name)
     conf = rendezvous_conf(f"$(({INDEX} == 0))", settings.rendezvous_timeout_seconds)
-    quoted = [shlex.quote(part) for part in fixed] + [f'"{conf}"'] + [shlex.quote(part) for part in _program(command)]
+    quoted = [shlex.quote(part) for part in fixed] + [f'"{conf}"'] + [shlex.quote(part) for part in torchrun_program(command)]
     return ["/bin/sh", "-c", "exec " + " ".join(quoted)]
 
 
@@ -152,7 +143,7 @@ def _pytorchjob(name: str, labels: dict, job: dict, placement: Placement, settin
     fixed = torchrun_args(nodes, per_pod, f"{name}-master-0:{RDZV_PORT}", name)
 
     def replica(count: int, is_host: str) -> dict:
-        run = [*fixed, rendezvous_conf(is_host, settings.rendezvous_timeout_seconds), *_program(command)]
+        run = [*fixed, rendezvous_conf(is_host, settings.rendezvous_timeout_seconds), *torchrun_program(command)]
         pod = api.sanitize_for_serialization(
             pod_spec(job, placement, settings, run, env, ports=(("pytorchjob-port", RDZV_PORT),))
         )
@@ -269,3 +260,7 @@ class KubernetesLauncher:
             self._call("custom", "delete_namespaced_custom_object", *PYTORCHJOBS, self.settings.namespace, "pytorchjobs", name)
         else:
             self._call("batch", "delete_namespaced_job", name, self.settings.namespace, propagation_policy="Background")
+
+
+def build(config, log_dir) -> KubernetesLauncher:
+    return KubernetesLauncher(config.queue.kubernetes)

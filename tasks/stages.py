@@ -142,7 +142,7 @@ def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[d
         from scheduler.store import JobStore
 
         try:
-            attempts = run_attempts(JobStore(config.queue_url), context.run_id)
+            attempts = run_attempts(JobStore(config.queue_url), context.run_id, config)
         except Exception as error:  # noqa: BLE001 - a finished run is not failed by its accounting
             print(f"drape: the queue's allocation log could not be read ({type(error).__name__}: {error})")
             attempts = None

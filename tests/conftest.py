@@ -34,6 +34,7 @@ TINY = TESTS / "configs" / "tiny.yaml"
 # (`--dist loadfile`) in collection order: these start first, so no worker begins one near the end.
 LONGEST_FIRST = (
     "integration/test_rehearsal.py",
+    "integration/test_slurm.py",
     "integration/test_dashboards.py",
     "integration/test_models.py",
     "integration/test_staged_training.py",

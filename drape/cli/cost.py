@@ -31,7 +31,7 @@ def _attempts(cfg, run_id: str) -> list:
     from scheduler.accounting import run_attempts
     from scheduler.store import JobStore
 
-    return run_attempts(JobStore(cfg.queue_url), run_id)
+    return run_attempts(JobStore(cfg.queue_url), run_id, cfg)
 
 
 def _check_plans(plans: list[str]) -> list[str]:

@@ -1,4 +1,4 @@
-"""`drape queue submit | list | cancel | dispatch | profile | simulate | trace`: the memory-profile-aware GPU queue."""
+"""`drape queue submit | list | cancel | dispatch | profile | simulate | sbatch | trace`: the memory-profile-aware GPU queue."""
 
 from __future__ import annotations
 
@@ -213,6 +213,25 @@ def queue_simulate(
     except TraceError as error:
         fail(str(error))
     print(render(results))
+
+
+@app.command("sbatch")
+def queue_sbatch(
+    config: Path | None = ConfigOption,
+    stage: str = typer.Option(STAGES[0], help="|".join(STAGES)),
+    nodes: int = typer.Option(1, help="whole nodes the queue places the stage's GPUs on"),
+    python: str | None = typer.Option(None, help="the interpreter on the nodes (default: this one)"),
+) -> None:
+    """Print the sbatch script the Slurm engine writes for the stage's training job (queue.slurm; docs/slurm.md)."""
+    import sys
+
+    from scheduler.slurm_render import stage_script
+
+    cfg = load(config)
+    try:
+        print(stage_script(cfg, stage=stage, nodes=nodes, python=python or sys.executable), end="")
+    except ValueError as error:
+        fail(str(error))
 
 
 @app.command("trace")

@@ -100,9 +100,10 @@ class Stack:
             time.sleep(0.5)
 
     def create_pools(self) -> list[str]:
-        """`local` (process) and `gpu-k8s` (kubernetes, with drape's base job template); returns notes."""
+        """`local` and `slurm-login` (process), `gpu-k8s` (kubernetes, with drape's base job template); returns notes."""
         notes = []
         self.prefect("work-pool", "create", "local", "--type", "process", "--overwrite")
+        self.prefect("work-pool", "create", "slurm-login", "--type", "process", "--overwrite")
         result = self.prefect(
             "work-pool",
             "create",

@@ -24,6 +24,7 @@ from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateCon
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
 from drape.config.shoppers import ShopperGateConfig, ShoppersConfig
+from drape.config.slurm import SlurmLauncherConfig
 from drape.config.storage import (
     BASELINE_LIVE_KINDS,
     STORAGE_CLASSES,
@@ -65,6 +66,7 @@ __all__ = [
     "InferenceConfig",
     "IdentityGateConfig",
     "KubernetesLauncherConfig",
+    "SlurmLauncherConfig",
     "LiveUntil",
     "LoaderConfig",
     "LoraConfig",

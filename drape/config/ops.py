@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from drape import REGISTERED_MODEL
 from drape.config.base import StrictModel
+from drape.config.slurm import SlurmLauncherConfig
 
 
 class TrackingConfig(StrictModel):
@@ -150,7 +151,7 @@ class QueueConfig(StrictModel):
     fleet: Literal["local", "static", "prometheus"] = "local"
     inventory: str | None = Field(default=None, description="fleet YAML for 'static' (and the ledger's inventory)")
     prometheus_url: str | None = Field(default=None, description="Prometheus with the DCGM exporter's series")
-    launcher: Literal["local", "kubernetes", "prefect"] = "local"
+    launcher: Literal["local", "kubernetes", "slurm", "prefect"] = "local"
     node_commands: dict[str, list[str]] = Field(
         default_factory=dict,
         description="local launcher: node name → the command prefix that runs a program on that node (e.g. "
@@ -198,6 +199,16 @@ class QueueConfig(StrictModel):
         default=24 * 3600.0, gt=0, description="a job no GPU of the fleet has held this long fails, with the reason"
     )
     kubernetes: KubernetesLauncherConfig = KubernetesLauncherConfig()
+    slurm: SlurmLauncherConfig = SlurmLauncherConfig()
+
+    @model_validator(mode="after")
+    def _slurm_whole_gpus(self) -> QueueConfig:
+        if self.launcher == "slurm" and self.max_jobs_per_gpu != 1:
+            raise ValueError(
+                "queue.launcher 'slurm' gives jobs whole GPUs (--gres=gpu:N): set queue.max_jobs_per_gpu to 1, so the "
+                f"queue never places two jobs on one GPU that Slurm would then refuse (got {self.max_jobs_per_gpu})"
+            )
+        return self
 
 
 class MetricsConfig(StrictModel):

@@ -178,6 +178,12 @@ GPU_MEMORY_ALLOCATED = GaugeTable(
 GPU_MEMORY_CAPACITY = GaugeTable(
     "drape_gpu_memory_capacity_gib", "GPU memory capacity", ["gpu", "node", "model"], registry=REGISTRY
 )
+ENGINE_GPU_HOURS = Gauge(
+    "drape_engine_job_gpu_hours",
+    "GPU-hours the engine's own accounting (Slurm's sacct) gives a finished queue job, every run of it",
+    ["job_id", "engine", "state"],
+    registry=REGISTRY,
+)
 DISPATCH_CYCLE = Histogram(
     "drape_queue_dispatch_cycle_seconds",
     "Wall time of one dispatch cycle",

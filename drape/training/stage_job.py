@@ -38,6 +38,7 @@ from drape.secrets import redact
 from drape.storage.durable import publish_json
 from drape.storage.handoff import job_key, newest_published, result_key
 from drape.storage.store import ObjectStore, open_store, remove_tree
+from drape.training import stop
 from drape.training.apart import CheckpointPublisher, NextStageWarmer, align_to, fetch_init, restore_newest
 from drape.training.distributed import DistContext, init_from_env
 from drape.training.lock import stage_lock
@@ -324,7 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     job = job_from_args(args, parser)
     context = init_from_env(job.config.train.device)  # torchrun: joins the process group; else one process
-    result = job.run(context=context, progress=progress_lines(job.stage))
+    stop.install()  # SIGTERM / SIGUSR1: checkpoint, publish, exit EXIT_STOPPED (drape/training/stop.py)
+    try:
+        result = job.run(context=context, progress=progress_lines(job.stage))
+    except stop.StopRequested as stopped:
+        if context.is_distributed:
+            torch.distributed.destroy_process_group()
+        print(f"train-{job.stage}: {stopped}; published, exiting to resume later", file=sys.stderr, flush=True)
+        return stop.EXIT_STOPPED
     if context.is_distributed:
         torch.distributed.destroy_process_group()
     # every rank pushes its own series (data-wait and step time per rank), in a group of its own

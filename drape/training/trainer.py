@@ -28,6 +28,7 @@ from drape.config import PipelineConfig
 from drape.data.partition import StageData, resolve_partitions
 from drape.layout import ADAPTERS, StagePaths, checkpoint_name
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
+from drape.training import stop
 from drape.training.batches import BatchPrefetcher
 from drape.training.checkpoint import read_manifest, save_checkpoint
 from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, unwrap
@@ -142,6 +143,24 @@ class Checkpointer:
             if self.sharded is not None:
                 self.sharded.wait()
             self.latest = self._saved(_save_whole(directory / checkpoint_name(step), self.config, state, manifest, self.context))
+
+    def save_now(self, step: int, state: TrainingState, loss: float) -> None:
+        """Save after `step` whatever the cadence (training stops here), unless the cadence just did;
+        returns once it is on disk (a sharded one committed, so published next)."""
+        if step % self.every:
+            manifest = {**self.manifest, "step": step, "loss": loss}
+            if state.lora is not None:
+                self._save_adapter(step, state, manifest)
+                self._saved(self.paths.adapters / checkpoint_name(step))
+            elif self.sharded is not None:
+                path = self.paths.checkpoints / checkpoint_name(step, sharded=True)
+                self.sharded.save(path, state.model, state.optimizer, state.ema, manifest)
+            else:
+                self.latest = self._saved(
+                    _save_whole(self.paths.checkpoints / checkpoint_name(step), self.config, state, manifest, self.context)
+                )
+        if self.sharded is not None:
+            self.sharded.wait()
 
     def _saved(self, path: Path) -> Path:
         if self.on_saved is not None:
@@ -332,6 +351,9 @@ def _train_steps(
         checkpointer.save(done, state, loss)
         if progress and context.is_main:
             progress(done, checkpointer.total)
+        if done < checkpointer.total and stop.requested(context):  # SIGTERM / SIGUSR1: save this step, stop
+            checkpointer.save_now(done, state, loss)
+            raise stop.StopRequested(done)
     return loss
 
 

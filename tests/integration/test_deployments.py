@@ -23,6 +23,8 @@ EXPECTED_DEPLOYMENTS = {
     "staged-training/rehearsal",
     "staged-training/h100",
     "staged-training/h100-finetune",
+    "staged-training/slurm",
+    "queue-dispatcher/slurm",
     "retention-sweep/weekly",
     "prestage-dataset/demo",
     "queue-dispatcher/demo",
@@ -152,7 +154,7 @@ def test_deploy_and_run_a_queued_flow_run_through_a_worker(tmp_path):
         sweep = next(d for d in deployments if d["name"] == "weekly")
         assert sweep["schedules"][0]["schedule"]["cron"] == "0 3 * * 0"
         pools = {p["name"]: p for p in _api(stack, "/work_pools/filter", {})}
-        assert pools["local"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
+        assert pools["local"]["type"] == pools["slurm-login"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
         pool_variables = pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]
         assert "cpu_request" in pool_variables and "gpus" not in pool_variables  # the flow pod: CPU only
         evil = stack.prefect(

@@ -551,7 +551,7 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows_and_one_no_gpu_can_hold_fai
     small job that would best-fit an L40S goes to an H100 when it allows H100s only, and a job
     allowing a model the fleet lacks fails with a message naming its models."""
     from scheduler.dispatcher import Dispatcher
-    from scheduler.launchers import NullLauncher  # the test reads where the jobs were placed
+    from scheduler.local import NullLauncher  # the test reads where the jobs were placed
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
@@ -573,7 +573,7 @@ def test_the_cycle_exports_the_series_of_running_jobs_only(tmp_path):
     its GiB, a job that comes back has its series again; the cycle histogram counts each cycle."""
     from drape.ops.metrics import REGISTRY
     from scheduler.dispatcher import Dispatcher
-    from scheduler.launchers import NullLauncher
+    from scheduler.local import NullLauncher
 
     def held() -> dict[str, float]:
         return {
@@ -668,7 +668,7 @@ def test_a_job_crowded_onto_a_shared_gpu_moves_to_a_gpu_that_frees_up(tmp_path):
     GPU frees up and nothing waits, the dispatcher moves one of them there: preempted (its message
     says why), claimed again on the idle GPU, and no GPU ever holds more than the ledger allows."""
     from scheduler.dispatcher import Dispatcher
-    from scheduler.launchers import NullLauncher  # the test reads where the jobs were placed
+    from scheduler.local import NullLauncher  # the test reads where the jobs were placed
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)

@@ -36,6 +36,7 @@ EXPECTED_COMMANDS = {
     "queue dispatch": ["config", "once", "metrics_port"],
     "queue profile": ["config"],
     "queue simulate": ["trace", "fleet", "policy"],
+    "queue sbatch": ["config", "stage", "nodes", "python"],
     "queue trace": ["out", "since_hours", "config"],
     "queue kueue": ["fleet", "local_queue", "cluster_queue", "config"],
     "model describe": ["config"],

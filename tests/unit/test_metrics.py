@@ -30,6 +30,7 @@ EXPECTED = {
     "drape_inference_overlap": ("gauge", ["bench", "model", "variant", "concurrency"]),
     "drape_inference_approved": ("gauge", ["bench", "model", "variant"]),
     "drape_queue_jobs": ("gauge", ["state"]),
+    "drape_engine_job_gpu_hours": ("gauge", ["job_id", "engine", "state"]),
     "drape_queue_wait_seconds": ("histogram", ["kind"]),
     "drape_queue_starved_jobs": ("gauge", []),
     "drape_queue_oldest_wait_seconds": ("gauge", []),

@@ -23,7 +23,7 @@ from drape.storage.sweep import sweep
 from drape.training.checkpoint import CheckpointError
 from drape.training.distributed import DistContext, ShardedCheckpointer, load_sharded
 from scheduler.dispatcher import unplaceable
-from scheduler.launchers import job_environment
+from scheduler.engine import job_environment
 from scheduler.store import JobSpec, JobStore, QueueError
 from tests.conftest import TINY, tiny_config
 

@@ -1,21 +1,14 @@
-"""Launchers start a claimed job on its GPUs and report when it ends.
+"""The local engine: a claimed job as a process group on this machine (or, through
+`queue.node_commands`, on the node the queue chose: ``ssh node-a``, or ``nsenter`` into a
+rehearsal node's mount namespace).
 
-- `LocalLauncher`: a process group with `CUDA_VISIBLE_DEVICES` set to the assigned devices
-  (empty for the CPU slot), `DRAPE_NODE` (the node the queue chose), `DRAPE_JOB_ID`, and
-  `DRAPE_JOB_RESULT`, a JSON file where the job may write its measured peak memory; stdout and
-  stderr go to `<log dir>/<job id>.log`, the exit status to `<log dir>/<job id>.exit`. A torchrun
-  job (`labels.launch`) on more than one GPU runs its ranks under ``python -m
-  torch.distributed.run --standalone --nproc-per-node=N`` (gloo on a machine without CUDA). A node
-  named in `queue.node_commands` runs the job through its prefix (`ssh node-a`, or `nsenter` into
-  a rehearsal node's mount namespace).
-- `KubernetesLauncher` (`scheduler/kubernetes.py`): a Job, an indexed Job across nodes, or a
-  PyTorchJob.
-- `PrefectLauncher`: a flow run of a deployment on a work pool (`run_deployment`).
-
-Every launcher answers for a job by the `handle` its launch returned and the queue recorded:
-`poll(job_id, handle)` (None while it runs), `cancel(job_id, handle)`, and `sees(handle)`:
-whether this launcher can watch that job, so that a dispatcher that restarted, or another one,
-adopts a running job instead of launching it a second time.
+The process gets `CUDA_VISIBLE_DEVICES` set to the assigned devices (empty for the CPU slot),
+`DRAPE_NODE` (the node the queue chose), `DRAPE_JOB_ID`, and `DRAPE_JOB_RESULT`, a JSON file where
+the job may write its measured peak memory; stdout and stderr go to `<log dir>/<job id>.log`, the
+exit status to `<log dir>/<job id>.exit`. A torchrun job (`labels.launch`) on more than one GPU
+runs its ranks under ``python -m torch.distributed.run --standalone --nproc-per-node=N`` (gloo on
+a machine without CUDA). `NullLauncher` starts nothing (benchmarks, placement tests). The shape
+every engine shares is `scheduler/engine.py`'s.
 """
 
 from __future__ import annotations
@@ -23,36 +16,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from uuid import UUID
 
-from drape.secrets import SECRET_VARIABLES
+from scheduler.engine import Outcome, device_indices, exit_message, is_python, job_environment, module_args
 from scheduler.policy import GpuState
-
-
-@dataclass
-class Outcome:
-    exit_code: int
-    message: str = ""
-    peak_gib: float | None = None
-
-
-def device_indices(gpus: list[GpuState]) -> str:
-    """`CUDA_VISIBLE_DEVICES` for the assigned GPUs (`<host>/cuda<i>` → i; the CPU slot → '')."""
-    indices = [m.group(1) for g in gpus if (m := re.search(r"(?:cuda|gpu)(\d+)$", g.uuid))]
-    return ",".join(indices)
-
-
-def _is_python(program: str) -> bool:
-    return Path(program).name.startswith("python")
 
 
 def torchrun_command(command: list[str], nproc: int, *, local: bool = False) -> list[str]:
@@ -61,14 +34,9 @@ def torchrun_command(command: list[str], nproc: int, *, local: bool = False) -> 
     interpreter (`python -m torch.distributed.run`), which needs no `torchrun` on PATH."""
     if nproc <= 1:
         return command
-    runner = [command[0] if _is_python(command[0]) else sys.executable, "-m", "torch.distributed.run"] if local else ["torchrun"]
-    program = module_args(command) if _is_python(command[0]) else ["--no-python", *command]
+    runner = [command[0] if is_python(command[0]) else sys.executable, "-m", "torch.distributed.run"] if local else ["torchrun"]
+    program = module_args(command) if is_python(command[0]) else ["--no-python", *command]
     return [*runner, "--standalone", f"--nproc-per-node={nproc}", *program]
-
-
-def module_args(command: list[str]) -> list[str]:
-    """`python -m mod args` → `-m mod args` for torchrun (which runs its own interpreter)."""
-    return command[1:] if command and _is_python(command[0]) else command
 
 
 # The job's exit status, written by the shell the launcher starts it in: a dispatcher that did not
@@ -88,30 +56,6 @@ def _start_ticks(pid: int) -> int | None:
         return None
     fields = stat[stat.rindex(")") + 2 :].split()
     return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
-def _exit_message(code: int) -> str:
-    if code > 128 and code - 128 in signal.Signals._value2member_map_:
-        return f"exit code {code} (killed by {signal.Signals(code - 128).name})"
-    if code < 0 and -code in signal.Signals._value2member_map_:
-        return f"killed by {signal.Signals(-code).name}"
-    return f"exit code {code}"
-
-
-_PLAIN_VARIABLES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH"}
-_PLAIN_PREFIXES = ("LC_", "PYTHON", "DRAPE_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "PREFECT_SERVER_ANALYTICS")
-
-
-def job_environment(passed: Iterable[str] = ()) -> dict[str, str]:
-    """A local job's environment: the plain variables of this one (see `_PLAIN_*`), none of the
-    secret ones (`drape.secrets.SECRET_VARIABLES`), plus the variables named in `passed`
-    (`queue.job_environment`). Never the dispatcher's whole environment."""
-    names = set(passed)
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if name in names or (name not in SECRET_VARIABLES and (name in _PLAIN_VARIABLES or name.startswith(_PLAIN_PREFIXES)))
-    }
 
 
 class LocalLauncher:
@@ -205,7 +149,7 @@ class LocalLauncher:
             except ValueError:
                 peak = None
         tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if code else ""
-        return Outcome(code, _exit_message(code) + (f"; log tail:\n{tail}" if tail else ""), peak)
+        return Outcome(code, exit_message(code) + (f"; log tail:\n{tail}" if tail else ""), peak)
 
     def cancel(self, job_id: str, handle: str | None = None, grace_s: float = 10.0) -> None:
         """Stop the job's process group: SIGTERM (a stage job saves what it can), then SIGKILL after
@@ -248,50 +192,5 @@ class NullLauncher:
         pass
 
 
-class PrefectLauncher:
-    """Runs the job as a flow run of deployment ``labels['deployment']`` with ``labels['parameters']``;
-    `handle` is ``flow-run:<id>``."""
-
-    def launch(self, job: dict, gpus: list[GpuState]) -> str:
-        from prefect.deployments import run_deployment
-
-        labels = json.loads(job["labels"] or "{}")
-        if "deployment" not in labels:
-            raise ValueError(f"job {job['id']}: the prefect launcher needs labels.deployment ('<flow>/<deployment>')")
-        run = run_deployment(
-            labels["deployment"],
-            parameters=json.loads(labels.get("parameters", "{}")),
-            timeout=0,
-            job_variables={"env": {"CUDA_VISIBLE_DEVICES": device_indices(gpus), "DRAPE_JOB_ID": job["id"]}},
-        )
-        return f"flow-run:{run.id}"  # type: ignore[union-attr]  # run_deployment is sync outside an event loop
-
-    def sees(self, handle: str | None) -> bool:
-        return bool(handle and handle.startswith("flow-run:"))
-
-    def poll(self, job_id: str, handle: str) -> Outcome | None:
-        from prefect import get_client
-
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(UUID(handle.partition(":")[2])).state
-        if state is None or not state.is_final():
-            return None
-        return Outcome(0 if state.is_completed() else 1, f"flow run {state.name}")
-
-    def cancel(self, job_id: str, handle: str) -> None:
-        from prefect import get_client
-        from prefect.states import Cancelling
-
-        with get_client(sync_client=True) as client:
-            client.set_flow_run_state(UUID(handle.partition(":")[2]), Cancelling())
-
-
-def build_launcher(config, log_dir: str | Path):
-    kind = config.queue.launcher
-    if kind == "kubernetes":
-        from scheduler.kubernetes import KubernetesLauncher
-
-        return KubernetesLauncher(config.queue.kubernetes)
-    if kind == "prefect":
-        return PrefectLauncher()
+def build(config, log_dir: Path) -> LocalLauncher:
     return LocalLauncher(log_dir, config.queue.job_environment, config.queue.node_commands)

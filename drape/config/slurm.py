@@ -1,0 +1,73 @@
+"""Config of the Slurm engine (`queue.slurm`, scheduler/slurm.py): what drape's sbatch scripts ask for."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from drape.config.base import StrictModel
+
+_NAME = r"^[A-Za-z0-9_.+-]+$"  # a partition, account, gres type or node name: nothing a shell would read
+
+
+class SlurmLauncherConfig(StrictModel):
+    """Drape's queue places (nodes, GPUs per node); Slurm runs each stage job where it was placed
+    (``--nodelist``, ``--gres=gpu[:type]:N``) or refuses it, and the refusal fails the job with why."""
+
+    partition: str | None = Field(default=None, pattern=_NAME, description="sbatch --partition; unset: the default")
+    account: str | None = Field(default=None, pattern=_NAME, description="sbatch --account; unset: the user's default")
+    gres_types: dict[str, str] = Field(
+        default_factory=dict,
+        description="fleet GPU model → the gres type Slurm's gres.conf names it (H100-80GB: h100): a job asks for "
+        "--gres=gpu:<type>:N, so Slurm holds it to the model the queue placed it on; a model not listed: --gres=gpu:N",
+    )
+    cpus_per_gpu: int = Field(default=8, ge=1, le=256, description="sbatch --cpus-per-task per GPU on a node")
+    mem_per_gpu_gib: int | None = Field(
+        default=None, ge=1, le=4096, description="host memory per GPU (sbatch --mem-per-gpu); unset: Slurm's default"
+    )
+    time_limit_minutes: int = Field(default=24 * 60, ge=1, le=60 * 24 * 30, description="sbatch --time")
+    signal_seconds: int = Field(
+        default=300,
+        ge=10,
+        le=3600,
+        description="--signal=B:USR1@<seconds>: this long before the time limit the batch script tells the trainer "
+        "to save a checkpoint, publish it and exit; the job is then requeued and resumes from it",
+    )
+    requeue: bool = Field(default=True, description="sbatch --requeue: a job on a failed node, or preempted, runs again")
+    requeued_start_after_seconds: float | None = Field(
+        default=None,
+        ge=1,
+        le=3600,
+        description="lift the start delay Slurm gives a requeued job (about 120 s) this long after the launcher first "
+        "sees it waiting (the run before must have left its nodes: too soon, Slurm kills the new run's batch); "
+        "unset: Slurm's own delay",
+    )
+    rendezvous_port: int = Field(
+        default=29500,
+        ge=1024,
+        le=65519,
+        description="torchrun's c10d port on the first node; run k of a requeued job uses this + k % 16, since the "
+        "store of the run before may still hold its port",
+    )
+    rendezvous_timeout_seconds: int = Field(default=900, ge=30, le=86400, description="how long nodes wait for each other")
+    setup: list[str] = Field(
+        default_factory=list,
+        description="shell lines the batch script runs before srun (module load cuda, a virtualenv's activate); "
+        "drape's own interpreter path is used as the job's command, so nodes need drape at the same path",
+    )
+    accounting: str = Field(
+        default="slurmdbd",
+        pattern=r"^(slurmdbd|jobcomp)$",
+        description="where sacct reads finished jobs: slurmdbd, or the jobcomp/filetxt log (sacct -c) without one",
+    )
+    pending_timeout_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        description="a job Slurm keeps pending this long for a reason other than waiting its turn (a node down or "
+        "drained, a gres it cannot give) is cancelled and fails with Slurm's reason: the schedulers disagree",
+    )
+    log_dir: str | None = Field(
+        default=None,
+        description="where Slurm writes each job's output (sbatch --output): a folder the nodes share with the "
+        "dispatcher's node, which relays the lines to the flow; default <root>/queue/logs",
+    )
+    script_dir: str | None = Field(default=None, description="where sbatch scripts are written; default <root>/queue/slurm")

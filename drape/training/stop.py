@@ -1,0 +1,66 @@
+"""A request to stop training early, by signal: save a checkpoint now, publish it, exit.
+
+What ends a queue job from outside sends SIGTERM first: Slurm's scancel and preemption, the batch
+script drape writes when Slurm's ``--signal=B:USR1@<s>`` warns of the time limit (it turns USR1
+into SIGTERM on the job step, then requeues the job), Kubernetes deleting a pod, the local
+launcher's cancel. `install()` (the job's entry point, every rank) makes SIGTERM and SIGUSR1 set a
+flag instead of ending the process. The training loop asks `requested(context)` after each step;
+under torchrun the ranks agree first (a MAX all-reduce of one number), so every rank saves the
+same step. The loop then saves that step and raises `StopRequested`; the job publishes what it
+saved and exits with `EXIT_STOPPED`, and its next run resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import torch
+
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped on request, resumable; not a success
+_flag = threading.Event()
+_installed = threading.Event()
+_owner: list[int] = []  # the pid that installed the handlers; a forked child (a data loader worker) keeps the default
+
+
+class StopRequested(Exception):
+    """Training stopped after `step` on request, with a checkpoint of that step saved."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped on request after step {step}, with a checkpoint of it")
+        self.step = step
+
+
+def _handler(signum: int, frame) -> None:
+    if _owner and os.getpid() != _owner[0]:  # inherited by a forked helper: end it as the default would
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        return
+    if not _flag.is_set():
+        print(
+            f"drape: {signal.Signals(signum).name}: saving a checkpoint after this step, then exiting",
+            file=sys.stderr,
+            flush=True,
+        )
+    _flag.set()
+
+
+def install() -> None:
+    """SIGTERM and SIGUSR1 ask the training loop to checkpoint and stop (main thread only)."""
+    _owner[:] = [os.getpid()]
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, _handler)
+    _installed.set()
+
+
+def requested(context) -> bool:
+    """Whether any rank was asked to stop (every rank must call this at the same step)."""
+    if not _installed.is_set():
+        return False
+    if not context.is_distributed:
+        return _flag.is_set()
+    vote = torch.tensor([1.0 if _flag.is_set() else 0.0], device=context.device)
+    torch.distributed.all_reduce(vote, op=torch.distributed.ReduceOp.MAX)
+    return bool(vote.item())

@@ -1,0 +1,113 @@
+"""The one shape every engine has, and the choice of engine by config.
+
+An engine starts a claimed job on the GPUs the queue placed it on and answers for it by the
+`handle` its launch returned (the queue records it):
+
+- `launch(job, gpus) -> handle`
+- `poll(job_id, handle) -> Outcome | None` (None while it runs or waits in the engine's own queue)
+- `cancel(job_id, handle)`
+- `sees(handle) -> bool`: whether this engine can watch that job, so that a dispatcher that
+  restarted, or another one, adopts a running job instead of launching it a second time.
+
+One module per engine, none importing another (`tests/unit/test_engines.py` holds them to it):
+`scheduler/local.py` (processes on this machine, or through `queue.node_commands`),
+`scheduler/kubernetes.py`, `scheduler/slurm.py` and `scheduler/prefect_runs.py`. Each exposes
+`build(config, log_dir)`; `build_launcher` imports only the one `queue.launcher` names. What they
+share (the job's environment, how a python command becomes torchrun's program) lives here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import signal
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Protocol
+
+from drape.secrets import SECRET_VARIABLES
+from scheduler.policy import GpuState
+
+ENGINES = {
+    "local": "scheduler.local",
+    "kubernetes": "scheduler.kubernetes",
+    "slurm": "scheduler.slurm",
+    "prefect": "scheduler.prefect_runs",
+}
+# engines that start one job across several nodes (the dispatcher then places jobs wider than a
+# node on whole nodes, scheduler/gangs.py); the local engine runs a job on one machine
+SPANS_NODES = {"slurm"}
+
+
+def spans_nodes(config) -> bool:
+    return config.queue.launcher in SPANS_NODES
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    message: str = ""
+    peak_gib: float | None = None
+
+
+class Engine(Protocol):
+    def launch(self, job: dict, gpus: list[GpuState]) -> str: ...
+
+    def sees(self, handle: str | None) -> bool: ...
+
+    def poll(self, job_id: str, handle: str) -> Outcome | None: ...
+
+    def cancel(self, job_id: str, handle: str) -> None: ...
+
+
+def build_launcher(config, log_dir: str | Path) -> Engine:
+    """The engine `queue.launcher` names (its module imported now, and only it)."""
+    module = importlib.import_module(ENGINES[config.queue.launcher])
+    return module.build(config, Path(log_dir))
+
+
+def device_indices(gpus: list[GpuState]) -> str:
+    """`CUDA_VISIBLE_DEVICES` for the assigned GPUs (`<host>/cuda<i>` → i; the CPU slot → '')."""
+    indices = [m.group(1) for g in gpus if (m := re.search(r"(?:cuda|gpu)(\d+)$", g.uuid))]
+    return ",".join(indices)
+
+
+def is_python(program: str) -> bool:
+    return PurePosixPath(program).name.startswith("python")
+
+
+def module_args(command: list[str]) -> list[str]:
+    """`python -m mod args` → `-m mod args` for torchrun (which runs its own interpreter)."""
+    return command[1:] if command and is_python(command[0]) else command
+
+
+def torchrun_program(command: list[str]) -> list[str]:
+    """What torchrun starts in each rank: a python command's `-m module args` (torchrun brings its
+    own interpreter), any other program as it is (`--no-python`)."""
+    return module_args(command) if command and is_python(command[0]) else ["--no-python", *command]
+
+
+def exit_message(code: int) -> str:
+    if code > 128 and code - 128 in signal.Signals._value2member_map_:
+        return f"exit code {code} (killed by {signal.Signals(code - 128).name})"
+    if code < 0 and -code in signal.Signals._value2member_map_:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+_PLAIN_VARIABLES = {"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "VIRTUAL_ENV", "LD_LIBRARY_PATH"}
+_PLAIN_PREFIXES = ("LC_", "PYTHON", "DRAPE_", "CUDA_", "NCCL_", "TORCH_", "OMP_", "MKL_", "PREFECT_SERVER_ANALYTICS")
+
+
+def job_environment(passed: Iterable[str] = ()) -> dict[str, str]:
+    """A job's environment: the plain variables of this one (see `_PLAIN_*`), none of the secret
+    ones (`drape.secrets.SECRET_VARIABLES`), plus the variables named in `passed`
+    (`queue.job_environment`). Never the dispatcher's whole environment."""
+    names = set(passed)
+    return {
+        name: value
+        for name, value in os.environ.items()
+        if name in names or (name not in SECRET_VARIABLES and (name in _PLAIN_VARIABLES or name.startswith(_PLAIN_PREFIXES)))
+    }

@@ -1,0 +1,160 @@
+"""Engines: one shape, one module each, none importing another; the Slurm engine's script, gangs across
+whole nodes, sacct's GPU-hours, and the config that keeps drape and Slurm counting GPUs alike."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from drape.config import QueueConfig, SlurmLauncherConfig
+from scheduler.dispatcher import unplaceable
+from scheduler.engine import ENGINES
+from scheduler.gangs import fits_across_nodes, spanning
+from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape
+from scheduler.slurm import SlurmError, SlurmRun, _gpus_of, _requested_gpus, batch_script, job_name, run_gpu_hours
+
+REPO = Path(__file__).resolve().parents[2]
+ENGINE_FILES = {
+    "scheduler.local",
+    "scheduler.kubernetes",
+    "scheduler.kubernetes_pods",
+    "scheduler.slurm",
+    "scheduler.prefect_runs",
+}
+
+
+def _imports(module: str) -> set[str]:
+    tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return found
+
+
+def test_no_engine_module_imports_another():
+    assert set(ENGINES.values()) <= ENGINE_FILES
+    for module in ENGINE_FILES:
+        own = {"scheduler.kubernetes_pods"} if module == "scheduler.kubernetes" else set()
+        others = (ENGINE_FILES - {module} - own) & _imports(module)
+        assert not others, f"{module} imports the engine module(s) {sorted(others)}"
+
+
+def test_build_launcher_imports_only_the_engine_the_config_names(tmp_path):
+    code = (
+        "import sys; from types import SimpleNamespace as N; from scheduler.engine import build_launcher; "
+        "c = N(queue=N(launcher='local', job_environment=[], node_commands={})); "
+        f"print(type(build_launcher(c, {str(tmp_path / 'logs')!r})).__name__, "
+        "sorted(m for m in sys.modules if m in ('scheduler.kubernetes', 'scheduler.slurm', 'scheduler.prefect_runs')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == "LocalLauncher" and done.stdout.strip().endswith("[]"), done.stdout
+
+
+def _gpus(nodes: int, per_node: int, model: str = "H100-80GB", total: float = 80.0) -> list[GpuState]:
+    return [GpuState(f"n{n}/gpu{i}", f"n{n}", model, total) for n in range(nodes) for i in range(per_node)]
+
+
+def _job(**fields) -> dict:
+    command = [sys.executable, "-m", "drape.train", "--job", "s3://bucket/runs/r/identity/job.json"]
+    return {
+        "id": "stage-training-abc",
+        "kind": "stage-training",
+        "stage": "identity",
+        "attempts": 2,
+        "command": json.dumps(command),
+        "env": json.dumps({"DRAPE_INFERENCE_EXCLUSIVE": "1"}),
+        "labels": json.dumps({"launch": "torchrun"}),
+        **fields,
+    }
+
+
+def test_the_batch_script_asks_slurm_for_exactly_where_drape_placed_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "never-in-a-script")
+    settings = SlurmLauncherConfig(gres_types={"H100-80GB": "h100"}, mem_per_gpu_gib=160, partition="gpu", cpus_per_gpu=10)
+    script = batch_script(_job(), _gpus(2, 8), settings, tmp_path / "job.log")
+    lines = script.splitlines()
+    for directive in (
+        "--job-name=drape-stage-training-abc-a2",
+        "--comment=drape:stage-training-abc",
+        "--nodes=2",
+        "--nodelist=n0,n1",
+        "--gres=gpu:h100:8",
+        "--cpus-per-task=80",
+        "--mem-per-gpu=160G",
+        "--signal=B:USR1@300",
+        "--requeue",
+        "--partition=gpu",
+    ):
+        assert f"#SBATCH {directive}" in lines, directive
+    assert "export DRAPE_INFERENCE_EXCLUSIVE=1" in lines and "never-in-a-script" not in script
+    task = next(line for line in lines if line.startswith("srun "))
+    assert "--nnodes=2 --nproc-per-node=8 --rdzv-backend=c10d" in task and "is_host=$((SLURM_NODEID == 0))" in task
+    assert "-m drape.train --job s3://bucket/runs/r/identity/job.json" in task
+    done = subprocess.run(["bash", "-n"], input=script, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr  # the shell reads it
+
+
+def test_a_job_that_is_not_torchrun_runs_as_it_is_and_uneven_placements_are_refused(tmp_path):
+    plain = batch_script(_job(labels="{}"), _gpus(1, 1), SlurmLauncherConfig(), tmp_path / "log")
+    assert "torch.distributed.run" not in plain and "#SBATCH --gres=gpu:1" in plain
+    uneven = [*_gpus(1, 2), GpuState("n1/gpu0", "n1", "H100-80GB", 80.0)]
+    with pytest.raises(SlurmError, match="uneven"):
+        batch_script(_job(), uneven, SlurmLauncherConfig(), tmp_path / "log")
+    assert job_name({"id": "a b;c", "attempts": 0}) == "drape-a-b-c-a1"
+
+
+def test_the_slurm_engine_needs_whole_gpus_and_names_shells_cannot_read(tmp_path):
+    with pytest.raises(ValidationError, match="max_jobs_per_gpu to 1"):
+        QueueConfig(launcher="slurm")
+    assert QueueConfig(launcher="slurm", max_jobs_per_gpu=1).slurm.requeue
+    with pytest.raises(ValidationError, match="partition"):
+        SlurmLauncherConfig(partition="gpu; rm -rf /")
+
+
+def test_a_job_wider_than_a_node_takes_whole_idle_nodes_and_the_others_plan_as_before():
+    fleet = _gpus(3, 2, model="cpu", total=16.0)
+    wide = JobRequest("wide", 5, 0.0, 4, 2.0, 60.0)
+    narrow = JobRequest("narrow", 3, 1.0, 1, 2.0, 60.0)
+    placed = {p.job_id: p.gpus for p in spanning(plan_drape)([wide, narrow], fleet, [], 10.0, PolicyConfig())}
+    assert placed["wide"] == ("n0/gpu0", "n0/gpu1", "n1/gpu0", "n1/gpu1")
+    assert placed["narrow"][0].startswith("n2/")
+    fleet[0].jobs, fleet[0].allocated_gib = 1, 2.0  # n0 busy: the wide job takes n1 and n2
+    placed = {p.job_id: p.gpus for p in spanning(plan_drape)([wide], fleet, [], 10.0, PolicyConfig())}
+    assert {uuid.split("/")[0] for uuid in placed["wide"]} == {"n1", "n2"}
+    assert fits_across_nodes(wide, fleet) and not fits_across_nodes(JobRequest("odd", 5, 0.0, 3, 2.0, 60.0), fleet)
+    assert unplaceable(4, 2.0, fleet, across_nodes=True) is None
+    assert "no node of the fleet can hold it" in (unplaceable(4, 2.0, fleet) or "")
+    assert "no node" in (unplaceable(4, 32.0, fleet, across_nodes=True) or "")
+
+
+def test_gpu_hours_come_from_sacct_runs_or_the_request_when_sacct_has_no_gpus():
+    assert _gpus_of("billing=4,cpu=4,gres/gpu=8,mem=16G,node=2") == 8 and _gpus_of("cpu=2,mem=4000M") is None
+    assert _requested_gpus({"TresPerNode": "gres:gpu:2", "NumNodes": "2"}) == 4
+    run = SlurmRun("7", "drape-stage-training-abc-a1", "COMPLETED", 1000.0, 1000.0 + 1800, None)
+    assert run.queue_job_id == "stage-training-abc"
+    assert run_gpu_hours(run, 4) == pytest.approx(2.0) and run_gpu_hours(run) == 0.0
+    assert run_gpu_hours(SlurmRun("7", "x", "RUNNING", 1000.0, None, 8)) == 0.0
+
+
+def test_the_h100_config_s_sbatch_script_prints_from_the_cli():
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+
+    args = ["queue", "sbatch", "--config", str(REPO / "configs" / "h100.yaml"), "--python", "/opt/drape/bin/python"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --gres=gpu:8" in result.output and "--nproc-per-node=8" in result.output
+    assert "# memory profile:" in result.output and "/opt/drape/bin/python -m torch.distributed.run" in result.output
+    refused = CliRunner().invoke(app, [*args, "--nodes", "3"])
+    assert refused.exit_code != 0 and "do not split evenly over 3 node(s)" in refused.output

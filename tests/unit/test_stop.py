@@ -1,0 +1,39 @@
+"""drape/training/stop.py: SIGTERM and SIGUSR1 ask the trainer to checkpoint and stop; helpers it
+forks (data loader workers) still end on SIGTERM. Run in a child interpreter: the handlers are process-wide."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+SCRIPT = """
+import os, signal, time
+from types import SimpleNamespace
+from drape.training import stop
+
+one = SimpleNamespace(is_distributed=False)
+assert not stop.requested(one)                      # not installed: never asks (the flow's in-process trainer)
+stop.install()
+assert not stop.requested(one)
+child = os.fork()
+if child == 0:                                      # a forked helper: SIGTERM ends it, as before
+    time.sleep(30)
+    os._exit(0)
+time.sleep(0.2)
+os.kill(child, signal.SIGTERM)
+_, status = os.waitpid(child, 0)
+assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
+os.kill(os.getpid(), signal.SIGUSR1)                # the trainer itself: asked to stop, not ended
+time.sleep(0.1)
+assert stop.requested(one)
+print("ok", stop.EXIT_STOPPED)
+"""
+
+
+def test_a_signal_asks_the_trainer_to_stop_and_a_forked_helper_still_ends():
+    done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["ok", "75"] and "SIGUSR1: saving a checkpoint" in done.stderr
