@@ -201,18 +201,33 @@ class KubernetesLauncher:
         from kubernetes.client.exceptions import ApiException
 
         body, namespace = build_job(job, gpus, self.settings), self.settings.namespace
+        if self.settings.kueue_queue:
+            body = self._as_kueue_workload(body, gpus)
+        kind, name, labels, indexed = _describe(body)
         try:
-            if isinstance(body, dict):
+            if kind == "pytorchjob":
                 self._call("custom", "create_namespaced_custom_object", *PYTORCHJOBS, namespace, "pytorchjobs", body)
-                return f"pytorchjob:{body['metadata']['name']}"
-            if body.spec.completion_mode == "Indexed":
-                service = headless_service(body.metadata.name, namespace, body.metadata.labels)
-                self._call("core", "create_namespaced_service", namespace, service)
-            self._call("batch", "create_namespaced_job", namespace, body)
+            else:
+                if indexed:
+                    service = headless_service(name, namespace, {k: v for k, v in labels.items() if "kueue.x-k8s.io" not in k})
+                    self._call("core", "create_namespaced_service", namespace, service)
+                self._call("batch", "create_namespaced_job", namespace, body)
         except ApiException as error:
             if error.status != 409:  # 409: this attempt's object exists already (created before a restart): it is ours
                 raise
-        return f"job:{body.metadata.name}" if not isinstance(body, dict) else f"pytorchjob:{body['metadata']['name']}"
+        return f"{kind}:{name}"
+
+    def _as_kueue_workload(self, body, gpus: list[GpuState]) -> dict:
+        """Kueue mode: the job suspended in the LocalQueue, on the flavor of the GPUs drape sized it
+        for (the model its memory profile fits), no node pinned (scheduler/kueue.py)."""
+        from kubernetes import client
+
+        from scheduler.kueue import as_workload, flavors_from_fleet
+
+        settings = self.settings
+        (flavor,) = flavors_from_fleet(gpus[:1], settings.product_label, settings.products)
+        plain = body if isinstance(body, dict) else client.ApiClient().sanitize_for_serialization(body)
+        return as_workload(plain, local_queue=settings.kueue_queue, flavor=flavor, product_label=settings.product_label)
 
     def _read(self, handle: str):
         kind, _, name = handle.partition(":")
@@ -260,6 +275,15 @@ class KubernetesLauncher:
             self._call("custom", "delete_namespaced_custom_object", *PYTORCHJOBS, self.settings.namespace, "pytorchjobs", name)
         else:
             self._call("batch", "delete_namespaced_job", name, self.settings.namespace, propagation_policy="Background")
+
+
+def _describe(body) -> tuple[str, str, dict, bool]:
+    """(handle kind, name, labels, indexed) of a Job object, or of a Job or PyTorchJob as a dict."""
+    if isinstance(body, dict):
+        kind = "pytorchjob" if body["kind"] == "PyTorchJob" else "job"
+        indexed = body["spec"].get("completionMode") == "Indexed"
+        return kind, body["metadata"]["name"], body["metadata"].get("labels", {}), indexed
+    return "job", body.metadata.name, body.metadata.labels, body.spec.completion_mode == "Indexed"
 
 
 def build(config, log_dir) -> KubernetesLauncher:

@@ -73,6 +73,13 @@ class KubernetesLauncherConfig(StrictModel):
         "nodes the queue placed its job on (one pod per node across nodes), so the ledger says where it runs; "
         "unset: Kubernetes picks among the nodes of the placed GPU product",
     )
+    kueue_queue: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="Kueue mode: the LocalQueue jobs are submitted to, suspended (`kueue.x-k8s.io/queue-name`); drape "
+        "orders jobs and sizes them (GPUs, the GPU model or MIG slice their memory profile needs), Kueue admits them, "
+        "kube-scheduler picks the node (docs/kueue.md; `drape queue kueue` renders the objects); unset: drape places",
+    )
     shared_resource: str | None = Field(
         default=None,
         description="the resource a shared GPU is offered as (NVIDIA's device plugin with time-slicing or MPS and "
