@@ -65,6 +65,15 @@ def unplaceable(gpus: int, mem_gib: float, fleet: list, *, across_nodes: bool = 
     )
 
 
+def refusal(job: JobRequest, fleet: list, config) -> str | None:
+    """Why no node of `fleet` can ever hold `job` (its GPU count, memory per GPU and the models it
+    allows), or None: what submit refuses at once and the dispatcher fails a waiting job with."""
+    allowed_gpus = [gpu for gpu in fleet if allowed(job, gpu.model)]
+    if not allowed_gpus:
+        return f"no GPU of the fleet is one of the models it allows ({', '.join(job.models)})"
+    return unplaceable(job.gpus, job.mem_gib, allowed_gpus, across_nodes=spans_nodes(config))
+
+
 def policy_config(config) -> PolicyConfig:
     queue = config.queue
     return PolicyConfig(
@@ -175,12 +184,7 @@ class Dispatcher:
         for job in waiting:
             shape = (job.gpus, job.mem_gib, job.models)
             if known and shape not in reasons:
-                fleet = [gpu for gpu in view.gpus if allowed(job, gpu.model)]
-                reasons[shape] = (
-                    unplaceable(job.gpus, job.mem_gib, fleet, across_nodes=spans_nodes(self.config))
-                    if fleet
-                    else f"no GPU of the fleet is one of the models it allows ({', '.join(job.models)})"
-                )
+                reasons[shape] = refusal(job, view.gpus, self.config)
             reason = reasons.get(shape)
             if reason is None and now - job.submit_s > timeout:
                 reason = (

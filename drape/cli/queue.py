@@ -48,10 +48,27 @@ def queue_submit(
             exclusive=exclusive,
             share=share,
         )
-        job_id = JobStore(cfg.queue_url).submit(spec)
+        store = JobStore(cfg.queue_url)
+        _refuse_unplaceable(cfg, store, spec)
+        job_id = store.submit(spec)
     except QueueError as error:
         fail(str(error))
     console.print(job_id)
+
+
+def _refuse_unplaceable(cfg, store, spec) -> None:
+    """Refuse at submit a job no node of the fleet can ever hold, with why (when the fleet is known)."""
+    from scheduler.dispatcher import refusal
+    from scheduler.fleet import fleet_view
+    from scheduler.policy import JobRequest
+
+    view = fleet_view(cfg, store)
+    if not view.gpus or view.source == "ledger":
+        return  # the fleet is unknown here (its inventory not registered yet): the dispatcher checks
+    request = JobRequest("-", spec.priority, 0.0, spec.gpus, spec.mem_gib, spec.duration_s, tuple(spec.gpu_models))
+    reason = refusal(request, view.gpus, cfg)
+    if reason:
+        fail(f"refused: {spec.gpus} GPU(s) × {spec.mem_gib:g} GiB ({spec.kind}): {reason}")
 
 
 @app.command("list")

@@ -1,0 +1,49 @@
+"""`drape queue submit` refuses at once, with why, a job no node of the fleet can ever hold."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from drape.cli import app
+from tests.conftest import tiny_config
+
+FLEET = {"groups": [{"model": "H100-80GB", "memory_gib": 80, "nodes": 2, "gpus_per_node": 4, "node_prefix": "h100"}]}
+
+
+@pytest.fixture
+def config_path(tmp_path):
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
+    config = tiny_config(tmp_path / "drape", queue={"fleet": "static", "inventory": str(tmp_path / "fleet.yaml")})
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    return path
+
+
+def _submit(config_path, *flags):
+    return CliRunner().invoke(app, ["queue", "submit", "--kind", "finetune", *flags, "--config", str(config_path), "--", "true"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (["--mem-gib", "40", "--gpus", "8"], "the largest node 4 GPU(s)"),  # more GPUs than any node has
+        (["--mem-gib", "96"], "the largest GPU has 80.0 GiB"),  # more memory than any GPU
+        (["--mem-gib", "60", "--gpus", "5"], "it needs 5 GPU(s) with 60.0 GiB each on one node"),
+        (["--mem-gib", "10", "--gpu-model", "B200"], "no GPU of the fleet is one of the models it allows (B200)"),
+    ],
+)
+def test_a_job_no_node_can_hold_is_refused_at_submit_with_why(config_path, flags, why):
+    result = _submit(config_path, *flags)
+    assert result.exit_code == 2, result.output
+    assert "refused" in result.output and why in " ".join(result.output.split())
+    listed = CliRunner().invoke(app, ["queue", "list", "--config", str(config_path)])
+    assert "finetune" not in listed.output  # nothing was queued
+
+
+def test_a_job_the_fleet_can_hold_is_queued(config_path):
+    result = _submit(config_path, "--mem-gib", "70", "--gpus", "4", "--gpu-model", "H100")
+    assert result.exit_code == 0, result.output
+    listed = CliRunner().invoke(app, ["queue", "list", "--config", str(config_path)], env={"COLUMNS": "200"})
+    assert result.output.strip() in listed.output and "queued" in listed.output
