@@ -31,6 +31,7 @@ import numpy as np
 from drape.config import PipelineConfig
 from drape.gates.checks import FaceEmbedder
 from drape.gates.nuisance import NUISANCE
+from drape.gates.recognizers import RecognizerCheck
 from drape.gates.report import CHECKS, bootstrap_lower_bound, recorded
 
 
@@ -50,7 +51,7 @@ def nuisance_scores(
     *,
     checks: Collection[str] = CHECKS,
     seed: int = 0,
-    embedder: FaceEmbedder | None = None,
+    embedder: FaceEmbedder | RecognizerCheck | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """{variant: {check: per-sample scores}} of `images` under each nuisance variant; identity and
     texture against the control targets, coherence against `coherence_reference`."""
@@ -81,7 +82,9 @@ def tolerances(scored: dict[str, dict[str, np.ndarray]], own: dict[str, np.ndarr
     levels: dict[str, Level] = {}
     for name, scores in scored.items():
         for check, values in scores.items():
-            drop = max(float(np.mean(own[check]) - np.mean(values)), 0.0)
+            # NaN: no face found (a recognizer's own outcome, counted apart from the similarities)
+            fall = float(np.nanmean(own[check]) - np.nanmean(values)) if np.isfinite(values).any() else 0.0
+            drop = max(fall, 0.0) if np.isfinite(fall) else 0.0
             if check not in levels or drop > levels[check].value:
                 levels[check] = Level(drop, name)
     return levels
@@ -102,7 +105,7 @@ def nuisance_levels(
     *,
     baseline_outputs: np.ndarray | None = None,
     baseline_scores: dict[str, np.ndarray] | None = None,
-    embedder: FaceEmbedder | None = None,
+    embedder: FaceEmbedder | RecognizerCheck | None = None,
 ) -> NuisanceLevels:
     """The floors for a gate on `control` and, with `baseline_outputs` (and their own scores on the
     ground-truth scale, `baseline_scores`), the change tolerances.

@@ -22,8 +22,10 @@ SCHEMA = "drape.gate_report/v4"  # v3: provenance; v4: method, nuisance floor an
 def bootstrap_lower_bound(
     values: list[float] | np.ndarray, *, quantile: float = 0.05, resamples: int = 2000, seed: int = 0
 ) -> float:
-    """The `quantile` of the bootstrap distribution of the mean (fixed seed: reports are reproducible)."""
-    values = np.asarray(values, dtype=np.float64)
+    """The `quantile` of the bootstrap distribution of the mean (fixed seed: reports are reproducible);
+    NaN values (a recognizer found no face: counted apart, `CheckResult.outcomes`) are left out."""
+    given = np.asarray(values, dtype=np.float64)
+    values = given[np.isfinite(given)]
     if len(values) < 2:
         return float(values.mean()) if len(values) else float("nan")
     rng = np.random.default_rng(seed)
@@ -52,14 +54,36 @@ class CheckResult:
     floor_variant: str = ""  # the variant that set it
     change_mean: float | None = None  # the mean the change check compares (on the ground-truth scale); None: `mean`
     drop_source: str = ""  # where max_drop came from: "config" or "nuisance (<variant>)"
+    # a face recognizer's per-sample rule (identity through dlib or arcface): a value of NaN is "no face
+    # found", one below `same_person` "another person"; more of both than `max_mismatch_share` fails
+    same_person: float | None = None
+    max_mismatch_share: float = 0.0
+    recognizer: str = ""  # the rule in the recognizer's own terms, e.g. "dlib distance 0.600 (…)"
     mean: float = field(init=False)
     lower: float = field(init=False)
     minimum: float = field(init=False)
 
     def __post_init__(self) -> None:
-        scores = list(self.values.values())
-        self.mean, self.minimum = float(np.mean(scores)), float(np.min(scores))
-        self.lower = bootstrap_lower_bound(scores)
+        scores = np.array(list(self.values.values()), dtype=np.float64)
+        found = scores[np.isfinite(scores)]  # NaN: no face found, never a low score
+        self.mean = float(found.mean()) if len(found) else float("nan")
+        self.minimum = float(found.min()) if len(found) else float("nan")
+        self.lower = bootstrap_lower_bound(found)
+
+    def outcomes(self) -> dict[str, list[str]]:
+        """A recognizer's per-sample outcomes: the samples with no face found and those read as another
+        person (empty for checks without a recognizer)."""
+        if self.same_person is None:
+            return {}
+        no_face = [key for key, value in self.values.items() if not np.isfinite(value)]
+        other = [key for key, value in self.values.items() if np.isfinite(value) and value < self.same_person]
+        return {"no face found": no_face, "another person": other}
+
+    @property
+    def mismatch_passed(self) -> bool:
+        outcomes = self.outcomes()
+        misses = sum(len(keys) for keys in outcomes.values())
+        return misses <= self.max_mismatch_share * len(self.values) + 1e-9
 
     @property
     def margin(self) -> float | None:
@@ -68,7 +92,7 @@ class CheckResult:
 
     @property
     def value_passed(self) -> bool:
-        return self.threshold is not None and self.lower >= self.threshold
+        return self.threshold is not None and bool(np.isfinite(self.lower)) and self.lower >= self.threshold
 
     @property
     def change_checked(self) -> bool:
@@ -89,7 +113,7 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
-        return self.value_passed and self.change_passed
+        return self.value_passed and self.change_passed and self.mismatch_passed
 
     def note(self) -> str:
         """A warning when the threshold asks more than the ground truth under harmless variation
@@ -110,11 +134,14 @@ class CheckResult:
         lines = []
         if self.threshold is None:
             lines.append(f"{self.name}: no threshold configured, so nothing can be promoted")
+        elif not np.isfinite(self.lower):
+            lines.append(f"{self.name}: no sample could be scored (no face found in any output)")
         elif not self.value_passed:
             floor = f", nuisance floor {self.floor:.4f} ({self.floor_variant})" if self.floor is not None else ""
             lines.append(
                 f"{self.name}: lower bound {self.lower:.4f} (mean {self.mean:.4f}) < threshold {self.threshold:.4f}{floor}"
             )
+        lines += self._outcome_failures()
         if not self.change_passed:
             scale = " vs the ground truth" if self.change_mean is not None and self.change_mean != self.mean else ""
             source = f" ({self.drop_source})" if self.drop_source else ""
@@ -122,6 +149,18 @@ class CheckResult:
                 f"{self.name}: mean{scale} {self.compared_mean:.4f} fell more than {self.max_drop:.4f}{source} below the "
                 f"baseline's {self.baseline_mean:.4f}"
             )
+        return lines
+
+    def _outcome_failures(self) -> list[str]:
+        if self.mismatch_passed:
+            return []
+        total, lines = len(self.values), []
+        for outcome, keys in self.outcomes().items():
+            if keys:
+                shown = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")
+                rule = f" ({self.recognizer})" if outcome == "another person" else ""
+                lines.append(f"{self.name}: {outcome} in {len(keys)} of {total} outputs{rule}: {shown}")
+        lines.append(f"{self.name}: more than {self.max_mismatch_share:.1%} of the samples are not the same person")
         return lines
 
     def to_dict(self) -> dict:
@@ -134,17 +173,26 @@ class CheckResult:
             "mean": self.compared_mean if self.change_checked else None,
             "max_drop_from": self.drop_source,
         }
+        finite = lambda value: float(value) if value is not None and np.isfinite(value) else None  # noqa: E731  JSON has no NaN
         return {
-            "values": self.values,
-            "mean": self.mean,
-            "lower": self.lower,
-            "min": self.minimum,
+            "values": {key: finite(value) for key, value in self.values.items()},
+            "outcomes": {
+                **self.outcomes(),
+                "rule": self.recognizer,
+                "max_mismatch_share": self.max_mismatch_share,
+                "passed": self.mismatch_passed,
+            }
+            if self.same_person is not None
+            else None,
+            "mean": finite(self.mean),
+            "lower": finite(self.lower),
+            "min": finite(self.minimum),
             "threshold": self.threshold,
             "threshold_from": self.threshold_source,
             "method": self.method,
             "nuisance_floor": self.floor,
             "nuisance_floor_variant": self.floor_variant,
-            "margin": self.margin,
+            "margin": finite(self.margin),
             "value_passed": self.value_passed,
             "change": change,
             "passed": self.passed,

@@ -22,6 +22,7 @@ from drape.data.dataset import to_model_inputs
 from drape.gates import aligned, face
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
+from drape.gates.recognizers import RecognizerCheck
 from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
 from drape.training.checkpoint import load_model
 from drape.training.model import TryOnModel, configured_class_path, sample
@@ -127,7 +128,7 @@ def check_scores(
     outputs: np.ndarray,
     reference: np.ndarray | None = None,
     *,
-    embedder: FaceEmbedder | None = None,
+    embedder: FaceEmbedder | RecognizerCheck | None = None,
     checks: Collection[str] = CHECKS,
 ) -> dict[str, np.ndarray]:
     """Per-sample values of `checks` on `outputs`: identity and texture against the control
@@ -138,7 +139,11 @@ def check_scores(
     if "identity" in checks and gates.identity.method == "aligned":
         values["identity"] = face.aligned_identity_scores(outputs, targets, faces, gates.identity.max_shift_pixels)
     elif "identity" in checks:
-        values["identity"] = identity_scores(outputs, targets, faces, embedder or build_embedder(gates))
+        embedder = embedder or build_embedder(gates)
+        if isinstance(embedder, RecognizerCheck):  # NaN: no face found in the output (report.py counts it apart)
+            values["identity"] = embedder.scores(outputs, targets, faces, list(control["keys"]))
+        else:
+            values["identity"] = identity_scores(outputs, targets, faces, embedder)
     texture = gates.texture
     if "texture" in checks and texture.method == "aligned":
         values["texture"] = aligned.aligned_texture_scores(outputs, targets, logos, faces, texture.max_shift_pixels)
@@ -223,9 +228,22 @@ def judge(
             threshold_source=source,
             floor=None if floor is None else floor.value,
             floor_variant="" if floor is None else floor.variant,
+            **_recognizer_rule(name, gates, embedder),
             **change,
         )
     return report
+
+
+def _recognizer_rule(check: str, gates, embedder) -> dict:
+    """The CheckResult fields of a recognizer's per-sample rule (identity through dlib or arcface)."""
+    if check != "identity" or not isinstance(embedder, RecognizerCheck):
+        return {}
+    recognizer = embedder.recognizer
+    return {
+        "same_person": recognizer.same_person,
+        "max_mismatch_share": gates.identity.max_mismatch_share,
+        "recognizer": recognizer.in_own_terms(recognizer.same_person),
+    }
 
 
 def _value_threshold(check: str, configured: float | str | None, floor: Level | None) -> tuple[float | None, str]:
@@ -253,8 +271,8 @@ def _change_check(
     else:
         drop, source = float(max_drop), "config"
     return {
-        "baseline_mean": float(np.mean(baseline_own[check])),
-        "change_mean": float(np.mean(own[check])),
+        "baseline_mean": float(np.nanmean(baseline_own[check])),  # NaN: no face found (a recognizer's outcome)
+        "change_mean": float(np.nanmean(own[check])),
         "max_drop": drop,
         "drop_source": source,
     }
