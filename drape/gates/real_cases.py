@@ -32,7 +32,7 @@ def portrait(name: str) -> np.ndarray:
     if name == "hopper":
         from matplotlib import cbook
 
-        with Image.open(cbook.get_sample_data("grace_hopper.jpg")) as image:
+        with Image.open(str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))) as image:
             return np.asarray(image.convert("RGB"))
     raise ValueError(f"portrait {name!r}: expected 'astronaut' or 'hopper'")
 
@@ -109,9 +109,11 @@ def text_scene(word: str, size: int, rng: np.random.Generator, *, ground: str = 
     """`word` printed dark on a light plate, a third of the picture wide, on a real texture."""
     image = Image.fromarray(texture(ground, size, rng))
     font = ImageFont.load_default(max(8, round(size * rng.uniform(0.07, 0.09))))
-    left, top, right, bottom = font.getbbox(word)
+    left, top, right, bottom = (int(v) for v in font.getbbox(word))
     pad = max(2, round(size * 0.02))
     width, height = right - left + 2 * pad, bottom - top + 2 * pad
+    if width + 2 * pad >= size or height + 2 * pad >= size:
+        raise ValueError(f"text_scene: {word!r} does not fit a {size} px picture")
     x, y = int(rng.integers(pad, size - width - pad)), int(rng.integers(pad, size - height - pad))
     draw = ImageDraw.Draw(image)
     plate = tuple(int(v) for v in rng.integers(215, 250, size=3))
