@@ -23,7 +23,7 @@ def bootstrap_lower_bound(
     values: list[float] | np.ndarray, *, quantile: float = 0.05, resamples: int = 2000, seed: int = 0
 ) -> float:
     """The `quantile` of the bootstrap distribution of the mean (fixed seed: reports are reproducible);
-    NaN values (a recognizer found no face: counted apart, `CheckResult.outcomes`) are left out."""
+    NaN values (a recognizer found no face: counted apart, `SampleRule`) are left out."""
     given = np.asarray(values, dtype=np.float64)
     values = given[np.isfinite(given)]
     if len(values) < 2:
@@ -37,6 +37,54 @@ def recorded(values) -> np.ndarray:
     """Per-sample values as a report records them (6 decimals): floors and calibrations use these
     too, so a value equal to a floor compares equal."""
     return np.array([round(float(value), 6) for value in values])
+
+
+@dataclass(frozen=True)
+class SampleRule:
+    """A per-sample rule beside a check's mean, in a recognizer's own terms: a face recognizer's
+    same-person rule, or OCR's text read the same. A sample fails it when its value is NaN (`missing`:
+    no face found) or below `minimum` (`below`: another person, text misread); more failing samples
+    than `max_share` of those judged fails the check. `values`: the samples judged (a garment with no
+    text in its source has no text to misread)."""
+
+    values: dict[str, float]
+    minimum: float
+    max_share: float
+    terms: str  # the rule as the recognizer states it, e.g. "dlib distance 0.600 (one person at ≤ 0.60)"
+    missing: str = "no face found"
+    below: str = "another person"
+
+    def outcomes(self) -> dict[str, list[str]]:
+        return {
+            self.missing: [key for key, value in self.values.items() if not np.isfinite(value)],
+            self.below: [key for key, value in self.values.items() if np.isfinite(value) and value < self.minimum - 1e-9],
+        }
+
+    @property
+    def passed(self) -> bool:
+        failing = sum(len(keys) for keys in self.outcomes().values())
+        return failing <= self.max_share * len(self.values) + 1e-9
+
+    def failures(self, check: str) -> list[str]:
+        if self.passed:
+            return []
+        lines = []
+        for outcome, keys in self.outcomes().items():
+            if keys:
+                shown = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")
+                terms = f" ({self.terms})" if outcome == self.below else ""
+                lines.append(f"{check}: {outcome} in {len(keys)} of {len(self.values)} outputs{terms}: {shown}")
+        lines.append(f"{check}: more than {self.max_share:.1%} of the samples fail the rule {self.terms}")
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            **self.outcomes(),
+            "rule": self.terms,
+            "max_share": self.max_share,
+            "judged": len(self.values),
+            "passed": self.passed,
+        }
 
 
 @dataclass
@@ -54,11 +102,7 @@ class CheckResult:
     floor_variant: str = ""  # the variant that set it
     change_mean: float | None = None  # the mean the change check compares (on the ground-truth scale); None: `mean`
     drop_source: str = ""  # where max_drop came from: "config" or "nuisance (<variant>)"
-    # a face recognizer's per-sample rule (identity through dlib or arcface): a value of NaN is "no face
-    # found", one below `same_person` "another person"; more of both than `max_mismatch_share` fails
-    same_person: float | None = None
-    max_mismatch_share: float = 0.0
-    recognizer: str = ""  # the rule in the recognizer's own terms, e.g. "dlib distance 0.600 (…)"
+    rule: SampleRule | None = None  # a recognizer's per-sample rule (dlib, ArcFace, OCR), when one judges
     mean: float = field(init=False)
     lower: float = field(init=False)
     minimum: float = field(init=False)
@@ -69,21 +113,6 @@ class CheckResult:
         self.mean = float(found.mean()) if len(found) else float("nan")
         self.minimum = float(found.min()) if len(found) else float("nan")
         self.lower = bootstrap_lower_bound(found)
-
-    def outcomes(self) -> dict[str, list[str]]:
-        """A recognizer's per-sample outcomes: the samples with no face found and those read as another
-        person (empty for checks without a recognizer)."""
-        if self.same_person is None:
-            return {}
-        no_face = [key for key, value in self.values.items() if not np.isfinite(value)]
-        other = [key for key, value in self.values.items() if np.isfinite(value) and value < self.same_person]
-        return {"no face found": no_face, "another person": other}
-
-    @property
-    def mismatch_passed(self) -> bool:
-        outcomes = self.outcomes()
-        misses = sum(len(keys) for keys in outcomes.values())
-        return misses <= self.max_mismatch_share * len(self.values) + 1e-9
 
     @property
     def margin(self) -> float | None:
@@ -113,7 +142,7 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
-        return self.value_passed and self.change_passed and self.mismatch_passed
+        return self.value_passed and self.change_passed and (self.rule is None or self.rule.passed)
 
     def note(self) -> str:
         """A warning when the threshold asks more than the ground truth under harmless variation
@@ -141,7 +170,7 @@ class CheckResult:
             lines.append(
                 f"{self.name}: lower bound {self.lower:.4f} (mean {self.mean:.4f}) < threshold {self.threshold:.4f}{floor}"
             )
-        lines += self._outcome_failures()
+        lines += self.rule.failures(self.name) if self.rule else []
         if not self.change_passed:
             scale = " vs the ground truth" if self.change_mean is not None and self.change_mean != self.mean else ""
             source = f" ({self.drop_source})" if self.drop_source else ""
@@ -149,18 +178,6 @@ class CheckResult:
                 f"{self.name}: mean{scale} {self.compared_mean:.4f} fell more than {self.max_drop:.4f}{source} below the "
                 f"baseline's {self.baseline_mean:.4f}"
             )
-        return lines
-
-    def _outcome_failures(self) -> list[str]:
-        if self.mismatch_passed:
-            return []
-        total, lines = len(self.values), []
-        for outcome, keys in self.outcomes().items():
-            if keys:
-                shown = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")
-                rule = f" ({self.recognizer})" if outcome == "another person" else ""
-                lines.append(f"{self.name}: {outcome} in {len(keys)} of {total} outputs{rule}: {shown}")
-        lines.append(f"{self.name}: more than {self.max_mismatch_share:.1%} of the samples are not the same person")
         return lines
 
     def to_dict(self) -> dict:
@@ -176,14 +193,7 @@ class CheckResult:
         finite = lambda value: float(value) if value is not None and np.isfinite(value) else None  # noqa: E731  JSON has no NaN
         return {
             "values": {key: finite(value) for key, value in self.values.items()},
-            "outcomes": {
-                **self.outcomes(),
-                "rule": self.recognizer,
-                "max_mismatch_share": self.max_mismatch_share,
-                "passed": self.mismatch_passed,
-            }
-            if self.same_person is not None
-            else None,
+            "rule": self.rule.to_dict() if self.rule else None,
             "mean": finite(self.mean),
             "lower": finite(self.lower),
             "min": finite(self.minimum),

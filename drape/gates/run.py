@@ -23,7 +23,7 @@ from drape.gates import aligned, face
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
 from drape.gates.recognizers import RecognizerCheck
-from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
+from drape.gates.report import CHECKS, CheckResult, GateReport, SampleRule, recorded
 from drape.training.checkpoint import load_model
 from drape.training.model import TryOnModel, configured_class_path, sample
 from drape.training.trainer import resolve_device
@@ -228,22 +228,24 @@ def judge(
             threshold_source=source,
             floor=None if floor is None else floor.value,
             floor_variant="" if floor is None else floor.variant,
-            **_recognizer_rule(name, gates, embedder),
+            **_recognizer_rule(name, gates, embedder, control["keys"], values[name]),
             **change,
         )
     return report
 
 
-def _recognizer_rule(check: str, gates, embedder) -> dict:
+def _recognizer_rule(check: str, gates, embedder, keys: list[str], values: np.ndarray) -> dict:
     """The CheckResult fields of a recognizer's per-sample rule (identity through dlib or arcface)."""
     if check != "identity" or not isinstance(embedder, RecognizerCheck):
         return {}
     recognizer = embedder.recognizer
-    return {
-        "same_person": recognizer.same_person,
-        "max_mismatch_share": gates.identity.max_mismatch_share,
-        "recognizer": recognizer.in_own_terms(recognizer.same_person),
-    }
+    rule = SampleRule(
+        dict(zip(keys, values.tolist())),
+        recognizer.same_person,
+        gates.identity.max_mismatch_share,
+        recognizer.in_own_terms(recognizer.same_person),
+    )
+    return {"rule": rule}
 
 
 def _value_threshold(check: str, configured: float | str | None, floor: Level | None) -> tuple[float | None, str]:

@@ -14,7 +14,7 @@ from drape.gates.real_cases import erase_face, face_scene, swap_face
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.arcface import ARCFACE_TEMPLATE, ArcFaceRecognizer, align_face, similarity_transform
 from drape.gates.recognizers.dlib_face import DlibRecognizer
-from drape.gates.report import CheckResult
+from drape.gates.report import CheckResult, SampleRule
 
 
 @pytest.fixture(scope="module")
@@ -61,14 +61,15 @@ def test_no_face_found_is_its_own_outcome_never_a_low_score(dlib_check, scenes):
     assert [match.outcome for match in matches] == ["same person", "no face found", "same person"]
     values = dlib_check.scores(np.stack(outputs), np.stack([s.image for s in scenes]), [s.box for s in scenes], keys)
     assert np.isnan(values[1]) and values[0] == pytest.approx(1.0) and values[2] == pytest.approx(1.0)
-    result = CheckResult("identity", dict(zip(keys, values.tolist())), 0.5, same_person=0.4, recognizer="dlib distance")
+    by_key = dict(zip(keys, values.tolist()))
+    result = CheckResult("identity", by_key, 0.5, rule=SampleRule(by_key, 0.4, 0.0, "dlib distance"))
     assert result.mean == pytest.approx(1.0) and result.lower == pytest.approx(1.0)  # the similarities of faces found
-    assert result.outcomes() == {"no face found": ["s1"], "another person": []}
+    assert result.rule.outcomes() == {"no face found": ["s1"], "another person": []}
     assert result.value_passed and not result.passed
     assert "identity: no face found in 1 of 3 outputs: s1" in result.failures()
     data = json.loads(json.dumps(result.to_dict(), allow_nan=False))  # JSON without NaN
-    assert data["values"]["s1"] is None and data["outcomes"]["no face found"] == ["s1"]
-    allowed = CheckResult("identity", dict(zip(keys, values.tolist())), 0.5, same_person=0.4, max_mismatch_share=0.34)
+    assert data["values"]["s1"] is None and data["rule"]["no face found"] == ["s1"]
+    allowed = CheckResult("identity", by_key, 0.5, rule=SampleRule(by_key, 0.4, 0.34, "dlib distance"))
     assert allowed.passed
 
 
