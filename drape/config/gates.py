@@ -96,6 +96,17 @@ class TextureGateConfig(StrictModel):
         default=0.2, ge=0, le=1, description=("share of the mark's gradient energy below which the score scales down (0: off)")
     )
     max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
+    ocr: Literal["off", "rapidocr"] = Field(
+        default="off",
+        description=(
+            "rapidocr: read the logo box of the source and of the output (PP-OCR, drape.gates.ocr) beside the glyph "
+            "check; each sample's text must read as the source's (min_text_similarity)"
+        ),
+    )
+    min_text_similarity: float = Field(
+        default=1.0, gt=0, le=1, description="ocr: per sample, 1 less the normalized edit distance of the two readings"
+    )
+    max_misread_share: float = Field(default=0.0, ge=0, le=1, description="ocr: the share of text samples that may misread")
 
 
 class CoherenceGateConfig(StrictModel):

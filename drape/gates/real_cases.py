@@ -121,3 +121,49 @@ def text_scene(word: str, size: int, rng: np.random.Generator, *, ground: str = 
     draw.rectangle((x, y, x + width, y + height), fill=plate)
     draw.text((x + pad - left, y + pad - top), word, font=font, fill=ink)
     return TextScene(np.asarray(image), (float(x), float(y), float(x + width), float(y + height)), word)
+
+
+WORDS = ("SALE", "NIKE", "$49.99", "TOKYO", "OPEN", "RUN 42", "LIMITED", "ZARA")
+
+
+def print_word(image: np.ndarray, word: str, box: tuple[float, float, float, float], ink: tuple[int, ...]) -> np.ndarray:
+    """`image` with `word` printed in `box` (x0, y0, x1, y1) on a light plate, the font as large as fits."""
+    picture = Image.fromarray(image.copy())
+    x0, y0, x1, y1 = (int(round(v)) for v in box)
+    draw = ImageDraw.Draw(picture)
+    draw.rectangle((x0, y0, x1 - 1, y1 - 1), fill=(236, 232, 224))
+    pad = max(1, round((y1 - y0) * 0.15))
+    font_size = y1 - y0 - 2 * pad
+    while font_size > 6:
+        font = ImageFont.load_default(font_size)
+        left, top, right, bottom = (int(v) for v in font.getbbox(word))
+        if right - left <= x1 - x0 - 2 * pad and bottom - top <= y1 - y0 - 2 * pad:
+            break
+        font_size -= 1
+    draw.text((x0 + pad - left, y0 + pad - top), word, font=font, fill=ink)
+    return np.asarray(picture)
+
+
+def real_control(size: int, count: int, seed: int = 0) -> dict:
+    """A control set of `count` real samples at `size` px, in the gate's shape (keys, target, mask,
+    meta with face_box and logo_box): the two portraits in turn, framed at random, each with a word of
+    `WORDS` printed on the chest (the logo box; `meta['word']`) and the area below the face as the
+    garment mask."""
+    rng = np.random.default_rng(seed)
+    keys, targets, masks, meta = [], [], [], []
+    for index in range(count):
+        scene = face_scene(("astronaut", "hopper")[index % 2], size, rng)
+        x0, y0, x1, y1 = scene.box
+        word = WORDS[int(rng.integers(len(WORDS)))]
+        width, height = min(size * 0.42, size - 4.0), max(size * 0.1, 12.0)
+        left = float(np.clip((x0 + x1) / 2 - width / 2 + rng.uniform(-0.1, 0.1) * size, 2, size - width - 2))
+        top = float(np.clip(y1 + (y1 - y0) * 0.35, 2, size - height - 2))
+        logo = (round(left, 2), round(top, 2), round(left + width, 2), round(top + height, 2))
+        ink = tuple(int(v) for v in rng.integers(0, 70, size=3))
+        mask = np.zeros((size, size), np.uint8)
+        mask[int(min(y1 + (y1 - y0) * 0.2, size - 2)) :, :] = 255
+        keys.append(f"real-{index:04d}")
+        targets.append(print_word(scene.image, word, logo, ink))
+        masks.append(mask)
+        meta.append({"face_box": list(scene.box), "logo_box": list(logo), "word": word, "person": scene.person, "ink": ink})
+    return {"keys": keys, "target": np.stack(targets), "mask": np.stack(masks), "meta": meta}

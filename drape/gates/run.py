@@ -22,6 +22,7 @@ from drape.data.dataset import to_model_inputs
 from drape.gates import aligned, face
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
+from drape.gates.ocr import shared_text_check
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.report import CHECKS, CheckResult, GateReport, SampleRule, recorded
 from drape.training.checkpoint import load_model
@@ -156,6 +157,8 @@ def check_scores(
             mirror_penalty=texture.mirror_penalty,
             sharpness_floor=texture.sharpness_floor,
         )
+    if "texture" in checks and texture.ocr != "off":  # beside the glyph check: its own per-sample rule (judge)
+        values["text"] = shared_text_check(texture.ocr).scores(outputs, targets, logos, list(control["keys"]))
     if "coherence" in checks and reference is not None and gates.coherence.method == "aligned":
         values["coherence"] = aligned.aligned_coherence_scores(
             outputs, reference, faces, control["mask"], gates.coherence.max_shift_pixels
@@ -204,6 +207,7 @@ def judge(
         return {name: recorded(values) for name, values in found.items()}
 
     values = scores(outputs, targets if baseline_outputs is None else baseline_outputs)
+    text = values.pop("text", None)  # OCR's readings: the texture check's per-sample rule
     own, baseline_own = {}, {}
     if baseline_outputs is not None:
         # the change checks compare both on the ground-truth scale: coherence vs the targets too
@@ -229,6 +233,7 @@ def judge(
             floor=None if floor is None else floor.value,
             floor_variant="" if floor is None else floor.variant,
             **_recognizer_rule(name, gates, embedder, control["keys"], values[name]),
+            **_text_rule(name, gates, control["keys"], text),
             **change,
         )
     return report
@@ -245,6 +250,17 @@ def _recognizer_rule(check: str, gates, embedder, keys: list[str], values: np.nd
         gates.identity.max_mismatch_share,
         recognizer.in_own_terms(recognizer.same_person),
     )
+    return {"rule": rule}
+
+
+def _text_rule(check: str, gates, keys: list[str], text: np.ndarray | None) -> dict:
+    """The texture check's OCR rule: the samples whose source reads text, each to read the same."""
+    if check != "texture" or text is None:
+        return {}
+    judged = {key: value for key, value in zip(keys, text.tolist()) if np.isfinite(value)}
+    texture = gates.texture
+    terms = f"{texture.ocr}: 1 - normalized edit distance ≥ {texture.min_text_similarity:.2f}"
+    rule = SampleRule(judged, texture.min_text_similarity, texture.max_misread_share, terms, "no text read", "text misread")
     return {"rule": rule}
 
 
