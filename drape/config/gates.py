@@ -148,6 +148,21 @@ class GatesConfig(StrictModel):
         ),
     )
 
+    nuisance_suite: Literal["standard", "wide"] = Field(
+        default="standard",
+        description=(
+            "the harmless suite the floors and tolerances are measured on: standard (drape.gates.nuisance) or wide "
+            "(and tone curves, sharpening, denoising, resampling, compound registrations: drape.gates.harmless)"
+        ),
+    )
+    floor_margin: dict[Literal["identity", "texture", "coherence"], Annotated[float, Field(ge=0, le=0.5)]] = Field(
+        default_factory=dict,
+        description=(
+            "per check, how far below its measured nuisance floor a threshold 'nuisance' sits: room for a harmless "
+            "kind the suite never produced, less than the gap to the weakest regression (benchmarks/gate_validity.py --real)"
+        ),
+    )
+
     @model_validator(mode="after")
     def _measured_values_need_the_floor(self) -> GatesConfig:
         if self.nuisance_floor:

@@ -2,8 +2,9 @@
 
 A threshold means something only next to what harmless variation scores. So the gate applies the
 nuisance suite (`drape.gates.nuisance`: shifts up to 2 px, a few percent of light, JPEG q60-q75,
-resizing, slight blur) to the references it judges against and scores every variant the way it
-scores the candidate, on the same control set:
+resizing, slight blur; with `gates.nuisance_suite: wide` also tone curves, sharpening, denoising,
+other resampling and compound registrations, `drape.gates.harmless`) to the references it judges
+against and scores every variant the way it scores the candidate, on the same control set:
 
 - **floor** (the value check): the lowest bootstrap lower bound any nuisance variant of the
   reference reaches. Identity and texture compare with the control targets, so their floor comes
@@ -30,7 +31,7 @@ import numpy as np
 
 from drape.config import PipelineConfig
 from drape.gates.checks import FaceEmbedder
-from drape.gates.nuisance import NUISANCE
+from drape.gates.harmless import suite
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.report import CHECKS, bootstrap_lower_bound, recorded
 
@@ -58,7 +59,7 @@ def nuisance_scores(
     from drape.gates.run import check_scores  # run imports this module
 
     scored = {}
-    for name, variant in NUISANCE.items():
+    for name, variant in suite(config.gates.nuisance_suite).items():
         varied = variant(images, control["meta"], np.random.default_rng(seed))
         scores = check_scores(config, control, varied, coherence_reference, checks=checks, embedder=embedder)
         scored[name] = {check: recorded(values) for check, values in scores.items()}

@@ -219,9 +219,10 @@ def judge(
         )
     thresholds = gates.thresholds(stage, vs_baseline=vs_baseline)
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
+    margins: dict[str, float] = {str(check): margin for check, margin in gates.floor_margin.items()}
     for name in values:
         floor = levels.floor.get(name) if levels else None
-        threshold, source = _value_threshold(name, thresholds[name], floor)
+        threshold, source = _value_threshold(name, thresholds[name], floor, margins.get(name, 0.0))
         change = _change_check(name, getattr(gates, name).max_drop, levels, own, baseline_own, vs_baseline)
         report.checks[name] = CheckResult(
             name,
@@ -264,12 +265,16 @@ def _text_rule(check: str, gates, keys: list[str], text: np.ndarray | None) -> d
     return {"rule": rule}
 
 
-def _value_threshold(check: str, configured: float | str | None, floor: Level | None) -> tuple[float | None, str]:
-    """(the threshold, where it came from): as configured, or the floor for 'nuisance'."""
+def _value_threshold(
+    check: str, configured: float | str | None, floor: Level | None, margin: float = 0.0
+) -> tuple[float | None, str]:
+    """(the threshold, where it came from): as configured, or the floor less `margin` for 'nuisance'."""
     if configured != "nuisance":
         return (None if configured is None else float(configured)), "config"
     if floor is None:  # the config refuses a 'nuisance' threshold without gates.nuisance_floor
         raise ValueError(f"the {check} threshold is 'nuisance' but no nuisance floor was measured")
+    if margin:
+        return floor.value - margin, f"nuisance floor ({floor.variant}) less margin {margin:g}"
     return floor.value, f"nuisance floor ({floor.variant})"
 
 
