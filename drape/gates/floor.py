@@ -72,6 +72,8 @@ def floors(scored: dict[str, dict[str, np.ndarray]]) -> dict[str, Level]:
     for name, scores in scored.items():
         for check, values in scores.items():
             lower = bootstrap_lower_bound(values)
+            if not np.isfinite(lower):  # no face found in any sample: a recognizer's outcome, not a similarity
+                continue
             if check not in levels or lower < levels[check].value:
                 levels[check] = Level(lower, name)
     return levels

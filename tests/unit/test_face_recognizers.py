@@ -153,3 +153,13 @@ def test_arcface_recognizer_aligns_then_embeds(arcface_model, scenes):
     assert erased[0].outcome == "no face found" and "ArcFace cosine" in recognizer.in_own_terms(0.3)
     with pytest.raises(FileNotFoundError, match="onnx_model_path"):
         ArcFaceRecognizer(arcface_model.parent / "missing.onnx")
+
+
+def test_floors_and_tolerances_leave_no_face_outcomes_out_of_the_similarities():
+    from drape.gates.floor import floors, tolerances
+
+    scored = {"blur": {"identity": np.array([np.nan] * 4)}, "jpeg": {"identity": np.array([0.9, np.nan, 0.8, 0.85])}}
+    level = floors(scored)["identity"]
+    assert level.variant == "jpeg" and 0.8 <= level.value <= 0.9  # the all-NaN variant sets no floor of NaN
+    drop = tolerances(scored, {"identity": np.array([0.95, 0.95, 0.95, np.nan])})["identity"]
+    assert drop.variant == "jpeg" and drop.value == pytest.approx(0.95 - 0.85)
