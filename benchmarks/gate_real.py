@@ -20,8 +20,9 @@ Ways compared side by side, the recognizers and the checks they add to:
 - glyph: the correlation texture check, per-sample threshold at the false-alarm rate;
 - glyph+ocr: the texture check as configured with ocr: either failing fails.
 At the gate: `--redraws` control sets of `--samples` drawn with replacement from the kind's samples;
-a value check fails below the lowest 1% quantile of the harmless kinds' redrawn lower bounds, a
-rule fails when more than `--max-share` of the samples break it.
+a value check fails below the lowest 1% quantile of the harmless kinds' redrawn lower bounds (for
+OCR the mean text similarity: `gates.texture.min_text_lower`), a rule fails when more than its share
+of the samples break it (dlib: `max_share`, 1%; OCR: `OCR_SHARE`, 25%, a backstop).
 
     .venv/bin/python benchmarks/gate_validity.py --real [--samples 40] [--resolution 128 256]
 """
@@ -145,15 +146,19 @@ def gate_rates(way: str, values: dict, thresholds: dict, gate: dict, redraws: in
     """Share of redrawn control sets the gate fails on this kind, for `way`."""
     failing = per_sample_failures(way, values, thresholds).astype(np.float64)
     picks = np.random.default_rng(seed).integers(0, len(failing), size=(redraws, len(failing)))
-    broken = failing[picks].mean(axis=1) > max_share + 1e-9 if way in ("dlib", "ocr", "glyph+ocr") else np.zeros(redraws, bool)
-    value_way = VALUE_WAY.get(way)
-    if value_way:  # the same redrawn sets: the value check's lower bound on each
+    share = {"dlib": max_share, "ocr": OCR_SHARE, "glyph+ocr": OCR_SHARE}.get(way)
+    broken = failing[picks].mean(axis=1) > share + 1e-9 if share is not None else np.zeros(redraws, bool)
+    for value_way in VALUE_WAYS[way]:  # the same redrawn sets: each value check's lower bound on each
         low = np.array([bootstrap_lower_bound(values[value_way][pick], resamples=500, seed=i) for i, pick in enumerate(picks)])
         broken |= ~(low >= gate[value_way])  # NaN (no face in any sample) fails
     return float(broken.mean())
 
 
-VALUE_WAY = {"dlib": "dlib", "pixel": "pixel", "glyph": "glyph", "glyph+ocr": "glyph"}
+# the value checks each way's gate applies (the lower bound of the mean against its threshold)
+VALUE_WAYS = {"dlib": ("dlib",), "pixel": ("pixel",), "ocr": ("ocr",), "glyph": ("glyph",), "glyph+ocr": ("glyph", "ocr")}
+# OCR misreads a few percent of harmless samples (a letter of a 10-20 px word under a median filter):
+# at the gate its per-sample rule is a backstop and the lower bound of the mean decides
+OCR_SHARE = 0.25
 
 
 def measure(size: int, samples: int, seed: int, false_alarm: float, redraws: int, max_share: float, tools: dict, timing: dict):
@@ -171,7 +176,7 @@ def measure(size: int, samples: int, seed: int, false_alarm: float, redraws: int
             float(np.nanquantile(redrawn_lower_bounds(v[way], redraws=redraws, seed=seed), false_alarm, method="inverted_cdf"))
             for v in harmless
         )
-        for way in ("dlib", "pixel", "glyph")
+        for way in ("dlib", "pixel", "glyph", "ocr")
     }
     rows = {}
     for name, (check, values) in scored.items():

@@ -107,6 +107,12 @@ class TextureGateConfig(StrictModel):
         default=1.0, gt=0, le=1, description="ocr: per sample, 1 less the normalized edit distance of the two readings"
     )
     max_misread_share: float = Field(default=0.0, ge=0, le=1, description="ocr: the share of text samples that may misread")
+    min_text_lower: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="ocr: the bootstrap lower bound of the mean text similarity must be at least this (unset: not checked)",
+    )
 
 
 class CoherenceGateConfig(StrictModel):

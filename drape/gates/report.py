@@ -53,6 +53,15 @@ class SampleRule:
     terms: str  # the rule as the recognizer states it, e.g. "dlib distance 0.600 (one person at ≤ 0.60)"
     missing: str = "no face found"
     below: str = "another person"
+    min_lower: float | None = None  # and the bootstrap lower bound of the judged values' mean at least this
+
+    @property
+    def lower(self) -> float:
+        return bootstrap_lower_bound(list(self.values.values()))
+
+    @property
+    def lower_passed(self) -> bool:
+        return self.min_lower is None or not self.values or bool(self.lower >= self.min_lower)
 
     def outcomes(self) -> dict[str, list[str]]:
         return {
@@ -61,14 +70,20 @@ class SampleRule:
         }
 
     @property
-    def passed(self) -> bool:
+    def share_passed(self) -> bool:
         failing = sum(len(keys) for keys in self.outcomes().values())
         return failing <= self.max_share * len(self.values) + 1e-9
 
+    @property
+    def passed(self) -> bool:
+        return self.share_passed and self.lower_passed
+
     def failures(self, check: str) -> list[str]:
-        if self.passed:
-            return []
         lines = []
+        if not self.lower_passed:
+            lines.append(f"{check}: {self.terms}: lower bound {self.lower:.4f} of the mean < {self.min_lower:.4f}")
+        if self.share_passed:
+            return lines
         for outcome, keys in self.outcomes().items():
             if keys:
                 shown = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")

@@ -261,7 +261,15 @@ def _text_rule(check: str, gates, keys: list[str], text: np.ndarray | None) -> d
     judged = {key: value for key, value in zip(keys, text.tolist()) if np.isfinite(value)}
     texture = gates.texture
     terms = f"{texture.ocr}: 1 - normalized edit distance ≥ {texture.min_text_similarity:.2f}"
-    rule = SampleRule(judged, texture.min_text_similarity, texture.max_misread_share, terms, "no text read", "text misread")
+    rule = SampleRule(
+        judged,
+        texture.min_text_similarity,
+        texture.max_misread_share,
+        terms,
+        "no text read",
+        "text misread",
+        texture.min_text_lower,
+    )
     return {"rule": rule}
 
 

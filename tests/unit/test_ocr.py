@@ -100,3 +100,14 @@ def test_recognizer_check_is_reused_not_reloaded(real_set):
     assert len(check.cache.found) == 2  # each source face described once, then read from the cache
     check.scores(real_set["target"][:2], real_set["target"][:2], boxes[:2], real_set["keys"][:2])
     assert len(check.cache.found) == 2
+
+
+def test_a_rule_can_also_bound_the_mean_of_what_it_judges():
+    from drape.gates.report import SampleRule
+
+    values = {f"k{i}": 0.8 for i in range(10)}
+    rule = SampleRule(values, 0.75, 0.0, "ocr: 1 - NED ≥ 0.75", "no text read", "text misread", min_lower=0.9)
+    assert rule.share_passed and not rule.lower_passed and not rule.passed
+    assert rule.failures("texture") == ["texture: ocr: 1 - NED ≥ 0.75: lower bound 0.8000 of the mean < 0.9000"]
+    loose = SampleRule(values, 0.75, 0.0, "ocr", min_lower=0.8)
+    assert loose.passed and loose.failures("texture") == []
