@@ -24,7 +24,8 @@ from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, i
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
 from drape.gates.ocr import shared_text_check
 from drape.gates.recognizers import RecognizerCheck
-from drape.gates.report import CHECKS, CheckResult, GateReport, SampleRule, recorded
+from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
+from drape.gates.rules import sample_rule
 from drape.training.checkpoint import load_model
 from drape.training.model import TryOnModel, configured_class_path, sample
 from drape.training.trainer import resolve_device
@@ -233,44 +234,10 @@ def judge(
             threshold_source=source,
             floor=None if floor is None else floor.value,
             floor_variant="" if floor is None else floor.variant,
-            **_recognizer_rule(name, gates, embedder, control["keys"], values[name]),
-            **_text_rule(name, gates, control["keys"], text),
+            **sample_rule(name, gates, embedder, control["keys"], values[name], text),
             **change,
         )
     return report
-
-
-def _recognizer_rule(check: str, gates, embedder, keys: list[str], values: np.ndarray) -> dict:
-    """The CheckResult fields of a recognizer's per-sample rule (identity through dlib or arcface)."""
-    if check != "identity" or not isinstance(embedder, RecognizerCheck):
-        return {}
-    recognizer = embedder.recognizer
-    rule = SampleRule(
-        dict(zip(keys, values.tolist())),
-        recognizer.same_person,
-        gates.identity.max_mismatch_share,
-        recognizer.in_own_terms(recognizer.same_person),
-    )
-    return {"rule": rule}
-
-
-def _text_rule(check: str, gates, keys: list[str], text: np.ndarray | None) -> dict:
-    """The texture check's OCR rule: the samples whose source reads text, each to read the same."""
-    if check != "texture" or text is None:
-        return {}
-    judged = {key: value for key, value in zip(keys, text.tolist()) if np.isfinite(value)}
-    texture = gates.texture
-    terms = f"{texture.ocr}: 1 - normalized edit distance ≥ {texture.min_text_similarity:.2f}"
-    rule = SampleRule(
-        judged,
-        texture.min_text_similarity,
-        texture.max_misread_share,
-        terms,
-        "no text read",
-        "text misread",
-        texture.min_text_lower,
-    )
-    return {"rule": rule}
 
 
 def _value_threshold(
