@@ -163,3 +163,14 @@ def test_floors_and_tolerances_leave_no_face_outcomes_out_of_the_similarities():
     assert level.variant == "jpeg" and 0.8 <= level.value <= 0.9  # the all-NaN variant sets no floor of NaN
     drop = tolerances(scored, {"identity": np.array([0.95, 0.95, 0.95, np.nan])})["identity"]
     assert drop.variant == "jpeg" and drop.value == pytest.approx(0.95 - 0.85)
+
+
+def test_the_production_config_gates_on_real_recognizers():
+    from pathlib import Path
+
+    from drape.config import load_config
+
+    gates = load_config(Path(__file__).parents[2] / "configs" / "h100.yaml").gates
+    check = build_embedder(gates)
+    assert isinstance(check, RecognizerCheck) and check.name == "dlib"
+    assert gates.texture.ocr == "rapidocr" and gates.nuisance_suite == "wide" and gates.floor_margin["identity"] > 0
