@@ -9,8 +9,9 @@ output, target per control sample).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -190,18 +191,16 @@ def judge(
 ) -> GateReport:
     """The GateReport for `outputs` on the control set; pure given its inputs.
 
-    Value checks: identity and texture against the control targets, coherence against the
-    baseline's outputs when given (else the ground truth), each against its threshold (a number, or
-    "nuisance": the check's nuisance floor, `drape.gates.floor`, whose margin every check reports).
-    Change checks, with a baseline: each check's mean on the ground-truth scale may not fall more
-    than `max_drop` below the baseline's (a number, or "nuisance": the largest fall of the
-    baseline's own outputs under the nuisance suite). `levels`: floors and tolerances already
-    measured (they depend on the control set and the baseline only).
+    Value checks: identity and texture vs the control targets, coherence vs the baseline's outputs
+    when given (else the ground truth), each against its threshold (a number, or "nuisance": the
+    nuisance floor, `drape.gates.floor`, less `gates.floor_margin`); a recognizer's per-sample rule
+    (`drape.gates.rules`). Change checks, with a baseline: each mean on the ground-truth scale may
+    not fall more than `max_drop` below the baseline's (a number, or "nuisance": the largest fall
+    under the nuisance suite). `levels`: floors and tolerances already measured.
     """
     gates = config.gates
     embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
-    vs_baseline = baseline_outputs is not None
-    targets = control["target"]
+    vs_baseline, targets = baseline_outputs is not None, control["target"]
 
     def scores(images: np.ndarray, reference: np.ndarray, checks: Collection[str] = CHECKS) -> dict[str, np.ndarray]:
         found = check_scores(config, control, images, reference, embedder=embedder, checks=checks)
@@ -220,10 +219,9 @@ def judge(
         )
     thresholds = gates.thresholds(stage, vs_baseline=vs_baseline)
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
-    margins: dict[str, float] = {str(check): margin for check, margin in gates.floor_margin.items()}
     for name in values:
         floor = levels.floor.get(name) if levels else None
-        threshold, source = _value_threshold(name, thresholds[name], floor, margins.get(name, 0.0))
+        threshold, source = _value_threshold(name, thresholds[name], floor, gates.floor_margin)
         change = _change_check(name, getattr(gates, name).max_drop, levels, own, baseline_own, vs_baseline)
         report.checks[name] = CheckResult(
             name,
@@ -241,9 +239,11 @@ def judge(
 
 
 def _value_threshold(
-    check: str, configured: float | str | None, floor: Level | None, margin: float = 0.0
+    check: str, configured: float | str | None, floor: Level | None, margins: Mapping[Any, float] | None = None
 ) -> tuple[float | None, str]:
-    """(the threshold, where it came from): as configured, or the floor less `margin` for 'nuisance'."""
+    """(the threshold, where it came from): as configured, or for 'nuisance' the floor less the
+    check's margin in `margins` (`gates.floor_margin`)."""
+    margin = (margins or {}).get(check, 0.0)
     if configured != "nuisance":
         return (None if configured is None else float(configured)), "config"
     if floor is None:  # the config refuses a 'nuisance' threshold without gates.nuisance_floor

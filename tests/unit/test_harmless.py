@@ -52,12 +52,12 @@ def test_suites_and_the_margin_below_the_floor():
     with pytest.raises(ValueError, match="expected 'standard' or 'wide'"):
         suite("widest")
     floor = Level(0.8, "gamma 1.15")
-    assert _value_threshold("identity", "nuisance", floor, 0.05) == (
+    assert _value_threshold("identity", "nuisance", floor, {"identity": 0.05}) == (
         pytest.approx(0.75),
         "nuisance floor (gamma 1.15) less margin 0.05",
     )
     assert _value_threshold("identity", "nuisance", floor) == (0.8, "nuisance floor (gamma 1.15)")
-    assert _value_threshold("identity", 0.7, floor, 0.05) == (0.7, "config")  # a number is the number
+    assert _value_threshold("identity", 0.7, floor, {"identity": 0.05}) == (0.7, "config")  # a number is the number
     GatesConfig(nuisance_suite="wide", floor_margin={"identity": 0.05})
     with pytest.raises(ValueError):
         GatesConfig(floor_margin={"identity": 0.9})
