@@ -21,7 +21,10 @@ against a perfect baseline.
 
     .venv/bin/python benchmarks/gate_validity.py [--config configs/demo.yaml] [--samples 120] \\
         [--resolution 64 128 256] [--nuisance] [--tables] [--seed 1] [--no-verdicts | --verdicts-only] \\
-        [--method before|aligned]
+        [--method before|aligned] [--real]
+
+`--real`: the real recognizers (dlib, PP-OCR) beside the pixel embedder and the glyph check, on real
+photographs under the wide harmless suite and real regressions (benchmarks/gate_real.py).
 
 `--seed` draws the control set with another generator seed than the config's: samples the checks
 were not tuned on (held apart); `--no-verdicts` stops after the per-sample table; `--verdicts-only`
@@ -219,7 +222,14 @@ def main() -> None:
     parser.add_argument("--no-verdicts", action="store_true", help="per-sample detection only, no gate verdicts")
     parser.add_argument("--verdicts-only", action="store_true", help="the gate verdicts only, no per-sample table")
     parser.add_argument("--method", choices=("before", "aligned"), default=None, help="one method only (default: both)")
+    parser.add_argument(
+        "--real", action="store_true", help="the real recognizers on real images instead (benchmarks/gate_real.py)"
+    )
     args = parser.parse_args()
+    if args.real:
+        from gate_real import run  # benchmarks/ is on the path when this file runs as a script
+
+        return run(args.samples, args.resolution or [128, 256], args.false_alarm)
     config = load_config(args.config)
     if args.seed is not None:
         config = config.model_copy(update={"seed": args.seed})

@@ -33,17 +33,53 @@ class IdentityGateConfig(StrictModel):
     method: Literal["embedding", "aligned"] = Field(
         default="embedding", description=f"embedding: cosine of face embeddings (`embedder`); aligned: {ALIGNED}"
     )
-    embedder: Literal["pixel", "onnx"] = "pixel"
+    embedder: Literal["pixel", "onnx", "dlib", "arcface"] = Field(
+        default="pixel",
+        description=(
+            "pixel: the synthetic demo's weight-free pixel embedder; onnx: an ONNX embedder on the fixed face box; "
+            "dlib: dlib's detector, landmarks and ResNet descriptor (drape.gates.recognizers); arcface: an ArcFace-family "
+            "ONNX model (onnx_model_path) on crops aligned to its 112×112 template"
+        ),
+    )
     onnx_model_path: str | None = None
+    model_dir: str | None = Field(
+        default=None, description="dlib: the folder of its .dat weights (default: face-recognition-models')"
+    )
+    same_person: float | None = Field(
+        default=None,
+        description=(
+            "dlib and arcface: the per-sample same-person rule in the recognizer's own terms: dlib's largest descriptor "
+            "distance (default 0.6), ArcFace's smallest cosine (default 0.28, about 0.1% false accepts)"
+        ),
+    )
+    max_mismatch_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="dlib and arcface: the share of samples whose output may read as another person or show no face",
+    )
     min_similarity: Threshold = None
     max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
     max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
 
     @model_validator(mode="after")
     def _onnx_needs_path(self) -> IdentityGateConfig:
-        if self.embedder == "onnx" and not self.onnx_model_path:
-            raise ValueError("embedder 'onnx' needs onnx_model_path")
+        if self.embedder in ("onnx", "arcface") and not self.onnx_model_path:
+            raise ValueError(f"embedder '{self.embedder}' needs onnx_model_path")
+        if self.same_person is not None and self.embedder not in ("dlib", "arcface"):
+            raise ValueError(f"same_person is a recognizer's rule (embedder dlib or arcface), not {self.embedder!r}'s")
+        if self.same_person is not None and not (
+            0 < self.same_person < 2 if self.embedder == "dlib" else -1 < self.same_person < 1
+        ):
+            raise ValueError(
+                f"same_person {self.same_person}: expected a dlib distance in (0, 2) or an ArcFace cosine in (-1, 1)"
+            )
         return self
+
+    @property
+    def is_recognizer(self) -> bool:
+        """A face recognizer (detection, landmarks, alignment): dlib or arcface."""
+        return self.method == "embedding" and self.embedder in ("dlib", "arcface")
 
 
 class TextureGateConfig(StrictModel):
@@ -60,6 +96,23 @@ class TextureGateConfig(StrictModel):
         default=0.2, ge=0, le=1, description=("share of the mark's gradient energy below which the score scales down (0: off)")
     )
     max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
+    ocr: Literal["off", "rapidocr"] = Field(
+        default="off",
+        description=(
+            "rapidocr: read the logo box of the source and of the output (PP-OCR, drape.gates.ocr) beside the glyph "
+            "check; each sample's text must read as the source's (min_text_similarity)"
+        ),
+    )
+    min_text_similarity: float = Field(
+        default=1.0, gt=0, le=1, description="ocr: per sample, 1 less the normalized edit distance of the two readings"
+    )
+    max_misread_share: float = Field(default=0.0, ge=0, le=1, description="ocr: the share of text samples that may misread")
+    min_text_lower: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="ocr: the bootstrap lower bound of the mean text similarity must be at least this (unset: not checked)",
+    )
 
 
 class CoherenceGateConfig(StrictModel):
@@ -98,6 +151,21 @@ class GatesConfig(StrictModel):
         description=(
             "score the nuisance suite on the references at each gate: each check's floor (the report gives the margin "
             "over it; a threshold 'nuisance' is the floor) and, with max_drop 'nuisance', the change tolerances"
+        ),
+    )
+
+    nuisance_suite: Literal["standard", "wide"] = Field(
+        default="standard",
+        description=(
+            "the harmless suite the floors and tolerances are measured on: standard (drape.gates.nuisance) or wide "
+            "(and tone curves, sharpening, denoising, resampling, compound registrations: drape.gates.harmless)"
+        ),
+    )
+    floor_margin: dict[Literal["identity", "texture", "coherence"], Annotated[float, Field(ge=0, le=0.5)]] = Field(
+        default_factory=dict,
+        description=(
+            "per check, how far below its measured nuisance floor a threshold 'nuisance' sits: room for a harmless "
+            "kind the suite never produced, less than the gap to the weakest regression (benchmarks/gate_validity.py --real)"
         ),
     )
 

@@ -1,8 +1,10 @@
 """Validation gates: the three checks a reviewer makes, on the fixed control set.
 
 - identity: cosine similarity of face embeddings, source person vs raw model output, face box.
-  The embedder is pluggable: `PixelFaceEmbedder` needs no downloaded weights; `OnnxFaceEmbedder`
-  runs an ArcFace-style ONNX model from a path.
+  The embedder is pluggable: `PixelFaceEmbedder` (the synthetic demo's: no weights, no detection)
+  and `OnnxFaceEmbedder` (an ONNX model on the fixed face box), or a real face recognizer with
+  detection and alignment (`drape.gates.recognizers`: dlib, ArcFace ONNX), which reports a face
+  it cannot find as its own outcome.
 - texture: normalised cross-correlation of the logo region, output vs target, as codecs keep
   colour, maximised over shifts of up to `max_shift_pixels` (the logo moves with the cloth),
   less a penalty when the mark reads the wrong way round and scaled down when the mark lost
@@ -25,6 +27,7 @@ import torch
 from torch.nn import functional as F
 
 from drape.config import GatesConfig
+from drape.gates.recognizers import RecognizerCheck, build_recognizer
 
 
 class FaceEmbedder(Protocol):
@@ -91,7 +94,13 @@ class OnnxFaceEmbedder:
         return output / np.linalg.norm(output, axis=1, keepdims=True).clip(1e-8)
 
 
-def build_embedder(config: GatesConfig) -> FaceEmbedder:
+def build_embedder(config: GatesConfig) -> FaceEmbedder | RecognizerCheck:
+    """The configured identity embedder, or a recognizer (`drape.gates.recognizers`) for dlib and arcface."""
+    identity = config.identity
+    if identity.embedder in ("dlib", "arcface"):
+        return build_recognizer(
+            identity.embedder, model_path=identity.onnx_model_path, model_dir=identity.model_dir, same_person=identity.same_person
+        )
     if config.identity.embedder == "onnx":
         return OnnxFaceEmbedder(config.identity.onnx_model_path or "")  # the config requires a path for 'onnx'
     return PixelFaceEmbedder()

@@ -2,8 +2,9 @@
 
 A threshold means something only next to what harmless variation scores. So the gate applies the
 nuisance suite (`drape.gates.nuisance`: shifts up to 2 px, a few percent of light, JPEG q60-q75,
-resizing, slight blur) to the references it judges against and scores every variant the way it
-scores the candidate, on the same control set:
+resizing, slight blur; with `gates.nuisance_suite: wide` also tone curves, sharpening, denoising,
+other resampling and compound registrations, `drape.gates.harmless`) to the references it judges
+against and scores every variant the way it scores the candidate, on the same control set:
 
 - **floor** (the value check): the lowest bootstrap lower bound any nuisance variant of the
   reference reaches. Identity and texture compare with the control targets, so their floor comes
@@ -30,7 +31,8 @@ import numpy as np
 
 from drape.config import PipelineConfig
 from drape.gates.checks import FaceEmbedder
-from drape.gates.nuisance import NUISANCE
+from drape.gates.harmless import suite
+from drape.gates.recognizers import RecognizerCheck
 from drape.gates.report import CHECKS, bootstrap_lower_bound, recorded
 
 
@@ -50,14 +52,14 @@ def nuisance_scores(
     *,
     checks: Collection[str] = CHECKS,
     seed: int = 0,
-    embedder: FaceEmbedder | None = None,
+    embedder: FaceEmbedder | RecognizerCheck | None = None,
 ) -> dict[str, dict[str, np.ndarray]]:
     """{variant: {check: per-sample scores}} of `images` under each nuisance variant; identity and
     texture against the control targets, coherence against `coherence_reference`."""
     from drape.gates.run import check_scores  # run imports this module
 
     scored = {}
-    for name, variant in NUISANCE.items():
+    for name, variant in suite(config.gates.nuisance_suite).items():
         varied = variant(images, control["meta"], np.random.default_rng(seed))
         scores = check_scores(config, control, varied, coherence_reference, checks=checks, embedder=embedder)
         scored[name] = {check: recorded(values) for check, values in scores.items()}
@@ -70,6 +72,8 @@ def floors(scored: dict[str, dict[str, np.ndarray]]) -> dict[str, Level]:
     for name, scores in scored.items():
         for check, values in scores.items():
             lower = bootstrap_lower_bound(values)
+            if not np.isfinite(lower):  # no face found in any sample: a recognizer's outcome, not a similarity
+                continue
             if check not in levels or lower < levels[check].value:
                 levels[check] = Level(lower, name)
     return levels
@@ -81,7 +85,9 @@ def tolerances(scored: dict[str, dict[str, np.ndarray]], own: dict[str, np.ndarr
     levels: dict[str, Level] = {}
     for name, scores in scored.items():
         for check, values in scores.items():
-            drop = max(float(np.mean(own[check]) - np.mean(values)), 0.0)
+            # NaN: no face found (a recognizer's own outcome, counted apart from the similarities)
+            fall = float(np.nanmean(own[check]) - np.nanmean(values)) if np.isfinite(values).any() else 0.0
+            drop = max(fall, 0.0) if np.isfinite(fall) else 0.0
             if check not in levels or drop > levels[check].value:
                 levels[check] = Level(drop, name)
     return levels
@@ -102,7 +108,7 @@ def nuisance_levels(
     *,
     baseline_outputs: np.ndarray | None = None,
     baseline_scores: dict[str, np.ndarray] | None = None,
-    embedder: FaceEmbedder | None = None,
+    embedder: FaceEmbedder | RecognizerCheck | None = None,
 ) -> NuisanceLevels:
     """The floors for a gate on `control` and, with `baseline_outputs` (and their own scores on the
     ground-truth scale, `baseline_scores`), the change tolerances.

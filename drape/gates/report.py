@@ -22,8 +22,10 @@ SCHEMA = "drape.gate_report/v4"  # v3: provenance; v4: method, nuisance floor an
 def bootstrap_lower_bound(
     values: list[float] | np.ndarray, *, quantile: float = 0.05, resamples: int = 2000, seed: int = 0
 ) -> float:
-    """The `quantile` of the bootstrap distribution of the mean (fixed seed: reports are reproducible)."""
-    values = np.asarray(values, dtype=np.float64)
+    """The `quantile` of the bootstrap distribution of the mean (fixed seed: reports are reproducible);
+    NaN values (a recognizer found no face: counted apart, `SampleRule`) are left out."""
+    given = np.asarray(values, dtype=np.float64)
+    values = given[np.isfinite(given)]
     if len(values) < 2:
         return float(values.mean()) if len(values) else float("nan")
     rng = np.random.default_rng(seed)
@@ -35,6 +37,69 @@ def recorded(values) -> np.ndarray:
     """Per-sample values as a report records them (6 decimals): floors and calibrations use these
     too, so a value equal to a floor compares equal."""
     return np.array([round(float(value), 6) for value in values])
+
+
+@dataclass(frozen=True)
+class SampleRule:
+    """A per-sample rule beside a check's mean, in a recognizer's own terms: a face recognizer's
+    same-person rule, or OCR's text read the same. A sample fails it when its value is NaN (`missing`:
+    no face found) or below `minimum` (`below`: another person, text misread); more failing samples
+    than `max_share` of those judged fails the check. `values`: the samples judged (a garment with no
+    text in its source has no text to misread)."""
+
+    values: dict[str, float]
+    minimum: float
+    max_share: float
+    terms: str  # the rule as the recognizer states it, e.g. "dlib distance 0.600 (one person at ≤ 0.60)"
+    missing: str = "no face found"
+    below: str = "another person"
+    min_lower: float | None = None  # and the bootstrap lower bound of the judged values' mean at least this
+
+    @property
+    def lower(self) -> float:
+        return bootstrap_lower_bound(list(self.values.values()))
+
+    @property
+    def lower_passed(self) -> bool:
+        return self.min_lower is None or not self.values or bool(self.lower >= self.min_lower)
+
+    def outcomes(self) -> dict[str, list[str]]:
+        return {
+            self.missing: [key for key, value in self.values.items() if not np.isfinite(value)],
+            self.below: [key for key, value in self.values.items() if np.isfinite(value) and value < self.minimum - 1e-9],
+        }
+
+    @property
+    def share_passed(self) -> bool:
+        failing = sum(len(keys) for keys in self.outcomes().values())
+        return failing <= self.max_share * len(self.values) + 1e-9
+
+    @property
+    def passed(self) -> bool:
+        return self.share_passed and self.lower_passed
+
+    def failures(self, check: str) -> list[str]:
+        lines = []
+        if not self.lower_passed:
+            lines.append(f"{check}: {self.terms}: lower bound {self.lower:.4f} of the mean < {self.min_lower:.4f}")
+        if self.share_passed:
+            return lines
+        for outcome, keys in self.outcomes().items():
+            if keys:
+                shown = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")
+                terms = f" ({self.terms})" if outcome == self.below else ""
+                lines.append(f"{check}: {outcome} in {len(keys)} of {len(self.values)} outputs{terms}: {shown}")
+        lines.append(f"{check}: more than {self.max_share:.1%} of the samples fail the rule {self.terms}")
+        return lines
+
+    def to_dict(self) -> dict:
+        return {
+            **self.outcomes(),
+            "rule": self.terms,
+            "max_share": self.max_share,
+            "judged": len(self.values),
+            "passed": self.passed,
+        }
 
 
 @dataclass
@@ -52,14 +117,17 @@ class CheckResult:
     floor_variant: str = ""  # the variant that set it
     change_mean: float | None = None  # the mean the change check compares (on the ground-truth scale); None: `mean`
     drop_source: str = ""  # where max_drop came from: "config" or "nuisance (<variant>)"
+    rule: SampleRule | None = None  # a recognizer's per-sample rule (dlib, ArcFace, OCR), when one judges
     mean: float = field(init=False)
     lower: float = field(init=False)
     minimum: float = field(init=False)
 
     def __post_init__(self) -> None:
-        scores = list(self.values.values())
-        self.mean, self.minimum = float(np.mean(scores)), float(np.min(scores))
-        self.lower = bootstrap_lower_bound(scores)
+        scores = np.array(list(self.values.values()), dtype=np.float64)
+        found = scores[np.isfinite(scores)]  # NaN: no face found, never a low score
+        self.mean = float(found.mean()) if len(found) else float("nan")
+        self.minimum = float(found.min()) if len(found) else float("nan")
+        self.lower = bootstrap_lower_bound(found)
 
     @property
     def margin(self) -> float | None:
@@ -68,7 +136,7 @@ class CheckResult:
 
     @property
     def value_passed(self) -> bool:
-        return self.threshold is not None and self.lower >= self.threshold
+        return self.threshold is not None and bool(np.isfinite(self.lower)) and self.lower >= self.threshold
 
     @property
     def change_checked(self) -> bool:
@@ -89,7 +157,7 @@ class CheckResult:
 
     @property
     def passed(self) -> bool:
-        return self.value_passed and self.change_passed
+        return self.value_passed and self.change_passed and (self.rule is None or self.rule.passed)
 
     def note(self) -> str:
         """A warning when the threshold asks more than the ground truth under harmless variation
@@ -110,11 +178,14 @@ class CheckResult:
         lines = []
         if self.threshold is None:
             lines.append(f"{self.name}: no threshold configured, so nothing can be promoted")
+        elif not np.isfinite(self.lower):
+            lines.append(f"{self.name}: no sample could be scored (no face found in any output)")
         elif not self.value_passed:
             floor = f", nuisance floor {self.floor:.4f} ({self.floor_variant})" if self.floor is not None else ""
             lines.append(
                 f"{self.name}: lower bound {self.lower:.4f} (mean {self.mean:.4f}) < threshold {self.threshold:.4f}{floor}"
             )
+        lines += self.rule.failures(self.name) if self.rule else []
         if not self.change_passed:
             scale = " vs the ground truth" if self.change_mean is not None and self.change_mean != self.mean else ""
             source = f" ({self.drop_source})" if self.drop_source else ""
@@ -134,17 +205,19 @@ class CheckResult:
             "mean": self.compared_mean if self.change_checked else None,
             "max_drop_from": self.drop_source,
         }
+        finite = lambda value: float(value) if value is not None and np.isfinite(value) else None  # noqa: E731  JSON has no NaN
         return {
-            "values": self.values,
-            "mean": self.mean,
-            "lower": self.lower,
-            "min": self.minimum,
+            "values": {key: finite(value) for key, value in self.values.items()},
+            "rule": self.rule.to_dict() if self.rule else None,
+            "mean": finite(self.mean),
+            "lower": finite(self.lower),
+            "min": finite(self.minimum),
             "threshold": self.threshold,
             "threshold_from": self.threshold_source,
             "method": self.method,
             "nuisance_floor": self.floor,
             "nuisance_floor_variant": self.floor_variant,
-            "margin": self.margin,
+            "margin": finite(self.margin),
             "value_passed": self.value_passed,
             "change": change,
             "passed": self.passed,

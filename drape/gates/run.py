@@ -9,8 +9,9 @@ output, target per control sample).
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,7 +23,10 @@ from drape.data.dataset import to_model_inputs
 from drape.gates import aligned, face
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
+from drape.gates.ocr import shared_text_check
+from drape.gates.recognizers import RecognizerCheck
 from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
+from drape.gates.rules import sample_rule
 from drape.training.checkpoint import load_model
 from drape.training.model import TryOnModel, configured_class_path, sample
 from drape.training.trainer import resolve_device
@@ -127,7 +131,7 @@ def check_scores(
     outputs: np.ndarray,
     reference: np.ndarray | None = None,
     *,
-    embedder: FaceEmbedder | None = None,
+    embedder: FaceEmbedder | RecognizerCheck | None = None,
     checks: Collection[str] = CHECKS,
 ) -> dict[str, np.ndarray]:
     """Per-sample values of `checks` on `outputs`: identity and texture against the control
@@ -138,7 +142,11 @@ def check_scores(
     if "identity" in checks and gates.identity.method == "aligned":
         values["identity"] = face.aligned_identity_scores(outputs, targets, faces, gates.identity.max_shift_pixels)
     elif "identity" in checks:
-        values["identity"] = identity_scores(outputs, targets, faces, embedder or build_embedder(gates))
+        embedder = embedder or build_embedder(gates)
+        if isinstance(embedder, RecognizerCheck):  # NaN: no face found in the output (report.py counts it apart)
+            values["identity"] = embedder.scores(outputs, targets, faces, list(control["keys"]))
+        else:
+            values["identity"] = identity_scores(outputs, targets, faces, embedder)
     texture = gates.texture
     if "texture" in checks and texture.method == "aligned":
         values["texture"] = aligned.aligned_texture_scores(outputs, targets, logos, faces, texture.max_shift_pixels)
@@ -151,6 +159,8 @@ def check_scores(
             mirror_penalty=texture.mirror_penalty,
             sharpness_floor=texture.sharpness_floor,
         )
+    if "texture" in checks and texture.ocr != "off":  # beside the glyph check: its own per-sample rule (judge)
+        values["text"] = shared_text_check(texture.ocr).scores(outputs, targets, logos, list(control["keys"]))
     if "coherence" in checks and reference is not None and gates.coherence.method == "aligned":
         values["coherence"] = aligned.aligned_coherence_scores(
             outputs, reference, faces, control["mask"], gates.coherence.max_shift_pixels
@@ -181,24 +191,23 @@ def judge(
 ) -> GateReport:
     """The GateReport for `outputs` on the control set; pure given its inputs.
 
-    Value checks: identity and texture against the control targets, coherence against the
-    baseline's outputs when given (else the ground truth), each against its threshold (a number, or
-    "nuisance": the check's nuisance floor, `drape.gates.floor`, whose margin every check reports).
-    Change checks, with a baseline: each check's mean on the ground-truth scale may not fall more
-    than `max_drop` below the baseline's (a number, or "nuisance": the largest fall of the
-    baseline's own outputs under the nuisance suite). `levels`: floors and tolerances already
-    measured (they depend on the control set and the baseline only).
+    Value checks: identity and texture vs the control targets, coherence vs the baseline's outputs
+    when given (else the ground truth), each against its threshold (a number, or "nuisance": the
+    nuisance floor, `drape.gates.floor`, less `gates.floor_margin`); a recognizer's per-sample rule
+    (`drape.gates.rules`). Change checks, with a baseline: each mean on the ground-truth scale may
+    not fall more than `max_drop` below the baseline's (a number, or "nuisance": the largest fall
+    under the nuisance suite). `levels`: floors and tolerances already measured.
     """
     gates = config.gates
     embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
-    vs_baseline = baseline_outputs is not None
-    targets = control["target"]
+    vs_baseline, targets = baseline_outputs is not None, control["target"]
 
     def scores(images: np.ndarray, reference: np.ndarray, checks: Collection[str] = CHECKS) -> dict[str, np.ndarray]:
         found = check_scores(config, control, images, reference, embedder=embedder, checks=checks)
         return {name: recorded(values) for name, values in found.items()}
 
     values = scores(outputs, targets if baseline_outputs is None else baseline_outputs)
+    text = values.pop("text", None)  # OCR's readings: the texture check's per-sample rule
     own, baseline_own = {}, {}
     if baseline_outputs is not None:
         # the change checks compare both on the ground-truth scale: coherence vs the targets too
@@ -212,7 +221,7 @@ def judge(
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
     for name in values:
         floor = levels.floor.get(name) if levels else None
-        threshold, source = _value_threshold(name, thresholds[name], floor)
+        threshold, source = _value_threshold(name, thresholds[name], floor, gates.floor_margin)
         change = _change_check(name, getattr(gates, name).max_drop, levels, own, baseline_own, vs_baseline)
         report.checks[name] = CheckResult(
             name,
@@ -223,17 +232,24 @@ def judge(
             threshold_source=source,
             floor=None if floor is None else floor.value,
             floor_variant="" if floor is None else floor.variant,
+            **sample_rule(name, gates, embedder, control["keys"], values[name], text),
             **change,
         )
     return report
 
 
-def _value_threshold(check: str, configured: float | str | None, floor: Level | None) -> tuple[float | None, str]:
-    """(the threshold, where it came from): as configured, or the floor for 'nuisance'."""
+def _value_threshold(
+    check: str, configured: float | str | None, floor: Level | None, margins: Mapping[Any, float] | None = None
+) -> tuple[float | None, str]:
+    """(the threshold, where it came from): as configured, or for 'nuisance' the floor less the
+    check's margin in `margins` (`gates.floor_margin`)."""
+    margin = (margins or {}).get(check, 0.0)
     if configured != "nuisance":
         return (None if configured is None else float(configured)), "config"
     if floor is None:  # the config refuses a 'nuisance' threshold without gates.nuisance_floor
         raise ValueError(f"the {check} threshold is 'nuisance' but no nuisance floor was measured")
+    if margin:
+        return floor.value - margin, f"nuisance floor ({floor.variant}) less margin {margin:g}"
     return floor.value, f"nuisance floor ({floor.variant})"
 
 
@@ -253,8 +269,8 @@ def _change_check(
     else:
         drop, source = float(max_drop), "config"
     return {
-        "baseline_mean": float(np.mean(baseline_own[check])),
-        "change_mean": float(np.mean(own[check])),
+        "baseline_mean": float(np.nanmean(baseline_own[check])),  # NaN: no face found (a recognizer's outcome)
+        "change_mean": float(np.nanmean(own[check])),
         "max_drop": drop,
         "drop_source": source,
     }

@@ -1,0 +1,144 @@
+"""Face recognizers for the identity gate: detection, landmarks, alignment and a descriptor.
+
+A recognizer answers, per control sample, one of three things about the output's face against the
+source's: the same person (with its similarity), another person, or no face found at all. No face
+found is its own outcome, never a low score: a similarity of a face the detector never saw would
+be a number about nothing. Similarities are on one scale, higher is closer, in the recognizer's
+own terms: dlib's is 1 less the euclidean distance of its 128-D descriptors (its published
+same-person rule is a distance of at most 0.6, a similarity of at least 0.4); ArcFace's is the
+cosine of its embeddings (about 0.28 at a 0.1% false-accept rate).
+
+- `dlib_face.DlibRecognizer`: dlib's HOG detector, 5-point landmarks and ResNet descriptor
+  (weights from the `face-recognition-models` package, read from its installed path).
+- `arcface.ArcFaceRecognizer`: any ArcFace-family ONNX model from a local path, fed crops
+  aligned by the standard similarity transform of five landmarks onto the 112×112 template.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+class FaceRecognizer(Protocol):
+    name: str
+    same_person: float  # the similarity at or above which the recognizer calls two faces one person
+
+    def describe(self, image: np.ndarray, box) -> np.ndarray | None:
+        """The descriptor of the face in `box` of RGB uint8 `image`; None when no face is found there."""
+
+    def similarity(self, a: np.ndarray, b: np.ndarray) -> float:
+        """Two descriptors' similarity in the recognizer's own terms (higher: closer)."""
+
+    def in_own_terms(self, similarity: float) -> str:
+        """`similarity` as the recognizer's literature states it (e.g. 'distance 0.41')."""
+
+
+@dataclass(frozen=True)
+class FaceMatch:
+    """One sample's outcome: `similarity` is None when no face was found in the output."""
+
+    similarity: float | None
+    same: bool
+
+    @property
+    def outcome(self) -> str:
+        if self.similarity is None:
+            return "no face found"
+        return "same person" if self.same else "another person"
+
+
+class SourceCache:
+    """Descriptors of source faces by content: the gate compares every nuisance variant and the
+    candidate with the same control targets, so each source face is described once."""
+
+    def __init__(self, recognizer: FaceRecognizer, limit: int = 4096):
+        self.recognizer, self.limit = recognizer, limit
+        self.found: dict[str, np.ndarray | None] = {}
+
+    def describe(self, image: np.ndarray, box, key: str) -> np.ndarray:
+        digest = hashlib.sha1(np.ascontiguousarray(image).tobytes()).hexdigest() + repr([round(float(v), 2) for v in box])
+        if digest not in self.found:
+            if len(self.found) >= self.limit:
+                self.found.clear()
+            self.found[digest] = self.recognizer.describe(image, box)
+        descriptor = self.found[digest]
+        if descriptor is None:
+            raise ValueError(
+                f"control sample {key!r}: {self.recognizer.name} finds no face in its target's face box {list(box)}; "
+                "the identity check cannot judge a sample without a source face (fix the control set or its face_box)"
+            )
+        return descriptor
+
+
+def match_faces(
+    recognizer: FaceRecognizer, cache: SourceCache, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]
+) -> list[FaceMatch]:
+    """Per sample, the output's face against the source's (`FaceMatch`); a source without a face is
+    an error naming the sample (`SourceCache.describe`)."""
+    matches = []
+    for output, source, box, key in zip(outputs, sources, boxes, keys):
+        reference = cache.describe(source, box, key)
+        seen = recognizer.describe(output, box)
+        if seen is None:
+            matches.append(FaceMatch(None, False))
+            continue
+        similarity = recognizer.similarity(seen, reference)
+        matches.append(FaceMatch(similarity, similarity >= recognizer.same_person))
+    return matches
+
+
+def recognizer_scores(matches: list[FaceMatch]) -> np.ndarray:
+    """The identity check's per-sample values: each similarity clipped to [0, 1], NaN where no
+    face was found (`drape.gates.report` counts those apart, never as a low score)."""
+    return np.array([np.nan if match.similarity is None else float(np.clip(match.similarity, 0.0, 1.0)) for match in matches])
+
+
+def box_region(box, shape: tuple[int, ...], pad: float) -> tuple[int, int, int, int]:
+    """The pixel window (x0, y0, x1, y1) of `box` grown by `pad` of its size on each side, inside the image."""
+    x0, y0, x1, y1 = (float(v) for v in box)
+    if not all(np.isfinite([x0, y0, x1, y1])) or x1 <= x0 or y1 <= y0:
+        raise ValueError(f"face box {list(box)}: expected finite [x0, y0, x1, y1] with x1 > x0 and y1 > y0")
+    grow_x, grow_y = (x1 - x0) * pad, (y1 - y0) * pad
+    height, width = shape[:2]
+    left, top = max(int(np.floor(x0 - grow_x)), 0), max(int(np.floor(y0 - grow_y)), 0)
+    right, bottom = min(int(np.ceil(x1 + grow_x)), width), min(int(np.ceil(y1 + grow_y)), height)
+    if right - left < 2 or bottom - top < 2:
+        raise ValueError(f"face box {list(box)} lies outside the {width}×{height} image")
+    return left, top, right, bottom
+
+
+class RecognizerCheck:
+    """The identity check through a recognizer: per-sample similarities (NaN: no face found in
+    the output), each source face described once (`SourceCache`)."""
+
+    def __init__(self, recognizer: FaceRecognizer):
+        self.recognizer, self.cache = recognizer, SourceCache(recognizer)
+        self.name = recognizer.name
+
+    def matches(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> list[FaceMatch]:
+        return match_faces(self.recognizer, self.cache, outputs, sources, boxes, keys)
+
+    def scores(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> np.ndarray:
+        return recognizer_scores(self.matches(outputs, sources, boxes, keys))
+
+
+def build_recognizer(
+    embedder: str, *, model_path: str | None = None, model_dir: str | None = None, same_person: float | None = None
+):
+    """The configured recognizer (`gates.identity.embedder` 'dlib' or 'arcface'), its same-person
+    rule in its own terms (`same_person`; default dlib's 0.6 distance, ArcFace's 0.28 cosine)."""
+    if embedder == "dlib":
+        from drape.gates.recognizers.dlib_face import SAME_PERSON_DISTANCE, DlibRecognizer
+
+        return RecognizerCheck(DlibRecognizer(model_dir, same_distance=same_person or SAME_PERSON_DISTANCE))
+    if embedder == "arcface":
+        from drape.gates.recognizers.arcface import SAME_PERSON_COSINE, ArcFaceRecognizer
+
+        return RecognizerCheck(
+            ArcFaceRecognizer(model_path or "", same_cosine=SAME_PERSON_COSINE if same_person is None else same_person)
+        )
+    raise ValueError(f"gates.identity.embedder {embedder!r}: expected 'dlib' or 'arcface' for a recognizer")

@@ -1,0 +1,113 @@
+"""Text fidelity through OCR (PP-OCR via rapidocr) on text rendered on real textures, and the gate
+judging a real control set with both recognizers: dlib for the face, OCR for the printed word."""
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from drape.gates.ocr import edit_distance, shared_text_check, text_similarity
+from drape.gates.real_cases import print_word, real_control, swap_face, text_scene
+from drape.gates.recognizers import RecognizerCheck
+from drape.gates.recognizers.dlib_face import DlibRecognizer
+from drape.gates.run import judge
+
+
+def _jpeg(image, quality):
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="JPEG", quality=quality)
+    return np.asarray(Image.open(buffer))
+
+
+def test_normalized_edit_distance_against_reference_values():
+    assert edit_distance("kitten", "sitting") == 3 and edit_distance("", "abc") == 3 and edit_distance("flaw", "lawn") == 2
+    assert text_similarity("SAIE", "SALE") == pytest.approx(0.75)
+    assert text_similarity("$19.99", "$49.99") == pytest.approx(5 / 6)
+    assert text_similarity("", "SALE") == 0.0 and text_similarity("", "") == 1.0
+
+
+@pytest.mark.parametrize("ground", ["brick", "grass", "gravel"])
+def test_ocr_reads_words_on_real_textures_through_jpeg(ground):
+    reader = shared_text_check("rapidocr").reader  # loaded once per process (0.3 s)
+    rng = np.random.default_rng(7)
+    for word in ("SALE", "$49.99"):
+        scene = text_scene(word, 256, rng, ground=ground)
+        assert reader.read(scene.image, scene.box) == word
+        assert reader.read(_jpeg(scene.image, 75), scene.box) == word
+
+
+def test_ocr_reads_sale_turned_saie_as_a_misread_and_says_what_changed():
+    scene = text_scene("SALE", 256, np.random.default_rng(3))
+    altered = text_scene("SAIE", 256, np.random.default_rng(3))  # same texture, plate and place
+    check = shared_text_check("rapidocr")
+    text = check.scores(altered.image[None], scene.image[None], [scene.box], ["k"])
+    assert text[0] == pytest.approx(0.75) and check.last_reads["k"] == ("SALE", "SAIE")
+    assert check.scores(_jpeg(scene.image, 60)[None], scene.image[None], [scene.box], ["k"])[0] == 1.0
+
+
+@pytest.fixture(scope="module")
+def real_set():
+    return real_control(192, 6, seed=2)
+
+
+def test_gate_judges_real_faces_and_text_with_their_own_outcomes(config, real_set):
+    gates = config.gates.model_copy(
+        update={
+            "identity": config.gates.identity.model_copy(update={"embedder": "dlib", "min_similarity": 0.5}),
+            "texture": config.gates.texture.model_copy(update={"ocr": "rapidocr", "min_fidelity": 0.3}),
+            "coherence": config.gates.coherence.model_copy(update={"min_score": 0.3}),
+            "nuisance_floor": False,
+        }
+    )
+    configured = config.model_copy(update={"gates": gates})
+    targets, meta = real_set["target"], real_set["meta"]
+
+    def report(outputs):
+        return judge(
+            configured,
+            stage="identity",
+            run_id="r",
+            checkpoint="c",
+            control=real_set,
+            control_set="real",
+            outputs=outputs,
+            baseline_outputs=None,
+            baseline=None,
+        )
+
+    delivered = report(np.stack([_jpeg(image, 75) for image in targets]))
+    assert delivered.passed, delivered.failures()
+    assert delivered.checks["identity"].rule.outcomes() == {"no face found": [], "another person": []}
+    assert len(delivered.checks["texture"].rule.values) == 6  # every sample's word was read and judged
+    broken = targets.copy()
+    first = meta[0]
+    broken[0] = print_word(targets[0], first["word"][:-1] + "X", first["logo_box"], tuple(first["ink"]))
+    scene = type("Scene", (), {"image": targets[1], "box": tuple(meta[1]["face_box"])})
+    broken[1] = swap_face(scene, "astronaut" if meta[1]["person"] == "hopper" else "hopper")
+    failed = report(broken)
+    assert not failed.passed
+    assert failed.checks["texture"].rule.outcomes()["text misread"] == ["real-0000"]
+    assert failed.checks["identity"].rule.outcomes()["another person"] == ["real-0001"]
+    assert any(line.startswith("identity: another person in 1 of 6 outputs (dlib distance") for line in failed.failures())
+    assert any(line.startswith("texture: text misread in 1 of 6 outputs") for line in failed.failures())
+
+
+def test_recognizer_check_is_reused_not_reloaded(real_set):
+    check = RecognizerCheck(DlibRecognizer())
+    boxes = [m["face_box"] for m in real_set["meta"]]
+    check.scores(real_set["target"][:2], real_set["target"][:2], boxes[:2], real_set["keys"][:2])
+    assert len(check.cache.found) == 2  # each source face described once, then read from the cache
+    check.scores(real_set["target"][:2], real_set["target"][:2], boxes[:2], real_set["keys"][:2])
+    assert len(check.cache.found) == 2
+
+
+def test_a_rule_can_also_bound_the_mean_of_what_it_judges():
+    from drape.gates.report import SampleRule
+
+    values = {f"k{i}": 0.8 for i in range(10)}
+    rule = SampleRule(values, 0.75, 0.0, "ocr: 1 - NED ≥ 0.75", "no text read", "text misread", min_lower=0.9)
+    assert rule.share_passed and not rule.lower_passed and not rule.passed
+    assert rule.failures("texture") == ["texture: ocr: 1 - NED ≥ 0.75: lower bound 0.8000 of the mean < 0.9000"]
+    loose = SampleRule(values, 0.75, 0.0, "ocr", min_lower=0.8)
+    assert loose.passed and loose.failures("texture") == []
