@@ -3,7 +3,6 @@ captured inputs (the control set, some of its samples, or a folder in the contro
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 
 from drape import STAGES
 from drape.config import PipelineConfig
+from drape.jsonfile import read_json_object
 from drape.layout import LiveLayout, live_root
 from drape.training.checkpoint import CheckpointError, verify_checkpoint
 
@@ -52,7 +52,7 @@ def resolve_model(config: PipelineConfig, model: str | None = None) -> ResolvedM
     label = f"{wanted} (v{number})"
     if stage in STAGES and wanted == f"{stage}-baseline":
         live = layout.baseline(stage)
-        record = json.loads(live.record.read_text()) if live.record.is_file() else {}
+        record = read_json_object(live.record, "baseline record") if live.record.is_file() else {}
         if record.get("version") == number and live.checkpoint.is_dir():
             _verified(live.checkpoint, label)
             return ResolvedModel(live.checkpoint, label, live.root, wanted, number)
