@@ -27,12 +27,11 @@ The object store::
     archive/manifests/sweep/<time>-<id>.jsonl          the retention sweep's records
     shoppers/<shopper>/<path under the live shopper directory>; privacy/audit/<request>.json
 
-An artifact's kind follows from where it lives (`artifact_kind`), the same rule for archiving,
-the storage report and baselines.
+An artifact's kind follows from where it lives (`artifact_kind`): one rule for archiving, the storage report and baselines.
 
 Names, keys and relative paths read from an object store, a manifest, the queue or a config are
 untrusted: `safe_name`, `safe_key` and `contained` are the one check they pass before anything
-is joined to a root (no absolute path, no ``..``, nothing that resolves outside the root).
+is joined to a root (no absolute path, no ``..``, nothing that resolves outside the root, no symlink loop).
 """
 
 from __future__ import annotations
@@ -101,10 +100,9 @@ def safe_key(key: object, what: str, *, allow_empty: bool = False) -> str:
 def contained(root: str | Path, relative: object, what: str) -> Path:
     """``root/relative`` after `safe_key`, resolved (symlinks too) and checked to stay inside `root`."""
     key = safe_key(relative, what)
-    try:
-        base = Path(root).resolve()
-        path = (base / key).resolve()
-    except (RuntimeError, OSError) as error:  # a symlink loop: RuntimeError before Python 3.13, ELOOP after
+    try:  # a symlink loop raises RuntimeError before Python 3.13, OSError (ELOOP) after
+        base, path = Path(root).resolve(), (Path(root).resolve() / key).resolve()
+    except (RuntimeError, OSError) as error:
         raise UnsafePathError(f"{what} {key!r} under {root} cannot be resolved: a symlink loop ({error})") from None
     if not path.is_relative_to(base):
         raise UnsafePathError(f"{what} {key!r} resolves to {path}, outside {base}")
