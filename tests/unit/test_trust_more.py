@@ -258,6 +258,26 @@ def test_absurd_or_non_finite_config_numbers_are_refused_naming_the_field(overri
         _config(**override)
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["cost", "fleet", "--hours", "inf"], "--hours: expected a finite number"),
+        (["cost", "fleet", "--hours", "1e300"], "--hours: 1e+300 is beyond"),
+        (["queue", "submit", "--kind", "stage-training", "--mem-gib", "1e30", "--", "true"], "--mem-gib: 1e+30 is beyond"),
+        (["queue", "submit", "--kind", "stage-training", "--mem-gib", "8", "--duration", "nan", "--", "true"], "finite"),
+    ],
+)
+def test_absurd_or_non_finite_cli_flags_are_usage_errors_naming_the_flag(tmp_path, monkeypatch, args, said):
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / ".drape").exists()  # refused before anything was opened or queued
+
+
 def test_a_checkpoint_whose_model_config_is_absurd_is_refused_before_it_is_built(tmp_path):
     from drape.storage.checksum import sha256_file
     from drape.training.checkpoint import CheckpointError, load_model, save_checkpoint
