@@ -27,12 +27,11 @@ The object store::
     archive/manifests/sweep/<time>-<id>.jsonl          the retention sweep's records
     shoppers/<shopper>/<path under the live shopper directory>; privacy/audit/<request>.json
 
-An artifact's kind follows from where it lives (`artifact_kind`), the same rule for archiving,
-the storage report and baselines.
+An artifact's kind follows from where it lives (`artifact_kind`): one rule for archiving, the storage report and baselines.
 
 Names, keys and relative paths read from an object store, a manifest, the queue or a config are
 untrusted: `safe_name`, `safe_key` and `contained` are the one check they pass before anything
-is joined to a root (no absolute path, no ``..``, nothing that resolves outside the root).
+is joined to a root (no absolute path, no ``..``, nothing that resolves outside the root, no symlink loop).
 """
 
 from __future__ import annotations
@@ -72,7 +71,7 @@ _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+=-]{0,199}$")
 def safe_name(value: object, what: str) -> str:
     """`value` as one path segment (a run id, a stage, a dataset name or version): letters,
     digits and ``._@+=-``, not starting with a dot; UnsafePathError otherwise."""
-    if not isinstance(value, str) or not _SEGMENT.match(value):
+    if not isinstance(value, str) or not _SEGMENT.fullmatch(value):
         raise UnsafePathError(
             f"{what} {value!r} is not a safe name: expected 1-200 letters, digits or ._@+=- not starting with a dot"
         )
@@ -101,8 +100,10 @@ def safe_key(key: object, what: str, *, allow_empty: bool = False) -> str:
 def contained(root: str | Path, relative: object, what: str) -> Path:
     """``root/relative`` after `safe_key`, resolved (symlinks too) and checked to stay inside `root`."""
     key = safe_key(relative, what)
-    base = Path(root).resolve()
-    path = (base / key).resolve()
+    try:  # a symlink loop raises RuntimeError before Python 3.13, OSError (ELOOP) after
+        base, path = Path(root).resolve(), (Path(root).resolve() / key).resolve()
+    except (RuntimeError, OSError) as error:
+        raise UnsafePathError(f"{what} {key!r} under {root} cannot be resolved: a symlink loop ({error})") from None
     if not path.is_relative_to(base):
         raise UnsafePathError(f"{what} {key!r} resolves to {path}, outside {base}")
     return base / key
@@ -113,7 +114,7 @@ _SHOPPER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{2,63}$")
 
 def safe_shopper_id(value: object) -> str:
     """An opaque pseudonym (never an email or a name: it names folders and object keys)."""
-    if not isinstance(value, str) or not _SHOPPER_ID.match(value):
+    if not isinstance(value, str) or not _SHOPPER_ID.fullmatch(value):
         raise UnsafePathError(
             f"shopper id {value!r}: expected an opaque id of 3-64 letters, digits, '_' or '-' "
             "(not an email or a name: it becomes part of paths and object keys)"
@@ -129,14 +130,14 @@ def checkpoint_name(step: int, *, sharded: bool = False) -> str:
 
 def checkpoint_step(path: str | Path) -> int:
     """The step of a checkpoint directory named by `checkpoint_name`; ValueError for any other name."""
-    match = _CHECKPOINT_NAME.match(Path(path).name)
+    match = _CHECKPOINT_NAME.fullmatch(Path(path).name)
     if match is None:
         raise ValueError(f"{path}: not a checkpoint directory name (expected step-NNNNNNN or step-NNNNNNN.dcp)")
     return int(match.group(1))
 
 
 def is_checkpoint_dir(path: str | Path) -> bool:
-    return _CHECKPOINT_NAME.match(Path(path).name) is not None
+    return _CHECKPOINT_NAME.fullmatch(Path(path).name) is not None
 
 
 def is_sharded_checkpoint(path: str | Path) -> bool:

@@ -27,7 +27,7 @@ import sys
 from drape.cli import cost, data, gate, inference, model, pipeline, queue, shopper, storage
 from drape.cli import eval as evaluation
 from drape.cli.common import Typer
-from drape.ops.process import end_without_collection
+from drape.ops.process import end_without_collection, stop_children_on_termination
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
 for command in (pipeline.demo, pipeline.run, pipeline.serve, pipeline.train):
@@ -47,4 +47,5 @@ app.add_typer(cost.app, name="cost")
 def main() -> None:
     """The `drape` console command."""
     end_without_collection()
+    stop_children_on_termination()  # a service manager's SIGTERM stops children as Ctrl-C does
     sys.exit(app())

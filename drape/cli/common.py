@@ -4,6 +4,7 @@ progress bars, and leaving with a red message and an exit code."""
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import sys
 from pathlib import Path
@@ -40,12 +41,29 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _check_numbers(options: dict, defaults: dict) -> None:
+    """A usage error (exit 2) naming the flag for a number no machine or plan holds: infinite, NaN,
+    or beyond the config's ceiling for a field of that name (`drape.config.base.CEILINGS`)."""
+    from drape.config.base import check_model_shape
+
+    for name, value in options.items():
+        values = value if isinstance(value, (list, tuple)) else [value]
+        if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            try:
+                check_model_shape({name: [v for v in values if isinstance(v, (int, float))]}, "flag")
+            except ValueError as error:
+                reason = str(error).split(": ", 2)[-1]
+                declared = getattr(defaults.get(name), "param_decls", None) or [f"--{name.replace('_', '-')}"]
+                raise typer.BadParameter(reason, param_hint=declared[0]) from None
+
+
 def _friendly(function):
     """`function` with every error it lets out turned into one red, redacted line and exit 1 (no
     traceback quoting URLs or keys); ``DRAPE_DEBUG=1`` lets the traceback through."""
 
     @functools.wraps(function)
     def wrapper(*args, **kwargs):
+        _check_numbers(kwargs, {name: p.default for name, p in inspect.signature(function).parameters.items()})
         try:
             return function(*args, **kwargs)
         except (typer.Exit, typer.Abort, TyperException, click.exceptions.ClickException, KeyboardInterrupt):

@@ -135,25 +135,41 @@ class Stack:
         )
 
     def stop(self, grace: float = 20) -> None:
-        """Stop workers, then the server: SIGINT twice (a process worker needs the second), then SIGKILL."""
-        for name in sorted(self.processes, key=lambda n: n == "server"):
-            process = self.processes[name]
-            for attempt in range(3):
-                if process.poll() is not None:
-                    break
-                os.killpg(process.pid, signal.SIGKILL if attempt == 2 else signal.SIGINT)
-                try:
-                    process.wait(timeout=grace / 2)
-                except subprocess.TimeoutExpired:
-                    continue
+        """Stop workers and server within `grace` seconds in all: SIGINT (a process worker needs a
+        second one), then SIGKILL to each process group, which also ends what they started."""
+        deadline = time.monotonic() + grace
+        ordered = sorted(self.processes.values(), key=lambda p: p is self.processes.get("server"))
+        for share in (0.5, 0.75):  # first and second SIGINT, each with its share of the grace
+            for process in ordered:
+                if process.poll() is None:
+                    _signal_group(process.pid, signal.SIGINT)
+            _wait_all(ordered, time.monotonic() + (deadline - time.monotonic()) * share)
+        for process in ordered:  # the leader may be gone while what it started is not: the whole group
+            _signal_group(process.pid, signal.SIGKILL)
+            try:
+                process.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                pass
         self.processes.clear()
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    try:
+        os.killpg(pid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+
+
+def _wait_all(processes: list[subprocess.Popen], until: float) -> None:
+    while any(process.poll() is None for process in processes) and time.monotonic() < until:
+        time.sleep(0.1)
 
 
 def serve(home: Path, port: int | None = None) -> Stack:
     """Bring up server, pools, deployments and a `local` worker; returns the running stack."""
     stack = Stack(Path(home), port or 4200)
-    stack.start_server()
-    try:
+    try:  # a signal while the server comes up must stop it too
+        stack.start_server()
         for note in stack.create_pools():
             print(note)
         stack.deploy()

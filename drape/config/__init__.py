@@ -10,7 +10,7 @@ should be greater than 0 (got -5)``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import get_args
+from typing import Any, get_args
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
@@ -22,6 +22,7 @@ from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.eval import EvalConfig, FidGateConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
+from drape.config.loading import YamlBoundError, read_yaml
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
 from drape.config.shoppers import ShopperGateConfig, ShoppersConfig
 from drape.config.slurm import SlurmLauncherConfig
@@ -151,6 +152,9 @@ class PipelineConfig(StrictModel):
             ("shoppers.mlflow_backend_store_uri", self.shoppers.mlflow_backend_store_uri, libpq),
         ):
             check_no_credentials(name, url, instead)
+        for name, value in _strings(self.model_dump(mode="json")):  # every other field, present and future
+            if "://" in value:
+                check_no_credentials(name, value, "credentials come from the environment, never from a config")
         return self
 
     @model_validator(mode="after")
@@ -236,6 +240,17 @@ class PipelineConfig(StrictModel):
         return self.tracking.artifact_root or layout.default_artifact_root(self.paths.root)
 
 
+def _strings(value: object, at: str = "") -> list[tuple[str, str]]:
+    """Every string in a dumped config with its dotted field name."""
+    if isinstance(value, str):
+        return [(at, value)]
+    if isinstance(value, dict):
+        return [found for key, item in value.items() for found in _strings(item, f"{at}.{key}" if at else str(key))]
+    if isinstance(value, list):
+        return [found for index, item in enumerate(value) for found in _strings(item, f"{at}[{index}]")]
+    return []
+
+
 def _format_errors(source: str, error: ValidationError) -> str:
     lines = []
     for item in error.errors():
@@ -262,9 +277,11 @@ def load_config(path: str | Path, overrides: dict | None = None) -> PipelineConf
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data: Any = read_yaml(path) or {}
+    except YamlBoundError as error:
+        raise ConfigError(str(error)) from None
     except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+        raise ConfigError(f"{path}: not valid YAML: {redact(error)}") from None
     if overrides:
         data = deep_merge(data, overrides)
     return parse_config(data, str(path))

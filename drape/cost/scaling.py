@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from drape.config import PipelineConfig
+from drape.jsonfile import parse_json_object, read_json_object
 from drape.storage.store import ObjectStore
 
 
@@ -32,7 +33,7 @@ def scaling_key(config: PipelineConfig, stage: str = "identity") -> str:
 
 def read_scaling(store: ObjectStore, config: PipelineConfig, stage: str = "identity") -> dict | None:
     key = scaling_key(config, stage)
-    return json.loads(store.read_bytes(key)) if store.exists(key) else None
+    return parse_json_object(store, key, "scaling record") if store.exists(key) else None
 
 
 def efficiency(throughput: dict[int, float]) -> dict[int, float]:
@@ -75,7 +76,7 @@ def run_once(config: PipelineConfig, stage: str, ranks: int, steps: int, workdir
         raise RuntimeError(f"scaling: the {ranks}-rank job of {stage} ran over {timeout:.0f} s") from None
     if done.returncode != 0 or not result.is_file():
         raise RuntimeError(f"scaling: the {ranks}-rank job of {stage} exited {done.returncode}:\n{done.stderr[-3000:]}")
-    return json.loads(result.read_text())
+    return read_json_object(result, "scaling result")
 
 
 def measure(

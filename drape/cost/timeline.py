@@ -16,6 +16,7 @@ import json
 import sys
 import time
 
+from drape.jsonfile import parse_json_object
 from drape.layout import run_key
 from drape.storage.store import ObjectStore
 
@@ -73,7 +74,7 @@ def read(store: ObjectStore, run_id: str) -> list[dict]:
     events = []
     for key in store.list(run_key(run_id, relative=PREFIX)):
         try:
-            events.append(json.loads(store.read_bytes(key)))
+            events.append(parse_json_object(store, key, "event"))
         except ValueError as error:
             raise ValueError(f"{store.key_url(key)}: not a JSON cost record ({error})") from None
     return sorted(events, key=lambda e: e.get("at", e.get("start", e.get("loop_started_at", 0.0))))

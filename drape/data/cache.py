@@ -35,6 +35,7 @@ from pathlib import Path
 
 from drape import format_bytes
 from drape.data.manifest import check_dataset_manifest
+from drape.data.partition import check_split_samples
 from drape.data.reader import read_shard
 from drape.data.shards import ShardError, check_structure
 from drape.layout import contained, shard_cache_dataset_dir
@@ -73,6 +74,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _open_own(path: Path, flags: int) -> int:
+    """A file descriptor on `path` itself: a symlink in its place (planted to make drape write
+    elsewhere) is refused, never followed."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise CacheError(f"shard cache file {path} is a symlink; drape writes only its own files (remove it)") from None
+        raise
+
+
+def _write_own(path: Path, payload: object) -> None:
+    """`payload` as JSON at `path`, through a fresh temporary file renamed over it (a symlink at
+    `path` is replaced, never written through)."""
+    temporary = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    with os.fdopen(_open_own(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w") as handle:
+        handle.write(json.dumps(payload))
+    os.replace(temporary, path)
+
+
 class ShardCache:
     """One dataset's view of a shard cache directory (see the module docstring)."""
 
@@ -91,6 +112,7 @@ class ShardCache:
         self.store, self.prefix = store, prefix
         self.manifest = check_dataset_manifest(manifest, f"the manifest of {prefix}")
         self.dataset_dir = shard_cache_dataset_dir(self.root, manifest["name"], manifest["version"])
+        self._inside = f"{manifest['name']}/{manifest['version']}"  # the dataset directory, relative to the root
         self.budget_bytes, self.concurrency, self.read_ahead = budget_bytes, concurrency, read_ahead
         self.read_wait_seconds = 0.0  # time a reader blocked on shards that were not local yet
         self._evict_lock = threading.Lock()
@@ -113,14 +135,18 @@ class ShardCache:
         splits = self.manifest["splits"]
         if split not in splits:
             raise CacheError(f"dataset {self.prefix} has no split {split!r}; it has {sorted(splits)}")
+        check_split_samples(splits[split], split, f"dataset {self.prefix}")
         return splits[split]
 
     def split_bytes(self, split: str) -> int:
         return sum(shard["bytes"] for shard in self.shards(split))
 
     def local_path(self, shard: dict) -> Path:
-        """Where the shard lives in the cache; never outside its dataset directory (`contained`)."""
-        return contained(self.dataset_dir, shard["path"], f"shard path in the manifest of {self.prefix}")
+        """Where the shard lives in the cache: never outside the cache root, whatever symlinks the
+        dataset or split directories are (`contained`; a symlink loop is refused, named)."""
+        what = f"shard path in the manifest of {self.prefix}"
+        contained(self.root, f"{self._inside}/{shard['path']}", what)
+        return contained(self.dataset_dir, shard["path"], what)
 
     def split_paths(self, split: str) -> list[Path]:
         return [self.local_path(shard) for shard in self.shards(split)]
@@ -146,7 +172,7 @@ class ShardCache:
     @contextmanager
     def _locked(self, local: Path):
         local.parent.mkdir(parents=True, exist_ok=True)
-        with open(local.with_name(f".{local.name}.lock"), "a") as handle:
+        with os.fdopen(_open_own(local.with_name(f".{local.name}.lock"), os.O_WRONLY | os.O_CREAT), "a") as handle:
             fcntl.flock(handle, fcntl.LOCK_EX)
             try:
                 yield
@@ -174,9 +200,7 @@ class ShardCache:
                         raise CacheError(f"shard {self.store.key_url(key)}: {str(error).split(': ', 1)[1]}") from None
                     os.replace(part, local)
                     stat = local.stat()
-                    self._marker(local).write_text(
-                        json.dumps({"sha256": actual, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns})
-                    )
+                    _write_own(self._marker(local), {"sha256": actual, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns})
                     return local
                 part.unlink(missing_ok=True)
             raise CacheError(
@@ -185,6 +209,8 @@ class ShardCache:
             )
 
     def _download(self, key: str, part: Path, size: int) -> None:
+        if part.is_symlink():
+            raise CacheError(f"shard cache file {part} is a symlink; drape writes only its own files (remove it)")
         offset = part.stat().st_size if part.exists() else 0
         if offset >= size:  # a complete (or overlong) part: verify it as is, or start over
             if offset > size:
@@ -193,7 +219,8 @@ class ShardCache:
                 return
             offset = 0
         try:
-            with self.store.open_read(key, offset, REMOTE_BLOCK_BYTES) as remote, open(part, "ab") as out:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+            with self.store.open_read(key, offset, REMOTE_BLOCK_BYTES) as remote, os.fdopen(_open_own(part, flags), "ab") as out:
                 while chunk := remote.read(CHUNK_BYTES):
                     out.write(chunk)
                 out.flush()
@@ -216,10 +243,10 @@ class ShardCache:
     @contextmanager
     def pin(self, splits: Iterable[str]):
         """Mark the splits' shards in use (by this process) so no eviction removes them."""
-        pins = self.root / ".pins"
+        pins = contained(self.root, ".pins", "the shard cache's pins directory")
         pins.mkdir(parents=True, exist_ok=True)
         path = pins / f"{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
-        path.write_text(json.dumps([str(p) for split in splits for p in self.split_paths(split)]))
+        _write_own(path, [str(p) for split in splits for p in self.split_paths(split)])
         try:
             yield
         finally:
@@ -239,7 +266,7 @@ class ShardCache:
         return pinned
 
     def _cached_files(self) -> list[Path]:
-        return [p for p in self.root.rglob("*.tar") if p.is_file()] if self.root.exists() else []
+        return [p for p in self.root.rglob("*.tar") if p.is_file() and not p.is_symlink()] if self.root.exists() else []
 
     def used_bytes(self) -> int:
         files = self._cached_files() + (list(self.root.rglob(".*.part")) if self.root.exists() else [])

@@ -84,7 +84,7 @@ def check_dataset_manifest(manifest: object, where: str) -> dict:
                 layout.safe_key(shard.get("path"), f"{at}.path")
                 if not (_count(shard.get("bytes")) and _count(shard.get("samples"))):
                     raise ManifestError(f"{at}: bytes and samples must be integers >= 0")
-                if not isinstance(shard.get("sha256"), str) or not _SHA256.match(shard["sha256"]):
+                if not isinstance(shard.get("sha256"), str) or not _SHA256.fullmatch(shard["sha256"]):
                     raise ManifestError(f"{at}.sha256: expected 64 lowercase hex digits")
     except layout.UnsafePathError as error:
         raise ManifestError(str(error)) from None

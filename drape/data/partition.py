@@ -26,6 +26,25 @@ class PartitionError(ValueError):
     pass
 
 
+# the fewest samples a split may hold: the gates judge the control set as a set (a spread, a
+# floor, a grid), which one sample is not; a training split needs one sample per data partition
+MIN_SAMPLES = {"control": 2}
+MIN_TRAINING_SAMPLES = 1
+
+
+def check_split_samples(shards: list[dict], split: str, where: str) -> None:
+    """PartitionError naming `split` of `where`, its sample count and the minimum, when the split
+    is empty or holds fewer samples than any use of it can work with (`MIN_SAMPLES`)."""
+    minimum = MIN_SAMPLES.get(split, MIN_TRAINING_SAMPLES)
+    samples = sum(shard["samples"] for shard in shards)
+    if samples < minimum:
+        use = "the gates judge it as a set" if split == "control" else "a stage trains on it"
+        raise PartitionError(
+            f"split {split!r} of {where} holds {samples} sample(s) in {len(shards)} shard(s); {use}, so it needs "
+            f"at least {minimum}: rebuild the dataset with more (data.samples_per_stage, data.control_samples)"
+        )
+
+
 def resolve_partitions(configured: int | None, world_size: int, batch_size: int) -> int:
     """The partition count for this world size, checked against it and the global batch."""
     partitions = configured or world_size
@@ -55,7 +74,15 @@ def partition_shards(shards: list[dict], partitions: int, *, what: str = "the st
             f"(one per rank by default): write smaller shards (data.shard_max_samples) or set "
             f"train.data_partitions lower"
         )
-    return [shards[p::partitions] for p in range(partitions)]
+    dealt = [shards[p::partitions] for p in range(partitions)]
+    for p, group in enumerate(dealt):
+        if sum(shard["samples"] for shard in group) < MIN_TRAINING_SAMPLES:
+            raise PartitionError(
+                f"{what}: data partition {p} of {partitions} holds no sample (its {len(group)} shard(s) are empty); "
+                f"every partition needs at least {MIN_TRAINING_SAMPLES}: set train.data_partitions lower or rebuild "
+                "the dataset without empty shards"
+            )
+    return dealt
 
 
 class SampleSource(Protocol):

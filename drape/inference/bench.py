@@ -31,6 +31,7 @@ from drape.inference.report import BenchReport, variant_row
 from drape.inference.source import captured_inputs, resolve_model
 from drape.inference.variants import REFERENCE, reference_spec, resolved, unavailable
 from drape.inference.worker import INPUT_FIELDS
+from drape.jsonfile import read_json_object
 from drape.layout import LiveLayout, live_root
 from drape.secrets import redact
 
@@ -85,7 +86,7 @@ def _run_isolated(config: PipelineConfig, job: dict, directory: Path) -> dict:
     if code != 0 or not result_file.is_file():
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         return {"status": "failed", "reason": f"worker exited {code}: {' | '.join(tail)[:400]}"}
-    return json.loads(result_file.read_text())
+    return read_json_object(result_file, "variant result")
 
 
 def _floor(config: PipelineConfig, control: dict, directory: Path, results: dict[str, dict]) -> tuple[q.Quality, str]:
@@ -243,7 +244,7 @@ def read_inference_config(home: Path) -> VariantSpec | None:
     if not path.is_file():
         return None
     try:
-        return VariantSpec.model_validate(json.loads(path.read_text())["variant"])
+        return VariantSpec.model_validate(read_json_object(path, "variant result")["variant"])
     except (ValueError, KeyError, TypeError) as error:
         raise ValueError(f"{path}: not an inference config drape wrote ({str(error)[:200]})") from None
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from drape.inference.quality import Quality
+from drape.jsonfile import read_json_object
 from drape.secrets import redact
 
 COLUMNS = (
@@ -199,5 +200,5 @@ class BenchReport:
 
     @classmethod
     def read(cls, path: Path) -> BenchReport:
-        data = json.loads(path.read_text())
+        data = read_json_object(path, "report")
         return cls(**{k: v for k, v in data.items() if k not in ("recommended", "repeatability")})

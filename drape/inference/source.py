@@ -3,7 +3,6 @@ captured inputs (the control set, some of its samples, or a folder in the contro
 
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +11,7 @@ import numpy as np
 
 from drape import STAGES
 from drape.config import PipelineConfig
+from drape.jsonfile import read_json_object
 from drape.layout import LiveLayout, live_root
 from drape.training.checkpoint import CheckpointError, verify_checkpoint
 
@@ -52,7 +52,7 @@ def resolve_model(config: PipelineConfig, model: str | None = None) -> ResolvedM
     label = f"{wanted} (v{number})"
     if stage in STAGES and wanted == f"{stage}-baseline":
         live = layout.baseline(stage)
-        record = json.loads(live.record.read_text()) if live.record.is_file() else {}
+        record = read_json_object(live.record, "baseline record") if live.record.is_file() else {}
         if record.get("version") == number and live.checkpoint.is_dir():
             _verified(live.checkpoint, label)
             return ResolvedModel(live.checkpoint, label, live.root, wanted, number)
@@ -106,6 +106,20 @@ def subset(arrays: dict, keys: list[str]) -> dict:
     return {**picked, "keys": keys, "meta": [arrays["meta"][i] for i in rows]}
 
 
+def check_input_sizes(arrays: dict, where: str, height: int, width: int) -> None:
+    """InferenceInputError naming the first sample and image whose size is not the model's
+    (`height`×`width`, data.resolution): the model is never resized behind the caller's back."""
+    for field, images in arrays.items():
+        if not isinstance(images, np.ndarray) or images.ndim < 3 or images.shape[1:3] == (height, width):
+            continue
+        key = arrays["keys"][0] if arrays.get("keys") else "?"
+        raise InferenceInputError(
+            f"{where}: sample {key}: its {field} image is {images.shape[2]}×{images.shape[1]} (width×height), "
+            f"the model takes {width}×{height} (data.resolution {height}×{width}); shard the inputs at that "
+            "resolution (`drape data shard` with the model's config)"
+        )
+
+
 def captured_inputs(config: PipelineConfig, inputs: str | None = None) -> tuple[dict, str]:
     """(control arrays, control set id) of `inputs`: None, the config's control set; a folder, a
     dataset root or folder of control shards; else sample ids of the config's control set, comma-separated."""
@@ -117,9 +131,16 @@ def captured_inputs(config: PipelineConfig, inputs: str | None = None) -> tuple[
         from drape.data.shards import ShardError
 
         try:
-            return load_control_dir(path)
+            arrays, control_set = load_control_dir(path)
         except (FileNotFoundError, ShardError) as error:
             raise InferenceInputError(f"--inputs {inputs}: {error}") from None
+        except ValueError as error:  # np.stack over samples of different sizes
+            raise InferenceInputError(
+                f"--inputs {inputs}: its samples are not all one size ({error}); every input must be "
+                f"{config.data.width}×{config.data.height} (width×height), the model's data.resolution"
+            ) from None
+        check_input_sizes(arrays, f"--inputs {inputs}", config.data.height, config.data.width)
+        return arrays, control_set
     if "/" in inputs:
         raise InferenceInputError(f"--inputs {inputs}: no such folder (expected a folder in the control format or sample ids)")
     arrays, control_set = config_control(config)

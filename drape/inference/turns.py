@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from drape.jsonfile import read_json_object
+
 TURN = 1  # requests per turn: one, so drift within a round falls on both alike
 
 
@@ -83,7 +85,7 @@ class Worker:
         """Ask for the rest (outputs, attention, concurrency, memory) and return result.json."""
         self.ask({"finish": True})
         self.process.wait(timeout=self.timeout_s)
-        return json.loads((self.directory / "result.json").read_text())
+        return read_json_object(self.directory / "result.json", "worker result")
 
     def close(self) -> None:
         if self.process.poll() is None:

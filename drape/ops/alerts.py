@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 from drape.config import AlertsConfig
 from drape.gates.render import slack_lines
 from drape.gates.report import GateReport
-from drape.secrets import register_secret_variable
+from drape.secrets import has_credentials, register_secret_variable
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ def _check_webhook(url: str) -> None:
         valid = False
     if not valid:
         raise AlertError("the Slack webhook is not an http(s) URL with a host (check the variable or Secret block that holds it)")
+    if has_credentials(url):
+        raise AlertError(
+            "the Slack webhook carries credentials (user:password@ or a token in the query); a webhook needs none, "
+            "its path is the secret (check the variable or Secret block that holds it)"
+        )
 
 
 def gate_message(report: GateReport, *, run_name: str, report_location: str, links: dict[str, str] | None = None) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import signal
 
 _registered = False
 
@@ -25,3 +26,23 @@ def end_without_collection() -> None:
     if not _registered:
         atexit.register(gc.freeze)
         _registered = True
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP) arrived: raised like Ctrl-C, so every `finally` and context manager
+    that stops a child (`drape serve`'s stack, `subprocess.run`, an inference worker) runs."""
+
+
+def _on_termination(signum: int, frame: object) -> None:
+    # one stop, bounded by whoever stops the children; a second signal must not cut that short
+    for other in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(other, signal.SIG_IGN)
+    raise Terminated(f"stopped by {signal.Signals(signum).name}")
+
+
+def stop_children_on_termination() -> None:
+    """Make SIGTERM and SIGHUP stop this process the way SIGINT does (`Terminated`, a
+    KeyboardInterrupt) instead of ending it on the spot, which would leave its children (a Prefect
+    server in its own session, a torchrun) running. For entry points, in the main thread."""
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _on_termination)

@@ -24,9 +24,17 @@ class RegistryError(RuntimeError):
     """The model registry could not be read; never the same as "no baseline"."""
 
 
+# MLflow's own defaults wait 120 s per request and retry 7 times with backoff: a tracking server
+# that accepts and never answers held drape for many minutes. These bound it to about a minute;
+# MLflow's standard variables, set in the environment, win.
+MLFLOW_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+
+
 def _quiet_mlflow() -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
+    for name, value in MLFLOW_HTTP_BOUNDS.items():
+        os.environ.setdefault(name, value)
 
 
 class Tracker:

@@ -9,12 +9,12 @@ mounts (`paths.shared`), the job file and the result sit in the stage folder.
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 
 from drape import previous_stage
 from drape.config import PipelineConfig
+from drape.jsonfile import parse_json_object, read_json_object
 from drape.layout import checkpoint_step
 from drape.pipeline.run import RunContext, log_train_summary, resources
 from drape.pipeline.stages import resume_checkpoint, stage_job, start_checkpoint
@@ -43,7 +43,7 @@ def _publish_start(store, context: RunContext, stage: str) -> str | None:
     if checkpoint is None:
         return None
     baseline = Path(checkpoint).parent
-    record = json.loads((baseline / "baseline.json").read_text()) if (baseline / "baseline.json").is_file() else {}
+    record = read_json_object(baseline / "baseline.json", "baseline record") if (baseline / "baseline.json").is_file() else {}
     if not record.get("version") or not record.get("run_id"):
         raise FileNotFoundError(f"{baseline}/baseline.json: the live baseline has no registry record; restore it")
     key = baseline_weights_key(baseline.name, f"{record['version']}-{record['run_id']}")
@@ -58,7 +58,7 @@ def warm_node(config: PipelineConfig, context: RunContext, stage: str) -> str:
     store = resources(config, context).store
     if not config.trains_apart or previous is None or not store.exists(result_key(context.run_id, previous)):
         return ""
-    return str(json.loads(store.read_bytes(result_key(context.run_id, previous))).get("node", ""))
+    return str(parse_json_object(store, result_key(context.run_id, previous), "stage job result").get("node", ""))
 
 
 def finish_train(config: PipelineConfig, context: RunContext, stage: str) -> TrainResult:
@@ -70,7 +70,7 @@ def finish_train(config: PipelineConfig, context: RunContext, stage: str) -> Tra
         path = context.paths(stage).train_result
         if not path.is_file():
             raise RuntimeError(f"stage {stage}: the train job ended without writing {path}")
-        result = StageJobResult.from_dict(json.loads(path.read_text()))
+        result = StageJobResult.from_dict(read_json_object(path, "stage job result"))
         path.unlink()
         context.paths(stage).job_config.unlink(missing_ok=True)
     log_train_summary(config, context, stage, result)  # its window: the queue's allocation
@@ -83,7 +83,7 @@ def _fetch_result(config: PipelineConfig, context: RunContext, stage: str) -> St
     if not store.exists(key):
         raise RuntimeError(f"stage {stage}: the train job ended without publishing {store.key_url(key)}")
     try:
-        result = StageJobResult.from_dict(json.loads(store.read_bytes(key)))
+        result = StageJobResult.from_dict(parse_json_object(store, key, "stage job result"))
         name = Path(result.train.checkpoint).name
         checkpoint_step(name)  # a checkpoint's name, nothing else: the result is input
     except (ValueError, TypeError, KeyError) as error:

@@ -23,6 +23,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from drape import STAGES
+from drape.jsonfile import parse_json_object
 from drape.layout import run_key
 from drape.storage.handoff import HandoffError, fetch_checkpoint, newest_published
 from drape.storage.store import ObjectStore
@@ -51,7 +52,7 @@ def _read_json(store: ObjectStore, key: str) -> dict | None:
     if not store.exists(key):
         return None
     try:
-        return json.loads(store.read_bytes(key))
+        return parse_json_object(store, key, "run record")
     except ValueError as error:
         raise ResumeError(f"{store.key_url(key)} is not JSON ({error}); the run's record is damaged") from None
 

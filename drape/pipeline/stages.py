@@ -14,6 +14,7 @@ from drape.config import PipelineConfig
 from drape.data.dataset import load_split
 from drape.gates.report import GateReport
 from drape.gates.run import evaluate_gate, provenance_problems
+from drape.jsonfile import read_json_object
 from drape.layout import StagePaths, archive_manifest_prefix, run_key
 from drape.ops import metrics
 from drape.ops.alerts import notify_gate
@@ -112,7 +113,7 @@ def _baseline(context: RunContext, stage: str, tracker: Tracker) -> tuple[dict |
             f"this run uses {context.control_set!r}; outputs on different control sets cannot be compared"
         )
     local = context.layout.baseline(stage)
-    recorded = json.loads(local.record.read_text()) if local.record.is_file() else {}
+    recorded = read_json_object(local.record, "record") if local.record.is_file() else {}
     if recorded.get("version") == info["version"] and local.outputs.is_dir():
         return info, local.outputs
     return info, tracker.download(f"{version.source}/outputs", context.paths(stage).baseline_download)
@@ -243,7 +244,7 @@ def _snapshot(config: PipelineConfig, context: RunContext, stage: str, row: dict
             **{f"drape.gate.{name}": f"{check['mean']:.6f}" for name, check in row["checks"].items()},
         }
         version = tracker.register_baseline(stage_run, source, stage, tags, alias=False)
-    live = json.loads(baseline.record.read_text()) if baseline.record.is_file() else {}
+    live = read_json_object(baseline.record, "baseline record") if baseline.record.is_file() else {}
     if live.get("version") != version or live.get("run_id") != context.run_id:  # the live baseline is not it yet
         if not baseline.staging.is_dir():
             _stage_baseline(config, paths, row["candidate"], baseline.staging)

@@ -16,13 +16,13 @@ finds the journal and goes on; a scan that still finds something leaves the jour
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Protocol
 
+from drape.jsonfile import parse_json_object, read_json_object
 from drape.layout import LiveLayout, audit_key, safe_shopper_id, shopper_prefix
 from drape.shoppers import ShopperError, subject_of
 from drape.shoppers.ledger import Ledger, read_ledger
@@ -68,7 +68,7 @@ class ForgetIncomplete(ShopperError):
 def _ledger_from_store(store: ObjectStore, shopper: str) -> Ledger | None:
     key = shopper_prefix(shopper) + "shopper.json"
     try:
-        return Ledger(**json.loads(store.read_bytes(key))) if store.exists(key) else None
+        return Ledger(**parse_json_object(store, key, "shopper ledger")) if store.exists(key) else None
     except (StorageError, ValueError, TypeError):
         return None  # unreadable: the id alone still finds everything under the prefix
 
@@ -77,7 +77,7 @@ def open_subject(layout: LiveLayout, store: ObjectStore, shopper: str) -> tuple[
     """The journal of a forget of `shopper`: the one in progress, or a new one from the ledger."""
     journal = layout.forget_journal(subject_of(safe_shopper_id(shopper)))
     if journal.is_file():
-        subject = Subject(**json.loads(journal.read_text()))
+        subject = Subject(**read_json_object(journal, "forget journal"))
     else:
         ledger = read_ledger(layout.shopper(shopper)) or _ledger_from_store(store, shopper)
         now = datetime.now(UTC).isoformat()

@@ -9,11 +9,11 @@ copy is kept under the shopper's prefix in the object store for jobs that run el
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from drape.jsonfile import read_json_object
 from drape.layout import ShopperPaths, safe_shopper_id
 from drape.shoppers import ShopperError
 from drape.shoppers.photos import PhotoDigests
@@ -54,7 +54,7 @@ def read_ledger(paths: ShopperPaths) -> Ledger | None:
     if not paths.ledger.is_file():
         return None
     try:
-        payload = json.loads(paths.ledger.read_text())
+        payload = read_json_object(paths.ledger, "shopper ledger")
         ledger = Ledger(**payload)
         safe_shopper_id(ledger.shopper)
     except (ValueError, TypeError) as error:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from drape.jsonfile import read_json_object
 from drape.layout import shopper_prefix
 from drape.shoppers import ShopperError
 from drape.shoppers.forget import Subject
@@ -137,7 +138,7 @@ def _erase_tryons(folder: Path, shopper: str) -> int:
     summary = folder / "tryon.json"
     if not summary.is_file():
         return 0
-    record = json.loads(summary.read_text())
+    record = read_json_object(summary, "summary")
     if record.get("shopper") != shopper:
         return 0
     names = [*record.get("outputs", []), record.get("grid", "grid.png"), "tryon.json"]

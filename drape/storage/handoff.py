@@ -23,6 +23,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from drape import ArtifactKind, Outcome
+from drape.jsonfile import parse_json_object
 from drape.layout import UnsafePathError, archive_manifest_prefix, checkpoint_step, contained, new_manifest_key, run_key
 from drape.storage.durable import fsync_dir, fsync_tree
 from drape.storage.retention import (
@@ -76,7 +77,7 @@ def tree_index(store: ObjectStore, prefix: str) -> list[dict]:
     """The file list of a published tree, checked: relative paths, sizes, sha256 digests."""
     where = store.key_url(f"{prefix}/{TREE_INDEX}")
     try:
-        files = json.loads(store.read_bytes(f"{prefix}/{TREE_INDEX}"))["files"]
+        files = parse_json_object(store, f"{prefix}/{TREE_INDEX}", "tree index")["files"]
     except StorageError:
         raise HandoffError(f"{where}: no such hand-off (was it published?)") from None
     except (ValueError, KeyError, TypeError) as error:
@@ -201,7 +202,7 @@ def is_complete(store: ObjectStore, name: str, records: list[dict]) -> bool:
     if manifest is None:
         return False
     try:
-        listed = json.loads(store.read_bytes(manifest["key"])).get("files", {})
+        listed = parse_json_object(store, manifest["key"], "checkpoint manifest").get("files", {})
     except (StorageError, ValueError, AttributeError):
         return False
     return isinstance(listed, dict) and set(listed) <= held

@@ -14,13 +14,13 @@ Nodes share nothing but the store (docs/topology.md), so a queue job's trainer
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from drape import next_stage
+from drape.jsonfile import read_json_object
 from drape.layout import checkpoint_dirs, checkpoint_order, checkpoint_step
 from drape.storage.handoff import fetch_checkpoint, get_tree, newest_published, publish_checkpoint
 from drape.storage.store import ObjectStore, remove_tree
@@ -82,7 +82,7 @@ def whole_here(checkpoint: Path) -> bool:
     """Whether every file the checkpoint's manifest lists is in this node's copy (on a node of a
     multi-node job that shares no disk, a sharded checkpoint holds only its own ranks' shards)."""
     try:
-        listed = json.loads((checkpoint / "manifest.json").read_text()).get("files", {})
+        listed = read_json_object(checkpoint / "manifest.json", "checkpoint manifest").get("files", {})
     except (OSError, ValueError, AttributeError):
         return False
     return isinstance(listed, dict) and all((checkpoint / name).is_file() for name in listed)

@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import drape
+from drape.config.base import check_model_shape
+from drape.jsonfile import read_json_object
 from drape.layout import checkpoint_dirs
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_tree
@@ -114,7 +116,7 @@ def read_manifest(path: str | Path) -> dict:
     manifest_path = Path(path) / MANIFEST
     if not manifest_path.is_file():
         raise CheckpointError(f"checkpoint {path}: no {MANIFEST} (incomplete or not a checkpoint)")
-    return json.loads(manifest_path.read_text())
+    return read_json_object(manifest_path, "checkpoint manifest")
 
 
 def verify_checkpoint(path: str | Path) -> dict:
@@ -138,6 +140,11 @@ def load_model(path: str | Path, *, prefer_ema: bool = False, allowed: tuple[str
     name = manifest.get("model_class", PIXEL_DIT)
     try:
         cls = resolve_class(name, allowed)
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint {path}: {error}") from None
+    config_file = Path(path) / "model" / "config.json"
+    try:  # the shape is input too: checked before a layer is built or a byte allocated
+        check_model_shape(read_json_object(config_file, "model config"), str(config_file))
     except ValueError as error:
         raise CheckpointError(f"checkpoint {path}: {error}") from None
     model = cls.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)

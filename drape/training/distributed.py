@@ -34,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from drape.jsonfile import read_json_object
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 
@@ -183,7 +184,7 @@ def verify_dcp(path: str | Path) -> dict:
     if not manifest_path.is_file():
         raise CheckpointError(f"{path}: no manifest.json (an uncommitted or foreign DCP checkpoint)")
     try:
-        manifest = json.loads(manifest_path.read_text())
+        manifest = read_json_object(manifest_path, "checkpoint manifest")
         files = manifest["files"]
         if not isinstance(files, dict):
             raise TypeError("files is not an object")

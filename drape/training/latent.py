@@ -16,7 +16,6 @@ model's constructor arguments and its weights are in the checkpoint, so a checkp
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,6 +27,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from drape.config.data import height_width
+from drape.jsonfile import read_json_object
 from drape.training.model import IMAGE_CHANNELS, TryOnModel, Workload
 from drape.training.pixel import GarmentEncoder, JointAttentionDenoiser, dit_arguments, joint_transformer
 
@@ -43,7 +43,7 @@ def vae_config(vae: VaeConfig, resolution: int | tuple[int, int]) -> dict[str, A
         file = Path(vae.path) / "config.json"
         if not file.is_file():
             raise ValueError(f"model.vae.path {vae.path}: no config.json (expected a diffusers AutoencoderKL directory)")
-        return {k: v for k, v in json.loads(file.read_text()).items() if not k.startswith("_")}
+        return {k: v for k, v in read_json_object(file, "config").items() if not k.startswith("_")}
     blocks = len(vae.block_out_channels)
     return {
         "in_channels": IMAGE_CHANNELS,

@@ -17,13 +17,15 @@ dropped by name; any other mismatch is an error naming both shapes.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from drape.config.base import check_model_shape
+from drape.jsonfile import read_json_object
 
 SUBFOLDER = "unet"  # a pipeline folder (or hub repo) keeps its denoiser here
 WEIGHTS = "diffusion_pytorch_model*.safetensors"  # one file, or shards beside an index
@@ -69,11 +71,13 @@ def resolve_denoiser(path: str, *, field: str = "model.denoiser.path", cache_dir
 
 def read_model_config(folder: Path) -> dict[str, Any]:
     """The constructor arguments in `folder`'s config.json (diffusers' `_`-prefixed metadata left out)."""
-    return {k: v for k, v in json.loads((folder / "config.json").read_text()).items() if not k.startswith("_")}
+    return {k: v for k, v in read_json_object(folder / "config.json", "model config").items() if not k.startswith("_")}
 
 
 def load_pretrained(cls: Any, folder: Path) -> Any:
-    """`cls` (a diffusers ModelMixin class) with the weights in `folder`: local files, safetensors only."""
+    """`cls` (a diffusers ModelMixin class) with the weights in `folder`: local files, safetensors only;
+    its config.json's shape is checked first (`check_model_shape`)."""
+    check_model_shape(read_json_object(folder / "config.json", "model config"), str(folder / "config.json"))
     return cls.from_pretrained(folder, local_files_only=True, use_safetensors=True, low_cpu_mem_usage=False)
 
 
