@@ -6,17 +6,14 @@ Live storage, ``<paths.root>/live``::
     runs/<run>/<stage>/checkpoints/step-NNNNNNN.dcp    sharded intermediates (torchrun)
     runs/<run>/<stage>/adapters/step-NNNNNNN           a LoRA pass's adapter checkpoints (drape/training/lora.py)
     runs/<run>/<stage>/gate/                           outputs/, latents.safetensors, report.json, grid.png
-    runs/<run>/<stage>/superseded-baseline/            the baseline this stage replaced, until archived
-    runs/<run>/<stage>/baseline-download/              a baseline's outputs fetched for the gate
+    runs/<run>/<stage>/superseded-baseline/, baseline-download/   the replaced baseline; one fetched for the gate
     runs/<run>/<stage>/job-config.json                 a queue job's config; train-result.json its result
     runs/manual/<stage>/                               `python -m drape.train` without --out
     baselines/<stage>/                                 checkpoint/, outputs/, baseline.json (+ latents, report)
     shards/<dataset>/<version>/<split>/                the shard cache (`data.cache.dir` moves it)
-    restored/<run>/<stage>/                            `drape storage restore`
-    models/v<version>/                                 a registry version fetched for inference
+    restored/<run>/<stage>/, models/v<version>/        `drape storage restore`; a registry version for inference
     inference/<bench>/                                 `drape bench inference`: inputs, variants, report
-    shoppers/<shopper>/                                one opted-in shopper: `ShopperPaths` (drape/shoppers/)
-    privacy/pending|audit/<name>.json                  `drape shopper forget`: journals, audit records
+    shoppers/<shopper>/, privacy/pending|audit/<name>.json   a shopper (`ShopperPaths`); `drape shopper forget`'s records
 
 The object store::
 
@@ -115,10 +112,8 @@ _SHOPPER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{2,63}$")
 def safe_shopper_id(value: object) -> str:
     """An opaque pseudonym (never an email or a name: it names folders and object keys)."""
     if not isinstance(value, str) or not _SHOPPER_ID.fullmatch(value):
-        raise UnsafePathError(
-            f"shopper id {value!r}: expected an opaque id of 3-64 letters, digits, '_' or '-' "
-            "(not an email or a name: it becomes part of paths and object keys)"
-        )
+        why = "(not an email or a name: it becomes part of paths and object keys)"
+        raise UnsafePathError(f"shopper id {value!r}: expected an opaque id of 3-64 letters, digits, '_' or '-' {why}")
     return value
 
 
