@@ -1,4 +1,5 @@
-"""MkDocs hook: the config and CLI references, generated at build time from the code itself.
+"""MkDocs hook: the config and CLI references, generated at build time from the code itself, and
+the benchmarks page, read from benchmarks/README.md (one copy, beside the benchmarks).
 
 `reference/config.md` walks the pydantic models under `PipelineConfig` (every field: its YAML path,
 type, default, bounds and description); `reference/cli.md` walks the `drape` command (every command:
@@ -12,6 +13,7 @@ import types
 import typing
 from collections.abc import Iterator
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,6 +22,7 @@ from pydantic_core import PydanticUndefined
 
 CONFIG_PAGE = "reference/config.md"
 CLI_PAGE = "reference/cli.md"
+BENCHMARKS_PAGE = "benchmarks.md"  # benchmarks/README.md, where the benchmarks and their tables live
 BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "length ≥"), ("max_length", "length ≤"))
 
 
@@ -166,7 +169,7 @@ def cli_reference(command: Any, name: str = "drape") -> tuple[str, int, int]:
 
 
 def on_files(files: Any, config: Any) -> Any:
-    """Add the two generated pages to the site (mkdocs calls this once per build)."""
+    """Add the generated pages to the site (mkdocs calls this once per build)."""
     import typer
     from mkdocs.structure.files import File
 
@@ -175,6 +178,12 @@ def on_files(files: Any, config: Any) -> Any:
 
     config_page, _, _ = config_reference(PipelineConfig)
     cli_page, _, _ = cli_reference(typer.main.get_command(app))
-    for uri, content in ((CONFIG_PAGE, config_page), (CLI_PAGE, cli_page)):
+    benchmarks = (Path(__file__).resolve().parents[1] / "benchmarks" / "README.md").read_text()
+    pages = (
+        (CONFIG_PAGE, config_page),
+        (CLI_PAGE, cli_page),
+        (BENCHMARKS_PAGE, benchmarks.replace("# benchmarks/", "# Benchmarks", 1)),
+    )
+    for uri, content in pages:
         files.append(File.generated(config, uri, content=content))
     return files

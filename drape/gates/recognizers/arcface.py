@@ -6,7 +6,7 @@ transform (rotation, uniform scale, translation; least squares, Umeyama 1991) on
 a 112×112 crop (`ARCFACE_TEMPLATE`, insightface's). The landmarks come from dlib's 68-point
 predictor on its HOG detection (`face-recognition-models` ships it): MTCNN's weights ship in
 facenet-pytorch, but that package pins torch < 2.3, numpy < 2 and needs torchvision for its NMS,
-none of which this environment can take (docs/gates.md). Two embeddings are one person at a cosine
+none of which this environment can take (docs/recognizers.md). Two embeddings are one person at a cosine
 of at least `SAME_PERSON_COSINE` (about a 0.1% false-accept rate for ArcFace R100 on IJB-C).
 """
 
