@@ -85,7 +85,7 @@ def read_outputs(directory: str | Path, keys: list[str], shape: tuple[int, int] 
             with Image.open(path) as image:
                 if image.format != "PNG":
                     raise ValueError(f"{path}: a {image.format} image; expected a PNG")
-                array = np.asarray(image.convert("RGB"))
+                array = _opaque_rgb(image, path)
         except (OSError, SyntaxError) as error:  # PIL: unidentified or truncated image
             raise ValueError(f"{path}: not a readable PNG ({error})") from None
         expected = shape or (images[0].shape[:2] if images else array.shape[:2])
@@ -95,6 +95,17 @@ def read_outputs(directory: str | Path, keys: list[str], shape: tuple[int, int] 
             )
         images.append(array)
     return np.stack(images)
+
+
+def _opaque_rgb(image: Image.Image, path: Path) -> np.ndarray:
+    """The image as RGB, refused when any pixel is transparent: alpha would be dropped silently and a
+    half-empty output judged on what lies under it. (A one-colour output is judged, and fails.)"""
+    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+        alpha = np.asarray(image.convert("RGBA"))[..., 3]
+        if (alpha < 255).any():
+            share = float((alpha < 255).mean())
+            raise ValueError(f"{path}: {share:.0%} of its pixels are transparent; the gate judges opaque RGB outputs")
+    return np.asarray(image.convert("RGB"))
 
 
 def save_grid(
