@@ -301,6 +301,7 @@ def _apply(
     by_id: dict,
     clock: float,
     tally: _Tally,
+    record: list | None = None,
 ) -> bool:
     """Start the placements (preempting what they evict first); True when any job was preempted."""
     evicted = False
@@ -311,6 +312,8 @@ def _apply(
             tally.preempted_at[victim] = clock
         request, job = pending.pop(placement.job_id), by_id[placement.job_id]
         _start(placement, request, running, gpus, clock, job.measured == "shared")
+        if record is not None:
+            record.append((clock, placement.job_id, placement.gpus, placement.evicts))
         if placement.job_id in tally.preempted_at:
             tally.requeue_waits.append(clock - tally.preempted_at.pop(placement.job_id))
             continue
@@ -346,9 +349,22 @@ def _ongoing(running: dict[str, dict]) -> list[RunningJob]:
 
 
 def simulate(
-    trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape", config: PolicyConfig = PolicyConfig()
+    trace: list[TraceJob],
+    fleet: list[GpuState],
+    policy: str = "drape",
+    config: PolicyConfig = PolicyConfig(),
+    reference: bool = False,
+    record: list | None = None,
 ) -> SimResult:
-    """Replay `trace` on `fleet` under `policy`; see the module docstring for the model."""
+    """Replay `trace` on `fleet` under `policy`; see the module docstring for the model. The drape
+    policy runs as a `Planner` in the incremental replay (`scheduler/replay.py`); `reference`: as
+    `plan_drape` in this module's loop, which recomputes everything at every event (the harness
+    and planner the incremental ones are checked against). `record`: appended (time, job, GPUs,
+    evicted jobs) for every placement started."""
+    if policy == "drape" and not reference:
+        from scheduler.replay import replay
+
+        return replay(trace, fleet, config, record)
     plan = get_policy(policy)
     _check_fits(trace, fleet)
     gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet}
@@ -384,6 +400,6 @@ def simulate(
         # 3. the live policy places what it can; preempted jobs are planned again at once
         for _ in range(4):
             placements = plan(list(pending.values()), list(gpus.values()), _ongoing(running), clock, config)
-            if not _apply(placements, pending, running, gpus, by_id, clock, tally):
+            if not _apply(placements, pending, running, gpus, by_id, clock, tally, record):
                 break
     return _result(policy, trace, gpus, busy, allocated, finish_last, tally)
