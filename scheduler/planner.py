@@ -31,6 +31,7 @@ from collections.abc import Iterator
 
 from sortedcontainers import SortedList
 
+from scheduler.clearing import Clearing
 from scheduler.fragmentation import widths_of_shapes
 from scheduler.pool import Pool
 from scheduler.preemption import Preemptor, spread
@@ -59,6 +60,7 @@ class Planner:
         self.started = 0
         self.number: dict[str, int] = {}
         self.shapes: Counter[tuple[int, float]] = Counter()  # (GPUs, GiB) of waiting and running jobs
+        self.clearing = Clearing(self)  # when each node clears: multi-GPU jobs' reservations
 
     # -- what changes ----------------------------------------------------------------------------
 
@@ -107,6 +109,7 @@ class Planner:
         self.number[job.id], self.started = self.started, self.started + 1
         self.by_end.add((expected_end, self.number[job.id], job.id))
         self.shapes[(len(job.gpus), job.mem_gib)] += 1
+        self._refresh(job)
         return job
 
     def finish(self, job_id: str) -> RunningJob:
@@ -129,7 +132,12 @@ class Planner:
                 self.pool.ends.pop(uuid, None)
         self.by_end.remove((job.expected_end_s, self.number.pop(job_id), job_id))
         self._count((len(job.gpus), job.mem_gib), -1)
+        self._refresh(job)
         return job
+
+    def _refresh(self, job: RunningJob) -> None:
+        for node in {self.gpus[uuid].node for uuid in job.gpus}:
+            self.clearing.refresh(node)
 
     def _key(self, job: JobRequest) -> tuple[float, float, str]:
         return (-static_priority(job, self.config), job.submit_s, job.id)
@@ -180,10 +188,12 @@ class Planner:
                         continue
                 if not config.backfill:
                     break
-                if reservation is None:
-                    reservation = reserve_walk(job, pool.gpus, self.nodes, self._ending(placements, now), now, config)
-                    if reservation is None:
-                        reservation = _NOWHERE
+                if reservation is None:  # the first job that cannot start: once a pass, as `plan_drape`
+                    if job.gpus > 1:
+                        found = self.clearing.reserve(job, placements, now)
+                    else:
+                        found = reserve_walk(job, pool.gpus, self.nodes, self._ending(placements, now), now, config)
+                    reservation = found or _NOWHERE
                 continue
             if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
                 off = (*shape, "off")
