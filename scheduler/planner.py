@@ -37,6 +37,7 @@ from scheduler.pool import Pool
 from scheduler.preemption import Preemptor, spread
 from scheduler.reservation import Reservation, reserve_walk
 from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, static_priority
+from scheduler.victims import Victims
 
 
 class Planner:
@@ -61,6 +62,7 @@ class Planner:
         self.number: dict[str, int] = {}
         self.shapes: Counter[tuple[int, float]] = Counter()  # (GPUs, GiB) of waiting and running jobs
         self.clearing = Clearing(self)  # when each node clears: multi-GPU jobs' reservations
+        self.victims = Victims(self)  # where a starving multi-GPU job may preempt
 
     # -- what changes ----------------------------------------------------------------------------
 
@@ -138,6 +140,7 @@ class Planner:
     def _refresh(self, job: RunningJob) -> None:
         for node in {self.gpus[uuid].node for uuid in job.gpus}:
             self.clearing.refresh(node)
+            self.victims.refresh(node)
 
     def _key(self, job: JobRequest) -> tuple[float, float, str]:
         return (-static_priority(job, self.config), job.submit_s, job.id)
@@ -167,7 +170,7 @@ class Planner:
         reservation: Reservation | None = None
         patience = config.preempt_after_s
         starving = patience is not None and bool(self.gang_submits) and now - self.gang_submits[0][0] >= patience
-        preemptor = Preemptor([], config, on_gpu=self.on_gpu) if starving else None
+        preemptor = Preemptor([], config, on_gpu=self.on_gpu, victims=self.victims) if starving else None
         dead: set[tuple] = set()  # shapes (and shapes off the reservation) that found nothing this pass
         for *_, job_id in self.order:
             job = self.pending[job_id]
