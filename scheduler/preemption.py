@@ -170,6 +170,7 @@ class Preemptor:
         self.hopeless.add(shape)
         return None
 
+
 def spread(
     pool: Pool, running: list[RunningJob], now: float, config: PolicyConfig, exclude: frozenset[str] = frozenset()
 ) -> list[Placement]:

@@ -200,14 +200,6 @@ def _release(record: dict, gpus: dict[str, GpuState]) -> None:
         gpu.allocated_gib = gpu.allocated_gib - record["mem"] if gpu.jobs else 0.0
 
 
-def _release_finished(running: dict[str, dict], gpus: dict[str, GpuState]) -> list[str]:
-    """Free the GPUs of the jobs that are done; their ids."""
-    done = [jid for jid, r in running.items() if r["remaining"] <= 1e-6]
-    for jid in done:
-        _release(running.pop(jid), gpus)
-    return done
-
-
 def _start(
     placement: Placement, request: JobRequest, running: dict[str, dict], gpus: dict[str, GpuState], clock: float, shared: bool
 ) -> None:
@@ -301,7 +293,7 @@ def _apply(
     by_id: dict,
     clock: float,
     tally: _Tally,
-    record: list | None = None,
+    record: list | None = None,  # (time, job, GPUs, evicted jobs) of each start
 ) -> bool:
     """Start the placements (preempting what they evict first); True when any job was preempted."""
     evicted = False
@@ -356,11 +348,9 @@ def simulate(
     reference: bool = False,
     record: list | None = None,
 ) -> SimResult:
-    """Replay `trace` on `fleet` under `policy`; see the module docstring for the model. The drape
-    policy runs as a `Planner` in the incremental replay (`scheduler/replay.py`); `reference`: as
-    `plan_drape` in this module's loop, which recomputes everything at every event (the harness
-    and planner the incremental ones are checked against). `record`: appended (time, job, GPUs,
-    evicted jobs) for every placement started."""
+    """Replay `trace` on `fleet` under `policy` (the module docstring has the model): drape as a
+    `Planner` in `scheduler/replay.py`, or (`reference`) as `plan_drape` in this loop, which
+    recomputes everything at every event. `record` gets (time, job, GPUs, evicted) per start."""
     if policy == "drape" and not reference:
         from scheduler.replay import replay
 
@@ -391,7 +381,8 @@ def simulate(
             r["remaining"] -= rates[jid] * elapsed
         clock = upcoming
         # 2. finished jobs free their GPUs; arrivals join the queue
-        for jid in _release_finished(running, gpus):
+        for jid in [jid for jid, r in running.items() if r["remaining"] <= 1e-6]:
+            _release(running.pop(jid), gpus)
             tally.finished(by_id[jid], clock)
             finish_last = clock
         while arrival < len(trace) and trace[arrival].submit_s <= clock:
