@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
@@ -53,6 +54,7 @@ class Planner:
             self.nodes.setdefault(gpu.node, []).append(gpu.uuid)
         self.pending: dict[str, JobRequest] = {}
         self.order = SortedList()  # (−static priority, submit, id): the policy's order at any now
+        self.queues: dict[tuple, SortedList] = {}  # the same, per job shape (gang jobs: per priority too)
         self.gang_submits = SortedList()  # (submit, id) of waiting multi-GPU jobs
         self.running: dict[str, RunningJob] = {}
         self.alone: dict[str, tuple[float, bool]] = {}  # job → (declared share, runs alone)
@@ -71,6 +73,7 @@ class Planner:
             raise ValueError(f"job {job.id!r} is already queued or running")
         self.pending[job.id] = job
         self.order.add(self._key(job))
+        self.queues.setdefault(_shape(job), SortedList()).add(self._key(job))
         if job.gpus > 1:
             self.gang_submits.add((job.submit_s, job.id))
         self.shapes[(job.gpus, job.mem_gib)] += 1
@@ -78,6 +81,10 @@ class Planner:
     def withdraw(self, job_id: str) -> JobRequest:
         job = self.pending.pop(job_id)
         self.order.remove(self._key(job))
+        queue = self.queues[_shape(job)]
+        queue.remove(self._key(job))
+        if not queue:
+            del self.queues[_shape(job)]
         if job.gpus > 1:
             self.gang_submits.remove((job.submit_s, job.id))
         self._count((job.gpus, job.mem_gib), -1)
@@ -137,6 +144,18 @@ class Planner:
         self._refresh(job)
         return job
 
+    def observe(self, uuid: str, used_gib: float | None, util: float | None) -> None:
+        """DCGM's latest reading of GPU `uuid` (framebuffer used, utilization %; None: unknown):
+        a live dispatcher's fleet view each cycle, changing only the GPUs whose reading moved."""
+        gpu = self.gpus[uuid]
+        if (gpu.observed_used_gib, gpu.observed_util) == (used_gib, util):
+            return
+        self.pool.detach(uuid)
+        gpu.observed_used_gib, gpu.observed_util = used_gib, util
+        self.pool.attach(uuid)
+        self.clearing.refresh(gpu.node)
+        self.victims.refresh(gpu.node)
+
     def _refresh(self, job: RunningJob) -> None:
         for node in {self.gpus[uuid].node for uuid in job.gpus}:
             self.clearing.refresh(node)
@@ -165,48 +184,66 @@ class Planner:
             pool.rollback()
 
     def _place(self, now: float) -> tuple[list[Placement], Reservation | None]:
-        pool, config = self.pool, self.config
-        placements: list[Placement] = []
-        reservation: Reservation | None = None
-        patience = config.preempt_after_s
+        """`plan_drape`'s loop over the waiting jobs in order, one queue per shape merged by key: a
+        shape whose job found nothing is left (its later jobs would find nothing either), so a
+        pass looks at the jobs it places and one more per shape, not at the whole queue."""
+        patience = self.config.preempt_after_s
         starving = patience is not None and bool(self.gang_submits) and now - self.gang_submits[0][0] >= patience
-        preemptor = Preemptor([], config, on_gpu=self.on_gpu, victims=self.victims) if starving else None
-        dead: set[tuple] = set()  # shapes (and shapes off the reservation) that found nothing this pass
-        for *_, job_id in self.order:
-            job = self.pending[job_id]
-            if not pool.idle and not pool.shared:
-                if preemptor is None:
-                    break  # nothing can start until something ends
-                if job.gpus == 1:
-                    continue  # only a starving multi-GPU job can start, by preempting
-            shape = (job.gpus, job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node)
-            choice = None if shape in dead else pool.best_fit(job)
+        step = _Pass(now, Preemptor([], self.config, on_gpu=self.on_gpu, victims=self.victims) if starving else None)
+        heap = [(queue[0], shape, 0) for shape, queue in self.queues.items()]
+        heapq.heapify(heap)
+        while heap:
+            key, shape, position = heap[0]
+            action = self._decide(self.pending[key[-1]], step)
+            if action == _STOP:
+                break
+            queue = self.queues[shape]
+            if action == _NEXT and position + 1 < len(queue):
+                heapq.heapreplace(heap, (queue[position + 1], shape, position + 1))
+            else:
+                heapq.heappop(heap)
+        return step.placements, (None if step.reservation is _NOWHERE else step.reservation)
+
+    def _decide(self, job: JobRequest, step: _Pass) -> int:
+        """One job of the pass, as `plan_drape`'s loop body: place it (or not); what to do next."""
+        pool, config, now = self.pool, self.config, step.now
+        if not pool.idle and not pool.shared:
+            if step.preemptor is None:
+                return _STOP  # nothing can start until something ends
+            if job.gpus == 1:
+                return _DROP  # only a starving multi-GPU job can start, by preempting
+        shape = (job.gpus, job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node)
+        choice = None if shape in step.dead else pool.best_fit(job)
+        if choice is None:
+            step.dead.add(shape)
+            starving = step.preemptor is not None and job.gpus > 1 and now - job.submit_s >= (config.preempt_after_s or 0.0)
+            if starving and (taken := step.preemptor.choose(job, pool)):  # type: ignore[union-attr]
+                pool.empty(taken[0])
+                pool.take(taken[0], job)
+                step.placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
+                return _NEXT
+            if not config.backfill:
+                return _STOP
+            if step.reservation is None:  # the first job that cannot start: once a pass, as `plan_drape`
+                if job.gpus > 1:
+                    found = self.clearing.reserve(job, step.placements, now)
+                else:
+                    found = reserve_walk(job, pool.gpus, self.nodes, self._ending(step.placements, now), now, config)
+                step.reservation = found or _NOWHERE
+            # the shape's later jobs find nothing either; of a gang shape (one priority, by submit)
+            # only those waiting as long may still preempt, while its preemption is not hopeless
+            hopeless = step.preemptor is None or (job.gpus, job.mem_gib, job.models, job.priority) in step.preemptor.hopeless
+            return _DROP if not starving or hopeless else _NEXT
+        reservation = step.reservation
+        if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
+            off = (*shape, "off")
+            choice = None if off in step.dead else pool.best_fit(job, exclude=reservation.gpus)
             if choice is None:
-                dead.add(shape)
-                if preemptor is not None and job.gpus > 1 and now - job.submit_s >= (patience or 0.0):
-                    if taken := preemptor.choose(job, pool):
-                        pool.empty(taken[0])
-                        pool.take(taken[0], job)
-                        placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
-                        continue
-                if not config.backfill:
-                    break
-                if reservation is None:  # the first job that cannot start: once a pass, as `plan_drape`
-                    if job.gpus > 1:
-                        found = self.clearing.reserve(job, placements, now)
-                    else:
-                        found = reserve_walk(job, pool.gpus, self.nodes, self._ending(placements, now), now, config)
-                    reservation = found or _NOWHERE
-                continue
-            if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
-                off = (*shape, "off")
-                choice = None if off in dead else pool.best_fit(job, exclude=reservation.gpus)
-                if choice is None:
-                    dead.add(off)
-                    continue
-            pool.take(choice, job)
-            placements.append(Placement(job.id, choice, job.mem_gib))
-        return placements, (None if reservation is _NOWHERE else reservation)
+                step.dead.add(off)
+                return _NEXT
+        pool.take(choice, job)
+        step.placements.append(Placement(job.id, choice, job.mem_gib))
+        return _NEXT
 
     def _ending(self, placements: list[Placement], now: float) -> Iterator[RunningJob]:
         """The running jobs and this pass's placements by expected end (ties: the order they started)."""
@@ -230,4 +267,21 @@ class Planner:
         return []
 
 
+def _shape(job: JobRequest) -> tuple:
+    """What decides where a job fits (a gang job's priority too: whether it may preempt)."""
+    return (job.gpus, job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node, job.priority if job.gpus > 1 else None)
+
+
 _NOWHERE = Reservation(float("inf"), frozenset())  # a head that fits nowhere, as things stand
+_NEXT, _DROP, _STOP = 0, 1, 2  # after a job: its shape's next job, none of its shape, no job at all
+
+
+@dataclass
+class _Pass:
+    """What one planning pass has decided so far."""
+
+    now: float
+    preemptor: Preemptor | None
+    placements: list[Placement] = field(default_factory=list)
+    reservation: Reservation | None = None
+    dead: set[tuple] = field(default_factory=set)  # shapes (and shapes off the reservation) that found nothing

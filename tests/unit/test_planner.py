@@ -188,3 +188,12 @@ def test_a_job_queued_twice_is_refused_and_the_order_needs_no_sort():
         assert [j.id for j in by_effective] == keys
     assert isinstance(planner.withdraw("j03"), JobRequest) and "j03" not in [key[-1] for key in planner.order]
     assert Placement("x", ("h00/gpu0",), 1.0) != Placement("x", ("h00/gpu1",), 1.0)
+
+
+def test_a_dcgm_reading_moves_a_gpu_in_the_indexes_as_plan_drape_sees_it():
+    planner, gpus = _planner_with_jobs()
+    planner.observe("h00/gpu0", 30.0, 80.0)  # memory in use nobody queued: not idle, less free
+    planner.observe("l00/gpu3", 0.5, 1.0)  # quiet: still idle
+    assert ("h00/gpu0" not in {u for _, u in planner.pool.idle}) and ("l00/gpu3" in {u for _, u in planner.pool.idle})
+    expected = plan_drape(list(planner.pending.values()), [GpuState(**vars(g)) for g in gpus], [], 50.0)
+    assert planner.plan(50.0) == expected and all("h00/gpu0" not in p.gpus or p.mem_gib <= 50.0 for p in expected)
