@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.scheduler import GANG_MIX, WEEK_S, gang_week  # noqa: E402
 from scheduler import baselines, planner  # noqa: E402
-from scheduler.policy import GpuState, PolicyConfig  # noqa: E402
+from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, plan_drape  # noqa: E402
 from scheduler.simulator import TraceJob, simulate  # noqa: E402
 
 SIZES = (64, 1_000, 6_000, 25_000, 100_000)
@@ -135,6 +135,77 @@ def measure(gpus: int, hours: float, reference: bool, cap: float) -> dict | None
         process.join()
 
 
+def busy_fleet(gpus: int, queued: int, rng: random.Random) -> tuple[list[GpuState], list[RunningJob], list[JobRequest]]:
+    """A busy fleet (as benchmarks/scheduler.py's `big_state`: most GPUs hold one or two jobs) with
+    `queued` jobs waiting, one in 200 an 8-GPU job."""
+    gpu_list, running = fleet(gpus), []
+    for gpu in gpu_list:
+        if rng.random() < 0.85:
+            for _ in range(rng.choice((1, 1, 2))):
+                mem = rng.uniform(10, 35)
+                running.append(RunningJob(f"r{len(running):07d}", (gpu.uuid,), mem, rng.uniform(0, 20000), 3, True))
+    pending = [
+        JobRequest(
+            f"q{i:06d}",
+            rng.randint(1, 6),
+            rng.uniform(-3600, 0),
+            8 if i % 200 == 0 else 1,
+            rng.choice((10.0, 12.0, 24.0, 36.0, 75.0)),
+            rng.uniform(300, 20000),
+        )
+        for i in range(queued)
+    ]
+    return gpu_list, running, pending
+
+
+def _state(gpu_list: list[GpuState], running: list[RunningJob]) -> list[GpuState]:
+    """Fresh copies of `gpu_list` holding `running` (single-GPU, shareable jobs)."""
+    state = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in gpu_list}
+    for job in running:
+        for uuid in job.gpus:
+            gpu = state[uuid]
+            gpu.jobs, gpu.allocated_gib, gpu.shares = gpu.jobs + 1, gpu.allocated_gib + job.mem_gib, gpu.shares + 1.0
+            gpu.exclusive = gpu.exclusive or len(job.gpus) > 1
+    return list(state.values())
+
+
+def queue_depth(gpus: int, queued: int, repeats: int = 3) -> dict[str, float]:
+    """Seconds of a planning pass with `queued` jobs waiting on a busy fleet of `gpus`, `plan_drape`
+    and the `Planner` (its state built beforehand, as a live one keeps it), medians: the first pass
+    (it places what fits), and the next once those started (the fleet full, the rest waiting)."""
+    gpu_list, running, pending = busy_fleet(gpus, queued, random.Random(2))
+    kept = planner.Planner(_state(gpu_list, []))
+    for job in running:
+        kept.submit(JobRequest(job.id, 3, -1.0, 1, job.mem_gib, job.expected_end_s))
+        kept.start(Placement(job.id, job.gpus, job.mem_gib), 0.0)
+    for job in pending:
+        kept.submit(job)
+    figures: dict[str, float] = {}
+    for name in ("first", "next"):
+        state = _state(gpu_list, running)
+        figures[f"{name} before"] = _median(lambda p=pending, s=state: plan_drape(p, s, running, 0.0), repeats)
+        figures[f"{name} after"] = _median(lambda: kept.plan(0.0), repeats)
+        placed = kept.plan(0.0)
+        assert placed == plan_drape(pending, state, running, 0.0)  # the same decisions
+        figures[f"{name} placed"] = len(placed)
+        durations = {job.id: job for job in pending}
+        for placement in placed:
+            kept.start(placement, 0.0)
+            job = durations[placement.job_id]
+            running.append(RunningJob(job.id, placement.gpus, job.mem_gib, job.duration_s, job.priority, job.gpus == 1))
+        pending = [job for job in pending if job.id not in {p.job_id for p in placed}]
+    return figures
+
+
+def _median(function, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def _cell(row: dict | None, key: str, fmt: str) -> str:
     return format(row[key], fmt) if row else "-"
 
@@ -146,7 +217,24 @@ def main() -> None:
     parser.add_argument("--cap", type=float, default=900.0, help="seconds before the planner's replay is stopped")
     parser.add_argument("--before-cap", type=float, default=300.0, help="seconds before the reference's replay is stopped")
     parser.add_argument("--before-up-to", type=int, default=6_000, help="run the reference only on fleets up to this size")
+    parser.add_argument("--queued", default="1000,10000,100000", help="queue depths for one planning pass ('': none)")
+    parser.add_argument("--queue-fleet", type=int, default=6_000, help="the busy fleet those passes plan on (GPUs)")
     args = parser.parse_args()
+    if args.queued:
+        print(f"## A planning pass on a busy fleet of {args.queue_fleet:,} GPUs (medians of 3; the same placements)\n")
+        print(
+            "| queued jobs | first pass: plan_drape s | Planner s | × | placed | next pass (fleet full): plan_drape s "
+            "| Planner s | × | placed |\n|---|---|---|---|---|---|---|---|---|"
+        )
+        for queued in (int(depth) for depth in args.queued.split(",")):
+            f = queue_depth(args.queue_fleet, queued)
+            print(
+                f"| {queued:,} | {f['first before']:.3f} | {f['first after']:.4f} | {f['first before'] / f['first after']:.0f}× "
+                f"| {f['first placed']:.0f} | {f['next before']:.3f} | {f['next after']:.4f} "
+                f"| {f['next before'] / f['next after']:.0f}× | {f['next placed']:.0f} |",
+                flush=True,
+            )
+        print()
     print(
         f"## The drape policy at fleet scale: gang week at load 0.85, the first {args.hours:g} h of arrivals "
         f"(replays capped at {args.before_cap:.0f} s before, {args.cap:.0f} s after; '-': not run or past the cap)\n"
@@ -156,7 +244,7 @@ def main() -> None:
         "| peak MiB before | after | utilization before | after | starved before | after | replay s before | after |"
     )
     print("|" + "---|" * 18)
-    for gpus in (int(size) for size in args.sizes.split(",")):
+    for gpus in (int(size) for size in args.sizes.split(",") if size):
         after = measure(gpus, args.hours, False, args.cap)
         before = measure(gpus, args.hours, True, args.before_cap) if gpus <= args.before_up_to else None
         ratio = f"{after['per_s'] / before['per_s']:.0f}×" if before and after else "-"

@@ -213,6 +213,9 @@ class Planner:
             if job.gpus == 1:
                 return _DROP  # only a starving multi-GPU job can start, by preempting
         shape = (job.gpus, job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node)
+        held = step.held.get(shape)
+        if held is not None and held == pool.changes and now + job.duration_s > step.reservation.time_s:  # type: ignore[union-attr]
+            return _NEXT  # as the last job of its shape: its GPUs are reserved, none off them, nothing changed since
         choice = None if shape in step.dead else pool.best_fit(job)
         if choice is None:
             step.dead.add(shape)
@@ -240,6 +243,7 @@ class Planner:
             choice = None if off in step.dead else pool.best_fit(job, exclude=reservation.gpus)
             if choice is None:
                 step.dead.add(off)
+                step.held[shape] = pool.changes
                 return _NEXT
         pool.take(choice, job)
         step.placements.append(Placement(job.id, choice, job.mem_gib))
@@ -285,3 +289,4 @@ class _Pass:
     placements: list[Placement] = field(default_factory=list)
     reservation: Reservation | None = None
     dead: set[tuple] = field(default_factory=set)  # shapes (and shapes off the reservation) that found nothing
+    held: dict[tuple, int] = field(default_factory=dict)  # shapes that fit only on reserved GPUs, as of pool change n

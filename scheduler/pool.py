@@ -44,6 +44,7 @@ class Pool:
     no_room: float = float("inf")  # no shared GPU takes a job of this many GiB or more (a cache)
     crowded: set[str] = field(default_factory=set)  # GPUs with 2+ jobs whose declared shares pass 1
     journal: dict[str, tuple] | None = None  # uuid → its fields and end before this pass changed them
+    changes: int = 0  # GPUs changed so far (a lookup made at the same count finds the same)
 
     def __post_init__(self):
         kinds: dict[str, set[Kind]] = {}
@@ -129,6 +130,7 @@ class Pool:
         """Take GPU `uuid` out of the indexes before its state changes (then `attach` it)."""
         self._save(uuid)
         self._unindex(self.gpus[uuid])
+        self.changes += 1
         return self.gpus[uuid]
 
     def attach(self, uuid: str) -> None:
