@@ -87,8 +87,12 @@ class Clearing:
         pool = planner.pool
         touched = {pool.gpus[uuid].node for uuid in pool.journal or {}} | set(pool.mixed)
         best: tuple[Key, float, tuple[str, ...]] | None = None
+        placed: dict[str, list[tuple[int, Placement]]] = {}  # node → this pass's placements on it
+        for i, p in enumerate(placements):
+            for node in {pool.gpus[uuid].node for uuid in p.gpus}:
+                placed.setdefault(node, []).append((i, p))
         for node in touched:
-            found = _node_walk(planner, node, head, placements, now)
+            found = _node_walk(planner, node, head, placed.get(node, []), now)
             if found is not None and (best is None or found[0] < best[0]):
                 best = found
         for kind in self.kinds:
@@ -96,7 +100,7 @@ class Clearing:
                 continue
             first = self._first(kind, head.gpus, touched)
             if first is not None and (best is None or first[0] < best[0]):
-                found = _node_walk(planner, first[1], head, placements, now)
+                found = _node_walk(planner, first[1], head, placed.get(first[1], []), now)
                 if found is None or found[0] != first[0]:  # the index does not tell this fleet: walk it all
                     self.walked += 1
                     return reserve_walk(head, pool.gpus, planner.nodes, planner._ending(placements, now), now, planner.config)
@@ -114,15 +118,16 @@ def _trigger(clears: tuple[list[Key], Key], width: int) -> Key:
 
 
 def _node_walk(
-    planner: Planner, node: str, head: JobRequest, placements: list[Placement], now: float
+    planner: Planner, node: str, head: JobRequest, placed: list[tuple[int, Placement]], now: float
 ) -> tuple[Key, float, tuple[str, ...]] | None:
-    """The walk of `reserve_walk` over one node's jobs (running, and this pass's placements)."""
+    """The walk of `reserve_walk` over one node's jobs: running, and this pass's placements on it
+    (`placed`: each with its number in the pass)."""
     uuids = set(planner.nodes[node])
     jobs: dict[str, tuple[Key, RunningJob]] = {}
     for uuid in uuids:
         for job in planner.on_gpu.get(uuid, ()):
             jobs[job.id] = ((job.expected_end_s, planner.number[job.id]), job)
-    for i, p in enumerate(placements):
+    for i, p in placed:
         if uuids.intersection(p.gpus):
             end = now + planner.pending[p.job_id].duration_s
             jobs[p.job_id] = ((end, planner.started + i), RunningJob(p.job_id, p.gpus, p.mem_gib, end))
