@@ -190,16 +190,19 @@ class Planner:
         patience = self.config.preempt_after_s
         starving = patience is not None and bool(self.gang_submits) and now - self.gang_submits[0][0] >= patience
         step = _Pass(now, Preemptor([], self.config, on_gpu=self.on_gpu, victims=self.victims) if starving else None)
-        heap = [(queue[0], shape, 0) for shape, queue in self.queues.items()]
+        heap = []
+        for shape, queue in self.queues.items():
+            jobs = iter(queue)
+            heap.append((next(jobs), shape, jobs))
         heapq.heapify(heap)
         while heap:
-            key, shape, position = heap[0]
+            key, shape, jobs = heap[0]
             action = self._decide(self.pending[key[-1]], step)
             if action == _STOP:
                 break
-            queue = self.queues[shape]
-            if action == _NEXT and position + 1 < len(queue):
-                heapq.heapreplace(heap, (queue[position + 1], shape, position + 1))
+            following = next(jobs, None) if action == _NEXT else None
+            if following is not None:
+                heapq.heapreplace(heap, (following, shape, jobs))
             else:
                 heapq.heappop(heap)
         return step.placements, (None if step.reservation is _NOWHERE else step.reservation)
