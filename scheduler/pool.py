@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from scheduler.fragmentation import Widths
-from scheduler.state import GpuState, JobRequest, PolicyConfig, allowed
+from scheduler.state import COLOCATION_WINDOW, GpuState, JobRequest, PolicyConfig, allowed
 
 Kind = tuple[str, float]  # (GPU model, total GiB)
 _MISSING = object()
@@ -240,8 +240,6 @@ class Pool:
         """The GPU `job` shares, of the `COLOCATION_WINDOW` tightest memory fits: the fewest jobs on
         it, then the soonest its jobs are expected to end (a long job is not slowed for days beside
         another long one), then the tightest. A bounded look: one cycle plans thousands of jobs."""
-        from scheduler.state import COLOCATION_WINDOW
-
         if job.mem_gib >= self.no_room:
             return None
         window: list[tuple[int, float, str]] = []
