@@ -63,7 +63,11 @@ class Widths:
 
 def widths_by_size(jobs: Iterable[tuple[int, float]], sizes: Iterable[float], most: int) -> dict[float, Widths]:
     """`Widths` per GPU size (GiB) from (GPUs, GiB per GPU) of each job; `most`: the widest node's GPUs."""
-    shapes = Counter(jobs)
+    return widths_of_shapes(Counter(jobs), sizes, most)
+
+
+def widths_of_shapes(shapes: Counter[tuple[int, float]], sizes: Iterable[float], most: int) -> dict[float, Widths]:
+    """`widths_by_size` from the jobs counted by shape (GPUs, GiB per GPU), as a planner keeps them."""
     result = {}
     for size in set(sizes):
         counts: Counter[int] = Counter()

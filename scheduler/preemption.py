@@ -31,11 +31,15 @@ week (mean 253 against 199 min).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import heapq
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # the policy module imports this one
-    from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, _Pool
+from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob
+
+if TYPE_CHECKING:  # the pool module imports nothing of this one; kept apart for readers
+    from scheduler.pool import Pool
+    from scheduler.victims import Victims
 
 
 def preemptible(job: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
@@ -45,22 +49,36 @@ def preemptible(job: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
 class Preemptor:
     """The running jobs by GPU for one planning pass; `choose` finds a node to preempt for a job."""
 
-    def __init__(self, running: list[RunningJob], config: PolicyConfig):
-        self.config = config
+    def __init__(
+        self,
+        running: list[RunningJob],
+        config: PolicyConfig,
+        on_gpu: dict[str, list[RunningJob]] | None = None,
+        victims: Victims | None = None,
+    ):
+        """`on_gpu`: the running jobs by GPU, when the caller keeps them (it is read, never changed);
+        `victims`: its index of the nodes to preempt on (`scheduler/victims.py`), kept with them."""
+        self.config, self.victims = config, victims
         self.hopeless: set[tuple] = set()
-        self.on_gpu: dict[str, list[RunningJob]] = {}
-        for job in running:
-            for uuid in job.gpus:
-                self.on_gpu.setdefault(uuid, []).append(job)
+        self.taken: set[str] = set()  # GPUs this pass gave a job by preempting: nothing on them may move
+        if on_gpu is None:
+            on_gpu = {}
+            for job in running:
+                for uuid in job.gpus:
+                    on_gpu.setdefault(uuid, []).append(job)
+        self.on_gpu = on_gpu
+
+    def occupants(self, uuid: str) -> list[RunningJob]:
+        return [] if uuid in self.taken else self.on_gpu.get(uuid, [])
 
     def _candidates(
-        self, job: JobRequest, gpus: dict[str, GpuState], fits: Callable[[JobRequest, str], bool]
+        self, job: JobRequest, gpus: Iterable[GpuState], fits: Callable[[JobRequest, str], bool]
     ) -> dict[str, list[tuple[int, float, str]]]:
         by_node: dict[str, list[tuple[int, float, str]]] = {}
-        for gpu in gpus.values():
+        for gpu in gpus:
             if gpu.total_gib < job.mem_gib or not fits(job, gpu.uuid):
                 continue
-            occupants = self.on_gpu.get(gpu.uuid, [])
+            occupants = self.occupants(gpu.uuid)
             if gpu.jobs != len(occupants):  # taken in this pass, or holds a job the ledger does not list
                 continue
             if gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + self.config.idle_mem_gib:
@@ -69,11 +87,9 @@ class Preemptor:
                 by_node.setdefault(gpu.node, []).append((len(occupants), gpu.allocated_gib, gpu.uuid))
         return by_node
 
-    def _rehome(self, victims: list[RunningJob], pool: _Pool, node: str) -> bool:
+    def _rehome(self, victims: list[RunningJob], pool: Pool, node: str) -> bool:
         """Whether every victim can start again at once off `node`: on an idle GPU, else (when
         `preempt_colocate`) beside other jobs where memory allows, so nothing preempted waits."""
-        from scheduler.policy import JobRequest  # at call time: the policy module imports this one
-
         room = {uuid: pool.gpus[uuid].total_gib for _, uuid in pool.idle}
         if self.config.preempt_colocate:
             room.update((uuid, free) for free, uuid in pool.shared)
@@ -90,31 +106,73 @@ class Preemptor:
             room[home] = free - victim.mem_gib if self.config.preempt_colocate else -1.0
         return True
 
-    def choose(self, job: JobRequest, pool: _Pool) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    def _rehome_idle(self, victims: list[RunningJob], pool: Pool, node: str) -> bool:
+        """`_rehome` without co-location, from the idle index: each victim, largest first, on the
+        smallest idle GPU off `node` it may run on that no other victim took."""
+        used: set[str] = set()
+        for victim in sorted(victims, key=lambda v: -v.mem_gib):
+            probe = JobRequest(victim.id, victim.priority, 0.0, 1, victim.mem_gib, 0.0, victim.models)
+            home = next(
+                (
+                    uuid
+                    for _, uuid in pool.idle.irange((victim.mem_gib, ""))
+                    if uuid not in used and pool.gpus[uuid].node != node and pool.fits_any(probe, uuid)
+                ),
+                None,
+            )
+            if home is None:
+                return False
+            used.add(home)
+        return True
+
+    def _options(self, job: JobRequest, pool: Pool) -> Iterator[tuple[tuple[int, float, str], list[tuple[int, float, str]]]]:
+        """(cost, chosen GPUs) of every node `job` could take by preempting, cheapest first: all
+        GPUs looked at, or (with `victims`) the nodes this pass changed and the index's others."""
+        if self.victims is None:
+            gpus: Iterable[GpuState] = pool.gpus.values()
+        else:
+            changed = {pool.gpus[uuid].node for uuid in pool.journal or {}} | set(pool.mixed)
+            gpus = [pool.gpus[uuid] for node in changed for uuid in self.victims.planner.nodes[node]]
+        options = []
+        for node, found in self._candidates(job, gpus, pool.fits_any).items():
+            if len(found) >= job.gpus:
+                chosen = sorted(found)[: job.gpus]
+                options.append(((sum(c[0] for c in chosen), sum(c[1] for c in chosen), node), chosen))
+        if self.victims is None:
+            yield from sorted(options)
+            return
+        nodes = self.victims.planner.nodes
+        for key, chosen in heapq.merge(sorted(options), ((o, []) for o in self.victims.options(job, changed))):
+            if not chosen:  # from the index: the node as the pass sees it (unchanged by the pass)
+                found = self._candidates(job, (pool.gpus[uuid] for uuid in nodes[key[2]]), pool.fits_any).get(key[2], [])
+                chosen = sorted(found)[: job.gpus]
+            yield key, chosen
+
+    def choose(self, job: JobRequest, pool: Pool) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """(GPUs for `job`, jobs to preempt) on the cheapest node whose jobs can move, or None.
         A shape that found nothing finds nothing later in the pass (placements only take room)."""
         shape = (job.gpus, job.mem_gib, job.models, job.priority)
         if shape in self.hopeless or (not pool.idle and not self.config.preempt_colocate):
             return None  # with no idle GPU, no preempted job could restart at once
-        options = []
-        for node, found in self._candidates(job, pool.gpus, pool.fits_any).items():
-            if len(found) >= job.gpus:
-                chosen = sorted(found)[: job.gpus]
-                options.append(((sum(c[0] for c in chosen), sum(c[1] for c in chosen), node), chosen))
-        for (_, _, node), chosen in sorted(options):
-            victims = {o.id: o for _, _, uuid in chosen for o in self.on_gpu.get(uuid, [])}
-            if not self._rehome(list(victims.values()), pool, node):
+        for (moved, _, node), chosen in self._options(job, pool):
+            if not self.config.preempt_colocate and moved > len(pool.idle):
+                break  # each needs an idle GPU of its own, and the options after move no fewer
+            victims = {o.id: o for _, _, uuid in chosen for o in self.occupants(uuid)}
+            if self.config.preempt_colocate:
+                moves = self._rehome(list(victims.values()), pool, node)
+            else:
+                moves = self._rehome_idle(list(victims.values()), pool, node)
+            if not moves:
                 continue
             taken = tuple(c[2] for c in chosen)
-            for uuid in taken:
-                self.on_gpu.pop(uuid, None)
+            self.taken.update(taken)
             return taken, tuple(sorted(victims))
         self.hopeless.add(shape)
         return None
 
 
 def spread(
-    pool: _Pool, running: list[RunningJob], now: float, config: PolicyConfig, exclude: frozenset[str] = frozenset()
+    pool: Pool, running: list[RunningJob], now: float, config: PolicyConfig, exclude: frozenset[str] = frozenset()
 ) -> list[Placement]:
     """Moves of jobs that share a GPU past its compute (declared shares over 1) onto idle GPUs left
     once everything waiting was placed: co-location is what a full fleet falls back on, not a
@@ -122,8 +180,6 @@ def spread(
     shareable jobs expected to run `spread_after_s` more (a move costs the work since the last
     checkpoint and a restart). Each move preempts the job and places it again. GPUs in `exclude`
     (a waiting multi-GPU job's reservation) are not moved onto."""
-    from scheduler.policy import JobRequest, Placement  # at call time: the policy module imports this one
-
     crowded: dict[str, list[RunningJob]] = {}
     for job in running:
         gpu = pool.gpus.get(job.gpus[0]) if job.shareable else None

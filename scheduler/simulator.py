@@ -200,14 +200,6 @@ def _release(record: dict, gpus: dict[str, GpuState]) -> None:
         gpu.allocated_gib = gpu.allocated_gib - record["mem"] if gpu.jobs else 0.0
 
 
-def _release_finished(running: dict[str, dict], gpus: dict[str, GpuState]) -> list[str]:
-    """Free the GPUs of the jobs that are done; their ids."""
-    done = [jid for jid, r in running.items() if r["remaining"] <= 1e-6]
-    for jid in done:
-        _release(running.pop(jid), gpus)
-    return done
-
-
 def _start(
     placement: Placement, request: JobRequest, running: dict[str, dict], gpus: dict[str, GpuState], clock: float, shared: bool
 ) -> None:
@@ -301,6 +293,7 @@ def _apply(
     by_id: dict,
     clock: float,
     tally: _Tally,
+    record: list | None = None,  # (time, job, GPUs, evicted jobs) of each start
 ) -> bool:
     """Start the placements (preempting what they evict first); True when any job was preempted."""
     evicted = False
@@ -311,6 +304,8 @@ def _apply(
             tally.preempted_at[victim] = clock
         request, job = pending.pop(placement.job_id), by_id[placement.job_id]
         _start(placement, request, running, gpus, clock, job.measured == "shared")
+        if record is not None:
+            record.append((clock, placement.job_id, placement.gpus, placement.evicts))
         if placement.job_id in tally.preempted_at:
             tally.requeue_waits.append(clock - tally.preempted_at.pop(placement.job_id))
             continue
@@ -346,9 +341,20 @@ def _ongoing(running: dict[str, dict]) -> list[RunningJob]:
 
 
 def simulate(
-    trace: list[TraceJob], fleet: list[GpuState], policy: str = "drape", config: PolicyConfig = PolicyConfig()
+    trace: list[TraceJob],
+    fleet: list[GpuState],
+    policy: str = "drape",
+    config: PolicyConfig = PolicyConfig(),
+    reference: bool = False,
+    record: list | None = None,
 ) -> SimResult:
-    """Replay `trace` on `fleet` under `policy`; see the module docstring for the model."""
+    """Replay `trace` on `fleet` under `policy` (the module docstring has the model): drape as a
+    `Planner` in `scheduler/replay.py`, or (`reference`) as `plan_drape` in this loop, which
+    recomputes everything at every event. `record` gets (time, job, GPUs, evicted) per start."""
+    if policy == "drape" and not reference:
+        from scheduler.replay import replay
+
+        return replay(trace, fleet, config, record)
     plan = get_policy(policy)
     _check_fits(trace, fleet)
     gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet}
@@ -375,7 +381,8 @@ def simulate(
             r["remaining"] -= rates[jid] * elapsed
         clock = upcoming
         # 2. finished jobs free their GPUs; arrivals join the queue
-        for jid in _release_finished(running, gpus):
+        for jid in [jid for jid, r in running.items() if r["remaining"] <= 1e-6]:
+            _release(running.pop(jid), gpus)
             tally.finished(by_id[jid], clock)
             finish_last = clock
         while arrival < len(trace) and trace[arrival].submit_s <= clock:
@@ -384,6 +391,6 @@ def simulate(
         # 3. the live policy places what it can; preempted jobs are planned again at once
         for _ in range(4):
             placements = plan(list(pending.values()), list(gpus.values()), _ongoing(running), clock, config)
-            if not _apply(placements, pending, running, gpus, by_id, clock, tally):
+            if not _apply(placements, pending, running, gpus, by_id, clock, tally, record):
                 break
     return _result(policy, trace, gpus, busy, allocated, finish_last, tally)

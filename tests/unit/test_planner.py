@@ -1,0 +1,199 @@
+"""The persistent planner against the reference: traces replayed with `plan_drape` in the loop
+that recomputes everything at every event, and with the `Planner` in the incremental replay,
+compared placement by placement (job, GPUs, evictions, time) and measure by measure."""
+
+import random
+from pathlib import Path
+
+import pytest
+
+from scheduler.planner import Planner
+from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, plan_drape
+from scheduler.replay import replay
+from scheduler.simulator import TraceJob, load_fleet, load_trace, simulate
+
+TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
+# (kind, GPUs per job, share of the GPU-hours, mean hours, GiB per GPU, priority): benchmarks/scheduler.py's mixes
+GANG = (("stage", (8,), 0.50, 8.0, 70.0, 5), ("service", (1,), 0.35, 24.0, 30.0, 3), ("gate", (1,), 0.15, 0.5, 20.0, 3))
+FINETUNE = (
+    ("stage", (8,), 0.40, 8.0, 70.0, 5),
+    ("finetune", (2, 4), 0.20, 3.0, 40.0, 4),
+    ("service", (1,), 0.28, 24.0, 30.0, 3),
+    ("gate", (1,), 0.12, 0.5, 20.0, 3),
+)
+
+
+def gang_days(gpus: int, days: float, mix, seed: int, constrained: bool = False) -> list[TraceJob]:
+    """`days` of a gang week at load 0.85 (benchmarks/scheduler.py's `gang_week`, shorter)."""
+    rng, jobs = random.Random(seed), []
+    for kind, widths, share, mean_h, mem, priority in mix:
+        hours = 0.85 * gpus * days * 24 * share
+        while hours > 0:
+            width, duration = rng.choice(widths), max(min(rng.expovariate(1 / (mean_h * 3600)), 4 * mean_h * 3600), 60.0)
+            models = ("H100",) if constrained and (width > 1 or rng.random() < 1 / 3) else ()
+            jobs.append(
+                TraceJob(f"{kind}-{len(jobs):05d}", rng.uniform(0, days * 86400), duration, mem, width, priority, kind, models)
+            )
+            hours -= width * duration / 3600
+    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def nodes(h100: int, l40s: int = 0) -> list[GpuState]:
+    groups = (("h", "H100-80GB", 80.0, h100), ("l", "L40S-48GB", 48.0, l40s))
+    return [
+        GpuState(f"{p}{n:02d}/gpu{i}", f"{p}{n:02d}", model, mem)
+        for p, model, mem, count in groups
+        for n in range(count)
+        for i in range(8)
+    ]
+
+
+def field_days() -> tuple[list[TraceJob], list[GpuState]]:
+    trace = load_trace(TRACES / "field_week.csv")
+    return [j for j in trace if j.submit_s < 86400], load_fleet(TRACES / "fleet.yaml")
+
+
+CASES = {
+    "field": field_days,
+    "gang": lambda: (gang_days(24, 3, GANG, 7), nodes(3)),
+    "mixed": lambda: (gang_days(32, 3, GANG, 8, constrained=True), nodes(3, 1)),
+    "fine-tunes": lambda: (gang_days(24, 3, FINETUNE, 9), nodes(3)),
+}
+CONFIGS = {
+    "default": PolicyConfig(),
+    "fragmentation": PolicyConfig(fragmentation=True),
+    "preempting into co-location": PolicyConfig(preempt_colocate=True),
+}
+
+
+@pytest.mark.parametrize(
+    "case,config",
+    [
+        ("field", "default"),
+        ("gang", "default"),
+        ("mixed", "default"),
+        ("fine-tunes", "fragmentation"),
+        ("gang", "preempting into co-location"),
+    ],
+)
+def test_the_planner_places_every_job_as_plan_drape_does(case, config):
+    """~1 s each: every placement the same, and so everything the simulator measures."""
+    trace, fleet = CASES[case]()
+    before: list = []
+    after: list = []
+    reference = simulate(trace, fleet, "drape", CONFIGS[config], reference=True, record=before)
+    result = simulate(trace, fleet, "drape", CONFIGS[config], record=after)
+    assert len(after) == len(before) > len(trace) * 0.9
+    for old, new in zip(before, after):
+        assert old[1:] == new[1:] and old[0] == pytest.approx(new[0], abs=1e-6), (old, new)
+    assert result.starved == reference.starved and result.preemptions == reference.preemptions
+    assert result.utilization == pytest.approx(reference.utilization, rel=1e-9)
+    assert result.memory_utilization == pytest.approx(reference.memory_utilization, rel=1e-9)
+    assert result.mean_wait_s == pytest.approx(reference.mean_wait_s, rel=1e-9, abs=1e-6)
+    assert result.class_waits.keys() == reference.class_waits.keys()
+    if case != "field":  # the gang weeks queue, preempt and reserve: the paths the indexes replace
+        assert reference.preemptions > 0 and max(w["max_s"] for w in reference.class_waits.values()) > 3600
+
+
+def test_the_planner_in_the_reference_loop_is_plan_drape_exactly():
+    """The same harness with either planner: placements identical to the bit (~1 s)."""
+    trace, fleet = gang_days(24, 2, FINETUNE, 3), nodes(3)
+    stateless: list = []
+    kept: list = []
+    replay(trace, fleet, PolicyConfig(), stateless, plan=plan_drape)
+    replay(trace, fleet, PolicyConfig(), kept)
+    assert stateless == kept
+
+
+def _planner_with_jobs() -> tuple[Planner, list[GpuState]]:
+    gpus = nodes(2, 1)
+    planner = Planner(gpus, PolicyConfig())
+    for i in range(60):
+        planner.submit(JobRequest(f"j{i:02d}", 3 + i % 3, float(i), 8 if i % 7 == 0 else 1, 20.0 + i, 600.0 + 60 * i))
+    return planner, gpus
+
+
+def test_a_planning_pass_changes_nothing_until_its_placements_start():
+    planner, gpus = _planner_with_jobs()
+    fields = [(g.allocated_gib, g.jobs, g.shares, g.exclusive) for g in gpus]
+    idle, shared = list(planner.pool.idle), list(planner.pool.shared)
+    first = planner.plan(100.0)
+    assert first and [(g.allocated_gib, g.jobs, g.shares, g.exclusive) for g in gpus] == fields
+    assert list(planner.pool.idle) == idle and list(planner.pool.shared) == shared
+    assert planner.plan(100.0) == first  # the same state, the same decisions
+    expected = plan_drape(list(planner.pending.values()), [GpuState(**vars(g)) for g in gpus], [], 100.0)
+    assert first == expected
+    for placement in first:
+        planner.start(placement, 100.0)
+    assert not any(p.job_id in planner.pending for p in first)
+    assert sum(g.jobs for g in gpus) == sum(len(p.gpus) for p in first)
+
+
+def test_indexes_follow_starts_and_ends_as_a_fresh_planner_sees_them():
+    """After jobs start and end in any order, the kept indexes equal a planner built from scratch."""
+    planner, gpus = _planner_with_jobs()
+    rng = random.Random(5)
+    for step in range(6):
+        for placement in planner.plan(100.0 * step):
+            planner.start(placement, 100.0 * step)
+        for job_id in rng.sample(sorted(planner.running), k=len(planner.running) // 4):
+            planner.finish(job_id)
+        fresh = Planner([GpuState(**vars(g)) for g in gpus], PolicyConfig())
+        assert list(planner.pool.idle) == list(fresh.pool.idle) and list(planner.pool.shared) == list(fresh.pool.shared)
+        assert {n: c for n, c in planner.pool.idle_count.items() if c} == fresh.pool.idle_count
+        assert _by_count(planner) == _by_count(fresh)
+        _same_reservation_and_preemption(planner, 100.0 * step)
+    assert planner.clearing.walked == 0
+
+
+def _same_reservation_and_preemption(planner: Planner, now: float) -> None:
+    """The clearing and victims indexes answer as the walk over every running job and the scan
+    of every GPU do, for gang jobs of each width and priority."""
+    from scheduler.preemption import Preemptor
+    from scheduler.reservation import reserve_walk
+
+    running = list(planner.running.values())
+    for width, priority in ((2, 4), (4, 6), (8, 6), (8, 2)):
+        head = JobRequest("head", priority, 0.0, width, 40.0, 600.0)
+        walked = reserve_walk(head, planner.gpus, planner.nodes, planner._ending([], now), now, planner.config)
+        assert planner.clearing.reserve(head, [], now) == walked
+        planner.pool.begin(now)
+        indexed = Preemptor([], planner.config, on_gpu=planner.on_gpu, victims=planner.victims).choose(head, planner.pool)
+        planner.pool.rollback()
+        planner.pool.begin(now)
+        scanned = Preemptor(running, planner.config).choose(head, planner.pool)
+        planner.pool.rollback()
+        assert indexed == scanned
+
+
+def _by_count(planner: Planner) -> dict:
+    return {
+        (kind, count): list(found)
+        for kind, counts in planner.pool.nodes_by_count.items()
+        for count, found in counts.items()
+        if found
+    }
+
+
+def test_a_job_queued_twice_is_refused_and_the_order_needs_no_sort():
+    planner, _ = _planner_with_jobs()
+    with pytest.raises(ValueError, match="j03"):
+        planner.submit(JobRequest("j03", 3, 3.0, 1, 10.0, 60.0))
+    keys = [key[-1] for key in planner.order]
+    # effective priority at any now past the submits orders as the kept key does
+    for now in (30.0, 3600.0, 86400.0):
+        by_effective = sorted(
+            planner.pending.values(), key=lambda j: (-(j.priority + (now - j.submit_s) / 3600), j.submit_s, j.id)
+        )
+        assert [j.id for j in by_effective] == keys
+    assert isinstance(planner.withdraw("j03"), JobRequest) and "j03" not in [key[-1] for key in planner.order]
+    assert Placement("x", ("h00/gpu0",), 1.0) != Placement("x", ("h00/gpu1",), 1.0)
+
+
+def test_a_dcgm_reading_moves_a_gpu_in_the_indexes_as_plan_drape_sees_it():
+    planner, gpus = _planner_with_jobs()
+    planner.observe("h00/gpu0", 30.0, 80.0)  # memory in use nobody queued: not idle, less free
+    planner.observe("l00/gpu3", 0.5, 1.0)  # quiet: still idle
+    assert ("h00/gpu0" not in {u for _, u in planner.pool.idle}) and ("l00/gpu3" in {u for _, u in planner.pool.idle})
+    expected = plan_drape(list(planner.pending.values()), [GpuState(**vars(g)) for g in gpus], [], 50.0)
+    assert planner.plan(50.0) == expected and all("h00/gpu0" not in p.gpus or p.mem_gib <= 50.0 for p in expected)
