@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -78,7 +80,10 @@ def cluster(tmp_path, s3_bucket, monkeypatch):
     nodes = Nodes(tmp_path, [Path(config.paths.root).resolve() / "live"])
     for node in NODES:
         nodes.add(node)
-    slurm = SlurmCluster(tmp_path / "slurm", nodes)
+    # a short root: slurmstepd's Unix sockets live under the spool and must stay under 108 bytes,
+    # which pytest's own folders (popen-gwN/test_…) exceed under xdist
+    short = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+    slurm = SlurmCluster(short, nodes)
     try:
         started = time.monotonic()
         slurm.start()
@@ -90,6 +95,7 @@ def cluster(tmp_path, s3_bucket, monkeypatch):
         slurm.run("scancel", "--full", "--user=root", check=False) if slurm.processes else None
         slurm.close()
         nodes.close()
+        shutil.rmtree(short, ignore_errors=True)
         print(f"slurm: down in {time.monotonic() - started:.2f} s")
 
 
@@ -117,7 +123,7 @@ def _config(root: Path, bucket: str, endpoint: str, inventory: str, **queue):
             "max_attempts": 2,
             "slurm": {
                 "accounting": "jobcomp",
-                "requeued_start_after_seconds": 5,
+                "requeued_start_after_seconds": 20,  # under a loaded CI a sooner start races the run before (credential revoked)
                 "rendezvous_port": free_port(),
                 "cpus_per_gpu": 1,
                 "time_limit_minutes": 30,
