@@ -184,8 +184,7 @@ def replay(trace, fleet: list[GpuState], config: PolicyConfig, record: Record | 
 
 def _apply(placements: list[Placement], state: _Replay, by_id: dict, clock: float, tally, record: Record | None) -> bool:
     """`simulator._apply` on the replay's state: evict, start, count; True when any job was preempted."""
-    from scheduler.simulator import CHECKPOINT_EVERY_S, RESTART_S, job_class
-    from scheduler.state import allowed
+    from scheduler.simulator import CHECKPOINT_EVERY_S, RESTART_S
 
     evicted = False
     for placement in placements:
@@ -198,14 +197,5 @@ def _apply(placements: list[Placement], state: _Replay, by_id: dict, clock: floa
         request = state.start(placement, clock)
         if record is not None:
             record.append((clock, placement.job_id, placement.gpus, placement.evicts))
-        job = by_id[placement.job_id]
-        if placement.job_id in tally.preempted_at:
-            tally.requeue_waits.append(clock - tally.preempted_at.pop(placement.job_id))
-            continue
-        tally.waits.append(clock - job.submit_s)
-        tally.started_at[job.job_id] = clock
-        tally.classed.append((job_class(job.gpus), clock - job.submit_s))
-        tally.violations += any(not allowed(request, state.planner.gpus[u].model) for u in placement.gpus)
-        model = state.planner.gpus[placement.gpus[0]].model
-        tally.placed_on[model] = tally.placed_on.get(model, 0) + 1
+        tally.started(by_id[placement.job_id], request, placement.gpus, state.planner.gpus, clock)
     return evicted

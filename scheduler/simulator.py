@@ -281,6 +281,18 @@ class _Tally:
     started_at: dict[str, float] = field(default_factory=dict)  # first starts
     stretch: list[tuple[str, float]] = field(default_factory=list)  # (class, (finish − first start) / duration)
 
+    def started(self, job: TraceJob, request: JobRequest, gpus: tuple[str, ...], models: dict, clock: float) -> None:
+        """A start at `clock` (`models`: uuid → GPU): its wait, class and model, or a requeue's wait."""
+        if job.job_id in self.preempted_at:
+            self.requeue_waits.append(clock - self.preempted_at.pop(job.job_id))
+            return
+        self.waits.append(clock - job.submit_s)
+        self.started_at[job.job_id] = clock
+        self.classed.append((job_class(job.gpus), clock - job.submit_s))
+        self.violations += any(not allowed(request, models[u].model) for u in gpus)
+        model = models[gpus[0]].model
+        self.placed_on[model] = self.placed_on.get(model, 0) + 1
+
     def finished(self, job: TraceJob, clock: float) -> None:
         self.stretch.append((job_class(job.gpus), (clock - self.started_at.pop(job.job_id)) / max(job.duration_s, 1e-9)))
 
@@ -306,15 +318,7 @@ def _apply(
         _start(placement, request, running, gpus, clock, job.measured == "shared")
         if record is not None:
             record.append((clock, placement.job_id, placement.gpus, placement.evicts))
-        if placement.job_id in tally.preempted_at:
-            tally.requeue_waits.append(clock - tally.preempted_at.pop(placement.job_id))
-            continue
-        tally.waits.append(clock - job.submit_s)
-        tally.started_at[job.job_id] = clock
-        tally.classed.append((job_class(job.gpus), clock - job.submit_s))
-        tally.violations += any(not allowed(request, gpus[u].model) for u in placement.gpus)
-        model = gpus[placement.gpus[0]].model
-        tally.placed_on[model] = tally.placed_on.get(model, 0) + 1
+        tally.started(job, request, placement.gpus, gpus, clock)
     return evicted
 
 
