@@ -460,3 +460,27 @@ TINY_UNET = {
     "out_channels": 4,
     "sample_size": 16,
 }
+
+
+def register_untrained_baseline(config, root: Path) -> Path:
+    """The config's model, untrained, registered as `drape-tryon` v1 with the alias denoise-baseline;
+    the config written beside it as `config.yaml` (its path returned)."""
+    from drape.ops.tracking import Tracker
+    from drape.training.checkpoint import save_checkpoint
+    from drape.training.model import build_model
+
+    checkpoint = save_checkpoint(
+        root / "checkpoint",
+        model=build_model(config),
+        optimizer=None,
+        trainable_names=[],
+        ema=None,
+        manifest={"stage": "denoise", "step": 0},
+    )
+    tracker = Tracker(config)
+    run = tracker.start_run("denoise")
+    source = tracker.log_artifacts(run, checkpoint, "snapshot/checkpoint").removesuffix("/checkpoint")
+    assert tracker.register_baseline(run, source, "denoise", {"drape.stage": "denoise"}) == "1"
+    path = root / "config.yaml"
+    path.write_text(json.dumps(config.model_dump(mode="json", by_alias=True)))
+    return path

@@ -17,9 +17,7 @@ from drape.data.dataset import dataset_prefix, import_dataset, publish_dataset
 from drape.eval.session import run_eval
 from drape.ops.tracking import Tracker
 from drape.storage.store import open_store
-from drape.training.checkpoint import save_checkpoint
-from drape.training.model import build_model
-from tests.conftest import tiny_config
+from tests.conftest import register_untrained_baseline, tiny_config
 from tests.unit.test_eval_metrics import write_alexnet_weights, write_tiny_inception
 from tests.unit.test_importers import make_viton_hd
 
@@ -42,21 +40,7 @@ def registered(tmp_path_factory):
             source, scratch, name="viton", version="v1", resolution=32, control=2, weights=dict.fromkeys(STAGES, 1), max_samples=4
         )
         publish_dataset(scratch, open_store(config), dataset_prefix(config))
-    checkpoint = save_checkpoint(
-        root / "checkpoint",
-        model=build_model(config),
-        optimizer=None,
-        trainable_names=[],
-        ema=None,
-        manifest={"stage": "denoise", "step": 0},
-    )
-    tracker = Tracker(config)
-    run = tracker.start_run("denoise")
-    uri = tracker.log_artifacts(run, checkpoint, "snapshot/checkpoint").removesuffix("/checkpoint")
-    assert tracker.register_baseline(run, uri, "denoise", {"drape.stage": "denoise"}) == "1"
-    path = root / "config.yaml"
-    path.write_text(json.dumps(config.model_dump(mode="json", by_alias=True)))
-    return config, path
+    return config, register_untrained_baseline(config, root)
 
 
 def _cli(*args: str):

@@ -17,9 +17,7 @@ from drape.data.dataset import ensure_dataset
 from drape.ops import metrics
 from drape.ops.tracking import Tracker
 from drape.storage.store import open_store
-from drape.training.checkpoint import save_checkpoint
-from drape.training.model import build_model
-from tests.conftest import tiny_config
+from tests.conftest import register_untrained_baseline, tiny_config
 
 pytestmark = pytest.mark.slow
 
@@ -45,21 +43,7 @@ def promoted(tmp_path_factory):
     root = tmp_path_factory.mktemp("inference")
     config = tiny_config(root / "drape", data=DATA, inference=INFERENCE)
     ensure_dataset(config, open_store(config))
-    checkpoint = save_checkpoint(
-        root / "checkpoint",
-        model=build_model(config),
-        optimizer=None,
-        trainable_names=[],
-        ema=None,
-        manifest={"stage": "denoise", "step": 0},
-    )
-    tracker = Tracker(config)
-    run = tracker.start_run("denoise")
-    source = tracker.log_artifacts(run, checkpoint, "snapshot/checkpoint").removesuffix("/checkpoint")
-    assert tracker.register_baseline(run, source, "denoise", {"drape.stage": "denoise"}) == "1"
-    path = root / "config.yaml"
-    path.write_text(json.dumps(config.model_dump(mode="json", by_alias=True)))
-    return config, path
+    return config, register_untrained_baseline(config, root)
 
 
 def _cli(*args: str):
