@@ -110,7 +110,19 @@ def fleet_view(config, store, running: list[RunningJob] | None = None) -> FleetV
         alone.update(job.gpus if not job.shareable else ())  # a multi-GPU or exclusive job's: nothing goes beside it
         for uuid in job.gpus:
             shares[uuid] = shares.get(uuid, 0.0) + job.share
+    shares_node = _sharing(config)
     for gpu in gpus:
         gpu.allocated_gib, gpu.jobs = ledger.get(gpu.uuid, (0.0, 0))
-        gpu.exclusive, gpu.shares = gpu.uuid in alone, shares.get(gpu.uuid, 0.0)
+        # a GPU of a node that cannot share (Kubernetes without sharing declared) takes nothing beside its job
+        gpu.exclusive = gpu.uuid in alone or (gpu.jobs > 0 and not shares_node(gpu.node))
+        gpu.shares = shares.get(gpu.uuid, 0.0)
     return FleetView(gpus, source, note)
+
+
+def _sharing(config):
+    """Whether a node's GPUs may hold two jobs: on Kubernetes (drape placing, not Kueue) only where the config
+    declares sharing or DRA claims (scheduler/kubernetes_devices.py); every other engine: yes."""
+    settings = config.queue.kubernetes
+    if config.queue.launcher != "kubernetes" or settings.kueue_queue:
+        return lambda node: True
+    return settings.shares
