@@ -24,7 +24,7 @@ from drape.ops import metrics
 from scheduler.baselines import get_policy
 from scheduler.drift import check_landings
 from scheduler.engine import build_launcher, claimed_view, spans_nodes
-from scheduler.fleet import FleetView, fleet_view
+from scheduler.fleet import FleetView, fleet_view, unshared
 from scheduler.gangs import fits_across_nodes, spanning
 from scheduler.policy import STARVED_AFTER_S, JobRequest, PolicyConfig, allowed
 from scheduler.store import JobSpec, JobStore, QueueError
@@ -132,6 +132,7 @@ class Dispatcher:
         by_uuid = {g.uuid: g for g in view.gpus}
         pending = self.store.pending()
         planned = self.plan(pending, view.gpus, running, now, self.policy)  # with nothing queued it may still move jobs
+        planned = unshared(planned, view.gpus, self.config)  # two jobs on a GPU only where the node shares it
         report.preempted = self._preempt(planned, now)
         granted = self.store.claim_rows(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
         report.conflicts = len(planned) - len(granted)  # another dispatcher got there first; next cycle sees it

@@ -265,7 +265,11 @@ class KubernetesLauncher:
         """The device indices a pod's DRA claim was allocated (status.allocation.devices.results), None without DRA."""
         if not self.settings.dra_device_class or not pod.spec.resource_claims:
             return None
-        generated = {s.name: s.resource_claim_name for s in (pod.status.resource_claim_statuses or []) if s.resource_claim_name}
+        generated = {
+            s.name: s.resource_claim_name
+            for s in ((pod.status and pod.status.resource_claim_statuses) or [])
+            if s.resource_claim_name
+        }
         ref = pod.spec.resource_claims[0]
         claim_name = ref.resource_claim_name or generated.get(ref.name)
         if not claim_name:
