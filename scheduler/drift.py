@@ -26,6 +26,8 @@ from scheduler.kubernetes_devices import gpu_index
 from scheduler.policy import GpuState
 from scheduler.schema import allocation_log, allocations_table, jobs_table
 
+DRIFT_KINDS = ("node", "gpu")
+
 
 @dataclass(frozen=True)
 class Landing:
@@ -100,6 +102,8 @@ def check_landings(
 ) -> list[str]:
     """Ask `launcher` where each watched job not yet `checked` landed; correct the books of those that
     drifted (returned) and count them. A job is checked once, when all its pods are bound."""
+    for kind in DRIFT_KINDS:  # known from the start, at 0: a rate over it is 0, not absent
+        metrics.QUEUE_PLACEMENT_DRIFT.labels(engine=engine, kind=kind)
     landed = getattr(launcher, "landed", None)
     checked &= set(watched)
     waiting = sorted(set(watched) - checked)

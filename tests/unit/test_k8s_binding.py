@@ -193,3 +193,24 @@ def test_the_local_launcher_gives_the_process_exactly_its_gpu_indices(tmp_path):
         time.sleep(0.05)
     assert outcome is not None and outcome.exit_code == 0, outcome
     assert "devices=2,5" in launcher.log_path(job["id"]).read_text()
+
+
+def test_the_rendered_objects_in_the_docs_are_what_the_command_prints():
+    """1-2 s. docs/placement.md pastes `drape queue render` outputs; each must still be what it prints."""
+    import re
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+    from tests.conftest import TESTS
+
+    page = (TESTS.parent / "docs" / "placement.md").read_text()
+    blocks = re.findall(r"```console\n\$ drape (queue render [^\n]+)\n(.*?)```", page, re.S)
+    assert len(blocks) >= 4
+    for command, pasted in blocks:
+        result = CliRunner().invoke(app, shlex.split(command), env={"COLUMNS": "400"})
+        if result.exit_code == 0:
+            assert result.output == pasted, command
+        else:  # a refusal: the same reason, however the terminal wrapped it
+            assert " ".join(result.output.split()) == " ".join(pasted.split()), command
