@@ -111,7 +111,7 @@ class Dispatcher:
             self.plan = spanning(self.plan)
         self.policy = policy_config(config)
         self.mine: dict[str, str] = {}  # job id → launcher handle, of the jobs this dispatcher watches
-        self.landed: set[str] = set()  # jobs whose pods were found where the books say (or the books corrected)
+        self.landed: dict[str, float] = {}  # job id → when to ask where its pods landed next (inf: checked)
         self._said: str = ""
 
     def cycle(self, now: float | None = None) -> CycleReport:

@@ -27,6 +27,7 @@ from scheduler.policy import GpuState
 from scheduler.schema import allocation_log, allocations_table, jobs_table
 
 DRIFT_KINDS = ("node", "gpu")
+RECHECK_S = 5.0  # how soon a job whose pods are not all bound is asked again
 
 
 @dataclass(frozen=True)
@@ -98,24 +99,27 @@ def relocate(store, job_id: str, gpus: list[str], dispatcher: str, now: float) -
 
 
 def check_landings(
-    store, launcher, watched: dict[str, str], checked: set[str], engine: str, dispatcher: str, now: float
+    store, launcher, watched: dict[str, str], asked: dict[str, float], engine: str, dispatcher: str, now: float
 ) -> list[str]:
-    """Ask `launcher` where each watched job not yet `checked` landed; correct the books of those that
-    drifted (returned) and count them. A job is checked once, when all its pods are bound."""
+    """Ask `launcher` where each watched job landed, once all its pods are bound; correct the books of
+    those that drifted (returned) and count them. `asked`: job id → when to ask next (inf: checked),
+    kept by the caller; a job not bound yet is asked again `RECHECK_S` later, so jobs waiting in the
+    engine's own queue (Kueue) cost one API call each that often, not every cycle."""
     for kind in DRIFT_KINDS:  # known from the start, at 0: a rate over it is 0, not absent
         metrics.QUEUE_PLACEMENT_DRIFT.labels(engine=engine, kind=kind)
     landed = getattr(launcher, "landed", None)
-    checked &= set(watched)
-    waiting = sorted(set(watched) - checked)
-    if landed is None or not waiting:
+    for gone in set(asked) - set(watched):
+        del asked[gone]
+    due = sorted(job_id for job_id in watched if asked.get(job_id, 0.0) <= now)
+    if landed is None or not due:
         return []
-    rows, inventory, drifted = store.get_many(waiting), None, []
-    for job_id in waiting:
+    rows, inventory, drifted = store.get_many(due), None, []
+    for job_id in due:
         row = rows.get(job_id)
         landings = landed(watched[job_id]) if row and row["state"] == "running" else None
+        asked[job_id] = now + RECHECK_S if landings is None else float("inf")
         if landings is None:
             continue
-        checked.add(job_id)
         inventory = inventory or {g.uuid: g for g in store.inventory()}
         assigned = json.loads(row["assigned"] or "[]")
         found = placement_drift(assigned, landings, inventory, store.ledger())

@@ -123,20 +123,22 @@ def test_a_pod_on_another_node_is_found_and_the_books_follow_it(tmp_path):
     planned_node = planned[0].split("/")[0]
     assert term["matchExpressions"] == [{"key": "kubernetes.io/hostname", "operator": "In", "values": [planned_node]}]
     before = _drift("node")
-    dispatcher.cycle(now=2.0)  # not bound yet: nothing to check
+    dispatcher.cycle(now=2.0)  # not bound yet: nothing to check (asked again 5 s later)
     assert json.loads(store.get(job_id)["assigned"]) == planned and _drift("node") == before
 
     other = "h100-01" if planned_node == "h100-00" else "h100-00"
     cluster.bind(name, other)  # affinity ignored (a wrong node label, a pod recreated elsewhere)
     dispatcher.cycle(now=3.0)
+    assert json.loads(store.get(job_id)["assigned"]) == planned  # not asked again yet
+    dispatcher.cycle(now=7.0)
     moved = json.loads(store.get(job_id)["assigned"])
     assert {g.split("/")[0] for g in moved} == {other} and len(moved) == 2
     assert set(store.ledger()) == set(moved)  # the ledger holds the GPUs it really runs on
     assert _drift("node") == before + 1
-    dispatcher.cycle(now=4.0)
+    dispatcher.cycle(now=20.0)
     assert _drift("node") == before + 1  # counted once
     cluster.jobs[name]["status"] = {"succeeded": 1}
-    dispatcher.cycle(now=5.0)
+    dispatcher.cycle(now=21.0)
     assert store.get(job_id)["state"] == "succeeded" and store.ledger() == {}
     events = store.allocation_events([job_id])
     assert [(e["event"], e["gpu_uuid"].split("/")[0]) for e in events].count(("release", other)) == 2
