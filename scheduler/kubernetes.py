@@ -22,6 +22,10 @@ CPU and memory, /dev/shm and mounts are `scheduler/kubernetes_pods.py`'s. Each a
 name (``drape-<job id>-a<attempt>``): a retry never collides with the objects of the attempt
 before it (409), and a restarted dispatcher adopts a Job by the name the queue recorded.
 
+How the GPUs the queue chose reach the pods (node affinity, whole or shared GPUs, DRA claims, and
+the launches refused because Kubernetes would change the plan) is `scheduler/kubernetes_devices.py`;
+`landed` reads back where the pods run, for the dispatcher's drift check (`scheduler/drift.py`).
+
 `build_job` returns plain objects that the tests validate against the Kubernetes API schema.
 The API clients are built after the kube config is loaded (in-cluster, else ~/.kube/config),
 and every call has a request timeout (`queue.kubernetes.request_timeout_seconds`).

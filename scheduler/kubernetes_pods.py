@@ -3,6 +3,8 @@
 Every pod of a job (a Job's, an indexed Job's, a PyTorchJob's replicas) is built here, so they all
 hold the same promises:
 
+- GPUs as the binding asks for them (scheduler/kubernetes_devices.py): whole `nvidia.com/gpu`, a
+  node's shared resource, or the pod's DRA claim naming the devices; the node by required affinity.
 - Credentials come from one named Secret (`queue.kubernetes.credentials_secret`) through
   ``envFrom``: the spec names the Secret, never a value in it.
 - Host resources follow the GPUs the pod holds (`gpu_units`): a pod of whole GPUs counts each, a
