@@ -173,6 +173,10 @@ def test_two_jobs_share_a_gpu_only_where_the_node_declares_sharing(tmp_path, sha
     ids = [store.submit(JobSpec(kind="finetune", mem_gib=20, duration_s=600, command=["true"]), now=float(i)) for i in range(2)]
     started = dispatcher.cycle(now=10.0).started + dispatcher.cycle(now=11.0).started
     states = sorted(store.get(i)["state"] for i in ids)
+    from scheduler.fleet import fleet_view
+
+    (gpu,) = fleet_view(dispatcher.config, store).gpus
+    assert gpu.exclusive is (sharing == "none")  # the queue sees a busy GPU of a node that cannot share as taken
     if sharing == "none":
         assert len(started) == 1 and states == ["queued", "running"]  # the second waits: no silent GPU of its own
         (job,) = cluster.jobs.values()
