@@ -22,8 +22,9 @@ from pathlib import Path
 from drape.cost import CostError, gpu_rate
 from drape.ops import metrics
 from scheduler.baselines import get_policy
-from scheduler.engine import build_launcher, spans_nodes
-from scheduler.fleet import FleetView, fleet_view
+from scheduler.drift import check_landings
+from scheduler.engine import build_launcher, claimed_view, spans_nodes
+from scheduler.fleet import FleetView, fleet_view, unshared
 from scheduler.gangs import fits_across_nodes, spanning
 from scheduler.policy import STARVED_AFTER_S, JobRequest, PolicyConfig, allowed
 from scheduler.store import JobSpec, JobStore, QueueError
@@ -110,6 +111,7 @@ class Dispatcher:
             self.plan = spanning(self.plan)
         self.policy = policy_config(config)
         self.mine: dict[str, str] = {}  # job id → launcher handle, of the jobs this dispatcher watches
+        self.landed: dict[str, float] = {}  # job id → when to ask where its pods landed next (inf: checked)
         self._said: str = ""
 
     def cycle(self, now: float | None = None) -> CycleReport:
@@ -120,6 +122,7 @@ class Dispatcher:
         self.store.heartbeat(self.id, lease, now)
         report.adopted, report.requeued = self._take_over(now)
         report.finished = self._reap(now)
+        check_landings(self.store, self.launcher, self.mine, self.landed, self.config.queue.launcher, self.id, now)
         running = self.store.running()
         view = fleet_view(self.config, self.store, running) if self._own_fleet else self.fleet()
         report.fleet_source, report.note = view.source, view.note
@@ -129,13 +132,15 @@ class Dispatcher:
         by_uuid = {g.uuid: g for g in view.gpus}
         pending = self.store.pending()
         planned = self.plan(pending, view.gpus, running, now, self.policy)  # with nothing queued it may still move jobs
+        planned = unshared(planned, view.gpus, self.config)  # two jobs on a GPU only where the node shares it
         report.preempted = self._preempt(planned, now)
         granted = self.store.claim_rows(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
         report.conflicts = len(planned) - len(granted)  # another dispatcher got there first; next cycle sees it
         handles: dict[str, str] = {}
+        claimed = claimed_view((placement for placement, _ in granted), by_uuid)  # who shares a GPU, this cycle's jobs too
         for placement, job in granted:
             try:
-                handles[job["id"]] = self.launcher.launch(job, [by_uuid[u] for u in placement.gpus])
+                handles[job["id"]] = self.launcher.launch(job, claimed[job["id"]])
             except Exception as error:  # noqa: BLE001 - a launch that fails ends the job, with the reason
                 self.store.finish(
                     job["id"], exit_code=-1, message=f"launch failed: {type(error).__name__}: {error}", dispatcher=self.id

@@ -23,7 +23,7 @@ import os
 import re
 import signal
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
@@ -72,6 +72,18 @@ def device_indices(gpus: list[GpuState]) -> str:
     """`CUDA_VISIBLE_DEVICES` for the assigned GPUs (`<host>/cuda<i>` → i; the CPU slot → '')."""
     indices = [m.group(1) for g in gpus if (m := re.search(r"(?:cuda|gpu)(\d+)$", g.uuid))]
     return ",".join(indices)
+
+
+def claimed_view(placements: Iterable, by_uuid: dict[str, GpuState]) -> dict[str, list[GpuState]]:
+    """Job id → its GPUs as they stand once this cycle's `placements` are claimed: `jobs` counts what
+    the ledger held plus the cycle's other jobs on the same GPU (what a launcher needs to tell a
+    shared GPU from one of its own)."""
+    placements = list(placements)
+    added: dict[str, int] = {}
+    for placement in placements:
+        for uuid in placement.gpus:
+            added[uuid] = added.get(uuid, 0) + 1
+    return {p.job_id: [replace(by_uuid[u], jobs=by_uuid[u].jobs + added[u] - 1) for u in p.gpus] for p in placements}
 
 
 def is_python(program: str) -> bool:

@@ -110,7 +110,37 @@ def fleet_view(config, store, running: list[RunningJob] | None = None) -> FleetV
         alone.update(job.gpus if not job.shareable else ())  # a multi-GPU or exclusive job's: nothing goes beside it
         for uuid in job.gpus:
             shares[uuid] = shares.get(uuid, 0.0) + job.share
+    shares_node = _sharing(config)
     for gpu in gpus:
         gpu.allocated_gib, gpu.jobs = ledger.get(gpu.uuid, (0.0, 0))
-        gpu.exclusive, gpu.shares = gpu.uuid in alone, shares.get(gpu.uuid, 0.0)
+        # a GPU of a node that cannot share (Kubernetes without sharing declared) takes nothing beside its job
+        gpu.exclusive = gpu.uuid in alone or (gpu.jobs > 0 and not shares_node(gpu.node))
+        gpu.shares = shares.get(gpu.uuid, 0.0)
     return FleetView(gpus, source, note)
+
+
+def unshared(planned: list, gpus: list[GpuState], config) -> list:
+    """`planned` less the placements that would put a second job on a GPU of a node that cannot share
+    (`_sharing`): the fleet view keeps jobs off such a GPU once one runs there, and this keeps two jobs
+    placed in one cycle from landing on it together (the second waits for the next cycle)."""
+    shares_node = _sharing(config)
+    nodes = {gpu.uuid: gpu.node for gpu in gpus}
+    held = {gpu.uuid: gpu.jobs for gpu in gpus}
+    kept = []
+    for placement in planned:
+        crowded = [u for u in placement.gpus if held.get(u, 0) > 0 and not shares_node(nodes.get(u, ""))]
+        if crowded and not placement.evicts:  # a preemption frees its GPUs first
+            continue
+        for uuid in placement.gpus:
+            held[uuid] = held.get(uuid, 0) + 1
+        kept.append(placement)
+    return kept
+
+
+def _sharing(config):
+    """Whether a node's GPUs may hold two jobs: on Kubernetes (drape placing, not Kueue) only where the config
+    declares sharing or DRA claims (scheduler/kubernetes_devices.py); every other engine: yes."""
+    settings = config.queue.kubernetes
+    if config.queue.launcher != "kubernetes" or settings.kueue_queue:
+        return lambda node: True
+    return settings.shares

@@ -22,6 +22,10 @@ CPU and memory, /dev/shm and mounts are `scheduler/kubernetes_pods.py`'s. Each a
 name (``drape-<job id>-a<attempt>``): a retry never collides with the objects of the attempt
 before it (409), and a restarted dispatcher adopts a Job by the name the queue recorded.
 
+How the GPUs the queue chose reach the pods (node affinity, whole or shared GPUs, DRA claims, and
+the launches refused because Kubernetes would change the plan) is `scheduler/kubernetes_devices.py`;
+`landed` reads back where the pods run, for the dispatcher's drift check (`scheduler/drift.py`).
+
 `build_job` returns plain objects that the tests validate against the Kubernetes API schema.
 The API clients are built after the kube config is loaded (in-cluster, else ~/.kube/config),
 and every call has a request timeout (`queue.kubernetes.request_timeout_seconds`).
@@ -32,8 +36,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from typing import Any
 
+from scheduler.drift import Landing
 from scheduler.engine import Outcome, torchrun_program
+from scheduler.kubernetes_devices import DRA_GROUP, DRA_VERSION, WHOLE_GPU, Binding, bind, gpu_index
 from scheduler.kubernetes_pods import Placement, job_labels, k8s_name, pod_labels, pod_spec
 from scheduler.policy import GpuState
 
@@ -75,11 +82,13 @@ def _indexed_script(command: list[str], name: str, nodes: int, per_pod: int, set
     return ["/bin/sh", "-c", "exec " + " ".join(quoted)]
 
 
-def _placement(gpus: list[GpuState]) -> Placement:
+def _placement(job: dict, gpus: list[GpuState], settings, name: str) -> Placement:
     nodes = sorted({g.node for g in gpus})
     per_pod = max(len(gpus) // max(len(nodes), 1), 1)
     model, total = (gpus[0].model, gpus[0].total_gib) if gpus else ("unknown", 0.0)
-    return Placement(nodes=nodes, gpus_per_pod=per_pod, model=model, gpu_total_gib=total, gpus=len(gpus))
+    # Kueue mode: Kueue admits and kube-scheduler places; the GPUs are sized, never named (scheduler/kueue.py)
+    binding = Binding(WHOLE_GPU) if settings.kueue_queue else bind(job, gpus, settings, name)
+    return Placement(nodes=nodes, gpus_per_pod=per_pod, model=model, gpu_total_gib=total, gpus=len(gpus), binding=binding)
 
 
 def _batch_job(name: str, labels: dict, namespace: str, pod, **spec):
@@ -100,20 +109,28 @@ def _batch_job(name: str, labels: dict, namespace: str, pod, **spec):
 
 def build_job(job: dict, gpus: list[GpuState], settings):
     """The Kubernetes object for a claimed job: a Job, an indexed Job across nodes, or a PyTorchJob (dict)."""
+    return build_objects(job, gpus, settings)[0]
+
+
+def build_objects(job: dict, gpus: list[GpuState], settings) -> tuple[Any, tuple[dict, ...]]:
+    """(the job's object as `build_job` gives it, the DRA claims or claim templates its pods reference);
+    BindingError when the cluster cannot be told the queue's plan (scheduler/kubernetes_devices.py)."""
     name, labels, command = k8s_name(job["id"], job.get("attempts")), pod_labels(job), json.loads(job["command"])
     env = {**json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
-    placement = _placement(gpus)
+    placement = _placement(job, gpus, settings, name)
+    claims = placement.binding.objects
     if len(placement.nodes) <= 1:
         ranks = placement.gpus_per_pod if job_labels(job).get("launch") == "torchrun" else 1
         pod = pod_spec(job, placement, settings, _single_node_command(command, name, ranks, settings), env)
-        return _batch_job(name, labels, settings.namespace, pod)
+        return _batch_job(name, labels, settings.namespace, pod), claims
     if settings.training_operator:
-        return _pytorchjob(name, labels, job, placement, settings, command, env)
+        return _pytorchjob(name, labels, job, placement, settings, command, env), claims
     script = _indexed_script(command, name, len(placement.nodes), placement.gpus_per_pod, settings)
     pod = pod_spec(job, placement, settings, script, env, ports=(("rdzv", RDZV_PORT),))
     pod.subdomain = name  # stable DNS for the rendezvous: <name>-<index>.<name>
     count = len(placement.nodes)
-    return _batch_job(name, labels, settings.namespace, pod, completion_mode="Indexed", completions=count, parallelism=count)
+    indexed = _batch_job(name, labels, settings.namespace, pod, completion_mode="Indexed", completions=count, parallelism=count)
+    return indexed, claims
 
 
 def headless_service(job_name: str, namespace: str, labels: dict[str, str]):
@@ -200,22 +217,79 @@ class KubernetesLauncher:
     def launch(self, job: dict, gpus: list[GpuState]) -> str:
         from kubernetes.client.exceptions import ApiException
 
-        body, namespace = build_job(job, gpus, self.settings), self.settings.namespace
+        body, claims = build_objects(job, gpus, self.settings)
+        namespace = self.settings.namespace
         if self.settings.kueue_queue:
             body = self._as_kueue_workload(body, gpus)
         kind, name, labels, indexed = _describe(body)
+        for claim in claims:
+            if claim["metadata"]["name"] != name:  # a shared GPU's claim: made by the first job on it, used by all
+                self._create_claim(claim)
         try:
             if kind == "pytorchjob":
-                self._call("custom", "create_namespaced_custom_object", *PYTORCHJOBS, namespace, "pytorchjobs", body)
+                created = self._call("custom", "create_namespaced_custom_object", *PYTORCHJOBS, namespace, "pytorchjobs", body)
             else:
                 if indexed:
                     service = headless_service(name, namespace, {k: v for k, v in labels.items() if "kueue.x-k8s.io" not in k})
                     self._call("core", "create_namespaced_service", namespace, service)
-                self._call("batch", "create_namespaced_job", namespace, body)
+                created = self._call("batch", "create_namespaced_job", namespace, body)
         except ApiException as error:
             if error.status != 409:  # 409: this attempt's object exists already (created before a restart): it is ours
                 raise
+            created = self._read(f"{kind}:{name}")[1]
+        owner = _owner(kind, name, created)
+        for claim in claims:
+            if claim["metadata"]["name"] == name:  # the job's own claim (or template): collected with its Job
+                self._create_claim({**claim, "metadata": {**claim["metadata"], **({"ownerReferences": owner} if owner else {})}})
         return f"{kind}:{name}"
+
+    def _create_claim(self, claim: dict) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        plural = "resourceclaims" if claim["kind"] == "ResourceClaim" else "resourceclaimtemplates"
+        try:
+            self._call(
+                "custom", "create_namespaced_custom_object", DRA_GROUP, DRA_VERSION, self.settings.namespace, plural, claim
+            )
+        except ApiException as error:
+            if error.status != 409:  # 409: the claim exists (a shared GPU's, or this attempt's before a restart)
+                raise
+
+    def landed(self, handle: str) -> list[Landing] | None:
+        """Where the attempt's pods run, read from the API after binding: each pod's `spec.nodeName`, and
+        under DRA the devices its claim was allocated; None while a pod is not bound yet."""
+        kind, _, name = handle.partition(":")
+        selector = f"training.kubeflow.org/job-name={name}" if kind == "pytorchjob" else f"job-name={name}"
+        pods = self._call("core", "list_namespaced_pod", self.settings.namespace, label_selector=selector).items
+        if not pods or any(not pod.spec.node_name for pod in pods):
+            return None
+        return [Landing(pod.spec.node_name, self._allocated(pod)) for pod in pods]
+
+    def _allocated(self, pod) -> tuple[int, ...] | None:
+        """The device indices a pod's DRA claim was allocated (status.allocation.devices.results), None without DRA."""
+        if not self.settings.dra_device_class or not pod.spec.resource_claims:
+            return None
+        generated = {
+            s.name: s.resource_claim_name
+            for s in ((pod.status and pod.status.resource_claim_statuses) or [])
+            if s.resource_claim_name
+        }
+        ref = pod.spec.resource_claims[0]
+        claim_name = ref.resource_claim_name or generated.get(ref.name)
+        if not claim_name:
+            return None
+        claim = self._call(
+            "custom",
+            "get_namespaced_custom_object",
+            DRA_GROUP,
+            DRA_VERSION,
+            self.settings.namespace,
+            "resourceclaims",
+            claim_name,
+        )
+        results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
+        indices = [gpu_index(str(result.get("device", "")).replace("-", "")) for result in results]
+        return tuple(sorted(i for i in indices if i is not None)) if results and None not in indices else None
 
     def _as_kueue_workload(self, body, gpus: list[GpuState]) -> dict:
         """Kueue mode: the job suspended in the LocalQueue, on the flavor of the GPUs drape sized it
@@ -275,6 +349,16 @@ class KubernetesLauncher:
             self._call("custom", "delete_namespaced_custom_object", *PYTORCHJOBS, self.settings.namespace, "pytorchjobs", name)
         else:
             self._call("batch", "delete_namespaced_job", name, self.settings.namespace, propagation_policy="Background")
+
+
+def _owner(kind: str, name: str, created) -> list[dict] | None:
+    """The ownerReferences that make a job's own claim go with its Job or PyTorchJob; None when its uid is unknown."""
+    metadata = created.get("metadata", {}) if isinstance(created, dict) else getattr(created, "metadata", None)
+    uid = metadata.get("uid") if isinstance(metadata, dict) else getattr(metadata, "uid", None)
+    if not uid:
+        return None
+    api, owner_kind = ("kubeflow.org/v1", "PyTorchJob") if kind == "pytorchjob" else ("batch/v1", "Job")
+    return [{"apiVersion": api, "kind": owner_kind, "name": name, "uid": uid}]
 
 
 def _describe(body) -> tuple[str, str, dict, bool]:

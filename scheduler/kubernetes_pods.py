@@ -3,6 +3,8 @@
 Every pod of a job (a Job's, an indexed Job's, a PyTorchJob's replicas) is built here, so they all
 hold the same promises:
 
+- GPUs as the binding asks for them (scheduler/kubernetes_devices.py): whole `nvidia.com/gpu`, a
+  node's shared resource, or the pod's DRA claim naming the devices; the node by required affinity.
 - Credentials come from one named Secret (`queue.kubernetes.credentials_secret`) through
   ``envFrom``: the spec names the Secret, never a value in it.
 - Host resources follow the GPUs the pod holds (`gpu_units`): a pod of whole GPUs counts each, a
@@ -26,7 +28,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-WHOLE_GPU = "nvidia.com/gpu"
+from scheduler.kubernetes_devices import Binding
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,7 @@ class Placement:
     model: str
     gpu_total_gib: float
     gpus: int  # the job's GPUs in all
+    binding: Binding  # how its pods ask for their GPUs (scheduler/kubernetes_devices.py)
 
 
 @dataclass(frozen=True)
@@ -73,26 +76,11 @@ def job_labels(job: dict) -> dict:
     return json.loads(job.get("labels") or "{}")
 
 
-def gpu_resource(job: dict, gpus: int, settings) -> tuple[str, dict[str, str]]:
-    """(the extended resource a pod of `job` requests, environment it adds). A shareable single-GPU
-    job takes `shared_resource` when one is configured (a GPU the device plugin time-slices or runs
-    under MPS), with a declared share as MPS's thread percentage; a multi-GPU or exclusive job, or
-    any job when none is configured, takes whole GPUs (`nvidia.com/gpu`, which a node that shares
-    its GPUs under a renamed resource does not offer: Kubernetes then keeps it off such nodes)."""
-    from scheduler.schema import scheduling_of
-
-    how = scheduling_of(job.get("labels"))
-    if not settings.shared_resource or gpus != 1 or how.exclusive:
-        return WHOLE_GPU, {}
-    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(max(1, round(100 * how.share)))} if how.share < 1 else {}
-    return settings.shared_resource, env
-
-
-def gpu_units(job: dict, gpus_per_pod: int, resource: str, gpu_total_gib: float) -> float:
+def gpu_units(job: dict, gpus_per_pod: int, shared: bool, gpu_total_gib: float) -> float:
     """How many GPUs' worth of its node a pod holds: its whole GPUs, or on a shared GPU the part of
     that GPU's memory the job's memory profile asks for (`mem_gib` / the GPU's total, at most 1)."""
     mem_gib = job.get("mem_gib")
-    if resource == WHOLE_GPU or not mem_gib or gpu_total_gib <= 0:
+    if not shared or not mem_gib or gpu_total_gib <= 0:
         return float(gpus_per_pod)
     return min(1.0, float(mem_gib) / gpu_total_gib)
 
@@ -179,16 +167,19 @@ def affinity(job: dict, model: str, settings, nodes: list[str]):
 
 
 def _resources(job: dict, placement: Placement, settings):
-    """(the container's resource requirements, environment the GPU resource adds, the host share)."""
+    """(the container's resource requirements, the host share): its GPUs as the binding asks for them
+    (an extended resource, or the pod's DRA claim), CPUs and memory by the GPUs it holds."""
     from kubernetes import client
 
-    resource, extra = gpu_resource(job, placement.gpus, settings)
-    share = host_share(gpu_units(job, placement.gpus_per_pod, resource, placement.gpu_total_gib), settings)
-    gpus, memory = str(placement.gpus_per_pod), f"{share.memory_gib}Gi"
-    requirements = client.V1ResourceRequirements(
-        requests={resource: gpus, "cpu": str(share.cpu), "memory": memory}, limits={resource: gpus, "memory": memory}
-    )
-    return requirements, extra, share
+    binding = placement.binding
+    share = host_share(gpu_units(job, placement.gpus_per_pod, binding.shared, placement.gpu_total_gib), settings)
+    memory = f"{share.memory_gib}Gi"
+    requests, limits = {"cpu": str(share.cpu), "memory": memory}, {"memory": memory}
+    if binding.resource:
+        gpus = {binding.resource: str(placement.gpus_per_pod)}
+        requests, limits = {**gpus, **requests}, {**gpus, **limits}
+    claims = [client.CoreV1ResourceClaim(name=binding.claim_ref["name"])] if binding.claim_ref else None
+    return client.V1ResourceRequirements(requests=requests, limits=limits, claims=claims), share
 
 
 def _credentials(settings) -> list | None:
@@ -211,7 +202,8 @@ def _node_name():
 def _container(job: dict, placement: Placement, settings, command: list[str], env: dict[str, str], ports):
     from kubernetes import client
 
-    resources, extra, share = _resources(job, placement, settings)
+    resources, share = _resources(job, placement, settings)
+    extra = placement.binding.env
     mounts, found = volumes(job, settings, share.shm_gib)
     container = client.V1Container(
         name="trainer",
@@ -253,4 +245,21 @@ def pod_spec(
         affinity=affinity(job, placement.model, settings, placement.nodes),
         tolerations=[client.V1Toleration(**t) for t in settings.tolerations],
         volumes=found,
+        resource_claims=_claims(placement.binding),
     )
+
+
+def _claims(binding: Binding):
+    """The pod's DRA claim (spec.resourceClaims): the claim, or claim template, naming its devices; None without DRA."""
+    from kubernetes import client
+
+    if not binding.claim_ref:
+        return None
+    ref = binding.claim_ref
+    return [
+        client.V1PodResourceClaim(
+            name=ref["name"],
+            resource_claim_name=ref.get("resourceClaimName"),
+            resource_claim_template_name=ref.get("resourceClaimTemplateName"),
+        )
+    ]

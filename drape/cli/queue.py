@@ -1,4 +1,4 @@
-"""`drape queue submit | list | cancel | dispatch | profile | simulate | sbatch | trace`: the memory-profile-aware GPU queue."""
+"""`drape queue …` (submit, list, cancel, dispatch, profile, simulate, sbatch, trace, kueue, render): the GPU queue."""
 
 from __future__ import annotations
 
@@ -298,5 +298,33 @@ def queue_kueue(
             memory_gib_per_gpu=settings.host_memory_gib_per_gpu + settings.shm_gib_per_gpu,
         )
     except (TraceError, KueueError) as error:
+        fail(str(error))
+    print(yaml.safe_dump_all(objects, sort_keys=False), end="")
+
+
+@app.command("render")
+def queue_render(
+    gpus: int = typer.Option(1, min=1, max=512, help="GPUs the queue placed the job on"),
+    nodes: int = typer.Option(1, min=1, max=64, help="nodes they span (the same GPUs on each)"),
+    mem_gib: float = typer.Option(20.0, min=0.1, max=1024, help="its memory profile: GiB per GPU"),
+    shared: bool = typer.Option(False, "--shared", help="a single-GPU job placed beside another job on its GPU"),
+    sharing: str | None = typer.Option(None, help="as if queue.kubernetes.sharing were this (none|time-slicing|mps)"),
+    dra: bool = typer.Option(False, "--dra", help="as if queue.kubernetes.dra_device_class were gpu.nvidia.com"),
+    config: Path | None = ConfigOption,
+) -> None:
+    """The Kubernetes objects drape creates for a job the queue placed (8-GPU H100 nodes h100-00, h100-01, …):
+    its DRA claims, the Service of a job across nodes and its Job or PyTorchJob; YAML, or why it is refused."""
+    import yaml
+    from pydantic import ValidationError
+
+    from scheduler.kubernetes_render import render_placed
+
+    settings = load(config).queue.kubernetes
+    overrides = {"sharing": sharing} if sharing else {}
+    overrides |= {"dra_device_class": "gpu.nvidia.com"} if dra else {}
+    try:
+        settings = type(settings).model_validate({**settings.model_dump(), **overrides})
+        objects = render_placed(settings, gpus=gpus, nodes=nodes, mem_gib=mem_gib, shared=shared)
+    except (ValidationError, ValueError) as error:
         fail(str(error))
     print(yaml.safe_dump_all(objects, sort_keys=False), end="")

@@ -35,6 +35,11 @@ class AlertsConfig(StrictModel):
         return self
 
 
+WHOLE_GPU_RESOURCE = "nvidia.com/gpu"
+SHARED_GPU_RESOURCE = "nvidia.com/gpu.shared"  # NVIDIA's device plugin, time-slicing or MPS with renameByDefault
+Sharing = Literal["none", "time-slicing", "mps"]
+
+
 def _pinned(image: str) -> str:
     name = image.rsplit("/", 1)[-1]
     if "@sha256:" not in image and (":" not in name or name.endswith(":latest")):
@@ -67,11 +72,12 @@ class KubernetesLauncherConfig(StrictModel):
     request_timeout_seconds: float = Field(default=30.0, gt=0, description="the longest wait for one Kubernetes API call")
     training_operator: bool = Field(default=False, description="multi-node jobs as Kubeflow PyTorchJobs instead of indexed Jobs")
     node_label: str | None = Field(
-        default=None,
-        description="the node label whose value is the fleet's node name (kubernetes.io/hostname when the fleet's "
-        "nodes are the cluster's, as DCGM's Hostname is under the GPU operator); set, every pod is pinned to the "
-        "nodes the queue placed its job on (one pod per node across nodes), so the ledger says where it runs; "
-        "unset: Kubernetes picks among the nodes of the placed GPU product",
+        default="kubernetes.io/hostname",
+        description="the node label whose value is the fleet's node name (kubernetes.io/hostname, which the kubelet "
+        "sets on every node, is DCGM's Hostname under the GPU operator): every pod is pinned by required node affinity "
+        "to the nodes the queue placed its job on (one pod per node across nodes), so the ledger says where it runs; "
+        "null: Kubernetes picks among the nodes of the placed GPU product (the dispatcher then corrects the books "
+        "from where the pods land, drape_queue_placement_drift_total)",
     )
     kueue_queue: str | None = Field(
         default=None,
@@ -80,11 +86,34 @@ class KubernetesLauncherConfig(StrictModel):
         "orders jobs and sizes them (GPUs, the GPU model or MIG slice their memory profile needs), Kueue admits them, "
         "kube-scheduler picks the node (docs/kueue.md; `drape queue kueue` renders the objects); unset: drape places",
     )
+    sharing: Sharing = Field(
+        default="none",
+        description="how the cluster's device plugin shares a GPU between pods: none (whole GPUs only, nvidia.com/gpu), "
+        "time-slicing or mps (NVIDIA's device plugin with renameByDefault: every GPU of such a node is offered as "
+        "`shared_resource` only); the queue co-locates jobs only on nodes that share (or with dra_device_class)",
+    )
+    node_sharing: dict[str, Sharing] = Field(
+        default_factory=dict,
+        description="per fleet node, how its GPUs are shared where it differs from `sharing` (the device plugin's "
+        "per-node config, label nvidia.com/device-plugin.config)",
+    )
     shared_resource: str | None = Field(
         default=None,
-        description="the resource a shared GPU is offered as (NVIDIA's device plugin with time-slicing or MPS and "
-        "renameByDefault: nvidia.com/gpu.shared); shareable single-GPU jobs request it, exclusive and multi-GPU jobs "
-        "request whole GPUs (nvidia.com/gpu); unset: every job requests whole GPUs",
+        description="the resource a shared GPU is offered as on a node that shares; unset: nvidia.com/gpu.shared "
+        "(NVIDIA's device plugin with renameByDefault); never nvidia.com/gpu, under which a job planned to run alone "
+        "would silently share",
+    )
+    dra_device_class: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$",
+        description="Dynamic Resource Allocation (resource.k8s.io/v1, Kubernetes 1.34+): the DeviceClass GPUs are "
+        "claimed from (NVIDIA's DRA driver: gpu.nvidia.com); set, every pod claims the very devices the queue chose "
+        "through a ResourceClaim, and jobs that share a GPU share one claim; unset: the device plugin picks devices",
+    )
+    dra_driver: str = Field(
+        default="gpu.nvidia.com",
+        pattern=r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$",
+        description="the DRA driver whose device attributes (index, uuid) the claims' selectors read",
     )
     credentials_secret: str | None = Field(
         default="drape-s3",
@@ -129,6 +158,32 @@ class KubernetesLauncherConfig(StrictModel):
     def _image_pinned(self) -> KubernetesLauncherConfig:
         _pinned(self.image)
         return self
+
+    @model_validator(mode="after")
+    def _sharing_declared(self) -> KubernetesLauncherConfig:
+        if self.shared_resource == WHOLE_GPU_RESOURCE:
+            raise ValueError(
+                f"queue.kubernetes.shared_resource {WHOLE_GPU_RESOURCE!r} is the whole-GPU resource: a job planned to run "
+                "alone would silently share its GPU; set renameByDefault in the device plugin's sharing config and "
+                "name the renamed resource (nvidia.com/gpu.shared)"
+            )
+        if self.shared_resource and self.sharing == "none" and set(self.node_sharing.values()) <= {"none"}:
+            raise ValueError(
+                f"queue.kubernetes.shared_resource {self.shared_resource!r} is set but no node shares its GPUs: declare "
+                "queue.kubernetes.sharing (time-slicing or mps) or node_sharing"
+            )
+        return self
+
+    def sharing_on(self, node: str) -> Sharing:
+        """How `node`'s GPUs are shared: its `node_sharing` entry, else `sharing`."""
+        return self.node_sharing.get(node, self.sharing)
+
+    def shares(self, node: str) -> bool:
+        """Whether the queue may put two jobs on one GPU of `node`: DRA claims, or a device plugin that shares."""
+        return bool(self.dra_device_class) or self.sharing_on(node) != "none"
+
+    def shared_resource_name(self) -> str:
+        return self.shared_resource or SHARED_GPU_RESOURCE
 
 
 JOB_CREDENTIAL_VARIABLES = (

@@ -163,6 +163,12 @@ QUEUE_WAIT = Histogram(
 QUEUE_STARVED = Gauge("drape_queue_starved_jobs", "Queued jobs waiting for more than an hour", registry=REGISTRY)
 QUEUE_OLDEST_WAIT = Gauge("drape_queue_oldest_wait_seconds", "Wait so far of the oldest queued job", registry=REGISTRY)
 QUEUE_PLACEMENTS = Counter("drape_queue_placements", "Jobs started, by kind and GPU model", ["kind", "model"], registry=REGISTRY)
+QUEUE_PLACEMENT_DRIFT = Counter(
+    "drape_queue_placement_drift",
+    "Jobs found running elsewhere than the queue placed them (kind: node or gpu), books corrected",
+    ["engine", "kind"],
+    registry=REGISTRY,
+)
 QUEUE_PREEMPTIONS = Counter(
     "drape_queue_preemptions", "Running jobs preempted for a starving multi-GPU job, by kind", ["kind"], registry=REGISTRY
 )

@@ -193,6 +193,11 @@ def queue() -> dict:
             ),
             panel("Placements by GPU class", [("sum by (model, kind) (drape_queue_placements_total)", "{{model}} {{kind}}")]),
             panel(
+                "Placement drift (jobs found elsewhere than placed, per hour)",
+                [("sum by (engine, kind) (increase(drape_queue_placement_drift_total[1h]))", "{{engine}} {{kind}}")],
+                width=12,
+            ),
+            panel(
                 "GPU memory allocated vs capacity per node",
                 [
                     ("sum by (node) (drape_gpu_memory_allocated_gib) * 1073741824", "{{node}} allocated"),

@@ -50,6 +50,11 @@ class FakeCluster:
     def create_namespaced_service(self, namespace, body, _request_timeout=None):
         raise AssertionError("a one-node job needs no Service")
 
+    def list_namespaced_pod(self, namespace, label_selector=None, _request_timeout=None):
+        from kubernetes import client
+
+        return client.V1PodList(items=[])  # where pods landed: tests/integration/test_placement_drift.py
+
 
 def _gpus_of(job: dict) -> int:
     (container,) = job["spec"]["template"]["spec"]["containers"]

@@ -383,7 +383,7 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     from scheduler.kubernetes import build_job, headless_service
     from scheduler.policy import GpuState
 
-    settings = KubernetesLauncherConfig()
+    settings = KubernetesLauncherConfig(node_label=None)  # pinned to nodes below (`hosts`)
     job = {
         "id": "stage-training-abc123",
         "kind": "stage-training",
@@ -450,9 +450,12 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     (requirement,) = term.match_expressions
     assert requirement.key == "nvidia.com/gpu.product" and requirement.operator == "In"
     assert "NVIDIA-H100-80GB-HBM3" in requirement.values and "NVIDIA-L40S" not in requirement.values
-    # shared GPUs: with `shared_resource`, a shareable single-GPU job requests it, its declared share as
-    # MPS's thread percentage; an exclusive or multi-GPU job still requests whole GPUs
-    shared = settings.model_copy(update={"shared_resource": "nvidia.com/gpu.shared"})
+    # shared GPUs: on a node declared to share (MPS), a shareable single-GPU job requests the shared resource,
+    # its declared share as MPS's thread percentage; a job planned to run alone is refused there (it would
+    # share, or never schedule), and runs on whole GPUs where nothing is shared
+    from scheduler.kubernetes_devices import BindingError
+
+    shared = settings.model_copy(update={"sharing": "mps"})
     service, one_gpu = {**job, "labels": json.dumps({"share": "0.5"})}, one_node[:1]
     served = build_job(service, one_gpu, shared)
     kubernetes_validate.validate(api.sanitize_for_serialization(served), "1.33", strict=True)
@@ -460,10 +463,11 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     assert container.resources.limits["nvidia.com/gpu.shared"] == container.resources.requests["nvidia.com/gpu.shared"] == "1"
     assert "nvidia.com/gpu" not in container.resources.limits
     assert {e.name: e.value for e in container.env}["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
-    alone = build_job({**job, "labels": json.dumps({"exclusive": "true", "share": "0.5"})}, one_gpu, shared)
-    assert alone.spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
-    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in {e.name for e in alone.spec.template.spec.containers[0].env}
-    assert build_job(job, one_node, shared).spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
+    with pytest.raises(BindingError, match="planned to run alone on 1 GPU"):
+        build_job({**job, "labels": json.dumps({"exclusive": "true", "share": "0.5"})}, one_gpu, shared)
+    with pytest.raises(BindingError, match="planned to run alone on 8 GPU"):
+        build_job(job, one_node, shared)
+    assert build_job(job, one_node, settings).spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "8"
     assert build_job(service, one_gpu, settings).spec.template.spec.containers[0].resources.limits["nvidia.com/gpu"] == "1"
     # pinned to the queue's nodes: one node's pod to it; across nodes, one pod on each of them
     hosts = settings.model_copy(update={"node_label": "kubernetes.io/hostname"})

@@ -39,6 +39,7 @@ EXPECTED_COMMANDS = {
     "queue sbatch": ["config", "stage", "nodes", "python"],
     "queue trace": ["out", "since_hours", "config"],
     "queue kueue": ["fleet", "local_queue", "cluster_queue", "config"],
+    "queue render": ["gpus", "nodes", "mem_gib", "shared", "sharing", "dra", "config"],
     "model describe": ["config"],
     "tryon": ["config", "inputs", "model", "out", "seed", "shopper", "variant"],
     "eval": ["config", "mode", "split", "version"],

@@ -176,7 +176,7 @@ def test_a_pytorchjob_master_hosts_the_rendezvous_and_workers_join_it(secrets_in
 def test_host_resources_follow_the_gpus_a_pod_holds():
     """Whole GPUs: the per-GPU share for each; a shared GPU: the part of its memory the job's profile
     holds (20 of 80 GiB: a quarter of 10 CPUs, 160 GiB and 8 GiB of /dev/shm, rounded up)."""
-    shared = KubernetesLauncherConfig(shared_resource="nvidia.com/gpu.shared")
+    shared = KubernetesLauncherConfig(sharing="time-slicing")  # its resource: nvidia.com/gpu.shared
     small = _job(gpus=1, mem_gib=20.0, labels=json.dumps({"share": "0.5"}))
     pod = _plain(build_job(small, ONE_NODE[:1], shared))["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"] == {

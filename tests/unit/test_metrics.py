@@ -36,6 +36,7 @@ EXPECTED = {
     "drape_queue_oldest_wait_seconds": ("gauge", []),
     "drape_queue_placements": ("counter", ["kind", "model"]),
     "drape_queue_preemptions": ("counter", ["kind"]),
+    "drape_queue_placement_drift": ("counter", ["engine", "kind"]),
     "drape_queue_job_gpu_memory_gib": ("gauge", ["job_id", "kind", "run", "stage", "gpu", "node"]),
     "drape_gpu_memory_allocated_gib": ("gauge", ["gpu", "node", "model"]),
     "drape_gpu_memory_capacity_gib": ("gauge", ["gpu", "node", "model"]),
