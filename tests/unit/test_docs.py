@@ -148,3 +148,12 @@ def test_the_runbook_covers_a_failed_gate_a_starving_job_and_a_dead_node():
     titles = {section.splitlines()[0]: section for section in sections}
     for title in ("A gate failed", "A job starves in the queue", "A node died"):
         assert title in titles and "**Do**" in titles[title], title
+
+
+def test_every_docs_image_is_small_and_shown_on_a_page():
+    images = sorted((REPO / "docs" / "img").glob("*.png"))
+    shown = "".join(page.read_text() for page in PAGES)
+    assert len(images) >= 3
+    for image in images:
+        assert image.stat().st_size < 300_000, f"{image.name}: {image.stat().st_size} bytes; the docs keep images under 300 KB"
+        assert f"img/{image.name})" in shown, f"{image.name} is on no page"
