@@ -1,5 +1,6 @@
 """Slack alerts: Block Kit payloads, retries on 429 and 5xx, and the URL never leaks."""
 
+import functools
 import json
 import logging
 import socket
@@ -11,6 +12,7 @@ import pytest
 
 from drape.config import AlertsConfig
 from drape.gates.report import CheckResult, GateReport
+from drape.ops import alerts
 from drape.ops.alerts import AlertError, gate_message, notify_gate, post_to_slack
 
 
@@ -64,8 +66,11 @@ def test_slack_outage_is_reported_without_the_url(monkeypatch, slack_webhook):
         post_to_slack(f"{url}/down/T0/SECRET", {"text": "x"}, attempts=3, backoff_seconds=0.01)
     assert len(received) == 3 and "HTTP 500" in str(error.value) and "SECRET" not in str(error.value)
     monkeypatch.setenv("DRAPE_SLACK_WEBHOOK_URL", f"{url}/down/T0/SECRET")
+    monkeypatch.setattr(
+        alerts, "post_to_slack", functools.partial(post_to_slack, backoff_seconds=0.01)
+    )  # the default 4 attempts, without seconds of backoff
     outcome = notify_gate(AlertsConfig(), _report(False), run_name="r", report_location="x")
-    assert outcome.startswith("Slack alert failed") and "SECRET" not in outcome
+    assert outcome.startswith("Slack alert failed") and "SECRET" not in outcome and len(received) == 3 + 4
 
 
 # --- slack_sdk's WebhookClient and retry handlers against a real local HTTP server --------------
