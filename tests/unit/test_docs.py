@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import typing
 from typing import Literal
 
@@ -79,3 +80,80 @@ def test_the_cli_reference_lists_every_command_and_option_with_help(hooks):
         assert f"## `{' '.join(path)}`" in page
     assert "## `drape queue submit`" in page and "| `--mem-gib` |" in page and "| `--config`, `-c` |" in page
     assert options > 100 and undocumented == 0, f"{undocumented} CLI options have no help"
+
+
+# --- the hand-written pages name only what exists --------------------------------------------------
+PAGES = sorted((REPO / "docs").glob("**/*.md")) + [REPO / "README.md"]
+
+
+def _mentions(pattern: str) -> set[tuple[str, str]]:
+    return {(page.relative_to(REPO).as_posix(), m.group(1)) for page in PAGES for m in re.finditer(pattern, page.read_text())}
+
+
+def test_every_drape_command_the_docs_name_exists(hooks):
+    from drape.cli import app
+
+    commands = {" ".join(path[1:]) for path, _ in hooks._commands(typer.main.get_command(app), ["drape"])}
+    named = _mentions(r"`drape ([a-z][a-z-]*(?: [a-z][a-z-]*)?)")
+    groups = {name.split(" ")[0] for name in commands if " " in name}
+    leaves = commands - groups  # after a leaf command, a second word is an argument: `drape tryon SHOPPER`
+    unknown = {(page, name) for page, name in named if name not in leaves and name.split(" ")[0] not in leaves}
+    assert len(named) > 40 and not unknown, sorted(unknown)
+
+
+def _resolves(model: type[BaseModel], parts: list[str]) -> bool:
+    fields = {field.alias or name: field for name, field in model.model_fields.items()}
+    if not parts or parts[0] not in fields:
+        return not parts
+    annotation, rest = fields[parts[0]].annotation, parts[1:]
+    if "dict[" in str(annotation) and rest:
+        rest = rest[1:]  # a key: train.stages.<stage>.steps
+    nested = [m for m in [annotation, *typing.get_args(annotation)] if isinstance(m, type) and issubclass(m, BaseModel)]
+    nested += [
+        m for a in typing.get_args(annotation) for m in typing.get_args(a) if isinstance(m, type) and issubclass(m, BaseModel)
+    ]
+    return not rest or any(_resolves(m, rest) for m in nested)
+
+
+def test_every_config_field_the_docs_name_exists():
+    from drape.config import PipelineConfig
+
+    sections = "|".join(PipelineConfig.model_fields)
+    named = _mentions(rf"`((?:{sections})(?:\.[a-z_0-9]+)+)`")
+    unknown = {(page, path) for page, path in named if not _resolves(PipelineConfig, path.split("."))}
+    unknown = {(page, path) for page, path in unknown if not re.search(r"\.(py|json|md|yaml)$", path)}  # file names
+    assert len(named) > 100 and not unknown, sorted(unknown)
+
+
+def test_every_alert_and_metric_the_docs_name_exists():
+    from drape.ops.metrics import REGISTRY
+
+    rules = (REPO / "infra" / "prometheus" / "rules" / "drape.yml").read_text()
+    metrics = {name for names in REGISTRY._collector_to_names.values() for name in names}
+    alerts = _mentions(r"`(Drape[A-Za-z]+)`")
+    assert {"DrapeGateFailed", "DrapeJobsStarved"} <= {name for _, name in alerts}
+    assert not {(page, name) for page, name in alerts if f"alert: {name}\n" not in rules}
+    series = _mentions(r"\b(drape_[a-z_]*[a-z])\b")
+    unknown = {
+        (page, n)
+        for page, n in series
+        if n not in metrics and n not in rules and re.sub(r"_(bucket|sum|count)$", "", n) not in metrics
+    }
+    assert not unknown, sorted(unknown)
+
+
+def test_the_runbook_covers_a_failed_gate_a_starving_job_and_a_dead_node():
+    runbook = (REPO / "docs" / "runbook.md").read_text()
+    sections = re.split(r"^## ", runbook, flags=re.MULTILINE)[1:]
+    titles = {section.splitlines()[0]: section for section in sections}
+    for title in ("A gate failed", "A job starves in the queue", "A node died"):
+        assert title in titles and "**Do**" in titles[title], title
+
+
+def test_every_docs_image_is_small_and_shown_on_a_page():
+    images = sorted((REPO / "docs" / "img").glob("*.png"))
+    shown = "".join(page.read_text() for page in PAGES)
+    assert len(images) >= 3
+    for image in images:
+        assert image.stat().st_size < 300_000, f"{image.name}: {image.stat().st_size} bytes; the docs keep images under 300 KB"
+        assert f"img/{image.name})" in shown, f"{image.name} is on no page"
