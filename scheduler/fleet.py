@@ -79,10 +79,10 @@ def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
     return gpus
 
 
-def fleet_view(config, store, running: list[RunningJob] | None = None) -> FleetView:
+def fleet_view(config, store, running: list[RunningJob] | None = None, *, allocations: bool = True) -> FleetView:
     """The fleet per `config.queue`, with the ledger's allocations applied (and what the `running`
     jobs, read from the store when not given, declare: who runs alone, declared shares); registers
-    what it sees."""
+    what it sees. `allocations=False`: the GPUs alone, for a planner that keeps the allocations itself."""
     from scheduler.simulator import load_fleet
 
     queue = config.queue
@@ -103,6 +103,8 @@ def fleet_view(config, store, running: list[RunningJob] | None = None) -> FleetV
         gpus = local_gpus(queue.cpu_slot_gib)
     if source != "ledger":
         store.register_gpus(gpus)
+    if not allocations:
+        return FleetView(gpus, source, note)
     ledger = store.ledger()
     alone: set[str] = set()
     shares: dict[str, float] = {}
