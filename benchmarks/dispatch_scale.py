@@ -251,11 +251,12 @@ def main() -> None:
             rows.append((size, results["before"], results["after"]))
         title = f"One dispatch cycle, {args.gpus:,} GPUs full, PostgreSQL (medians of {args.cycles} cycles)"
         print(f"\n## {title}\n")
-        print("| queued | before: cycle s | after: cycle s | ratio | after: first cycle s | started before / after |")
-        print("|---|---|---|---|---|---|")
+        print("| queued | before: cycle s | after: cycle s | ratio | first cycle before s | after s | started before / after |")
+        print("|---|---|---|---|---|---|---|")
         for size, before, after in rows:
             ratio = before[1] / after[1]
-            print(f"| {size:,} | {before[1]:.3f} | {after[1]:.3f} | {ratio:.1f}× | {after[0]:.3f} | {before[2]} / {after[2]} |")
+            cells = [f"{before[1]:.3f}", f"{after[1]:.3f}", f"{ratio:.1f}×", f"{before[0]:.3f}", f"{after[0]:.3f}"]
+            print(f"| {size:,} | " + " | ".join(cells) + f" | {before[2]} / {after[2]} |")
         if plans:
             print(f"\n## The statements of one cycle after, {sizes[-1]:,} queued: PostgreSQL's plans (key lines)")
             explain(*plans)

@@ -153,10 +153,12 @@ class Dispatcher:
         if self.live is None:
             self._fail_unplaceable([job for job in pending if job.id not in started_ids], view, now)
             waits = [now - job.submit_s for job in pending if job.id not in started_ids]
-            self._export(view, now, (sum(1 for wait in waits if wait > STARVED_AFTER_S), max(waits, default=0.0)))
+            starved = sum(1 for wait in waits if wait > STARVED_AFTER_S)
+            self._export(view, (starved, max(waits, default=0.0)), self.store.counts())
         else:
-            self._fail_unplaceable(self._candidates(view, now, started_ids), view, now)
-            self._export(view, now, self.live.waits(now, started_ids))
+            failed = self._fail_unplaceable(self._candidates(view, now, started_ids), view, now)
+            counts = self.live.counts(len(started_ids), failed, self.store.counts)
+            self._export(view, self.live.waits(now, started_ids), counts)
         report.seconds = time.perf_counter() - started_at  # the whole cycle, its metrics included
         metrics.DISPATCH_CYCLE.observe(report.seconds)
         return report
@@ -210,9 +212,10 @@ class Dispatcher:
                 print(f"queue: preempted {victim} ({row['kind']}) {why}; it resumes from its checkpoint")
         return preempted
 
-    def _fail_unplaceable(self, waiting: list, view: FleetView, now: float) -> None:
+    def _fail_unplaceable(self, waiting: list, view: FleetView, now: float) -> int:
         """Fail the waiting jobs no node of the fleet can ever hold (when the fleet is known), and
-        those waiting longer than `queue.placement_timeout_seconds`, each with what to do."""
+        those waiting longer than `queue.placement_timeout_seconds`, each with what to do; how many."""
+        failed = 0
         timeout = self.config.queue.placement_timeout_seconds
         known = bool(view.gpus) and view.source != "ledger"
         reasons: dict[
@@ -230,6 +233,8 @@ class Dispatcher:
                 )
             if reason and self.store.fail_queued(job.id, reason, now):
                 print(f"queue: {job.id} failed: {reason}")
+                failed += 1
+        return failed
 
     def _take_over(self, now: float) -> tuple[list[str], list[str]]:
         """Jobs of expired leases: adopted when this dispatcher's launcher sees them, else requeued."""
@@ -274,9 +279,10 @@ class Dispatcher:
             finished.append(job_id)
         return finished
 
-    def _export(self, view: FleetView, now: float, waits: tuple[int, float]) -> None:
-        """Queue metrics; `waits`: the still-queued jobs waiting over an hour, and the longest wait so far."""
-        for state, count in self.store.counts().items():
+    def _export(self, view: FleetView, waits: tuple[int, float], counts: dict[str, int]) -> None:
+        """Queue metrics; `waits`: the still-queued jobs waiting over an hour, and the longest wait so
+        far; `counts`: jobs per state."""
+        for state, count in counts.items():
             metrics.QUEUE_JOBS.labels(state=state).set(count)
         metrics.QUEUE_STARVED.set(waits[0])
         metrics.QUEUE_OLDEST_WAIT.set(waits[1])

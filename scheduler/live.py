@@ -26,6 +26,7 @@ from scheduler.state import STARVED_AFTER_S, GpuState, JobRequest, Placement, Po
 from scheduler.versions import change_cursor, changed_jobs, live_jobs
 
 CHANGES_LIMIT = 20_000  # more changed jobs than this in one cycle: read the queue whole
+ENDED_EVERY = 30  # cycles between counts of the ended jobs (a count over the queue's whole history)
 
 
 def _request(row: tuple) -> JobRequest:
@@ -50,6 +51,8 @@ class LivePlanner:
         self.waiting = SortedList()  # (submit, id) of the queued jobs: the oldest waits, the overdue
         self.rebuilds = 0
         self.stale = True
+        self.ended: dict[str, int] = {}  # succeeded, failed, cancelled → jobs, as last counted
+        self.cycles = 0
 
     def plan(self, gpus: list[GpuState], now: float) -> list[Placement]:
         """What to start now: the planner brought up to date with the database and `gpus` (the fleet
@@ -81,8 +84,9 @@ class LivePlanner:
         planner = Planner([GpuState(g.uuid, g.node, g.model, g.total_gib) for g in gpus], self.config)
         self.planner, self.waiting, self.fleet_key, self.stale = planner, SortedList(), key, False
         self.rebuilds += 1
-        for row in live_jobs(self.engine, "queued"):
-            self._submit(planner, _request(row))
+        queued = [_request(row) for row in live_jobs(self.engine, "queued")]
+        planner.submit_many(queued)
+        self.waiting.update((job.submit_s, job.id) for job in queued)
         for row in sorted(live_jobs(self.engine, "running"), key=lambda r: (r[9] or 0.0, r[0])):
             self._run(planner, row)
         return planner
@@ -153,3 +157,13 @@ class LivePlanner:
         )
         oldest = next((now - submit for submit, job_id in waiting if job_id not in started), 0.0)
         return starved, max(oldest, 0.0)
+
+    def counts(self, started: int, failed: int, count_all: Callable[[], dict[str, int]]) -> dict[str, int]:
+        """Jobs per state: queued and running from the planner as this cycle read them, less the
+        `started` and `failed` since; the ended states from `count_all` every `ENDED_EVERY` cycles."""
+        assert self.planner is not None, "plan() first"
+        if self.cycles % ENDED_EVERY == 0:
+            self.ended = {state: count for state, count in count_all().items() if state not in ("queued", "running")}
+        self.cycles += 1
+        live = {"queued": len(self.planner.pending) - started - failed, "running": len(self.planner.running) + started}
+        return {**self.ended, **live}

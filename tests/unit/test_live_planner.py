@@ -4,8 +4,9 @@ Two dispatchers, each on a queue database of its own, run one scripted sequence:
 (some pinned to a model, declaring a share, exclusive, 4-GPU gang jobs waiting long enough to
 preempt), jobs ending and failing (a failure queued again), cancels, a rival dispatcher claiming
 on the same database, the fleet growing by a node. One plans with `plan_drape` (`incremental=False`),
-the other with the `LivePlanner`; every cycle starts, preempts and places the same jobs, and the
-live one read the queue whole only when it had to (its first cycle, the fleet change).
+the other with the `LivePlanner`; every cycle starts, preempts and places the same jobs (and
+reports the same queued, running, starved jobs and longest wait), and the live one read the queue
+whole only when it had to (its first cycle, the fleet change).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import random
 
 import yaml
 
+from drape.ops import metrics
 from scheduler.dispatcher import Dispatcher
 from scheduler.engine import Outcome
 from scheduler.store import JobSpec, JobStore
@@ -111,7 +113,9 @@ def test_the_live_planner_places_every_job_as_plan_drape_does(tmp_path):
             launcher.clock = clock
             report = dispatcher.cycle(now=clock)
             rows = {job["id"]: (job["state"], job["assigned"]) for job in store.jobs()}
-            outcomes.append((sorted(report.started), sorted(report.preempted), sorted(report.finished), rows))
+            gauges = [metrics.QUEUE_JOBS.labels(state=state)._value.get() for state in ("queued", "running")]
+            gauges += [metrics.QUEUE_STARVED._value.get(), metrics.QUEUE_OLDEST_WAIT._value.get()]
+            outcomes.append((sorted(report.started), sorted(report.preempted), sorted(report.finished), rows, gauges))
         assert outcomes[0] == outcomes[1], f"at {clock}: plan_drape and the live planner differ"
         started_total += outcomes[0][0]
     reference, live = worlds[0][3], worlds[1][3]
@@ -145,3 +149,29 @@ def test_a_rival_dispatchers_claims_reach_the_live_planner(tmp_path):
     later = store.submit(JobSpec(mem_gib=40, id="c0", **spec), now=55.0)
     launcher.durations[later] = 5_000.0
     assert live.cycle(now=60.0).started == [later] and live.live.rebuilds == 2  # 5 changes > 2: a full read
+
+
+def test_submitting_a_whole_queue_at_once_keeps_the_orders_one_by_one_does():
+    """`Planner.submit_many` (a rebuild's queue) leaves the planner as `submit` job by job; a job
+    already queued is refused. ~0.1 s."""
+    import pytest
+
+    from scheduler.planner import Planner
+    from scheduler.state import GpuState, JobRequest
+
+    rng = random.Random(5)
+    gpus = [GpuState(f"n{n}/gpu{i}", f"n{n}", "H100-80GB", 80.0) for n in range(2) for i in range(8)]
+    jobs = [
+        JobRequest(f"j{i:04d}", rng.randint(1, 6), rng.uniform(0, 900), rng.choice((1, 1, 8)), rng.choice((8.0, 40.0)), 600.0)
+        for i in range(500)
+    ]
+    together, one_by_one = Planner(gpus), Planner(gpus)
+    together.submit_many(jobs)
+    for job in jobs:
+        one_by_one.submit(job)
+    assert list(together.order) == list(one_by_one.order) and together.pending == one_by_one.pending
+    assert {shape: list(q) for shape, q in together.queues.items()} == {shape: list(q) for shape, q in one_by_one.queues.items()}
+    assert list(together.gang_submits) == list(one_by_one.gang_submits) and together.shapes == one_by_one.shapes
+    assert together.plan(1_000.0) == one_by_one.plan(1_000.0)
+    with pytest.raises(ValueError, match="j0007.*already queued"):
+        together.submit_many([jobs[7]])
