@@ -73,8 +73,11 @@ class LivePlanner:
             return self.rebuild(gpus, key)
         try:
             self._apply(self.planner, rows)
-        except (KeyError, ValueError):  # a job on GPUs the planner does not know, or a state it cannot follow
+        except (KeyError, ValueError):  # a state the planner cannot follow: read everything
             return self.rebuild(gpus, key)
+        except Exception:
+            self.stale = True  # half applied: the next cycle reads everything
+            raise
         self.cursor = cursor
         return self.planner
 

@@ -175,3 +175,42 @@ def test_submitting_a_whole_queue_at_once_keeps_the_orders_one_by_one_does():
     assert together.plan(1_000.0) == one_by_one.plan(1_000.0)
     with pytest.raises(ValueError, match="j0007.*already queued"):
         together.submit_many([jobs[7]])
+
+
+def test_a_queue_database_from_before_gains_the_version_its_indexes_and_triggers(tmp_path):
+    """A jobs table as an earlier drape made it (no `version`) is upgraded when opened: the column,
+    the cycle's indexes and the triggers; its queued job keeps no version (a full read finds it),
+    and a job submitted or started since has one. ~0.2 s."""
+    import sqlite3
+
+    from scheduler.versions import change_cursor, changed_jobs
+
+    database = tmp_path / "queue.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute(
+            "CREATE TABLE jobs (id VARCHAR(64) PRIMARY KEY, kind VARCHAR(32) NOT NULL, stage VARCHAR(32), shape VARCHAR(256)"
+            " NOT NULL, priority INTEGER NOT NULL, gpus INTEGER NOT NULL, mem_gib FLOAT NOT NULL, duration_s FLOAT NOT NULL,"
+            " command TEXT NOT NULL, env TEXT NOT NULL, labels TEXT NOT NULL, state VARCHAR(16) NOT NULL,"
+            " submit_s FLOAT NOT NULL, start_s FLOAT, finish_s FLOAT, dispatcher VARCHAR(64), lease_expires_s FLOAT,"
+            " assigned TEXT, handle VARCHAR(256),"
+            " attempts INTEGER NOT NULL, exit_code INTEGER, message TEXT)"
+        )
+        connection.execute(
+            "INSERT INTO jobs (id, kind, shape, priority, gpus, mem_gib, duration_s, command, env, labels, state, submit_s,"
+            " attempts) VALUES ('old', 'gate-eval', 'gate-eval', 3, 1, 8.0, 60.0, '[]', '{}', '{}', 'queued', 1.0, 0)"
+        )
+    connection.close()
+    store = JobStore(f"sqlite:///{database}")
+    JobStore(f"sqlite:///{database}")  # a second open finds it upgraded
+    with sqlite3.connect(database) as connection:
+        indexes = {row[1] for row in connection.execute("PRAGMA index_list('jobs')")}
+        triggers = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    connection.close()
+    assert {"jobs_version", "jobs_state_lease", "jobs_state_dispatcher"} <= indexes
+    assert triggers == {"jobs_version_insert", "jobs_version_state"}
+    cursor = change_cursor(store.engine)
+    new = store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=8.0, duration_s=60.0), now=2.0)
+    assert store.get("old")["version"] is None and [row[0] for row in changed_jobs(store.engine, cursor, 10)] == [new]
+    store.cancel("old")
+    assert [row[0] for row in changed_jobs(store.engine, cursor, 10)] == [new, "old"]
+    assert changed_jobs(store.engine, cursor, 1) is None  # more than the limit: read everything instead
