@@ -157,7 +157,7 @@ class Dispatcher:
             self._export(view, (starved, max(waits, default=0.0)), self.store.counts())
         else:
             failed = self._fail_unplaceable(self._candidates(view, now, started_ids), view, now)
-            counts = self.live.counts(len(started_ids), failed, self.store.counts)
+            counts = self.live.counts(started_ids, report.preempted, failed, self.store.counts)
             self._export(view, self.live.waits(now, started_ids), counts)
         report.seconds = time.perf_counter() - started_at  # the whole cycle, its metrics included
         metrics.DISPATCH_CYCLE.observe(report.seconds)

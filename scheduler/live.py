@@ -161,12 +161,18 @@ class LivePlanner:
         oldest = next((now - submit for submit, job_id in waiting if job_id not in started), 0.0)
         return starved, max(oldest, 0.0)
 
-    def counts(self, started: int, failed: int, count_all: Callable[[], dict[str, int]]) -> dict[str, int]:
-        """Jobs per state: queued and running from the planner as this cycle read them, less the
-        `started` and `failed` since; the ended states from `count_all` every `ENDED_EVERY` cycles."""
-        assert self.planner is not None, "plan() first"
+    def counts(
+        self, started: set[str], preempted: list[str], failed: int, count_all: Callable[[], dict[str, int]]
+    ) -> dict[str, int]:
+        """Jobs per state: queued and running from the planner as this cycle read them, moved by what
+        the cycle `started`, `preempted` (back to the queue unless started again) and `failed`; the
+        ended states from `count_all` every `ENDED_EVERY` cycles (a count over the whole history)."""
+        planner = self.planner
+        assert planner is not None, "plan() first"
         if self.cycles % ENDED_EVERY == 0:
             self.ended = {state: count for state, count in count_all().items() if state not in ("queued", "running")}
         self.cycles += 1
-        live = {"queued": len(self.planner.pending) - started - failed, "running": len(self.planner.running) + started}
-        return {**self.ended, **live}
+        came = sum(1 for job_id in started if job_id in planner.pending)
+        back = sum(1 for job_id in set(preempted) if job_id not in started)
+        queued, running = len(planner.pending) - came - failed + back, len(planner.running) + came - back
+        return {**self.ended, "queued": queued, "running": running}
