@@ -18,7 +18,7 @@ failures and the metrics), each database a copy of the same filled one:
 `--explain` prints, for one cycle after at the largest queue, PostgreSQL's plan of every distinct
 statement the cycle ran (the lines naming scans and limits).
 
-    .venv/bin/python benchmarks/dispatch_scale.py                               # ~10 min on 2 cores
+    .venv/bin/python benchmarks/dispatch_scale.py --cycles 7 --explain          # ~4 min on 2 cores
     .venv/bin/python benchmarks/dispatch_scale.py --queued 1000 --cycles 3 --explain
 """
 
