@@ -5,6 +5,7 @@ a job beside one that runs alone (a multi-GPU or exclusive job), whatever each o
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 from sqlalchemy import select
@@ -37,6 +38,11 @@ class ClaimLedger:
             or g in self.held_alone
             for g in placement.gpus
         )
+
+    def claimed(self, placement: Placement, version: int) -> dict:
+        """What a claim changes in a job's row besides its state, lease and start."""
+        attempts = self.rows[placement.job_id]["attempts"] + 1
+        return {"assigned": json.dumps(list(placement.gpus)), "attempts": attempts, "version": version}
 
     def take(self, placement: Placement) -> None:
         for g in placement.gpus:
@@ -95,3 +101,11 @@ def shared_since(connection, job_id: str, start_s: float) -> bool:
         allocation_log.c.at_s > start_s,
     )
     return connection.execute(beside.limit(1)).first() is not None or connection.execute(left.limit(1)).first() is not None
+
+
+def versions_of(connection, job_ids: list[str]) -> dict[str, int]:
+    """job id → `jobs.version` of the claimed jobs, read in the claim's transaction after its update."""
+    found = connection.exec_driver_sql(
+        f"SELECT id, version FROM jobs WHERE id IN ({marks(connection, len(job_ids))})", tuple(job_ids)
+    )
+    return dict(found.all())

@@ -24,8 +24,9 @@ from drape.ops import metrics
 from scheduler.baselines import get_policy
 from scheduler.drift import check_landings
 from scheduler.engine import build_launcher, claimed_view, spans_nodes
-from scheduler.fleet import FleetView, fleet_view, unshared
+from scheduler.fleet import FleetView, fleet_view, policy_config, uniform_sharing, unshared
 from scheduler.gangs import fits_across_nodes, spanning
+from scheduler.live import LivePlanner
 from scheduler.policy import STARVED_AFTER_S, JobRequest, PolicyConfig, allowed
 from scheduler.store import JobSpec, JobStore, QueueError
 
@@ -75,18 +76,6 @@ def refusal(job: JobRequest, fleet: list, config) -> str | None:
     return unplaceable(job.gpus, job.mem_gib, allowed_gpus, across_nodes=spans_nodes(config))
 
 
-def policy_config(config) -> PolicyConfig:
-    queue = config.queue
-    return PolicyConfig(
-        aging_per_hour=queue.aging_per_hour,
-        max_jobs_per_gpu=queue.max_jobs_per_gpu,
-        preempt_after_s=queue.preempt_after_seconds or None,
-        max_preemptions=queue.max_preemptions,
-        fragmentation=queue.placement == "fragmentation",
-        spread_after_s=queue.spread_after_seconds or None,
-    )
-
-
 def queue_dir(config) -> Path:
     return config.paths.root_path.resolve() / "queue"
 
@@ -99,6 +88,7 @@ class Dispatcher:
         launcher=None,
         fleet: Callable[[], FleetView] | None = None,
         dispatcher_id: str | None = None,
+        incremental: bool = True,
     ):
         self.config = config
         self.store = store or JobStore(config.queue_url)
@@ -110,6 +100,11 @@ class Dispatcher:
         if spans_nodes(config):  # jobs wider than a node take whole nodes
             self.plan = spanning(self.plan)
         self.policy = policy_config(config)
+        # the drape policy as a Planner kept between cycles (`scheduler/live.py`); plan_drape, reading
+        # every job each cycle, for the other policies, jobs spanning nodes, a fleet view given, and when asked
+        use_live = incremental and fleet is None and config.queue.policy == "drape" and not spans_nodes(config)
+        use_live = use_live and uniform_sharing(config)  # nodes that share beside nodes that do not: plan_drape
+        self.live = LivePlanner(self.store.engine, self.policy) if use_live else None
         self.mine: dict[str, str] = {}  # job id → launcher handle, of the jobs this dispatcher watches
         self.landed: dict[str, float] = {}  # job id → when to ask where its pods landed next (inf: checked)
         self._said: str = ""
@@ -122,16 +117,13 @@ class Dispatcher:
         self.store.heartbeat(self.id, lease, now)
         report.adopted, report.requeued = self._take_over(now)
         report.finished = self._reap(now)
-        check_landings(self.store, self.launcher, self.mine, self.landed, self.config.queue.launcher, self.id, now)
-        running = self.store.running()
-        view = fleet_view(self.config, self.store, running) if self._own_fleet else self.fleet()
+        if check_landings(self.store, self.launcher, self.mine, self.landed, self.config.queue.launcher, self.id, now):
+            self.live_stale()  # a job that drifted moved in the books: read everything again
+        if report.adopted or report.requeued:
+            self.live_stale()  # a takeover: read everything again
+        view, pending, planned = self._plan(now)
         report.fleet_source, report.note = view.source, view.note
-        if view.note and view.note != self._said:
-            print(f"queue: {view.note}")
-            self._said = view.note
         by_uuid = {g.uuid: g for g in view.gpus}
-        pending = self.store.pending()
-        planned = self.plan(pending, view.gpus, running, now, self.policy)  # with nothing queued it may still move jobs
         planned = unshared(planned, view.gpus, self.config)  # two jobs on a GPU only where the node shares it
         report.preempted = self._preempt(planned, now)
         granted = self.store.claim_rows(planned, self.id, lease, self.policy.max_jobs_per_gpu, now)
@@ -153,11 +145,52 @@ class Dispatcher:
             metrics.child(metrics.QUEUE_PLACEMENTS, job["kind"], by_uuid[placement.gpus[0]].model).inc()
         self.store.set_handles(handles)
         started_ids = {p.job_id for p, _ in granted}
-        self._fail_unplaceable([job for job in pending if job.id not in started_ids], view, now)
-        self._export(view, now, [now - job.submit_s for job in pending if job.id not in started_ids])
+        if self.live is None:
+            self._fail_unplaceable([job for job in pending if job.id not in started_ids], view, now)
+            waits = [now - job.submit_s for job in pending if job.id not in started_ids]
+            starved = sum(1 for wait in waits if wait > STARVED_AFTER_S)
+            self._export(view, (starved, max(waits, default=0.0)), self.store.counts())
+        else:
+            failed = self._fail_unplaceable(self._candidates(view, now, started_ids), view, now)
+            counts = self.live.counts(started_ids, report.preempted, failed, self.store.counts)
+            self._export(view, self.live.waits(now, started_ids), counts)
         report.seconds = time.perf_counter() - started_at  # the whole cycle, its metrics included
         metrics.DISPATCH_CYCLE.observe(report.seconds)
         return report
+
+    def live_stale(self) -> None:
+        if self.live is not None:
+            self.live.stale = True
+
+    def _plan(self, now: float) -> tuple[FleetView, list[JobRequest], list]:
+        """The fleet view, the waiting jobs (read whole: plan_drape's path only) and the placements
+        to make now (with nothing queued the policy may still move jobs)."""
+        if self.live is not None:
+            view = fleet_view(self.config, self.store, allocations=False)
+            planned = self.live.plan(view.gpus, now)
+            assert self.live.planner is not None
+            view = FleetView(list(self.live.planner.gpus.values()), view.source, view.note)  # with the allocations
+            pending: list[JobRequest] = []
+        else:
+            running = self.store.running()
+            view = fleet_view(self.config, self.store, running) if self._own_fleet else self.fleet()
+            pending = self.store.pending()
+            planned = self.plan(pending, view.gpus, running, now, self.policy)
+        if view.note and view.note != self._said:
+            print(f"queue: {view.note}")
+            self._said = view.note
+        return view, pending, planned
+
+    def _candidates(self, view: FleetView, now: float, started: set[str]) -> list[JobRequest]:
+        """The waiting jobs `_fail_unplaceable` may fail, from the live planner: each once, none that started."""
+        assert self.live is not None
+        known = bool(view.gpus) and view.source != "ledger"
+        found = self.live.candidates(
+            now,
+            self.config.queue.placement_timeout_seconds,
+            lambda job: known and refusal(job, view.gpus, self.config) is not None,
+        )
+        return list({job.id: job for job in found if job.id not in started}.values())
 
     def _preempt(self, planned: list, now: float) -> list[str]:
         """Return the jobs the plan preempts to the queue and stop their launches: this dispatcher's
@@ -178,9 +211,10 @@ class Dispatcher:
                 print(f"queue: preempted {victim} ({row['kind']}) {why}; it resumes from its checkpoint")
         return preempted
 
-    def _fail_unplaceable(self, waiting: list, view: FleetView, now: float) -> None:
+    def _fail_unplaceable(self, waiting: list, view: FleetView, now: float) -> int:
         """Fail the waiting jobs no node of the fleet can ever hold (when the fleet is known), and
-        those waiting longer than `queue.placement_timeout_seconds`, each with what to do."""
+        those waiting longer than `queue.placement_timeout_seconds`, each with what to do; how many."""
+        failed = 0
         timeout = self.config.queue.placement_timeout_seconds
         known = bool(view.gpus) and view.source != "ledger"
         reasons: dict[
@@ -198,6 +232,8 @@ class Dispatcher:
                 )
             if reason and self.store.fail_queued(job.id, reason, now):
                 print(f"queue: {job.id} failed: {reason}")
+                failed += 1
+        return failed
 
     def _take_over(self, now: float) -> tuple[list[str], list[str]]:
         """Jobs of expired leases: adopted when this dispatcher's launcher sees them, else requeued."""
@@ -242,12 +278,13 @@ class Dispatcher:
             finished.append(job_id)
         return finished
 
-    def _export(self, view: FleetView, now: float, waits: list[float]) -> None:
-        """Queue metrics; `waits` are the still-queued jobs' waits so far."""
-        for state, count in self.store.counts().items():
+    def _export(self, view: FleetView, waits: tuple[int, float], counts: dict[str, int]) -> None:
+        """Queue metrics; `waits`: the still-queued jobs waiting over an hour, and the longest wait so
+        far; `counts`: jobs per state."""
+        for state, count in counts.items():
             metrics.QUEUE_JOBS.labels(state=state).set(count)
-        metrics.QUEUE_STARVED.set(sum(1 for wait in waits if wait > STARVED_AFTER_S))
-        metrics.QUEUE_OLDEST_WAIT.set(max(waits, default=0.0))
+        metrics.QUEUE_STARVED.set(waits[0])
+        metrics.QUEUE_OLDEST_WAIT.set(waits[1])
         nodes = {gpu.uuid: gpu.node for gpu in view.gpus}
         metrics.GPU_MEMORY_ALLOCATED.replace({(g.uuid, g.node, g.model): g.allocated_gib for g in view.gpus})
         metrics.GPU_MEMORY_CAPACITY.replace({(g.uuid, g.node, g.model): g.total_gib for g in view.gpus})

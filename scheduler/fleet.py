@@ -15,7 +15,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-from scheduler.policy import GpuState, RunningJob
+from scheduler.policy import GpuState, PolicyConfig, RunningJob
 
 MIB_PER_GIB = 1024.0
 
@@ -79,10 +79,10 @@ def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
     return gpus
 
 
-def fleet_view(config, store, running: list[RunningJob] | None = None) -> FleetView:
+def fleet_view(config, store, running: list[RunningJob] | None = None, *, allocations: bool = True) -> FleetView:
     """The fleet per `config.queue`, with the ledger's allocations applied (and what the `running`
     jobs, read from the store when not given, declare: who runs alone, declared shares); registers
-    what it sees."""
+    what it sees. `allocations=False`: the GPUs alone, for a planner that keeps the allocations itself."""
     from scheduler.simulator import load_fleet
 
     queue = config.queue
@@ -103,6 +103,8 @@ def fleet_view(config, store, running: list[RunningJob] | None = None) -> FleetV
         gpus = local_gpus(queue.cpu_slot_gib)
     if source != "ledger":
         store.register_gpus(gpus)
+    if not allocations:
+        return FleetView(gpus, source, note)
     ledger = store.ledger()
     alone: set[str] = set()
     shares: dict[str, float] = {}
@@ -144,3 +146,31 @@ def _sharing(config):
     if config.queue.launcher != "kubernetes" or settings.kueue_queue:
         return lambda node: True
     return settings.shares
+
+
+def policy_config(config) -> PolicyConfig:
+    """The queue's policy settings; where no node may share a GPU (Kubernetes without sharing declared,
+    `_sharing`), one job per GPU, so the policy never plans what the launcher must refuse."""
+    queue = config.queue
+    alone = queue.launcher == "kubernetes" and not queue.kubernetes.kueue_queue and not _any_sharing(queue.kubernetes)
+    return PolicyConfig(
+        aging_per_hour=queue.aging_per_hour,
+        max_jobs_per_gpu=1 if alone else queue.max_jobs_per_gpu,
+        preempt_after_s=queue.preempt_after_seconds or None,
+        max_preemptions=queue.max_preemptions,
+        fragmentation=queue.placement == "fragmentation",
+        spread_after_s=queue.spread_after_seconds or None,
+    )
+
+
+def _any_sharing(settings) -> bool:
+    return bool(settings.dra_device_class) or settings.sharing != "none" or any(v != "none" for v in settings.node_sharing.values())
+
+
+def uniform_sharing(config) -> bool:
+    """Whether every node shares its GPUs alike (the live planner's case): not so on Kubernetes with
+    `node_sharing` entries that differ from `sharing` and no DRA claims."""
+    queue, settings = config.queue, config.queue.kubernetes
+    if queue.launcher != "kubernetes" or settings.kueue_queue or settings.dra_device_class:
+        return True
+    return all(value == settings.sharing for value in settings.node_sharing.values())

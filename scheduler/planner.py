@@ -78,6 +78,20 @@ class Planner:
             self.gang_submits.add((job.submit_s, job.id))
         self.shapes[(job.gpus, job.mem_gib)] += 1
 
+    def submit_many(self, jobs: list[JobRequest]) -> None:
+        """`submit` each of `jobs` (a whole queue read at once): each order sorted once, not job by job."""
+        keys: dict[tuple, list] = {}
+        for job in jobs:
+            if job.id in self.pending or job.id in self.running:
+                raise ValueError(f"job {job.id!r} is already queued or running")
+            self.pending[job.id] = job
+            keys.setdefault(_shape(job), []).append(self._key(job))
+            self.shapes[(job.gpus, job.mem_gib)] += 1
+        self.order.update(key for shape_keys in keys.values() for key in shape_keys)
+        for shape, shape_keys in keys.items():
+            self.queues.setdefault(shape, SortedList()).update(shape_keys)
+        self.gang_submits.update((job.submit_s, job.id) for job in jobs if job.gpus > 1)
+
     def withdraw(self, job_id: str) -> JobRequest:
         job = self.pending.pop(job_id)
         self.order.remove(self._key(job))

@@ -14,12 +14,27 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlalchemy import Column, Float, Index, Integer, MetaData, String, Table, Text, create_engine, event, inspect, text
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    create_engine,
+    event,
+    inspect,
+    text,
+)
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import DatabaseError, OperationalError
 
 from drape import JOB_KINDS
 from scheduler.policy import JobRequest, RunningJob
+from scheduler.versions import install_version_triggers
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 KINDS = JOB_KINDS
@@ -50,6 +65,12 @@ jobs_table = Table(
     Column("attempts", Integer, nullable=False, default=0),
     Column("exit_code", Integer),
     Column("message", Text),
+    # when its state last changed: a change sequence (SQLite) or transaction id (PostgreSQL), set by
+    # a trigger (`scheduler/versions.py`); a dispatcher reads only the rows changed since its last cycle
+    Column("version", BigInteger),
+    Index("jobs_version", "version"),
+    Index("jobs_state_lease", "state", "lease_expires_s"),  # the expired leases (`stale`)
+    Index("jobs_state_dispatcher", "state", "dispatcher"),  # a dispatcher's running jobs (`heartbeat`)
 )
 gpus_table = Table(
     "gpus",
@@ -65,6 +86,7 @@ allocations_table = Table(
     Column("job_id", String(64), primary_key=True),
     Column("gpu_uuid", String(128), primary_key=True),
     Column("mem_gib", Float, nullable=False),
+    Index("allocations_gpu", "gpu_uuid"),  # a claim's GPUs (`claims.locked_ledger`)
 )
 allocation_log = Table(
     "allocation_log",
@@ -209,7 +231,8 @@ def open_engine(url: str) -> Engine:
 
 def _upgrade(engine: Engine) -> None:
     """What a database created by an earlier drape lacks (`create_all` adds tables, not columns or
-    the indexes of tables that exist): `measurements.shared`, the allocation log's GPU index.
+    the indexes of tables that exist): `measurements.shared`, `jobs.version` and its triggers, the
+    indexes the dispatch cycle's queries use.
     Idempotent, and safe when another process upgrades at the same moment."""
     schema = inspect(engine)
     if "shared" not in {column["name"] for column in schema.get_columns("measurements")}:
@@ -219,9 +242,27 @@ def _upgrade(engine: Engine) -> None:
         except DatabaseError:  # another process added it first
             if "shared" not in {column["name"] for column in inspect(engine).get_columns("measurements")}:
                 raise
-    if "allocation_log_gpu_at" not in {index["name"] for index in schema.get_indexes("allocation_log")}:
-        with engine.begin() as connection:  # SQLite and PostgreSQL (9.5+) both know IF NOT EXISTS
-            connection.execute(text("CREATE INDEX IF NOT EXISTS allocation_log_gpu_at ON allocation_log (gpu_uuid, at_s)"))
+    if "version" not in {column["name"] for column in schema.get_columns("jobs")}:
+        try:
+            with engine.begin() as connection:
+                connection.execute(text("ALTER TABLE jobs ADD COLUMN version BIGINT"))
+        except DatabaseError:  # another process added it first
+            if "version" not in {column["name"] for column in inspect(engine).get_columns("jobs")}:
+                raise
+    for table, name, columns in UPGRADE_INDEXES:
+        if name not in {index["name"] for index in schema.get_indexes(table)}:
+            with engine.begin() as connection:  # SQLite and PostgreSQL (9.5+) both know IF NOT EXISTS
+                connection.execute(text(f"CREATE INDEX IF NOT EXISTS {name} ON {table} ({columns})"))
+    install_version_triggers(engine)
+
+
+UPGRADE_INDEXES = (  # (table, index, columns) an earlier drape's database may lack
+    ("allocation_log", "allocation_log_gpu_at", "gpu_uuid, at_s"),
+    ("jobs", "jobs_version", "version"),
+    ("jobs", "jobs_state_lease", "state, lease_expires_s"),
+    ("jobs", "jobs_state_dispatcher", "state, dispatcher"),
+    ("allocations", "allocations_gpu", "gpu_uuid"),
+)
 
 
 def job_request(row) -> JobRequest:
@@ -251,7 +292,7 @@ def running_job(row) -> RunningJob:
     how, gpus = scheduling_of(row.labels), tuple(json.loads(row.assigned or "[]"))
     end = (row.start_s or 0) + row.duration_s
     return RunningJob(
-        row.id, gpus, row.mem_gib, end, row.priority, len(gpus) == 1 and not how.exclusive, how.preempted, how.models
+        row.id, gpus, row.mem_gib, end, row.priority, len(gpus) == 1 and not how.exclusive, how.preempted, how.models, how.share
     )
 
 

@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from scheduler.claims import locked_ledger, shared_since
+from scheduler.claims import locked_ledger, shared_since, versions_of
 from scheduler.leases import LeaseMixin
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
 from scheduler.schema import (
@@ -219,7 +219,7 @@ class JobStore(LeaseMixin):
         now = time.time() if now is None else now
         if not placements:
             return []
-        granted = []
+        granted, versions = [], {}
         with self.engine.begin() as connection:
             ledger = locked_ledger(connection, placements, self.is_sqlite)
             for placement in placements:
@@ -228,11 +228,9 @@ class JobStore(LeaseMixin):
                     granted.append(placement)
             if granted:
                 self._record_claims(connection, granted, dispatcher, lease_seconds, now)
+                versions = versions_of(connection, [p.job_id for p in granted])  # the trigger's, on the state change
         claimed = {"state": "running", "start_s": now, "dispatcher": dispatcher, "lease_expires_s": now + lease_seconds}
-        return [
-            (p, {**ledger.rows[p.job_id], **claimed, "assigned": _assigned(p), "attempts": ledger.rows[p.job_id]["attempts"] + 1})
-            for p in granted
-        ]
+        return [(p, {**ledger.rows[p.job_id], **claimed, **ledger.claimed(p, versions[p.job_id])}) for p in granted]
 
     @staticmethod
     def _record_claims(connection, granted: list[Placement], dispatcher: str, lease_seconds: float, now: float) -> None:

@@ -1,0 +1,220 @@
+"""The dispatcher's kept planner (`scheduler/live.py`) decides as `plan_drape` reading every job does.
+
+Two dispatchers, each on a queue database of its own, run one scripted sequence: jobs submitted
+(some pinned to a model, declaring a share, exclusive, 4-GPU gang jobs waiting long enough to
+preempt), jobs ending and failing (a failure queued again), cancels, jobs preempted for a gang
+job or moved off crowded GPUs, the fleet growing by a node. One plans with `plan_drape` (`incremental=False`),
+the other with the `LivePlanner`; every cycle starts, preempts and places the same jobs (and
+reports the same queued, running, starved jobs and longest wait), and the live one read the queue
+whole only when it had to (its first cycle, the fleet change).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import yaml
+
+from drape.ops import metrics
+from scheduler.dispatcher import Dispatcher
+from scheduler.engine import Outcome
+from scheduler.store import JobSpec, JobStore
+from tests.conftest import tiny_config
+
+FLEET = {
+    "groups": [
+        {"model": "H100-80GB", "memory_gib": 80, "nodes": 2, "gpus_per_node": 4, "node_prefix": "h100"},
+        {"model": "L40S-48GB", "memory_gib": 48, "nodes": 1, "gpus_per_node": 4, "node_prefix": "l40s"},
+    ]
+}
+
+QUEUE = {"preempt_after_seconds": 600.0, "spread_after_seconds": 600.0}  # both sooner: the script sees them happen
+
+
+class ScriptedLauncher:
+    """Jobs end when their scripted time comes (`clock`); a job id ending in 'f' fails its first run."""
+
+    def __init__(self, durations: dict[str, float]):
+        self.durations, self.clock, self.started, self.runs = durations, 0.0, {}, {}
+
+    def launch(self, job: dict, gpus) -> str:
+        self.started[job["id"]] = self.clock
+        self.runs[job["id"]] = self.runs.get(job["id"], 0) + 1
+        return f"h:{job['id']}"
+
+    def sees(self, handle) -> bool:
+        return True
+
+    def poll(self, job_id: str, handle=None) -> Outcome | None:
+        if self.clock < self.started[job_id] + self.durations[job_id]:
+            return None
+        return Outcome(1 if job_id.endswith("f") and self.runs[job_id] == 1 else 0, "done")
+
+    def cancel(self, job_id: str, handle=None) -> None:
+        self.started.pop(job_id, None)
+
+
+def _world(tmp_path, name: str, incremental: bool):
+    root = tmp_path / name
+    root.mkdir()
+    (root / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
+    config = tiny_config(
+        root / "drape",
+        fresh_mlflow=True,  # no MLflow here: not its database
+        queue={"fleet": "static", "inventory": str(root / "fleet.yaml"), "max_attempts": 2, **QUEUE},
+    )
+    store = JobStore(config.queue_url)
+    launcher = ScriptedLauncher({})
+    return root, store, launcher, Dispatcher(config, store, launcher=launcher, dispatcher_id="d", incremental=incremental)
+
+
+def _script(seed: int = 4, steps: int = 40):
+    """Per step: the jobs submitted (spec, submit time) and the jobs to cancel (by index into all)."""
+    rng = random.Random(seed)
+    number = 0
+    for step in range(steps):
+        clock = 1_000.0 + 300.0 * step
+        jobs = []
+        for _ in range(rng.choice((0, 0, 1, 2, 4))):
+            number += 1
+            gang = rng.random() < 0.12
+            spec = JobSpec(
+                kind="stage-training" if gang else "gate-eval",
+                command=["true"],
+                id=f"j{number:03d}{'f' if rng.random() < 0.1 else ''}",
+                mem_gib=rng.choice((60.0, 75.0)) if gang else rng.uniform(4, 70),
+                gpus=4 if gang else 1,
+                duration_s=rng.uniform(300, 5000),
+                priority=rng.randint(1, 6),
+                gpu_models=["H100"] if rng.random() < 0.2 else [],
+                exclusive=not gang and rng.random() < 0.1,
+            )
+            if not gang and not spec.exclusive and rng.random() < 0.2:
+                spec.share = 0.5
+            jobs.append((spec, clock - (2_400.0 if gang and rng.random() < 0.5 else rng.uniform(0, 300))))
+        yield clock, jobs, rng.random() < 0.15, step == steps // 2
+
+
+def test_the_live_planner_places_every_job_as_plan_drape_does(tmp_path):
+    """~5 s on a loaded machine: 40 cycles each way on SQLite."""
+    worlds = [_world(tmp_path, "reference", False), _world(tmp_path, "live", True)]
+    started_total: list[str] = []
+    preempted_total: list[str] = []  # a starving gang job's victim, and jobs moved off crowded GPUs
+    for clock, jobs, cancel, grow in _script():
+        outcomes = []
+        for root, store, launcher, dispatcher in worlds:
+            for spec, submit_s in jobs:
+                launcher.durations[spec.id] = spec.duration_s  # type: ignore[index]
+                store.submit(JobSpec(**vars(spec)), now=submit_s)
+            live = [job["id"] for job in store.jobs(states=("queued", "running"))]
+            if cancel and live:
+                store.cancel(sorted(live)[len(live) // 2], now=clock)
+            if grow:  # a node joins: the live planner reads everything again
+                bigger = {"groups": [*FLEET["groups"], {**FLEET["groups"][0], "nodes": 1, "node_prefix": "h100b"}]}
+                (root / "fleet.yaml").write_text(yaml.safe_dump(bigger))
+            launcher.clock = clock
+            report = dispatcher.cycle(now=clock)
+            rows = {job["id"]: (job["state"], job["assigned"]) for job in store.jobs()}
+            gauges = [metrics.QUEUE_JOBS.labels(state=state)._value.get() for state in ("queued", "running")]
+            gauges += [metrics.QUEUE_STARVED._value.get(), metrics.QUEUE_OLDEST_WAIT._value.get()]
+            outcomes.append((sorted(report.started), sorted(report.preempted), sorted(report.finished), rows, gauges))
+        assert outcomes[0] == outcomes[1], f"at {clock}: plan_drape and the live planner differ"
+        started_total += outcomes[0][0]
+        preempted_total += outcomes[0][1]
+    reference, live = worlds[0][3], worlds[1][3]
+    assert reference.live is None and live.live is not None
+    assert live.live.rebuilds == 2  # the first cycle and the fleet change; every other cycle read the changes only
+    states = {state for state, _ in outcomes[0][3].values()}
+    assert {"running", "succeeded", "cancelled"} <= states and len(started_total) > 30 and len(preempted_total) >= 3
+    assert any(json.loads(assigned or "[]") and len(json.loads(assigned)) == 4 for _, assigned in outcomes[0][3].values())
+
+
+def test_a_rival_dispatchers_claims_reach_the_live_planner(tmp_path):
+    """Another dispatcher on the same database claims and finishes jobs between this one's cycles:
+    the live planner learns it from the changed rows (never placing onto GPUs the rival took), and
+    when more rows changed than its limit it reads everything again. ~1 s."""
+    _, store, launcher, live = _world(tmp_path, "live", True)
+    rival = Dispatcher(live.config, store, launcher=launcher, dispatcher_id="rival", incremental=False)
+    spec = {"kind": "gate-eval", "command": ["true"], "duration_s": 5_000.0}
+    first = [store.submit(JobSpec(mem_gib=70, id=f"a{i}", **spec), now=0.0) for i in range(3)]
+    launcher.durations.update(dict.fromkeys(first, 5_000.0))
+    live.cycle(now=10.0)  # the first cycle: a full read
+    more = [store.submit(JobSpec(mem_gib=45, id=f"b{i}", **spec), now=20.0) for i in range(9)]
+    launcher.durations.update(dict.fromkeys(more, 5_000.0))
+    rival.cycle(now=30.0)  # the rival takes all the GPUs left (one each)
+    assert {job["state"] for job in store.jobs()} == {"running"}
+    assert live.cycle(now=40.0).started == []  # it knows every GPU is taken
+    planner = live.live.planner
+    assert planner is not None and not planner.pending and len(planner.running) == 12 and live.live.rebuilds == 1
+    live.live.limit = 2
+    for job_id in more[:4]:
+        store.cancel(job_id, now=50.0)
+    later = store.submit(JobSpec(mem_gib=40, id="c0", **spec), now=55.0)
+    launcher.durations[later] = 5_000.0
+    assert live.cycle(now=60.0).started == [later] and live.live.rebuilds == 2  # 5 changes > 2: a full read
+
+
+def test_submitting_a_whole_queue_at_once_keeps_the_orders_one_by_one_does():
+    """`Planner.submit_many` (a rebuild's queue) leaves the planner as `submit` job by job; a job
+    already queued is refused. ~0.1 s."""
+    import pytest
+
+    from scheduler.planner import Planner
+    from scheduler.state import GpuState, JobRequest
+
+    rng = random.Random(5)
+    gpus = [GpuState(f"n{n}/gpu{i}", f"n{n}", "H100-80GB", 80.0) for n in range(2) for i in range(8)]
+    jobs = [
+        JobRequest(f"j{i:04d}", rng.randint(1, 6), rng.uniform(0, 900), rng.choice((1, 1, 8)), rng.choice((8.0, 40.0)), 600.0)
+        for i in range(500)
+    ]
+    together, one_by_one = Planner(gpus), Planner(gpus)
+    together.submit_many(jobs)
+    for job in jobs:
+        one_by_one.submit(job)
+    assert list(together.order) == list(one_by_one.order) and together.pending == one_by_one.pending
+    assert {shape: list(q) for shape, q in together.queues.items()} == {shape: list(q) for shape, q in one_by_one.queues.items()}
+    assert list(together.gang_submits) == list(one_by_one.gang_submits) and together.shapes == one_by_one.shapes
+    assert together.plan(1_000.0) == one_by_one.plan(1_000.0)
+    with pytest.raises(ValueError, match="j0007.*already queued"):
+        together.submit_many([jobs[7]])
+
+
+def test_a_queue_database_from_before_gains_the_version_its_indexes_and_triggers(tmp_path):
+    """A jobs table as an earlier drape made it (no `version`) is upgraded when opened: the column,
+    the cycle's indexes and the triggers; its queued job keeps no version (a full read finds it),
+    and a job submitted or started since has one. ~0.2 s."""
+    import sqlite3
+
+    from scheduler.versions import change_cursor, changed_jobs
+
+    database = tmp_path / "queue.db"
+    with sqlite3.connect(database) as connection:
+        connection.execute(
+            "CREATE TABLE jobs (id VARCHAR(64) PRIMARY KEY, kind VARCHAR(32) NOT NULL, stage VARCHAR(32), shape VARCHAR(256)"
+            " NOT NULL, priority INTEGER NOT NULL, gpus INTEGER NOT NULL, mem_gib FLOAT NOT NULL, duration_s FLOAT NOT NULL,"
+            " command TEXT NOT NULL, env TEXT NOT NULL, labels TEXT NOT NULL, state VARCHAR(16) NOT NULL,"
+            " submit_s FLOAT NOT NULL, start_s FLOAT, finish_s FLOAT, dispatcher VARCHAR(64), lease_expires_s FLOAT,"
+            " assigned TEXT, handle VARCHAR(256),"
+            " attempts INTEGER NOT NULL, exit_code INTEGER, message TEXT)"
+        )
+        connection.execute(
+            "INSERT INTO jobs (id, kind, shape, priority, gpus, mem_gib, duration_s, command, env, labels, state, submit_s,"
+            " attempts) VALUES ('old', 'gate-eval', 'gate-eval', 3, 1, 8.0, 60.0, '[]', '{}', '{}', 'queued', 1.0, 0)"
+        )
+    connection.close()
+    store = JobStore(f"sqlite:///{database}")
+    JobStore(f"sqlite:///{database}")  # a second open finds it upgraded
+    with sqlite3.connect(database) as connection:
+        indexes = {row[1] for row in connection.execute("PRAGMA index_list('jobs')")}
+        triggers = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")}
+    connection.close()
+    assert {"jobs_version", "jobs_state_lease", "jobs_state_dispatcher"} <= indexes
+    assert triggers == {"jobs_version_insert", "jobs_version_state"}
+    cursor = change_cursor(store.engine)
+    new = store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=8.0, duration_s=60.0), now=2.0)
+    assert store.get("old")["version"] is None and [row[0] for row in changed_jobs(store.engine, cursor, 10)] == [new]
+    store.cancel("old")
+    assert [row[0] for row in changed_jobs(store.engine, cursor, 10)] == [new, "old"]
+    assert changed_jobs(store.engine, cursor, 1) is None  # more than the limit: read everything instead
