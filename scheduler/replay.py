@@ -184,13 +184,13 @@ def replay(trace, fleet: list[GpuState], config: PolicyConfig, record: Record | 
 
 def _apply(placements: list[Placement], state: _Replay, by_id: dict, clock: float, tally, record: Record | None) -> bool:
     """`simulator._apply` on the replay's state: evict, start, count; True when any job was preempted."""
-    from scheduler.simulator import CHECKPOINT_EVERY_S, RESTART_S
+    from scheduler.simulator import RESTART_S
 
     evicted = False
     for placement in placements:
         for victim in placement.evicts:
             gpus, left, request = state.stop(victim, clock)
-            lost = (request.duration_s - left) % CHECKPOINT_EVERY_S + RESTART_S
+            lost = (request.duration_s - left) % request.checkpoint_every_s + RESTART_S
             state.submit(replace(request, duration_s=left + lost, preempted=request.preempted + 1))
             tally.preemptions, tally.lost_gpu_s, evicted = tally.preemptions + 1, tally.lost_gpu_s + lost * len(gpus), True
             tally.preempted_at[victim] = clock
