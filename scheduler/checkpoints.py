@@ -8,7 +8,8 @@ multi-GPU job that has waited `PolicyConfig.gang_max_wait_s` may stop running jo
 node. A running job may be stopped when:
 
 - it declared itself preemptible (`JobRequest.preemptible`; an exclusive job never is);
-- it was preempted fewer than `max_preemptions` times (no job is stopped over and over);
+- it was preempted (stopped or moved) fewer than `gang_max_preemptions` times (no job is stopped
+  over and over);
 - its priority is lower than the waiting job's: jobs of one priority never stop each other, so
   two gang jobs cannot take a node back and forth.
 
@@ -41,7 +42,7 @@ def overdue(job: JobRequest, now: float, config: PolicyConfig) -> bool:
 
 def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
     """Whether waiting gang job `by` may stop running `victim` (see the module docstring)."""
-    return victim.preemptible and victim.preempted < config.max_preemptions and victim.priority < by.priority
+    return victim.preemptible and victim.preempted < config.gang_max_preemptions and victim.priority < by.priority
 
 
 def lost_s(victim: RunningJob, now: float) -> float:

@@ -302,8 +302,8 @@ def simulate(
         # 1. advance the clock to the next finish or arrival, progressing running jobs at their shared rates
         rates = {jid: 1.0 if r["shared"] else min(_pace(gpus[u]) for u in r["gpus"]) for jid, r in running.items()}
         next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
-        patience = config.preempt_after_s if policy == "drape" else None
-        starving = [j.submit_s + patience for j in pending.values() if patience is not None and j.gpus > 1]
+        limits = (config.preempt_after_s, config.gang_max_wait_s) if policy == "drape" else ()
+        starving = [j.submit_s + limit for j in pending.values() for limit in limits if limit is not None and j.gpus > 1]
         wake = min((t for t in starving if t > clock), default=float("inf"))  # a waiting gang job may preempt then
         upcoming = min(next_finish, wake, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):

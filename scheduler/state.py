@@ -31,11 +31,14 @@ class PolicyConfig:
     # a multi-GPU job waiting this long may stop preemptible running jobs of lower priority, which
     # resume from their checkpoints (`scheduler/checkpoints.py`; None: never)
     gang_max_wait_s: float | None = None
+    gang_max_preemptions: int = 4  # a job is stopped for an overdue gang job only while preempted fewer times
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
         if bound is not None and not (math.isfinite(bound) and 0 <= bound <= MAX_GANG_WAIT_S):
             raise ValueError(f"PolicyConfig.gang_max_wait_s must be None or in [0, {MAX_GANG_WAIT_S:g}] s, got {bound!r}")
+        if not 0 <= self.gang_max_preemptions <= 100:
+            raise ValueError(f"PolicyConfig.gang_max_preemptions must be in [0, 100], got {self.gang_max_preemptions!r}")
 
 
 @dataclass(frozen=True)
