@@ -24,9 +24,10 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
 - whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run;
 - preemption: a multi-GPU job waiting `preempt_after_s` takes a node by moving lower-priority
   shareable jobs elsewhere; one waiting `gang_max_wait_s` by stopping lower-priority preemptible
-  jobs, which resume from their checkpoints (`scheduler/checkpoints.py`); and idle GPUs take back jobs crowded onto a shared GPU
-  (`spread_after_s`; `scheduler/preemption.py`), except the GPUs reserved for a waiting
-  multi-GPU job (none at all while one waits, with `spread_beside_reservation` off);
+  jobs, which resume from their checkpoints (`scheduler/checkpoints.py`); and idle GPUs take
+  back jobs crowded onto a shared GPU (`spread_after_s`; `scheduler/preemption.py`), except the
+  GPUs reserved for a waiting multi-GPU job (none at all while one waits, with
+  `spread_beside_reservation` off);
 - EASY backfill: the first job that cannot start gets a reservation (the earliest time and GPUs
   at which it fits, from the running jobs' expected ends); a later job may start now only if it
   ends before that time or does not touch the reserved GPUs.

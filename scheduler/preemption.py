@@ -1,7 +1,8 @@
 """Preemption: how a starving multi-GPU job gets a node.
 
 A multi-GPU job that has waited `PolicyConfig.preempt_after_s` and fits nowhere may take a node
-whose GPUs are idle or hold only jobs it may preempt: single-GPU, shareable (not run alone), of
+whose GPUs are idle or hold only jobs it may preempt: single-GPU, shareable (not run alone),
+preemptible (`JobRequest.preemptible`: a job that declared it may not be stopped never is), of
 lower priority, preempted fewer than `max_preemptions` times, and able to start again at once
 elsewhere: on an idle GPU off that node (or, with `preempt_colocate`, beside other jobs where
 memory allows). So preemption moves work to defragment the fleet; it never leaves a preempted
@@ -44,7 +45,8 @@ if TYPE_CHECKING:  # the pool module imports nothing of this one; kept apart for
 
 
 def preemptible(job: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
-    return job.shareable and len(job.gpus) == 1 and job.priority < by.priority and job.preempted < config.max_preemptions
+    movable = job.shareable and job.preemptible and len(job.gpus) == 1
+    return movable and job.priority < by.priority and job.preempted < config.max_preemptions
 
 
 def starves(job: JobRequest, now: float, config: PolicyConfig) -> bool:
@@ -216,7 +218,7 @@ def spread(
     (a waiting multi-GPU job's reservation) are not moved onto."""
     crowded: dict[str, list[RunningJob]] = {}
     for job in running:
-        gpu = pool.gpus.get(job.gpus[0]) if job.shareable else None
+        gpu = pool.gpus.get(job.gpus[0]) if job.shareable and job.preemptible else None
         if gpu is None or gpu.jobs < 2 or gpu.shares <= 1.0 + 1e-9 or job.preempted >= config.max_preemptions:
             continue
         if job.expected_end_s - now >= (config.spread_after_s or 0.0):

@@ -102,3 +102,16 @@ def test_a_job_declares_whether_it_may_be_stopped_and_how_often_it_checkpoints()
     for bad in (0, -5, float("inf"), 10**9):
         with pytest.raises(QueueError, match="checkpoint_every_s"):
             JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, checkpoint_every_s=bad)
+
+
+def test_a_job_that_may_not_be_stopped_is_not_moved_either():
+    """Preemption to defragment (a job restarts at once on an idle GPU elsewhere) stops a job too."""
+    gpus = [GpuState(f"{node}/gpu{i}", node, "H100", 80.0) for node in ("a", "b") for i in range(2)]
+    running = [RunningJob(uuid, (uuid,), 30.0, NOW + 36000, 3, True, started_s=NOW - 300) for uuid in ("a/gpu0", "b/gpu0")]
+    for gpu in (gpus[0], gpus[2]):  # one job on each node; a/gpu1 and b/gpu1 idle
+        gpu.jobs, gpu.allocated_gib, gpu.shares = 1, 30.0, 1.0
+    moving = PolicyConfig(preempt_after_s=1200.0)
+    (placement,) = both([gang()], gpus, running, moving)
+    assert len(placement.evicts) == 1 and set(placement.gpus) >= set(placement.evicts)  # moved to the other node
+    pinned = [dataclasses.replace(job, preemptible=False) for job in running]
+    assert both([gang()], gpus, pinned, moving) == []
