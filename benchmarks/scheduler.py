@@ -26,6 +26,8 @@
    that starts nothing), the first cycle three times from the same queue.
 
     .venv/bin/python benchmarks/scheduler.py          # 8-9 minutes on 2 cores
+    .venv/bin/python benchmarks/scheduler.py --gang-bound   # only gang waits bounded by checkpoint
+        # preemption, per seed (benchmarks/gang_bound.py; --bound-hours, --seeds, --frontier)
 """
 
 from __future__ import annotations
@@ -389,6 +391,12 @@ def in_fresh_process(function) -> None:
 
 
 if __name__ == "__main__":
+    if "--gang-bound" in sys.argv:  # gang waits bounded by checkpoint preemption, per seed (benchmarks/gang_bound.py)
+        sys.path.insert(0, str(Path(__file__).parent))
+        from gang_bound import main
+
+        main([a for a in sys.argv[1:] if a != "--gang-bound"])
+        raise SystemExit(0)
     policies()
     gangs()
     seeded()

@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
+from scheduler.checkpoints import overdue
 from scheduler.clearing import Clearing
 from scheduler.fragmentation import widths_of_shapes
 from scheduler.pool import Pool
-from scheduler.preemption import Preemptor, spread
+from scheduler.preemption import Preemptor, preempt, spread, starves
 from scheduler.reservation import Reservation, reserve_walk
 from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, static_priority
 from scheduler.victims import Victims
@@ -118,6 +119,9 @@ class Planner:
             not alone,
             request.preempted,
             request.models,
+            preemptible=request.preemptible and not request.exclusive,
+            checkpoint_every_s=request.checkpoint_every_s,
+            started_s=now,
         )
         for uuid in placement.gpus:
             gpu = self.pool.detach(uuid)
@@ -201,8 +205,9 @@ class Planner:
         """`plan_drape`'s loop over the waiting jobs in order, one queue per shape merged by key: a
         shape whose job found nothing is left (its later jobs would find nothing either), so a
         pass looks at the jobs it places and one more per shape, not at the whole queue."""
-        patience = self.config.preempt_after_s
-        starving = patience is not None and bool(self.gang_submits) and now - self.gang_submits[0][0] >= patience
+        waited = now - self.gang_submits[0][0] if self.gang_submits else -1.0  # the longest a gang job waits
+        limits = (self.config.preempt_after_s, self.config.gang_max_wait_s)
+        starving = any(limit is not None and waited >= limit for limit in limits)
         step = _Pass(now, Preemptor([], self.config, on_gpu=self.on_gpu, victims=self.victims) if starving else None)
         heap = []
         for shape, queue in self.queues.items():
@@ -236,8 +241,8 @@ class Planner:
         choice = None if shape in step.dead else pool.best_fit(job)
         if choice is None:
             step.dead.add(shape)
-            starving = step.preemptor is not None and job.gpus > 1 and now - job.submit_s >= (config.preempt_after_s or 0.0)
-            if starving and (taken := step.preemptor.choose(job, pool)):  # type: ignore[union-attr]
+            starving = step.preemptor is not None and (starves(job, now, config) or overdue(job, now, config))
+            if starving and (taken := preempt(step.preemptor, job, pool, now)):  # type: ignore[arg-type]
                 pool.empty(taken[0])
                 pool.take(taken[0], job)
                 step.placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
@@ -252,8 +257,7 @@ class Planner:
                 step.reservation = found or _NOWHERE
             # the shape's later jobs find nothing either; of a gang shape (one priority, by submit)
             # only those waiting as long may still preempt, while its preemption is not hopeless
-            hopeless = step.preemptor is None or (job.gpus, job.mem_gib, job.models, job.priority) in step.preemptor.hopeless
-            return _DROP if not starving or hopeless else _NEXT
+            return _DROP if not starving or _hopeless(job, step) else _NEXT
         reservation = step.reservation
         if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
             off = (*shape, "off")
@@ -291,6 +295,16 @@ class Planner:
 def _shape(job: JobRequest) -> tuple:
     """What decides where a job fits (a gang job's priority too: whether it may preempt)."""
     return (job.gpus, job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node, job.priority if job.gpus > 1 else None)
+
+
+def _hopeless(job: JobRequest, step: _Pass) -> bool:
+    """Whether no later job of `job`'s gang shape (none waits longer) can preempt in this pass:
+    each way it may preempt found nothing for the shape."""
+    preemptor, key = step.preemptor, (job.gpus, job.mem_gib, job.models, job.priority)
+    if preemptor is None:
+        return True
+    moves = not starves(job, step.now, preemptor.config) or key in preemptor.hopeless
+    return moves and (not overdue(job, step.now, preemptor.config) or key in preemptor.stop_hopeless)
 
 
 _NOWHERE = Reservation(float("inf"), frozenset())  # a head that fits nowhere, as things stand

@@ -23,9 +23,11 @@ baselines it is measured against, and the registry by name: `scheduler/baselines
   minus the larger of the ledger's allocations and what DCGM sees in use;
 - whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run;
 - preemption: a multi-GPU job waiting `preempt_after_s` takes a node by moving lower-priority
-  shareable jobs elsewhere; and idle GPUs take back jobs crowded onto a shared GPU
-  (`spread_after_s`; `scheduler/preemption.py`), except the GPUs reserved for a waiting
-  multi-GPU job (none at all while one waits, with `spread_beside_reservation` off);
+  shareable jobs elsewhere; one waiting `gang_max_wait_s` by stopping lower-priority preemptible
+  jobs, which resume from their checkpoints (`scheduler/checkpoints.py`); and idle GPUs take
+  back jobs crowded onto a shared GPU (`spread_after_s`; `scheduler/preemption.py`), except the
+  GPUs reserved for a waiting multi-GPU job (none at all while one waits, with
+  `spread_beside_reservation` off);
 - EASY backfill: the first job that cannot start gets a reservation (the earliest time and GPUs
   at which it fits, from the running jobs' expected ends); a later job may start now only if it
   ends before that time or does not touch the reserved GPUs.
@@ -35,9 +37,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from scheduler.checkpoints import overdue
 from scheduler.fragmentation import widths_by_size
 from scheduler.pool import Pool
-from scheduler.preemption import Preemptor, spread
+from scheduler.preemption import Preemptor, preempt, spread, starves
 from scheduler.reservation import Reservation, reserve
 from scheduler.state import (
     COLOCATION_WINDOW,
@@ -89,8 +92,7 @@ def plan_drape(
     placements: list[Placement] = []
     reservation: Reservation | None = None
     blocked = False
-    patience = config.preempt_after_s
-    starving = patience is not None and any(j.gpus > 1 and now - j.submit_s >= patience for j in order)
+    starving = any(starves(j, now, config) or overdue(j, now, config) for j in order)
     preemptor = Preemptor(running, config) if starving else None
     for job in order:
         if not pool.idle and not pool.shared:
@@ -99,12 +101,11 @@ def plan_drape(
             if job.gpus == 1:
                 continue  # only a starving multi-GPU job can start, by preempting
         choice = pool.best_fit(job)
-        if choice is None and preemptor is not None and job.gpus > 1 and now - job.submit_s >= (patience or 0.0):
-            if taken := preemptor.choose(job, pool):
-                pool.empty(taken[0])
-                pool.take(taken[0], job)
-                placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
-                continue
+        if choice is None and preemptor is not None and (taken := preempt(preemptor, job, pool, now)):
+            pool.empty(taken[0])
+            pool.take(taken[0], job)
+            placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
+            continue
         if choice is None:
             if not config.backfill:
                 break

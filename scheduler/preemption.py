@@ -1,7 +1,8 @@
 """Preemption: how a starving multi-GPU job gets a node.
 
 A multi-GPU job that has waited `PolicyConfig.preempt_after_s` and fits nowhere may take a node
-whose GPUs are idle or hold only jobs it may preempt: single-GPU, shareable (not run alone), of
+whose GPUs are idle or hold only jobs it may preempt: single-GPU, shareable (not run alone),
+preemptible (`JobRequest.preemptible`: a job that declared it may not be stopped never is), of
 lower priority, preempted fewer than `max_preemptions` times, and able to start again at once
 elsewhere: on an idle GPU off that node (or, with `preempt_colocate`, beside other jobs where
 memory allows). So preemption moves work to defragment the fleet; it never leaves a preempted
@@ -35,6 +36,7 @@ import heapq
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
+from scheduler.checkpoints import choose_stops, overdue
 from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob
 
 if TYPE_CHECKING:  # the pool module imports nothing of this one; kept apart for readers
@@ -43,7 +45,25 @@ if TYPE_CHECKING:  # the pool module imports nothing of this one; kept apart for
 
 
 def preemptible(job: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
-    return job.shareable and len(job.gpus) == 1 and job.priority < by.priority and job.preempted < config.max_preemptions
+    movable = job.shareable and job.preemptible and len(job.gpus) == 1
+    return movable and job.priority < by.priority and job.preempted < config.max_preemptions
+
+
+def starves(job: JobRequest, now: float, config: PolicyConfig) -> bool:
+    """Whether multi-GPU `job` has waited `preempt_after_s` (and so may move jobs to take a node)."""
+    patience = config.preempt_after_s
+    return patience is not None and job.gpus > 1 and now - job.submit_s >= patience
+
+
+def preempt(preemptor: Preemptor, job: JobRequest, pool: Pool, now: float) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """(GPUs, jobs to preempt) for `job`, which fits nowhere as things stand: first by moving jobs
+    that restart at once elsewhere (when it starves), else by stopping jobs that resume from their
+    checkpoints (when it is overdue); None when neither finds a node."""
+    if starves(job, now, preemptor.config) and (taken := preemptor.choose(job, pool)):
+        return taken
+    if overdue(job, now, preemptor.config):
+        return preemptor.stop(job, pool, now)
+    return None
 
 
 class Preemptor:
@@ -60,6 +80,8 @@ class Preemptor:
         `victims`: its index of the nodes to preempt on (`scheduler/victims.py`), kept with them."""
         self.config, self.victims = config, victims
         self.hopeless: set[tuple] = set()
+        self.stop_hopeless: set[tuple] = set()  # shapes `stop` found no node for in this pass
+        self.stopped: set[str] = set()  # jobs `stop` stops in this pass
         self.taken: set[str] = set()  # GPUs this pass gave a job by preempting: nothing on them may move
         if on_gpu is None:
             on_gpu = {}
@@ -170,6 +192,20 @@ class Preemptor:
         self.hopeless.add(shape)
         return None
 
+    def stop(self, job: JobRequest, pool: Pool, now: float) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+        """(GPUs for overdue gang `job`, running jobs to stop: they resume from their checkpoints and
+        may wait) on the node that loses the least work (`scheduler/checkpoints.py`), or None."""
+        shape = (job.gpus, job.mem_gib, job.models, job.priority)
+        if shape in self.stop_hopeless:
+            return None
+        found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped)
+        if found is None:
+            self.stop_hopeless.add(shape)
+            return None
+        self.taken.update(found[0])
+        self.stopped.update(found[1])
+        return found
+
 
 def spread(
     pool: Pool, running: list[RunningJob], now: float, config: PolicyConfig, exclude: frozenset[str] = frozenset()
@@ -182,7 +218,7 @@ def spread(
     (a waiting multi-GPU job's reservation) are not moved onto."""
     crowded: dict[str, list[RunningJob]] = {}
     for job in running:
-        gpu = pool.gpus.get(job.gpus[0]) if job.shareable else None
+        gpu = pool.gpus.get(job.gpus[0]) if job.shareable and job.preemptible else None
         if gpu is None or gpu.jobs < 2 or gpu.shares <= 1.0 + 1e-9 or job.preempted >= config.max_preemptions:
             continue
         if job.expected_end_s - now >= (config.spread_after_s or 0.0):

@@ -57,8 +57,13 @@ class _Replay:
 
     def submit(self, request: JobRequest) -> None:
         self.planner.submit(request)
-        if request.gpus > 1 and self.config.preempt_after_s is not None:
-            self.wakes.add((request.submit_s + self.config.preempt_after_s, request.id))
+        for wake in self._wakes(request):
+            self.wakes.add((wake, request.id))
+
+    def _wakes(self, request: JobRequest) -> list[float]:
+        """When waiting multi-GPU `request` may first preempt: to move jobs, and to stop them."""
+        limits = (self.config.preempt_after_s, self.config.gang_max_wait_s)
+        return [request.submit_s + limit for limit in limits if request.gpus > 1 and limit is not None]
 
     def next_wake(self, clock: float) -> float:
         position = self.wakes.bisect_right((clock, "\uffff"))
@@ -105,7 +110,8 @@ class _Replay:
         self._totals(placement.gpus, -1)
         self.planner.start(placement, clock)
         self._totals(placement.gpus, +1)
-        self.wakes.discard((request.submit_s + (self.config.preempt_after_s or 0.0), request.id))
+        for wake in self._wakes(request):
+            self.wakes.discard((wake, request.id))
         self.requests[request.id] = request  # as it started: a preemption charges from its duration
         self.versions += 1
         self.progress[request.id] = _Progress(request.duration_s, 1.0, clock, self.versions)
@@ -138,9 +144,17 @@ class _Replay:
         return sorted((job_id for *_, job_id in done), key=self.planner.number.__getitem__)
 
 
-def replay(trace, fleet: list[GpuState], config: PolicyConfig, record: Record | None = None, plan: Callable | None = None):
+def replay(
+    trace,
+    fleet: list[GpuState],
+    config: PolicyConfig,
+    record: Record | None = None,
+    plan: Callable | None = None,
+    watch: Callable[[Planner, float], None] | None = None,
+):
     """Replay `trace` on `fleet` under the drape policy (`plan`: a stateless policy function in the
-    planner's place, to compare with); a `SimResult` as `simulate` returns."""
+    planner's place, to compare with; `watch(planner, now)`: called before each event's planning,
+    to look at the state); a `SimResult` as `simulate` returns."""
     from scheduler.simulator import TraceError, _check_fits, _request, _result, _Tally
 
     _check_fits(trace, fleet)
@@ -167,6 +181,8 @@ def replay(trace, fleet: list[GpuState], config: PolicyConfig, record: Record | 
             state.submit(_request(trace[arrival]))
             arrival += 1
         # 3. the policy places what it can; preempted jobs are planned again at once
+        if watch is not None:
+            watch(planner, clock)
         for _ in range(4):
             if plan is None:
                 placements = planner.plan(clock)
@@ -184,13 +200,13 @@ def replay(trace, fleet: list[GpuState], config: PolicyConfig, record: Record | 
 
 def _apply(placements: list[Placement], state: _Replay, by_id: dict, clock: float, tally, record: Record | None) -> bool:
     """`simulator._apply` on the replay's state: evict, start, count; True when any job was preempted."""
-    from scheduler.simulator import CHECKPOINT_EVERY_S, RESTART_S
+    from scheduler.simulator import RESTART_S
 
     evicted = False
     for placement in placements:
         for victim in placement.evicts:
             gpus, left, request = state.stop(victim, clock)
-            lost = (request.duration_s - left) % CHECKPOINT_EVERY_S + RESTART_S
+            lost = (request.duration_s - left) % request.checkpoint_every_s + RESTART_S
             state.submit(replace(request, duration_s=left + lost, preempted=request.preempted + 1))
             tally.preemptions, tally.lost_gpu_s, evicted = tally.preemptions + 1, tally.lost_gpu_s + lost * len(gpus), True
             tally.preempted_at[victim] = clock

@@ -11,6 +11,7 @@ measurements      measured peak memory and duration per job shape (memory profil
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,10 +35,12 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 
 from drape import JOB_KINDS
 from scheduler.policy import JobRequest, RunningJob
+from scheduler.state import CHECKPOINT_EVERY_S
 from scheduler.versions import install_version_triggers
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 KINDS = JOB_KINDS
+MAX_CHECKPOINT_EVERY_S = 7 * 24 * 3600.0  # a job checkpointing less often than weekly is not preemptible in practice
 
 metadata = MetaData()
 jobs_table = Table(
@@ -134,6 +137,8 @@ class JobSpec:
     gpu_models: list[str] = field(default_factory=list)  # the GPU models it may run on (a part of the name each); empty: any
     exclusive: bool = False  # runs alone on its GPU: never co-located, never preempted
     share: float = 1.0  # the part of a GPU's compute it declares it uses; under 1 it is co-located by declaration
+    preemptible: bool = True  # it resumes from its checkpoints: a gang job waiting past the bound may stop it
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S  # how often it checkpoints (s): what a stop loses at most
 
     def __post_init__(self) -> None:
         if any(not isinstance(m, str) or not m.strip() or "|" in m for m in self.gpu_models):
@@ -142,6 +147,11 @@ class JobSpec:
             raise QueueError(f"job share must be a number in (0, 1] (the part of a GPU's compute it uses), got {self.share!r}")
         if self.exclusive and self.share < 1:
             raise QueueError(f"an exclusive job runs alone; it cannot declare a share of {self.share}")
+        every = self.checkpoint_every_s
+        if not isinstance(every, (int, float)) or not math.isfinite(every) or not 1 <= every <= MAX_CHECKPOINT_EVERY_S:
+            raise QueueError(
+                f"job checkpoint_every_s must be a number of seconds in [1, {MAX_CHECKPOINT_EVERY_S:g}], got {every!r}"
+            )
 
     def stored_labels(self) -> dict[str, str]:
         """The labels as stored: the scheduling fields travel among them (`scheduling_of` reads them back)."""
@@ -149,6 +159,8 @@ class JobSpec:
             "gpu_models": "|".join(self.gpu_models) if self.gpu_models else None,
             "exclusive": "true" if self.exclusive else None,
             "share": f"{self.share:g}" if self.share < 1 else None,
+            "preemptible": None if self.preemptible else "false",
+            "checkpoint_every_s": f"{self.checkpoint_every_s:g}" if self.checkpoint_every_s != CHECKPOINT_EVERY_S else None,
         }
         return {**self.labels, **{key: value for key, value in extra.items() if value is not None}}
 
@@ -162,9 +174,11 @@ class Scheduling:
     share: float = 1.0
     preempted: int = 0
     prefer_node: str = ""  # the node whose shard cache holds its data (where the previous stage trained)
+    preemptible: bool = True
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S
 
 
-SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted", "prefer_node")
+SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted", "prefer_node", "preemptible", "checkpoint_every_s")
 UNCONSTRAINED = Scheduling()  # shared: most jobs carry no scheduling fields
 
 
@@ -176,14 +190,18 @@ def scheduling_of(labels: str | None) -> Scheduling:
     try:
         share = min(max(float(found.get("share", 1.0)), 1e-3), 1.0)
         preempted = max(int(found.get("preempted", 0)), 0)
+        every = float(found.get("checkpoint_every_s", CHECKPOINT_EVERY_S))
+        every = min(max(every, 1.0), MAX_CHECKPOINT_EVERY_S) if math.isfinite(every) else CHECKPOINT_EVERY_S
     except (TypeError, ValueError):  # labels are input: a bad value schedules as if absent
-        share, preempted = 1.0, 0
+        share, preempted, every = 1.0, 0, CHECKPOINT_EVERY_S
     return Scheduling(
         tuple(m for m in str(found.get("gpu_models", "")).split("|") if m),
         str(found.get("exclusive", "")).lower() == "true",
         share,
         preempted,
         str(found.get("prefer_node", ""))[:253],  # a node name (DNS-1123 subdomain at most)
+        str(found.get("preemptible", "true")).lower() != "false",
+        every,
     )
 
 
@@ -283,6 +301,8 @@ def job_request(row) -> JobRequest:
         how.share,
         how.preempted,
         how.prefer_node,
+        how.preemptible and not how.exclusive,
+        how.checkpoint_every_s,
     )
 
 
@@ -292,7 +312,17 @@ def running_job(row) -> RunningJob:
     how, gpus = scheduling_of(row.labels), tuple(json.loads(row.assigned or "[]"))
     end = (row.start_s or 0) + row.duration_s
     return RunningJob(
-        row.id, gpus, row.mem_gib, end, row.priority, len(gpus) == 1 and not how.exclusive, how.preempted, how.models, how.share
+        row.id,
+        gpus,
+        row.mem_gib,
+        end,
+        row.priority,
+        len(gpus) == 1 and not how.exclusive,
+        how.preempted,
+        how.models,
+        preemptible=how.preemptible and not how.exclusive,
+        checkpoint_every_s=how.checkpoint_every_s,
+        started_s=row.start_s or 0.0,
     )
 
 

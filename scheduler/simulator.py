@@ -17,11 +17,12 @@ shares on its GPU sum to at most 1; past that, each job on the GPU progresses at
 (1 + overlap × (n − 1)) / (sum of shares), the rule above when no job declares a share.
 
 Preemption (`scheduler/preemption.py`): a preempted job returns to the queue with its remaining
-work plus what it loses: the work since its last checkpoint (one every `CHECKPOINT_EVERY_S` of
-progress) and a restart (`RESTART_S`). Its wait to start again is reported apart from first waits.
+work plus what it loses: the work since its last checkpoint (one every `checkpoint_every_s` of
+progress, its own or 600 s) and a restart (`RESTART_S`). Its wait to start again is reported
+apart from first waits.
 
-Optional trace columns: `gpu_models` (the models a job may run on, `|`-separated parts of a model
-name; empty: any), `measured` (alone | shared), `sharing` (shareable | exclusive) and `share`.
+Trace and fleet files: `scheduler/trace_files.py` (optional columns: `gpu_models`, `measured`,
+`sharing`, `share`, `preemptible`, `checkpoint_every_s`).
 Waits are reported per job class (1, 2-4 and 5-8 GPUs), and a placement on a model a job
 excludes is a violation. Each class's run time over its duration (finish less first start, over
 the trace's duration) is reported too: what sharing and preemption slowed it, which a wait does not show.
@@ -29,105 +30,20 @@ the trace's duration) is reported too: what sharing and preemption slowed it, wh
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-
-import yaml
 
 from scheduler.baselines import get_policy
 from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed
+from scheduler.state import CHECKPOINT_EVERY_S  # noqa: F401 - its name here before `JobRequest` had a cadence
+from scheduler.trace_files import TRACE_COLUMNS, TraceError, TraceJob, load_fleet, load_trace  # noqa: F401
 
 CONTENTION_OVERLAP = 0.07
-CHECKPOINT_EVERY_S = 600.0  # a preempted job resumes from its last checkpoint, taken every 10 min of progress
-RESTART_S = 60.0  # and pays a restart (launch, load the checkpoint)
-TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
-
-
-class TraceError(ValueError):
-    """A trace or fleet file that cannot be used; names the file, line and field."""
-
-
-@dataclass(frozen=True)
-class TraceJob:
-    job_id: str
-    submit_s: float
-    duration_s: float
-    peak_mem_gib: float
-    gpus: int
-    priority: int
-    kind: str
-    models: tuple[str, ...] = ()
-    measured: str = "alone"
-    exclusive: bool = False
-    share: float = 1.0
+RESTART_S = 60.0  # a preempted job pays a restart (launch, load the checkpoint)
 
 
 def job_class(gpus: int) -> str:
     return "1" if gpus == 1 else "2-4" if gpus <= 4 else "5-8"
-
-
-def load_trace(path: str | Path) -> list[TraceJob]:
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: trace file not found")
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TraceError(f"{path}: missing columns {missing}; expected {','.join(TRACE_COLUMNS)}")
-        jobs = []
-        for line, row in enumerate(reader, 2):
-            try:
-                job = TraceJob(
-                    row["job_id"],
-                    float(row["submit_s"]),
-                    float(row["duration_s"]),
-                    float(row["peak_mem_gib"]),
-                    int(row["gpus"]),
-                    int(row["priority"]),
-                    row["kind"],
-                    tuple(m for m in (row.get("gpu_models") or "").split("|") if m),
-                    row.get("measured") or "alone",
-                    (row.get("sharing") or "shareable") == "exclusive",
-                    float(row.get("share") or 1.0),
-                )
-            except ValueError as error:
-                raise TraceError(f"{path}:{line}: {error}") from None
-            if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
-                raise TraceError(f"{path}:{line}: duration_s, gpus and peak_mem_gib must be positive")
-            if job.measured not in ("alone", "shared"):
-                raise TraceError(f"{path}:{line}: measured must be alone or shared, got {job.measured!r}")
-            if (row.get("sharing") or "shareable") not in ("shareable", "exclusive") or not 0 < job.share <= 1:
-                raise TraceError(f"{path}:{line}: sharing must be shareable or exclusive and share in (0, 1]")
-            jobs.append(job)
-    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
-
-
-def load_fleet(path: str | Path) -> list[GpuState]:
-    """A fleet YAML: ``groups: [{model, memory_gib, nodes, gpus_per_node}]``."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: fleet file not found")
-    data = yaml.safe_load(path.read_text()) or {}
-    gpus = []
-    for number, group in enumerate(data.get("groups", [])):
-        try:
-            model, memory, nodes, per_node = (
-                group["model"],
-                float(group["memory_gib"]),
-                int(group["nodes"]),
-                int(group["gpus_per_node"]),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise TraceError(f"{path}: groups[{number}]: expected model, memory_gib, nodes, gpus_per_node ({error})") from None
-        for node in range(nodes):
-            name = f"{group.get('node_prefix', model.lower().replace(' ', '-'))}-{node:02d}"
-            gpus += [GpuState(f"{name}/gpu{index}", name, model, memory) for index in range(per_node)]
-    if not gpus:
-        raise TraceError(f"{path}: no GPUs (expected groups: [{{model, memory_gib, nodes, gpus_per_node}}])")
-    return gpus
 
 
 @dataclass
@@ -218,17 +134,18 @@ def _start(
         "share": request.share,
         "alone": alone,
         "request": request,
+        "started": clock,
     }
 
 
 def _preempt(job_id: str, running: dict[str, dict], gpus: dict[str, GpuState], clock: float) -> tuple[JobRequest, float]:
     """Stop `job_id` and return it to the queue with what is left of its work plus what preemption
-    costs: the work since its last checkpoint (every `CHECKPOINT_EVERY_S` of progress) and a restart."""
+    costs: the work since its last checkpoint (every `checkpoint_every_s` of progress) and a restart."""
     record = running.pop(job_id)
     _release(record, gpus)
     request: JobRequest = record["request"]
     done = request.duration_s - record["remaining"]
-    lost = done % CHECKPOINT_EVERY_S + RESTART_S
+    lost = done % request.checkpoint_every_s + RESTART_S
     again = replace(request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1)
     return again, lost * len(record["gpus"])
 
@@ -324,7 +241,17 @@ def _apply(
 
 def _request(job: TraceJob) -> JobRequest:
     return JobRequest(
-        job.job_id, job.priority, job.submit_s, job.gpus, job.peak_mem_gib, job.duration_s, job.models, job.exclusive, job.share
+        job.job_id,
+        job.priority,
+        job.submit_s,
+        job.gpus,
+        job.peak_mem_gib,
+        job.duration_s,
+        job.models,
+        job.exclusive,
+        job.share,
+        preemptible=job.preemptible,
+        checkpoint_every_s=job.checkpoint_every_s,
     )
 
 
@@ -339,6 +266,9 @@ def _ongoing(running: dict[str, dict]) -> list[RunningJob]:
             not r["alone"],
             r["request"].preempted,
             r["request"].models,
+            preemptible=r["request"].preemptible and not r["request"].exclusive,
+            checkpoint_every_s=r["request"].checkpoint_every_s,
+            started_s=r["started"],
         )
         for jid, r in running.items()
     ]
@@ -372,8 +302,8 @@ def simulate(
         # 1. advance the clock to the next finish or arrival, progressing running jobs at their shared rates
         rates = {jid: 1.0 if r["shared"] else min(_pace(gpus[u]) for u in r["gpus"]) for jid, r in running.items()}
         next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
-        patience = config.preempt_after_s if policy == "drape" else None
-        starving = [j.submit_s + patience for j in pending.values() if patience is not None and j.gpus > 1]
+        limits = (config.preempt_after_s, config.gang_max_wait_s) if policy == "drape" else ()
+        starving = [j.submit_s + limit for j in pending.values() for limit in limits if limit is not None and j.gpus > 1]
         wake = min((t for t in starving if t > clock), default=float("inf"))  # a waiting gang job may preempt then
         upcoming = min(next_finish, wake, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):

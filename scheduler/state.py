@@ -3,10 +3,13 @@ the placements it decides (`scheduler/policy.py` re-exports all of it, the name 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, simulator, alerts)
 COLOCATION_WINDOW = 32  # co-location weighs this many of the tightest memory fits
+CHECKPOINT_EVERY_S = 600.0  # a job that declares no cadence is taken to checkpoint every 10 min of progress
+MAX_GANG_WAIT_S = 7 * 24 * 3600.0  # the longest bound on a gang job's wait that makes sense (a week)
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,17 @@ class PolicyConfig:
     fragmentation: bool = False  # score nodes by what a placement does to wider jobs (False: fullest node first)
     spread_beside_reservation: bool = True  # spread while a gang job waits, off its reservation (False: not at all)
     colocate_by_end: bool = True  # share the GPU with the fewest jobs, ending soonest (False: the tightest memory fit)
+    # a multi-GPU job waiting this long may stop preemptible running jobs of lower priority, which
+    # resume from their checkpoints (`scheduler/checkpoints.py`; None: never)
+    gang_max_wait_s: float | None = None
+    gang_max_preemptions: int = 4  # a job is stopped for an overdue gang job only while preempted fewer times
+
+    def __post_init__(self) -> None:
+        bound = self.gang_max_wait_s
+        if bound is not None and not (math.isfinite(bound) and 0 <= bound <= MAX_GANG_WAIT_S):
+            raise ValueError(f"PolicyConfig.gang_max_wait_s must be None or in [0, {MAX_GANG_WAIT_S:g}] s, got {bound!r}")
+        if not 0 <= self.gang_max_preemptions <= 100:
+            raise ValueError(f"PolicyConfig.gang_max_preemptions must be in [0, 100], got {self.gang_max_preemptions!r}")
 
 
 @dataclass(frozen=True)
@@ -42,6 +56,8 @@ class JobRequest:
     share: float = 1.0  # the part of a GPU's compute it declares it uses (< 1: co-located by declaration)
     preempted: int = 0  # times it was preempted so far
     prefer_node: str = ""  # among equal choices, first this node (its shard cache is warm for the job)
+    preemptible: bool = True  # it resumes from its checkpoints, so a waiting gang job may stop it
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S  # how often it checkpoints (s of progress)
 
 
 def allows(models: tuple[str, ...], model: str) -> bool:
@@ -88,6 +104,9 @@ class RunningJob:
     preempted: int = 0
     models: tuple[str, ...] = ()
     share: float = 1.0
+    preemptible: bool = True  # a waiting gang job may stop it (it resumes from its checkpoint)
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S
+    started_s: float = 0.0  # when it (last) started: the work since its last checkpoint is counted from it
 
 
 @dataclass(frozen=True)

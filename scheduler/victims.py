@@ -45,7 +45,11 @@ class Victims:
             if gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib:
                 continue
             if all(
-                o.shareable and len(o.gpus) == 1 and o.priority < priority and o.preempted < config.max_preemptions
+                o.shareable
+                and o.preemptible
+                and len(o.gpus) == 1
+                and o.priority < priority
+                and o.preempted < config.max_preemptions
                 for o in occupants
             ):
                 found.append((len(occupants), gpu.allocated_gib, uuid))

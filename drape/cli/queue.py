@@ -27,6 +27,8 @@ def queue_submit(
     gpu_model: list[str] = typer.Option([], help="a GPU model it may run on, a part of its name (repeat; default: any)"),
     exclusive: bool = typer.Option(False, help="run alone on its GPU: never co-located, never preempted"),
     share: float = typer.Option(1.0, help="the part of a GPU's compute it uses; under 1 it shares a GPU by declaration"),
+    preemptible: bool = typer.Option(True, help="it resumes from checkpoints: a gang job waiting past its bound may stop it"),
+    checkpoint_every: float = typer.Option(600.0, help="how often it checkpoints (s): what a stop loses at most"),
     config: Path | None = ConfigOption,
 ) -> None:
     """Queue the command after `--` (e.g. drape queue submit --kind gate-eval --mem-gib 12 -- python -m x)."""
@@ -47,6 +49,8 @@ def queue_submit(
             gpu_models=gpu_model,
             exclusive=exclusive,
             share=share,
+            preemptible=preemptible,
+            checkpoint_every_s=checkpoint_every,
         )
         store = JobStore(cfg.queue_url)
         _refuse_unplaceable(cfg, store, spec)

@@ -63,6 +63,8 @@ CONFIGS = {
     "default": PolicyConfig(),
     "fragmentation": PolicyConfig(fragmentation=True),
     "preempting into co-location": PolicyConfig(preempt_colocate=True),
+    # gang jobs take nodes only by stopping jobs that resume from checkpoints (`scheduler/checkpoints.py`)
+    "bounded gang waits": PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0, gang_max_preemptions=3),
 }
 
 
@@ -74,6 +76,8 @@ CONFIGS = {
         ("mixed", "default"),
         ("fine-tunes", "fragmentation"),
         ("gang", "preempting into co-location"),
+        ("gang", "bounded gang waits"),
+        ("fine-tunes", "bounded gang waits"),
     ],
 )
 def test_the_planner_places_every_job_as_plan_drape_does(case, config):
@@ -93,6 +97,12 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
     assert result.class_waits.keys() == reference.class_waits.keys()
     if case != "field":  # the gang weeks queue, preempt and reserve: the paths the indexes replace
         assert reference.preemptions > 0 and max(w["max_s"] for w in reference.class_waits.values()) > 3600
+    if config == "bounded gang waits":  # with `preempt_after_s` off, a gang job's evictions are stops
+        stops = [(time, job, evicted) for time, job, gpus, evicted in before if len(gpus) > 1 and evicted]
+        assert len(stops) >= 3, stops
+        if case == "fine-tunes":  # a stage job (priority 5) stopped a fine-tune (4): a victim of several GPUs
+            widths = {j.job_id: j.gpus for j in trace}
+            assert any(widths[victim] > 1 for *_, evicted in stops for victim in evicted)
 
 
 def test_the_planner_in_the_reference_loop_is_plan_drape_exactly():

@@ -47,3 +47,17 @@ def test_a_job_the_fleet_can_hold_is_queued(config_path):
     assert result.exit_code == 0, result.output
     listed = CliRunner().invoke(app, ["queue", "list", "--config", str(config_path)], env={"COLUMNS": "200"})
     assert result.output.strip() in listed.output and "queued" in listed.output
+
+
+def test_a_job_declares_at_submit_whether_it_may_be_stopped(config_path):
+    """`--no-preemptible` and `--checkpoint-every` reach the queued job as the policy reads it; a
+    cadence out of bounds is refused."""
+    from drape.config import load_config
+    from scheduler.store import JobStore
+
+    result = _submit(config_path, "--mem-gib", "10", "--no-preemptible", "--checkpoint-every", "1800")
+    assert result.exit_code == 0, result.output
+    (queued,) = JobStore(load_config(config_path).queue_url).pending()
+    assert not queued.preemptible and queued.checkpoint_every_s == 1800.0
+    refused = _submit(config_path, "--mem-gib", "10", "--checkpoint-every", "0")
+    assert refused.exit_code == 2 and "checkpoint_every_s" in refused.output

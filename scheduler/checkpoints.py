@@ -1,0 +1,98 @@
+"""Gang waits bounded by checkpoint preemption: which running jobs a long-waiting gang job stops.
+
+Preemption to defragment (`scheduler/preemption.py`) moves only jobs that can restart at once
+elsewhere, so on a full fleet an 8-GPU job still waits for a node to drain: hours at high load.
+drape's stage jobs resume from checkpoints, and every engine can stop a job and requeue it
+(Kubernetes and Kueue by eviction, Slurm by requeue, the local launcher by a signal), so a
+multi-GPU job that has waited `PolicyConfig.gang_max_wait_s` may stop running jobs to take a
+node. A running job may be stopped when:
+
+- it declared itself preemptible (`JobRequest.preemptible`; an exclusive job never is);
+- it was preempted (stopped or moved) fewer than `gang_max_preemptions` times (no job is stopped
+  over and over);
+- its priority is lower than the waiting job's: jobs of one priority never stop each other, so
+  two gang jobs cannot take a node back and forth.
+
+The cost of stopping a job is its work since its last checkpoint, estimated as the time since
+it started modulo its `checkpoint_every_s`, times its GPUs. Of the nodes with enough GPUs that
+are idle or hold only such jobs, the gang job takes the one that loses the least work, then
+stops the fewest jobs, then by name; on a node it takes its GPUs cheapest first (a multi-GPU
+victim's GPUs cost the same each, so they go together). The stopped jobs return to the queue and
+resume from their checkpoint; unlike a defragmenting move they may wait to start again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from scheduler.state import JobRequest, PolicyConfig, RunningJob
+
+if TYPE_CHECKING:
+    from scheduler.pool import Pool
+
+Choice = tuple[tuple[str, ...], tuple[str, ...]]  # (GPUs for the waiting job, jobs to stop)
+
+
+def overdue(job: JobRequest, now: float, config: PolicyConfig) -> bool:
+    """Whether multi-GPU `job` has waited past `gang_max_wait_s` (and so may stop running jobs)."""
+    bound = config.gang_max_wait_s
+    return bound is not None and job.gpus > 1 and now - job.submit_s >= bound
+
+
+def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
+    """Whether waiting gang job `by` may stop running `victim` (see the module docstring)."""
+    return victim.preemptible and victim.preempted < config.gang_max_preemptions and victim.priority < by.priority
+
+
+def lost_s(victim: RunningJob, now: float) -> float:
+    """The GPU-seconds of work stopping `victim` at `now` throws away (since its last checkpoint)."""
+    return (max(now - victim.started_s, 0.0) % max(victim.checkpoint_every_s, 1.0)) * len(victim.gpus)
+
+
+def _node_choice(
+    job: JobRequest, uuids: list[str], occupants: Callable[[str], list[RunningJob]], now: float
+) -> tuple[tuple[float, int], Choice] | None:
+    """The cheapest `job.gpus` of `uuids` (one node's GPUs that qualify) and what they cost."""
+    if len(uuids) < job.gpus:
+        return None
+    keyed = []
+    for uuid in uuids:
+        here = sorted(occupants(uuid), key=lambda o: o.id)  # one order of summing, whoever lists them
+        keyed.append((sum(lost_s(o, now) / len(o.gpus) for o in here), len(here), uuid))
+    chosen = [uuid for *_, uuid in sorted(keyed)[: job.gpus]]
+    victims = {o.id: o for uuid in chosen for o in occupants(uuid)}
+    lost = sum(lost_s(victims[name], now) for name in sorted(victims))
+    return (lost, len(victims)), (tuple(chosen), tuple(sorted(victims)))
+
+
+def choose_stops(
+    job: JobRequest,
+    pool: Pool,
+    occupants: Callable[[str], list[RunningJob]],
+    now: float,
+    config: PolicyConfig,
+    stopped: set[str],
+) -> Choice | None:
+    """(GPUs for `job`, running jobs to stop) on the node that loses the least work, or None.
+    `occupants(uuid)`: the running jobs on a GPU as the pass sees them; `stopped`: jobs this pass
+    already stops (a GPU holding one is not taken again)."""
+    by_node: dict[str, list[str]] = {}
+    for uuid, gpu in pool.gpus.items():
+        if gpu.total_gib < job.mem_gib or not pool.fits_any(job, uuid):
+            continue
+        here = occupants(uuid)
+        if gpu.jobs != len(here):  # taken in this pass, or holds a job the ledger does not list
+            continue
+        if gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib:
+            continue
+        if all(o.id not in stopped and stoppable(o, job, config) for o in here):
+            by_node.setdefault(gpu.node, []).append(uuid)
+    best: tuple[tuple[float, int, str], Choice] | None = None
+    for node, uuids in by_node.items():
+        found = _node_choice(job, uuids, occupants, now)
+        if found is not None:
+            key = (found[0][0], found[0][1], node)
+            if best is None or key < best[0]:
+                best = (key, found[1])
+    return None if best is None else best[1]

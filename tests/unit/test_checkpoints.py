@@ -1,0 +1,117 @@
+"""Gang waits bounded by checkpoint preemption (`scheduler/checkpoints.py`): which jobs an overdue gang
+job stops, in `plan_drape` and the `Planner` alike, and the fields that declare it (all under 0.1 s)."""
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from scheduler.planner import Planner
+from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, plan_drape
+from scheduler.schema import QueueError, job_request, running_job
+from scheduler.store import JobSpec
+
+BOUNDED = PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0)
+NOW = 10_000.0
+
+
+def full_fleet() -> tuple[list[GpuState], list[RunningJob]]:
+    """Two nodes of two H100s, each GPU running one single-GPU job: node a's started 300 s into a
+    10-min checkpoint (300 s of work to lose each), node b's 650 s ago (50 s each)."""
+    gpus, running = [], []
+    for node, started in (("a", NOW - 300), ("b", NOW - 650)):
+        for index in range(2):
+            gpu = GpuState(f"{node}/gpu{index}", node, "H100", 80.0, allocated_gib=30.0, jobs=1, shares=1.0)
+            gpus.append(gpu)
+            running.append(RunningJob(f"{node}{index}", (gpu.uuid,), 30.0, NOW + 36000, 3, True, started_s=started))
+    return gpus, running
+
+
+def gang(submit: float = NOW - 2 * 3600, priority: int = 5) -> JobRequest:
+    return JobRequest("gang", priority, submit, 2, 70.0, 3600.0)
+
+
+def both(pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], config=BOUNDED) -> list[Placement]:
+    """`plan_drape`'s placements, checked to be the `Planner`'s too."""
+    placed = plan_drape(pending, gpus, running, NOW, config)
+    planner = Planner([GpuState(g.uuid, g.node, g.model, g.total_gib) for g in gpus], config)
+    for job in running:  # each started as the caller knows it (priority, cadence, preemptions, when)
+        duration = job.expected_end_s - job.started_s
+        request = JobRequest(job.id, job.priority, 0.0, len(job.gpus), job.mem_gib, duration, preempted=job.preempted)
+        planner.submit(dataclasses.replace(request, preemptible=job.preemptible, checkpoint_every_s=job.checkpoint_every_s))
+        planner.start(Placement(job.id, job.gpus, job.mem_gib), job.started_s)
+    for job in pending:
+        planner.submit(job)
+    assert planner.plan(NOW) == placed
+    return placed
+
+
+def test_an_overdue_gang_job_stops_the_jobs_that_lose_least_work():
+    gpus, running = full_fleet()
+    (placement,) = both([gang()], gpus, running)
+    assert placement.gpus == ("b/gpu0", "b/gpu1") and placement.evicts == ("b0", "b1")
+    assert both([gang(submit=NOW - 1800)], gpus, running) == []  # not waited the bound yet
+    assert both([gang()], gpus, running, PolicyConfig(preempt_after_s=None)) == []  # no bound: never
+
+
+def test_what_an_overdue_gang_job_never_stops():
+    gpus, running = full_fleet()
+    pinned = [
+        RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, 3, True, preemptible=r.id != "b0", started_s=r.started_s)
+        for r in running
+    ]
+    (placement,) = both([gang()], gpus, pinned)
+    assert placement.evicts == ("a0", "a1")  # a job that may not be preempted keeps its node
+    tired = [RunningJob(r.id, r.gpus, r.mem_gib, r.expected_end_s, 3, True, preempted=4, started_s=r.started_s) for r in running]
+    assert both([gang()], gpus, tired) == []  # preempted gang_max_preemptions times already
+    assert both([gang(priority=3)], gpus, running) == []  # jobs of its own priority (or higher) run on
+    wide = [RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 3, False, started_s=NOW - 300)]
+    (placement,) = both([gang()], gpus[2:], wide)
+    assert placement.evicts == ("w",)  # a lower-priority multi-GPU job may be stopped
+
+
+def test_the_bound_is_checked_at_load():
+    for bad in (-1.0, float("inf"), float("nan"), 30 * 86400.0):
+        with pytest.raises(ValueError, match="gang_max_wait_s"):
+            PolicyConfig(gang_max_wait_s=bad)
+
+
+def test_a_job_declares_whether_it_may_be_stopped_and_how_often_it_checkpoints():
+    spec = JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, preemptible=False, checkpoint_every_s=900)
+    labels = json.dumps(spec.stored_labels())
+    request = job_request(("j", 3, 0.0, 1, 10.0, 60.0, labels))
+    assert not request.preemptible and request.checkpoint_every_s == 900.0
+    row = SimpleNamespace(id="j", assigned='["a/gpu0"]', mem_gib=10.0, start_s=50.0, duration_s=60.0, priority=3, labels=labels)
+    running = running_job(row)
+    assert not running.preemptible and running.checkpoint_every_s == 900.0 and running.started_s == 50.0
+    plain = job_request(
+        (
+            "k",
+            3,
+            0.0,
+            1,
+            10.0,
+            60.0,
+            json.dumps(JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60).stored_labels()),
+        )
+    )
+    assert plain.preemptible and plain.checkpoint_every_s == 600.0  # by default: preemptible, every 10 min
+    exclusive = json.dumps(JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, exclusive=True).stored_labels())
+    assert not job_request(("x", 3, 0.0, 1, 10.0, 60.0, exclusive)).preemptible  # an exclusive job never is
+    for bad in (0, -5, float("inf"), 10**9):
+        with pytest.raises(QueueError, match="checkpoint_every_s"):
+            JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, checkpoint_every_s=bad)
+
+
+def test_a_job_that_may_not_be_stopped_is_not_moved_either():
+    """Preemption to defragment (a job restarts at once on an idle GPU elsewhere) stops a job too."""
+    gpus = [GpuState(f"{node}/gpu{i}", node, "H100", 80.0) for node in ("a", "b") for i in range(2)]
+    running = [RunningJob(uuid, (uuid,), 30.0, NOW + 36000, 3, True, started_s=NOW - 300) for uuid in ("a/gpu0", "b/gpu0")]
+    for gpu in (gpus[0], gpus[2]):  # one job on each node; a/gpu1 and b/gpu1 idle
+        gpu.jobs, gpu.allocated_gib, gpu.shares = 1, 30.0, 1.0
+    moving = PolicyConfig(preempt_after_s=1200.0)
+    (placement,) = both([gang()], gpus, running, moving)
+    assert len(placement.evicts) == 1 and set(placement.gpus) >= set(placement.evicts)  # moved to the other node
+    pinned = [dataclasses.replace(job, preemptible=False) for job in running]
+    assert both([gang()], gpus, pinned, moving) == []
