@@ -160,6 +160,7 @@ def policy_config(config) -> PolicyConfig:
         max_preemptions=queue.max_preemptions,
         fragmentation=queue.placement == "fragmentation",
         spread_after_s=queue.spread_after_seconds or None,
+        gang_max_wait_s=queue.gang_max_wait_seconds or None,
     )
 
 

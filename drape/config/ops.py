@@ -229,6 +229,14 @@ class QueueConfig(StrictModel):
         "restart at once on idle GPUs elsewhere (they resume from their checkpoints); 0: never preempt",
     )
     max_preemptions: int = Field(default=2, ge=0, description="times one job may be preempted (or moved)")
+    gang_max_wait_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="a multi-GPU job waiting this long may stop lower-priority preemptible jobs (they are requeued and "
+        "resume from their checkpoints) to take a node (scheduler/checkpoints.py); 0: never. Off by default: on "
+        "benchmarks/gang_bound.py it halves 8-GPU max waits at a cost in 1-GPU waits",
+    )
     placement: Literal["fullest-node", "fragmentation"] = Field(
         default="fullest-node",
         description="the node for a job among those that fit: the fullest (fewest idle GPUs; a multi-GPU job: fewest "
