@@ -29,105 +29,26 @@ the trace's duration) is reported too: what sharing and preemption slowed it, wh
 
 from __future__ import annotations
 
-import csv
 import statistics
 from dataclasses import dataclass, field, replace
-from pathlib import Path
-
-import yaml
 
 from scheduler.baselines import get_policy
 from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed
+from scheduler.trace_files import (  # noqa: F401 - re-exported: the simulator's inputs (trace_files.py)
+    TRACE_COLUMNS,
+    TraceError,
+    TraceJob,
+    load_fleet,
+    load_trace,
+)
 
 CONTENTION_OVERLAP = 0.07
 CHECKPOINT_EVERY_S = 600.0  # a preempted job resumes from its last checkpoint, taken every 10 min of progress
 RESTART_S = 60.0  # and pays a restart (launch, load the checkpoint)
-TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
-
-
-class TraceError(ValueError):
-    """A trace or fleet file that cannot be used; names the file, line and field."""
-
-
-@dataclass(frozen=True)
-class TraceJob:
-    job_id: str
-    submit_s: float
-    duration_s: float
-    peak_mem_gib: float
-    gpus: int
-    priority: int
-    kind: str
-    models: tuple[str, ...] = ()
-    measured: str = "alone"
-    exclusive: bool = False
-    share: float = 1.0
 
 
 def job_class(gpus: int) -> str:
     return "1" if gpus == 1 else "2-4" if gpus <= 4 else "5-8"
-
-
-def load_trace(path: str | Path) -> list[TraceJob]:
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: trace file not found")
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TraceError(f"{path}: missing columns {missing}; expected {','.join(TRACE_COLUMNS)}")
-        jobs = []
-        for line, row in enumerate(reader, 2):
-            try:
-                job = TraceJob(
-                    row["job_id"],
-                    float(row["submit_s"]),
-                    float(row["duration_s"]),
-                    float(row["peak_mem_gib"]),
-                    int(row["gpus"]),
-                    int(row["priority"]),
-                    row["kind"],
-                    tuple(m for m in (row.get("gpu_models") or "").split("|") if m),
-                    row.get("measured") or "alone",
-                    (row.get("sharing") or "shareable") == "exclusive",
-                    float(row.get("share") or 1.0),
-                )
-            except ValueError as error:
-                raise TraceError(f"{path}:{line}: {error}") from None
-            if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
-                raise TraceError(f"{path}:{line}: duration_s, gpus and peak_mem_gib must be positive")
-            if job.measured not in ("alone", "shared"):
-                raise TraceError(f"{path}:{line}: measured must be alone or shared, got {job.measured!r}")
-            if (row.get("sharing") or "shareable") not in ("shareable", "exclusive") or not 0 < job.share <= 1:
-                raise TraceError(f"{path}:{line}: sharing must be shareable or exclusive and share in (0, 1]")
-            jobs.append(job)
-    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
-
-
-def load_fleet(path: str | Path) -> list[GpuState]:
-    """A fleet YAML: ``groups: [{model, memory_gib, nodes, gpus_per_node}]``."""
-    path = Path(path)
-    if not path.is_file():
-        raise TraceError(f"{path}: fleet file not found")
-    data = yaml.safe_load(path.read_text()) or {}
-    gpus = []
-    for number, group in enumerate(data.get("groups", [])):
-        try:
-            model, memory, nodes, per_node = (
-                group["model"],
-                float(group["memory_gib"]),
-                int(group["nodes"]),
-                int(group["gpus_per_node"]),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise TraceError(f"{path}: groups[{number}]: expected model, memory_gib, nodes, gpus_per_node ({error})") from None
-        for node in range(nodes):
-            name = f"{group.get('node_prefix', model.lower().replace(' ', '-'))}-{node:02d}"
-            gpus += [GpuState(f"{name}/gpu{index}", name, model, memory) for index in range(per_node)]
-    if not gpus:
-        raise TraceError(f"{path}: no GPUs (expected groups: [{{model, memory_gib, nodes, gpus_per_node}}])")
-    return gpus
 
 
 @dataclass
