@@ -30,7 +30,7 @@ def gate_check(
 
     cfg = load(config)
     try:
-        arrays, control_set = load_control_dir(control)
+        arrays, control_set = load_control_dir(control, judged=True)
         shape = arrays["target"].shape[1:3]
         produced = read_outputs(outputs, arrays["keys"], shape)
         reference = read_outputs(baseline_outputs, arrays["keys"], shape, reference=True) if baseline_outputs else None
@@ -122,7 +122,7 @@ def _calibration_inputs(cfg, control: Path | None, samples: int, outputs: Path |
     from drape.gates.run import read_outputs
 
     try:
-        arrays = load_control_dir(control)[0] if control else synthesize_split(cfg, "control", samples)
+        arrays = load_control_dir(control, judged=True)[0] if control else synthesize_split(cfg, "control", samples)
         shape = arrays["target"].shape[1:3]
         clean = read_outputs(outputs, arrays["keys"], shape, reference=True) if outputs else None
         reference = read_outputs(baseline_outputs, arrays["keys"], shape, reference=True) if baseline_outputs else None

@@ -145,7 +145,7 @@ def _one_sample(manifest):
 )
 def test_a_damaged_or_too_small_control_set_is_refused_naming_it(tiny_dataset, tmp_path, edit, error, match):
     with pytest.raises(error, match=match):
-        load_control_dir(_root_with(tmp_path, tiny_dataset[0], edit))
+        load_control_dir(_root_with(tmp_path, tiny_dataset[0], edit), judged=True)
 
 
 def test_a_folder_of_control_shards_too_small_to_judge_is_refused(tmp_path):
@@ -161,3 +161,5 @@ def test_a_folder_of_control_shards_too_small_to_judge_is_refused(tmp_path):
     assert result.exit_code == 2, result.output
     assert f"'control' of the control shards in {folder} holds 1 sample(s) in 1 shard(s)" in " ".join(result.output.split())
     assert "at least 2" in result.output
+    arrays, _ = load_control_dir(folder)  # a try-on's inputs or a shopper's photos: one is enough
+    assert len(arrays["keys"]) == 1
