@@ -86,23 +86,27 @@ def read_outputs(
         path = Path(directory) / f"{key}.png"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: expected an output for control sample {key!r}")
-        try:
-            with Image.open(path) as image:
-                if image.format != "PNG":
-                    raise ValueError(f"{path}: a {image.format} image; expected a PNG")
-                array = opaque_rgb(image, path)
-        except (OSError, SyntaxError) as error:  # PIL: unidentified or truncated image
-            raise ValueError(f"{path}: not a readable PNG ({error})") from None
-        expected = shape or (images[0].shape[:2] if images else array.shape[:2])
-        if array.shape[:2] != tuple(expected):
-            raise ValueError(
-                f"{path}: {array.shape[1]}×{array.shape[0]} px; expected {expected[1]}×{expected[0]} like the control set"
-            )
-        images.append(array)
+        expected = shape or (images[0].shape[:2] if images else None)
+        images.append(_read_output(path, expected))
     stacked = np.stack(images)
     if reference:
         refuse_constant(stacked, keys, directory)
     return stacked
+
+
+def _read_output(path: Path, expected: tuple[int, int] | None) -> np.ndarray:
+    """One output as opaque RGB, its size checked from the header before a pixel is decoded (a
+    30000×30000 PNG of a few KiB is refused by name, not decoded; PIL's bomb guard is named too)."""
+    try:
+        with Image.open(path) as image:
+            if image.format != "PNG":
+                raise ValueError(f"{path}: a {image.format} image; expected a PNG")
+            width, height = image.size
+            if expected is not None and (height, width) != tuple(expected):
+                raise ValueError(f"{path}: {width}×{height} px; expected {expected[1]}×{expected[0]} like the control set")
+            return opaque_rgb(image, path)
+    except (OSError, SyntaxError, Image.DecompressionBombError) as error:  # unidentified, truncated, a bomb
+        raise ValueError(f"{path}: not a readable PNG ({error})") from None
 
 
 def save_grid(

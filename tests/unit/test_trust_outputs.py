@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -163,3 +164,30 @@ def test_a_folder_of_control_shards_too_small_to_judge_is_refused(tmp_path):
     assert "at least 2" in result.output
     arrays, _ = load_control_dir(folder)  # a try-on's inputs or a shopper's photos: one is enough
     assert len(arrays["keys"]) == 1
+
+
+def _huge_png(path, side: int = 30000) -> None:
+    """A 1-bit side×side PNG of ~100 KiB: decoded as RGB it would take side² × 3 bytes."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer, row = zlib.compressobj(9), b"\0" * (1 + (side + 7) // 8)
+    data = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    header = struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", data) + chunk(b"IEND", b""))
+
+
+@pytest.mark.filterwarnings("ignore::PIL.Image.DecompressionBombWarning")
+def test_a_huge_output_is_refused_from_its_header_naming_it(tmp_path):
+    _huge_png(tmp_path / "k0.png", 12000)  # 144 Mpx: under PIL's bomb guard, 432 MB decoded
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=r"k0\.png: 12000×12000 px; expected 16×16"):
+        read_outputs(tmp_path, ["k0"], (16, 16))  # the control set's size: refused before decoding
+    assert time.monotonic() - started < 0.5
+    _huge_png(tmp_path / "k1.png")  # 900 Mpx
+    assert (tmp_path / "k1.png").stat().st_size < 1 << 20
+    with pytest.raises(ValueError, match=r"k1\.png: not a readable PNG \(Image size \(900000000 pixels\) exceeds limit"):
+        read_outputs(tmp_path, ["k1"])  # PIL's bomb guard, named
