@@ -185,3 +185,14 @@ def test_dcgm_answers_no_gpu_could_give_are_refused_naming_the_gpu(used, free, m
         assert gpu.total_gib == 80 and gpu.observed_used_gib == 1 and gpu.observed_util is None
     finally:
         server.shutdown()
+
+
+def test_a_config_or_fleet_that_is_not_text_is_named_not_a_traceback(tmp_path):
+    from drape.config import ConfigError, load_config
+
+    path = tmp_path / "binary.yaml"
+    path.write_bytes(b"groups: []\n\xff\xfe\x00")
+    with pytest.raises(ConfigError, match=rf"{path}: not UTF-8 text \(invalid start byte at byte 11\)"):
+        load_config(path)
+    with pytest.raises(TraceError, match=rf"{path}: not UTF-8 text"):
+        load_fleet(path)
