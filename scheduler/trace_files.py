@@ -88,7 +88,7 @@ def _trace_job(row: dict, at: str) -> TraceJob:
         raise TraceError(f"{at}: {error}") from None
     numbers = {"submit_s": job.submit_s, "duration_s": job.duration_s, "peak_mem_gib": job.peak_mem_gib, "share": job.share}
     if bad := [name for name, value in numbers.items() if not math.isfinite(value)]:
-        raise TraceError(f"{at}: {', '.join(bad)} must be finite numbers")
+        raise TraceError(f"{at}: {', '.join(bad)} must be finite")
     if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
         raise TraceError(f"{at}: duration_s, gpus and peak_mem_gib must be positive")
     if not 0 <= job.submit_s <= MAX_TRACE_SECONDS or job.duration_s > MAX_TRACE_SECONDS:
