@@ -124,3 +124,13 @@ def test_the_shard_cache_prestaging_through_a_stall_fails_named(s3_bucket, tmp_p
     message = str(error.value)
     assert f"the endpoint {proxy.url} did not answer in time, or stalled mid-response" in message and SECRET not in message
     assert not list((tmp_path / "cache").rglob("*.tar"))  # only a .part, never a shard under its name
+
+
+def test_a_shopper_erase_whose_version_listing_stalls_fails_named(stalled):
+    """`drape shopper forget` lists every object version through s3fs's client directly."""
+    from drape.shoppers.forget import Subject
+    from drape.shoppers.places import ObjectStorePlace
+
+    store, proxy = stalled[0](lambda method, path: method == "GET" and "versions" in path)
+    subject = Subject(shopper="s-51b", request="r1", requested_at="2026-12-04T00:00:00+00:00")
+    _fails_named_within_bound(lambda: ObjectStorePlace(store).erase(subject), proxy)
