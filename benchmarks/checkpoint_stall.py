@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from drape.config import deep_merge, load_config  # noqa: E402
+from drape.config.loading import read_yaml  # noqa: E402
 
 
 def run(config_path: Path, out: Path, nproc: int) -> dict:
@@ -55,7 +56,7 @@ def main() -> int:
     parser.add_argument("--resolution", type=int, default=64)
     parser.add_argument("--nproc", type=int, default=2)
     args = parser.parse_args()
-    base = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    base = read_yaml(REPO / "configs" / "demo.yaml")  # bounded, as every config
     rows = []
     with tempfile.TemporaryDirectory(prefix="drape-stall-") as scratch:
         for mode in ("async", "blocking"):

@@ -62,10 +62,10 @@ def main() -> int:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     args = parser.parse_args()
-    import yaml
+    from drape.config.loading import read_yaml
 
     cuda = torch.cuda.is_available()
-    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml").read_text())
+    data = read_yaml(Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml")  # bounded, as every config
     overrides = {
         "queue": {"enabled": False},
         "train": {

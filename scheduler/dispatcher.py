@@ -27,7 +27,7 @@ from scheduler.engine import build_launcher, claimed_view, spans_nodes
 from scheduler.fleet import FleetView, fleet_view, policy_config, uniform_sharing, unshared
 from scheduler.gangs import fits_across_nodes, spanning
 from scheduler.live import LivePlanner
-from scheduler.policy import STARVED_AFTER_S, JobRequest, PolicyConfig, allowed
+from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
 from scheduler.store import JobSpec, JobStore, QueueError
 
 

@@ -12,6 +12,7 @@ Sources, by `queue.fleet`:
 
 from __future__ import annotations
 
+import math
 import socket
 from dataclasses import dataclass
 
@@ -48,6 +49,19 @@ def local_gpus(cpu_slot_gib: float = 16.0) -> list[GpuState]:
     return [GpuState(f"{host}/cpu", host, "cpu", cpu_slot_gib)]
 
 
+def _check_framebuffer(uuid: str, prometheus_url: str, used: float, free: float) -> None:
+    """ValueError naming the GPU when DCGM reports a framebuffer no GPU has (NaN, infinite, negative,
+    beyond `MAX_GPU_MEMORY_GIB`): Prometheus answers are input, and a NaN would reach placement."""
+    from scheduler.trace_files import MAX_GPU_MEMORY_GIB
+
+    sizes = (used, free, used + free)
+    if not (all(math.isfinite(size) and size >= 0 for size in sizes) and 0 < used + free <= MAX_GPU_MEMORY_GIB):
+        raise ValueError(
+            f"DCGM at {prometheus_url}: GPU {uuid} reports {used:g} GiB used and {free:g} GiB free; expected finite, "
+            f"non-negative sizes totalling at most {MAX_GPU_MEMORY_GIB:g} GiB"
+        )
+
+
 def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
     """GPUs as the DCGM exporter reports them in Prometheus; raises OSError-like errors when unreachable."""
     from prometheus_api_client import PrometheusConnect
@@ -66,6 +80,8 @@ def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
             continue
         labels = entry["labels"]
         used, free = entry["DCGM_FI_DEV_FB_USED"] / MIB_PER_GIB, entry["DCGM_FI_DEV_FB_FREE"] / MIB_PER_GIB
+        _check_framebuffer(uuid, prometheus_url, used, free)
+        util = entry.get("DCGM_FI_DEV_GPU_UTIL")
         gpus.append(
             GpuState(
                 uuid,
@@ -73,7 +89,7 @@ def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
                 labels.get("modelName", "unknown"),
                 used + free,
                 observed_used_gib=used,
-                observed_util=entry.get("DCGM_FI_DEV_GPU_UTIL"),
+                observed_util=util if util is not None and math.isfinite(util) else None,
             )
         )
     return gpus
@@ -165,7 +181,9 @@ def policy_config(config) -> PolicyConfig:
 
 
 def _any_sharing(settings) -> bool:
-    return bool(settings.dra_device_class) or settings.sharing != "none" or any(v != "none" for v in settings.node_sharing.values())
+    return (
+        bool(settings.dra_device_class) or settings.sharing != "none" or any(v != "none" for v in settings.node_sharing.values())
+    )
 
 
 def uniform_sharing(config) -> bool:

@@ -1,11 +1,17 @@
-"""Trace and fleet files for the simulator (`scheduler/simulator.py`): a CSV of jobs and a fleet YAML.
+"""The simulator's input files, read without trusting them: a trace (CSV) and a fleet (YAML).
+
+A user points `drape queue simulate`, `drape queue kueue` and `queue.inventory` (the static
+fleet, the Slurm rendering) at these files, so each is input: the fleet YAML goes through the
+bounded loader (`drape.config.loading.read_yaml`: size and alias expansion bounded before
+anything is built), every number must be finite and within any real machine or fleet
+(`MAX_*`), names hold no control character, and every refusal is a TraceError naming the file,
+the line or group and the field, never a traceback.
 
 Trace columns: `job_id, submit_s, duration_s, peak_mem_gib, gpus, priority, kind`, and optional
 `gpu_models` (the models a job may run on, `|`-separated parts of a model name; empty: any),
 `measured` (alone | shared), `sharing` (shareable | exclusive), `share`, `preemptible`
 (true | false: whether a waiting gang job may stop it; default true, an exclusive job never)
-and `checkpoint_every_s` (how often it checkpoints, s of progress; default 600). Every value is
-checked: a bad one names the file, line and field.
+and `checkpoint_every_s` (how often it checkpoints, s of progress; default 600).
 """
 
 from __future__ import annotations
@@ -17,9 +23,17 @@ from pathlib import Path
 
 import yaml
 
-from scheduler.state import CHECKPOINT_EVERY_S, GpuState
+from drape.config.loading import YamlBoundError, read_yaml
+from scheduler.policy import GpuState
+from scheduler.state import CHECKPOINT_EVERY_S
 
 TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
+MAX_GPU_MEMORY_GIB = 4096.0  # one GPU's memory: 30× today's largest
+MAX_GPUS_PER_NODE = 64
+MAX_NODES_PER_GROUP = 10_000
+MAX_FLEET_GPUS = 100_000  # the simulator models every GPU: a fleet past this is a typo, not a plan
+MAX_JOB_GPUS = 1024
+MAX_TRACE_SECONDS = 10 * 366 * 86400.0  # a submit time or a duration: ten years
 
 
 class TraceError(ValueError):
@@ -43,70 +57,116 @@ class TraceJob:
     checkpoint_every_s: float = CHECKPOINT_EVERY_S
 
 
+def _has_control(text: object) -> bool:
+    return isinstance(text, str) and any(ord(ch) < 32 or ord(ch) == 127 for ch in text)
+
+
 def load_trace(path: str | Path) -> list[TraceJob]:
-    """The jobs of a trace CSV (the module docstring has its columns), by submit time."""
+    """The trace's jobs by submit time; TraceError naming the file and line of the first bad row."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: trace file not found")
-    with open(path, newline="") as handle:
-        reader = csv.DictReader(handle)
-        missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TraceError(f"{path}: missing columns {missing}; expected {','.join(TRACE_COLUMNS)}")
-        jobs = []
-        for line, row in enumerate(reader, 2):
-            try:
-                job = TraceJob(
-                    row["job_id"],
-                    float(row["submit_s"]),
-                    float(row["duration_s"]),
-                    float(row["peak_mem_gib"]),
-                    int(row["gpus"]),
-                    int(row["priority"]),
-                    row["kind"],
-                    tuple(m for m in (row.get("gpu_models") or "").split("|") if m),
-                    row.get("measured") or "alone",
-                    (row.get("sharing") or "shareable") == "exclusive",
-                    float(row.get("share") or 1.0),
-                    (row.get("preemptible") or "true").lower() == "true",
-                    float(row.get("checkpoint_every_s") or CHECKPOINT_EVERY_S),
-                )
-            except ValueError as error:
-                raise TraceError(f"{path}:{line}: {error}") from None
-            if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
-                raise TraceError(f"{path}:{line}: duration_s, gpus and peak_mem_gib must be positive")
-            if job.measured not in ("alone", "shared"):
-                raise TraceError(f"{path}:{line}: measured must be alone or shared, got {job.measured!r}")
-            if (row.get("sharing") or "shareable") not in ("shareable", "exclusive") or not 0 < job.share <= 1:
-                raise TraceError(f"{path}:{line}: sharing must be shareable or exclusive and share in (0, 1]")
-            if (row.get("preemptible") or "true").lower() not in ("true", "false"):
-                raise TraceError(f"{path}:{line}: preemptible must be true or false, got {row['preemptible']!r}")
-            if not (math.isfinite(job.checkpoint_every_s) and 1 <= job.checkpoint_every_s <= 7 * 24 * 3600):
-                raise TraceError(f"{path}:{line}: checkpoint_every_s must be in [1, 604800] s, got {job.checkpoint_every_s}")
-            jobs.append(job)
+    try:
+        with open(path, newline="") as handle:
+            reader = csv.DictReader(handle)
+            missing = [c for c in TRACE_COLUMNS if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TraceError(f"{path}: missing columns {missing}; expected {','.join(TRACE_COLUMNS)}")
+            jobs = [_trace_job(row, f"{path}:{line}") for line, row in enumerate(reader, 2)]
+    except (csv.Error, UnicodeDecodeError) as error:
+        raise TraceError(f"{path}: not a CSV trace ({error})") from None
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
 
 
+def _trace_job(row: dict, at: str) -> TraceJob:
+    try:
+        job = TraceJob(
+            row["job_id"],
+            float(row["submit_s"]),
+            float(row["duration_s"]),
+            float(row["peak_mem_gib"]),
+            int(row["gpus"]),
+            int(row["priority"]),
+            row["kind"],
+            tuple(m for m in (row.get("gpu_models") or "").split("|") if m),
+            row.get("measured") or "alone",
+            (row.get("sharing") or "shareable") == "exclusive",
+            float(row.get("share") or 1.0),
+            (row.get("preemptible") or "true").lower() == "true",
+            float(row.get("checkpoint_every_s") or CHECKPOINT_EVERY_S),
+        )
+    except (ValueError, TypeError) as error:  # TypeError: a short row (None for its last fields)
+        raise TraceError(f"{at}: {error}") from None
+    numbers = {"submit_s": job.submit_s, "duration_s": job.duration_s, "peak_mem_gib": job.peak_mem_gib, "share": job.share}
+    if bad := [name for name, value in numbers.items() if not math.isfinite(value)]:
+        raise TraceError(f"{at}: {', '.join(bad)} must be finite")
+    if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
+        raise TraceError(f"{at}: duration_s, gpus and peak_mem_gib must be positive")
+    if not 0 <= job.submit_s <= MAX_TRACE_SECONDS or job.duration_s > MAX_TRACE_SECONDS:
+        raise TraceError(f"{at}: submit_s must be in [0, {MAX_TRACE_SECONDS:g}] and duration_s at most that (ten years)")
+    if job.gpus > MAX_JOB_GPUS or job.peak_mem_gib > MAX_GPU_MEMORY_GIB:
+        raise TraceError(f"{at}: gpus must be at most {MAX_JOB_GPUS} and peak_mem_gib at most {MAX_GPU_MEMORY_GIB:g}")
+    if any(_has_control(value) for value in (job.job_id, job.kind, *job.models)):
+        raise TraceError(f"{at}: job_id, kind and gpu_models may not hold control characters")
+    if job.measured not in ("alone", "shared"):
+        raise TraceError(f"{at}: measured must be alone or shared, got {job.measured!r}")
+    if (row.get("sharing") or "shareable") not in ("shareable", "exclusive") or not 0 < job.share <= 1:
+        raise TraceError(f"{at}: sharing must be shareable or exclusive and share in (0, 1]")
+    if (row.get("preemptible") or "true").lower() not in ("true", "false"):
+        raise TraceError(f"{at}: preemptible must be true or false, got {row['preemptible']!r}")
+    if not (math.isfinite(job.checkpoint_every_s) and 1 <= job.checkpoint_every_s <= 7 * 24 * 3600):
+        raise TraceError(f"{at}: checkpoint_every_s must be in [1, 604800] s, got {job.checkpoint_every_s}")
+    return job
+
+
 def load_fleet(path: str | Path) -> list[GpuState]:
-    """A fleet YAML: ``groups: [{model, memory_gib, nodes, gpus_per_node}]``."""
+    """A fleet YAML: ``groups: [{model, memory_gib, nodes, gpus_per_node[, node_prefix]}]``, read
+    bounded (`read_yaml`) and checked group by group before a GPU is listed."""
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: fleet file not found")
-    data = yaml.safe_load(path.read_text()) or {}
-    gpus = []
-    for number, group in enumerate(data.get("groups", [])):
-        try:
-            model, memory, nodes, per_node = (
-                group["model"],
-                float(group["memory_gib"]),
-                int(group["nodes"]),
-                int(group["gpus_per_node"]),
-            )
-        except (KeyError, TypeError, ValueError) as error:
-            raise TraceError(f"{path}: groups[{number}]: expected model, memory_gib, nodes, gpus_per_node ({error})") from None
+    try:
+        data = read_yaml(path) or {}
+    except YamlBoundError as error:
+        raise TraceError(str(error)) from None
+    except yaml.YAMLError as error:
+        raise TraceError(f"{path}: not YAML ({str(error).splitlines()[0]})") from None
+    groups = data.get("groups", []) if isinstance(data, dict) else None
+    if not isinstance(groups, list):
+        raise TraceError(f"{path}: expected a mapping with groups: [{{model, memory_gib, nodes, gpus_per_node}}]")
+    gpus: list[GpuState] = []
+    for number, group in enumerate(groups):
+        model, memory, nodes, per_node, prefix = _fleet_group(group, f"{path}: groups[{number}]")
+        if len(gpus) + nodes * per_node > MAX_FLEET_GPUS:
+            raise TraceError(f"{path}: groups[{number}]: the fleet would hold more than {MAX_FLEET_GPUS} GPUs")
         for node in range(nodes):
-            name = f"{group.get('node_prefix', model.lower().replace(' ', '-'))}-{node:02d}"
+            name = f"{prefix}-{node:02d}"
             gpus += [GpuState(f"{name}/gpu{index}", name, model, memory) for index in range(per_node)]
     if not gpus:
         raise TraceError(f"{path}: no GPUs (expected groups: [{{model, memory_gib, nodes, gpus_per_node}}])")
     return gpus
+
+
+def _fleet_group(group: object, at: str) -> tuple[str, float, int, int, str]:
+    """(model, memory_gib, nodes, gpus_per_node, node prefix) of one group, each checked."""
+    try:
+        if not isinstance(group, dict):
+            raise TypeError(f"a {type(group).__name__}")
+        model, memory = group["model"], float(group["memory_gib"])
+        counts = [group["nodes"], group["gpus_per_node"]]
+        if not all(isinstance(count, int) and not isinstance(count, bool) for count in counts):
+            raise TypeError("nodes and gpus_per_node must be whole numbers")
+    except (KeyError, TypeError, ValueError) as error:
+        raise TraceError(f"{at}: expected model, memory_gib, nodes, gpus_per_node ({error})") from None
+    nodes, per_node = counts
+    prefix = group.get("node_prefix", str(model).lower().replace(" ", "-"))
+    if not isinstance(model, str) or not model or not isinstance(prefix, str) or _has_control(model) or _has_control(prefix):
+        raise TraceError(f"{at}: model and node_prefix must be non-empty names without control characters")
+    if not (math.isfinite(memory) and 0 < memory <= MAX_GPU_MEMORY_GIB):
+        raise TraceError(f"{at}: memory_gib must be a finite number in (0, {MAX_GPU_MEMORY_GIB:g}], got {memory}")
+    if not (0 <= nodes <= MAX_NODES_PER_GROUP and 1 <= per_node <= MAX_GPUS_PER_NODE):
+        raise TraceError(
+            f"{at}: nodes must be in [0, {MAX_NODES_PER_GROUP}] and gpus_per_node in [1, {MAX_GPUS_PER_NODE}], "
+            f"got {nodes} and {per_node}"
+        )
+    return model, memory, nodes, per_node, prefix

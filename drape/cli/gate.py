@@ -30,10 +30,10 @@ def gate_check(
 
     cfg = load(config)
     try:
-        arrays, control_set = load_control_dir(control)
+        arrays, control_set = load_control_dir(control, judged=True)
         shape = arrays["target"].shape[1:3]
         produced = read_outputs(outputs, arrays["keys"], shape)
-        reference = read_outputs(baseline_outputs, arrays["keys"], shape) if baseline_outputs else None
+        reference = read_outputs(baseline_outputs, arrays["keys"], shape, reference=True) if baseline_outputs else None
     except (FileNotFoundError, ShardError, ValueError) as error:
         fail(f"input error: {error}")
     baseline = {"version": str(baseline_outputs)} if baseline_outputs else None
@@ -47,6 +47,7 @@ def gate_check(
         outputs=produced,
         baseline_outputs=reference,
         baseline=baseline,
+        outputs_dir=outputs,
     )
     console.print(rich_table(result, f"gate ({stage} thresholds) on {control_set}: {result.verdict.upper()}"))
     for line in result.failures():
@@ -121,10 +122,10 @@ def _calibration_inputs(cfg, control: Path | None, samples: int, outputs: Path |
     from drape.gates.run import read_outputs
 
     try:
-        arrays = load_control_dir(control)[0] if control else synthesize_split(cfg, "control", samples)
+        arrays = load_control_dir(control, judged=True)[0] if control else synthesize_split(cfg, "control", samples)
         shape = arrays["target"].shape[1:3]
-        clean = read_outputs(outputs, arrays["keys"], shape) if outputs else None
-        reference = read_outputs(baseline_outputs, arrays["keys"], shape) if baseline_outputs else None
+        clean = read_outputs(outputs, arrays["keys"], shape, reference=True) if outputs else None
+        reference = read_outputs(baseline_outputs, arrays["keys"], shape, reference=True) if baseline_outputs else None
     except (FileNotFoundError, ShardError, ValueError) as error:
         fail(f"input error: {error}")
     return arrays, clean, reference

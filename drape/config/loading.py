@@ -60,7 +60,14 @@ def read_yaml(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int =
     size = path.stat().st_size
     if size > max_bytes:
         raise YamlBoundError(f"{path}: {size} bytes, more than a config may hold ({max_bytes} bytes)")
-    text = path.read_text()
+    with open(path, "rb") as handle:  # at most the bound whatever the size said (a pipe, a /proc file: 0)
+        raw = handle.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise YamlBoundError(f"{path}: more than {max_bytes} bytes, more than a config may hold")
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as error:
+        raise YamlBoundError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     node = yaml.compose(text, Loader=yaml.SafeLoader)
     if node is None:
         return None

@@ -33,6 +33,7 @@ from drape.data.manifest import (  # noqa: F401 - re-exported: callers import th
     publish_dataset,
     read_manifest,
 )
+from drape.data.partition import check_sample_count, check_split_samples
 from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_inputs  # noqa: F401 - re-exported
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
 from drape.data.sources import TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
@@ -303,17 +304,31 @@ def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> di
     )
 
 
-def load_control_dir(directory: str | Path) -> tuple[dict, str]:
-    """A control set from a dataset root (manifest.json: hashes verified) or a folder of shards.
+def load_control_dir(directory: str | Path, *, judged: bool = False) -> tuple[dict, str]:
+    """A control set from a dataset root (manifest.json: checked, hashes verified) or a folder of
+    shards (a try-on's inputs, a shopper's photos). A manifest that is not JSON, has no control
+    split or names a path outside the root is an error naming it; so is, when the set is to be
+    `judged` by the gates, one of fewer samples than they need (`MIN_SAMPLES`).
 
     Returns (arrays as `load_split` gives them, control set id).
     """
     directory = Path(directory)
     if (directory / MANIFEST).is_file():
-        manifest = json.loads((directory / MANIFEST).read_text())
+        where = str(directory / MANIFEST)
+        try:
+            manifest = check_dataset_manifest(json.loads((directory / MANIFEST).read_text()), where)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise ManifestError(str(error) if isinstance(error, ManifestError) else f"{where}: not JSON ({error})") from None
+        if "control" not in manifest["splits"] or not isinstance(manifest.get("control_set"), str):
+            raise ManifestError(f"{where}: expected a control split and its control_set id; it has {sorted(manifest['splits'])}")
+        if judged:
+            check_split_samples(manifest["splits"]["control"], "control", where)
         return load_split(directory, manifest, "control"), manifest["control_set"]
     shards = sorted(directory.glob("*.tar")) if directory.is_dir() else []
     if not shards:
         raise FileNotFoundError(f"{directory}: expected a dataset root with {MANIFEST} or a folder of control shards (*.tar)")
     entries = [{"path": shard.name, "sha256": sha256_file(shard), "bytes": shard.stat().st_size} for shard in shards]
-    return load_split(directory, {"splits": {"control": entries}}, "control"), control_set_id(entries)
+    arrays = load_split(directory, {"splits": {"control": entries}}, "control")
+    if judged:
+        check_sample_count(len(arrays["keys"]), len(entries), "control", f"the control shards in {directory}")
+    return arrays, control_set_id(entries)

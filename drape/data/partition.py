@@ -35,12 +35,16 @@ MIN_TRAINING_SAMPLES = 1
 def check_split_samples(shards: list[dict], split: str, where: str) -> None:
     """PartitionError naming `split` of `where`, its sample count and the minimum, when the split
     is empty or holds fewer samples than any use of it can work with (`MIN_SAMPLES`)."""
+    check_sample_count(sum(shard["samples"] for shard in shards), len(shards), split, where)
+
+
+def check_sample_count(samples: int, shards: int, split: str, where: str) -> None:
+    """`check_split_samples` for a split already counted: `samples` in `shards` shards."""
     minimum = MIN_SAMPLES.get(split, MIN_TRAINING_SAMPLES)
-    samples = sum(shard["samples"] for shard in shards)
     if samples < minimum:
         use = "the gates judge it as a set" if split == "control" else "a stage trains on it"
         raise PartitionError(
-            f"split {split!r} of {where} holds {samples} sample(s) in {len(shards)} shard(s); {use}, so it needs "
+            f"split {split!r} of {where} holds {samples} sample(s) in {shards} shard(s); {use}, so it needs "
             f"at least {minimum}: rebuild the dataset with more (data.samples_per_stage, data.control_samples)"
         )
 

@@ -234,7 +234,8 @@ class GateReport:
     control_set: str
     checks: dict[str, CheckResult] = field(default_factory=dict)
     baseline: dict | None = None
-    # problems with where the candidate came from (drape.gates.run.provenance_problems)
+    # problems with where the candidate came from (drape.gates.run.provenance_problems) and constant
+    # outputs (drape.gates.degenerate): any of them fails the gate whatever the scores
     provenance: list[str] = field(default_factory=list)
 
     @property

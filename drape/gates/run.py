@@ -22,6 +22,7 @@ from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
 from drape.gates import aligned, face
 from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
+from drape.gates.degenerate import constant_outputs, opaque_rgb, refuse_constant
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
 from drape.gates.ocr import shared_text_check
 from drape.gates.recognizers import RecognizerCheck
@@ -73,39 +74,39 @@ def generate_outputs(config: PipelineConfig, checkpoint: str | Path, control: di
     return np.concatenate(outputs)
 
 
-def read_outputs(directory: str | Path, keys: list[str], shape: tuple[int, int] | None = None) -> np.ndarray:
+def read_outputs(
+    directory: str | Path, keys: list[str], shape: tuple[int, int] | None = None, *, reference: bool = False
+) -> np.ndarray:
     """Output PNGs named by control sample id, each `shape` (height, width) when given (else the
-    first one's); a missing, unreadable or differently sized one is an error naming it."""
+    first one's); a missing, unreadable, transparent or differently sized one is an error naming it,
+    and so is a constant one when the set is a `reference` (baseline or clean outputs,
+    `drape.gates.degenerate`)."""
     images: list[np.ndarray] = []
     for key in keys:
         path = Path(directory) / f"{key}.png"
         if not path.is_file():
             raise FileNotFoundError(f"{path}: expected an output for control sample {key!r}")
-        try:
-            with Image.open(path) as image:
-                if image.format != "PNG":
-                    raise ValueError(f"{path}: a {image.format} image; expected a PNG")
-                array = _opaque_rgb(image, path)
-        except (OSError, SyntaxError) as error:  # PIL: unidentified or truncated image
-            raise ValueError(f"{path}: not a readable PNG ({error})") from None
-        expected = shape or (images[0].shape[:2] if images else array.shape[:2])
-        if array.shape[:2] != tuple(expected):
-            raise ValueError(
-                f"{path}: {array.shape[1]}×{array.shape[0]} px; expected {expected[1]}×{expected[0]} like the control set"
-            )
-        images.append(array)
-    return np.stack(images)
+        expected = shape or (images[0].shape[:2] if images else None)
+        images.append(_read_output(path, expected))
+    stacked = np.stack(images)
+    if reference:
+        refuse_constant(stacked, keys, directory)
+    return stacked
 
 
-def _opaque_rgb(image: Image.Image, path: Path) -> np.ndarray:
-    """The image as RGB, refused when any pixel is transparent: alpha would be dropped silently and a
-    half-empty output judged on what lies under it. (A one-colour output is judged, and fails.)"""
-    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
-        alpha = np.asarray(image.convert("RGBA"))[..., 3]
-        if (alpha < 255).any():
-            share = float((alpha < 255).mean())
-            raise ValueError(f"{path}: {share:.0%} of its pixels are transparent; the gate judges opaque RGB outputs")
-    return np.asarray(image.convert("RGB"))
+def _read_output(path: Path, expected: tuple[int, int] | None) -> np.ndarray:
+    """One output as opaque RGB, its size checked from the header before a pixel is decoded (a
+    30000×30000 PNG of a few KiB is refused by name, not decoded; PIL's bomb guard is named too)."""
+    try:
+        with Image.open(path) as image:
+            if image.format != "PNG":
+                raise ValueError(f"{path}: a {image.format} image; expected a PNG")
+            width, height = image.size
+            if expected is not None and (height, width) != tuple(expected):
+                raise ValueError(f"{path}: {width}×{height} px; expected {expected[1]}×{expected[0]} like the control set")
+            return opaque_rgb(image, path)
+    except (OSError, SyntaxError, Image.DecompressionBombError) as error:  # unidentified, truncated, a bomb
+        raise ValueError(f"{path}: not a readable PNG ({error})") from None
 
 
 def save_grid(
@@ -199,6 +200,7 @@ def judge(
     baseline_outputs: np.ndarray | None,
     baseline: dict | None,
     levels: NuisanceLevels | None = None,
+    outputs_dir: str | Path = "outputs",
 ) -> GateReport:
     """The GateReport for `outputs` on the control set; pure given its inputs.
 
@@ -207,7 +209,8 @@ def judge(
     nuisance floor, `drape.gates.floor`, less `gates.floor_margin`); a recognizer's per-sample rule
     (`drape.gates.rules`). Change checks, with a baseline: each mean on the ground-truth scale may
     not fall more than `max_drop` below the baseline's (a number, or "nuisance": the largest fall
-    under the nuisance suite). `levels`: floors and tolerances already measured.
+    under the nuisance suite). `levels`: floors and tolerances already measured. A constant output
+    (`drape.gates.degenerate`, named as `outputs_dir/<key>.png`) fails the gate whatever the scores.
     """
     gates = config.gates
     embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
@@ -230,6 +233,7 @@ def judge(
         )
     thresholds = gates.thresholds(stage, vs_baseline=vs_baseline)
     report = GateReport(stage, run_id, checkpoint, control_set, baseline=baseline)
+    report.provenance = constant_outputs(outputs, control["keys"], outputs_dir)
     for name in values:
         floor = levels.floor.get(name) if levels else None
         threshold, source = _value_threshold(name, thresholds[name], floor, gates.floor_margin)
@@ -329,15 +333,6 @@ def provenance_problems(
     return problems
 
 
-def flat_outputs(outputs: np.ndarray, keys: list[str], min_std: float = 1.0) -> list[str]:
-    """A problem for outputs that are one flat colour (a collapsed model: all black, all grey),
-    which no threshold may let through; empty when none is."""
-    flat = [key for key, image in zip(keys, outputs) if float(np.asarray(image, dtype=np.float32).std()) < min_std]
-    if not flat:
-        return []
-    return [f"{len(flat)} of {len(keys)} outputs are one flat colour (e.g. {flat[0]}): the model has collapsed"]
-
-
 def evaluate_gate(
     config: PipelineConfig,
     *,
@@ -359,7 +354,9 @@ def evaluate_gate(
     gate_dir.mkdir(parents=True, exist_ok=True)
     outputs = generate_outputs(config, checkpoint, control, gate_dir)
     shape = control["target"].shape[1:3]
-    baseline_outputs = read_outputs(baseline_outputs_dir, control["keys"], shape) if baseline_outputs_dir else None
+    baseline_outputs = (
+        read_outputs(baseline_outputs_dir, control["keys"], shape, reference=True) if baseline_outputs_dir else None
+    )
     report = judge(
         config,
         stage=stage,
@@ -370,8 +367,9 @@ def evaluate_gate(
         outputs=outputs,
         baseline_outputs=baseline_outputs,
         baseline=baseline,
+        outputs_dir=gate_dir / "outputs",
     )
-    report.provenance = list(provenance or []) + flat_outputs(outputs, control["keys"])
+    report.provenance = list(provenance or []) + report.provenance
     distribution: list = []  # eval.fid_gate: FID/KID vs the baseline's, at a bootstrap bound (drape.eval.gate)
     if config.eval.fid_gate.enabled and baseline_outputs is not None:
         from drape.eval.gate import distribution_checks

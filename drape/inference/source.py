@@ -127,12 +127,12 @@ def captured_inputs(config: PipelineConfig, inputs: str | None = None) -> tuple[
         return config_control(config)
     path = Path(inputs)
     if path.is_dir():
-        from drape.data.dataset import load_control_dir
+        from drape.data.dataset import ManifestError, load_control_dir
         from drape.data.shards import ShardError
 
         try:
             arrays, control_set = load_control_dir(path)
-        except (FileNotFoundError, ShardError) as error:
+        except (FileNotFoundError, ShardError, ManifestError) as error:
             raise InferenceInputError(f"--inputs {inputs}: {error}") from None
         except ValueError as error:  # np.stack over samples of different sizes
             raise InferenceInputError(

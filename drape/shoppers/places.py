@@ -27,6 +27,7 @@ from drape.layout import shopper_prefix
 from drape.shoppers import ShopperError
 from drape.shoppers.forget import Subject
 from drape.storage.checksum import sha256_bytes, sha256_file
+from drape.storage.network import bounded_on
 from drape.storage.store import ObjectStore
 
 TEXT_SUFFIXES = (".json", ".jsonl", ".log", ".txt", ".yaml", ".yml", ".csv", ".md")
@@ -43,12 +44,17 @@ class ObjectStorePlace:
         bucket, _, base = self.store.base.partition("/")
         return bucket, f"{base}/" if base else ""
 
+    def _s3(self, method: str, **kwargs) -> dict:
+        """One S3 call through s3fs's client; a timeout or stall is an error naming the endpoint."""
+        with bounded_on(self.store):
+            return self.store.fs.call_s3(method, **kwargs)
+
     def _versions(self, prefix: str):
         """(key, version id, size or None for a delete marker) of every version under `prefix`."""
         bucket, base = self._bucket()
         marker: dict = {}
         while True:
-            page = self.store.fs.call_s3("list_object_versions", Bucket=bucket, Prefix=base + prefix, **marker)
+            page = self._s3("list_object_versions", Bucket=bucket, Prefix=base + prefix, **marker)
             for version in page.get("Versions", []):
                 yield version["Key"], version["VersionId"], version["Size"]
             for deleted in page.get("DeleteMarkers", []):
@@ -68,7 +74,7 @@ class ObjectStorePlace:
         found = list(self._versions(prefix))
         for start in range(0, len(found), 1000):  # DeleteObjects takes 1000 keys a call
             batch = [{"Key": key, "VersionId": version} for key, version, _ in found[start : start + 1000]]
-            result = self.store.fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+            result = self._s3("delete_objects", Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
             if result.get("Errors"):
                 error = result["Errors"][0]
                 raise ShopperError(
@@ -83,8 +89,9 @@ class ObjectStorePlace:
     def _version_sha256(self, bucket: str, key: str, version: str) -> str:
         from fsspec.asyn import sync
 
-        body = self.store.fs.call_s3("get_object", Bucket=bucket, Key=key, VersionId=version)["Body"]
-        return sha256_bytes(sync(self.store.fs.loop, body.read))  # aiobotocore's body reads on s3fs's loop
+        with bounded_on(self.store):  # a body that stalls mid-stream: an error naming the endpoint
+            body = self.store.fs.call_s3("get_object", Bucket=bucket, Key=key, VersionId=version)["Body"]
+            return sha256_bytes(sync(self.store.fs.loop, body.read))  # aiobotocore's body reads on s3fs's loop
 
     def scan(self, subject: Subject) -> list[str]:
         digests, found = subject.photo_digests, []

@@ -18,6 +18,7 @@ from __future__ import annotations
 from drape import ARTIFACT_KINDS, OUTCOMES, Outcome
 from drape.config import RetentionConfig
 from drape.layout import RUNS_PREFIX, SHOPPERS
+from drape.storage.network import bounded_on
 from drape.storage.retention import TAG_KIND, TAG_OUTCOME, resolve
 from drape.storage.store import ObjectStore, StorageError
 
@@ -77,5 +78,6 @@ def apply_lifecycle(
     if shopper_days:
         rules.append(shopper_rule(f"{base}/{SHOPPERS}/" if base else f"{SHOPPERS}/", shopper_days))
     # through s3fs's own client: the configured endpoint and the AWS credential chain
-    store.fs.call_s3("put_bucket_lifecycle_configuration", Bucket=bucket, LifecycleConfiguration={"Rules": rules})
-    return store.fs.call_s3("get_bucket_lifecycle_configuration", Bucket=bucket)["Rules"]
+    with bounded_on(store):  # a timeout or stall: an error naming the endpoint
+        store.fs.call_s3("put_bucket_lifecycle_configuration", Bucket=bucket, LifecycleConfiguration={"Rules": rules})
+        return store.fs.call_s3("get_bucket_lifecycle_configuration", Bucket=bucket)["Rules"]

@@ -9,16 +9,14 @@ logged without query strings or user info.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 import fsspec
 
@@ -26,37 +24,10 @@ from drape.layout import safe_key
 from drape.secrets import has_credentials
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_file
+from drape.storage.network import BoundedReader, StorageError, bounded, redact_url  # the last two re-exported
 
 T = TypeVar("T")
 SINGLE_COPY_LIMIT = 5 * 2**30  # S3 CopyObject's largest source; larger objects are copied in parts
-
-
-class StorageError(RuntimeError):
-    """An object-store operation that failed; names the object and what was expected."""
-
-
-_NETWORK_ERRORS = {"ConnectTimeoutError", "ReadTimeoutError", "EndpointConnectionError", "ConnectionClosedError"}
-
-
-def _bounded(method: Callable[..., T]) -> Callable[..., T]:
-    """`method` of an ObjectStore with botocore's network failures (connect or read timeout, an
-    endpoint that refuses or drops the connection: each after its bounded retries) turned into a
-    StorageError naming the endpoint (redacted) and the settings that bound the wait."""
-
-    @functools.wraps(method)
-    def call(self: ObjectStore, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as error:
-            if type(error).__module__.startswith("botocore") and type(error).__name__ in _NETWORK_ERRORS:
-                raise StorageError(
-                    f"{self!r}: the endpoint {redact_url(self.endpoint or 'of the AWS region')} did not answer "
-                    f"({type(error).__name__}) within storage.connect_timeout_seconds {self.connect_timeout:g} / "
-                    f"read_timeout_seconds {self.read_timeout:g}, {self.retry_attempts} attempt(s)"
-                ) from None
-            raise
-
-    return call
 
 
 @dataclass(frozen=True)
@@ -64,15 +35,6 @@ class StoredObject:
     url: str
     bytes: int
     sha256: str
-
-
-def redact_url(url: str) -> str:
-    """The URL without credentials or query string, safe to log."""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else url
 
 
 class ObjectStore:
@@ -137,17 +99,17 @@ class ObjectStore:
     def key_url(self, key: str) -> str:
         return f"{redact_url(self.url)}/{key}"
 
-    @_bounded
+    @bounded
     def exists(self, key: str) -> bool:
         """Whether `key` is in the store now (not in a listing s3fs cached before another node wrote it)."""
         self.fs.invalidate_cache(self.path(key))
         return self.fs.exists(self.path(key))
 
-    @_bounded
+    @bounded
     def size(self, key: str) -> int:
         return int(self.fs.size(self.path(key)))
 
-    @_bounded
+    @bounded
     def sha256(self, key: str) -> str:
         digest = hashlib.sha256()
         with self.fs.open(self.path(key), "rb") as handle:
@@ -155,7 +117,7 @@ class ObjectStore:
                 digest.update(chunk)
         return digest.hexdigest()
 
-    @_bounded
+    @bounded
     def verify(self, key: str, *, size: int, sha256: str) -> None:
         """Read the object back; raise StorageError unless size and sha256 match."""
         if not self.exists(key):
@@ -167,7 +129,7 @@ class ObjectStore:
         if actual != sha256:
             raise StorageError(f"{self.key_url(key)}: sha256 mismatch: expected {sha256}, the store has {actual}")
 
-    @_bounded
+    @bounded
     def put_file(
         self, local: str | Path, key: str, *, tags: dict[str, str] | None = None, storage_class: str | None = None
     ) -> StoredObject:
@@ -221,7 +183,7 @@ class ObjectStore:
             raise
         return StoredObject(self.key_url(key), size, digest)
 
-    @_bounded
+    @bounded
     def restamp(
         self,
         key: str,
@@ -277,12 +239,12 @@ class ObjectStore:
             self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=inner, UploadId=upload)  # the original stays
             raise
 
-    @_bounded
+    @bounded
     def get_tags(self, key: str) -> dict[str, str]:
         """The object's tags on S3 (empty elsewhere)."""
         return self.fs.get_tags(self.path(key)) if self.is_s3 else {}
 
-    @_bounded
+    @bounded
     def put_bytes(self, payload: bytes, key: str) -> StoredObject:
         """Write a small object through the same verified path as put_file."""
         scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"drape-put-{uuid.uuid4().hex}"
@@ -292,7 +254,7 @@ class ObjectStore:
         finally:
             scratch.unlink(missing_ok=True)
 
-    @_bounded
+    @bounded
     def get_file(self, key: str, local: str | Path, *, sha256: str | None = None) -> Path:
         """Download to a temporary name, verify the hash if given, then rename into place."""
         local = Path(local)
@@ -310,25 +272,26 @@ class ObjectStore:
         fsync_dir(local.parent)
         return local
 
-    @_bounded
+    @bounded
     def open_read(self, key: str, offset: int = 0, block_bytes: int = 8 << 20):
-        """A binary file object on the object, positioned at `offset` (ranged GETs on S3)."""
+        """A binary file object on the object, positioned at `offset` (ranged GETs on S3); its reads
+        fail as this store's calls do (`drape.storage.network.BoundedReader`)."""
         try:
             handle = self.fs.open(self.path(key), "rb", block_size=block_bytes)
         except FileNotFoundError:
             raise StorageError(f"{self.key_url(key)}: missing in the object store") from None
         if offset:
             handle.seek(offset)
-        return handle
+        return BoundedReader(handle, self)  # a body that stalls mid-stream: a StorageError naming the endpoint
 
-    @_bounded
+    @bounded
     def read_bytes(self, key: str) -> bytes:
         try:
             return self.fs.cat_file(self.path(key))
         except FileNotFoundError:
             raise StorageError(f"{self.key_url(key)}: missing in the object store") from None
 
-    @_bounded
+    @bounded
     def list(self, prefix: str) -> list[str]:
         """Keys under `prefix` (recursive), relative to the store base, as the store has them now:
         s3fs's cached listing is dropped first (another node may have written since)."""

@@ -1,6 +1,8 @@
 """A small fault-injecting HTTP proxy for S3 tests: it sits in front of the moto server and, on a
 fixed schedule, answers 503 SlowDown, answers 500 InternalError, resets the connection, or stalls
-past the client's read timeout; every other request is forwarded unchanged. It can also add a
+past the client's read timeout; requests a `body_stall` predicate picks are forwarded and answered
+with the status, the headers and half the body, then stall mid-body (an endpoint that hangs while
+streaming); every other request is forwarded unchanged. It can also add a
 fixed latency per request and cap the bandwidth of all responses together (the benchmarks'
 stand-in for a remote S3 region)."""
 
@@ -12,6 +14,7 @@ import struct
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -36,11 +39,13 @@ class FaultProxy:
         stall_seconds: float = 3.0,
         latency_seconds: float = 0.0,
         bandwidth_bytes_per_second: float | None = None,
+        body_stall: Callable[[str, str], bool] | None = None,
     ):
         self.upstream = urlsplit(upstream)
         self.schedule, self.period, self.stall_seconds = schedule or {}, period, stall_seconds
         self.latency, self.bandwidth, self.link_free_at = latency_seconds, bandwidth_bytes_per_second, 0.0
         self.count, self.faults, self.lock = 0, Counter(), threading.Lock()
+        self.body_stall = body_stall  # (method, path with query) -> stall this one mid-body
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -77,6 +82,12 @@ class FaultProxy:
                 upstream.request(self.command, self.path, body=body, headers=headers)
                 response = upstream.getresponse()
                 data = response.read()
+                if proxy.body_stall and proxy.body_stall(self.command, self.path):
+                    with proxy.lock:
+                        proxy.faults["body_stall"] += 1
+                    self._stall_mid_body(response, data)
+                    upstream.close()
+                    return
                 self.send_response(response.status)
                 for key, value in response.getheaders():
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -89,6 +100,21 @@ class FaultProxy:
                 if self.command != "HEAD":
                     proxy.send(self.wfile, data)
                 upstream.close()
+
+            def _stall_mid_body(self, response, data: bytes) -> None:
+                """The status, the headers (an empty body announced as 64 bytes), half the body, then silence."""
+                self.send_response(response.status)
+                for key, value in response.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data) or 64))
+                self.end_headers()
+                self.wfile.write(data[: len(data) // 2])
+                self.wfile.flush()
+                deadline = time.monotonic() + proxy.stall_seconds
+                while time.monotonic() < deadline and not proxy.closed:
+                    time.sleep(0.05)
+                self.close_connection = True
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 

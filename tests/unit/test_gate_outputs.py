@@ -1,5 +1,5 @@
-"""The gate reads opaque RGB outputs only: any transparency is refused, the file named (a one-colour
-output is judged and fails: tests/unit/test_cli.py::test_gate_check_exit_codes)."""
+"""The gate reads opaque RGB outputs only: any transparency is refused, the file named (a constant
+output fails the gate by name: tests/unit/test_trust_outputs.py)."""
 
 from __future__ import annotations
 

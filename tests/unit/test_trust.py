@@ -7,7 +7,6 @@ import logging
 import math
 import pickle
 
-import numpy as np
 import pytest
 import torch
 
@@ -265,15 +264,7 @@ def test_thresholds_outside_zero_one_are_refused(tmp_path, threshold):
         tiny_config(tmp_path, gates={"identity": {"min_similarity": threshold}})
 
 
-def test_flat_outputs_fail_whatever_the_thresholds():
-    from drape.gates.run import flat_outputs
-
-    keys = ["a", "b"]
-    assert flat_outputs(np.zeros((2, 8, 8, 3), np.uint8), keys) == [
-        "2 of 2 outputs are one flat colour (e.g. a): the model has collapsed"
-    ]
-    noisy = np.random.default_rng(0).integers(0, 255, (2, 8, 8, 3), dtype=np.uint8)
-    assert flat_outputs(noisy, keys) == []
+# constant outputs (one colour, near-constant, mostly one colour): tests/unit/test_trust_outputs.py
 
 
 def test_a_registry_error_is_never_no_baseline(tmp_path, monkeypatch):

@@ -1,0 +1,117 @@
+"""An object store's network failures as one error that names the endpoint (redacted) and the bound.
+
+botocore bounds every request with a connect and a read timeout (storage.connect_timeout_seconds,
+storage.read_timeout_seconds) and retries it; what surfaces when the bound is hit depends on where
+the wait was: before the headers it is botocore's ReadTimeoutError, but a body that stalls
+mid-stream surfaces through aiobotocore and fsspec as an FSTimeoutError with no message, and on a
+ranged read s3fs trips over that error and raises an IndexError whose context holds it. Each is
+recognised by its chain of causes and turned into a StorageError, for the calls of an ObjectStore
+and for the reads of a file object it opened alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+T = TypeVar("T")
+
+_NETWORK_ERRORS = {"ConnectTimeoutError", "ReadTimeoutError", "EndpointConnectionError", "ConnectionClosedError"}
+
+
+class StorageError(RuntimeError):
+    """An object-store operation that failed; names the object and what was expected."""
+
+
+def redact_url(url: str) -> str:
+    """The URL without credentials or query string, safe to log."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return f"{parts.scheme}://{host}{parts.path}" if parts.scheme else url
+
+
+def network_failure(error: BaseException) -> str | None:
+    """The name of the timeout or dropped connection behind `error` (itself, its cause or its
+    context), or None when it is not one."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        name, module = type(current).__name__, type(current).__module__
+        if module.startswith(("botocore", "aiobotocore")) and (name in _NETWORK_ERRORS or name == "AioReadTimeoutError"):
+            return name
+        if isinstance(current, TimeoutError):  # fsspec's FSTimeoutError, asyncio's and aiohttp's timeouts
+            return name
+        current = current.__cause__ or current.__context__
+    return None
+
+
+def endpoint_error(store: Any, failure: str) -> StorageError:
+    """The StorageError for `store` (an ObjectStore) when its endpoint did not answer in time."""
+    where = redact_url(store.endpoint) if store.endpoint else "of the AWS region" if store.is_s3 else redact_url(store.url)
+    return StorageError(
+        f"{store!r}: the endpoint {where} did not answer in time, "
+        f"or stalled mid-response ({failure}), within storage.connect_timeout_seconds {store.connect_timeout:g} / "
+        f"read_timeout_seconds {store.read_timeout:g}, {store.retry_attempts} attempt(s)"
+    )
+
+
+@contextmanager
+def bounded_on(store: Any) -> Iterator[None]:
+    """Inside it, a network failure (`network_failure`: after its bounded retries) is a StorageError
+    naming `store`'s endpoint and the settings that bound the wait (`endpoint_error`)."""
+    try:
+        yield
+    except Exception as error:
+        if failure := network_failure(error):
+            raise endpoint_error(store, failure) from None
+        raise
+
+
+def bounded(method: Callable[..., T]) -> Callable[..., T]:
+    """`method` of an ObjectStore run `bounded_on` the store."""
+
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with bounded_on(self):
+            return method(self, *args, **kwargs)
+
+    return call
+
+
+class BoundedReader:
+    """A file object opened on a store whose reads and seeks fail as `bounded` methods do: a body
+    that stalls mid-stream is a StorageError naming the endpoint, never a bare timeout or IndexError."""
+
+    def __init__(self, handle: Any, store: Any):
+        self._handle, self._store = handle, store
+
+    def _call(self, name: str, *args):
+        with bounded_on(self._store):
+            return getattr(self._handle, name)(*args)
+
+    def read(self, size: int = -1) -> bytes:
+        return self._call("read", size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._call("seek", offset, whence)
+
+    def tell(self) -> int:
+        return self._handle.tell()
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._handle, name)
+
+    def __enter__(self) -> BoundedReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
