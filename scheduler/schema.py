@@ -320,6 +320,7 @@ def running_job(row) -> RunningJob:
         len(gpus) == 1 and not how.exclusive,
         how.preempted,
         how.models,
+        how.share,
         preemptible=how.preemptible and not how.exclusive,
         checkpoint_every_s=how.checkpoint_every_s,
         started_s=row.start_s or 0.0,

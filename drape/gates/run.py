@@ -202,16 +202,13 @@ def judge(
     levels: NuisanceLevels | None = None,
     outputs_dir: str | Path = "outputs",
 ) -> GateReport:
-    """The GateReport for `outputs` on the control set; pure given its inputs.
-
-    Value checks: identity and texture vs the control targets, coherence vs the baseline's outputs
-    when given (else the ground truth), each against its threshold (a number, or "nuisance": the
-    nuisance floor, `drape.gates.floor`, less `gates.floor_margin`); a recognizer's per-sample rule
-    (`drape.gates.rules`). Change checks, with a baseline: each mean on the ground-truth scale may
-    not fall more than `max_drop` below the baseline's (a number, or "nuisance": the largest fall
-    under the nuisance suite). `levels`: floors and tolerances already measured. A constant output
-    (`drape.gates.degenerate`, named as `outputs_dir/<key>.png`) fails the gate whatever the scores.
-    """
+    """The GateReport for `outputs` on the control set; pure given its inputs. Value checks: identity
+    and texture vs the control targets, coherence vs the baseline's outputs when given (else the
+    ground truth), each against its threshold (a number, or "nuisance": the nuisance floor less
+    `gates.floor_margin`); a recognizer's per-sample rule (`drape.gates.rules`). Change checks, with
+    a baseline: each mean on the ground-truth scale may not fall more than `max_drop` (a number, or
+    "nuisance": the largest fall under the nuisance suite). `levels`: floors and tolerances already
+    measured. A constant output (`drape.gates.degenerate`) fails the gate whatever the scores."""
     gates = config.gates
     embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
     vs_baseline, targets = baseline_outputs is not None, control["target"]

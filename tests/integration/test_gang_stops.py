@@ -4,7 +4,6 @@ past `gang_max_wait_s` stops running jobs on a full fleet, and the dispatcher's 
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -29,10 +28,10 @@ def test_an_overdue_gang_job_stops_preemptible_jobs_and_they_wait_to_resume(tmp_
     wait (no GPU is free), and the service that may not be preempted runs on."""
     from scheduler.dispatcher import Dispatcher
 
-    config, _ = _config_file(tmp_path)
+    config, _ = _config_file(tmp_path, preempt_after_seconds=0, gang_max_wait_seconds=3600)
     store = JobStore(config.queue_url)
     dispatcher = Dispatcher(config, store)
-    dispatcher.policy = dataclasses.replace(dispatcher.policy, preempt_after_s=None, gang_max_wait_s=3600.0)
+    assert dispatcher.policy.gang_max_wait_s == 3600.0 and dispatcher.policy.preempt_after_s is None
     sleep = ["sh", "-c", "exec sleep 120"]
     spec = {"kind": "inference-benchmark", "mem_gib": 60, "duration_s": 36000, "gpu_models": ["H100"], "command": sleep}
     pinned = store.submit(JobSpec(preemptible=False, **spec))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from drape.config import ConfigError
-from drape.gates.floor import nuisance_levels, nuisance_scores
+from drape.gates.floor import NuisanceLevels, floors, nuisance_levels, nuisance_scores, tolerances
 from drape.gates.nuisance import NUISANCE
 from drape.gates.regressions import REGRESSIONS, render
 from drape.gates.render import check_cells
@@ -35,9 +35,14 @@ def aligned_128(tmp_path_factory):
     control = synthesize_split(config, "control", 6)
     targets = control["target"]
     own = {name: recorded(values) for name, values in check_scores(config, control, targets, targets).items()}
-    first = nuisance_levels(config, control)
-    against = nuisance_levels(config, control, baseline_outputs=targets, baseline_scores=own)
-    return config, control, first, against
+    # The baseline here is the targets themselves, so every score `nuisance_levels` computes (on the
+    # targets, on the baseline, the baseline against itself) is one set: computed once (four times
+    # took minutes at 128 px); `test_levels_against_a_baseline_are_floors_and_tolerances_of_its_scores`
+    # checks `nuisance_levels` itself gives the same.
+    scored = nuisance_scores(config, control, targets, targets)
+    first = NuisanceLevels(floors(scored), {})
+    against = NuisanceLevels(floors(scored), tolerances(scored, own))
+    return config, control, first, against, scored
 
 
 def _judge(config, control, outputs, levels, baseline_outputs=None):
@@ -55,10 +60,24 @@ def _judge(config, control, outputs, levels, baseline_outputs=None):
     )
 
 
-def test_the_floor_is_the_lowest_lower_bound_of_any_nuisance_variant(aligned_128):
-    config, control, first, _ = aligned_128
+def test_levels_against_a_baseline_are_floors_and_tolerances_of_its_scores(tmp_path):
+    """What `aligned_128` builds from one set of scores is what `nuisance_levels` gives (at 32 px:
+    the same code, a fraction of the cost), with and without a baseline."""
+    from drape.data.dataset import synthesize_split
+
+    config = tiny_config(tmp_path, gates=_gates(None))
+    control = synthesize_split(config, "control", 3)
     targets = control["target"]
+    own = {name: recorded(values) for name, values in check_scores(config, control, targets, targets).items()}
     scored = nuisance_scores(config, control, targets, targets)
+    assert nuisance_levels(config, control) == NuisanceLevels(floors(scored), {})
+    against = nuisance_levels(config, control, baseline_outputs=targets, baseline_scores=own)
+    assert against == NuisanceLevels(floors(scored), tolerances(scored, own))
+    assert set(against.tolerance) == {"identity", "texture", "coherence"}
+
+
+def test_the_floor_is_the_lowest_lower_bound_of_any_nuisance_variant(aligned_128):
+    config, control, first, _, scored = aligned_128
     for check, level in first.floor.items():
         lowers = {name: bootstrap_lower_bound(scores[check]) for name, scores in scored.items()}
         assert level.value == min(lowers.values()) and lowers[level.variant] == level.value
@@ -66,7 +85,7 @@ def test_the_floor_is_the_lowest_lower_bound_of_any_nuisance_variant(aligned_128
 
 
 def test_nuisance_passes_and_a_regression_fails_in_both_modes(aligned_128):
-    config, control, first, against = aligned_128
+    config, control, first, against, _ = aligned_128
     targets, meta = control["target"], control["meta"]
     for name in ("jpeg q60", "shift 2 px", "brightness -6%"):
         varied = NUISANCE[name](targets, meta, np.random.default_rng(0))
@@ -103,7 +122,7 @@ def test_jpeg_trips_a_fixed_tight_change_check_but_never_the_nuisance_one(tmp_pa
 
 
 def test_the_report_gives_floor_margin_and_sources(aligned_128):
-    config, control, first, _ = aligned_128
+    config, control, first, _, _ = aligned_128
     report = _judge(config, control, control["target"], first)
     identity = report.checks["identity"]
     assert identity.threshold == first.floor["identity"].value and identity.threshold_source.startswith("nuisance floor (")
