@@ -69,11 +69,12 @@ serve: $(STAMP)
 	$(BIN)/drape serve
 
 # two pytest-xdist workers (one per core on a 2-core machine), each given whole modules, the
-# longest first (tests/conftest.py); TEST_WORKERS=0 runs the suite in one process
+# longest first (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder, or xdist orders modules
+# by their count of tests and the one-test rehearsal starts last); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
 test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
-	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # the production path at CPU size with kills and resumes (part of `make test`; README "Run on a cluster")
 rehearse: $(STAMP) services

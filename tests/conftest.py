@@ -31,22 +31,27 @@ TESTS = Path(__file__).parent
 TINY = TESTS / "configs" / "tiny.yaml"
 
 # Modules that run for minutes, longest first. `make test` hands whole modules to its workers
-# (`--dist loadfile`) in collection order: these start first, so no worker begins one near the end.
+# (`--dist loadfile --no-loadscope-reorder`) in collection order: these start first, so no worker
+# begins one near the end. (Without --no-loadscope-reorder xdist sends modules with the most tests
+# first, and the one-test rehearsal ran last, alone, while the other worker idled.)
 LONGEST_FIRST = (
     "integration/test_rehearsal.py",
-    "integration/test_slurm.py",
-    "integration/test_dashboards.py",
     "integration/test_models.py",
-    "integration/test_staged_training.py",
-    "integration/test_recipes.py",
-    "integration/test_multinode.py",
+    "integration/test_slurm.py",
     "integration/test_shoppers.py",
+    "integration/test_recipes.py",
+    "integration/test_staged_training.py",
     "integration/test_inference.py",
     "integration/test_distributed.py",
+    "integration/test_dashboards.py",
     "integration/test_deployments.py",
+    "unit/test_aligned.py",
+    "integration/test_serve_signals.py",
     "unit/test_floor.py",
-    "integration/test_trainer_process.py",
     "integration/test_flow_s3.py",
+    "integration/test_s3_stalls.py",
+    "integration/test_trainer_process.py",
+    "integration/test_multinode.py",
 )
 
 

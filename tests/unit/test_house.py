@@ -53,3 +53,14 @@ def test_imports_run_one_way():
         assert reached <= allowed[package], f"{path.relative_to(REPO)} imports {sorted(reached - allowed[package])}"
         if package == "drape":
             assert "prefect" not in _imports(path), f"{path.relative_to(REPO)} imports prefect (drape runs under torchrun too)"
+
+
+def test_the_suite_starts_its_longest_modules_first():
+    """`make test` gives xdist whole modules in collection order (tests/conftest.py's LONGEST_FIRST):
+    every module named there exists, and the Makefile turns off xdist's own reordering by test
+    count, which started the one-test rehearsal last."""
+    from tests.conftest import LONGEST_FIRST, TESTS
+
+    assert [name for name in LONGEST_FIRST if not (TESTS / name).is_file()] == []
+    recipe = next(line for line in (REPO / "Makefile").read_text().splitlines() if "-m pytest -q $(if" in line)
+    assert "--dist loadfile" in recipe and "--no-loadscope-reorder" in recipe, recipe
