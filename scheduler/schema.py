@@ -230,7 +230,7 @@ def open_engine(url: str) -> Engine:
     shown = make_url(url).render_as_string(hide_password=True)
     try:
         # a bound on every connect: SQLite's lock wait, PostgreSQL's connect (libpq waits forever by default)
-        bound = {"timeout": 60} if is_sqlite else {"connect_timeout": 10} if url.startswith("postgresql") else {}
+        bound = {"timeout": 60} if is_sqlite else postgres_bounds() if url.startswith("postgresql") else {}
         engine = create_engine(url, connect_args=bound, pool_pre_ping=True)
     except ModuleNotFoundError as error:
         raise QueueError(
@@ -245,6 +245,20 @@ def open_engine(url: str) -> Engine:
     except OperationalError as error:
         raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from None
     return engine
+
+
+PG_STATEMENT_TIMEOUT_MS = 120_000  # the server cancels a statement (or a lock wait) that runs longer
+PG_TCP_USER_TIMEOUT_MS = 30_000  # what the client sent unacknowledged this long: the connection is dead
+
+
+def postgres_bounds() -> dict:
+    """libpq's bounds on a PostgreSQL connection: the connect, each statement and lock wait (server
+    side), and a peer gone mid-query (TCP keepalives and the user timeout: without them a query on a
+    connection whose host vanished waits for the kernel's retransmissions, ~15 min). A server that
+    stays up and answers nothing at all is the one case left: libpq has no read timeout."""
+    statement = f"-c statement_timeout={PG_STATEMENT_TIMEOUT_MS} -c lock_timeout={PG_STATEMENT_TIMEOUT_MS}"
+    keepalive = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+    return {"connect_timeout": 10, "options": statement, "tcp_user_timeout": PG_TCP_USER_TIMEOUT_MS, **keepalive}
 
 
 def _upgrade(engine: Engine) -> None:

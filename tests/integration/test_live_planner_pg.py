@@ -51,3 +51,24 @@ def test_a_change_committed_after_the_cursor_passed_it_is_still_read(tmp_path, p
     late.close()
     dispatcher.cycle(now=30.0)
     assert set(live.planner.pending) == {third} and live.rebuilds == 1
+
+
+def test_a_queue_statement_past_its_bound_is_cancelled_not_waited_on(postgres_url, monkeypatch):
+    """Every queue connection to PostgreSQL carries libpq's bounds (scheduler/schema.py): a statement
+    running past `statement_timeout` is cancelled by the server, the engine says so, and the
+    connection's keepalive and user timeout are what libpq was given. ~1 s."""
+    import time
+
+    from scheduler import schema
+
+    monkeypatch.setattr(schema, "PG_STATEMENT_TIMEOUT_MS", 300)
+    engine = schema.open_engine(_database(postgres_url))
+    with engine.connect() as connection:
+        settings = {name: connection.exec_driver_sql(f"SHOW {name}").scalar() for name in ("statement_timeout", "lock_timeout")}
+        assert settings == {"statement_timeout": "300ms", "lock_timeout": "300ms"}
+        assert connection.connection.dbapi_connection.info.get_parameters()["tcp_user_timeout"] == "30000"
+        started = time.monotonic()
+        with pytest.raises(sqlalchemy.exc.OperationalError, match="statement timeout"):
+            connection.exec_driver_sql("SELECT pg_sleep(30)")
+        assert time.monotonic() - started < 10
+    engine.dispose()
