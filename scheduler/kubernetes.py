@@ -191,6 +191,28 @@ def pytorchjob_outcome(body: dict) -> Outcome | None:
     return None
 
 
+MAX_KUBECONFIG_BYTES = 16 << 20  # embedded certificates for many clusters, and room
+
+
+def checked_kubeconfig() -> None:
+    """Read each kube config file (`KUBECONFIG`'s, else ~/.kube/config) through drape's bounded YAML
+    loader first: a YAML bomb or a huge file is refused naming the file, before the client reads it."""
+    from pathlib import Path
+
+    import yaml
+
+    from drape.config.loading import YamlBoundError, read_yaml
+
+    for name in (os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")).split(os.pathsep):
+        if name and Path(name).is_file():
+            try:
+                read_yaml(Path(name), max_bytes=MAX_KUBECONFIG_BYTES)
+            except YamlBoundError as error:
+                raise ValueError(f"kube config {name}: {error}") from None
+            except yaml.YAMLError as error:
+                raise ValueError(f"kube config {name}: not YAML ({str(error).splitlines()[0]})") from None
+
+
 class KubernetesLauncher:
     """Creates the jobs' objects in the cluster of the current kube config; `handle` is
     ``job:<name>`` or ``pytorchjob:<name>``."""
@@ -206,6 +228,7 @@ class KubernetesLauncher:
             try:
                 config.load_incluster_config()
             except config.ConfigException:
+                checked_kubeconfig()  # the client's own loader expands aliases without a bound
                 config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))  # read now, not at import
             # built after the config is loaded: a client built before targets localhost
             self._clients = {"batch": client.BatchV1Api(), "core": client.CoreV1Api(), "custom": client.CustomObjectsApi()}

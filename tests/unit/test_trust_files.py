@@ -196,3 +196,27 @@ def test_a_config_or_fleet_that_is_not_text_is_named_not_a_traceback(tmp_path):
         load_config(path)
     with pytest.raises(TraceError, match=rf"{path}: not UTF-8 text"):
         load_fleet(path)
+
+
+def test_a_billion_laughs_kube_config_is_refused_before_the_client_reads_it(files, tmp_path, monkeypatch):
+    """The Kubernetes launcher reads `KUBECONFIG` (each of its files) through the bounded loader
+    first: a bomb, a huge file, a file that is not YAML are each refused naming the file; a real
+    kube config passes to the client."""
+    from scheduler.kubernetes import checked_kubeconfig
+
+    (tmp_path / "huge.yaml").write_text("a: " + "x" * (17 << 20))
+    (tmp_path / "broken.yaml").write_text("clusters: [unclosed\n")
+    (tmp_path / "good.yaml").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    expected = {
+        "bomb.yaml": "aliases expand to more than",
+        "huge.yaml": "bytes",
+        "broken.yaml": "not YAML",
+    }
+    for name, words in expected.items():
+        monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'good.yaml'}:{files / name if name == 'bomb.yaml' else tmp_path / name}")
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=f"kube config .*{name}") as caught:
+            checked_kubeconfig()
+        assert words in str(caught.value) and time.monotonic() - started < 5, str(caught.value)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "good.yaml"))
+    checked_kubeconfig()
