@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from drape.gates.ocr import edit_distance, shared_text_check, text_similarity
+from drape.gates.ocr import edit_distance, normalize, read, shared_text_check, text_similarity
 from drape.gates.real_cases import print_word, real_control, swap_face, text_scene
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.dlib_face import DlibRecognizer
@@ -27,20 +27,27 @@ def test_normalized_edit_distance_against_reference_values():
     assert text_similarity("", "SALE") == 0.0 and text_similarity("", "") == 1.0
 
 
+def test_readings_compare_letters_and_digits_with_same_shape_cases_folded():
+    assert normalize("[$49.99 |") == "4999" and normalize("TOKYo") == "TOKYO" == normalize("T O K Y O")
+    assert normalize("SAIE") != normalize("SALE") and normalize("lIMITED") != normalize("LIMITED")  # l, I: not folded
+
+
+@pytest.mark.parametrize("engine", ["rapidocr", "tesseract"])
 @pytest.mark.parametrize("ground", ["brick", "grass", "gravel"])
-def test_ocr_reads_words_on_real_textures_through_jpeg(ground):
-    reader = shared_text_check("rapidocr").reader  # loaded once per process (0.3 s)
+def test_ocr_reads_words_on_real_textures_through_jpeg(engine, ground):
+    reader = shared_text_check(engine).reader  # loaded once per process (0.3 s)
     rng = np.random.default_rng(7)
     for word in ("SALE", "$49.99"):
         scene = text_scene(word, 256, rng, ground=ground)
-        assert reader.read(scene.image, scene.box) == word
-        assert reader.read(_jpeg(scene.image, 75), scene.box) == word
+        assert read(reader, scene.image, scene.box) == normalize(word)
+        assert read(reader, _jpeg(scene.image, 75), scene.box) == normalize(word)
 
 
-def test_ocr_reads_sale_turned_saie_as_a_misread_and_says_what_changed():
+@pytest.mark.parametrize("engine", ["rapidocr", "tesseract"])
+def test_ocr_reads_sale_turned_saie_as_a_misread_and_says_what_changed(engine):
     scene = text_scene("SALE", 256, np.random.default_rng(3))
     altered = text_scene("SAIE", 256, np.random.default_rng(3))  # same texture, plate and place
-    check = shared_text_check("rapidocr")
+    check = shared_text_check(engine)
     text = check.scores(altered.image[None], scene.image[None], [scene.box], ["k"])
     assert text[0] == pytest.approx(0.75) and check.last_reads["k"] == ("SALE", "SAIE")
     assert check.scores(_jpeg(scene.image, 60)[None], scene.image[None], [scene.box], ["k"])[0] == 1.0
