@@ -110,7 +110,7 @@ class TextCheck:
 
     def __init__(self, reader: TextReader, limit: int = 4096, pads: tuple[float, ...] | None = None):
         self.reader, self.limit = reader, limit
-        self.pads: tuple[float, ...] = pads or getattr(reader, "pads", READ_PADS)  # a reader may prefer its own crops
+        self.pads = tuple(pads if pads is not None else getattr(reader, "pads", READ_PADS))  # a reader may prefer its own
         self.sources: dict[str, str] = {}
         self.last_reads: dict[str, tuple[str, str]] = {}  # key: (source reading, output reading), for reports
 
