@@ -43,7 +43,15 @@ class IdentityGateConfig(StrictModel):
     )
     onnx_model_path: str | None = None
     model_dir: str | None = Field(
-        default=None, description="dlib: the folder of its .dat weights (default: face-recognition-models')"
+        default=None,
+        description=(
+            "dlib (and arcface with detector dlib): the folder of its .dat weights (default: face-recognition-models'); "
+            "arcface with detector mtcnn: the folder of pnet.pt, rnet.pt, onet.pt (default: facenet-pytorch's data)"
+        ),
+    )
+    detector: Literal["dlib", "mtcnn"] = Field(
+        default="dlib",
+        description="arcface: the five landmarks from dlib's HOG detection and 68 landmarks, or from MTCNN (drape's own)",
     )
     same_person: float | None = Field(
         default=None,
