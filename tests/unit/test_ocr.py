@@ -118,3 +118,19 @@ def test_a_rule_can_also_bound_the_mean_of_what_it_judges():
     assert rule.failures("texture") == ["texture: ocr: 1 - NED ≥ 0.75: lower bound 0.8000 of the mean < 0.9000"]
     loose = SampleRule(values, 0.75, 0.0, "ocr", min_lower=0.8)
     assert loose.passed and loose.failures("texture") == []
+
+
+def test_harmless_compound_change_reads_as_its_source_and_a_changed_digit_does_not():
+    """Samples PP-OCR misread under a median filter, resampling and a 1 px shift before readings were
+    compared on letters and digits from two crops ('$49.99' read '$4999', 'LIMITED' read '[LIMITED')."""
+    from drape.gates.harmless import suite
+
+    control = real_control(256, 8, seed=0)
+    picked = [2, 7]
+    targets, meta = control["target"][picked], [control["meta"][i] for i in picked]
+    varied = suite("wide")["denoise + resampled 0.8 + shift 1 px"](targets, meta, np.random.default_rng(0))
+    check, boxes = shared_text_check("rapidocr"), [m["logo_box"] for m in meta]
+    assert [m["word"] for m in meta] == ["LIMITED", "$49.99"]
+    assert check.scores(varied, targets, boxes, ["a", "b"]).tolist() == [1.0, 1.0]
+    changed = print_word(targets[1], "$79.99", meta[1]["logo_box"], tuple(meta[1]["ink"]))
+    assert check.scores(changed[None], targets[1:], boxes[1:], ["c"])[0] == pytest.approx(0.75)  # 7999 vs 4999
