@@ -24,8 +24,8 @@ import numpy as np
 from drape.gates.recognizers import box_region
 
 PAD = 0.15  # of the box's height, around the logo box: OCR reads a line with a margin
-# the crops an output is read from, its margin in shares of the box's height: the first also reads
-# the source; a second, tighter one is read only when the first disagrees (below)
+# the crops a logo box is read from, margins in shares of the box's height: the source from each,
+# the output from the next only while no source reading matches it (TextCheck)
 READ_PADS = (PAD, 0.05)
 SAME_SHAPE = frozenset("cosuvwxz")  # letters whose lower case is the upper case drawn smaller
 
@@ -102,43 +102,46 @@ class TextCheck:
     """Per-sample text similarity of output vs source logo readings (NaN: the source reads no text),
     each source read once (by content).
 
-    An output is read from the crop the source was read from; where the two readings differ it is
-    read again from the tighter crops of `READ_PADS`, and the best similarity counts: a recognizer
-    that drops a letter of one crop of a harmless copy reads it from another, while a changed word
-    reads changed from every crop. The crops of all outputs go to the reader at once (Tesseract
+    The source is read from each crop of `pads` (by default the reader's, else `READ_PADS`), the
+    output from the first, and again from the next where no source reading matches it; the best
+    similarity counts: a recognizer that drops a letter of one crop of a harmless copy reads it
+    from another, while a changed word reads changed from every crop. The crops of all outputs go to the reader at once (Tesseract
     starts once per batch)."""
 
     def __init__(self, reader: TextReader, limit: int = 4096, pads: tuple[float, ...] | None = None):
         self.reader, self.limit = reader, limit
         self.pads = tuple(pads if pads is not None else getattr(reader, "pads", READ_PADS))  # a reader may prefer its own
-        self.sources: dict[str, str] = {}
+        self.sources: dict[str, tuple[str, ...]] = {}
         self.last_reads: dict[str, tuple[str, str]] = {}  # key: (source reading, output reading), for reports
 
-    def _source(self, image: np.ndarray, box) -> str:
+    def _source(self, image: np.ndarray, box) -> tuple[str, ...]:
+        """The source's distinct non-empty readings, one per crop of `pads` (a small word's source
+        can misread in one crop too: '$49.99' as '498' at 128 px)."""
         digest = hashlib.sha1(np.ascontiguousarray(image).tobytes()).hexdigest() + repr([round(float(v), 2) for v in box])
         if digest not in self.sources:
             if len(self.sources) >= self.limit:
                 self.sources.clear()
-            self.sources[digest] = read(self.reader, image, box, self.pads[0])
+            readings = self.reader.read_crops([crop(image, box, pad) for pad in self.pads])
+            self.sources[digest] = tuple(dict.fromkeys(text for text in map(normalize, readings) if text))
         return self.sources[digest]
 
     def scores(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> np.ndarray:
         expected = [self._source(source, box) for source, box in zip(sources, boxes)]
-        best: dict[int, tuple[float, str]] = {}
+        best: dict[int, tuple[float, str, str]] = {}  # sample: (similarity, source reading, output reading)
         for pad in self.pads:
-            open_ = [i for i, text in enumerate(expected) if text and best.get(i, (0.0, ""))[0] < 1.0]
+            open_ = [i for i, texts in enumerate(expected) if texts and best.get(i, (0.0,))[0] < 1.0]
             readings = self.reader.read_crops([crop(outputs[i], boxes[i], pad) for i in open_]) if open_ else []
             for i, raw in zip(open_, readings):
                 text = normalize(raw)
-                similarity = text_similarity(text, expected[i])
+                similarity, source = max((text_similarity(text, e), e) for e in expected[i])
                 if i not in best or similarity > best[i][0]:
-                    best[i] = (similarity, text)
+                    best[i] = (similarity, source, text)
         values = []
         for i, key in enumerate(keys):
             if i not in best:
                 values.append(np.nan)
                 continue
-            self.last_reads[key] = (expected[i], best[i][1])
+            self.last_reads[key] = best[i][1:]
             values.append(best[i][0])
         return np.array(values, dtype=np.float64)
 
