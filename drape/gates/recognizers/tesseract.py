@@ -57,9 +57,9 @@ class TesseractReader:
             listing = Path(folder) / "crops.txt"
             listing.write_text("\n".join(paths) + "\n")
             text = self._run([self.binary, str(listing), "stdout", "--psm", "7", "-l", self.language])
-        pages = text.split(PAGE_BREAK)
-        if pages and not pages[-1].strip():
-            pages = pages[:-1]
+        pages = text.split(PAGE_BREAK)  # between pages; a page that reads nothing is empty
+        if len(pages) == len(crops) + 1 and not pages[-1].strip():
+            pages.pop()  # a break after the last page
         if len(pages) != len(crops):
             raise TesseractError(f"ocr tesseract: read {len(pages)} pages for {len(crops)} crops")
         return [" ".join(page.split()) for page in pages]
