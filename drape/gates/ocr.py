@@ -105,8 +105,8 @@ class TextCheck:
     The source is read from each crop of `pads` (by default the reader's, else `READ_PADS`), the
     output from the first, and again from the next where no source reading matches it; the best
     similarity counts: a recognizer that drops a letter of one crop of a harmless copy reads it
-    from another, while a changed word reads changed from every crop. The crops of all outputs go to the reader at once (Tesseract
-    starts once per batch)."""
+    from another, while a changed word reads changed from every crop. The crops of all outputs go
+    to the reader at once (Tesseract starts once per batch)."""
 
     def __init__(self, reader: TextReader, limit: int = 4096, pads: tuple[float, ...] | None = None):
         self.reader, self.limit = reader, limit
