@@ -11,6 +11,8 @@ source region with no text read is not judged (a mark without letters has nothin
 `RapidOcrReader`: PaddleOCR's PP-OCR recognition model through onnxruntime (the
 `rapidocr-onnxruntime` wheel ships the models; nothing is downloaded). It reads the logo box as
 one line, so detection (a second network, ~1 s per crop on a CPU) is not run: the box is known.
+`drape.gates.recognizers.tesseract.TesseractReader` (`gates.texture.ocr: tesseract`): Tesseract 5
+through its command line, a batch of crops per call.
 """
 
 from __future__ import annotations
