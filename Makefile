@@ -22,15 +22,20 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
 	$(BIN)/pip install --quiet -e ".[test,docs]"
+	# MTCNN's weights (drape/gates/recognizers/mtcnn.py reads facenet_pytorch/data/*.pt, never imports it):
+	# --no-deps, as its pins (torch < 2.3, torchvision, numpy < 2) would replace torch 2.13 with 2.2's CUDA build
+	$(BIN)/pip install --quiet --no-deps facenet-pytorch==2.6.0
 	touch $(STAMP)
 
 install: $(STAMP)
 
 # Debian's Prometheus, promtool and Pushgateway (the tests that need them start them), and kubectl
-# for `kubectl kustomize` (rendering infra/k8s; no cluster is contacted), and PostgreSQL for the queue tests.
-APT_PACKAGES := prometheus prometheus-pushgateway kubectl postgresql
+# for `kubectl kustomize` (rendering infra/k8s; no cluster is contacted), PostgreSQL for the queue tests,
+# and Tesseract (with its English model) for the gates' second OCR engine.
+APT_PACKAGES := prometheus prometheus-pushgateway kubectl postgresql tesseract-ocr
 services:
 	@if ! command -v prometheus-pushgateway >/dev/null || ! command -v promtool >/dev/null || ! command -v kubectl >/dev/null \
+	     || ! command -v tesseract >/dev/null \
 	     || ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		echo "installing $(APT_PACKAGES) with apt-get"; \

@@ -17,6 +17,7 @@ Ways compared side by side, the recognizers and the checks they add to:
 - pixel: the synthetic demo's pixel embedder on the fixed box, per-sample threshold at the false-alarm
   rate of the harmless kinds;
 - ocr: PP-OCR readings, the per-sample rule "reads as the source" (1 less normalized edit distance = 1);
+- tesseract: the same rule through Tesseract (Debian's tesseract-ocr), the second OCR engine;
 - glyph: the correlation texture check, per-sample threshold at the false-alarm rate;
 - glyph+ocr: the texture check as configured with ocr: either failing fails.
 At the gate: `--redraws` control sets of `--samples` drawn with replacement from the kind's samples;
@@ -45,8 +46,15 @@ from drape.gates.recognizers.dlib_face import DlibRecognizer
 from drape.gates.regressions import LOOK_ALIKE
 from drape.gates.report import bootstrap_lower_bound
 
-CHECK_OF = {"dlib": "identity", "pixel": "identity", "ocr": "texture", "glyph": "texture", "glyph+ocr": "texture"}
-RULES = ("dlib", "ocr")  # per-sample rules in the recognizer's own terms; the others are thresholded
+CHECK_OF = {
+    "dlib": "identity",
+    "pixel": "identity",
+    "ocr": "texture",
+    "tesseract": "texture",
+    "glyph": "texture",
+    "glyph+ocr": "texture",
+}
+RULES = ("dlib", "ocr", "tesseract")  # per-sample rules in the recognizer's own terms; the others are thresholded
 
 
 def _band(image: np.ndarray, box, top: float, bottom: float, factor: float, axis: int) -> np.ndarray:
@@ -122,6 +130,7 @@ def score_all(control: dict, outputs: np.ndarray, tools: dict, timing: dict) -> 
         ("dlib", lambda: tools["dlib"].scores(outputs, targets, faces, keys)),
         ("pixel", lambda: identity_scores(outputs, targets, faces, tools["pixel"])),
         ("ocr", lambda: tools["ocr"].scores(outputs, targets, logos, keys)),
+        ("tesseract", lambda: tools["tesseract"].scores(outputs, targets, logos, keys)),
         ("glyph", lambda: texture_scores(outputs, targets, logos, 2)),
     ):
         started = time.perf_counter()
@@ -135,8 +144,8 @@ def per_sample_failures(way: str, values: dict[str, np.ndarray], thresholds: dic
     if way == "dlib":
         v = values["dlib"]
         return ~np.isfinite(v) | (np.nan_to_num(v, nan=0.0) < 0.4)
-    if way == "ocr":
-        return np.nan_to_num(values["ocr"], nan=1.0) < 1.0 - 1e-9
+    if way in ("ocr", "tesseract"):
+        return np.nan_to_num(values[way], nan=1.0) < 1.0 - 1e-9
     if way == "glyph+ocr":
         return per_sample_failures("ocr", values, thresholds) | per_sample_failures("glyph", values, thresholds)
     return values[way] < thresholds[way]
@@ -146,7 +155,7 @@ def gate_rates(way: str, values: dict, thresholds: dict, gate: dict, redraws: in
     """Share of redrawn control sets the gate fails on this kind, for `way`."""
     failing = per_sample_failures(way, values, thresholds).astype(np.float64)
     picks = np.random.default_rng(seed).integers(0, len(failing), size=(redraws, len(failing)))
-    share = {"dlib": max_share, "ocr": OCR_SHARE, "glyph+ocr": OCR_SHARE}.get(way)
+    share = {"dlib": max_share, "ocr": OCR_SHARE, "tesseract": OCR_SHARE, "glyph+ocr": OCR_SHARE}.get(way)
     broken = failing[picks].mean(axis=1) > share + 1e-9 if share is not None else np.zeros(redraws, bool)
     for value_way in VALUE_WAYS[way]:  # the same redrawn sets: each value check's lower bound on each
         low = np.array([bootstrap_lower_bound(values[value_way][pick], resamples=500, seed=i) for i, pick in enumerate(picks)])
@@ -155,7 +164,14 @@ def gate_rates(way: str, values: dict, thresholds: dict, gate: dict, redraws: in
 
 
 # the value checks each way's gate applies (the lower bound of the mean against its threshold)
-VALUE_WAYS = {"dlib": ("dlib",), "pixel": ("pixel",), "ocr": ("ocr",), "glyph": ("glyph",), "glyph+ocr": ("glyph", "ocr")}
+VALUE_WAYS = {
+    "dlib": ("dlib",),
+    "pixel": ("pixel",),
+    "ocr": ("ocr",),
+    "tesseract": ("tesseract",),
+    "glyph": ("glyph",),
+    "glyph+ocr": ("glyph", "ocr"),
+}
 # OCR misreads a few percent of harmless samples (a letter of a 10-20 px word under a median filter):
 # at the gate its per-sample rule is a backstop and the lower bound of the mean decides
 OCR_SHARE = 0.25
@@ -176,7 +192,7 @@ def measure(size: int, samples: int, seed: int, false_alarm: float, redraws: int
             float(np.nanquantile(redrawn_lower_bounds(v[way], redraws=redraws, seed=seed), false_alarm, method="inverted_cdf"))
             for v in harmless
         )
-        for way in ("dlib", "pixel", "glyph", "ocr")
+        for way in ("dlib", "pixel", "glyph", "ocr", "tesseract")
     }
     rows = {}
     for name, (check, values) in scored.items():
@@ -198,7 +214,7 @@ def margins(scored: dict, gate: dict) -> dict[str, tuple[float, float, str, floa
     """Per value way: (harmless floor: the lowest lower bound of a harmless kind, the weakest regression's
     lower bound, its kind, the gap between them); and the rules' margins in their own terms."""
     out = {}
-    for way in ("dlib", "pixel", "glyph", "ocr"):
+    for way in ("dlib", "pixel", "glyph", "ocr", "tesseract"):
         check = CHECK_OF[way]
         floor = min(bootstrap_lower_bound(v[way]) for c, v in scored.values() if c == "harmless")
         weakest = max(
@@ -230,7 +246,12 @@ def run(
 ) -> None:
     """Measure and print the tables (see the module docstring)."""
     console = Console(width=240)
-    tools = {"dlib": RecognizerCheck(DlibRecognizer()), "pixel": PixelFaceEmbedder(), "ocr": shared_text_check("rapidocr")}
+    tools = {
+        "dlib": RecognizerCheck(DlibRecognizer()),
+        "pixel": PixelFaceEmbedder(),
+        "ocr": shared_text_check("rapidocr"),
+        "tesseract": shared_text_check("tesseract"),
+    }
     results, margin_rows, timing = {}, {}, {}
     for size in resolutions:
         started = time.perf_counter()
@@ -270,6 +291,6 @@ def run(
     time_table.add_column("recognizer")
     for size in resolutions:
         time_table.add_column(f"{size} px", justify="right")
-    for way in ("dlib", "pixel", "ocr", "glyph"):
+    for way in ("dlib", "pixel", "ocr", "tesseract", "glyph"):
         time_table.add_row(way, *(f"{np.median(timing[size][way]) * 1000:.1f}" for size in resolutions))
     console.print(time_table)

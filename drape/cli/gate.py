@@ -79,6 +79,11 @@ def gate_calibrate(
         help="calibrate on the nuisance suite (shifts, light, re-encoding, resizing, blur: what a reviewer accepts) "
         "instead of mild noise and JPEG q90; on a synthesized control set, measure the regression suite too",
     ),
+    suite: str | None = typer.Option(
+        None,
+        help="with --nuisance: 'standard' or 'wide' (also tone curves, sharpening, denoising, resampling, compound "
+        "registrations: drape.gates.harmless); default: the config's gates.nuisance_suite",
+    ),
 ) -> None:
     """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
     threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
@@ -98,7 +103,7 @@ def gate_calibrate(
         clean_outputs=clean,
         reference_outputs=reference,
         false_alarm=false_alarm,
-        clean_suite=_nuisance_suite() if nuisance else None,
+        clean_suite=_nuisance_suite(suite or cfg.gates.nuisance_suite) if nuisance else None,
         regressions=nuisance and control is None and outputs is None,  # redrawn targets: synthesized sets only
     )
     source = f"outputs in {outputs}" if outputs else "control targets"
@@ -131,11 +136,15 @@ def _calibration_inputs(cfg, control: Path | None, samples: int, outputs: Path |
     return arrays, clean, reference
 
 
-def _nuisance_suite() -> dict:
+def _nuisance_suite(name: str) -> dict:
+    """The clean variants and the harmless suite `name` ('standard' or 'wide', drape.gates.harmless)."""
     from drape.gates.corruptions import CLEAN
-    from drape.gates.nuisance import NUISANCE
+    from drape.gates.harmless import suite
 
-    return {**CLEAN, **NUISANCE}
+    try:
+        return {**CLEAN, **suite(name)}
+    except ValueError as error:
+        fail(f"--suite: {error}")
 
 
 def _print_config_lines(gate: dict[str, float], stage: str, false_alarm: float, *, vs_baseline: bool) -> None:

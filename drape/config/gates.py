@@ -43,7 +43,15 @@ class IdentityGateConfig(StrictModel):
     )
     onnx_model_path: str | None = None
     model_dir: str | None = Field(
-        default=None, description="dlib: the folder of its .dat weights (default: face-recognition-models')"
+        default=None,
+        description=(
+            "dlib (and arcface with detector dlib): the folder of its .dat weights (default: face-recognition-models'); "
+            "arcface with detector mtcnn: the folder of pnet.pt, rnet.pt, onet.pt (default: facenet-pytorch's data)"
+        ),
+    )
+    detector: Literal["dlib", "mtcnn"] = Field(
+        default="dlib",
+        description="arcface: the five landmarks from dlib's HOG detection and 68 landmarks, or from MTCNN (drape's own)",
     )
     same_person: float | None = Field(
         default=None,
@@ -96,11 +104,12 @@ class TextureGateConfig(StrictModel):
         default=0.2, ge=0, le=1, description=("share of the mark's gradient energy below which the score scales down (0: off)")
     )
     max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
-    ocr: Literal["off", "rapidocr"] = Field(
+    ocr: Literal["off", "rapidocr", "tesseract"] = Field(
         default="off",
         description=(
             "rapidocr: read the logo box of the source and of the output (PP-OCR, drape.gates.ocr) beside the glyph "
-            "check; each sample's text must read as the source's (min_text_similarity)"
+            "check; each sample's text must read as the source's (min_text_similarity); tesseract: the same through "
+            "Debian's tesseract-ocr command line"
         ),
     )
     min_text_similarity: float = Field(

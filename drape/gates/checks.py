@@ -99,7 +99,11 @@ def build_embedder(config: GatesConfig) -> FaceEmbedder | RecognizerCheck:
     identity = config.identity
     if identity.embedder in ("dlib", "arcface"):
         return build_recognizer(
-            identity.embedder, model_path=identity.onnx_model_path, model_dir=identity.model_dir, same_person=identity.same_person
+            identity.embedder,
+            model_path=identity.onnx_model_path,
+            model_dir=identity.model_dir,
+            same_person=identity.same_person,
+            detector=identity.detector,
         )
     if config.identity.embedder == "onnx":
         return OnnxFaceEmbedder(config.identity.onnx_model_path or "")  # the config requires a path for 'onnx'

@@ -11,6 +11,8 @@ source region with no text read is not judged (a mark without letters has nothin
 `RapidOcrReader`: PaddleOCR's PP-OCR recognition model through onnxruntime (the
 `rapidocr-onnxruntime` wheel ships the models; nothing is downloaded). It reads the logo box as
 one line, so detection (a second network, ~1 s per crop on a CPU) is not run: the box is known.
+`drape.gates.recognizers.tesseract.TesseractReader` (`gates.texture.ocr: tesseract`): Tesseract 5
+through its command line, a batch of crops per call.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ import numpy as np
 from drape.gates.recognizers import box_region
 
 PAD = 0.15  # of the box's height, around the logo box: OCR reads a line with a margin
+# the crops a logo box is read from, margins in shares of the box's height: the source from each,
+# the output from the next only while no source reading matches it (TextCheck)
+READ_PADS = (PAD, 0.05)
+SAME_SHAPE = frozenset("cosuvwxz")  # letters whose lower case is the upper case drawn smaller
 
 
 class TextReader(Protocol):
     name: str
 
-    def read(self, image: np.ndarray, box) -> str:
-        """The text in `box` of RGB uint8 `image` ('' when none is read)."""
+    def read_crops(self, crops: list[np.ndarray]) -> list[str]:
+        """The raw text of each RGB uint8 crop, one line each ('' when none is read)."""
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -51,8 +57,29 @@ def text_similarity(read: str, expected: str) -> float:
 
 
 def normalize(text: str) -> str:
-    """A reading as it is compared: whitespace removed (OCR spaces letters of a logo unevenly)."""
-    return "".join(text.split())
+    """A reading as it is compared: letters and digits only, the scene-text benchmarks' convention
+    (OCR spaces a logo's letters unevenly, reads a plate's edge as '[' or '|' and a small mark such
+    as a decimal point inconsistently), with the letters whose cases share a shape (c, o, s, u, v,
+    w, x, z) in upper case ('TOKYo' is 'TOKYO'). Case is kept for the others: 'l' is not 'L'."""
+    kept = (c for c in text if c.isalnum())
+    return "".join(c.upper() if c in SAME_SHAPE else c for c in kept)
+
+
+def crop(image: np.ndarray, box, pad: float = PAD) -> np.ndarray:
+    """The logo box of RGB uint8 `image` with a margin of `pad` of its height (at least 2 px; a
+    negative `pad` insets the crop by that share instead, inside a plate's edge)."""
+    x0, y0, x1, y1 = box_region(box, image.shape, 0.0)
+    margin = round((y1 - y0) * pad) if pad < 0 else max(2, round((y1 - y0) * pad))
+    height, width = image.shape[:2]
+    return np.ascontiguousarray(
+        image[max(y0 - margin, 0) : min(y1 + margin, height), max(x0 - margin, 0) : min(x1 + margin, width)]
+    )
+
+
+def read(reader: TextReader, image: np.ndarray, box, pad: float | None = None) -> str:
+    """The normalized text `reader` reads in `box` of `image` (by default from the reader's first crop)."""
+    pad = getattr(reader, "pads", READ_PADS)[0] if pad is None else pad
+    return normalize(reader.read_crops([crop(image, box, pad)])[0])
 
 
 class RapidOcrReader:
@@ -65,43 +92,63 @@ class RapidOcrReader:
 
         self.engine = RapidOCR()
 
-    def read(self, image: np.ndarray, box) -> str:
-        x0, y0, x1, y1 = box_region(box, image.shape, 0.0)
-        pad = max(2, round((y1 - y0) * PAD))
-        height, width = image.shape[:2]
-        crop = np.ascontiguousarray(image[max(y0 - pad, 0) : min(y1 + pad, height), max(x0 - pad, 0) : min(x1 + pad, width)])
-        found, _ = self.engine(crop[..., ::-1], use_det=False, use_cls=False, use_rec=True)  # it takes OpenCV's BGR
-        return normalize("".join(str(line[0]) for line in found or []))
+    def read_crops(self, crops: list[np.ndarray]) -> list[str]:
+        readings = []
+        for piece in crops:
+            found, _ = self.engine(piece[..., ::-1], use_det=False, use_cls=False, use_rec=True)  # it takes OpenCV's BGR
+            readings.append("".join(str(line[0]) for line in found or []))
+        return readings
 
 
 class TextCheck:
     """Per-sample text similarity of output vs source logo readings (NaN: the source reads no text),
-    each source read once (by content)."""
+    each source read once (by content).
 
-    def __init__(self, reader: TextReader, limit: int = 4096):
+    The source is read from each crop of `pads` (by default the reader's, else `READ_PADS`), the
+    output from the first, and again from the next where no source reading matches it; the best
+    similarity counts: a recognizer that drops a letter of one crop of a harmless copy reads it
+    from another, while a changed word reads changed from every crop. The crops of all outputs go
+    to the reader at once (Tesseract starts once per batch)."""
+
+    def __init__(self, reader: TextReader, limit: int = 4096, pads: tuple[float, ...] | None = None):
         self.reader, self.limit = reader, limit
-        self.sources: dict[str, str] = {}
+        self.pads = tuple(pads if pads is not None else getattr(reader, "pads", READ_PADS))  # a reader may prefer its own
+        self.sources: dict[str, tuple[str, ...]] = {}
         self.last_reads: dict[str, tuple[str, str]] = {}  # key: (source reading, output reading), for reports
 
-    def _source(self, image: np.ndarray, box) -> str:
+    def _source(self, image: np.ndarray, box) -> tuple[str, ...]:
+        """The source's distinct non-empty readings, one per crop of `pads` (a small word's source
+        can misread in one crop too: '$49.99' as '498' at 128 px)."""
         digest = hashlib.sha1(np.ascontiguousarray(image).tobytes()).hexdigest() + repr([round(float(v), 2) for v in box])
         if digest not in self.sources:
             if len(self.sources) >= self.limit:
                 self.sources.clear()
-            self.sources[digest] = self.reader.read(image, box)
+            readings = self.reader.read_crops([crop(image, box, pad) for pad in self.pads])
+            self.sources[digest] = tuple(dict.fromkeys(text for text in map(normalize, readings) if text))
         return self.sources[digest]
 
     def scores(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> np.ndarray:
+        expected = [self._source(source, box) for source, box in zip(sources, boxes)]
+        best: dict[int, tuple[float, str, str]] = {}  # sample: (similarity, source reading, output reading)
+        for pad in self.pads:
+            open_ = [i for i, texts in enumerate(expected) if texts and best.get(i, (0.0,))[0] < 1.0]
+            readings = self.reader.read_crops([crop(outputs[i], boxes[i], pad) for i in open_]) if open_ else []
+            for i, raw in zip(open_, readings):
+                text = normalize(raw)
+                similarity, source = max((text_similarity(text, e), e) for e in expected[i])
+                if i not in best or similarity > best[i][0]:
+                    best[i] = (similarity, source, text)
         values = []
-        for output, source, box, key in zip(outputs, sources, boxes, keys):
-            expected = self._source(source, box)
-            if not expected:
+        for i, key in enumerate(keys):
+            if i not in best:
                 values.append(np.nan)
                 continue
-            read = self.reader.read(output, box)
-            self.last_reads[key] = (expected, read)
-            values.append(text_similarity(read, expected))
+            self.last_reads[key] = best[i][1:]
+            values.append(best[i][0])
         return np.array(values, dtype=np.float64)
+
+
+ENGINES = ("rapidocr", "tesseract")
 
 
 @functools.lru_cache(maxsize=2)
@@ -110,4 +157,8 @@ def shared_text_check(reader: str) -> TextCheck:
     sources under every nuisance variant, and the check caches their readings by content."""
     if reader == "rapidocr":
         return TextCheck(RapidOcrReader())
-    raise ValueError(f"gates.texture.ocr {reader!r}: expected 'rapidocr' (or 'off')")
+    if reader == "tesseract":
+        from drape.gates.recognizers.tesseract import TesseractReader
+
+        return TextCheck(TesseractReader())
+    raise ValueError(f"gates.texture.ocr {reader!r}: expected one of {', '.join(ENGINES)} (or 'off')")

@@ -267,9 +267,12 @@ def test_gate_calibrate_on_the_nuisance_suite_measures_the_regressions_too():
     from tests.conftest import TINY
 
     args = ["gate", "calibrate", "--config", str(TINY), "--samples", "4", "--redraws", "20", "--nuisance"]
-    result = runner.invoke(app, args)
+    result = runner.invoke(app, [*args, "--suite", "wide"], env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     assert "jpeg q60" in result.output and "regression: look-alike letters" in result.output
+    assert "denoise + resampled 0.8 + shift 1 px" in result.output  # the wide harmless suite's kinds too
+    wrong = runner.invoke(app, [*args, "--suite", "narrow"])
+    assert wrong.exit_code == 2 and "--suite" in wrong.output and "expected 'standard' or 'wide'" in wrong.output
 
 
 def test_queue_profile_of_the_production_config_prints_estimates_without_its_database():

@@ -127,7 +127,12 @@ class RecognizerCheck:
 
 
 def build_recognizer(
-    embedder: str, *, model_path: str | None = None, model_dir: str | None = None, same_person: float | None = None
+    embedder: str,
+    *,
+    model_path: str | None = None,
+    model_dir: str | None = None,
+    same_person: float | None = None,
+    detector: str = "dlib",
 ):
     """The configured recognizer (`gates.identity.embedder` 'dlib' or 'arcface'), its same-person
     rule in its own terms (`same_person`; default dlib's 0.6 distance, ArcFace's 0.28 cosine)."""
@@ -139,6 +144,11 @@ def build_recognizer(
         from drape.gates.recognizers.arcface import SAME_PERSON_COSINE, ArcFaceRecognizer
 
         return RecognizerCheck(
-            ArcFaceRecognizer(model_path or "", same_cosine=SAME_PERSON_COSINE if same_person is None else same_person)
+            ArcFaceRecognizer(
+                model_path or "",
+                same_cosine=SAME_PERSON_COSINE if same_person is None else same_person,
+                landmarks_dir=model_dir,
+                detector=detector,
+            )
         )
     raise ValueError(f"gates.identity.embedder {embedder!r}: expected 'dlib' or 'arcface' for a recognizer")

@@ -3,10 +3,10 @@
 ArcFace (and the models trained like it: CosFace, MagFace, AdaFace) read a face only as it was
 aligned in training: five landmarks (eye centres, nose tip, mouth corners) moved by a similarity
 transform (rotation, uniform scale, translation; least squares, Umeyama 1991) onto fixed points of
-a 112×112 crop (`ARCFACE_TEMPLATE`, insightface's). The landmarks come from dlib's 68-point
-predictor on its HOG detection (`face-recognition-models` ships it): MTCNN's weights ship in
-facenet-pytorch, but that package pins torch < 2.3, numpy < 2 and needs torchvision for its NMS,
-none of which this environment can take (docs/recognizers.md). Two embeddings are one person at a cosine
+a 112×112 crop (`ARCFACE_TEMPLATE`, insightface's). The landmarks come from MTCNN (`detector:
+mtcnn`, `drape.gates.recognizers.mtcnn`: the detector ArcFace's training crops were aligned with,
+its weights from facenet-pytorch's wheel) or from dlib's 68-point predictor on its HOG detection
+(`detector: dlib`; `face-recognition-models` ships it). Two embeddings are one person at a cosine
 of at least `SAME_PERSON_COSINE` (about a 0.1% false-accept rate for ArcFace R100 on IJB-C).
 """
 
@@ -71,16 +71,43 @@ def five_points(shape) -> np.ndarray:
     return np.stack([xy[36:42].mean(axis=0), xy[42:48].mean(axis=0), xy[30], xy[48], xy[54]])
 
 
+def _landmark_source(detector: str, folder: str | Path | None):
+    """(image, box) -> (crop, its five points) or None: MTCNN's (`folder`: its weights) or dlib's
+    HOG detection and 68 landmarks reduced to five (`folder`: dlib's .dat files)."""
+    if detector == "mtcnn":
+        from drape.gates.recognizers.mtcnn import MtcnnLandmarks
+
+        return MtcnnLandmarks(folder).locate
+    if detector != "dlib":
+        raise ValueError(f"gates.identity.detector {detector!r}: expected 'dlib' or 'mtcnn'")
+    import dlib
+
+    finder, predictor = HogFinder(), dlib.shape_predictor(str(model_file(folder, LANDMARKS_68)))
+
+    def locate(image: np.ndarray, box):
+        located = finder.locate(image, box)
+        if located is None:
+            return None
+        crop, rectangle = located
+        return crop, five_points(predictor(crop, rectangle))
+
+    return locate
+
+
 class ArcFaceRecognizer:
-    """HOG detection, dlib's 68 landmarks reduced to ArcFace's five, the template alignment and an
+    """MTCNN's five landmarks (or HOG detection and dlib's 68 reduced to five), the template alignment and an
     ONNX embedding (input (N, 3, S, S) RGB in [-1, 1]); similarity is the embeddings' cosine."""
 
     name = "arcface"
 
     def __init__(
-        self, model_path: str | Path, *, same_cosine: float = SAME_PERSON_COSINE, landmarks_dir: str | Path | None = None
+        self,
+        model_path: str | Path,
+        *,
+        same_cosine: float = SAME_PERSON_COSINE,
+        landmarks_dir: str | Path | None = None,
+        detector: str = "dlib",
     ):
-        import dlib
         import onnxruntime
 
         path = Path(model_path)
@@ -90,17 +117,16 @@ class ArcFaceRecognizer:
         model_input = self.session.get_inputs()[0]
         self.input_name = model_input.name
         self.size = int(model_input.shape[-1]) if isinstance(model_input.shape[-1], int) else 112
-        self.finder = HogFinder()
-        self.landmarks = dlib.shape_predictor(str(model_file(landmarks_dir, LANDMARKS_68)))
+        self.locate = _landmark_source(detector, landmarks_dir)
         self.same_person = same_cosine
 
     def aligned(self, image: np.ndarray, box) -> np.ndarray | None:
         """The face in `box` aligned to the template (uint8 S×S×3); None when no face is found."""
-        located = self.finder.locate(image, box)
+        located = self.locate(image, box)
         if located is None:
             return None
-        crop, rectangle = located
-        return align_face(crop, five_points(self.landmarks(crop, rectangle)), self.size)
+        crop, points = located
+        return align_face(crop, points, self.size)
 
     def describe(self, image: np.ndarray, box) -> np.ndarray | None:
         face = self.aligned(image, box)
