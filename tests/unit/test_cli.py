@@ -29,6 +29,7 @@ EXPECTED_COMMANDS = {
         "false_alarm",
         "redraws",
         "nuisance",
+        "suite",
     ],
     "queue submit": [
         "kind",
