@@ -185,6 +185,18 @@ def moto_server():
     _stop(process)
 
 
+def silent_endpoint(monkeypatch) -> str:
+    """An HTTP endpoint on 127.0.0.1 that accepts connections and never answers (with made-up AWS
+    credentials set): what a hung object store looks like to a client."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    server, held = socket.socket(), []
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    threading.Thread(target=lambda: [held.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
+    return f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
 def _stop(process: subprocess.Popen, grace: float = 10.0) -> None:
     """SIGTERM, then SIGKILL after `grace` seconds: a service that drains its connections slowly
     (the Pushgateway once took longer than 10 s at the end of the suite) never fails a teardown."""

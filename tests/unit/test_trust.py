@@ -24,7 +24,7 @@ from drape.training.distributed import DistContext, ShardedCheckpointer, load_sh
 from scheduler.dispatcher import unplaceable
 from scheduler.engine import job_environment
 from scheduler.store import JobSpec, JobStore, QueueError
-from tests.conftest import TINY, tiny_config
+from tests.conftest import TINY, silent_endpoint, tiny_config
 
 SHA = "0" * 64
 
@@ -342,17 +342,9 @@ def test_a_missing_previous_baseline_is_an_error_not_fresh_weights(tmp_path):
 
 
 def test_an_endpoint_that_accepts_and_never_answers_fails_within_its_bound(monkeypatch):
-    import socket
-    import threading
     import time
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
-    server, held = socket.socket(), []
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    threading.Thread(target=lambda: [held.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    endpoint = silent_endpoint(monkeypatch)
     store = ObjectStore("s3://silent/x", endpoint_url=endpoint, connect_timeout=1, read_timeout=1, retry_attempts=2)
     started = time.monotonic()
     with pytest.raises(Exception, match="timeout"):

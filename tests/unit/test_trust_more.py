@@ -30,7 +30,7 @@ from drape.jsonfile import JsonFileError, read_json_object
 from drape.layout import UnsafePathError, checkpoint_step, contained, safe_name, safe_shopper_id
 from drape.ops.alerts import AlertError, post_to_slack
 from drape.storage.store import ObjectStore
-from tests.conftest import TINY, tiny_config
+from tests.conftest import TINY, silent_endpoint, tiny_config
 
 SENTINEL = "s3cr3t-SENTINEL-77aa"
 PREFIX = "datasets/synth-tryon/v1"
@@ -186,18 +186,10 @@ def test_a_webhook_with_credentials_is_refused_without_quoting_it(webhook):
 
 # --- 5. waits without bounds -------------------------------------------------------------------
 def test_a_silent_endpoint_is_a_storage_error_naming_it_and_the_bound(monkeypatch):
-    import socket
-    import threading
 
     from drape.storage.store import StorageError
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
-    server, held = socket.socket(), []
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    threading.Thread(target=lambda: [held.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    endpoint = silent_endpoint(monkeypatch)
     store = ObjectStore("s3://silent/x", endpoint_url=endpoint, connect_timeout=0.5, read_timeout=0.5, retry_attempts=1)
     for call in (lambda: store.exists("a/b"), lambda: store.list("a"), lambda: store.put_bytes(b"x", "a/b")):
         started = time.monotonic()
