@@ -61,7 +61,8 @@ def _conf(root: Path, ports: list[int]) -> str:
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ports[0]}
 AuthType=auth/munge
-AuthInfo=socket={root / "munge.socket"}
+# cred_expire: also how long Slurm holds a requeued job (120 s by default; docs/slurm.md)
+AuthInfo=socket={root / "munge.socket"},cred_expire=15
 SlurmUser=root
 SlurmdUser=root
 StateSaveLocation={root / "state"}
@@ -201,9 +202,9 @@ class SlurmCluster:
                 )
             time.sleep(0.2)
 
-    def logs(self) -> str:
+    def logs(self, tail: int = 3000) -> str:
         return "\n".join(
-            f"--- {path.name}\n{path.read_text(errors='replace')[-3000:]}" for path in sorted(self.root.glob("*.log"))
+            f"--- {path.name}\n{path.read_text(errors='replace')[-tail:]}" for path in sorted(self.root.glob("*.log"))
         )
 
     def close(self) -> None:

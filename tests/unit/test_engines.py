@@ -158,3 +158,31 @@ def test_the_h100_config_s_sbatch_script_prints_from_the_cli():
     assert "# memory profile:" in result.output and "/opt/drape/bin/python -m torch.distributed.run" in result.output
     refused = CliRunner().invoke(app, [*args, "--nodes", "3"])
     assert refused.exit_code != 0 and "do not split evenly over 3 node(s)" in refused.output
+
+
+def test_a_requeued_job_held_by_slurm_is_released_after_the_configured_wait(tmp_path, monkeypatch):
+    """`queue.slurm.requeued_start_after_seconds`: a job Slurm requeued (Restarts > 0) and holds on
+    BeginTime is released with `scontrol update StartTime=now` once it has waited that long; a first
+    run waiting on BeginTime, or a requeued job waiting for resources, is left alone."""
+    from scheduler import slurm
+
+    clock = [1000.0]
+    monkeypatch.setattr(slurm.time, "monotonic", lambda: clock[0])
+    launcher = slurm.SlurmLauncher(SlurmLauncherConfig(requeued_start_after_seconds=30), tmp_path / "l", tmp_path / "s")
+    calls: list[tuple[str, ...]] = []
+    monkeypatch.setattr(launcher, "_run", lambda *argv, **_: calls.append(argv) or "")
+    requeued = {"JobState": "PENDING", "Reason": "BeginTime", "Restarts": "1"}
+    assert launcher._pending("q1", "7", requeued, "BeginTime") is None
+    clock[0] += 29
+    launcher._pending("q1", "7", requeued, "BeginTime")
+    launcher._pending("q2", "8", {**requeued, "Restarts": "0"}, "BeginTime")  # a first run's own --begin
+    launcher._pending("q3", "9", {**requeued, "Reason": "Resources"}, "Resources")
+    assert calls == []
+    clock[0] += 1
+    launcher._pending("q1", "7", requeued, "BeginTime")
+    assert calls == [("scontrol", "update", "JobId=7", "StartTime=now")]
+    unset = slurm.SlurmLauncher(SlurmLauncherConfig(), tmp_path / "l", tmp_path / "s")
+    monkeypatch.setattr(unset, "_run", lambda *argv, **_: calls.append(argv) or "")
+    clock[0] += 3600
+    unset._pending("q1", "7", requeued, "BeginTime")
+    assert len(calls) == 1  # unset: Slurm's own hold (AuthInfo cred_expire)
