@@ -41,7 +41,7 @@ from typing import Any
 from scheduler.drift import Landing
 from scheduler.engine import Outcome, torchrun_program
 from scheduler.kubernetes_devices import DRA_GROUP, DRA_VERSION, WHOLE_GPU, Binding, bind, gpu_index
-from scheduler.kubernetes_pods import Placement, job_labels, k8s_name, pod_labels, pod_spec
+from scheduler.kubernetes_pods import Placement, describe_object, job_labels, k8s_name, owner_references, pod_labels, pod_spec
 from scheduler.policy import GpuState
 
 RDZV_PORT = 29500
@@ -133,15 +133,25 @@ def build_objects(job: dict, gpus: list[GpuState], settings) -> tuple[Any, tuple
     return indexed, claims
 
 
-def headless_service(job_name: str, namespace: str, labels: dict[str, str]):
+def headless_service(job_name: str, namespace: str, labels: dict[str, str], owner: list[dict] | None = None):
     """The headless Service an indexed Job's pods resolve each other by; it publishes a pod's address
-    before it is ready, so pod 0's name resolves as soon as it has one."""
+    before it is ready, so pod 0's name resolves as soon as it has one. `owner`: the Job's
+    ownerReferences, so the Service is collected with its Job."""
     from kubernetes import client
 
     return client.V1Service(
         api_version="v1",
         kind="Service",
-        metadata=client.V1ObjectMeta(name=job_name, namespace=namespace, labels=labels),
+        metadata=client.V1ObjectMeta(
+            name=job_name,
+            namespace=namespace,
+            labels=labels,
+            owner_references=[
+                client.V1OwnerReference(api_version=o["apiVersion"], kind=o["kind"], name=o["name"], uid=o["uid"])
+                for o in owner or ()
+            ]
+            or None,
+        ),
         spec=client.V1ServiceSpec(
             cluster_ip="None",
             publish_not_ready_addresses=True,
@@ -244,7 +254,7 @@ class KubernetesLauncher:
         namespace = self.settings.namespace
         if self.settings.kueue_queue:
             body = self._as_kueue_workload(body, gpus)
-        kind, name, labels, indexed = _describe(body)
+        kind, name, labels, indexed = describe_object(body)
         for claim in claims:
             if claim["metadata"]["name"] != name:  # a shared GPU's claim: made by the first job on it, used by all
                 self._create_claim(claim)
@@ -252,19 +262,29 @@ class KubernetesLauncher:
             if kind == "pytorchjob":
                 created = self._call("custom", "create_namespaced_custom_object", *PYTORCHJOBS, namespace, "pytorchjobs", body)
             else:
-                if indexed:
-                    service = headless_service(name, namespace, {k: v for k, v in labels.items() if "kueue.x-k8s.io" not in k})
-                    self._call("core", "create_namespaced_service", namespace, service)
                 created = self._call("batch", "create_namespaced_job", namespace, body)
         except ApiException as error:
             if error.status != 409:  # 409: this attempt's object exists already (created before a restart): it is ours
                 raise
             created = self._read(f"{kind}:{name}")[1]
-        owner = _owner(kind, name, created)
+        owner = owner_references(kind, name, created)
+        if indexed:  # owned by the Job: deleted with it (cancel, or its TTL after it finished)
+            plain = {k: v for k, v in labels.items() if "kueue.x-k8s.io" not in k}
+            self._create_service(headless_service(name, namespace, plain, owner), f"{kind}:{name}")
         for claim in claims:
             if claim["metadata"]["name"] == name:  # the job's own claim (or template): collected with its Job
                 self._create_claim({**claim, "metadata": {**claim["metadata"], **({"ownerReferences": owner} if owner else {})}})
         return f"{kind}:{name}"
+
+    def _create_service(self, service, handle: str) -> None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            self._call("core", "create_namespaced_service", self.settings.namespace, service)
+        except ApiException as error:
+            if error.status != 409:  # without its Service the pods cannot find each other: take the Job back
+                self.cancel("", handle)
+                raise
 
     def _create_claim(self, claim: dict) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -372,25 +392,6 @@ class KubernetesLauncher:
             self._call("custom", "delete_namespaced_custom_object", *PYTORCHJOBS, self.settings.namespace, "pytorchjobs", name)
         else:
             self._call("batch", "delete_namespaced_job", name, self.settings.namespace, propagation_policy="Background")
-
-
-def _owner(kind: str, name: str, created) -> list[dict] | None:
-    """The ownerReferences that make a job's own claim go with its Job or PyTorchJob; None when its uid is unknown."""
-    metadata = created.get("metadata", {}) if isinstance(created, dict) else getattr(created, "metadata", None)
-    uid = metadata.get("uid") if isinstance(metadata, dict) else getattr(metadata, "uid", None)
-    if not uid:
-        return None
-    api, owner_kind = ("kubeflow.org/v1", "PyTorchJob") if kind == "pytorchjob" else ("batch/v1", "Job")
-    return [{"apiVersion": api, "kind": owner_kind, "name": name, "uid": uid}]
-
-
-def _describe(body) -> tuple[str, str, dict, bool]:
-    """(handle kind, name, labels, indexed) of a Job object, or of a Job or PyTorchJob as a dict."""
-    if isinstance(body, dict):
-        kind = "pytorchjob" if body["kind"] == "PyTorchJob" else "job"
-        indexed = body["spec"].get("completionMode") == "Indexed"
-        return kind, body["metadata"]["name"], body["metadata"].get("labels", {}), indexed
-    return "job", body.metadata.name, body.metadata.labels, body.spec.completion_mode == "Indexed"
 
 
 def build(config, log_dir) -> KubernetesLauncher:

@@ -263,3 +263,23 @@ def _claims(binding: Binding):
             resource_claim_template_name=ref.get("resourceClaimTemplateName"),
         )
     ]
+
+
+def owner_references(kind: str, name: str, created) -> list[dict] | None:
+    """The ownerReferences that make an object (a job's own claim, its Service) go with its Job or PyTorchJob; None when
+    its uid is unknown."""
+    metadata = created.get("metadata", {}) if isinstance(created, dict) else getattr(created, "metadata", None)
+    uid = metadata.get("uid") if isinstance(metadata, dict) else getattr(metadata, "uid", None)
+    if not uid:
+        return None
+    api, owner_kind = ("kubeflow.org/v1", "PyTorchJob") if kind == "pytorchjob" else ("batch/v1", "Job")
+    return [{"apiVersion": api, "kind": owner_kind, "name": name, "uid": uid}]
+
+
+def describe_object(body) -> tuple[str, str, dict, bool]:
+    """(handle kind, name, labels, indexed) of a Job object, or of a Job or PyTorchJob as a dict."""
+    if isinstance(body, dict):
+        kind = "pytorchjob" if body["kind"] == "PyTorchJob" else "job"
+        indexed = body["spec"].get("completionMode") == "Indexed"
+        return kind, body["metadata"]["name"], body["metadata"].get("labels", {}), indexed
+    return "job", body.metadata.name, body.metadata.labels, body.spec.completion_mode == "Indexed"

@@ -79,7 +79,7 @@ def test_secrets_are_referenced_never_inlined():
             )
 
 
-def test_dispatcher_rbac_is_jobs_and_pods_only():
+def test_dispatcher_rbac_is_exactly_the_calls_the_engine_makes():
     objects = render(K8S / "base")
     role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "drape-dispatcher")
     granted = {
@@ -89,10 +89,44 @@ def test_dispatcher_rbac_is_jobs_and_pods_only():
         for resource in rule["resources"]
         for verb in rule["verbs"]
     }
-    assert {resource for _, resource, _ in granted} <= {"jobs", "jobs/status", "pods", "services", "pytorchjobs"}
     assert not {verb for *_, verb in granted} & {"*", "update", "patch", "escalate", "bind", "impersonate"}
     assert ("", "pods", "create") not in granted
-    assert {verb for group, resource, verb in granted if resource == "jobs"} == {"create", "delete"}  # only what it calls
+    assert granted == set().union(*ENGINE_CALLS.values())  # exactly what it calls (below)
+
+
+# What each API call of scheduler/kubernetes.py needs, as RBAC rules (apiGroup, resource, verb)
+ENGINE_CALLS = {
+    ("batch", "create_namespaced_job"): {("batch", "jobs", "create")},
+    ("batch", "read_namespaced_job_status"): {("batch", "jobs/status", "get")},
+    ("batch", "delete_namespaced_job"): {("batch", "jobs", "delete")},
+    ("core", "create_namespaced_service"): {("", "services", "create")},
+    ("core", "list_namespaced_pod"): {("", "pods", "list")},
+    ("custom", "create_namespaced_custom_object"): {
+        ("kubeflow.org", "pytorchjobs", "create"),
+        ("resource.k8s.io", "resourceclaims", "create"),
+        ("resource.k8s.io", "resourceclaimtemplates", "create"),
+    },
+    ("custom", "get_namespaced_custom_object"): {
+        ("kubeflow.org", "pytorchjobs", "get"),
+        ("resource.k8s.io", "resourceclaims", "get"),
+    },
+    ("custom", "delete_namespaced_custom_object"): {("kubeflow.org", "pytorchjobs", "delete")},
+}
+
+
+def test_the_engine_makes_exactly_the_api_calls_the_role_is_written_for():
+    """Every `self._call(<client>, <method>, ...)` in scheduler/kubernetes.py is in ENGINE_CALLS (so a
+    new call fails here until the Role grants it), and every entry there is still made."""
+    import ast
+
+    tree = ast.parse((REPO / "scheduler" / "kubernetes.py").read_text())
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_call"
+    ]
+    assert calls and all(len(c.args) >= 2 and all(isinstance(a, ast.Constant) for a in c.args[:2]) for c in calls)
+    assert {(c.args[0].value, c.args[1].value) for c in calls} == set(ENGINE_CALLS)
 
 
 @pytest.mark.parametrize("target", ["base", "overlays/production"])

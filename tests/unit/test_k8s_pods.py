@@ -204,3 +204,52 @@ def test_the_defaults_fit_an_8_gpu_node_and_the_fields_are_bounded():
         KubernetesLauncherConfig(credentials_secret="Drape_S3")
     bare = build_job(_job(), ONE_NODE, KubernetesLauncherConfig(credentials_secret=None))
     assert bare.spec.template.spec.containers[0].env_from is None  # credentials another way (a cloud identity)
+
+
+class _Api:
+    """The batch and core calls a multi-node launch makes, recorded; `service_status`: what creating the Service answers."""
+
+    def __init__(self, service_status: int | None = None):
+        self.calls: list[tuple[str, str]] = []
+        self.service_status, self.service = service_status, None
+
+    def create_namespaced_job(self, namespace, body, _request_timeout=None):
+        self.calls.append(("create job", body.metadata.name))
+        return client.V1Job(metadata=client.V1ObjectMeta(name=body.metadata.name, uid="uid-1234"))
+
+    def create_namespaced_service(self, namespace, body, _request_timeout=None):
+        from kubernetes.client.exceptions import ApiException
+
+        self.calls.append(("create service", body.metadata.name))
+        if self.service_status:
+            raise ApiException(status=self.service_status)
+        self.service = _plain(body)
+
+    def delete_namespaced_job(self, name, namespace, propagation_policy=None, _request_timeout=None):
+        self.calls.append(("delete job", name))
+
+
+def test_an_indexed_jobs_service_is_owned_by_its_job_and_never_left_without_one(secrets_in_the_environment):
+    """The headless Service is created after its Job, owned by it (collected with it: cancelled, or
+    its TTL after it ended); a Service that cannot be created takes the Job back (its pods could
+    never find each other), and the launch fails with the API's error."""
+    from kubernetes.client.exceptions import ApiException
+
+    from scheduler.kubernetes import KubernetesLauncher
+
+    launcher, api = KubernetesLauncher(KubernetesLauncherConfig()), _Api()
+    launcher._clients = {"batch": api, "core": api, "custom": None}
+    assert launcher.launch(_job(), TWO_NODES) == f"job:{NAME}"
+    assert api.calls == [("create job", NAME), ("create service", NAME)]
+    owner = api.service["metadata"]["ownerReferences"]
+    assert owner == [{"apiVersion": "batch/v1", "kind": "Job", "name": NAME, "uid": "uid-1234"}]
+    kubernetes_validate.validate(api.service, "1.33", strict=True)
+
+    failing = _Api(service_status=500)
+    launcher._clients = {"batch": failing, "core": failing, "custom": None}
+    with pytest.raises(ApiException):
+        launcher.launch(_job(), TWO_NODES)
+    assert failing.calls == [("create job", NAME), ("create service", NAME), ("delete job", NAME)]
+    exists = _Api(service_status=409)  # made before a dispatcher restart: it is this attempt's
+    launcher._clients = {"batch": exists, "core": exists, "custom": None}
+    assert launcher.launch(_job(), TWO_NODES) == f"job:{NAME}" and ("delete job", NAME) not in exists.calls
