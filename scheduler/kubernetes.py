@@ -40,8 +40,9 @@ from typing import Any
 
 from scheduler.drift import Landing
 from scheduler.engine import Outcome, torchrun_program
-from scheduler.kubernetes_devices import DRA_GROUP, DRA_VERSION, WHOLE_GPU, Binding, bind, gpu_index
+from scheduler.kubernetes_devices import DRA_GROUP, DRA_VERSION, WHOLE_GPU, Binding, bind, check_node_sharing, gpu_index
 from scheduler.kubernetes_pods import Placement, describe_object, job_labels, k8s_name, owner_references, pod_labels, pod_spec
+from scheduler.kueue import workload_for
 from scheduler.policy import GpuState
 
 RDZV_PORT = 29500
@@ -252,8 +253,9 @@ class KubernetesLauncher:
 
         body, claims = build_objects(job, gpus, self.settings)
         namespace = self.settings.namespace
+        check_node_sharing(sorted({g.node for g in gpus}), self.settings, self._node_labels)
         if self.settings.kueue_queue:
-            body = self._as_kueue_workload(body, gpus)
+            body = workload_for(body, gpus, self.settings)
         kind, name, labels, indexed = describe_object(body)
         for claim in claims:
             if claim["metadata"]["name"] != name:  # a shared GPU's claim: made by the first job on it, used by all
@@ -275,6 +277,18 @@ class KubernetesLauncher:
             if claim["metadata"]["name"] == name:  # the job's own claim (or template): collected with its Job
                 self._create_claim({**claim, "metadata": {**claim["metadata"], **({"ownerReferences": owner} if owner else {})}})
         return f"{kind}:{name}"
+
+    def _node_labels(self, node: str) -> dict[str, str] | None:
+        """The labels of the one node whose `node_label` is `node`; None if not one, or nodes may not be listed."""
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            found = self._call("core", "list_node", label_selector=f"{self.settings.node_label}={node}").items
+        except ApiException as error:
+            if error.status in (401, 403):
+                return None
+            raise
+        return dict(found[0].metadata.labels or {}) if len(found) == 1 else None
 
     def _create_service(self, service, handle: str) -> None:
         from kubernetes.client.exceptions import ApiException
@@ -333,18 +347,6 @@ class KubernetesLauncher:
         results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
         indices = [gpu_index(str(result.get("device", "")).replace("-", "")) for result in results]
         return tuple(sorted(i for i in indices if i is not None)) if results and None not in indices else None
-
-    def _as_kueue_workload(self, body, gpus: list[GpuState]) -> dict:
-        """Kueue mode: the job suspended in the LocalQueue, on the flavor of the GPUs drape sized it
-        for (the model its memory profile fits), no node pinned (scheduler/kueue.py)."""
-        from kubernetes import client
-
-        from scheduler.kueue import as_workload, flavors_from_fleet
-
-        settings = self.settings
-        (flavor,) = flavors_from_fleet(gpus[:1], settings.product_label, settings.products)
-        plain = body if isinstance(body, dict) else client.ApiClient().sanitize_for_serialization(body)
-        return as_workload(plain, local_queue=settings.kueue_queue, flavor=flavor, product_label=settings.product_label)
 
     def _read(self, handle: str):
         kind, _, name = handle.partition(":")

@@ -27,6 +27,7 @@ resource.k8s.io/v1 API reference (`CLAIM_SCHEMAS`); the tests check them against
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,7 @@ DRA_API = "resource.k8s.io/v1"
 DRA_GROUP, DRA_VERSION = "resource.k8s.io", "v1"
 CLAIM_NAME = "gpus"  # the pod's name for its claim (spec.resourceClaims[].name, resources.claims[].name)
 WHOLE_GPU = "nvidia.com/gpu"
+SHARING_LABEL = "nvidia.com/gpu.sharing-strategy"  # GPU Feature Discovery: none | time-slicing | mps
 _INDEX = re.compile(r"(?:cuda|gpu)(\d+)$")
 _DCGM_UUID = re.compile(r"^GPU-[0-9a-fA-F-]{8,}$")
 
@@ -95,6 +97,27 @@ def bind(job: dict, gpus: list[GpuState], settings, name: str) -> Binding:
     if shared and settings.sharing_on(nodes[0]) != "none":
         return Binding(settings.shared_resource_name(), _mps_env(job, settings.sharing_on(nodes[0])), shared=True)
     return Binding(WHOLE_GPU)
+
+
+def check_node_sharing(nodes: list[str], settings, labels_of: Callable[[str], dict[str, str] | None]) -> None:
+    """Refuse a launch onto a node that says its GPUs are shared otherwise than drape declares.
+
+    NVIDIA's GPU Feature Discovery labels each GPU node `nvidia.com/gpu.sharing-strategy` (none,
+    time-slicing or mps): how its device plugin offers the GPUs. The queue planned on the
+    declaration (`sharing`, `node_sharing`); launched where the node disagrees, a job planned to
+    share would get a GPU of its own (or the reverse). A node without the label, or labels drape
+    may not read (`labels_of` gives None), is taken at the declaration's word. Not checked under
+    DRA claims, in Kueue mode (drape pins no node) or without a `node_label`."""
+    if settings.dra_device_class or settings.kueue_queue or not settings.node_label:
+        return
+    for node in nodes:
+        said = (labels_of(node) or {}).get(SHARING_LABEL)
+        if said is not None and said != settings.sharing_on(node):
+            raise BindingError(
+                f"node {node} says its GPUs are shared by {said!r} ({SHARING_LABEL}), but drape declares "
+                f"{settings.sharing_on(node)!r} (queue.kubernetes.sharing / node_sharing), which the queue planned on: "
+                f"declare node_sharing {{{node}: {said}}} (or fix the device plugin's config on the node)"
+            )
 
 
 def _mps_env(job: dict, how: str) -> dict[str, str]:

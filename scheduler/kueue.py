@@ -177,6 +177,16 @@ def as_workload(manifest: dict[str, Any], *, local_queue: str, flavor: Flavor, p
     return workload
 
 
+def workload_for(body, gpus: list[GpuState], settings) -> dict[str, Any]:
+    """Kueue mode (`queue.kubernetes`): the job's object suspended in the LocalQueue, on the flavor of
+    the GPUs drape sized it for (the model its memory profile fits), no node pinned."""
+    from kubernetes import client
+
+    (flavor,) = flavors_from_fleet(gpus[:1], settings.product_label, settings.products)
+    plain = body if isinstance(body, dict) else client.ApiClient().sanitize_for_serialization(body)
+    return as_workload(plain, local_queue=settings.kueue_queue, flavor=flavor, product_label=settings.product_label)
+
+
 def _select_flavor(pod: dict[str, Any], flavor: Flavor, product_label: str) -> None:
     pod.pop("affinity", None)  # node pinning and spreading are drape's own placement: Kueue's mode has none
     pod["nodeSelector"] = {**pod.get("nodeSelector", {}), product_label: flavor.node_labels[product_label]}

@@ -53,7 +53,7 @@ def test_every_rendered_object_validates_against_the_api_schema(target):
     } <= kinds
     for obj in objects:
         kubernetes_validate.validate(obj, "1.33", strict=True)
-        if obj["kind"] not in ("Namespace", "StorageClass", "PersistentVolume"):
+        if obj["kind"] not in ("Namespace", "StorageClass", "PersistentVolume", "ClusterRole", "ClusterRoleBinding"):
             assert obj["metadata"]["namespace"] == "drape", obj["metadata"]["name"]
         assert obj["metadata"]["labels"]["app.kubernetes.io/part-of"] == "drape"
     names = {(o["kind"], o["metadata"]["name"]) for o in objects}
@@ -82,9 +82,14 @@ def test_secrets_are_referenced_never_inlined():
 def test_dispatcher_rbac_is_exactly_the_calls_the_engine_makes():
     objects = render(K8S / "base")
     role = next(o for o in objects if o["kind"] == "Role" and o["metadata"]["name"] == "drape-dispatcher")
+    bound = [o for o in objects if o["kind"] == "ClusterRoleBinding" and o["roleRef"]["name"] == "drape-dispatcher-nodes"]
+    assert [s["name"] for b in bound for s in b["subjects"]] == ["drape-dispatcher"]
+    namespace = next(o for o in objects if o["kind"] == "Namespace")["metadata"]["name"]
+    assert bound[0]["subjects"][0]["namespace"] == namespace
+    cluster_role = next(o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "drape-dispatcher-nodes")
     granted = {
         (group, resource, verb)
-        for rule in role["rules"]
+        for rule in role["rules"] + cluster_role["rules"]
         for group in rule["apiGroups"]
         for resource in rule["resources"]
         for verb in rule["verbs"]
@@ -101,6 +106,7 @@ ENGINE_CALLS = {
     ("batch", "delete_namespaced_job"): {("batch", "jobs", "delete")},
     ("core", "create_namespaced_service"): {("", "services", "create")},
     ("core", "list_namespaced_pod"): {("", "pods", "list")},
+    ("core", "list_node"): {("", "nodes", "list")},
     ("custom", "create_namespaced_custom_object"): {
         ("kubeflow.org", "pytorchjobs", "create"),
         ("resource.k8s.io", "resourceclaims", "create"),

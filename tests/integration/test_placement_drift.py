@@ -23,6 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from drape.config import KubernetesLauncherConfig
 from drape.ops import metrics
 from scheduler.kubernetes import KubernetesLauncher
+from scheduler.kubernetes_devices import SHARING_LABEL
+from scheduler.kubernetes_pods import k8s_name
 from scheduler.store import JobSpec, JobStore
 from tests.conftest import tiny_config
 
@@ -36,6 +38,12 @@ class FakeCluster:
         self.jobs: dict[str, dict] = {}
         self.objects: dict[tuple[str, str], dict] = {}  # (plural, name) → body (claims, templates)
         self.pods: dict[str, list[client.V1Pod]] = {}  # job name → its bound pods
+        self.nodes: dict[str, dict[str, str]] = {}  # node name → its labels (kubernetes.io/hostname, GFD's)
+
+    def list_node(self, label_selector=None, _request_timeout=None):
+        key, _, value = label_selector.partition("=")
+        found = [name for name, labels in self.nodes.items() if labels.get(key) == value]
+        return client.V1NodeList(items=[client.V1Node(metadata=client.V1ObjectMeta(name=n, labels=self.nodes[n])) for n in found])
 
     def create_namespaced_job(self, namespace, body, _request_timeout=None):
         plain = client.ApiClient().sanitize_for_serialization(body)
@@ -170,6 +178,7 @@ def test_under_dra_the_claim_names_the_devices_and_other_devices_are_drift(tmp_p
 @pytest.mark.parametrize("sharing", ["none", "time-slicing"])
 def test_two_jobs_share_a_gpu_only_where_the_node_declares_sharing(tmp_path, sharing):
     store, cluster, dispatcher = _setup(tmp_path, nodes=1, gpus_per_node=1, sharing=sharing)
+    cluster.nodes["h100-00"] = {"kubernetes.io/hostname": "h100-00", SHARING_LABEL: sharing}  # GPU Feature Discovery agrees
     ids = [store.submit(JobSpec(kind="finetune", mem_gib=20, duration_s=600, command=["true"]), now=float(i)) for i in range(2)]
     started = dispatcher.cycle(now=10.0).started + dispatcher.cycle(now=11.0).started
     states = sorted(store.get(i)["state"] for i in ids)
@@ -185,3 +194,20 @@ def test_two_jobs_share_a_gpu_only_where_the_node_declares_sharing(tmp_path, sha
         assert sorted(started) == sorted(ids) and states == ["running", "running"]
         for job in cluster.jobs.values():
             assert job["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu.shared"] == "1"
+
+
+def test_a_node_whose_gpu_feature_discovery_label_contradicts_the_declaration_is_refused_naming_both(tmp_path):
+    """The config declares no sharing; the node's device plugin time-slices (its GFD label says so):
+    the launch is refused with both named, not launched as something the queue did not plan. A node
+    with no such label is taken at the declaration's word."""
+    store, cluster, dispatcher = _setup(tmp_path, nodes=2, gpus_per_node=1)
+    cluster.nodes["h100-00"] = {"kubernetes.io/hostname": "h100-00", SHARING_LABEL: "time-slicing"}
+    cluster.nodes["h100-01"] = {"kubernetes.io/hostname": "h100-01"}
+    ids = [store.submit(JobSpec(kind="finetune", mem_gib=20, duration_s=600, command=["true"]), now=float(i)) for i in range(2)]
+    dispatcher.cycle(now=10.0)
+    rows = {row["assigned"]: row for row in (store.get(i) for i in ids)}
+    refused, launched = rows['["h100-00/gpu0"]'], rows['["h100-01/gpu0"]']
+    assert launched["state"] == "running" and list(cluster.jobs) == [k8s_name(launched["id"], 1)]
+    assert refused["state"] in ("queued", "failed") and refused["id"] not in " ".join(cluster.jobs)
+    assert "node h100-00 says its GPUs are shared by 'time-slicing' (nvidia.com/gpu.sharing-strategy)" in refused["message"]
+    assert "declares 'none'" in refused["message"], refused["message"]

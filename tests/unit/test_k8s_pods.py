@@ -228,6 +228,9 @@ class _Api:
     def delete_namespaced_job(self, name, namespace, propagation_policy=None, _request_timeout=None):
         self.calls.append(("delete job", name))
 
+    def list_node(self, label_selector=None, _request_timeout=None):
+        return client.V1NodeList(items=[])  # nodes without GPU Feature Discovery's labels: not checked
+
 
 def test_an_indexed_jobs_service_is_owned_by_its_job_and_never_left_without_one(secrets_in_the_environment):
     """The headless Service is created after its Job, owned by it (collected with it: cancelled, or
