@@ -137,8 +137,9 @@ def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:
     assert flow_run["state"]["type"] == "COMPLETED" and flow_run["job_variables"]["env"]["DRAPE_JOB_ID"] == job_id
 
 
-def test_deploy_and_run_a_queued_flow_run_through_a_worker(tmp_path):
+def test_deploy_and_run_a_queued_flow_run_through_a_worker(tmp_path, monkeypatch):
     started = time.monotonic()
+    monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker asks for scheduled runs every 2 s, not 10
     config = tiny_config(tmp_path / "drape")
     config_path = tmp_path / "tiny.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
