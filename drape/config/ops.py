@@ -167,6 +167,14 @@ class KubernetesLauncherConfig(StrictModel):
                 "alone would silently share its GPU; set renameByDefault in the device plugin's sharing config and "
                 "name the renamed resource (nvidia.com/gpu.shared)"
             )
+        shared = self.sharing != "none" or set(self.node_sharing.values()) - {"none"}
+        if self.kueue_queue and (shared or self.dra_device_class):
+            raise ValueError(
+                f"queue.kubernetes.kueue_queue {self.kueue_queue!r}: in Kueue mode each job gets whole GPUs (or a MIG "
+                "slice) admitted against the ClusterQueue's quota, and drape names no node or device, so GPU sharing "
+                "(sharing / node_sharing) and DRA claims (dra_device_class) would be ignored; unset them, or unset "
+                "kueue_queue to let drape place"
+            )
         if self.shared_resource and self.sharing == "none" and set(self.node_sharing.values()) <= {"none"}:
             raise ValueError(
                 f"queue.kubernetes.shared_resource {self.shared_resource!r} is set but no node shares its GPUs: declare "

@@ -176,3 +176,17 @@ def test_drape_queue_kueue_prints_the_objects_for_a_fleet_file(tmp_path):
     fleet.write_text("groups: [{model: H100}]\n")
     result = CliRunner().invoke(app, ["queue", "kueue", "--fleet", str(fleet)])
     assert result.exit_code == 2 and "expected model, memory_gib, nodes, gpus_per_node" in result.output
+
+
+@pytest.mark.parametrize(
+    "declared", [{"sharing": "time-slicing"}, {"node_sharing": {"h100-00": "mps"}}, {"dra_device_class": "gpu.nvidia.com"}]
+)
+def test_kueue_mode_refuses_gpu_sharing_and_dra_it_would_ignore(declared):
+    from pydantic import ValidationError
+
+    from drape.config import KubernetesLauncherConfig
+
+    with pytest.raises(ValidationError, match="in Kueue mode each job gets whole GPUs .* would be ignored"):
+        KubernetesLauncherConfig(kueue_queue="drape", **declared)
+    KubernetesLauncherConfig(**declared)  # drape placing: fine
+    KubernetesLauncherConfig(kueue_queue="drape", node_sharing={"h100-00": "none"})  # says nothing is shared: fine
