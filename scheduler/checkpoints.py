@@ -15,10 +15,21 @@ node. A running job may be stopped when:
 
 The cost of stopping a job is its work since its last checkpoint, estimated as the time since
 it started modulo its `checkpoint_every_s`, times its GPUs. Of the nodes with enough GPUs that
-are idle or hold only such jobs, the gang job takes the one that loses the least work, then
-stops the fewest jobs, then by name; on a node it takes its GPUs cheapest first (a multi-GPU
-victim's GPUs cost the same each, so they go together). The stopped jobs return to the queue and
-resume from their checkpoint; unlike a defragmenting move they may wait to start again.
+are idle or hold only such jobs, the gang job takes, first among those whose stopped jobs can all
+start again at once elsewhere (single-GPU jobs, on an idle GPU or beside other jobs where memory
+allows: `Preemptor.stop`), the one that stops the fewest jobs, then loses the least work, then by
+name; on a node it takes its GPUs cheapest first (a multi-GPU victim's GPUs cost the same each,
+so they go together). The stopped jobs return to the queue and resume from their checkpoint;
+unlike a defragmenting move they may wait to start again, so how many wait counts before how
+much work is lost (a checkpoint every 10 min loses minutes; a stopped job waits hours on a full
+fleet). Measured (`benchmarks/gang_bound.py`, seeds 1-10 of the three gang weeks at load 0.85,
+`gang_max_wait_s` = 3 h), against the least work lost first: jobs stopped 204 against 226 (median,
+64 H100), 290 against 297 (fine-tunes); the 1-GPU mean wait 25.5 against 27.7 min (64 H100); the
+seeds meeting every goal 2 of 30 against 1. Two other rules measured no better and are not kept:
+draining the oldest gang job's reservation (nothing new on its GPUs once it waited 1-2 h) left
+its max wait unchanged on seeds 1, 2 and 4 of 64 H100; stopping only while the running
+single-GPU jobs would still fit 1-2 to a GPU off the gang jobs' nodes kept the 1-GPU mean under
+2 s but left 8-GPU max waits of 10-17 h (the trade is steep: `benchmarks/README.md`).
 """
 
 from __future__ import annotations
@@ -73,10 +84,12 @@ def choose_stops(
     now: float,
     config: PolicyConfig,
     stopped: set[str],
+    homed: Callable[[tuple[str, ...], str], bool] | None = None,
 ) -> Choice | None:
-    """(GPUs for `job`, running jobs to stop) on the node that loses the least work, or None.
+    """(GPUs for `job`, running jobs to stop) on the cheapest node (the module docstring), or None.
     `occupants(uuid)`: the running jobs on a GPU as the pass sees them; `stopped`: jobs this pass
-    already stops (a GPU holding one is not taken again)."""
+    already stops (a GPU holding one is not taken again); `homed(victims, node)`: whether they can
+    all start again at once off `node` (such nodes come first)."""
     by_node: dict[str, list[str]] = {}
     for uuid, gpu in pool.gpus.items():
         if gpu.total_gib < job.mem_gib or not pool.fits_any(job, uuid):
@@ -88,11 +101,14 @@ def choose_stops(
             continue
         if all(o.id not in stopped and stoppable(o, job, config) for o in here):
             by_node.setdefault(gpu.node, []).append(uuid)
-    best: tuple[tuple[float, int, str], Choice] | None = None
+    options = []
     for node, uuids in by_node.items():
         found = _node_choice(job, uuids, occupants, now)
         if found is not None:
-            key = (found[0][0], found[0][1], node)
-            if best is None or key < best[0]:
-                best = (key, found[1])
-    return None if best is None else best[1]
+            options.append(((found[0][1], found[0][0], node), found[1]))
+    options.sort()
+    if homed is not None:
+        for (*_, node), choice in options:
+            if homed(choice[1], node):
+                return choice
+    return options[0][1] if options else None

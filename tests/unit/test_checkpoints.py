@@ -71,6 +71,31 @@ def test_what_an_overdue_gang_job_never_stops():
     assert placement.evicts == ("w",)  # a lower-priority multi-GPU job may be stopped
 
 
+def test_an_overdue_gang_job_stops_first_where_its_victims_restart_at_once_then_the_fewest():
+    """Node a: two single-GPU jobs (300 s to lose each); node b: one 2-GPU fine-tune (500 s a GPU); node c
+    runs a job of the gang's priority on one GPU and a single-GPU job on the other, so it is never
+    taken, but each of its GPUs has room for one more 30-GiB job."""
+
+    def gpu(uuid: str, jobs: int = 1, exclusive: bool = False) -> GpuState:
+        return GpuState(uuid, uuid.split("/")[0], "H100", 80.0, allocated_gib=30.0, jobs=jobs, exclusive=exclusive, shares=1.0)
+
+    gpus = [gpu("a/gpu0"), gpu("a/gpu1"), gpu("b/gpu0", exclusive=True), gpu("b/gpu1", exclusive=True)]
+    running = [
+        RunningJob("a0", ("a/gpu0",), 30.0, NOW + 36000, 3, True, started_s=NOW - 300),
+        RunningJob("a1", ("a/gpu1",), 30.0, NOW + 36000, 3, True, started_s=NOW - 300),
+        RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 4, False, started_s=NOW - 500),
+    ]
+    room = [gpu("c/gpu0"), gpu("c/gpu1")]
+    beside = [
+        RunningJob("c0", ("c/gpu0",), 30.0, NOW + 36000, 5, True, started_s=NOW - 10),
+        RunningJob("c1", ("c/gpu1",), 30.0, NOW + 36000, 3, True, started_s=NOW - 10),
+    ]
+    (placement,) = both([gang()], gpus + room, running + beside)
+    assert placement.evicts == ("a0", "a1")  # both restart at once beside c's jobs; the fine-tune could not
+    (placement,) = both([gang()], gpus, running)
+    assert placement.evicts == ("w",)  # nowhere to restart either way: one job stopped, not two (though it loses more)
+
+
 def test_the_bound_is_checked_at_load():
     for bad in (-1.0, float("inf"), float("nan"), 30 * 86400.0):
         with pytest.raises(ValueError, match="gang_max_wait_s"):
