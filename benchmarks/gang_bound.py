@@ -88,14 +88,14 @@ def _bench():
     return sys.modules["scheduler_bench"]
 
 
-def _run(args: tuple[str, int, float | None, bool, int]) -> dict:
-    kind, seed, bound_s, explain, preemptions = args
+def _run(args: tuple[str, int, float | None, bool, int, float]) -> dict:
+    kind, seed, bound_s, explain, preemptions, bonus = args
     if kind == "field":
         here = Path(__file__).parent / "traces"
         trace, fleet = load_trace(here / "field_week.csv"), load_fleet(here / "fleet.yaml")
     else:
         trace, fleet = _bench().workload(0.85, kind, seed)
-    config = PolicyConfig(gang_max_wait_s=bound_s, gang_max_preemptions=preemptions)
+    config = PolicyConfig(gang_max_wait_s=bound_s, gang_max_preemptions=preemptions, short_job_bonus=bonus)
     watch, record = Watch(config), []
     result = replay(trace, fleet, config, record, watch=watch)
     first: dict[str, float] = {}
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--gang-max-preemptions", type=int, default=PolicyConfig.gang_max_preemptions, help="gang_max_preemptions (default 4)"
     )
+    parser.add_argument("--short-job-bonus", type=float, default=0.0, help="short_job_bonus, today's run too (default 0: off)")
     parser.add_argument("--seeds", default="1-10", help="seeds: a range (1-10) or a comma-separated list")
     parser.add_argument("--fleets", default=",".join((*KINDS, "field")), help=f"comma-separated, of: {', '.join(KINDS)}, field")
     parser.add_argument("--frontier", default="2,4,6", help="other bounds (hours, comma-separated) for the medians table")
@@ -176,9 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     others = [float(h) * 3600 for h in args.frontier.split(",") if h and float(h) != args.bound_hours]
     gangs = [k for k in KINDS if k in kinds]
     shown = [(kind, seed) for kind in gangs for seed in seeds] + ([("field", 0)] if "field" in kinds else [])
-    most = args.gang_max_preemptions
-    runs = [(kind, seed, b, b == bound, most) for kind, seed in shown for b in (None, bound)]
-    runs += [(kind, seed, b, False, most) for kind in gangs for seed in seeds for b in others]
+    how = (args.gang_max_preemptions, args.short_job_bonus)
+    runs = [(kind, seed, b, b == bound, *how) for kind, seed in shown for b in (None, bound)]
+    runs += [(kind, seed, b, False, *how) for kind in gangs for seed in seeds for b in others]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=2) as pool:
         rows = list(pool.map(_run, runs))

@@ -17,19 +17,18 @@ The cost of stopping a job is its work since its last checkpoint, estimated as t
 it started modulo its `checkpoint_every_s`, times its GPUs. Of the nodes with enough GPUs that
 are idle or hold only such jobs, the gang job takes, first among those whose stopped jobs can all
 start again at once elsewhere (single-GPU jobs, on an idle GPU or beside other jobs where memory
-allows: `Preemptor.stop`), the one that stops the fewest jobs, then loses the least work, then by
-name; on a node it takes its GPUs cheapest first (a multi-GPU victim's GPUs cost the same each,
-so they go together). The stopped jobs return to the queue and resume from their checkpoint;
-unlike a defragmenting move they may wait to start again, so how many wait counts before how
-much work is lost (a checkpoint every 10 min loses minutes; a stopped job waits hours on a full
-fleet). Measured (`benchmarks/gang_bound.py`, seeds 1-10 of the three gang weeks at load 0.85,
-`gang_max_wait_s` = 3 h), against the least work lost first: jobs stopped 204 against 226 (median,
-64 H100), 290 against 297 (fine-tunes); the 1-GPU mean wait 25.5 against 27.7 min (64 H100); the
-seeds meeting every goal 2 of 30 against 1. Two other rules measured no better and are not kept:
-draining the oldest gang job's reservation (nothing new on its GPUs once it waited 1-2 h) left
-its max wait unchanged on seeds 1, 2 and 4 of 64 H100; stopping only while the running
-single-GPU jobs would still fit 1-2 to a GPU off the gang jobs' nodes kept the 1-GPU mean under
-2 s but left 8-GPU max waits of 10-17 h (the trade is steep: `benchmarks/README.md`).
+allows: `Preemptor.stop`), the one whose stopped jobs have the least work left (GPU-seconds to
+their expected ends: a day-long service stopped late in the week ends the week late), then that
+stops the fewest jobs, then loses the least work, then by name; on a node it takes its GPUs
+cheapest first (a multi-GPU victim's GPUs cost the same each, so they go together). The stopped
+jobs return to the queue and resume from their checkpoint; unlike a defragmenting move they may
+wait to start again, so how many wait and for how long count before the minutes of work a
+10-min checkpoint loses. Measured (`benchmarks/gang_bound.py`, seeds 1-10 of the three gang
+weeks at load 0.85, `gang_max_wait_s` = 3 h; `benchmarks/README.md`): against the least work
+lost first, the ratio to the bound rose (medians 0.968 / 0.955 / 0.962 from 0.958 / 0.957 /
+0.914) and the seeds meeting every goal from 1 of 30 to 2; the goals still compete for the same
+nodes at the gang jobs' peaks. Draining the oldest gang job's reservation, and stopping only while
+single-GPU jobs keep room, measured no better and are not kept.
 """
 
 from __future__ import annotations
@@ -63,8 +62,9 @@ def lost_s(victim: RunningJob, now: float) -> float:
 
 def _node_choice(
     job: JobRequest, uuids: list[str], occupants: Callable[[str], list[RunningJob]], now: float
-) -> tuple[tuple[float, int], Choice] | None:
-    """The cheapest `job.gpus` of `uuids` (one node's GPUs that qualify) and what they cost."""
+) -> tuple[tuple[float, int, float], Choice] | None:
+    """The cheapest `job.gpus` of `uuids` (one node's GPUs that qualify) and what they cost: (work
+    lost, jobs stopped, their work left, GPU-seconds)."""
     if len(uuids) < job.gpus:
         return None
     keyed = []
@@ -74,7 +74,8 @@ def _node_choice(
     chosen = [uuid for *_, uuid in sorted(keyed)[: job.gpus]]
     victims = {o.id: o for uuid in chosen for o in occupants(uuid)}
     lost = sum(lost_s(victims[name], now) for name in sorted(victims))
-    return (lost, len(victims)), (tuple(chosen), tuple(sorted(victims)))
+    left = sum(max(victims[name].expected_end_s - now, 0.0) * len(victims[name].gpus) for name in sorted(victims))
+    return (lost, len(victims), left), (tuple(chosen), tuple(sorted(victims)))
 
 
 def choose_stops(
@@ -105,7 +106,8 @@ def choose_stops(
     for node, uuids in by_node.items():
         found = _node_choice(job, uuids, occupants, now)
         if found is not None:
-            options.append(((found[0][1], found[0][0], node), found[1]))
+            lost, count, left = found[0]
+            options.append(((left, count, lost, node), found[1]))
     options.sort()
     if homed is not None:
         for (*_, node), choice in options:
