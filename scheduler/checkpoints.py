@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from scheduler.pool import Pool
 
 Choice = tuple[tuple[str, ...], tuple[str, ...]]  # (GPUs for the waiting job, jobs to stop)
+HOMED_LOOK = 32  # of the cheapest nodes, how many are checked for whether their jobs restart at once
 
 
 def overdue(job: JobRequest, now: float, config: PolicyConfig) -> bool:
@@ -85,12 +86,13 @@ def choose_stops(
     now: float,
     config: PolicyConfig,
     stopped: set[str],
-    homed: Callable[[tuple[str, ...], str], bool] | None = None,
+    homed: Callable[[list[RunningJob], str], bool] | None = None,
 ) -> Choice | None:
     """(GPUs for `job`, running jobs to stop) on the cheapest node (the module docstring), or None.
     `occupants(uuid)`: the running jobs on a GPU as the pass sees them; `stopped`: jobs this pass
     already stops (a GPU holding one is not taken again); `homed(victims, node)`: whether they can
-    all start again at once off `node` (such nodes come first)."""
+    all start again at once off `node` (such nodes come first, of the `HOMED_LOOK` cheapest: a
+    bounded look, as each look reads the fleet's free room)."""
     by_node: dict[str, list[str]] = {}
     for uuid, gpu in pool.gpus.items():
         if gpu.total_gib < job.mem_gib or not pool.fits_any(job, uuid):
@@ -110,7 +112,7 @@ def choose_stops(
             options.append(((left, count, lost, node), found[1]))
     options.sort()
     if homed is not None:
-        for (*_, node), choice in options:
-            if homed(choice[1], node):
+        for (*_, node), choice in options[:HOMED_LOOK]:
+            if homed(list({o.id: o for uuid in choice[0] for o in occupants(uuid)}.values()), node):
                 return choice
     return options[0][1] if options else None

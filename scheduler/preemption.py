@@ -195,15 +195,13 @@ class Preemptor:
 
     def stop(self, job: JobRequest, pool: Pool, now: float) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """(GPUs for overdue gang `job`, running jobs to stop: they resume from their checkpoints and
-        may wait) on the node that loses the least work (`scheduler/checkpoints.py`), or None."""
+        may wait) on the cheapest node (`scheduler/checkpoints.py`), or None."""
         shape = (job.gpus, job.mem_gib, job.models, job.priority)
         if shape in self.stop_hopeless:
             return None
-        by_id = {o.id: o for uuid in pool.gpus for o in self.occupants(uuid)}
 
-        def homed(victims: tuple[str, ...], node: str) -> bool:
-            jobs = [by_id[name] for name in victims]
-            return all(len(o.gpus) == 1 for o in jobs) and self._rehome(jobs, pool, node, colocate=True)
+        def homed(victims: list[RunningJob], node: str) -> bool:
+            return all(len(o.gpus) == 1 for o in victims) and self._rehome(victims, pool, node, colocate=True)
 
         found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped, homed)
         if found is None:
