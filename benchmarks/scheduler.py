@@ -27,7 +27,7 @@
 
     .venv/bin/python benchmarks/scheduler.py          # 8-9 minutes on 2 cores
     .venv/bin/python benchmarks/scheduler.py --gang-bound   # only gang waits bounded by checkpoint
-        # preemption, per seed (benchmarks/gang_bound.py; --bound-hours, --seeds, --frontier)
+        # preemption, per seed (benchmarks/gang_bound.py; --bound-hours, --seeds, --fleets, --frontier)
 """
 
 from __future__ import annotations

@@ -109,11 +109,12 @@ class Preemptor:
                 by_node.setdefault(gpu.node, []).append((len(occupants), gpu.allocated_gib, gpu.uuid))
         return by_node
 
-    def _rehome(self, victims: list[RunningJob], pool: Pool, node: str) -> bool:
+    def _rehome(self, victims: list[RunningJob], pool: Pool, node: str, colocate: bool | None = None) -> bool:
         """Whether every victim can start again at once off `node`: on an idle GPU, else (when
         `preempt_colocate`) beside other jobs where memory allows, so nothing preempted waits."""
+        colocate = self.config.preempt_colocate if colocate is None else colocate
         room = {uuid: pool.gpus[uuid].total_gib for _, uuid in pool.idle}
-        if self.config.preempt_colocate:
+        if colocate:
             room.update((uuid, free) for free, uuid in pool.shared)
         for victim in sorted(victims, key=lambda v: -v.mem_gib):
             probe = JobRequest(victim.id, victim.priority, 0.0, 1, victim.mem_gib, 0.0, victim.models)
@@ -125,7 +126,7 @@ class Preemptor:
             if not fitting:
                 return False
             free, home = min(fitting)
-            room[home] = free - victim.mem_gib if self.config.preempt_colocate else -1.0
+            room[home] = free - victim.mem_gib if colocate else -1.0
         return True
 
     def _rehome_idle(self, victims: list[RunningJob], pool: Pool, node: str) -> bool:
@@ -194,11 +195,15 @@ class Preemptor:
 
     def stop(self, job: JobRequest, pool: Pool, now: float) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """(GPUs for overdue gang `job`, running jobs to stop: they resume from their checkpoints and
-        may wait) on the node that loses the least work (`scheduler/checkpoints.py`), or None."""
+        may wait) on the cheapest node (`scheduler/checkpoints.py`), or None."""
         shape = (job.gpus, job.mem_gib, job.models, job.priority)
         if shape in self.stop_hopeless:
             return None
-        found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped)
+
+        def homed(victims: list[RunningJob], node: str) -> bool:
+            return all(len(o.gpus) == 1 for o in victims) and self._rehome(victims, pool, node, colocate=True)
+
+        found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped, homed)
         if found is None:
             self.stop_hopeless.add(shape)
             return None

@@ -32,11 +32,19 @@ class PolicyConfig:
     # resume from their checkpoints (`scheduler/checkpoints.py`; None: never)
     gang_max_wait_s: float | None = None
     gang_max_preemptions: int = 4  # a job is stopped for an overdue gang job only while preempted fewer times
+    # single-GPU jobs expected to run at most `short_job_s` rank this much higher: when the fleet is
+    # full, short jobs start before long ones (their waits set the class's mean)
+    short_job_bonus: float = 0.0
+    short_job_s: float = 3600.0
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
         if bound is not None and not (math.isfinite(bound) and 0 <= bound <= MAX_GANG_WAIT_S):
             raise ValueError(f"PolicyConfig.gang_max_wait_s must be None or in [0, {MAX_GANG_WAIT_S:g}] s, got {bound!r}")
+        if not (math.isfinite(self.short_job_bonus) and 0 <= self.short_job_bonus <= 100):
+            raise ValueError(f"PolicyConfig.short_job_bonus must be in [0, 100], got {self.short_job_bonus!r}")
+        if not (math.isfinite(self.short_job_s) and 0 <= self.short_job_s <= MAX_GANG_WAIT_S):
+            raise ValueError(f"PolicyConfig.short_job_s must be in [0, {MAX_GANG_WAIT_S:g}] s, got {self.short_job_s!r}")
         if not 0 <= self.gang_max_preemptions <= 100:
             raise ValueError(f"PolicyConfig.gang_max_preemptions must be in [0, 100], got {self.gang_max_preemptions!r}")
 
@@ -117,11 +125,16 @@ class Placement:
     evicts: tuple[str, ...] = ()  # running jobs to preempt (requeue) before it starts
 
 
+def short_bonus(job: JobRequest, config: PolicyConfig) -> float:
+    """The priority a single-GPU job expected to run at most `short_job_s` gains (`short_job_bonus`)."""
+    return config.short_job_bonus if job.gpus == 1 and job.duration_s <= config.short_job_s else 0.0
+
+
 def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> float:
-    return job.priority + config.aging_per_hour * max(now - job.submit_s, 0.0) / 3600.0
+    return job.priority + short_bonus(job, config) + config.aging_per_hour * max(now - job.submit_s, 0.0) / 3600.0
 
 
 def static_priority(job: JobRequest, config: PolicyConfig) -> float:
     """`effective_priority` less the part every job shares at one clock: the order by it is the
     order by effective priority at any `now` past the submits, so it can be kept, not re-sorted."""
-    return job.priority - config.aging_per_hour * job.submit_s / 3600.0
+    return job.priority + short_bonus(job, config) - config.aging_per_hour * job.submit_s / 3600.0

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from scheduler.planner import Planner
-from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, plan_drape
+from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, effective_priority, plan_drape
 from scheduler.schema import QueueError, job_request, running_job
 from scheduler.store import JobSpec
 
@@ -71,10 +71,60 @@ def test_what_an_overdue_gang_job_never_stops():
     assert placement.evicts == ("w",)  # a lower-priority multi-GPU job may be stopped
 
 
+def test_an_overdue_gang_job_stops_first_where_its_victims_restart_at_once_then_the_fewest():
+    """Node a: two single-GPU jobs (300 s to lose each); node b: one 2-GPU fine-tune (500 s a GPU); node c
+    runs a job of the gang's priority on one GPU and a single-GPU job on the other, so it is never
+    taken, but each of its GPUs has room for one more 30-GiB job."""
+
+    def gpu(uuid: str, jobs: int = 1, exclusive: bool = False) -> GpuState:
+        return GpuState(uuid, uuid.split("/")[0], "H100", 80.0, allocated_gib=30.0, jobs=jobs, exclusive=exclusive, shares=1.0)
+
+    gpus = [gpu("a/gpu0"), gpu("a/gpu1"), gpu("b/gpu0", exclusive=True), gpu("b/gpu1", exclusive=True)]
+    running = [
+        RunningJob("a0", ("a/gpu0",), 30.0, NOW + 36000, 3, True, started_s=NOW - 300),
+        RunningJob("a1", ("a/gpu1",), 30.0, NOW + 36000, 3, True, started_s=NOW - 300),
+        RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 4, False, started_s=NOW - 500),
+    ]
+    room = [gpu("c/gpu0"), gpu("c/gpu1")]
+    beside = [
+        RunningJob("c0", ("c/gpu0",), 30.0, NOW + 36000, 5, True, started_s=NOW - 10),
+        RunningJob("c1", ("c/gpu1",), 30.0, NOW + 36000, 3, True, started_s=NOW - 10),
+    ]
+    (placement,) = both([gang()], gpus + room, running + beside)
+    assert placement.evicts == ("a0", "a1")  # both restart at once beside c's jobs; the fine-tune could not
+    (placement,) = both([gang()], gpus, running)
+    assert placement.evicts == ("w",)  # nowhere to restart either way: one job stopped, not two (though it loses more)
+
+
+def test_of_equal_nodes_it_stops_the_jobs_with_least_work_left():
+    gpus, running = full_fleet()  # node a's jobs lose 300 s each, node b's 50 s
+    ending = [dataclasses.replace(r, expected_end_s=NOW + (600 if r.id.startswith("a") else 36000)) for r in running]
+    (placement,) = both([gang()], gpus, ending)
+    assert placement.evicts == ("a0", "a1")  # 10 min left each against 10 h: the week's end is not pushed back
+
+
+def test_short_single_gpu_jobs_rank_higher_by_the_bonus_and_aging_still_counts():
+    short = JobRequest("short", 3, NOW, 1, 50.0, 1800.0)  # two of 50 GiB never share an 80-GiB GPU
+    long = JobRequest("long", 3, NOW - 3 * 3600, 1, 50.0, 86400.0)
+    first = PolicyConfig(short_job_bonus=6.0)
+    assert effective_priority(short, NOW, first) == 9.0 and effective_priority(long, NOW, first) == 6.0
+    assert effective_priority(short, NOW, PolicyConfig()) == 3.0  # off by default
+    wide = dataclasses.replace(short, gpus=2)
+    assert effective_priority(wide, NOW, first) == 3.0  # single-GPU jobs only
+    gpus = [GpuState("x/gpu0", "x", "H100", 80.0)]
+    assert [p.job_id for p in both([long, short], gpus, [], first)] == ["short"]
+    assert [p.job_id for p in both([long, short], gpus, [], PolicyConfig())] == ["long"]
+
+
 def test_the_bound_is_checked_at_load():
     for bad in (-1.0, float("inf"), float("nan"), 30 * 86400.0):
         with pytest.raises(ValueError, match="gang_max_wait_s"):
             PolicyConfig(gang_max_wait_s=bad)
+    for bad in (-1.0, float("nan"), 1000.0):
+        with pytest.raises(ValueError, match="short_job_bonus"):
+            PolicyConfig(short_job_bonus=bad)
+    with pytest.raises(ValueError, match="short_job_s"):
+        PolicyConfig(short_job_s=float("inf"))
 
 
 def test_a_job_declares_whether_it_may_be_stopped_and_how_often_it_checkpoints():

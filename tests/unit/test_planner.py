@@ -65,6 +65,8 @@ CONFIGS = {
     "preempting into co-location": PolicyConfig(preempt_colocate=True),
     # gang jobs take nodes only by stopping jobs that resume from checkpoints (`scheduler/checkpoints.py`)
     "bounded gang waits": PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0, gang_max_preemptions=3),
+    # and short single-GPU jobs first (the planner's kept order must agree with plan_drape's sort)
+    "bounded, short jobs first": PolicyConfig(gang_max_wait_s=3600.0, gang_max_preemptions=10, short_job_bonus=6.0),
 }
 
 
@@ -78,6 +80,7 @@ CONFIGS = {
         ("gang", "preempting into co-location"),
         ("gang", "bounded gang waits"),
         ("fine-tunes", "bounded gang waits"),
+        ("mixed", "bounded, short jobs first"),
     ],
 )
 def test_the_planner_places_every_job_as_plan_drape_does(case, config):
