@@ -14,19 +14,21 @@ under the simulator's model of sharing (`scheduler/simulator.py`), and relaxes a
   use nothing else), at no cost, as `scheduler/bounds.py` does; the rest fill the whole-node jobs'
   nodes, packed into as few as possible, moved for free;
 - the whole-node jobs: every other job is dropped, and they may be interrupted and moved at no cost
-  (the max-flow of `wide_floor.py`, with the nodes the single-GPU jobs leave: a span offers the
-  integral of the nodes left over it).
+  (the max-flow of `wide_floor.py`, counted in GPUs: a job of g GPUs takes at most g at a time, and
+  a span offers the integral of the GPUs the single-GPU jobs leave over it; a job narrower than a
+  node leaves the rest of its node to single-GPU jobs).
 
 The class: policies whose single-GPU jobs finish, on average, no more than `mean_delay_s` after
 submit + duration (waiting to start, waiting to resume after a stop, work redone, and slowing
 from sharing all count; for a policy that never stops or slows them it is their mean wait). Where
-every job runs at full pace from its submit (`arrival_s`, delay 0), the nodes they touch are at least
-ceil(GPUs held / width). With delays d_j, each job runs less than full pace over [submit, submit +
-duration] for at most d_j seconds' worth, so the nodes freed there, counted fractionally (GPUs
-held / width), total at most sum a_j d_j / width <= max a_j x mean_delay_s x jobs / width node-seconds
-(`budget_node_s`), placed anywhere; each such node-second raises the max flow by at most one. So a
-wait W is out of reach for the class when the whole-node work that cannot end by its deadline
-(fractional nodes) exceeds that budget; `joint_s` is the largest W found out of reach, within
+every job runs at full pace from its submit (`arrival_s`, delay 0) and every whole-node job takes
+whole nodes, the nodes they touch are at least ceil(GPUs held / width) and none of their GPUs is
+left (else the GPUs held count, as below). With delays d_j, each job runs less than full pace over
+[submit, submit + duration] for at most d_j seconds' worth, so the GPUs freed there total at most
+sum a_j d_j <= max a_j x mean_delay_s x jobs GPU-seconds (`budget_node_s` x width), placed
+anywhere; each such GPU-second raises the max flow by at most one. So a wait W is out of reach for
+the class when the whole-node work that cannot end by its deadline (GPUs held counted
+fractionally) exceeds that budget; `joint_s` is the largest W found out of reach, within
 `precision_s` of the least in reach (it never exceeds the least max wait of the class). Times are
 whole seconds, single-GPU jobs' runs shrunk inward and capacities rounded up: relaxations only.
 """
@@ -41,7 +43,7 @@ from scheduler.simulator import CONTENTION_OVERLAP
 from scheduler.state import GpuState, allows
 from scheduler.wide_floor import max_wait_floor, shortfall, wide_jobs
 
-SCALE = 1000  # the max flow's unit: 1/SCALE node-second
+SCALE = 1000  # the max flow's unit: 1/SCALE GPU-second
 PINNED, FLEXIBLE, AWAY = 0, 1, 2  # where a single-GPU job may run: the whole-node jobs' nodes only, both, others only
 
 
@@ -55,14 +57,15 @@ class JointFloor:
 
 
 class Capacity:
-    """The nodes the whole-node jobs may use that the single-GPU jobs leave them, over time, as a
-    step function; `__call__(lo, hi)`: its integral over [lo, hi] in node-seconds x SCALE, rounded up."""
+    """The GPUs of the nodes the whole-node jobs may use that the single-GPU jobs leave them, over
+    time, as a step function; `__call__(lo, hi)`: its integral over [lo, hi] in GPU-seconds x SCALE,
+    rounded up. `whole`: a node holding any single-GPU job is lost whole."""
 
     def __init__(self, trace: list, fleet: list[GpuState], usable: list[str], width: int, whole: bool):
-        self.nodes = len(usable)
+        self.gpus = len(usable) * width
         self.times, lost = _lost_nodes(trace, fleet, set(usable), width, whole)
         self.lost = lost
-        self.prefix = [0.0]  # node-seconds lost before each time in `times`
+        self.prefix = [0.0]  # GPU-seconds lost before each time in `times`
         for index in range(1, len(self.times)):
             self.prefix.append(self.prefix[-1] + lost[index - 1] * (self.times[index] - self.times[index - 1]))
 
@@ -71,7 +74,7 @@ class Capacity:
         return 0.0 if index < 0 else self.prefix[index] + self.lost[index] * (t - self.times[index])
 
     def __call__(self, lo: float, hi: float) -> int:
-        left = self.nodes * (hi - lo) - (self.lost_before(hi) - self.lost_before(lo))
+        left = self.gpus * (hi - lo) - (self.lost_before(hi) - self.lost_before(lo))
         return max(0, math.ceil(SCALE * left))
 
 
@@ -89,8 +92,8 @@ def weights(trace: list, fleet: list[GpuState]) -> dict[str, float]:
 
 
 def _lost_nodes(trace, fleet, usable: set[str], width: int, whole: bool) -> tuple[list[float], list[float]]:
-    """(times, nodes lost from each time to the next): the usable nodes the single-GPU jobs running
-    at full pace from submit hold, packed (module docstring); whole nodes or fractional."""
+    """(times, GPUs lost from each time to the next): what the single-GPU jobs running at full pace
+    from submit hold of the usable nodes, packed (module docstring); whole nodes or fractional GPUs."""
     models = {gpu.node: gpu.model for gpu in fleet}
     elsewhere = sum(1 for gpu in fleet if gpu.node not in usable)  # GPUs off the whole-node jobs' nodes
     weight, changes = weights(trace, fleet), []
@@ -107,14 +110,14 @@ def _lost_nodes(trace, fleet, usable: set[str], width: int, whole: bool) -> tupl
         if index + 1 < len(changes) and changes[index + 1][0] == when:
             continue
         gpus = max(0.0, held[PINNED] + max(0.0, held[FLEXIBLE] - max(0.0, elsewhere - held[AWAY])))
-        nodes = math.ceil(gpus / width - 1e-9) if whole else gpus / width
+        held_gpus = width * math.ceil(gpus / width - 1e-9) if whole else gpus
         times.append(float(when))
-        lost.append(min(float(len(usable)), nodes))
+        lost.append(min(float(len(usable) * width), held_gpus))
     return times, lost
 
 
 def least_wait(jobs: list, capacity: Capacity, budget: int, precision_s: float, start_s: float) -> float:
-    """The largest wait found at which more than `budget` (x SCALE) node-seconds of `jobs`' work
+    """The largest wait found at which more than `budget` (x SCALE) GPU-seconds of `jobs`' work
     cannot end by its deadline, within `precision_s` of the least at which it can (or 0)."""
     if not jobs or shortfall(jobs, 0.0, capacity, SCALE) <= budget:
         return 0.0
@@ -137,19 +140,29 @@ def joint_floor(trace: list, fleet: list[GpuState], mean_delay_s: float = 300.0,
     if not (math.isfinite(mean_delay_s) and mean_delay_s >= 0):
         raise ValueError(f"joint_floor: mean_delay_s must be finite and >= 0, got {mean_delay_s}")
     alone = max_wait_floor(trace, fleet, precision_s)
-    jobs, usable, width = wide_jobs(trace, fleet)
+    jobs, usable, width = _wide_gpus(trace, fleet)
     weight = weights(trace, fleet)
-    budget = max(weight.values(), default=0.0) * mean_delay_s * len(weight) / max(width, 1)
+    budget = max(weight.values(), default=0.0) * mean_delay_s * len(weight)  # GPU-seconds
     start = max(alone.fcfs_s, 3600.0)
-    whole = Capacity(trace, fleet, usable, width, whole=True)
-    arrival = least_wait(jobs, whole, 0, precision_s, start)
+    arrival = 0.0
+    if all(gpus % width == 0 for *_, gpus in jobs):  # whole nodes: a node with a single-GPU job is lost
+        arrival = least_wait(jobs, Capacity(trace, fleet, usable, width, whole=True), 0, precision_s, start)
     fractional = Capacity(trace, fleet, usable, width, whole=False)
+    arrival = max(arrival, least_wait(jobs, fractional, 0, precision_s, start))
     joint = least_wait(jobs, fractional, math.floor(SCALE * budget), precision_s, start)
-    return JointFloor(alone.floor_s, max(arrival, alone.floor_s), max(joint, alone.floor_s), budget, alone.fcfs_s)
+    floor = alone.floor_s
+    return JointFloor(floor, max(arrival, floor), max(joint, floor), budget / max(width, 1), alone.fcfs_s)
 
 
 def lacking_node_s(trace: list, fleet: list[GpuState], wait_s: float) -> float:
     """The node-seconds of whole-node work that cannot end by submit + duration + `wait_s` beside
-    single-GPU jobs at full pace from submit (fractional nodes): what delay must free to allow it."""
-    jobs, usable, width = wide_jobs(trace, fleet)
-    return shortfall(jobs, wait_s, Capacity(trace, fleet, usable, width, whole=False), SCALE) / SCALE
+    single-GPU jobs at full pace from submit (GPUs held counted fractionally): what delay must free."""
+    jobs, usable, width = _wide_gpus(trace, fleet)
+    return shortfall(jobs, wait_s, Capacity(trace, fleet, usable, width, whole=False), SCALE) / SCALE / max(width, 1)
+
+
+def _wide_gpus(trace: list, fleet: list[GpuState]) -> tuple[list[tuple[float, float, int]], list[str], int]:
+    """`wide_floor.wide_jobs` with each job's GPUs in place of the nodes it needs."""
+    _, usable, width = wide_jobs(trace, fleet)
+    wide = sorted((j for j in trace if 2 * j.gpus > width), key=lambda j: (j.submit_s, j.job_id))
+    return [(j.submit_s, j.duration_s, j.gpus) for j in wide], usable, width

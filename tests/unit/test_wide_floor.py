@@ -87,5 +87,8 @@ def test_single_gpu_jobs_count_at_the_tightest_packing_memory_allows_and_off_the
     # a single that may run on the L40S node does, and leaves the H100-only gang its node
     trace = [_job("g", 0.0, 100.0, models=("H100",)), _single("s", 0.0, 50.0, exclusive=True)]
     assert joint_floor(trace, _fleet(("H100", 1), ("L40S", 1)), mean_delay_s=0.0).arrival_s == 0.0
+    # a 5-GPU job leaves three GPUs of its node: the single runs beside it, nobody waits
+    narrow = [_job("g", 0.0, 100.0, gpus=5), _single("s", 0.0, 50.0, exclusive=True)]
+    assert joint_floor(narrow, _fleet(("H100", 1)), mean_delay_s=0.0).arrival_s == 0.0
     with pytest.raises(ValueError, match="mean_delay_s"):
         joint_floor(trace, _fleet(("H100", 1)), mean_delay_s=-1.0)
