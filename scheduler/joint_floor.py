@@ -7,9 +7,9 @@ under the simulator's model of sharing (`scheduler/simulator.py`), and relaxes a
 - what a single-GPU job holds: a GPU holding a multi-GPU job holds nothing else (drape's rule, and
   their pace); on a GPU holding k single-GPU jobs of declared shares s_j each runs at pace
   min(1, (1 + CONTENTION_OVERLAP (k - 1)) / sum s_j), so sum s_j x pace_j <= F = 1 + CONTENTION_OVERLAP
-  (K - 1), K the most single-GPU jobs one GPU's memory can hold. So a job running at pace p holds
-  at least a_j x p of a GPU, a_j = s_j / F (1 for a job that asked to run alone): K = 4 and F = 1.21
-  for the 20 GiB jobs on 80 GiB GPUs, much tighter packing than "two to a GPU at no cost";
+  (K - 1), K the most single-GPU jobs one GPU's memory can hold. So the single-GPU jobs hold at
+  least sum a_j x pace_j GPUs, a_j = s_j / F (1 for a job that asked to run alone): K = 4 and
+  F = 1.21 for the 20 GiB jobs on 80 GiB GPUs, much tighter packing than "two to a GPU at no cost";
 - where: jobs that may use GPUs the whole-node jobs may not fill those first (after those that may
   use nothing else), at no cost, as `scheduler/bounds.py` does; the rest fill the whole-node jobs'
   nodes, packed into as few as possible, moved for free;
@@ -20,7 +20,9 @@ under the simulator's model of sharing (`scheduler/simulator.py`), and relaxes a
 
 The class: policies whose single-GPU jobs finish, on average, no more than `mean_delay_s` after
 submit + duration (waiting to start, waiting to resume after a stop, work redone, and slowing
-from sharing all count; for a policy that never stops or slows them it is their mean wait). Where
+from sharing all count; for a policy that never stops or slows them it is their mean wait). A
+whole-node job's wait is counted, as in `wide_floor.py`, as end - submit - duration (for one
+never stopped, its wait to start). Where
 every job runs at full pace from its submit (`arrival_s`, delay 0) and every whole-node job takes
 whole nodes, the nodes they touch are at least ceil(GPUs held / width) and none of their GPUs is
 left (else the GPUs held count, as below). With delays d_j, each job runs less than full pace over
