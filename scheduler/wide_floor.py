@@ -37,8 +37,9 @@ class WideFloor:
     nodes: int
 
 
-def _wide(trace: list, fleet: list[GpuState]) -> tuple[list[tuple[float, float, int]], int, int]:
-    """(submit, duration, nodes needed) of the jobs needing a node of their own, submit order; nodes; width."""
+def wide_jobs(trace: list, fleet: list[GpuState]) -> tuple[list[tuple[float, float, int]], list[str], int]:
+    """(submit, duration, nodes needed) of the jobs needing a node of their own, submit order; the
+    nodes any of them may use; GPUs per node."""
     by_node: dict[str, list[GpuState]] = {}
     for gpu in fleet:
         by_node.setdefault(gpu.node, []).append(gpu)
@@ -52,7 +53,7 @@ def _wide(trace: list, fleet: list[GpuState]) -> tuple[list[tuple[float, float, 
     jobs = [(j.submit_s, j.duration_s, math.ceil(j.gpus / width)) for j in wide]
     if any(need > len(usable) for *_, need in jobs):
         raise ValueError("max_wait_floor: a job needs more nodes than the fleet has for it")
-    return jobs, len(usable), width
+    return jobs, usable, width
 
 
 def fcfs_max_wait(jobs: list[tuple[float, float, int]], nodes: int) -> float:
@@ -71,7 +72,14 @@ def fcfs_max_wait(jobs: list[tuple[float, float, int]], nodes: int) -> float:
 
 def feasible(jobs: list[tuple[float, float, int]], nodes: int, wait_s: float) -> bool:
     """Whether, interrupting and moving freely, every job can end by submit + duration + `wait_s`."""
-    windows = [(math.floor(s), math.ceil(s + d + wait_s), math.floor(d) * k, k) for s, d, k in jobs]
+    return shortfall(jobs, wait_s, lambda lo, hi: nodes * (hi - lo)) == 0
+
+
+def shortfall(jobs: list[tuple[float, float, int]], wait_s: float, capacity, scale: int = 1) -> int:
+    """The node-seconds x `scale` of `jobs`' work (submit, duration, nodes needed) that cannot be
+    done by submit + duration + `wait_s` when the nodes, interrupting and moving jobs freely, offer
+    `capacity(lo, hi)` node-seconds x `scale` between whole seconds lo and hi (0: every job can)."""
+    windows = [(math.floor(s), math.ceil(s + d + wait_s), math.floor(d) * k * scale, k) for s, d, k in jobs]
     points = sorted({t for start, end, *_ in windows for t in (start, end)})
     spans = list(zip(points, points[1:], strict=False))
     source, sink, first = 0, 1, 2
@@ -80,15 +88,16 @@ def feasible(jobs: list[tuple[float, float, int]], nodes: int, wait_s: float) ->
         graph.add(source, first + index, work)
         for span, (lo, hi) in enumerate(spans):
             if start <= lo and hi <= end:
-                graph.add(first + index, first + len(windows) + span, need * (hi - lo))
+                graph.add(first + index, first + len(windows) + span, need * (hi - lo) * scale)
     for span, (lo, hi) in enumerate(spans):
-        graph.add(first + len(windows) + span, sink, nodes * (hi - lo))
-    return graph.max_flow(source, sink) >= sum(work for _, _, work, _ in windows)
+        graph.add(first + len(windows) + span, sink, capacity(lo, hi))
+    return sum(work for _, _, work, _ in windows) - graph.max_flow(source, sink)
 
 
 def max_wait_floor(trace: list, fleet: list[GpuState], precision_s: float = 60.0) -> WideFloor:
     """The floor (module docstring) for `trace`'s jobs that need a node of their own on `fleet`."""
-    jobs, nodes, _ = _wide(trace, fleet)
+    jobs, usable, _ = wide_jobs(trace, fleet)
+    nodes = len(usable)
     fcfs = fcfs_max_wait(jobs, nodes) if jobs else 0.0
     lo, hi = 0.0, fcfs  # lo: the largest known to fail (or 0), hi: known to pass
     if not jobs or feasible(jobs, nodes, 0.0):

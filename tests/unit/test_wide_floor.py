@@ -1,9 +1,10 @@
-"""The policy-independent floor on whole-node jobs' max wait (scheduler/wide_floor.py)."""
+"""Floors on whole-node jobs' max wait: alone (scheduler/wide_floor.py), beside single-GPU jobs (joint_floor.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+from scheduler.joint_floor import joint_floor, lacking_node_s, weights
 from scheduler.policy import GpuState
 from scheduler.simulator import TraceJob
 from scheduler.wide_floor import fcfs_max_wait, feasible, max_wait_floor
@@ -52,3 +53,42 @@ def test_jobs_wider_than_a_node_need_that_many_nodes_at_once_in_fcfs():
 def test_a_job_wider_than_the_fleet_is_an_error():
     with pytest.raises(ValueError, match="more nodes"):
         max_wait_floor([_job("w", 0.0, 1.0, gpus=16)], _fleet(("H100", 1)))
+
+
+def _single(name: str, submit: float, duration: float, mem: float = 20.0, exclusive: bool = False) -> TraceJob:
+    return TraceJob(name, submit, duration, mem, 1, 3, "gate-eval", (), exclusive=exclusive)
+
+
+def test_beside_a_single_gpu_job_the_gang_waits_for_its_node_or_for_its_share_of_a_node():
+    # one node; an 8-GPU job of 100 s and a single-GPU job that runs alone on a GPU, both at 0
+    trace = [_job("g", 0.0, 100.0), _single("s", 0.0, 50.0, exclusive=True)]
+    fleet = _fleet(("H100", 1))
+    floor = joint_floor(trace, fleet, mean_delay_s=0.0, precision_s=1.0)
+    assert floor.alone_s == 0.0  # alone, the gang starts at once
+    # the single holds the node until 50, so the gang ends at 150 at best: waits of 49 s and less fail
+    # (deadlines rounded up), and the bisection stops within 1 s of the least that passes
+    assert 48.0 <= floor.arrival_s <= 49.0
+    # fractionally the single holds 1/8 node for 50 s: 100 node-s of gang work end by 106.25, a wait
+    # of 6.25 s; deadlines rounded up to whole seconds make it the least wait over 6 s
+    assert 5.0 <= floor.joint_s <= 6.0
+    # 8 s of mean delay for the one single frees 8/8 node-s: 5.25 s, over 5 s in whole seconds
+    delayed = joint_floor(trace, fleet, mean_delay_s=8.0, precision_s=1.0)
+    assert delayed.budget_node_s == 1.0 and 4.0 <= delayed.joint_s <= 5.0
+    assert lacking_node_s(trace, fleet, 0.0) == pytest.approx(100 - (100 - 50 / 8), abs=0.01)
+
+
+def test_single_gpu_jobs_count_at_the_tightest_packing_memory_allows_and_off_the_gangs_nodes_first():
+    # the smallest job sets the packing: 20 GiB, four to an 80 GiB GPU at pace 1.21 / 4 each; 40 GiB: two at 1.07 / 2
+    assert weights([_single("a", 0.0, 1.0), _single("b", 0.0, 1.0, mem=30.0)], _fleet(("H100", 1))) == {
+        "a": pytest.approx(1 / 1.21),
+        "b": pytest.approx(1 / 1.21),
+    }
+    assert weights([_single("a", 0.0, 1.0, mem=40.0)], _fleet(("H100", 1)))["a"] == pytest.approx(1 / 1.07)
+    # a single that may run on the L40S node does, and leaves the H100-only gang its node
+    trace = [_job("g", 0.0, 100.0, models=("H100",)), _single("s", 0.0, 50.0, exclusive=True)]
+    assert joint_floor(trace, _fleet(("H100", 1), ("L40S", 1)), mean_delay_s=0.0).arrival_s == 0.0
+    # a 5-GPU job leaves three GPUs of its node: the single runs beside it, nobody waits
+    narrow = [_job("g", 0.0, 100.0, gpus=5), _single("s", 0.0, 50.0, exclusive=True)]
+    assert joint_floor(narrow, _fleet(("H100", 1)), mean_delay_s=0.0).arrival_s == 0.0
+    with pytest.raises(ValueError, match="mean_delay_s"):
+        joint_floor(trace, _fleet(("H100", 1)), mean_delay_s=-1.0)
