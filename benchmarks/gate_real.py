@@ -40,7 +40,7 @@ from drape.gates.calibration import redrawn_lower_bounds
 from drape.gates.checks import PixelFaceEmbedder, identity_scores, texture_scores
 from drape.gates.harmless import suite
 from drape.gates.ocr import shared_text_check
-from drape.gates.real_cases import FaceScene, erase_face, print_word, real_control, swap_face
+from drape.gates.real_cases import FaceScene, drift_face, erase_face, print_word, real_control, swap_face
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.dlib_face import DlibRecognizer
 from drape.gates.regressions import LOOK_ALIKE
@@ -55,27 +55,6 @@ CHECK_OF = {
     "glyph+ocr": "texture",
 }
 RULES = ("dlib", "ocr", "tesseract")  # per-sample rules in the recognizer's own terms; the others are thresholded
-
-
-def _band(image: np.ndarray, box, top: float, bottom: float, factor: float, axis: int) -> np.ndarray:
-    """`image` with the band of the face box from `top` to `bottom` (shares of its height) resized by
-    `factor` along `axis` (1: across, 0: down) about its centre: a drift of the same face."""
-    from PIL import Image
-
-    x0, y0, x1, y1 = (int(round(v)) for v in box)
-    h = y1 - y0
-    b0, b1 = y0 + int(top * h), y0 + int(bottom * h)
-    band = Image.fromarray(image[b0:b1, x0:x1])
-    size = (max(1, round(band.width * factor)), band.height) if axis == 1 else (band.width, max(1, round(band.height * factor)))
-    scaled = np.asarray(band.resize(size, Image.Resampling.BICUBIC))
-    out, (bh, bw) = image.copy(), (b1 - b0, x1 - x0)
-    canvas = np.asarray(band.resize((bw, bh), Image.Resampling.BICUBIC)).copy()
-    sy, sx = max(0, (scaled.shape[0] - bh) // 2), max(0, (scaled.shape[1] - bw) // 2)
-    dy, dx = max(0, (bh - scaled.shape[0]) // 2), max(0, (bw - scaled.shape[1]) // 2)
-    piece = scaled[sy : sy + bh, sx : sx + bw]
-    canvas[dy : dy + piece.shape[0], dx : dx + piece.shape[1]] = piece
-    out[b0:b1, x0:x1] = canvas
-    return out
 
 
 def _misprint(word: str, kind: str) -> str:
@@ -114,8 +93,8 @@ def regressions(control: dict, seed: int) -> dict[str, dict[str, np.ndarray]]:
         "identity": {
             "face: another person": each(lambda s, m: swap_face(s, other[s.person])),
             "face: covered (no face)": each(lambda s, m: erase_face(s, rng)),
-            "face: eyes set closer": each(lambda s, m: _band(s.image, s.box, 0.3, 0.55, 0.75, 1)),
-            "face: lower face squashed": each(lambda s, m: _band(s.image, s.box, 0.55, 1.0, 0.75, 0)),
+            "face: eyes set closer": each(lambda s, m: drift_face(s, 0.3, 0.55, 0.75, 1)),
+            "face: lower face squashed": each(lambda s, m: drift_face(s, 0.55, 1.0, 0.75, 0)),
         },
         "texture": text,
     }
