@@ -221,8 +221,7 @@ def judge(
         return {name: recorded(values) for name, values in found.items()}
 
     values = scores(outputs, targets if baseline_outputs is None else baseline_outputs)
-    text = values.pop("text", None)  # OCR's readings: the texture check's per-sample rule
-    drift = values.pop("drift", None)  # dlib's drift of the same face: the identity check's
+    text, drift = values.pop("text", None), values.pop("drift", None)  # OCR's readings, dlib's drift: per-sample rules
     own, baseline_own = {}, {}
     if baseline_outputs is not None:
         # the change checks compare both on the ground-truth scale: coherence vs the targets too

@@ -196,5 +196,5 @@ def test_the_production_config_gates_on_real_recognizers():
 
     gates = load_config(Path(__file__).parents[2] / "configs" / "h100.yaml").gates
     check = build_embedder(gates)
-    assert isinstance(check, RecognizerCheck) and check.name == "dlib"
+    assert isinstance(check, RecognizerCheck) and check.name == "dlib" and check.judges_drift
     assert gates.texture.ocr == "rapidocr" and gates.nuisance_suite == "wide" and gates.floor_margin["identity"] > 0
