@@ -14,11 +14,14 @@ denoising, resampling, compound registrations). What must fail, per check:
 Ways compared side by side, the recognizers and the checks they add to:
 - dlib: the per-sample rule in dlib's terms (no face found, or a distance over 0.6, fails), and at
   the gate also the lower bound of the mean similarity against a threshold;
-- pixel: the synthetic demo's pixel embedder on the fixed box, per-sample threshold at the false-alarm
-  rate of the harmless kinds;
-- ocr: PP-OCR readings, the per-sample rule "reads as the source" (1 less normalized edit distance = 1);
+- dlib+drift: and the drift rule (`gates.identity.max_drift`): the same person whose blurred faces'
+  descriptors are further apart than `DRIFT_DISTANCE` (0.17, set on the first 40 samples at 256 px) fails;
+- pixel: the synthetic demo's pixel embedder on the fixed box, per-sample threshold at the harmless
+  floor (the lowest value of any harmless kind over the first `CALIBRATION` samples) less `MARGIN`;
+- ocr: PP-OCR readings, the per-sample rule "reads as the source" (the median over three crops of
+  1 less the normalized edit distance = 1);
 - tesseract: the same rule through Tesseract (Debian's tesseract-ocr), the second OCR engine;
-- glyph: the correlation texture check, per-sample threshold at the false-alarm rate;
+- glyph: the correlation texture check, per-sample threshold as the pixel embedder's;
 - glyph+ocr: the texture check as configured with ocr: either failing fails.
 At the gate: `--redraws` control sets of `--samples` drawn with replacement from the kind's samples;
 a value check fails below the lowest 1% quantile of the harmless kinds' redrawn lower bounds (for
@@ -40,42 +43,27 @@ from drape.gates.calibration import redrawn_lower_bounds
 from drape.gates.checks import PixelFaceEmbedder, identity_scores, texture_scores
 from drape.gates.harmless import suite
 from drape.gates.ocr import shared_text_check
-from drape.gates.real_cases import FaceScene, erase_face, print_word, real_control, swap_face
-from drape.gates.recognizers import RecognizerCheck
-from drape.gates.recognizers.dlib_face import DlibRecognizer
+from drape.gates.real_cases import FaceScene, drift_face, erase_face, print_word, real_control, swap_face
+from drape.gates.recognizers import RecognizerCheck, drift_values, recognizer_scores
+from drape.gates.recognizers.dlib_face import DRIFT_DISTANCE, DlibRecognizer
 from drape.gates.regressions import LOOK_ALIKE
 from drape.gates.report import bootstrap_lower_bound
 
 CHECK_OF = {
     "dlib": "identity",
+    "dlib+drift": "identity",
     "pixel": "identity",
     "ocr": "texture",
     "tesseract": "texture",
     "glyph": "texture",
     "glyph+ocr": "texture",
 }
-RULES = ("dlib", "ocr", "tesseract")  # per-sample rules in the recognizer's own terms; the others are thresholded
-
-
-def _band(image: np.ndarray, box, top: float, bottom: float, factor: float, axis: int) -> np.ndarray:
-    """`image` with the band of the face box from `top` to `bottom` (shares of its height) resized by
-    `factor` along `axis` (1: across, 0: down) about its centre: a drift of the same face."""
-    from PIL import Image
-
-    x0, y0, x1, y1 = (int(round(v)) for v in box)
-    h = y1 - y0
-    b0, b1 = y0 + int(top * h), y0 + int(bottom * h)
-    band = Image.fromarray(image[b0:b1, x0:x1])
-    size = (max(1, round(band.width * factor)), band.height) if axis == 1 else (band.width, max(1, round(band.height * factor)))
-    scaled = np.asarray(band.resize(size, Image.Resampling.BICUBIC))
-    out, (bh, bw) = image.copy(), (b1 - b0, x1 - x0)
-    canvas = np.asarray(band.resize((bw, bh), Image.Resampling.BICUBIC)).copy()
-    sy, sx = max(0, (scaled.shape[0] - bh) // 2), max(0, (scaled.shape[1] - bw) // 2)
-    dy, dx = max(0, (bh - scaled.shape[0]) // 2), max(0, (bw - scaled.shape[1]) // 2)
-    piece = scaled[sy : sy + bh, sx : sx + bw]
-    canvas[dy : dy + piece.shape[0], dx : dx + piece.shape[1]] = piece
-    out[b0:b1, x0:x1] = canvas
-    return out
+RULES = ("dlib", "dlib+drift", "ocr", "tesseract")  # per-sample rules in the recognizer's own terms; the others are thresholded
+# the per-sample thresholds of the value ways (pixel, glyph): the harmless floor over the first
+# CALIBRATION samples of each harmless kind (those of the 40-sample runs), less MARGIN; samples after
+# them are held apart from the calibration
+CALIBRATION, MARGIN = 40, 0.02
+DRIFTS = ("face: eyes set closer", "face: lower face squashed")
 
 
 def _misprint(word: str, kind: str) -> str:
@@ -114,8 +102,8 @@ def regressions(control: dict, seed: int) -> dict[str, dict[str, np.ndarray]]:
         "identity": {
             "face: another person": each(lambda s, m: swap_face(s, other[s.person])),
             "face: covered (no face)": each(lambda s, m: erase_face(s, rng)),
-            "face: eyes set closer": each(lambda s, m: _band(s.image, s.box, 0.3, 0.55, 0.75, 1)),
-            "face: lower face squashed": each(lambda s, m: _band(s.image, s.box, 0.55, 1.0, 0.75, 0)),
+            "face: eyes set closer": each(lambda s, m: drift_face(s, 0.3, 0.55, 0.75, 1)),
+            "face: lower face squashed": each(lambda s, m: drift_face(s, 0.55, 1.0, 0.75, 0)),
         },
         "texture": text,
     }
@@ -127,7 +115,7 @@ def score_all(control: dict, outputs: np.ndarray, tools: dict, timing: dict) -> 
     faces, logos = [m["face_box"] for m in control["meta"]], [m["logo_box"] for m in control["meta"]]
     values = {}
     for way, run in (
-        ("dlib", lambda: tools["dlib"].scores(outputs, targets, faces, keys)),
+        ("dlib", lambda: dlib_values(tools["dlib"], outputs, targets, faces, keys, values)),
         ("pixel", lambda: identity_scores(outputs, targets, faces, tools["pixel"])),
         ("ocr", lambda: tools["ocr"].scores(outputs, targets, logos, keys)),
         ("tesseract", lambda: tools["tesseract"].scores(outputs, targets, logos, keys)),
@@ -139,11 +127,20 @@ def score_all(control: dict, outputs: np.ndarray, tools: dict, timing: dict) -> 
     return values
 
 
+def dlib_values(check, outputs: np.ndarray, targets: np.ndarray, faces: list, keys: list, values: dict) -> np.ndarray:
+    """dlib's similarities; its drift distances into `values['drift']` (one pass: both descriptors)."""
+    matches = check.matches(outputs, targets, faces, keys)
+    values["drift"] = drift_values(matches)
+    return recognizer_scores(matches)
+
+
 def per_sample_failures(way: str, values: dict[str, np.ndarray], thresholds: dict[str, float]) -> np.ndarray:
     """bool per sample: the way calls it a regression."""
     if way == "dlib":
         v = values["dlib"]
         return ~np.isfinite(v) | (np.nan_to_num(v, nan=0.0) < 0.4)
+    if way == "dlib+drift":
+        return per_sample_failures("dlib", values, thresholds) | (np.nan_to_num(values["drift"], nan=0.0) > DRIFT_DISTANCE)
     if way in ("ocr", "tesseract"):
         return np.nan_to_num(values[way], nan=1.0) < 1.0 - 1e-9
     if way == "glyph+ocr":
@@ -155,7 +152,9 @@ def gate_rates(way: str, values: dict, thresholds: dict, gate: dict, redraws: in
     """Share of redrawn control sets the gate fails on this kind, for `way`."""
     failing = per_sample_failures(way, values, thresholds).astype(np.float64)
     picks = np.random.default_rng(seed).integers(0, len(failing), size=(redraws, len(failing)))
-    share = {"dlib": max_share, "ocr": OCR_SHARE, "tesseract": OCR_SHARE, "glyph+ocr": OCR_SHARE}.get(way)
+    share = {"dlib": max_share, "dlib+drift": max_share, "ocr": OCR_SHARE, "tesseract": OCR_SHARE, "glyph+ocr": OCR_SHARE}.get(
+        way
+    )
     broken = failing[picks].mean(axis=1) > share + 1e-9 if share is not None else np.zeros(redraws, bool)
     for value_way in VALUE_WAYS[way]:  # the same redrawn sets: each value check's lower bound on each
         low = np.array([bootstrap_lower_bound(values[value_way][pick], resamples=500, seed=i) for i, pick in enumerate(picks)])
@@ -166,6 +165,7 @@ def gate_rates(way: str, values: dict, thresholds: dict, gate: dict, redraws: in
 # the value checks each way's gate applies (the lower bound of the mean against its threshold)
 VALUE_WAYS = {
     "dlib": ("dlib",),
+    "dlib+drift": ("dlib",),
     "pixel": ("pixel",),
     "ocr": ("ocr",),
     "tesseract": ("tesseract",),
@@ -186,7 +186,7 @@ def measure(size: int, samples: int, seed: int, false_alarm: float, redraws: int
         kinds.update({name: (check, outputs) for name, outputs in found.items()})
     scored = {name: (check, score_all(control, outputs, tools, timing)) for name, (check, outputs) in kinds.items()}
     harmless = [values for check, values in scored.values() if check == "harmless"]
-    per_sample = {way: min(float(np.quantile(v[way], false_alarm)) for v in harmless) for way in ("pixel", "glyph")}
+    per_sample = {way: min(float(np.min(v[way][:CALIBRATION])) for v in harmless) - MARGIN for way in ("pixel", "glyph")}
     gate = {
         way: min(
             float(np.nanquantile(redrawn_lower_bounds(v[way], redraws=redraws, seed=seed), false_alarm, method="inverted_cdf"))
@@ -223,6 +223,14 @@ def margins(scored: dict, gate: dict) -> dict[str, tuple[float, float, str, floa
         )
         out[way] = (floor, weakest[0], weakest[1], floor - weakest[0])
     harmless_distance = np.concatenate([1 - v["dlib"][np.isfinite(v["dlib"])] for c, v in scored.values() if c == "harmless"])
+    drifts = np.concatenate([v["drift"] for n, (c, v) in scored.items() if n in DRIFTS])
+    harmless_drift = np.concatenate([v["drift"][np.isfinite(v["drift"])] for c, v in scored.values() if c == "harmless"])
+    out[f"dlib drift distance (rule {DRIFT_DISTANCE})"] = (
+        float(np.max(harmless_drift)),
+        float(np.nanmin(drifts)),
+        "face: eyes set closer / lower face squashed (max harmless vs min)",
+        float(np.nanmin(drifts) - np.max(harmless_drift)),
+    )
     swapped = scored["face: another person"][1]["dlib"]
     out["dlib distance (rule 0.6)"] = (
         float(np.quantile(harmless_distance, 0.99)),
@@ -247,7 +255,7 @@ def run(
     """Measure and print the tables (see the module docstring)."""
     console = Console(width=240)
     tools = {
-        "dlib": RecognizerCheck(DlibRecognizer()),
+        "dlib": RecognizerCheck(DlibRecognizer(max_drift=DRIFT_DISTANCE)),
         "pixel": PixelFaceEmbedder(),
         "ocr": shared_text_check("rapidocr"),
         "tesseract": shared_text_check("tesseract"),

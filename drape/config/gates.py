@@ -60,11 +60,20 @@ class IdentityGateConfig(StrictModel):
             "distance (default 0.6), ArcFace's smallest cosine (default 0.28, about 0.1% false accepts)"
         ),
     )
+    max_drift: float | None = Field(
+        default=None,
+        gt=0,
+        lt=2,
+        description=(
+            "dlib: per sample, the largest distance of the descriptors of the source's and the output's faces "
+            "blurred by 2 px, for the same person (a face drifted: eyes set closer, a squashed jaw); None: not judged"
+        ),
+    )
     max_mismatch_share: float = Field(
         default=0.0,
         ge=0,
         le=1,
-        description="dlib and arcface: the share of samples whose output may read as another person or show no face",
+        description="dlib and arcface: the share of samples whose output may read as another person, drifted or show no face",
     )
     min_similarity: Threshold = None
     max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
@@ -76,6 +85,8 @@ class IdentityGateConfig(StrictModel):
             raise ValueError(f"embedder '{self.embedder}' needs onnx_model_path")
         if self.same_person is not None and self.embedder not in ("dlib", "arcface"):
             raise ValueError(f"same_person is a recognizer's rule (embedder dlib or arcface), not {self.embedder!r}'s")
+        if self.max_drift is not None and self.embedder != "dlib":
+            raise ValueError(f"max_drift is dlib's drift rule (embedder dlib), not {self.embedder!r}'s")
         if self.same_person is not None and not (
             0 < self.same_person < 2 if self.embedder == "dlib" else -1 < self.same_person < 1
         ):

@@ -104,6 +104,7 @@ def build_embedder(config: GatesConfig) -> FaceEmbedder | RecognizerCheck:
             model_dir=identity.model_dir,
             same_person=identity.same_person,
             detector=identity.detector,
+            max_drift=identity.max_drift,
         )
     if config.identity.embedder == "onnx":
         return OnnxFaceEmbedder(config.identity.onnx_model_path or "")  # the config requires a path for 'onnx'

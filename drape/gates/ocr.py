@@ -26,9 +26,9 @@ import numpy as np
 from drape.gates.recognizers import box_region
 
 PAD = 0.15  # of the box's height, around the logo box: OCR reads a line with a margin
-# the crops a logo box is read from, margins in shares of the box's height: the source from each,
-# the output from the next only while no source reading matches it (TextCheck)
-READ_PADS = (PAD, 0.05)
+# the crops a logo box is read from, margins in shares of the box's height (negative: an inset): the
+# source from each, the output from each while the median over the crops is open (TextCheck)
+READ_PADS = (PAD, 0.05, -0.08)
 SAME_SHAPE = frozenset("cosuvwxz")  # letters whose lower case is the upper case drawn smaller
 
 
@@ -104,11 +104,14 @@ class TextCheck:
     """Per-sample text similarity of output vs source logo readings (NaN: the source reads no text),
     each source read once (by content).
 
-    The source is read from each crop of `pads` (by default the reader's, else `READ_PADS`), the
-    output from the first, and again from the next where no source reading matches it; the best
-    similarity counts: a recognizer that drops a letter of one crop of a harmless copy reads it
-    from another, while a changed word reads changed from every crop. The crops of all outputs go
-    to the reader at once (Tesseract starts once per batch)."""
+    Source and output are read from the same crops (`pads`: by default the reader's, else
+    `READ_PADS`), each crop's output reading compared with the source's reading of that crop, and
+    the sample's similarity is the median over the crops: a recognizer that misreads one crop of a
+    harmless copy reads the others as the source, while a look-alike letter that one crop's reading
+    hides ('IIMITED' read 'LIMITED' with a 15% margin, 'S49.99' read '$49.99') reads changed from
+    the others. Crops are read in turn, each only while the median is still open (a harmless copy
+    that reads the same from most crops is read no further). The crops of all outputs go to the
+    reader at once (Tesseract starts once per batch)."""
 
     def __init__(self, reader: TextReader, limit: int = 4096, pads: tuple[float, ...] | None = None):
         self.reader, self.limit = reader, limit
@@ -117,34 +120,36 @@ class TextCheck:
         self.last_reads: dict[str, tuple[str, str]] = {}  # key: (source reading, output reading), for reports
 
     def _source(self, image: np.ndarray, box) -> tuple[str, ...]:
-        """The source's distinct non-empty readings, one per crop of `pads` (a small word's source
-        can misread in one crop too: '$49.99' as '498' at 128 px)."""
+        """The source's normalized reading from each crop of `pads`, in their order ('' where a crop
+        reads nothing; a small word's source can misread in one crop too: '$49.99' as '498' at 128 px)."""
         digest = hashlib.sha1(np.ascontiguousarray(image).tobytes()).hexdigest() + repr([round(float(v), 2) for v in box])
         if digest not in self.sources:
             if len(self.sources) >= self.limit:
                 self.sources.clear()
             readings = self.reader.read_crops([crop(image, box, pad) for pad in self.pads])
-            self.sources[digest] = tuple(dict.fromkeys(text for text in map(normalize, readings) if text))
+            self.sources[digest] = tuple(map(normalize, readings))
         return self.sources[digest]
 
     def scores(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> np.ndarray:
         expected = [self._source(source, box) for source, box in zip(sources, boxes)]
-        best: dict[int, tuple[float, str, str]] = {}  # sample: (similarity, source reading, output reading)
-        for pad in self.pads:
-            open_ = [i for i, texts in enumerate(expected) if texts and best.get(i, (0.0,))[0] < 1.0]
+        judged = [i for i, texts in enumerate(expected) if any(texts)]
+        found: dict[int, list[tuple[float, str, str]]] = {i: [] for i in judged}  # (similarity, source, output) per crop
+        majority = len(self.pads) // 2 + 1
+        for index, pad in enumerate(self.pads):
+            open_ = [i for i in judged if sum(same[0] >= 1.0 for same in found[i]) < majority]
             readings = self.reader.read_crops([crop(outputs[i], boxes[i], pad) for i in open_]) if open_ else []
             for i, raw in zip(open_, readings):
-                text = normalize(raw)
-                similarity, source = max((text_similarity(text, e), e) for e in expected[i])
-                if i not in best or similarity > best[i][0]:
-                    best[i] = (similarity, source, text)
+                text, source = normalize(raw), expected[i][index]
+                found[i].append((text_similarity(text, source), source, text))
         values = []
         for i, key in enumerate(keys):
-            if i not in best:
+            if i not in found:
                 values.append(np.nan)
                 continue
-            self.last_reads[key] = best[i][1:]
-            values.append(best[i][0])
+            read = sorted(found[i] + [(1.0, "", "")] * (len(self.pads) - len(found[i])))  # crops left unread: the median is 1
+            median = read[len(read) // 2] if len(read) % 2 else min(read[len(read) // 2 - 1 :], key=lambda r: r[0])
+            self.last_reads[key] = median[1:] if median[1] or median[2] else found[i][0][1:]
+            values.append(median[0])
         return np.array(values, dtype=np.float64)
 
 

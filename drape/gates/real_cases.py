@@ -5,7 +5,8 @@ the synthetic generator's (which no face detector or OCR model reads).
 - Faces: scikit-image's astronaut (Eileen Collins) and matplotlib's Grace Hopper portrait, each
   framed around the face at a random scale and place and resized to the gate's resolution (a
   shopper photo's head and shoulders); `swap_face` pastes the other person's face into the box (a
-  try-on that drifted to another identity), `erase_face` covers the face with a real texture.
+  try-on that drifted to another identity), `erase_face` covers the face with a real texture,
+  `drift_face` resizes a band of the face (eyes set closer, a squashed jaw: the same person drifted).
 - Text: a word rendered in a plate on a real texture (brick, grass, gravel: skimage's), as a
   garment's printed logo or price tag.
 
@@ -84,6 +85,26 @@ def swap_face(scene: FaceScene, other: str) -> np.ndarray:
     image = Image.fromarray(scene.image.copy())
     image.paste(source, (x0, y0), _feathered(source.size))
     return np.asarray(image)
+
+
+def drift_face(scene: FaceScene, top: float, bottom: float, factor: float, axis: int) -> np.ndarray:
+    """The scene with the band of the face box from `top` to `bottom` (shares of its height) resized by
+    `factor` along `axis` (1: across, 0: down) about its centre: a drift of the same face."""
+    image = scene.image
+    x0, y0, x1, y1 = (int(round(v)) for v in scene.box)
+    h = y1 - y0
+    b0, b1 = y0 + int(top * h), y0 + int(bottom * h)
+    band = Image.fromarray(image[b0:b1, x0:x1])
+    size = (max(1, round(band.width * factor)), band.height) if axis == 1 else (band.width, max(1, round(band.height * factor)))
+    scaled = np.asarray(band.resize(size, Image.Resampling.BICUBIC))
+    out, (bh, bw) = image.copy(), (b1 - b0, x1 - x0)
+    canvas = np.asarray(band.resize((bw, bh), Image.Resampling.BICUBIC)).copy()
+    sy, sx = max(0, (scaled.shape[0] - bh) // 2), max(0, (scaled.shape[1] - bw) // 2)
+    dy, dx = max(0, (bh - scaled.shape[0]) // 2), max(0, (bw - scaled.shape[1]) // 2)
+    piece = scaled[sy : sy + bh, sx : sx + bw]
+    canvas[dy : dy + piece.shape[0], dx : dx + piece.shape[1]] = piece
+    out[b0:b1, x0:x1] = canvas
+    return out
 
 
 def erase_face(scene: FaceScene, rng: np.random.Generator, name: str = "brick") -> np.ndarray:

@@ -54,6 +54,11 @@ class SampleRule:
     missing: str = "no face found"
     below: str = "another person"
     min_lower: float | None = None  # and the bootstrap lower bound of the judged values' mean at least this
+    # a second per-sample limit, on a distance (higher: further): a face recognizer's drift of the same person
+    drift: dict[str, float] | None = None
+    max_drift: float | None = None
+    drift_terms: str = ""
+    drifted: str = "drifted"
 
     @property
     def lower(self) -> float:
@@ -64,10 +69,18 @@ class SampleRule:
         return self.min_lower is None or not self.values or bool(self.lower >= self.min_lower)
 
     def outcomes(self) -> dict[str, list[str]]:
-        return {
+        found = {
             self.missing: [key for key, value in self.values.items() if not np.isfinite(value)],
             self.below: [key for key, value in self.values.items() if np.isfinite(value) and value < self.minimum - 1e-9],
         }
+        if self.drift is not None and self.max_drift is not None:
+            limit, drift = self.max_drift, self.drift
+            found[self.drifted] = [
+                key
+                for key, value in self.values.items()
+                if np.isfinite(value) and value >= self.minimum - 1e-9 and drift.get(key, np.nan) > limit + 1e-9
+            ]
+        return found
 
     @property
     def share_passed(self) -> bool:
@@ -87,7 +100,9 @@ class SampleRule:
         for outcome, keys in self.outcomes().items():
             if keys:
                 shown = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")
-                terms = f" ({self.terms})" if outcome == self.below else ""
+                terms = (
+                    f" ({self.terms})" if outcome == self.below else f" ({self.drift_terms})" if outcome == self.drifted else ""
+                )
                 lines.append(f"{check}: {outcome} in {len(keys)} of {len(self.values)} outputs{terms}: {shown}")
         lines.append(f"{check}: more than {self.max_share:.1%} of the samples fail the rule {self.terms}")
         return lines

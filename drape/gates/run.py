@@ -25,7 +25,7 @@ from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, i
 from drape.gates.degenerate import constant_outputs, opaque_rgb, refuse_constant
 from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
 from drape.gates.ocr import shared_text_check
-from drape.gates.recognizers import RecognizerCheck
+from drape.gates.recognizers import RecognizerCheck, drift_values, recognizer_scores
 from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
 from drape.gates.rules import sample_rule
 from drape.training.checkpoint import load_model
@@ -156,7 +156,10 @@ def check_scores(
     elif "identity" in checks:
         embedder = embedder or build_embedder(gates)
         if isinstance(embedder, RecognizerCheck):  # NaN: no face found in the output (report.py counts it apart)
-            values["identity"] = embedder.scores(outputs, targets, faces, list(control["keys"]))
+            matches = embedder.matches(outputs, targets, faces, list(control["keys"]))
+            values["identity"] = recognizer_scores(matches)
+            if embedder.judges_drift:  # the same face drifted: the identity check's per-sample rule (judge)
+                values["drift"] = drift_values(matches)
         else:
             values["identity"] = identity_scores(outputs, targets, faces, embedder)
     texture = gates.texture
@@ -218,7 +221,7 @@ def judge(
         return {name: recorded(values) for name, values in found.items()}
 
     values = scores(outputs, targets if baseline_outputs is None else baseline_outputs)
-    text = values.pop("text", None)  # OCR's readings: the texture check's per-sample rule
+    text, drift = values.pop("text", None), values.pop("drift", None)  # OCR's readings, dlib's drift: per-sample rules
     own, baseline_own = {}, {}
     if baseline_outputs is not None:
         # the change checks compare both on the ground-truth scale: coherence vs the targets too
@@ -244,7 +247,7 @@ def judge(
             threshold_source=source,
             floor=None if floor is None else floor.value,
             floor_variant="" if floor is None else floor.variant,
-            **sample_rule(name, gates, embedder, control["keys"], values[name], text),
+            **sample_rule(name, gates, embedder, control["keys"], values[name], text, drift),
             **change,
         )
     return report

@@ -10,10 +10,10 @@ from PIL import Image
 
 from drape.config import GatesConfig, IdentityGateConfig
 from drape.gates.checks import build_embedder
-from drape.gates.real_cases import erase_face, face_scene, swap_face
+from drape.gates.real_cases import drift_face, erase_face, face_scene, swap_face
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.arcface import ARCFACE_TEMPLATE, ArcFaceRecognizer, align_face, similarity_transform
-from drape.gates.recognizers.dlib_face import DlibRecognizer
+from drape.gates.recognizers.dlib_face import DRIFT_DISTANCE, DlibRecognizer
 from drape.gates.report import CheckResult, SampleRule
 
 
@@ -71,6 +71,30 @@ def test_no_face_found_is_its_own_outcome_never_a_low_score(dlib_check, scenes):
     assert data["values"]["s1"] is None and data["rule"]["no face found"] == ["s1"]
     allowed = CheckResult("identity", by_key, 0.5, rule=SampleRule(by_key, 0.4, 0.34, "dlib distance"))
     assert allowed.passed
+
+
+def test_a_drifted_face_fails_per_sample_a_harmless_copy_does_not(scenes):
+    """The same person with the eyes set closer or the lower face squashed: dlib's same-person rule
+    passes it, the drift rule (blurred faces' descriptors) does not; JPEG q60 and a 1 px shift do."""
+    check = RecognizerCheck(DlibRecognizer(max_drift=DRIFT_DISTANCE))
+    drifted = [drift_face(scenes[0], 0.3, 0.55, 0.75, 1), drift_face(scenes[1], 0.55, 1.0, 0.75, 0)]
+    harmless = [_jpeg(scenes[2].image, 60), np.roll(scenes[2].image, 1, axis=1)]
+    keys, matches = _run(check, drifted, scenes[:2])
+    assert [m.outcome for m in matches] == ["drifted"] * 2 and all(m.same and m.drift > DRIFT_DISTANCE for m in matches)
+    _, kept = _run(check, harmless, [scenes[2]] * 2)
+    assert [m.outcome for m in kept] == ["same person"] * 2 and all(m.drift < DRIFT_DISTANCE for m in kept)
+    values = {key: m.similarity for key, m in zip(keys, matches)}
+    drift = {key: m.drift for key, m in zip(keys, matches)}
+    rule = SampleRule(values, 0.4, 0.0, "dlib distance", drift=drift, max_drift=DRIFT_DISTANCE, drift_terms="drift")
+    assert rule.outcomes()["drifted"] == keys and not rule.passed
+    assert any(line.startswith("identity: drifted in 2 of 2 outputs (drift)") for line in rule.failures("identity"))
+    gates = GatesConfig(identity=IdentityGateConfig(embedder="dlib", max_drift=0.2))
+    assert (
+        build_embedder(gates).judges_drift
+        and not build_embedder(GatesConfig(identity=IdentityGateConfig(embedder="dlib"))).judges_drift
+    )
+    with pytest.raises(ValueError, match="max_drift is dlib's drift rule"):
+        IdentityGateConfig(embedder="pixel", max_drift=0.2)
 
 
 def test_a_source_without_a_face_is_an_error_naming_the_sample(dlib_check, scenes):
@@ -172,5 +196,5 @@ def test_the_production_config_gates_on_real_recognizers():
 
     gates = load_config(Path(__file__).parents[2] / "configs" / "h100.yaml").gates
     check = build_embedder(gates)
-    assert isinstance(check, RecognizerCheck) and check.name == "dlib"
+    assert isinstance(check, RecognizerCheck) and check.name == "dlib" and check.judges_drift
     assert gates.texture.ocr == "rapidocr" and gates.nuisance_suite == "wide" and gates.floor_margin["identity"] > 0

@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from drape.gates.ocr import edit_distance, normalize, read, shared_text_check, text_similarity
-from drape.gates.real_cases import print_word, real_control, swap_face, text_scene
+from drape.gates.real_cases import FaceScene, drift_face, print_word, real_control, swap_face, text_scene
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.dlib_face import DlibRecognizer
 from drape.gates.run import judge
@@ -61,7 +61,7 @@ def real_set():
 def test_gate_judges_real_faces_and_text_with_their_own_outcomes(config, real_set):
     gates = config.gates.model_copy(
         update={
-            "identity": config.gates.identity.model_copy(update={"embedder": "dlib", "min_similarity": 0.5}),
+            "identity": config.gates.identity.model_copy(update={"embedder": "dlib", "min_similarity": 0.5, "max_drift": 0.17}),
             "texture": config.gates.texture.model_copy(update={"ocr": "rapidocr", "min_fidelity": 0.3}),
             "coherence": config.gates.coherence.model_copy(update={"min_score": 0.3}),
             "nuisance_floor": False,
@@ -85,17 +85,19 @@ def test_gate_judges_real_faces_and_text_with_their_own_outcomes(config, real_se
 
     delivered = report(np.stack([_jpeg(image, 75) for image in targets]))
     assert delivered.passed, delivered.failures()
-    assert delivered.checks["identity"].rule.outcomes() == {"no face found": [], "another person": []}
+    assert delivered.checks["identity"].rule.outcomes() == {"no face found": [], "another person": [], "drifted": []}
     assert len(delivered.checks["texture"].rule.values) == 6  # every sample's word was read and judged
     broken = targets.copy()
     first = meta[0]
     broken[0] = print_word(targets[0], first["word"][:-1] + "X", first["logo_box"], tuple(first["ink"]))
     scene = type("Scene", (), {"image": targets[1], "box": tuple(meta[1]["face_box"])})
     broken[1] = swap_face(scene, "astronaut" if meta[1]["person"] == "hopper" else "hopper")
+    broken[2] = drift_face(FaceScene(targets[2], tuple(meta[2]["face_box"]), meta[2]["person"]), 0.55, 1.0, 0.75, 0)
     failed = report(broken)
     assert not failed.passed
     assert failed.checks["texture"].rule.outcomes()["text misread"] == ["real-0000"]
     assert failed.checks["identity"].rule.outcomes()["another person"] == ["real-0001"]
+    assert failed.checks["identity"].rule.outcomes()["drifted"] == ["real-0002"]  # the same person, a squashed jaw
     assert any(line.startswith("identity: another person in 1 of 6 outputs (dlib distance") for line in failed.failures())
     assert any(line.startswith("texture: text misread in 1 of 6 outputs") for line in failed.failures())
 
@@ -134,3 +136,20 @@ def test_harmless_compound_change_reads_as_its_source_and_a_changed_digit_does_n
     assert check.scores(varied, targets, boxes, ["a", "b"]).tolist() == [1.0, 1.0]
     changed = print_word(targets[1], "$79.99", meta[1]["logo_box"], tuple(meta[1]["ink"]))
     assert check.scores(changed[None], targets[1:], boxes[1:], ["c"])[0] == pytest.approx(0.75)  # 7999 vs 4999
+
+
+def test_a_look_alike_that_one_crop_reads_as_the_source_is_still_a_misread():
+    """PP-OCR reads 'S49.99' and 'IIMITED' as '$49.99' and 'LIMITED' from the 15% margin crop (its
+    language prior); the other two crops read them as printed, so the median over the crops misreads."""
+    control = real_control(256, 22, seed=0)
+    picked = [19, 21]
+    targets, meta = control["target"][picked], [control["meta"][i] for i in picked]
+    assert [m["word"] for m in meta] == ["$49.99", "LIMITED"]
+    changed = np.stack(
+        [print_word(t, w, m["logo_box"], tuple(m["ink"])) for t, m, w in zip(targets, meta, ("S49.99", "IIMITED"))]
+    )
+    check, boxes = shared_text_check("rapidocr"), [m["logo_box"] for m in meta]
+    first = [(read(check.reader, c, b, 0.15), read(check.reader, t, b, 0.15)) for c, t, b in zip(changed, targets, boxes)]
+    assert all(output == source for output, source in first)  # the first crop alone would let them through
+    assert (check.scores(changed, targets, boxes, ["a", "b"]) < 1.0).all()
+    assert check.last_reads["a"] == ("4999", "S4999") and check.scores(targets, targets, boxes, ["a", "b"]).tolist() == [1.0, 1.0]

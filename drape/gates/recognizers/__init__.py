@@ -39,16 +39,22 @@ class FaceRecognizer(Protocol):
 
 @dataclass(frozen=True)
 class FaceMatch:
-    """One sample's outcome: `similarity` is None when no face was found in the output."""
+    """One sample's outcome: `similarity` is None when no face was found in the output; `drift`
+    (a recognizer's own distance, None: not measured) and `drifted`: the same person, whose face
+    moved further than the recognizer's `max_drift`."""
 
     similarity: float | None
     same: bool
+    drift: float | None = None
+    drifted: bool = False
 
     @property
     def outcome(self) -> str:
         if self.similarity is None:
             return "no face found"
-        return "same person" if self.same else "another person"
+        if not self.same:
+            return "another person"
+        return "drifted" if self.drifted else "same person"
 
 
 class SourceCache:
@@ -87,8 +93,16 @@ def match_faces(
             matches.append(FaceMatch(None, False))
             continue
         similarity = recognizer.similarity(seen, reference)
-        matches.append(FaceMatch(similarity, similarity >= recognizer.same_person))
+        limit = getattr(recognizer, "max_drift", None)
+        drift = recognizer.drift(seen, reference) if limit is not None else None  # type: ignore[attr-defined]
+        same = similarity >= recognizer.same_person
+        matches.append(FaceMatch(similarity, same, drift, same and drift is not None and drift > limit))
     return matches
+
+
+def drift_values(matches: list[FaceMatch]) -> np.ndarray:
+    """Per sample, the drift distance (NaN: no face found or drift not measured)."""
+    return np.array([np.nan if match.drift is None else match.drift for match in matches], dtype=np.float64)
 
 
 def recognizer_scores(matches: list[FaceMatch]) -> np.ndarray:
@@ -125,6 +139,11 @@ class RecognizerCheck:
     def scores(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> np.ndarray:
         return recognizer_scores(self.matches(outputs, sources, boxes, keys))
 
+    @property
+    def judges_drift(self) -> bool:
+        """The recognizer measures drift of the same face and a limit is set (`max_drift`)."""
+        return getattr(self.recognizer, "max_drift", None) is not None
+
 
 def build_recognizer(
     embedder: str,
@@ -133,13 +152,15 @@ def build_recognizer(
     model_dir: str | None = None,
     same_person: float | None = None,
     detector: str = "dlib",
+    max_drift: float | None = None,
 ):
     """The configured recognizer (`gates.identity.embedder` 'dlib' or 'arcface'), its same-person
-    rule in its own terms (`same_person`; default dlib's 0.6 distance, ArcFace's 0.28 cosine)."""
+    rule in its own terms (`same_person`; default dlib's 0.6 distance, ArcFace's 0.28 cosine) and
+    dlib's drift limit (`max_drift`, a distance of blurred faces' descriptors; None: not judged)."""
     if embedder == "dlib":
         from drape.gates.recognizers.dlib_face import SAME_PERSON_DISTANCE, DlibRecognizer
 
-        return RecognizerCheck(DlibRecognizer(model_dir, same_distance=same_person or SAME_PERSON_DISTANCE))
+        return RecognizerCheck(DlibRecognizer(model_dir, same_distance=same_person or SAME_PERSON_DISTANCE, max_drift=max_drift))
     if embedder == "arcface":
         from drape.gates.recognizers.arcface import SAME_PERSON_COSINE, ArcFaceRecognizer
 
