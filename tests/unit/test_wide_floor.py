@@ -5,18 +5,9 @@ from __future__ import annotations
 import pytest
 
 from scheduler.joint_floor import joint_floor, lacking_node_s, weights
-from scheduler.policy import GpuState
 from scheduler.simulator import TraceJob
 from scheduler.wide_floor import fcfs_max_wait, feasible, max_wait_floor
-
-
-def _fleet(*groups: tuple[str, int]) -> list[GpuState]:
-    return [
-        GpuState(f"{model}-{node}/gpu{i}", f"{model}-{node}", model, 80.0)
-        for model, nodes in groups
-        for node in range(nodes)
-        for i in range(8)
-    ]
+from tests.unit.test_bounds import _fleet  # nodes of 8 GPUs of 80 GiB per model
 
 
 def _job(name: str, submit: float, duration: float, gpus: int = 8, models: tuple[str, ...] = ()) -> TraceJob:
