@@ -38,8 +38,8 @@ class SlurmLauncherConfig(StrictModel):
         ge=1,
         le=3600,
         description="lift the start delay Slurm gives a requeued job (the cluster's AuthInfo cred_expire, 120 s by "
-        "default) this long after the launcher first sees it waiting; it races what is left of the run before (a "
-        "revoked credential, a terminate still retried to a node that was down): prefer a shorter cred_expire. "
+        "default) this long after the launcher first sees it waiting; too soon, the run before's revoked credential kills "
+        "the new run's batch: prefer a shorter cred_expire. "
         "unset: Slurm's own delay",
     )
     rendezvous_port: int = Field(

@@ -116,15 +116,19 @@ class DlibRecognizer:
         self.max_drift = max_drift
 
     def describe(self, image: np.ndarray, box) -> np.ndarray | None:
-        """(2, 128): the descriptors of the face crop and of the crop blurred by `DRIFT_BLUR`."""
+        """(2, 128): the descriptors of the face crop and of the crop blurred by `DRIFT_BLUR` (without
+        `max_drift` the plain one twice: the blurred one costs a second pass of the network)."""
         located = self.finder.locate(image, box)
         if located is None:
             return None
         crop, rectangle = located
         shape = self.landmarks(crop, rectangle)
+        plain = np.array(self.descriptor.compute_face_descriptor(crop, shape), dtype=np.float64)
+        if self.max_drift is None:
+            return np.stack([plain, plain])
         blurred = np.clip(gaussian_filter(crop.astype(np.float64), (DRIFT_BLUR, DRIFT_BLUR, 0)), 0, 255)
-        rows = [crop, np.ascontiguousarray(blurred.round().astype(np.uint8))]
-        return np.array([self.descriptor.compute_face_descriptor(row, shape) for row in rows], dtype=np.float64)
+        smooth = np.ascontiguousarray(blurred.round().astype(np.uint8))
+        return np.stack([plain, np.array(self.descriptor.compute_face_descriptor(smooth, shape), dtype=np.float64)])
 
     def similarity(self, a: np.ndarray, b: np.ndarray) -> float:
         return 1.0 - float(np.linalg.norm(a[0] - b[0]))
