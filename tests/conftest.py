@@ -197,9 +197,10 @@ def silent_endpoint(monkeypatch) -> str:
     return f"http://127.0.0.1:{server.getsockname()[1]}"
 
 
-def _stop(process: subprocess.Popen, grace: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL after `grace` seconds: a service that drains its connections slowly
-    (the Pushgateway once took longer than 10 s at the end of the suite) never fails a teardown."""
+def _stop(process: subprocess.Popen, grace: float = 3.0) -> None:
+    """SIGTERM, then SIGKILL after `grace` seconds: a throwaway service that drains its connections
+    slowly (the Pushgateway once took longer than 10 s at the end of the suite) neither fails a
+    teardown nor holds the end of the suite."""
     process.terminate()
     try:
         process.wait(timeout=grace)
@@ -295,11 +296,14 @@ def mlflow_server(tmp_path_factory):
                 raise RuntimeError(f"mlflow server did not start: {(root / 'server.log').read_text()[-2000:]}") from None
             time.sleep(0.3)
     yield url
+    # a throwaway server: SIGTERM, and SIGKILL after 3 s (its job runner once held the end of the
+    # suite 15 s); nothing it holds outlives the session
     os.killpg(process.pid, signal.SIGTERM)
     try:
-        process.wait(timeout=15)
+        process.wait(timeout=3)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=10)
 
 
 def start_prometheus(

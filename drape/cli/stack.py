@@ -99,25 +99,43 @@ class Stack:
                 raise ServeError(f"the Prefect server did not come up on {self.ui_url}:\n{tail}")
             time.sleep(0.5)
 
-    def create_pools(self) -> list[str]:
-        """`local` and `slurm-login` (process), `gpu-k8s` (kubernetes, with drape's base job template); returns notes."""
-        notes = []
-        self.prefect("work-pool", "create", "local", "--type", "process", "--overwrite")
-        self.prefect("work-pool", "create", "slurm-login", "--type", "process", "--overwrite")
-        result = self.prefect(
-            "work-pool",
-            "create",
-            "gpu-k8s",
-            "--type",
-            "kubernetes",
-            "--base-job-template",
-            str(GPU_TEMPLATE),
-            "--overwrite",
-            check=False,
-        )
-        if result.returncode != 0:
-            notes.append(f"gpu-k8s pool not created: {(result.stdout + result.stderr).strip()[-300:]}")
-        return notes
+    def create_pools(self, timeout: float = 300) -> list[str]:
+        """`local` and `slurm-login` (process), `gpu-k8s` (kubernetes, with drape's base job template),
+        created at once (each `prefect` command is an interpreter start); returns notes."""
+        pools = {
+            "local": ["--type", "process"],
+            "slurm-login": ["--type", "process"],
+            "gpu-k8s": ["--type", "kubernetes", "--base-job-template", str(GPU_TEMPLATE)],
+        }
+        running = {
+            name: subprocess.Popen(
+                [_prefect(), "work-pool", "create", name, *options, "--overwrite"],
+                cwd=REPO,
+                env=self.env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for name, options in pools.items()
+        }
+        deadline, said = time.monotonic() + timeout, {}
+        try:
+            for name, process in running.items():
+                said[name] = process.communicate(timeout=max(deadline - time.monotonic(), 1))[0]
+        except subprocess.TimeoutExpired:
+            late = [name for name, process in running.items() if process.poll() is None]
+            raise ServeError(f"`prefect work-pool create` did not finish within {timeout:.0f} s: {', '.join(late)}") from None
+        finally:
+            for process in running.values():
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        for name in ("local", "slurm-login"):
+            if running[name].returncode != 0:
+                raise ServeError(f"`prefect work-pool create {name}` exited {running[name].returncode}:\n{said[name][-3000:]}")
+        if running["gpu-k8s"].returncode != 0:
+            return [f"gpu-k8s pool not created: {said['gpu-k8s'].strip()[-300:]}"]
+        return []
 
     def deploy(self) -> str:
         return self.prefect("deploy", "--all", "--prefect-file", str(PREFECT_FILE)).stdout

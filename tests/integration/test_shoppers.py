@@ -82,8 +82,10 @@ def _versions(world, prefix: str = "") -> list[tuple[str, str]]:
     return [(v["Key"], v["VersionId"]) for page in pages for v in page.get("Versions", []) + page.get("DeleteMarkers", [])]
 
 
-def _personalize_in_process(world, shopper: str) -> dict:
+def _personalize_in_process(world, shopper: str, steps: int | None = None) -> dict:
     config, (photos, holdout) = world["config"], world["photos"][shopper]
+    if steps is not None:
+        config = config.model_copy(update={"shoppers": config.shoppers.model_copy(update={"steps": steps})})
     enroll(config, shopper, photos, holdout=holdout)
     return personalize(config, shopper)
 
@@ -166,7 +168,8 @@ def test_a_forget_killed_midway_finishes_when_run_again(world, monkeypatch):
     from drape.cli.shopper import forget_shopper
 
     config = world["config"]
-    _personalize_in_process(world, KILLED)  # kept or not, it leaves photos, a report and an MLflow run
+    # kept or not, it leaves photos, a report and an MLflow run: a few steps do (the forget is the subject)
+    _personalize_in_process(world, KILLED, steps=10)
     run = read_ledger(shopper_paths(config, KILLED)).mlflow_runs[0]
 
     def killed(self, subject):

@@ -272,6 +272,8 @@ def test_a_node_killed_mid_job_is_requeued_and_resumes_never_running_twice(clust
 
 def test_a_restarted_dispatcher_adopts_the_running_slurm_job(cluster, tmp_path):
     config, slurm, _ = cluster
+    # one rank on one node: adoption is the subject, and three more ranks would only load the cores
+    config = config.model_copy(update={"train": config.train.model_copy(update={"gpus": 1})})
     config_path = tmp_path / "drape.yaml"
     config_path.write_text(yaml.safe_dump({**config.model_dump(mode="json"), "queue": {**config.queue.model_dump(mode="json")}}))
     store = JobStore(config.queue_url)
