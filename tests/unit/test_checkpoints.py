@@ -165,3 +165,25 @@ def test_a_job_that_may_not_be_stopped_is_not_moved_either():
     assert len(placement.evicts) == 1 and set(placement.gpus) >= set(placement.evicts)  # moved to the other node
     pinned = [dataclasses.replace(job, preemptible=False) for job in running]
     assert both([gang()], gpus, pinned, moving) == []
+
+
+def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
+    """~0.01 s. `queue.short_job_bonus`, `short_job_seconds` and `gang_max_preemptions` reach the
+    policy; out of bounds they fail at load, naming the field."""
+    from pydantic import ValidationError
+
+    from drape.config.ops import QueueConfig
+    from scheduler.fleet import policy_config
+
+    queue = QueueConfig(gang_max_wait_seconds=10800, short_job_bonus=6, short_job_seconds=1800, gang_max_preemptions=10)
+    policy = policy_config(SimpleNamespace(queue=queue))
+    assert (policy.short_job_bonus, policy.short_job_s, policy.gang_max_preemptions) == (6.0, 1800.0, 10)
+    assert (policy_config(SimpleNamespace(queue=QueueConfig())).short_job_bonus, PolicyConfig().short_job_bonus) == (0.0, 0.0)
+    short = JobRequest("short", 3, NOW, 1, 50.0, 1800.0)
+    assert effective_priority(short, NOW, policy) == 9.0
+    for field, bad in (("short_job_bonus", -1), ("short_job_bonus", 101), ("short_job_bonus", float("nan"))):
+        with pytest.raises(ValidationError, match=field):
+            QueueConfig(**{field: bad})
+    for field, bad in (("short_job_seconds", -1), ("short_job_seconds", 8 * 86400.0), ("gang_max_preemptions", 101)):
+        with pytest.raises(ValidationError, match=field):
+            QueueConfig(**{field: bad})
