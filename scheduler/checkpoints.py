@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from scheduler.state import JobRequest, PolicyConfig, RunningJob
+from scheduler.state import JobRequest, PolicyConfig, RunningJob, queued_at
 
 if TYPE_CHECKING:
     from scheduler.pool import Pool
@@ -48,7 +48,7 @@ HOMED_LOOK = 32  # of the cheapest nodes, how many are checked for whether their
 def overdue(job: JobRequest, now: float, config: PolicyConfig) -> bool:
     """Whether multi-GPU `job` has waited past `gang_max_wait_s` (and so may stop running jobs)."""
     bound = config.gang_max_wait_s
-    return bound is not None and job.gpus > 1 and now - job.submit_s >= bound
+    return bound is not None and job.gpus > 1 and now - queued_at(job) >= bound
 
 
 def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:

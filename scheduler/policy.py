@@ -54,6 +54,7 @@ from scheduler.state import (
     allowed,
     allows,
     effective_priority,
+    queued_at,
     static_priority,
 )
 
@@ -70,6 +71,7 @@ __all__ = [
     "allows",
     "effective_priority",
     "plan_drape",
+    "queued_at",
     "static_priority",
 ]
 
