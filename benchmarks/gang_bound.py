@@ -14,10 +14,13 @@ printed per seed beside first-come-first-served among them alone), "cannot (join
 beside the 1-GPU jobs exceeds it (`scheduler/joint_floor.py`: no policy whose 1-GPU jobs end on
 average within 5 min of submit + duration beats it; printed with the node-hours the 8-GPU jobs
 lack at 4 h beside 1-GPU jobs run from submit, and the most that 5 min of mean delay frees), else
-"policy" with what held every node when the job had waited 4 h; for the 1-GPU mean, the nodes multi-GPU jobs held while
-its longest-waiting job waited; for the bound, the job that ended last.
+"policy" with what held every node when the job had waited 4 h (a gang job of its priority
+submitted before it, or after it: first-come-first-served among them would not allow that); for
+the 1-GPU mean, the nodes multi-GPU jobs held while its longest-waiting job waited; for the bound,
+the job that ended last.
 
     .venv/bin/python benchmarks/scheduler.py --gang-bound [--bound-hours 3] [--gang-max-preemptions 4]
+        [--short-job-bonus 0]
         [--seeds 1-10 | 1,4] [--fleets "64 H100,mixed,fine-tunes,field"] [--frontier 2,4,6]   # ~5 min on 2 cores
 """
 
