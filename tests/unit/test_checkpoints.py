@@ -69,8 +69,9 @@ def test_what_an_overdue_gang_job_never_stops():
     wide = [RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 3, False, started_s=NOW - 300)]
     (placement,) = both([gang()], gpus[2:], wide)
     assert placement.evicts == ("w",)  # a lower-priority multi-GPU job may be stopped
-    # a gang job of its priority, even one submitted after it, runs on: stopping it would restore
-    # first-come-first-served among gang jobs, which the benchmark never lacked (scheduler/checkpoints.py)
+    # a gang job of its priority runs on, even one started after this one was submitted: stopping
+    # younger ones would restore first-come-first-served among gang jobs, which the benchmark never
+    # lacked (scheduler/checkpoints.py)
     younger = [dataclasses.replace(wide[0], priority=5, started_s=NOW - 60)]
     assert both([gang()], gpus[2:], younger) == []
 
