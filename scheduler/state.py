@@ -66,8 +66,8 @@ class JobRequest:
     prefer_node: str = ""  # among equal choices, first this node (its shard cache is warm for the job)
     preemptible: bool = True  # it resumes from its checkpoints, so a waiting gang job may stop it
     checkpoint_every_s: float = CHECKPOINT_EVERY_S  # how often it checkpoints (s of progress)
-    # when it last joined the queue, if not at its submit: a preempted job's requeue. Aging counts
-    # from it; the gang bound (`gang_max_wait_s`) and first-come order still count from the submit
+    # when it last joined the queue, if not at its submit: a preempted job's requeue. Aging and the
+    # gang bound (`gang_max_wait_s`) count from it (`queued_at`)
     queued_s: float | None = None
 
 
@@ -137,7 +137,8 @@ def queued_at(job: JobRequest) -> float:
     """When `job`'s present wait began, what aging counts from: its submit, or its last requeue. A
     stopped job that resumes was served already: counted from its submit, days of aging would rank it
     before every job that has not started once (measured in `benchmarks/gang_bound.py`)."""
-    return job.submit_s if job.queued_s is None else job.queued_s
+    # never before the submit: a label read from the store cannot buy a job aging it did not wait
+    return job.submit_s if job.queued_s is None else max(job.submit_s, job.queued_s)
 
 
 def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> float:
