@@ -14,10 +14,13 @@ printed per seed beside first-come-first-served among them alone), "cannot (join
 beside the 1-GPU jobs exceeds it (`scheduler/joint_floor.py`: no policy whose 1-GPU jobs end on
 average within 5 min of submit + duration beats it; printed with the node-hours the 8-GPU jobs
 lack at 4 h beside 1-GPU jobs run from submit, and the most that 5 min of mean delay frees), else
-"policy" with what held every node when the job had waited 4 h; for the 1-GPU mean, the nodes multi-GPU jobs held while
-its longest-waiting job waited; for the bound, the job that ended last.
+"policy" with what held every node when the job had waited 4 h (a gang job of its priority
+submitted before it, or after it: first-come-first-served among them would not allow that); for
+the 1-GPU mean, the nodes multi-GPU jobs held while its longest-waiting job waited; for the bound,
+the job that ended last.
 
     .venv/bin/python benchmarks/scheduler.py --gang-bound [--bound-hours 3] [--gang-max-preemptions 4]
+        [--short-job-bonus 0]
         [--seeds 1-10 | 1,4] [--fleets "64 H100,mixed,fine-tunes,field"] [--frontier 2,4,6]   # ~5 min on 2 cores
 """
 
@@ -45,10 +48,12 @@ KINDS = ("64 H100", "mixed", "fine-tunes")
 
 class Watch:
     """What a replay looked like while jobs waited: for each multi-GPU job still waiting at the
-    goal (4 h), what held each node; the nodes multi-GPU jobs held over time; the last to end."""
+    goal (4 h), what held each node (a gang job of its priority: submitted before it, or after it,
+    which first-come-first-served among them would not allow); the nodes multi-GPU jobs held over
+    time; the last to end. `submits`: each job's submit time."""
 
-    def __init__(self, config: PolicyConfig):
-        self.config = config
+    def __init__(self, config: PolicyConfig, submits: dict[str, float]):
+        self.config, self.submits = config, submits
         self.blocked: dict[str, str] = {}
         self.gang_nodes: list[tuple[float, int, int]] = []  # (time, nodes held by multi-GPU jobs, nodes)
         self.last: tuple[str, ...] = ()
@@ -68,8 +73,9 @@ class Watch:
             occupants = {o.id: o for u in uuids for o in planner.on_gpu.get(u, ())}.values()
             if any(not planner.pool.fits_any(job, u) or planner.gpus[u].total_gib < job.mem_gib for u in uuids):
                 reasons["GPUs it may not use"] += 1
-            elif any(len(o.gpus) > 1 and o.priority >= job.priority for o in occupants):
-                reasons["a multi-GPU job of its priority"] += 1
+            elif gangs := [o for o in occupants if len(o.gpus) > 1 and o.priority >= job.priority]:
+                older = all(self.submits.get(o.id, 0.0) <= job.submit_s for o in gangs)
+                reasons[f"a multi-GPU job of its priority submitted {'before' if older else 'after'} it"] += 1
             elif any(o.preempted >= self.config.gang_max_preemptions for o in occupants):
                 reasons[f"a job preempted {self.config.gang_max_preemptions} times"] += 1
             elif any(not stoppable(o, job, self.config) for o in occupants):
@@ -99,7 +105,7 @@ def _run(args: tuple[str, int, float | None, bool, int, float]) -> dict:
     else:
         trace, fleet = _bench().workload(0.85, kind, seed)
     config = PolicyConfig(gang_max_wait_s=bound_s, gang_max_preemptions=preemptions, short_job_bonus=bonus)
-    watch, record = Watch(config), []
+    watch, record = Watch(config, {j.job_id: j.submit_s for j in trace}), []
     result = replay(trace, fleet, config, record, watch=watch)
     first: dict[str, float] = {}
     for when, job_id, _, _ in record:

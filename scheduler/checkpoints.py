@@ -11,7 +11,15 @@ node. A running job may be stopped when:
 - it was preempted (stopped or moved) fewer than `gang_max_preemptions` times (no job is stopped
   over and over);
 - its priority is lower than the waiting job's: jobs of one priority never stop each other, so
-  two gang jobs cannot take a node back and forth.
+  two gang jobs cannot take a node back and forth. Stopping a same-priority gang job submitted
+  after the waiting one (first-come-first-served among gang jobs) would change nothing on the
+  benchmark: at the moment each seed's longest-waiting 8-GPU job had waited 4 h, every gang job
+  holding a node had been submitted before it (27 of 27 seeds that had one waiting then; one
+  8-GPU shape and priority per week, and a gang shape's queue is first-come-first-served).
+
+A stopped job waits again from its requeue: its aging, and for a multi-GPU job its
+`gang_max_wait_s`, count from then (`JobRequest.queued_s`), so a resumed day-long service does
+not rank by days of aging before the short jobs that never started.
 
 The cost of stopping a job is its work since its last checkpoint, estimated as the time since
 it started modulo its `checkpoint_every_s`, times its GPUs. Of the nodes with enough GPUs that
@@ -36,7 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from scheduler.state import JobRequest, PolicyConfig, RunningJob
+from scheduler.state import JobRequest, PolicyConfig, RunningJob, queued_at
 
 if TYPE_CHECKING:
     from scheduler.pool import Pool
@@ -48,7 +56,7 @@ HOMED_LOOK = 32  # of the cheapest nodes, how many are checked for whether their
 def overdue(job: JobRequest, now: float, config: PolicyConfig) -> bool:
     """Whether multi-GPU `job` has waited past `gang_max_wait_s` (and so may stop running jobs)."""
     bound = config.gang_max_wait_s
-    return bound is not None and job.gpus > 1 and now - job.submit_s >= bound
+    return bound is not None and job.gpus > 1 and now - queued_at(job) >= bound
 
 
 def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:

@@ -177,6 +177,9 @@ def policy_config(config) -> PolicyConfig:
         fragmentation=queue.placement == "fragmentation",
         spread_after_s=queue.spread_after_seconds or None,
         gang_max_wait_s=queue.gang_max_wait_seconds or None,
+        gang_max_preemptions=queue.gang_max_preemptions,
+        short_job_bonus=queue.short_job_bonus,
+        short_job_s=queue.short_job_seconds,
     )
 
 

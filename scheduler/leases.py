@@ -96,6 +96,7 @@ class LeaseMixin:
                 return None
             labels = json.loads(job["labels"] or "{}")
             labels["preempted"] = str(int(labels.get("preempted", 0) or 0) + 1)
+            labels["requeued_s"] = f"{now:.3f}"  # aging counts from here (`scheduler/state.py` `queued_at`)
             why = "moved off a crowded GPU to an idle one" if by == job_id else f"preempted for {by}"
             message = f"{why}; queued again, resumes from its last checkpoint"
             done = connection.execute(

@@ -38,7 +38,7 @@ from scheduler.fragmentation import widths_of_shapes
 from scheduler.pool import Pool
 from scheduler.preemption import Preemptor, preempt, spread, starves
 from scheduler.reservation import Reservation, reserve_walk
-from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, static_priority
+from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, queued_at, static_priority
 from scheduler.victims import Victims
 
 
@@ -56,7 +56,7 @@ class Planner:
         self.pending: dict[str, JobRequest] = {}
         self.order = SortedList()  # (−static priority, submit, id): the policy's order at any now
         self.queues: dict[tuple, SortedList] = {}  # the same, per job shape (gang jobs: per priority too)
-        self.gang_submits = SortedList()  # (submit, id) of waiting multi-GPU jobs
+        self.gang_submits = SortedList()  # (since when queued, id) of waiting multi-GPU jobs
         self.running: dict[str, RunningJob] = {}
         self.alone: dict[str, tuple[float, bool]] = {}  # job → (declared share, runs alone)
         self.on_gpu: dict[str, list[RunningJob]] = {}
@@ -76,7 +76,7 @@ class Planner:
         self.order.add(self._key(job))
         self.queues.setdefault(_shape(job), SortedList()).add(self._key(job))
         if job.gpus > 1:
-            self.gang_submits.add((job.submit_s, job.id))
+            self.gang_submits.add((queued_at(job), job.id))
         self.shapes[(job.gpus, job.mem_gib)] += 1
 
     def submit_many(self, jobs: list[JobRequest]) -> None:
@@ -91,7 +91,7 @@ class Planner:
         self.order.update(key for shape_keys in keys.values() for key in shape_keys)
         for shape, shape_keys in keys.items():
             self.queues.setdefault(shape, SortedList()).update(shape_keys)
-        self.gang_submits.update((job.submit_s, job.id) for job in jobs if job.gpus > 1)
+        self.gang_submits.update((queued_at(job), job.id) for job in jobs if job.gpus > 1)
 
     def withdraw(self, job_id: str) -> JobRequest:
         job = self.pending.pop(job_id)
@@ -101,7 +101,7 @@ class Planner:
         if not queue:
             del self.queues[_shape(job)]
         if job.gpus > 1:
-            self.gang_submits.remove((job.submit_s, job.id))
+            self.gang_submits.remove((queued_at(job), job.id))
         self._count((job.gpus, job.mem_gib), -1)
         return job
 

@@ -3,7 +3,8 @@ by the live dispatcher and the trace simulator, so what the simulator measures i
 baselines it is measured against, and the registry by name: `scheduler/baselines.py`).
 
 - priority with aging: effective priority = priority + `aging_per_hour` × hours waited, so no
-  job waits forever (+ `short_job_bonus` for a single-GPU job expected to run at most
+  job waits forever; a preempted job's hours count from its requeue (`queued_at`), not its submit
+  (+ `short_job_bonus` for a single-GPU job expected to run at most
   `short_job_s`: on a full fleet short jobs start first; 0, off, by default);
 - best fit by memory, fullest node first: a single-GPU job goes to the smallest idle GPU model
   whose memory holds its profile, on the node with the fewest idle GPUs (`pack_nodes`), so whole
@@ -54,6 +55,7 @@ from scheduler.state import (
     allowed,
     allows,
     effective_priority,
+    queued_at,
     static_priority,
 )
 
@@ -70,6 +72,7 @@ __all__ = [
     "allows",
     "effective_priority",
     "plan_drape",
+    "queued_at",
     "static_priority",
 ]
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from scheduler.checkpoints import choose_stops, overdue
-from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob
+from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, queued_at
 
 if TYPE_CHECKING:  # the pool module imports nothing of this one; kept apart for readers
     from scheduler.pool import Pool
@@ -52,7 +52,7 @@ def preemptible(job: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
 def starves(job: JobRequest, now: float, config: PolicyConfig) -> bool:
     """Whether multi-GPU `job` has waited `preempt_after_s` (and so may move jobs to take a node)."""
     patience = config.preempt_after_s
-    return patience is not None and job.gpus > 1 and now - job.submit_s >= patience
+    return patience is not None and job.gpus > 1 and now - queued_at(job) >= patience
 
 
 def preempt(preemptor: Preemptor, job: JobRequest, pool: Pool, now: float) -> tuple[tuple[str, ...], tuple[str, ...]] | None:

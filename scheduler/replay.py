@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from sortedcontainers import SortedList
 
 from scheduler.planner import Planner
-from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig
+from scheduler.state import GpuState, JobRequest, Placement, PolicyConfig, queued_at
 
 Record = list[tuple[float, str, tuple[str, ...], tuple[str, ...]]]  # (time, job, GPUs, evicted jobs)
 
@@ -63,7 +63,7 @@ class _Replay:
     def _wakes(self, request: JobRequest) -> list[float]:
         """When waiting multi-GPU `request` may first preempt: to move jobs, and to stop them."""
         limits = (self.config.preempt_after_s, self.config.gang_max_wait_s)
-        return [request.submit_s + limit for limit in limits if request.gpus > 1 and limit is not None]
+        return [queued_at(request) + limit for limit in limits if request.gpus > 1 and limit is not None]
 
     def next_wake(self, clock: float) -> float:
         position = self.wakes.bisect_right((clock, "\uffff"))
@@ -207,7 +207,8 @@ def _apply(placements: list[Placement], state: _Replay, by_id: dict, clock: floa
         for victim in placement.evicts:
             gpus, left, request = state.stop(victim, clock)
             lost = (request.duration_s - left) % request.checkpoint_every_s + RESTART_S
-            state.submit(replace(request, duration_s=left + lost, preempted=request.preempted + 1))
+            again = replace(request, duration_s=left + lost, preempted=request.preempted + 1, queued_s=clock)
+            state.submit(again)
             tally.preemptions, tally.lost_gpu_s, evicted = tally.preemptions + 1, tally.lost_gpu_s + lost * len(gpus), True
             tally.preempted_at[victim] = clock
         request = state.start(placement, clock)

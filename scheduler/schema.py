@@ -176,9 +176,19 @@ class Scheduling:
     prefer_node: str = ""  # the node whose shard cache holds its data (where the previous stage trained)
     preemptible: bool = True
     checkpoint_every_s: float = CHECKPOINT_EVERY_S
+    requeued_s: float | None = None  # when it was last preempted back to the queue
 
 
-SCHEDULING_KEYS = ("gpu_models", "exclusive", "share", "preempted", "prefer_node", "preemptible", "checkpoint_every_s")
+SCHEDULING_KEYS = (
+    "gpu_models",
+    "exclusive",
+    "share",
+    "preempted",
+    "prefer_node",
+    "preemptible",
+    "checkpoint_every_s",
+    "requeued_s",
+)
 UNCONSTRAINED = Scheduling()  # shared: most jobs carry no scheduling fields
 
 
@@ -194,6 +204,7 @@ def scheduling_of(labels: str | None) -> Scheduling:
         every = min(max(every, 1.0), MAX_CHECKPOINT_EVERY_S) if math.isfinite(every) else CHECKPOINT_EVERY_S
     except (TypeError, ValueError):  # labels are input: a bad value schedules as if absent
         share, preempted, every = 1.0, 0, CHECKPOINT_EVERY_S
+    requeued = _requeued_s(found.get("requeued_s"))
     return Scheduling(
         tuple(m for m in str(found.get("gpu_models", "")).split("|") if m),
         str(found.get("exclusive", "")).lower() == "true",
@@ -202,7 +213,17 @@ def scheduling_of(labels: str | None) -> Scheduling:
         str(found.get("prefer_node", ""))[:253],  # a node name (DNS-1123 subdomain at most)
         str(found.get("preemptible", "true")).lower() != "false",
         every,
+        requeued,
     )
+
+
+def _requeued_s(value: object) -> float | None:
+    """A stored requeue time (s since the epoch), or None when absent or not a finite, non-negative number."""
+    try:
+        when = float(str(value)) if value is not None else None
+    except ValueError:
+        return None
+    return when if when is not None and math.isfinite(when) and when >= 0 else None
 
 
 def sqlite_immediate(engine: Engine) -> None:
@@ -317,6 +338,7 @@ def job_request(row) -> JobRequest:
         how.prefer_node,
         how.preemptible and not how.exclusive,
         how.checkpoint_every_s,
+        how.requeued_s,
     )
 
 

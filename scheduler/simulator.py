@@ -34,7 +34,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from scheduler.baselines import get_policy
-from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed
+from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed, queued_at
 from scheduler.state import CHECKPOINT_EVERY_S  # noqa: F401 - its name here before `JobRequest` had a cadence
 from scheduler.trace_files import TRACE_COLUMNS, TraceError, TraceJob, load_fleet, load_trace  # noqa: F401
 
@@ -146,7 +146,7 @@ def _preempt(job_id: str, running: dict[str, dict], gpus: dict[str, GpuState], c
     request: JobRequest = record["request"]
     done = request.duration_s - record["remaining"]
     lost = done % request.checkpoint_every_s + RESTART_S
-    again = replace(request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1)
+    again = replace(request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1, queued_s=clock)
     return again, lost * len(record["gpus"])
 
 
@@ -303,7 +303,7 @@ def simulate(
         rates = {jid: 1.0 if r["shared"] else min(_pace(gpus[u]) for u in r["gpus"]) for jid, r in running.items()}
         next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
         limits = (config.preempt_after_s, config.gang_max_wait_s) if policy == "drape" else ()
-        starving = [j.submit_s + limit for j in pending.values() for limit in limits if limit is not None and j.gpus > 1]
+        starving = [queued_at(j) + limit for j in pending.values() for limit in limits if limit is not None and j.gpus > 1]
         wake = min((t for t in starving if t > clock), default=float("inf"))  # a waiting gang job may preempt then
         upcoming = min(next_finish, wake, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):

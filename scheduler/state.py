@@ -66,6 +66,9 @@ class JobRequest:
     prefer_node: str = ""  # among equal choices, first this node (its shard cache is warm for the job)
     preemptible: bool = True  # it resumes from its checkpoints, so a waiting gang job may stop it
     checkpoint_every_s: float = CHECKPOINT_EVERY_S  # how often it checkpoints (s of progress)
+    # when it last joined the queue, if not at its submit: a preempted job's requeue. Aging and the
+    # gang bound (`gang_max_wait_s`) count from it (`queued_at`)
+    queued_s: float | None = None
 
 
 def allows(models: tuple[str, ...], model: str) -> bool:
@@ -130,11 +133,19 @@ def short_bonus(job: JobRequest, config: PolicyConfig) -> float:
     return config.short_job_bonus if job.gpus == 1 and job.duration_s <= config.short_job_s else 0.0
 
 
+def queued_at(job: JobRequest) -> float:
+    """When `job`'s present wait began, what aging counts from: its submit, or its last requeue. A
+    stopped job that resumes was served already: counted from its submit, days of aging would rank it
+    before every job that has not started once (measured in `benchmarks/gang_bound.py`)."""
+    # never before the submit: a label read from the store cannot buy a job aging it did not wait
+    return job.submit_s if job.queued_s is None else max(job.submit_s, job.queued_s)
+
+
 def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> float:
-    return job.priority + short_bonus(job, config) + config.aging_per_hour * max(now - job.submit_s, 0.0) / 3600.0
+    return job.priority + short_bonus(job, config) + config.aging_per_hour * max(now - queued_at(job), 0.0) / 3600.0
 
 
 def static_priority(job: JobRequest, config: PolicyConfig) -> float:
     """`effective_priority` less the part every job shares at one clock: the order by it is the
     order by effective priority at any `now` past the submits, so it can be kept, not re-sorted."""
-    return job.priority + short_bonus(job, config) - config.aging_per_hour * job.submit_s / 3600.0
+    return job.priority + short_bonus(job, config) - config.aging_per_hour * queued_at(job) / 3600.0

@@ -245,6 +245,26 @@ class QueueConfig(StrictModel):
         "resume from their checkpoints) to take a node (scheduler/checkpoints.py); 0: never. Off by default: on "
         "benchmarks/gang_bound.py it halves 8-GPU max waits at a cost in 1-GPU waits",
     )
+    gang_max_preemptions: int = Field(
+        default=4,
+        ge=0,
+        le=100,
+        description="a job is stopped for a multi-GPU job past gang_max_wait_seconds only while it was preempted (or "
+        "moved) fewer times than this, so no job is stopped over and over",
+    )
+    short_job_bonus: float = Field(
+        default=0.0,
+        ge=0,
+        le=100,
+        description="priority points a single-GPU job expected to run at most short_job_seconds gains, so on a full "
+        "fleet short jobs start before long ones (and before stopped long jobs that wait to resume); 0: off",
+    )
+    short_job_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="the longest expected run (s) of a single-GPU job that short_job_bonus ranks higher",
+    )
     placement: Literal["fullest-node", "fragmentation"] = Field(
         default="fullest-node",
         description="the node for a job among those that fit: the fullest (fewest idle GPUs; a multi-GPU job: fewest "

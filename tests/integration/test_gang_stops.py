@@ -55,7 +55,7 @@ def test_an_overdue_gang_job_stops_preemptible_jobs_and_they_wait_to_resume(tmp_
         for job in stopped:
             row = store.get(job)
             assert row["state"] == "queued" and f"preempted for {stage}" in row["message"] and row["attempts"] == 0
-            assert json.loads(row["labels"])["preempted"] == "1"
+            assert json.loads(row["labels"])["preempted"] == "1" and float(json.loads(row["labels"])["requeued_s"]) > 0
             deadline = time.monotonic() + 10
             while not _gone(handles[job]):
                 assert time.monotonic() < deadline, f"{job}'s process was not stopped"

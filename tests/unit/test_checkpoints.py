@@ -28,8 +28,8 @@ def full_fleet() -> tuple[list[GpuState], list[RunningJob]]:
     return gpus, running
 
 
-def gang(submit: float = NOW - 2 * 3600, priority: int = 5) -> JobRequest:
-    return JobRequest("gang", priority, submit, 2, 70.0, 3600.0)
+def gang(submit: float = NOW - 2 * 3600, priority: int = 5, queued_s: float | None = None) -> JobRequest:
+    return JobRequest("gang", priority, submit, 2, 70.0, 3600.0, queued_s=queued_s)
 
 
 def both(pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], config=BOUNDED) -> list[Placement]:
@@ -69,6 +69,11 @@ def test_what_an_overdue_gang_job_never_stops():
     wide = [RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 3, False, started_s=NOW - 300)]
     (placement,) = both([gang()], gpus[2:], wide)
     assert placement.evicts == ("w",)  # a lower-priority multi-GPU job may be stopped
+    # a gang job of its priority runs on, even one started after this one was submitted: stopping
+    # younger ones would restore first-come-first-served among gang jobs, which the benchmark never
+    # lacked (scheduler/checkpoints.py)
+    younger = [dataclasses.replace(wide[0], priority=5, started_s=NOW - 60)]
+    assert both([gang()], gpus[2:], younger) == []
 
 
 def test_an_overdue_gang_job_stops_first_where_its_victims_restart_at_once_then_the_fewest():
@@ -165,3 +170,54 @@ def test_a_job_that_may_not_be_stopped_is_not_moved_either():
     assert len(placement.evicts) == 1 and set(placement.gpus) >= set(placement.evicts)  # moved to the other node
     pinned = [dataclasses.replace(job, preemptible=False) for job in running]
     assert both([gang()], gpus, pinned, moving) == []
+
+
+def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
+    """~0.01 s. `queue.short_job_bonus`, `short_job_seconds` and `gang_max_preemptions` reach the
+    policy; out of bounds they fail at load, naming the field."""
+    from pydantic import ValidationError
+
+    from drape.config.ops import QueueConfig
+    from scheduler.fleet import policy_config
+
+    queue = QueueConfig(gang_max_wait_seconds=10800, short_job_bonus=6, short_job_seconds=1800, gang_max_preemptions=10)
+    policy = policy_config(SimpleNamespace(queue=queue))
+    assert (policy.short_job_bonus, policy.short_job_s, policy.gang_max_preemptions) == (6.0, 1800.0, 10)
+    assert (policy_config(SimpleNamespace(queue=QueueConfig())).short_job_bonus, PolicyConfig().short_job_bonus) == (0.0, 0.0)
+    short = JobRequest("short", 3, NOW, 1, 50.0, 1800.0)
+    assert effective_priority(short, NOW, policy) == 9.0
+    for field, bad in (("short_job_bonus", -1), ("short_job_bonus", 101), ("short_job_bonus", float("nan"))):
+        with pytest.raises(ValidationError, match=field):
+            QueueConfig(**{field: bad})
+    for field, bad in (("short_job_seconds", -1), ("short_job_seconds", 8 * 86400.0), ("gang_max_preemptions", 101)):
+        with pytest.raises(ValidationError, match=field):
+            QueueConfig(**{field: bad})
+
+
+def test_a_stopped_job_ages_from_its_requeue_and_a_stopped_gang_waits_its_bound_again():
+    """~0.01 s. A day-long service submitted two days ago and stopped 10 min ago ranks by those 10
+    min, not by two days: a job that never started, waiting an hour, goes first. Its submit still
+    orders equals and counts the wait; a stopped multi-GPU job may stop others only once it has
+    waited the bound again since its requeue."""
+    from scheduler.policy import queued_at
+
+    stopped = JobRequest("svc", 3, NOW - 2 * 86400, 1, 50.0, 86400.0, preempted=1, queued_s=NOW - 600)
+    fresh = JobRequest("eval", 3, NOW - 3600, 1, 50.0, 86400.0)
+    assert queued_at(stopped) == NOW - 600 and queued_at(fresh) == NOW - 3600
+    assert effective_priority(stopped, NOW, PolicyConfig()) == pytest.approx(3 + 600 / 3600)
+    gpus = [GpuState("x/gpu0", "x", "H100", 80.0)]
+    assert [p.job_id for p in both([stopped, fresh], gpus, [])] == ["eval"]
+    never = dataclasses.replace(stopped, queued_s=None)  # as before: its two days of aging rank it first
+    assert [p.job_id for p in both([never, fresh], gpus, [])] == ["svc"]
+    gpus, running = full_fleet()
+    assert both([gang(queued_s=NOW - 600)], gpus, running) == []  # requeued 10 min ago: not overdue again yet
+    assert [p.job_id for p in both([gang(queued_s=NOW - 3600)], gpus, running)] == ["gang"]
+
+
+def test_the_requeue_time_is_read_from_the_labels_and_a_bad_one_is_ignored():
+    """~0.01 s. The store's preemption writes `requeued_s` into a job's labels (`scheduler/leases.py`)."""
+    row = ("j", 3, NOW - 86400, 1, 20.0, 600.0, json.dumps({"preempted": "1", "requeued_s": f"{NOW:.3f}"}))
+    assert job_request(row).queued_s == NOW
+    for bad in ("soon", "nan", "inf", "-5", None):
+        labels = json.dumps({"preempted": "1", "requeued_s": bad})
+        assert job_request((*row[:6], labels)).queued_s is None, bad
