@@ -32,7 +32,9 @@ pytestmark = pytest.mark.slow
 
 SHOPPER, OTHER, KILLED, WRONG = "shopper-a1", "shopper-c3", "shopper-d4", "shopper-e5"
 IDENTITY = {SHOPPER: 5, OTHER: 14, KILLED: 20, WRONG: 3}  # WRONG: photos of identity 3, held out: the shopper's
-SHOPPERS = {"steps": 150}
+# 100 steps: the shopper's identity gain on held-out photos 0.20 (the gate asks 0.015), another
+# person's adapter -0.04 (measured with one thread)
+SHOPPERS = {"steps": 100}
 BASE = Path(__file__).parents[1] / "assets" / "demo-base"  # `make demo`'s denoise baseline (tests/assets/README.md)
 
 
