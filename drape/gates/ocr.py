@@ -26,8 +26,8 @@ import numpy as np
 from drape.gates.recognizers import box_region
 
 PAD = 0.15  # of the box's height, around the logo box: OCR reads a line with a margin
-# the crops a logo box is read from, margins in shares of the box's height (negative: an inset): the
-# source from each, the output from each while the median over the crops is open (TextCheck)
+# the crops a logo box is read from by default (a reader without its own `pads`), margins in shares of the
+# box's height (negative: an inset): the source from each, the output from each while the median is open
 READ_PADS = (PAD, 0.05, -0.08)
 # PP-OCR's crops (RapidOcrReader.pads): insets of 8% and 12% and a 15% margin; chosen from eight margins
 # (15% to an inset of 12%) on 100 samples under the compound harmless kind and the look-alike letters,
@@ -93,7 +93,9 @@ class RapidOcrReader:
     48 px line height, aspect kept), one crop per call: rapidocr's own entry point first resizes an
     image under 30 px on a side to multiples of 32 on both sides (a 26×100 crop becomes 32×128, its
     letters stretched), and batches crops padded to the widest of a batch, so a reading would depend
-    on the crop's neighbours. Read this way, PP-OCR misreads fewer degraded words (benchmarks/gate_ocr.py)."""
+    on the crop's neighbours. Read this way, PP-OCR misreads fewer degraded words (benchmarks/gate_ocr.py).
+    The recognizer's parts (`text_rec`: `rec_image_shape`, `resize_norm_img`, `session`, `postprocess_op`)
+    are rapidocr-onnxruntime 1.4's, the version pyproject.toml pins."""
 
     name = "rapidocr"
     pads = RAPID_PADS
