@@ -160,7 +160,7 @@ def test_words_the_compound_kind_degrades_read_as_their_source_and_their_look_al
     rapidocr's entry point (its resize of a crop under 30 px to multiples of 32) from a 15% and a 5%
     margin and an 8% inset ('LOKYO', 'LIMITEO', 'NIX'), read now by the recognizer alone from
     RapidOcrReader.pads as the source; the same words with one look-alike letter ('IOKYO', 'IIMITED',
-    'MIKE') still misread. About 12 s on one core (the control set of 81: 5 s)."""
+    'MIKE') still misread. 4.5 s on one core (15-20 s while the shared cores ran benchmarks)."""
     from drape.gates.harmless import suite
 
     control = real_control(256, 81, seed=0)
