@@ -6,7 +6,10 @@ the three text regressions (a look-alike letter, the last letter lost, one chara
 detection). The glyph check, dlib and the gate-level redraws are gate_real.py's (all ways at once,
 an hour of one core at 40 samples and two sizes); this runs the readers only.
 
-    .venv/bin/python benchmarks/gate_ocr.py [--samples 40] [--resolution 128 256] [--engine rapidocr tesseract]
+    .venv/bin/python benchmarks/gate_ocr.py [--samples 40] [--resolution 128 256] [--engine rapidocr tesseract] \\
+        [--kinds denoise look-alike]
+
+`--kinds` keeps the kinds whose names contain one of the words given (while iterating on one kind).
 """
 
 from __future__ import annotations
@@ -23,14 +26,21 @@ from drape.gates.ocr import shared_text_check
 from drape.gates.real_cases import real_control
 
 
-def kinds(size: int, samples: int, seed: int) -> tuple[dict, dict[str, tuple[bool, np.ndarray]]]:
-    """(the control set, {kind: (must fail, outputs)})."""
+def kinds(size: int, samples: int, seed: int, only: list[str]) -> tuple[dict, dict[str, tuple[bool, np.ndarray]]]:
+    """(the control set, {kind: (must fail, outputs)}): the kinds whose names contain a word of `only` (all if empty)."""
     from gate_real import regressions  # benchmarks/ is on the path when this file runs as a script
 
     control = real_control(size, samples, seed)
     targets, meta = control["target"], control["meta"]
-    found = {name: (False, variant(targets, meta, np.random.default_rng(seed))) for name, variant in suite("wide").items()}
-    found.update({name: (True, outputs) for name, outputs in regressions(control, seed)["texture"].items()})
+    wanted = lambda name: not only or any(word in name for word in only)  # noqa: E731
+    found = {
+        name: (False, variant(targets, meta, np.random.default_rng(seed)))
+        for name, variant in suite("wide").items()
+        if wanted(name)
+    }
+    found.update({name: (True, outputs) for name, outputs in regressions(control, seed)["texture"].items() if wanted(name)})
+    if not found:
+        raise SystemExit(f"--kinds {' '.join(only)}: no kind's name contains any of these words")
     return control, found
 
 
@@ -57,6 +67,7 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--engine", nargs="+", default=["rapidocr", "tesseract"], choices=["rapidocr", "tesseract"])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kinds", nargs="*", default=[], help="only the kinds whose names contain one of these words")
     args = parser.parse_args()
     console = Console(width=200)
     table = Table(
@@ -65,7 +76,7 @@ def main() -> None:
     table.add_column("kind")
     results, times = {}, {}
     for size in args.resolution:
-        control, found = kinds(size, args.samples, args.seed)
+        control, found = kinds(size, args.samples, args.seed, args.kinds)
         for engine in args.engine:
             table.add_column(f"{size} px {engine}", justify="right")
             results[size, engine], times[size, engine], examples = measure(engine, control, found)
