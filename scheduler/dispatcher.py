@@ -239,8 +239,11 @@ class Dispatcher:
         """Jobs of expired leases: adopted when this dispatcher's launcher sees them, else requeued."""
         adopted, requeued = [], []
         for job in self.store.stale(now):
+            if not job["handle"] and (find := getattr(self.launcher, "find_job", None)):
+                job["handle"] = find(job["id"])  # started, and its dispatcher died before recording the handle
             if job["handle"] and self.launcher.sees(job["handle"]):
                 if self.store.adopt(job, self.id, self.config.queue.lease_seconds, now):
+                    self.store.set_handles({job["id"]: job["handle"]})
                     self.mine[job["id"]] = job["handle"]
                     adopted.append(job["id"])
                     print(f"queue: adopted {job['id']} ({job['handle']}) from {job['dispatcher']}")

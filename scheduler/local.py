@@ -120,6 +120,25 @@ class LocalLauncher:
         """Whether the job's process is (or was) on this host: a restarted dispatcher adopts it."""
         return self._parse(handle) is not None
 
+    def find_job(self, job_id: str) -> str | None:
+        """The handle of the job's process on this host, found by its environment (`DRAPE_JOB_ID`, on
+        the session leader the launcher started): for a job whose dispatcher died after starting it
+        and before recording its handle, which would otherwise be requeued and run twice at once."""
+        wanted = f"DRAPE_JOB_ID={job_id}".encode()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                if stat[stat.rindex(")") + 2 :].split()[3] != entry.name:  # not a session leader
+                    continue
+                found = wanted in (entry / "environ").read_bytes().split(b"\0")
+            except (OSError, ValueError, IndexError):
+                continue
+            if found and (ticks := _start_ticks(int(entry.name))) is not None:
+                return f"pid:{entry.name}:{ticks}:{self.host}"
+        return None
+
     def poll(self, job_id: str, handle: str | None = None) -> Outcome | None:
         child = self.children.get(job_id)
         if child is not None:

@@ -225,6 +225,32 @@ def test_a_restarted_dispatcher_adopts_the_job_its_predecessor_launched(tmp_path
     assert [e["event"] for e in events] == ["claim", "release"] and events[0]["dispatcher"] != events[1]["dispatcher"]
 
 
+def test_a_job_started_by_a_dispatcher_that_died_before_recording_it_is_found_not_run_twice(tmp_path):
+    """The window between a launch and the handle's write: the job runs and the store has no handle.
+    The next dispatcher finds the process by its `DRAPE_JOB_ID` and adopts it rather than requeue it
+    (which would start it a second time beside the first)."""
+    from scheduler.dispatcher import Dispatcher
+    from scheduler.local import LocalLauncher
+
+    config, _ = _config_file(tmp_path, lease_seconds=2.0)
+    store = JobStore(config.queue_url)
+    starts = tmp_path / "starts"
+    job_id = store.submit(
+        JobSpec(kind="finetune", mem_gib=20, duration_s=60, command=["sh", "-c", f"echo started >> {starts}; sleep 2; exit 3"])
+    )
+    dispatcher = Dispatcher(config, store, launcher=LocalLauncher(tmp_path / "logs"))
+    plan = dispatcher.plan(store.pending(), dispatcher.fleet().gpus, [], 0.0, dispatcher.policy)
+    ((placement, row),) = store.claim_rows(plan, "died-after-launch", 2.0, 4, now=time.time())
+    LocalLauncher(tmp_path / "logs").launch(row, [g for g in dispatcher.fleet().gpus if g.uuid in placement.gpus])
+    assert store.get(job_id)["handle"] is None
+    report = dispatcher.cycle(now=time.time() + 10.0)
+    assert report.adopted == [job_id] and not report.requeued and store.get(job_id)["handle"].startswith("pid:")
+    job = _dispatch_until_done(dispatcher, store, job_id, timeout=30, pause=0.1)
+    assert job["state"] == "failed" and job["exit_code"] == 3 and job["attempts"] == 1, job
+    assert starts.read_text().splitlines() == ["started"]
+    assert LocalLauncher(tmp_path / "logs").find_job(job_id) is None  # ended: nothing left to find
+
+
 def test_a_stale_job_no_launcher_sees_is_requeued_and_leases_are_compare_and_set(tmp_path):
     from scheduler.dispatcher import Dispatcher
 
