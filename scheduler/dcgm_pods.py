@@ -31,6 +31,7 @@ from scheduler.drift import Landing
 POD_SERIES = "DCGM_FI_DEV_FB_USED"  # one series per GPU, always exported
 WAIT_S = 120.0  # how long after a job's pods are first seen bound DCGM may take to report them
 QUERY_TIMEOUT_S = 3.0
+QUIET_AFTER_FAILURE_S = 5.0  # a failed query is not repeated sooner: a hanging Prometheus costs one timeout per 5 s
 MAX_GPU_INDEX = 63  # NVML indices of one node; anything larger is not a GPU index
 DEFAULT_PROMETHEUS = "http://127.0.0.1:9090"  # the fleet source's default (scheduler/fleet.py)
 GPU_RESOURCE_PREFIX = "nvidia.com/gpu"  # nvidia.com/gpu, and nvidia.com/gpu.shared under sharing
@@ -132,6 +133,7 @@ class DcgmPods:
     def __init__(self, query: Callable[[str], list], namespace: str, wait_s: float = WAIT_S, clock=time.monotonic):
         self.query, self.namespace, self.wait_s, self.clock = query, namespace, wait_s, clock
         self.first_seen: dict[str, float] = {}  # handle → when its pods were first seen bound
+        self.failed_at = -float("inf")  # when the last query failed
 
     def landings(self, handle: str, pods: list[tuple[str, str, int]]) -> list[Landing] | None:
         """One Landing per pod (name, node, GPUs requested or 0 if unknown) with the devices DCGM reports;
@@ -140,11 +142,7 @@ class DcgmPods:
         for stale in [h for h, at in self.first_seen.items() if now - at > 2 * self.wait_s]:
             del self.first_seen[stale]  # a job that ended while waiting
         first = self.first_seen.setdefault(handle, now)
-        try:
-            samples = self.query(pod_query(self.namespace))
-        except Exception as error:  # noqa: BLE001 - unreachable, refused, a bad answer: DCGM is silent this time
-            print(f"queue: DCGM pod labels for {handle} unavailable ({type(error).__name__}: {str(error)[:200]})")
-            samples = []
+        samples = self._samples(handle, now)
         reported = pod_gpus(samples, self.namespace, {name: node for name, node, _ in pods})
         known = {name: reported[name] for name, _, wanted in pods if name in reported and _complete(reported[name], wanted)}
         if len(known) < len(pods) and now - first < self.wait_s:
@@ -158,6 +156,18 @@ class DcgmPods:
         return [
             Landing(node, known[name].indices, known[name].uuids) if name in known else Landing(node) for name, node, _ in pods
         ]
+
+    def _samples(self, handle: str, now: float) -> list:
+        """Prometheus' answer to `pod_query`; [] (not reported yet) when it fails, or failed less than
+        `QUIET_AFTER_FAILURE_S` ago."""
+        if now - self.failed_at < QUIET_AFTER_FAILURE_S:
+            return []
+        try:
+            return self.query(pod_query(self.namespace))
+        except Exception as error:  # noqa: BLE001 - unreachable, refused, a bad answer: DCGM is silent this time
+            self.failed_at = now
+            print(f"queue: DCGM pod labels for {handle} unavailable ({type(error).__name__}: {str(error)[:200]})")
+            return []
 
 
 def dcgm_pods(queue) -> DcgmPods | None:

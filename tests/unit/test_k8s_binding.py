@@ -275,6 +275,16 @@ def test_dcgm_late_labels_are_waited_for_then_the_landing_is_node_only():
     assert dcgm.landings("job:b", pods) == [Landing("h100-00", (4, 6), ("GPU-00000004-aaaa-bbbb", "GPU-00000006-aaaa-bbbb"))]
     assert dcgm.first_seen == {}
 
+    asked: list[str] = []
+
+    def down(expr: str) -> list:
+        asked.append(expr)
+        raise TimeoutError("read timed out")
+
+    quiet = DcgmPods(down, "drape", clock=iter([0.0, 1.0, 4.0, 6.0]).__next__)
+    assert [quiet.landings(f"job:{i}", pods) for i in range(4)] == [None] * 4
+    assert len(asked) == 2  # at 0 s and 6 s: a failing Prometheus is not asked again for 5 s
+
 
 def test_dcgm_uuids_name_the_gpus_of_a_fleet_read_from_dcgm():
     """0.1 s. A fleet from DCGM knows GPUs by UUID: the reported UUIDs place the drift."""
