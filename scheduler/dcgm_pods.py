@@ -13,7 +13,9 @@ namespace, a bounded timeout, no retries) and answers one `Landing` per pod with
 UUIDs) DCGM reports. The labels appear only at the first scrape after the pod starts, and are sometimes
 missing for a while (NVIDIA/dcgm-exporter#342): until every pod is reported with as many GPUs as it
 requested, it answers None (the dispatcher asks again, `drift.RECHECK_S` later), for at most `WAIT_S`
-after it first saw the pods bound; then the node-only landing (devices unknown), as without DCGM.
+after it first saw the pods bound; then the node-only landing (devices unknown), as without DCGM. A
+failed query counts as "not reported yet" and is not repeated for `QUIET_AFTER_FAILURE_S`, so a hanging
+Prometheus costs the dispatcher one timeout that often, however many jobs wait.
 
 Prometheus' answer is input: a series whose `gpu` index is not a small non-negative integer, or whose
 `Hostname` is not the node the pod is bound to, is ignored, with a line saying which and why.

@@ -50,14 +50,14 @@ def _by_node(uuids: list[str], inventory: dict[str, GpuState]) -> dict[str, list
 
 
 def _on_node(landing: Landing, count: int, inventory: dict[str, GpuState], ledger: dict) -> list[str] | None:
-    """`count` GPUs of the landing's node: those with the reported device indices (or UUIDs), else its least
-    allocated; None if unknown."""
+    """`count` GPUs of the landing's node: those with the reported device indices (or UUIDs; None unless `count`
+    of them match), else its least allocated; None if unknown."""
     node, devices = landing.node, landing.devices
     gpus = sorted((g for g in inventory.values() if g.node == node), key=lambda g: g.uuid)
     if devices is not None:
         named = set(landing.uuids or ())
         chosen = [g.uuid for g in gpus if g.uuid in named or gpu_index(g.uuid) in set(devices)]
-        return chosen if len(chosen) == len(devices) else None
+        return chosen if len(chosen) == len(devices) == count else None  # a partial report never resizes a job
     ranked = sorted(gpus, key=lambda g: (ledger.get(g.uuid, (0.0, 0))[0], g.uuid))
     return [g.uuid for g in ranked[:count]] if len(ranked) >= count else None
 
@@ -86,6 +86,8 @@ def placement_drift(
     for landing, node in zip(unmatched, spare, strict=False):
         kinds.append("node")
         found = _on_node(landing, len(planned[node]), inventory, ledger)
+        if found is None and landing.devices is not None:  # devices the fleet cannot match: its least allocated
+            found = _on_node(Landing(landing.node), len(planned[node]), inventory, ledger)
         actual.extend(found if found is not None else planned[node])  # a node the fleet does not know: books as planned
     return (actual, kinds) if kinds else None
 

@@ -294,3 +294,4 @@ def test_dcgm_uuids_name_the_gpus_of_a_fleet_read_from_dcgm():
     landing = Landing("h100-00", (4, 5), (fleet[4].uuid, fleet[5].uuid))
     assert placement_drift(planned, [landing], inventory, {}) == ([fleet[4].uuid, fleet[5].uuid], ["gpu"])
     assert placement_drift(planned, [Landing("h100-00", (4, 5))], inventory, {}) is None  # indices alone name none of them
+    assert placement_drift(planned, [Landing("h100-00", (4,), (fleet[4].uuid,))], inventory, {}) is None  # never resized
