@@ -6,7 +6,7 @@ its fleet from the same Prometheus, so it knows the GPUs by their DCGM UUIDs. Th
 test_placement_drift binds the job's pod on the planned node; the device plugin's choice is told only by
 DCGM: at first DCGM has no pod labels (the dispatcher waits, books untouched), then it labels two other
 GPUs than planned with the pod, and the books move there with drape_queue_placement_drift_total{kind="gpu"}.
-About 5 s (Prometheus' start and two scrapes)."""
+About 7-10 s on the shared 2 cores (Prometheus' start, scrapes at 1 s)."""
 
 from __future__ import annotations
 
