@@ -10,6 +10,8 @@ it runs, logged as a release and a claim, so GPU-hours are charged where they we
 `drape_queue_placement_drift_total{engine,kind}` counts it: kind `node` (another node) or `gpu`
 (the planned node, other devices).
 
+Under the Kubernetes device plugin the devices come from the DCGM exporter's pod labels in Prometheus
+where the queue reads its fleet there (`scheduler/dcgm_pods.py`, which waits a bounded time for them).
 Where the engine reports the node but not the devices, the job's GPUs on an unplanned node are that
 node's least-allocated ones by the ledger (what the device plugin gives: devices no pod holds).
 """
@@ -32,10 +34,12 @@ RECHECK_S = 5.0  # how soon a job whose pods are not all bound is asked again
 
 @dataclass(frozen=True)
 class Landing:
-    """Where one pod of a job runs: its node, and the device indices there when the engine reports them."""
+    """Where one pod of a job runs: its node, and the device indices there when the engine reports them (with
+    their UUIDs where known: DCGM's, which name the GPUs of a fleet read from DCGM)."""
 
     node: str
     devices: tuple[int, ...] | None = None
+    uuids: tuple[str, ...] | None = None
 
 
 def _by_node(uuids: list[str], inventory: dict[str, GpuState]) -> dict[str, list[str]]:
@@ -45,12 +49,15 @@ def _by_node(uuids: list[str], inventory: dict[str, GpuState]) -> dict[str, list
     return found
 
 
-def _on_node(node: str, count: int, devices, inventory: dict[str, GpuState], ledger: dict) -> list[str] | None:
-    """`count` GPUs of `node`: those with the reported device indices, else its least allocated; None if unknown."""
+def _on_node(landing: Landing, count: int, inventory: dict[str, GpuState], ledger: dict) -> list[str] | None:
+    """`count` GPUs of the landing's node: those with the reported device indices (or UUIDs; None unless `count`
+    of them match), else its least allocated; None if unknown."""
+    node, devices = landing.node, landing.devices
     gpus = sorted((g for g in inventory.values() if g.node == node), key=lambda g: g.uuid)
     if devices is not None:
-        chosen = [g.uuid for g in gpus if gpu_index(g.uuid) in set(devices)]
-        return chosen if len(chosen) == len(devices) else None
+        named = set(landing.uuids or ())
+        chosen = [g.uuid for g in gpus if g.uuid in named or gpu_index(g.uuid) in set(devices)]
+        return chosen if len(chosen) == len(devices) == count else None  # a partial report never resizes a job
     ranked = sorted(gpus, key=lambda g: (ledger.get(g.uuid, (0.0, 0))[0], g.uuid))
     return [g.uuid for g in ranked[:count]] if len(ranked) >= count else None
 
@@ -70,7 +77,7 @@ def placement_drift(
     actual, kinds = [], []
     for landing in matched:
         gpus = planned[landing.node]
-        moved = _on_node(landing.node, len(gpus), landing.devices, inventory, ledger) if landing.devices is not None else None
+        moved = _on_node(landing, len(gpus), inventory, ledger) if landing.devices is not None else None
         if moved is not None and sorted(moved) != sorted(gpus):
             actual.extend(moved)
             kinds.append("gpu")
@@ -78,7 +85,9 @@ def placement_drift(
             actual.extend(gpus)
     for landing, node in zip(unmatched, spare, strict=False):
         kinds.append("node")
-        found = _on_node(landing.node, len(planned[node]), landing.devices, inventory, ledger)
+        found = _on_node(landing, len(planned[node]), inventory, ledger)
+        if found is None and landing.devices is not None:  # devices the fleet cannot match: its least allocated
+            found = _on_node(Landing(landing.node), len(planned[node]), inventory, ledger)
         actual.extend(found if found is not None else planned[node])  # a node the fleet does not know: books as planned
     return (actual, kinds) if kinds else None
 

@@ -24,7 +24,8 @@ before it (409), and a restarted dispatcher adopts a Job by the name the queue r
 
 How the GPUs the queue chose reach the pods (node affinity, whole or shared GPUs, DRA claims, and
 the launches refused because Kubernetes would change the plan) is `scheduler/kubernetes_devices.py`;
-`landed` reads back where the pods run, for the dispatcher's drift check (`scheduler/drift.py`).
+`landed` reads back where the pods run, for the dispatcher's drift check (`scheduler/drift.py`; the
+devices under the device plugin from DCGM's pod labels, `scheduler/dcgm_pods.py`).
 
 `build_job` returns plain objects that the tests validate against the Kubernetes API schema.
 The API clients are built after the kube config is loaded (in-cluster, else ~/.kube/config),
@@ -38,6 +39,7 @@ import os
 import shlex
 from typing import Any
 
+from scheduler.dcgm_pods import DcgmPods, dcgm_pods, requested_gpus
 from scheduler.drift import Landing
 from scheduler.engine import Outcome, torchrun_program
 from scheduler.kubernetes_devices import DRA_GROUP, DRA_VERSION, WHOLE_GPU, Binding, bind, check_node_sharing, gpu_index
@@ -228,8 +230,8 @@ class KubernetesLauncher:
     """Creates the jobs' objects in the cluster of the current kube config; `handle` is
     ``job:<name>`` or ``pytorchjob:<name>``."""
 
-    def __init__(self, settings):
-        self.settings = settings
+    def __init__(self, settings, dcgm: DcgmPods | None = None):
+        self.settings, self.dcgm = settings, dcgm  # dcgm: the device plugin's device choice, read from DCGM
         self._clients: dict | None = None
 
     def _api(self) -> dict:
@@ -314,13 +316,16 @@ class KubernetesLauncher:
 
     def landed(self, handle: str) -> list[Landing] | None:
         """Where the attempt's pods run, read from the API after binding: each pod's `spec.nodeName`, and
-        under DRA the devices its claim was allocated; None while a pod is not bound yet."""
+        its devices (its DRA claim's, or DCGM's under the device plugin); None while a pod is unbound or DCGM late."""
         kind, _, name = handle.partition(":")
         selector = f"training.kubeflow.org/job-name={name}" if kind == "pytorchjob" else f"job-name={name}"
         pods = self._call("core", "list_namespaced_pod", self.settings.namespace, label_selector=selector).items
         if not pods or any(not pod.spec.node_name for pod in pods):
             return None
-        return [Landing(pod.spec.node_name, self._allocated(pod)) for pod in pods]
+        landings = [Landing(pod.spec.node_name, self._allocated(pod)) for pod in pods]
+        if self.dcgm is None or any(landing.devices is not None for landing in landings):
+            return landings
+        return self.dcgm.landings(handle, [(pod.metadata.name, pod.spec.node_name, requested_gpus(pod)) for pod in pods])
 
     def _allocated(self, pod) -> tuple[int, ...] | None:
         """The device indices a pod's DRA claim was allocated (status.allocation.devices.results), None without DRA."""
@@ -335,14 +340,9 @@ class KubernetesLauncher:
         claim_name = ref.resource_claim_name or generated.get(ref.name)
         if not claim_name:
             return None
+        namespace = self.settings.namespace
         claim = self._call(
-            "custom",
-            "get_namespaced_custom_object",
-            DRA_GROUP,
-            DRA_VERSION,
-            self.settings.namespace,
-            "resourceclaims",
-            claim_name,
+            "custom", "get_namespaced_custom_object", DRA_GROUP, DRA_VERSION, namespace, "resourceclaims", claim_name
         )
         results = ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []
         indices = [gpu_index(str(result.get("device", "")).replace("-", "")) for result in results]
@@ -397,4 +397,4 @@ class KubernetesLauncher:
 
 
 def build(config, log_dir) -> KubernetesLauncher:
-    return KubernetesLauncher(config.queue.kubernetes)
+    return KubernetesLauncher(config.queue.kubernetes, dcgm_pods(config.queue))

@@ -214,3 +214,84 @@ def test_the_rendered_objects_in_the_docs_are_what_the_command_prints():
             assert result.output == pasted, command
         else:  # a refusal: the same reason, however the terminal wrapped it
             assert " ".join(result.output.split()) == " ".join(pasted.split()), command
+
+
+def _series(pod: str, gpu: str, host: str = "h100-00", namespace: str = "drape", exported: bool = False, **extra) -> dict:
+    """One DCGM_FI_DEV_FB_USED sample as Prometheus answers it; `exported`: scraped with honor_labels false
+    through kubernetes_sd, so the exporter's pod labels carry an `exported_` prefix beside the target's own."""
+    own = {"pod": pod, "namespace": namespace, "container": "main"}
+    if exported:
+        own = {f"exported_{k}": v for k, v in own.items()} | {"pod": "nvidia-dcgm-exporter-x7", "namespace": "gpu-operator"}
+    labels = {"__name__": "DCGM_FI_DEV_FB_USED", "gpu": gpu, "UUID": f"GPU-0000000{gpu}-aaaa-bbbb", "Hostname": host}
+    return {"metric": own | labels | extra, "value": [0, "1024"]}
+
+
+def test_dcgm_pod_labels_give_the_devices_and_bad_series_are_ignored():
+    """0.1 s. Pod and exported_pod both read; a wrong Hostname, a bad index, another namespace: ignored, logged."""
+    from scheduler.dcgm_pods import pod_gpus, pod_query
+
+    said: list[str] = []
+    samples = [
+        _series("job-a-x", "4"),
+        _series("job-a-x", "5"),
+        _series("job-b-y", "3", exported=True),
+        _series("job-b-y", "6", host="h100-07"),  # stale or foreign: not the pod's node
+        _series("job-b-y", "-1", exported=True),
+        _series("job-b-y", "99", exported=True),
+        _series("job-b-y", "x", exported=True),
+        _series("job-a-x", "7", namespace="other"),
+        _series("nvidia-dcgm-exporter-x7", "0", namespace="gpu-operator"),  # a GPU no pod holds
+    ]
+    found = pod_gpus(samples, "drape", {"job-a-x": "h100-00", "job-b-y": "h100-00"}, log=said.append)
+    assert found["job-a-x"].indices == (4, 5) and found["job-a-x"].uuids == ("GPU-00000004-aaaa-bbbb", "GPU-00000005-aaaa-bbbb")
+    assert found["job-b-y"].indices == (3,)
+    assert len(said) == 4 and "h100-07" in said[0] and "bound to node h100-00" in said[0]
+    assert all("not a GPU index" in line for line in said[1:])
+    assert pod_gpus([_series("job-a-x", "4", UUID="nonsense")], "drape", {"job-a-x": "h100-00"})["job-a-x"].uuids is None
+    assert pod_gpus("not a list", "drape", {"job-a-x": "h100-00"}) == {}
+    assert pod_query('a"b') == 'DCGM_FI_DEV_FB_USED{namespace="a\\"b"} or DCGM_FI_DEV_FB_USED{exported_namespace="a\\"b"}'
+
+
+def test_dcgm_late_labels_are_waited_for_then_the_landing_is_node_only():
+    """0.1 s. Missing labels → None (asked again) until WAIT_S after the pods were first seen, then node-only."""
+    from scheduler.dcgm_pods import WAIT_S, DcgmPods
+
+    answers: list = [[], [_series("job-a-x", "4")], ConnectionError("refused"), []]
+    clock = iter([0.0, 30.0, 60.0, WAIT_S + 1, 500.0, 501.0]).__next__
+
+    def query(expr: str) -> list:
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    dcgm = DcgmPods(query, "drape", clock=clock)
+    pods = [("job-a-x", "h100-00", 2)]
+    assert dcgm.landings("job:a", pods) is None  # no labels yet
+    assert dcgm.landings("job:a", pods) is None  # one GPU of the two it requested
+    assert dcgm.landings("job:a", pods) is None  # Prometheus unreachable
+    assert dcgm.landings("job:a", pods) == [Landing("h100-00")]  # past the bound: devices unknown, as before
+    answers.append([_series("job-a-x", "4"), _series("job-a-x", "6")])
+    assert dcgm.landings("job:b", pods) == [Landing("h100-00", (4, 6), ("GPU-00000004-aaaa-bbbb", "GPU-00000006-aaaa-bbbb"))]
+    assert dcgm.first_seen == {}
+
+    asked: list[str] = []
+
+    def down(expr: str) -> list:
+        asked.append(expr)
+        raise TimeoutError("read timed out")
+
+    quiet = DcgmPods(down, "drape", clock=iter([0.0, 1.0, 4.0, 6.0]).__next__)
+    assert [quiet.landings(f"job:{i}", pods) for i in range(4)] == [None] * 4
+    assert len(asked) == 2  # at 0 s and 6 s: a failing Prometheus is not asked again for 5 s
+
+
+def test_dcgm_uuids_name_the_gpus_of_a_fleet_read_from_dcgm():
+    """0.1 s. A fleet from DCGM knows GPUs by UUID: the reported UUIDs place the drift."""
+    fleet = [GpuState(f"GPU-0000000{i}-aaaa-bbbb", "h100-00", "H100-80GB", 80) for i in range(8)]
+    inventory = {g.uuid: g for g in fleet}
+    planned = [fleet[0].uuid, fleet[1].uuid]
+    landing = Landing("h100-00", (4, 5), (fleet[4].uuid, fleet[5].uuid))
+    assert placement_drift(planned, [landing], inventory, {}) == ([fleet[4].uuid, fleet[5].uuid], ["gpu"])
+    assert placement_drift(planned, [Landing("h100-00", (4, 5))], inventory, {}) is None  # indices alone name none of them
+    assert placement_drift(planned, [Landing("h100-00", (4,), (fleet[4].uuid,))], inventory, {}) is None  # never resized
