@@ -67,10 +67,24 @@ def serve(
 
     home = home or REPO / ".drape" / "prefect-serve"
     console.print(f"starting the Prefect server on http://127.0.0.1:{port} (PREFECT_HOME={home}) ...")
-    try:
-        stack = bring_up(home, port)
+    stack = None
+    try:  # one block from the bring-up on: a SIGTERM just after the banner must stop the stack too
+        stack = bring_up(home, port)  # stops what it started if interrupted itself
+        _serve_banner(stack)
+        while all(process.poll() is None for process in stack.processes.values()):
+            time.sleep(1)
+        console.print("[red]a process of the stack exited; see the logs in[/red] " + str(home))
     except ServeError as error:
         fail(str(error), 1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if stack is not None:
+            stack.stop()
+
+
+def _serve_banner(stack) -> None:
+    """Where the running stack is, and what to try."""
     console.print(
         Panel(
             "\n".join(
@@ -91,14 +105,6 @@ def serve(
             expand=False,
         )
     )
-    try:
-        while all(process.poll() is None for process in stack.processes.values()):
-            time.sleep(1)
-        console.print("[red]a process of the stack exited; see the logs in[/red] " + str(home))
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stack.stop()
 
 
 def train(
