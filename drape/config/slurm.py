@@ -47,7 +47,8 @@ class SlurmLauncherConfig(StrictModel):
         ge=1024,
         le=65519,
         description="torchrun's c10d port on the first node; run k of a requeued job uses this + k % 16, since the "
-        "store of the run before may still hold its port",
+        "store of the run before may still hold its port; keep all 16 below the nodes' ephemeral range "
+        "(net.ipv4.ip_local_port_range, 32768 up by default), where any outgoing connection may hold one",
     )
     rendezvous_timeout_seconds: int = Field(default=900, ge=30, le=86400, description="how long nodes wait for each other")
     setup: list[str] = Field(

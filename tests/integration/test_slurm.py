@@ -21,10 +21,13 @@ where drape placed it (--nodelist, --gres=gpu:2).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -35,7 +38,6 @@ import pytest
 import torch
 import yaml
 
-from drape.cli.stack import free_port
 from drape.layout import checkpoint_step
 from drape.ops import metrics
 from drape.storage.handoff import fetch_checkpoint, newest_published, result_key
@@ -125,7 +127,7 @@ def _config(root: Path, bucket: str, endpoint: str, inventory: str, **queue):
             "max_attempts": 2,
             "slurm": {
                 "accounting": "jobcomp",
-                "rendezvous_port": free_port(),
+                "rendezvous_port": _rendezvous_ports(),
                 "cpus_per_gpu": 1,
                 "time_limit_minutes": 30,
                 "signal_seconds": 120,
@@ -134,6 +136,25 @@ def _config(root: Path, bucket: str, endpoint: str, inventory: str, **queue):
             **queue,
         },
     )
+
+
+def _rendezvous_ports(runs: int = 16) -> int:
+    """A rendezvous port whose next `runs` (a requeued run's, `port + restart % 16`) are free now,
+    below the kernel's ephemeral range: there any outgoing connection or `bind(0)` of the other
+    tests may take one meanwhile (a requeued run once failed with EADDRINUSE on `free_port() + 1`)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, low - runs)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + runs):
+                    sock = held.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {runs} free ports in a row between 20000 and {low}")
 
 
 def _submit(config, run_id: str) -> JobSpec:
