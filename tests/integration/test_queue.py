@@ -298,7 +298,8 @@ def test_a_torchrun_job_runs_one_rank_per_gpu(tmp_path):
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
     script = tmp_path / "rank.py"
-    script.write_text("import os\nprint('rank', os.environ['RANK'], 'of', os.environ['WORLD_SIZE'], flush=True)\n")
+    # one write() each: print's pieces, unbuffered under torchrun, interleaved once in the shared log
+    script.write_text("import os\nos.write(1, f\"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\\n\".encode())\n")
     job_id = store.submit(
         JobSpec(
             kind="stage-training",
