@@ -50,12 +50,17 @@ _EXIT_SCRIPT = (
 def _start_ticks(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/<pid>/stat field 22), None when it is
     gone or a zombie: with the pid it names one process, never a later one that reused the pid."""
+    fields = _stat_fields(pid)
+    return None if fields is None or fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (state first), None when the process is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 class LocalLauncher:
@@ -128,12 +133,12 @@ class LocalLauncher:
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
+            fields = _stat_fields(entry.name)
+            if fields is None or fields[3] != entry.name:  # gone, or not a session leader
+                continue
             try:
-                stat = (entry / "stat").read_text()
-                if stat[stat.rindex(")") + 2 :].split()[3] != entry.name:  # not a session leader
-                    continue
                 found = wanted in (entry / "environ").read_bytes().split(b"\0")
-            except (OSError, ValueError, IndexError):
+            except OSError:
                 continue
             if found and (ticks := _start_ticks(int(entry.name))) is not None:
                 return f"pid:{entry.name}:{ticks}:{self.host}"
