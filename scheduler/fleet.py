@@ -63,10 +63,14 @@ def _check_framebuffer(uuid: str, prometheus_url: str, used: float, free: float)
 
 
 def dcgm_gpus(prometheus_url: str, timeout: float = 5.0) -> list[GpuState]:
-    """GPUs as the DCGM exporter reports them in Prometheus; raises OSError-like errors when unreachable."""
+    """GPUs as the DCGM exporter reports them in Prometheus; raises OSError-like errors when unreachable.
+    One retry at once: the client's default (3, with 2 and 4 s of backoff) held each dispatcher cycle
+    6 s while Prometheus was down, and the next cycle asks again anyway."""
     from prometheus_api_client import PrometheusConnect
+    from urllib3.util.retry import Retry
 
-    client = PrometheusConnect(url=prometheus_url, disable_ssl=True, timeout=timeout)
+    retry = Retry(total=1, status_forcelist=(502, 503, 504), allowed_methods=None, raise_on_status=False)
+    client = PrometheusConnect(url=prometheus_url, disable_ssl=True, timeout=timeout, retry=retry)
     series: dict[str, dict] = {}
     for metric in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_DEV_GPU_UTIL"):
         for sample in client.custom_query(metric):

@@ -234,7 +234,7 @@ class StageJob:
             init_checkpoint=init,
             mode=self.mode,
             data_manifest_hash=manifest_hash(manifest),
-            log_metrics=self._sink(tracker),
+            log_metrics=self._sink(tracker) if context.is_main else None,  # rank 0 logs: the others never load MLflow
             progress=progress,
             metric_labels={"run": self.run_id, "stage": self.stage},
             context=context,
