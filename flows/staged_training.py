@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import flow
 from prefect.futures import PrefectFuture, wait
@@ -22,9 +23,11 @@ from prefect.runtime import flow_run
 
 from drape import STAGES, next_stage
 from drape.config import default_config_path, load_config
-from drape.gates.report import GateReport
-from drape.pipeline import GateFailed, RunContext
 from tasks import stages as t
+
+if TYPE_CHECKING:  # importing this module loads no torch: `prefect deploy` reads the flow in a second
+    from drape.gates.report import GateReport
+    from drape.pipeline import RunContext
 
 
 def _flow_run_name() -> str:
@@ -51,6 +54,8 @@ def stage_failures(config, context: RunContext, stage: str, prestaging: list[Pre
     try:
         yield
     except _Rejected as rejected:
+        from drape.pipeline import GateFailed
+
         wait(prestaging)
         raise GateFailed(t.reject(config, context, stage, rejected.report)) from None
     except Exception as error:

@@ -17,25 +17,69 @@ retention policy keeps live until the run ends (`live_until: run_end`; by defaul
 `close_run` frees once its archived copy is verified.
 """
 
-from drape.layout import live_root
-from drape.pipeline.queue_job import finish_train, train_command, warm_node
-from drape.pipeline.resume import ResumeError, run_of_flow_run
-from drape.pipeline.run import GateFailed, RunContext, close_run, resources, start_run, summarize
-from drape.pipeline.stages import (
-    abort,
-    archive,
-    archive_passed,
-    gate,
-    passed_gate,
-    prestage,
-    reject,
-    snapshot,
-    stage_job,
-    stage_progress,
-    start_checkpoint,
-    train,
-)
-from drape.pipeline.standalone import prestage_dataset, sweep
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from drape.layout import live_root
+    from drape.pipeline.queue_job import finish_train, train_command, warm_node
+    from drape.pipeline.resume import ResumeError, run_of_flow_run
+    from drape.pipeline.run import GateFailed, RunContext, close_run, resources, start_run, summarize
+    from drape.pipeline.stages import (
+        abort,
+        archive,
+        archive_passed,
+        gate,
+        passed_gate,
+        prestage,
+        reject,
+        snapshot,
+        stage_job,
+        stage_progress,
+        start_checkpoint,
+        train,
+    )
+    from drape.pipeline.standalone import prestage_dataset, sweep
+
+# Each name loads its module on first use (PEP 562): importing the package, as every flow module
+# does, loads no torch, diffusers or MLflow, so `prefect deploy` and the UI's parameter forms do
+# not wait on them; a flow run loads them when its first task runs.
+_WHERE = {
+    "live_root": "drape.layout",
+    **dict.fromkeys(("finish_train", "train_command", "warm_node"), "drape.pipeline.queue_job"),
+    **dict.fromkeys(("ResumeError", "run_of_flow_run"), "drape.pipeline.resume"),
+    **dict.fromkeys(("GateFailed", "RunContext", "close_run", "resources", "start_run", "summarize"), "drape.pipeline.run"),
+    **dict.fromkeys(
+        (
+            "abort",
+            "archive",
+            "archive_passed",
+            "gate",
+            "passed_gate",
+            "prestage",
+            "reject",
+            "snapshot",
+            "stage_job",
+            "stage_progress",
+            "start_checkpoint",
+            "train",
+        ),
+        "drape.pipeline.stages",
+    ),
+    **dict.fromkeys(("prestage_dataset", "sweep"), "drape.pipeline.standalone"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'drape.pipeline' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "GateFailed",

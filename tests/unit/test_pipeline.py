@@ -114,3 +114,20 @@ def test_a_flow_node_that_lost_its_disk_gets_the_live_baseline_back_from_the_reg
         shutil.rmtree(live.root, ignore_errors=True)
         shutil.rmtree(live.staging, ignore_errors=True)
         kept.rename(live.root)
+
+
+def test_the_flow_modules_load_no_torch_diffusers_or_mlflow_and_the_pipeline_names_resolve():
+    """`prefect deploy` imports every flow module: they load Prefect and drape's config only, and
+    each `drape.pipeline` name loads its module when first used."""
+    import subprocess
+    import sys
+
+    flows = ["staged_training", "prestage_dataset", "retention_sweep", "queue_dispatcher", "inference_benchmark"]
+    probe = "import sys; " + "; ".join(f"import flows.{name}" for name in flows)
+    probe += "; print(sorted(m for m in ('torch', 'diffusers', 'mlflow') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+    assert set(pipeline.__all__) == set(pipeline._WHERE)  # every exported name has its module
+    assert all(getattr(pipeline, name) is not None for name in pipeline.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        pipeline.nothing  # noqa: B018

@@ -440,7 +440,13 @@ def test_a_signal_stops_a_commands_children_as_ctrl_c_does(signum, how):
     from tests.integration.test_serve_signals import alive, descendants
 
     parent = subprocess.Popen(
-        [sys.executable, "-c", CHILD, how], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()}
+        [sys.executable, "-c", CHILD, how],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        # as from a terminal: a suite started in the background (`make test &`) ignores SIGINT, and
+        # a Python started so never installs its KeyboardInterrupt handler
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         assert parent.stdout is not None
