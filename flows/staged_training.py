@@ -25,7 +25,7 @@ from drape import STAGES, next_stage
 from drape.config import default_config_path, load_config
 from tasks import stages as t
 
-if TYPE_CHECKING:  # importing this module loads no torch: `prefect deploy` reads the flow in a second
+if TYPE_CHECKING:  # importing this module loads no torch, diffusers or MLflow (`prefect deploy` imports it)
     from drape.gates.report import GateReport
     from drape.pipeline import RunContext
 
