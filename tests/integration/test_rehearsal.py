@@ -86,13 +86,14 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-def _pids(**env) -> list[int]:
-    """Processes whose environment holds every `env` item (a value of None: the name is set)."""
+def _pids(**env: str | set[str]) -> list[int]:
+    """Processes whose environment holds every `env` item: the value, or one of a set of them.
+    Never "the name is set" alone: the other worker's tests run queue jobs and flow runs too."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and entry.name != str(os.getpid()):
             environ = _environ(int(entry.name))
-            if all((name in environ) if value is None else environ.get(name) == value for name, value in env.items()):
+            if all(environ.get(name) in ({value} if isinstance(value, str) else value) for name, value in env.items()):
                 found.append(int(entry.name))
     return found
 
@@ -220,8 +221,8 @@ def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushga
         if rehearsal.dispatcher is not None:
             os.killpg(rehearsal.dispatcher.pid, signal.SIGKILL)
         stack.stop()
-        for pid in _pids(DRAPE_JOB_ID=None):  # nothing a job started outlives the rehearsal
-            os.kill(pid, signal.SIGKILL)
+        for pid in _pids(DRAPE_JOB_ID={job["id"] for job in rehearsal.store.jobs()}):  # nothing a job
+            os.kill(pid, signal.SIGKILL)  # started outlives the rehearsal (its jobs: not another test's)
         nodes.close()
         if saved is None:
             os.environ.pop("PREFECT_WORKER_QUERY_SECONDS", None)
@@ -324,7 +325,7 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     lost = rehearsal.node_of(job)
     survivor = next(node for node in TRAINERS if node != lost)
     _fleet(Path(rehearsal.config.queue.inventory or ""), (survivor,))  # the node leaves the fleet (DCGM: no series)
-    flow_pids = _pids(PREFECT__FLOW_RUN_ID=None)
+    flow_pids = [pid for pid in rehearsal.nodes.pids("flow") if "PREFECT__FLOW_RUN_ID" in _environ(pid)]
     assert flow_pids and rehearsal.nodes.pids(lost)
     for pid in flow_pids:
         os.kill(pid, signal.SIGKILL)
