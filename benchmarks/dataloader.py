@@ -132,7 +132,7 @@ def memory(scratch: Path, sizes: dict[int, list[int]]) -> None:
 
 def h100_demand() -> tuple[float, list[str]]:
     """Samples/s one H100 rank consumes at 40% MFU, from the h100 config's FLOPs per sample."""
-    from scheduler.profiles import parameter_counts, tokens_per_sample
+    from scheduler.jobs.profiles import parameter_counts, tokens_per_sample
 
     config = load_config(REPO / "configs" / "fitdit.yaml")
     parameters, _ = parameter_counts(config, None)

@@ -12,7 +12,7 @@ failures and the metrics), each database a copy of the same filled one:
 
 - before: `Dispatcher(incremental=False)`: `plan_drape` over every queued and running job, read
   whole from the database each cycle;
-- after: the `LivePlanner` (`scheduler/live.py`): the jobs whose state changed since the last
+- after: the `LivePlanner` (`scheduler/dispatch/live.py`): the jobs whose state changed since the last
   cycle (`jobs.version`), the first cycle a full read (shown apart).
 
 `--explain` prints, for one cycle after at the largest queue, PostgreSQL's plan of every distinct
@@ -46,11 +46,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from drape.config import parse_config  # noqa: E402
-from scheduler.dispatcher import Dispatcher  # noqa: E402
-from scheduler.local import NullLauncher  # noqa: E402
-from scheduler.schema import execute_many  # noqa: E402
-from scheduler.simulator import load_fleet  # noqa: E402
-from scheduler.store import JobSpec, JobStore  # noqa: E402
+from scheduler.dispatch.dispatcher import Dispatcher  # noqa: E402
+from scheduler.engines.local.launcher import NullLauncher  # noqa: E402
+from scheduler.queue.inventory import load_fleet  # noqa: E402
+from scheduler.queue.schema import execute_many  # noqa: E402
+from scheduler.queue.store import JobSpec, JobStore  # noqa: E402
 
 CHURN = 8  # jobs that end, and jobs submitted, before each timed cycle: one node's worth
 COLUMNS = "id, kind, shape, priority, gpus, mem_gib, duration_s, command, env, labels, state, submit_s, attempts"

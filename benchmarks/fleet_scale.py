@@ -10,8 +10,8 @@ end):
 - before: `simulate(reference=True)`: `plan_drape`, which copies and indexes every GPU and sorts
   every waiting job at every event, in the loop that recomputes every running job's pace; in a
   process of its own, stopped at `--before-cap` seconds (then "-": it did not finish);
-- after: `simulate()`: the `Planner` (`scheduler/planner.py`), indexes kept by take/leave, in the
-  incremental replay (`scheduler/replay.py`).
+- after: `simulate()`: the `Planner` (`scheduler/policy/planner.py`), indexes kept by take/leave, in the
+  incremental replay (`scheduler/sim/replay.py`).
 
 A decision is one job started (a restart after preemption counts). Decisions/s: jobs started
 per second of policy time (the planning passes, and for the planner the index upkeep as jobs
@@ -38,9 +38,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.scheduler import GANG_MIX, WEEK_S, gang_week  # noqa: E402
-from scheduler import baselines, planner  # noqa: E402
-from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, plan_drape  # noqa: E402
-from scheduler.simulator import TraceJob, simulate  # noqa: E402
+from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, baselines, plan_drape, planner  # noqa: E402  # noqa: E402
+from scheduler.sim import TraceJob, simulate  # noqa: E402
 
 SIZES = (64, 1_000, 6_000, 25_000, 100_000)
 ARRIVALS_S = WEEK_S * 6 / 7  # gang_week's jobs arrive over its first six days

@@ -1,4 +1,4 @@
-"""Gang waits bounded by checkpoint preemption (`scheduler/checkpoints.py`), per seed.
+"""Gang waits bounded by checkpoint preemption (`scheduler/policy/checkpoints.py`), per seed.
 
 The gang weeks at load 0.85 (`benchmarks/scheduler.py`: 64 H100; 48 H100 + 16 L40S with a third
 of the jobs H100-only; 64 H100 with 2- and 4-GPU fine-tunes), seeds 1-10, and the field week:
@@ -9,9 +9,9 @@ set it, the 1-GPU mean wait, the work stops threw away as a share of the trace's
 jobs stopped and the longest a stopped job waited to resume. Against the issue's goals (8-GPU
 max wait <= 4 h, 1-GPU mean wait <= 5 min, work lost <= 1%, >= 0.98 of bound) each seed that falls
 short says why: for the 8-GPU max, "cannot" where the floor no policy beats exceeds 4 h (the
-8-GPU jobs alone, every node theirs, interrupted and moved for free: `scheduler/wide_floor.py`,
+8-GPU jobs alone, every node theirs, interrupted and moved for free: `benchmarks/floors/wide_floor.py`,
 printed per seed beside first-come-first-served among them alone), "cannot (joint)" where the floor
-beside the 1-GPU jobs exceeds it (`scheduler/joint_floor.py`: no policy whose 1-GPU jobs end on
+beside the 1-GPU jobs exceeds it (`benchmarks/floors/joint_floor.py`: no policy whose 1-GPU jobs end on
 average within 5 min of submit + duration beats it; printed with the node-hours the 8-GPU jobs
 lack at 4 h beside 1-GPU jobs run from submit, and the most that 5 min of mean delay frees), else
 "policy" with what held every node when the job had waited 4 h (a gang job of its priority
@@ -36,11 +36,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from scheduler.checkpoints import stoppable  # noqa: E402
-from scheduler.joint_floor import joint_floor, lacking_node_s  # noqa: E402
+from benchmarks.floors.joint_floor import joint_floor, lacking_node_s  # noqa: E402
 from scheduler.policy import PolicyConfig  # noqa: E402
-from scheduler.replay import replay  # noqa: E402
-from scheduler.simulator import load_fleet, load_trace  # noqa: E402
+from scheduler.policy.checkpoints import stoppable  # noqa: E402
+from scheduler.queue.inventory import load_fleet  # noqa: E402
+from scheduler.sim import load_trace  # noqa: E402
+from scheduler.sim.replay import replay  # noqa: E402
 
 GOAL_8_MAX_S, GOAL_1_MEAN_S, GOAL_LOST, GOAL_BOUND = 4 * 3600.0, 300.0, 0.01, 0.98
 KINDS = ("64 H100", "mixed", "fine-tunes")
@@ -153,12 +154,12 @@ def _short(row: dict) -> list[str]:
     if row["max8"] > GOAL_8_MAX_S:
         floor, fcfs, joint = row.get("floor8"), row.get("fcfs8"), row.get("joint8")
         if floor is not None and floor > GOAL_8_MAX_S:
-            why = f"cannot: no policy keeps every 8-GPU job under {_hours(floor)} (scheduler/wide_floor.py)"
+            why = f"cannot: no policy keeps every 8-GPU job under {_hours(floor)} (benchmarks/floors/wide_floor.py)"
         elif joint is not None and joint > GOAL_8_MAX_S:
             why = (
                 f"cannot (joint): no policy whose 1-GPU jobs end on average within 5 min of submit + duration keeps "
                 f"every 8-GPU job under {_hours(joint)}; at 4 h they lack {row['lack_h']:.1f} node-h beside 1-GPU jobs "
-                f"run from submit, 5 min of mean delay frees {row['budget_h']:.1f} at most (scheduler/joint_floor.py)"
+                f"run from submit, 5 min of mean delay frees {row['budget_h']:.1f} at most (benchmarks/floors/joint_floor.py)"
             )
         else:
             alone = "" if fcfs is None else f"; first-come-first-served among the 8-GPU jobs alone: {_hours(fcfs)}"

@@ -21,9 +21,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.cases.real_cases import real_control
 from drape.gates.harmless import suite
 from drape.gates.ocr import shared_text_check
-from drape.gates.real_cases import real_control
 
 
 def kinds(size: int, samples: int, seed: int, only: list[str]) -> tuple[dict, dict[str, tuple[bool, np.ndarray]]]:

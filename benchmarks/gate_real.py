@@ -2,7 +2,7 @@
 the gate, at 128 and 256 px; the margin between each check's harmless floor and the weakest
 regression it must catch; each recognizer's time per sample on this CPU.
 
-The control set is `drape.gates.real_cases.real_control`: two real portraits (skimage's astronaut,
+The control set is `benchmarks.cases.real_cases.real_control`: two real portraits (skimage's astronaut,
 matplotlib's Grace Hopper) framed at random, a word printed on the chest. What must pass: the wide
 harmless suite (`drape.gates.harmless.suite('wide')`: the nuisance suite, tone curves, sharpening,
 denoising, resampling, compound registrations). What must fail, per check:
@@ -39,11 +39,11 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from benchmarks.cases.real_cases import FaceScene, drift_face, erase_face, print_word, real_control, swap_face
 from drape.gates.calibration import redrawn_lower_bounds
 from drape.gates.checks import PixelFaceEmbedder, identity_scores, texture_scores
 from drape.gates.harmless import suite
 from drape.gates.ocr import shared_text_check
-from drape.gates.real_cases import FaceScene, drift_face, erase_face, print_word, real_control, swap_face
 from drape.gates.recognizers import RecognizerCheck, drift_values, recognizer_scores
 from drape.gates.recognizers.dlib_face import DRIFT_DISTANCE, DlibRecognizer
 from drape.gates.regressions import LOOK_ALIKE

@@ -96,7 +96,7 @@ def main() -> int:
         context.barrier()  # rank 0's directory stays until every rank is done with it
     if not context.is_main:
         return 0
-    from scheduler.profiles import parameter_counts, tokens_per_sample
+    from scheduler.jobs.profiles import parameter_counts, tokens_per_sample
 
     parameters, _ = parameter_counts(config, "identity")
     step_seconds = result.train_seconds / args.steps

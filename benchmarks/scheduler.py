@@ -12,13 +12,13 @@
    elsewhere; moving jobs crowded onto a GPU to idle ones, while a gang job waits only off its
    reservation; co-locating on the GPU that clears soonest), drape spreading only, drape with
    neither, drape preempting into co-location, drape fragmentation-aware
-   (`scheduler/fragmentation.py`), drape not spreading while a gang job waits, that and
+   (`scheduler/policy/fragmentation.py`), drape not spreading while a gang job waits, that and
    co-locating on the tightest memory fit (the default before), drape as it was
    (first idle GPU by name, constraints ignored, neither), a Kueue-like requests-quota
    BestEffortFIFO, and fifo-exclusive; waits per job class (1, 2-4, 8 GPUs), violations,
    preemptions and the work they lost. Then the 8-GPU jobs alone on the same fleet (the capacity
    floor), and beside single-GPU jobs that start on arrival, packed one or two to a GPU at no cost
-   (`scheduler/bounds.py`): the waits no policy that starts them on arrival unslowed can avoid.
+   (`benchmarks/floors/gang_floor.py`): the waits no policy that starts them on arrival unslowed can avoid.
    Then the same weeks over ten seeds: medians and the worst seed (one week's makespan hangs on
    its tail), with those floors (whole-node jobs only: none for the fine-tune week).
 3. Times dispatch cycles with 10,000 queued jobs on 1,024 GPUs (128 nodes × 8), in a fresh
@@ -46,15 +46,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml  # noqa: E402
 
+from benchmarks.floors.gang_floor import gang_floor  # noqa: E402
 from drape.config import parse_config  # noqa: E402
-from scheduler.baselines import plan_fifo_exclusive, plan_kueue_like  # noqa: E402
-from scheduler.bounds import gang_floor  # noqa: E402
-from scheduler.dispatcher import Dispatcher  # noqa: E402
-from scheduler.local import NullLauncher  # noqa: E402
+from scheduler.dispatch.dispatcher import Dispatcher  # noqa: E402
+from scheduler.engines.local.launcher import NullLauncher  # noqa: E402
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape  # noqa: E402
-from scheduler.simulator import TraceJob, load_fleet, load_trace, simulate  # noqa: E402
-from scheduler.store import JobSpec, JobStore  # noqa: E402
-from scheduler.tables import render  # noqa: E402
+from scheduler.policy.baselines import plan_fifo_exclusive, plan_kueue_like  # noqa: E402
+from scheduler.queue.inventory import load_fleet  # noqa: E402
+from scheduler.queue.store import JobSpec, JobStore  # noqa: E402
+from scheduler.sim import TraceJob, load_trace, simulate  # noqa: E402
+from scheduler.sim.tables import render  # noqa: E402
 
 HERE = Path(__file__).parent / "traces"
 
@@ -185,7 +186,7 @@ def gangs() -> None:
         for per_gpu, packing in FLOOR_LABELS.items():
             bound = gang_floor(trace, fleet, per_gpu)
             print(
-                f"the 8-GPU jobs beside single-GPU jobs started on arrival, {packing} (scheduler/bounds.py): "
+                f"the 8-GPU jobs beside single-GPU jobs started on arrival, {packing} (benchmarks/floors/gang_floor.py): "
                 f"wait mean {bound.mean_s / 60:.1f} min, max {bound.max_s / 60:.1f} min, "
                 f"{bound.over(3600)} of {len(bound.waits_s)} over 1 h"
             )

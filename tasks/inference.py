@@ -21,7 +21,7 @@ def bench_inference(config: PipelineConfig, model: str | None, inputs: str | Non
     directory = LiveLayout(live_root(config)).inference(bench_id)
     placement = None
     if config.queue.enabled:
-        from scheduler import run_inference_benchmark
+        from scheduler.jobs.inference import run_inference_benchmark
 
         row, report = run_inference_benchmark(
             config, bench_id=bench_id, model=model, inputs=inputs, variants=variants, on_line=print

@@ -13,7 +13,7 @@ from drape.config import PipelineConfig
 @task(name="dispatch", cache_policy=NONE, log_prints=True)
 def dispatch(config: PipelineConfig, max_minutes: float | None, metrics_port: int | None) -> dict:
     """Run a dispatcher until `max_minutes` pass (forever when None); returns what it did."""
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     if metrics_port:
         from drape.ops.metrics import serve_metrics

@@ -52,9 +52,9 @@ def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> T
 
         return pipeline.train(config, context, stage, progress=progress_lines(stage))
     from drape import job_kind_for
-    from scheduler import train_job_spec
-    from scheduler.dispatcher import live_job, submit_and_wait, wait_for
-    from scheduler.store import JobStore
+    from scheduler.dispatch.dispatcher import live_job, submit_and_wait, wait_for
+    from scheduler.jobs.training import train_job_spec
+    from scheduler.queue.store import JobStore
 
     store = JobStore(config.queue_url)
     left = live_job(store, job_kind_for(context.mode), stage, context.run_id) if context.resumed else None
@@ -142,8 +142,8 @@ def summarize(config: PipelineConfig, context: pipeline.RunContext, rows: list[d
     """The run's summary and cost; its jobs' GPU allocations come from the queue's allocation log."""
     attempts: list | None = []
     if config.queue.enabled:
-        from scheduler.accounting import run_attempts
-        from scheduler.store import JobStore
+        from scheduler.dispatch.accounting import run_attempts
+        from scheduler.queue.store import JobStore
 
         try:
             attempts = run_attempts(JobStore(config.queue_url), context.run_id, config)

@@ -28,8 +28,8 @@ def _latest_run(cfg) -> str:
 
 def _attempts(cfg, run_id: str) -> list:
     """The run's jobs' GPU allocations from the queue (none when it trained in-process)."""
-    from scheduler.accounting import run_attempts
-    from scheduler.store import JobStore
+    from scheduler.dispatch.accounting import run_attempts
+    from scheduler.queue.store import JobStore
 
     return run_attempts(JobStore(cfg.queue_url), run_id, cfg)
 
@@ -97,8 +97,8 @@ def cost_fleet(
     """Reserved GPU-hours the queue's fleet left idle over the window, priced at cost.fleet_plan."""
     from drape.cost import CostError
     from drape.cost.fleet import idle_cost
-    from scheduler.accounting import fleet_log
-    from scheduler.store import JobStore
+    from scheduler.dispatch.accounting import fleet_log
+    from scheduler.queue.store import JobStore
 
     cfg = load(config)
     inventory, events = fleet_log(JobStore(cfg.queue_url))
@@ -175,7 +175,7 @@ def cost_estimate(
     from drape.cost import CostError
     from drape.cost.report import modelled, overheads_of, run_report
     from drape.storage.store import open_store
-    from scheduler.profiles import estimate
+    from scheduler.jobs.profiles import estimate
 
     cfg, measured_cfg = load(config), load(like_config or config)
     try:

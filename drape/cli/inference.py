@@ -90,7 +90,7 @@ def bench_inference(
     directory = LiveLayout(live_root(cfg)).inference(bench_id)
     try:
         if queue:
-            from scheduler import run_inference_benchmark
+            from scheduler.jobs.inference import run_inference_benchmark
 
             _, report = run_inference_benchmark(
                 cfg,

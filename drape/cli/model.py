@@ -41,7 +41,7 @@ def model_describe(config: Path | None = ConfigOption) -> None:
     """The model a config builds: its class, parameters in total and per stage, the queue's memory
     estimate per stage job, and what each stage trains."""
     from drape.training.model import configured_class_path, trainable_parameter_names
-    from scheduler.profiles import estimate, lora_parameters, model_facts
+    from scheduler.jobs.profiles import estimate, lora_parameters, model_facts
 
     cfg = load(config)
     try:
@@ -87,7 +87,7 @@ def model_describe(config: Path | None = ConfigOption) -> None:
             _modules(names) or "[red]nothing: the patterns match no trainable parameter[/red]",
         )
     console.print(table)
-    console.print("estimates: H100 bf16 at 35% MFU (scheduler/profiles.py); measured peaks replace them once jobs ran")
+    console.print("estimates: H100 bf16 at 35% MFU (scheduler/jobs/profiles.py); measured peaks replace them once jobs ran")
 
 
 @app.command("fit-vae")

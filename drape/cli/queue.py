@@ -32,7 +32,7 @@ def queue_submit(
     config: Path | None = ConfigOption,
 ) -> None:
     """Queue the command after `--` (e.g. drape queue submit --kind gate-eval --mem-gib 12 -- python -m x)."""
-    from scheduler.store import JobSpec, JobStore, QueueError
+    from scheduler.queue.store import JobSpec, JobStore, QueueError
 
     cfg = load(config)
     if not ctx.args:
@@ -62,8 +62,8 @@ def queue_submit(
 
 def _refuse_unplaceable(cfg, store, spec) -> None:
     """Refuse at submit a job no node of the fleet can ever hold, with why (when the fleet is known)."""
-    from scheduler.dispatcher import refusal
-    from scheduler.fleet import fleet_view
+    from scheduler.dispatch.dispatcher import refusal
+    from scheduler.dispatch.fleet import fleet_view
     from scheduler.policy import JobRequest
 
     view = fleet_view(cfg, store)
@@ -85,7 +85,7 @@ def queue_list(
     import json
     import time
 
-    from scheduler.store import JobStore
+    from scheduler.queue.store import JobStore
 
     store = JobStore(load(config).queue_url)
     table = table_of(
@@ -112,8 +112,8 @@ def queue_list(
 @app.command("cancel")
 def queue_cancel(job_id: str = typer.Argument(...), config: Path | None = ConfigOption) -> None:
     """Cancel a queued job, or stop a running one (its dispatcher ends it on its next cycle)."""
-    from scheduler.schema import QueueError
-    from scheduler.store import JobStore
+    from scheduler.queue.schema import QueueError
+    from scheduler.queue.store import JobStore
 
     try:
         job = JobStore(load(config).queue_url).cancel(job_id)
@@ -129,7 +129,7 @@ def queue_dispatch(
     metrics_port: int | None = typer.Option(None, help="serve Prometheus /metrics on this port"),
 ) -> None:
     """Run a dispatcher: place queued jobs on idle capacity, launch them, reap them."""
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     cfg = load(config)
     if metrics_port:
@@ -173,9 +173,9 @@ def _profile_row(table, p, kind: str, stage: str, gpus: int, trains: int, lora: 
 @app.command("profile")
 def queue_profile(config: Path | None = ConfigOption) -> None:
     """Memory profiles per job kind and stage: the estimate from the config vs the measured history."""
-    from scheduler.profiles import lora_parameters, parameter_counts, profile
-    from scheduler.schema import QueueError
-    from scheduler.store import JobStore
+    from scheduler.jobs.profiles import lora_parameters, parameter_counts, profile
+    from scheduler.queue.schema import QueueError
+    from scheduler.queue.store import JobStore
 
     cfg = load(config)
     try:
@@ -220,9 +220,10 @@ def queue_simulate(
     policy: str = typer.Option("fifo-exclusive,drape", help="policies to compare, comma-separated"),
 ) -> None:
     """Replay a trace against a fleet with the live policy code; utilization, waits, starvation, bound."""
-    from scheduler.baselines import POLICIES
-    from scheduler.simulator import TraceError, load_fleet, load_trace, simulate
-    from scheduler.tables import render
+    from scheduler.policy.baselines import POLICIES
+    from scheduler.queue.inventory import FleetFileError, load_fleet
+    from scheduler.sim import TraceError, load_trace, simulate
+    from scheduler.sim.tables import render
 
     names = [p for p in policy.split(",") if p]
     unknown = [p for p in names if p not in POLICIES]
@@ -231,7 +232,7 @@ def queue_simulate(
     try:
         jobs, gpus = load_trace(trace), load_fleet(fleet)
         results = [simulate(jobs, gpus, name) for name in names]
-    except TraceError as error:
+    except (TraceError, FleetFileError) as error:
         fail(str(error))
     print(render(results))
 
@@ -246,7 +247,7 @@ def queue_sbatch(
     """Print the sbatch script the Slurm engine writes for the stage's training job (queue.slurm; docs/slurm.md)."""
     import sys
 
-    from scheduler.slurm_render import stage_script
+    from scheduler.jobs.slurm_script import stage_script
 
     cfg = load(config)
     try:
@@ -264,8 +265,8 @@ def queue_trace(
     """The queue's succeeded jobs as a trace to replay: run time measured alone or shared, peak memory, scheduling fields."""
     import time
 
-    from scheduler.store import JobStore
-    from scheduler.traces import export_trace
+    from scheduler.queue.store import JobStore
+    from scheduler.sim.export import export_trace
 
     if since_hours is not None and since_hours <= 0:
         fail(f"--since-hours must be positive, got {since_hours}")
@@ -287,8 +288,8 @@ def queue_kueue(
     profile, the ClusterQueue, the LocalQueue; YAML to `kubectl apply -f -`."""
     import yaml
 
-    from scheduler.kueue import KueueError, flavors_from_fleet, kueue_objects
-    from scheduler.simulator import TraceError, load_fleet
+    from scheduler.engines.kubernetes.kueue import KueueError, flavors_from_fleet, kueue_objects
+    from scheduler.queue.inventory import FleetFileError, load_fleet
 
     settings = load(config).queue.kubernetes
     try:
@@ -301,7 +302,7 @@ def queue_kueue(
             cpu_per_gpu=settings.cpu_per_gpu,
             memory_gib_per_gpu=settings.host_memory_gib_per_gpu + settings.shm_gib_per_gpu,
         )
-    except (TraceError, KueueError) as error:
+    except (FleetFileError, KueueError) as error:
         fail(str(error))
     print(yaml.safe_dump_all(objects, sort_keys=False), end="")
 
@@ -321,7 +322,7 @@ def queue_render(
     import yaml
     from pydantic import ValidationError
 
-    from scheduler.kubernetes_render import render_placed
+    from scheduler.engines.kubernetes.render import render_placed
 
     settings = load(config).queue.kubernetes
     overrides = {"sharing": sharing} if sharing else {}

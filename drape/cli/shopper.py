@@ -53,7 +53,7 @@ def personalize(
     try:
         enroll(cfg, shopper, photos, holdout=holdout, consent_days=consent_days)
         if cfg.queue.enabled:
-            from scheduler.shoppers import run_personalization
+            from scheduler.jobs.shoppers import run_personalization
 
             report = run_personalization(cfg, shopper=shopper, base=base, on_line=lambda line: console.print(line, markup=False))
         else:
@@ -140,7 +140,7 @@ def forget_shopper(cfg, shopper: str) -> dict:
     from drape.shoppers.forget import forget as run_forget
     from drape.shoppers.places import LivePlace, MlflowPlace, ObjectStorePlace
     from drape.storage.store import open_store
-    from scheduler.shoppers import QueuePlace
+    from scheduler.jobs.shoppers import QueuePlace
 
     layout, store = LiveLayout(live_root(cfg)), open_store(cfg)
     roots = [layout.root, shard_cache_root(cfg)]

@@ -221,7 +221,7 @@ class QueueConfig(StrictModel):
     fleet: Literal["local", "static", "prometheus"] = "local"
     inventory: str | None = Field(default=None, description="fleet YAML for 'static' (and the ledger's inventory)")
     prometheus_url: str | None = Field(default=None, description="Prometheus with the DCGM exporter's series")
-    launcher: Literal["local", "kubernetes", "slurm", "prefect"] = "local"
+    launcher: Literal["local", "kubernetes", "slurm"] = "local"
     node_commands: dict[str, list[str]] = Field(
         default_factory=dict,
         description="local launcher: node name → the command prefix that runs a program on that node (e.g. "
@@ -242,7 +242,7 @@ class QueueConfig(StrictModel):
         ge=0,
         le=7 * 24 * 3600,
         description="a multi-GPU job waiting this long may stop lower-priority preemptible jobs (they are requeued and "
-        "resume from their checkpoints) to take a node (scheduler/checkpoints.py); 0: never. Off by default: on "
+        "resume from their checkpoints) to take a node (scheduler/policy/checkpoints.py); 0: never. Off by default: on "
         "benchmarks/gang_bound.py it halves 8-GPU max waits at a cost in 1-GPU waits",
     )
     gang_max_preemptions: int = Field(
@@ -269,7 +269,7 @@ class QueueConfig(StrictModel):
         default="fullest-node",
         description="the node for a job among those that fit: the fullest (fewest idle GPUs; a multi-GPU job: fewest "
         "left over), or the one whose idle GPUs the waiting and running jobs' widths can still use best "
-        "(scheduler/fragmentation.py); measured in benchmarks/scheduler.py",
+        "(scheduler/policy/fragmentation.py); measured in benchmarks/scheduler.py",
     )
     spread_after_seconds: float = Field(
         default=3600.0,

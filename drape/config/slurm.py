@@ -1,4 +1,4 @@
-"""Config of the Slurm engine (`queue.slurm`, scheduler/slurm.py): what drape's sbatch scripts ask for."""
+"""Config of the Slurm engine (`queue.slurm`, scheduler/engines/slurm/launcher.py): what drape's sbatch scripts ask for."""
 
 from __future__ import annotations
 

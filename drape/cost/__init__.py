@@ -9,7 +9,7 @@
     scaling.py   scaling efficiency measured at 1, 2, ... ranks, recorded per job shape
     fleet.py     reserved GPU-hours the queue left idle over a window, priced
 
-The queue's side (which GPUs a run's jobs held, and when) is read by `scheduler/accounting.py` and
+The queue's side (which GPUs a run's jobs held, and when) is read by `scheduler/dispatch/accounting.py` and
 handed in as plain `Attempt`s: drape/ never imports the queue.
 """
 

@@ -1,5 +1,5 @@
 """Device-level drift under the NVIDIA device plugin, found from the DCGM exporter's pod labels through a
-real Prometheus (scheduler/dcgm_pods.py → scheduler/kubernetes.py `landed` → scheduler/drift.py).
+real Prometheus (engines/kubernetes/dcgm.py → engines/kubernetes/launcher.py `landed` → dispatch/drift.py).
 
 A dcgm-exporter-style /metrics (served here: there is no GPU) reports one node's 4 GPUs; the queue reads
 its fleet from the same Prometheus, so it knows the GPUs by their DCGM UUIDs. The fake Kubernetes API of
@@ -18,9 +18,9 @@ import pytest
 from kubernetes import client
 
 from drape.config import KubernetesLauncherConfig
-from scheduler.dispatcher import Dispatcher
-from scheduler.kubernetes import build
-from scheduler.store import JobSpec, JobStore
+from scheduler.dispatch.dispatcher import Dispatcher
+from scheduler.engines.kubernetes.launcher import build
+from scheduler.queue.store import JobSpec, JobStore
 from tests.conftest import start_prometheus, tiny_config, wait_for_series
 from tests.integration.test_placement_drift import FakeCluster, _drift
 

@@ -6,6 +6,7 @@ through `prefect deployment run ... --watch` on a server and worker is the rehea
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.request
 
@@ -98,46 +99,26 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     assert all(any(path == m or path.startswith(f"{m}/") for m in read_only) for path in model_paths(h100))
 
 
-def _queue_job_as_a_flow_run(stack: Stack, config, config_path) -> None:
-    """The queue's Prefect launcher: a queued job becomes a flow run of a deployment on the worker."""
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
+def _a_deployment_run_through_the_worker(stack: Stack, config, config_path) -> None:
+    """`prefect deployment run` as a person types it: the worker picks the flow run up and it completes."""
     from drape.data.dataset import ensure_dataset
     from drape.storage.store import open_store
-    from scheduler.dispatcher import Dispatcher
-    from scheduler.store import JobSpec, JobStore
 
     ensure_dataset(config, open_store(config))  # what the flow run pre-stages
-    queued = config.model_copy(update={"queue": config.queue.model_copy(update={"launcher": "prefect"})})
-    store = JobStore(queued.queue_url)
-    job_id = store.submit(
-        JobSpec(
-            kind="gate-eval",
-            command=["prefect-flow-run"],
-            mem_gib=2,
-            duration_s=60,
-            labels={
-                "deployment": "prestage-dataset/demo",
-                "parameters": json.dumps({"config_path": str(config_path), "stages": ["control"]}),
-            },
-        )
-    )
-    with temporary_settings({PREFECT_API_URL: stack.api_url}):
-        dispatcher = Dispatcher(queued, store)
-        deadline = time.monotonic() + 180
-        while store.get(job_id)["state"] in ("queued", "running") and time.monotonic() < deadline:
-            dispatcher.cycle()
-            time.sleep(1)
-    job = store.get(job_id)
-    assert job["state"] == "succeeded", job
-    assert job["handle"].startswith("flow-run:")
-    flow_run = json.loads(
-        urllib.request.urlopen(f"{stack.api_url}/flow_runs/{job['handle'].split(':', 1)[1]}", timeout=10).read()
-    )
-    assert flow_run["state"]["type"] == "COMPLETED" and flow_run["job_variables"]["env"]["DRAPE_JOB_ID"] == job_id
+    parameters = json.dumps({"config_path": str(config_path), "stages": ["control"]})
+    said = stack.prefect("deployment", "run", "prestage-dataset/demo", "--params", parameters, timeout=60)
+    run_id = re.search(r"UUID: ([0-9a-f-]{36})", said.stdout)
+    assert run_id, said.stdout[-2000:]
+    deadline, flow_run = time.monotonic() + 180, {}
+    while time.monotonic() < deadline:
+        flow_run = json.loads(urllib.request.urlopen(f"{stack.api_url}/flow_runs/{run_id.group(1)}", timeout=10).read())
+        if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(1)
+    assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
 
 
-def test_deploy_and_run_a_queued_flow_run_through_a_worker(tmp_path, monkeypatch):
+def test_deploy_and_run_a_flow_run_through_a_worker(tmp_path, monkeypatch):
     started = time.monotonic()
     monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker asks for scheduled runs every 2 s, not 10
     config = tiny_config(tmp_path / "drape")
@@ -164,7 +145,7 @@ def test_deploy_and_run_a_queued_flow_run_through_a_worker(tmp_path, monkeypatch
         said = evil.stdout + evil.stderr
         assert evil.returncode != 0 and "unexpected" in said and "image" in said, said[-2000:]  # the server refuses it
         stack.start_worker("local")
-        _queue_job_as_a_flow_run(stack, config, config_path)
+        _a_deployment_run_through_the_worker(stack, config, config_path)
     finally:
         processes = list(stack.processes.values())
         stack.stop()

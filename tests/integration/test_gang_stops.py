@@ -1,4 +1,4 @@
-"""Checkpoint preemption through the live dispatcher (`scheduler/checkpoints.py`): a gang job waiting
+"""Checkpoint preemption through the live dispatcher (`scheduler/policy/checkpoints.py`): a gang job waiting
 past `gang_max_wait_s` stops running jobs on a full fleet, and the dispatcher's preemption path
 (`Dispatcher._preempt`) stops their processes (local launcher) and requeues them to resume."""
 
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from scheduler.store import JobSpec, JobStore
+from scheduler.queue.store import JobSpec, JobStore
 from tests.integration.test_queue import _config_file
 
 pytestmark = pytest.mark.slow
@@ -26,7 +26,7 @@ def test_an_overdue_gang_job_stops_preemptible_jobs_and_they_wait_to_resume(tmp_
     preemptible; a 4-GPU stage job has waited 5 h. It takes the other node: its four services are
     stopped (their processes end) and queued again, preempted for it, with no attempt spent; they
     wait (no GPU is free), and the service that may not be preempted runs on."""
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     config, _ = _config_file(tmp_path, preempt_after_seconds=0, gang_max_wait_seconds=3600)
     store = JobStore(config.queue_url)

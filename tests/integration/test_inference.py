@@ -122,7 +122,7 @@ def test_bench_measures_every_variant_and_recommends_one(promoted, tmp_path):
 def test_the_flow_runs_the_bench_as_an_exclusive_queue_job(promoted, prefect_harness, tmp_path):
     config, _ = promoted
     from flows.inference_benchmark import inference_benchmark
-    from scheduler.store import JobStore
+    from scheduler.queue.store import JobStore
 
     queued = config.model_copy(
         update={

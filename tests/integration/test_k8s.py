@@ -99,7 +99,7 @@ def test_dispatcher_rbac_is_exactly_the_calls_the_engine_makes():
     assert granted == set().union(*ENGINE_CALLS.values())  # exactly what it calls (below)
 
 
-# What each API call of scheduler/kubernetes.py needs, as RBAC rules (apiGroup, resource, verb)
+# What each API call of scheduler/engines/kubernetes/launcher.py needs, as RBAC rules (apiGroup, resource, verb)
 ENGINE_CALLS = {
     ("batch", "create_namespaced_job"): {("batch", "jobs", "create")},
     ("batch", "read_namespaced_job_status"): {("batch", "jobs/status", "get")},
@@ -121,7 +121,7 @@ ENGINE_CALLS = {
 
 
 def test_the_engine_makes_exactly_the_api_calls_the_role_is_written_for():
-    """Every `self._call(<client>, <method>, ...)` in scheduler/kubernetes.py is in ENGINE_CALLS (so a
+    """Every `self._call(<client>, <method>, ...)` in scheduler/engines/kubernetes/launcher.py is in ENGINE_CALLS (so a
     new call fails here until the Role grants it), and every entry there is still made."""
     import ast
 
@@ -172,11 +172,11 @@ def test_production_overlay_pins_the_image_and_scales_the_dispatcher():
 
 def test_trainer_pods_reach_each_other_and_nothing_else_reaches_them():
     """A multi-node job's pods meet at the torchrun rendezvous and talk NCCL: under default-deny-ingress
-    a policy must admit the pods the dispatcher labels (scheduler/kubernetes.py), and only from them."""
+    a policy must admit the pods the dispatcher labels (scheduler/engines/kubernetes/launcher.py), and only from them."""
     import json
 
     from drape.config import KubernetesLauncherConfig
-    from scheduler.kubernetes import build_job
+    from scheduler.engines.kubernetes.objects import build_job
     from scheduler.policy import GpuState
 
     objects = render(K8S / "overlays/production")

@@ -1,4 +1,4 @@
-"""Kueue mode through the real dispatcher (scheduler/dispatcher.py → scheduler/kubernetes.py): jobs
+"""Kueue mode through the real dispatcher (scheduler/dispatch/dispatcher.py → scheduler/engines/kubernetes/launcher.py): jobs
 reach the API suspended in the LocalQueue, sized by their memory profile and pinned to no node; a
 fake Kubernetes API stands in for the cluster, and a fake Kueue admits by unsuspending while the
 ClusterQueue drape rendered for the fleet has quota. drape orders, Kueue admits: a job stays
@@ -14,10 +14,10 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from drape.config import KubernetesLauncherConfig
-from scheduler.kubernetes import KubernetesLauncher
-from scheduler.kueue import QUEUE_NAME_LABEL, flavors_from_fleet, kueue_objects
-from scheduler.simulator import load_fleet
-from scheduler.store import JobSpec, JobStore
+from scheduler.engines.kubernetes.kueue import QUEUE_NAME_LABEL, flavors_from_fleet, kueue_objects
+from scheduler.engines.kubernetes.launcher import KubernetesLauncher
+from scheduler.queue.inventory import load_fleet
+from scheduler.queue.store import JobSpec, JobStore
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -73,7 +73,7 @@ def _admit(cluster: FakeCluster, quota: int) -> list[str]:
 
 
 def test_the_dispatcher_submits_suspended_workloads_that_finish_only_once_kueue_admits_them(tmp_path):
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
     settings = KubernetesLauncherConfig(kueue_queue="drape", node_label="kubernetes.io/hostname")

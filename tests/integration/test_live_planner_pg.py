@@ -8,9 +8,9 @@ import pytest
 import sqlalchemy
 import yaml
 
-from scheduler.dispatcher import Dispatcher
-from scheduler.local import NullLauncher
-from scheduler.store import JobSpec, JobStore
+from scheduler.dispatch.dispatcher import Dispatcher
+from scheduler.engines.local.launcher import NullLauncher
+from scheduler.queue.store import JobSpec, JobStore
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -54,12 +54,12 @@ def test_a_change_committed_after_the_cursor_passed_it_is_still_read(tmp_path, p
 
 
 def test_a_queue_statement_past_its_bound_is_cancelled_not_waited_on(postgres_url, monkeypatch):
-    """Every queue connection to PostgreSQL carries libpq's bounds (scheduler/schema.py): a statement
+    """Every queue connection to PostgreSQL carries libpq's bounds (scheduler/queue/schema.py): a statement
     running past `statement_timeout` is cancelled by the server, the engine says so, and the
     connection's keepalive and user timeout are what libpq was given. ~1 s."""
     import time
 
-    from scheduler import schema
+    from scheduler.queue import schema
 
     monkeypatch.setattr(schema, "PG_STATEMENT_TIMEOUT_MS", 300)
     engine = schema.open_engine(_database(postgres_url))

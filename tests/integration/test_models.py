@@ -31,14 +31,17 @@ STEPS = {"identity": 120, "texture": 30, "geometry": 30, "denoise": 30}
 # Gate thresholds for these models, below what they reach and above broken weights. Measured here
 # with one thread per process, as `make test`'s workers run (bootstrap lower bounds over 16 control
 # samples, every stage; 120 identity steps): identity 0.43-0.49 (latent-dit), 0.33-0.39
-# (latent-unet), 0.78-0.87 (outside); texture 0.03-0.29; coherence 0.16-0.33 (tiny.yaml's pixel
-# model with scrambled weights: identity -0.01, coherence 0.04). At 200 identity steps: identity
-# 0.40-0.90 (latent-unet's geometry stage once 0.28), texture 0.05-0.23, coherence 0.16-0.34.
-# At 32 px the texture check cannot separate anything (tiny.yaml): its threshold only catches a
-# blank or inverted logo region.
+# (latent-unet), 0.78-0.87 (outside); coherence 0.16-0.33 (tiny.yaml's pixel model with scrambled
+# weights: identity -0.01, coherence 0.04). At 200 identity steps: identity 0.40-0.90 (latent-unet's
+# geometry stage once 0.28), coherence 0.16-0.34.
+# Texture is measured and reported but not judged: at 32 px a logo is ~6x4 px and the check separates
+# nothing (tiny.yaml). Its lower bound here ranged 0.03-0.29, and latent-dit's geometry stage read
+# -0.0041 (mean 0.1063) with one thread per worker where two threads read above 0.01: a threshold any
+# thread count or CPU's rounding can cross tests the machine, not the flow. The texture check is judged
+# where it separates: tests/unit/test_gates.py and test_regressions.py, and configs/demo.yaml at 64 px.
 GATES = {
     "identity": {"min_similarity": 0.20},
-    "texture": {"min_fidelity": 0.01},
+    "texture": {"min_fidelity": None},
     "coherence": {"min_score": 0.10},
 }
 
@@ -183,6 +186,8 @@ def test_a_model_goes_through_the_four_stages_and_their_gates(
     assert [row["stage"] for row in rows] == list(STAGES)
     assert all(row["verdict"] == "pass" for row in rows), [(r["stage"], r["checks"]) for r in rows]
     assert all(row["steps"] == STEPS[row["stage"]] for row in rows)
+    textures = [row["checks"]["texture"] for row in rows]  # measured at every gate, judged by no threshold here
+    assert all(check["threshold"] is None and -1 <= check["mean"] <= 1 for check in textures), textures
     checkpoint = pipeline.live_root(config) / "baselines" / "denoise" / "checkpoint"
     assert read_manifest(checkpoint)["model_class"] == configured_class_path(load_config(path))
     model = load_model(checkpoint, allowed=(configured_class_path(config),))

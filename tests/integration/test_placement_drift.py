@@ -1,5 +1,5 @@
-"""The queue's placement reaching Kubernetes, through the real dispatcher (scheduler/dispatcher.py →
-scheduler/kubernetes.py) and a real queue database, with a fake Kubernetes API that stands in for the
+"""The queue's placement reaching Kubernetes, through the real dispatcher (scheduler/dispatch/dispatcher.py →
+scheduler/engines/kubernetes/launcher.py) and a real queue database, with a fake Kubernetes API that stands in for the
 cluster: it records what drape creates and binds pods where the test says (as kube-scheduler would,
 or as it would when it ignores drape's affinity, or as a DRA driver allocates devices).
 
@@ -22,10 +22,10 @@ from kubernetes.client.exceptions import ApiException
 
 from drape.config import KubernetesLauncherConfig
 from drape.ops import metrics
-from scheduler.kubernetes import KubernetesLauncher
-from scheduler.kubernetes_devices import SHARING_LABEL
-from scheduler.kubernetes_pods import k8s_name
-from scheduler.store import JobSpec, JobStore
+from scheduler.engines.kubernetes.devices import SHARING_LABEL
+from scheduler.engines.kubernetes.launcher import KubernetesLauncher
+from scheduler.engines.kubernetes.pods import k8s_name
+from scheduler.queue.store import JobSpec, JobStore
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -111,7 +111,7 @@ def _setup(tmp_path, nodes: int, gpus_per_node: int, **settings):
     store, cluster = JobStore(config.queue_url), FakeCluster()
     engine = KubernetesLauncher(config.queue.kubernetes)
     engine._clients = {"batch": cluster, "core": cluster, "custom": cluster}
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     return store, cluster, Dispatcher(config, store, launcher=engine)
 
@@ -182,7 +182,7 @@ def test_two_jobs_share_a_gpu_only_where_the_node_declares_sharing(tmp_path, sha
     ids = [store.submit(JobSpec(kind="finetune", mem_gib=20, duration_s=600, command=["true"]), now=float(i)) for i in range(2)]
     started = dispatcher.cycle(now=10.0).started + dispatcher.cycle(now=11.0).started
     states = sorted(store.get(i)["state"] for i in ids)
-    from scheduler.fleet import fleet_view
+    from scheduler.dispatch.fleet import fleet_view
 
     (gpu,) = fleet_view(dispatcher.config, store).gpus
     assert gpu.exclusive is (sharing == "none")  # the queue sees a busy GPU of a node that cannot share as taken

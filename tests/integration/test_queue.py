@@ -16,7 +16,7 @@ from collections import defaultdict
 import pytest
 import yaml
 
-from scheduler.store import JobSpec, JobStore
+from scheduler.queue.store import JobSpec, JobStore
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ FLEET = {
 DISPATCH = textwrap.dedent("""
     import sys, time
     from drape.config import load_config
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
     config = load_config(sys.argv[1])
     dispatcher = Dispatcher(config)
     deadline = time.monotonic() + float(sys.argv[2])
@@ -74,7 +74,7 @@ def test_dispatchers_starting_together_register_the_fleet_once(tmp_path, request
     """Two dispatchers read the inventory before either inserts it: the second one's insert skips
     the rows the first one wrote instead of failing on the primary key (it used to crash a
     dispatcher at start-up on PostgreSQL)."""
-    import scheduler.store as store_module
+    import scheduler.queue.store as store_module
     from scheduler.policy import GpuState
 
     queue = {"url": request.getfixturevalue("postgres_url")} if database == "postgresql" else {}
@@ -165,7 +165,7 @@ def test_recording_handles_cannot_deadlock_a_rivals_claim(postgres_url):
 
     from sqlalchemy import select, text
 
-    from scheduler.schema import jobs_table
+    from scheduler.queue.schema import jobs_table
 
     store = JobStore(postgres_url)
     first, second = sorted(store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=1, duration_s=1)) for _ in "ab")
@@ -229,8 +229,8 @@ def test_a_job_started_by_a_dispatcher_that_died_before_recording_it_is_found_no
     """The window between a launch and the handle's write: the job runs and the store has no handle.
     The next dispatcher finds the process by its `DRAPE_JOB_ID` and adopts it rather than requeue it
     (which would start it a second time beside the first)."""
-    from scheduler.dispatcher import Dispatcher
-    from scheduler.local import LocalLauncher
+    from scheduler.dispatch.dispatcher import Dispatcher
+    from scheduler.engines.local.launcher import LocalLauncher
 
     config, _ = _config_file(tmp_path, lease_seconds=2.0)
     store = JobStore(config.queue_url)
@@ -252,7 +252,7 @@ def test_a_job_started_by_a_dispatcher_that_died_before_recording_it_is_found_no
 
 
 def test_a_stale_job_no_launcher_sees_is_requeued_and_leases_are_compare_and_set(tmp_path):
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     config, _ = _config_file(tmp_path, lease_seconds=2.0)
     store = JobStore(config.queue_url)
@@ -279,7 +279,7 @@ def test_a_stale_job_no_launcher_sees_is_requeued_and_leases_are_compare_and_set
 
 
 def test_a_failed_job_is_retried_up_to_max_attempts(tmp_path):
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     config, _ = _config_file(tmp_path, max_attempts=3)
     store = JobStore(config.queue_url)
@@ -293,7 +293,7 @@ def test_a_failed_job_is_retried_up_to_max_attempts(tmp_path):
 
 
 def test_a_torchrun_job_runs_one_rank_per_gpu(tmp_path):
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
@@ -317,7 +317,7 @@ def test_a_torchrun_job_runs_one_rank_per_gpu(tmp_path):
 
 
 def test_local_launcher_sets_cuda_visible_devices_and_records_peak_memory(tmp_path):
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
@@ -367,7 +367,7 @@ def test_cli_submit_list_cancel(tmp_path):
 
 
 def test_fleet_from_dcgm_in_prometheus_and_fallback_to_the_ledger(tmp_path):
-    from scheduler.fleet import fleet_view
+    from scheduler.dispatch.fleet import fleet_view
     from tests.conftest import DcgmExporter, start_prometheus, wait_for_series
 
     exporter = DcgmExporter(
@@ -407,7 +407,7 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     from kubernetes import client
 
     from drape.config import KubernetesLauncherConfig
-    from scheduler.kubernetes import build_job, headless_service
+    from scheduler.engines.kubernetes.objects import build_job, headless_service
     from scheduler.policy import GpuState
 
     settings = KubernetesLauncherConfig(node_label=None)  # pinned to nodes below (`hosts`)
@@ -480,7 +480,7 @@ def test_kubernetes_objects_validate_against_the_api_schema():
     # shared GPUs: on a node declared to share (MPS), a shareable single-GPU job requests the shared resource,
     # its declared share as MPS's thread percentage; a job planned to run alone is refused there (it would
     # share, or never schedule), and runs on whole GPUs where nothing is shared
-    from scheduler.kubernetes_devices import BindingError
+    from scheduler.engines.kubernetes.devices import BindingError
 
     shared = settings.model_copy(update={"sharing": "mps"})
     service, one_gpu = {**job, "labels": json.dumps({"share": "0.5"})}, one_node[:1]
@@ -528,7 +528,8 @@ def test_the_kubernetes_launcher_builds_its_clients_after_loading_the_kube_confi
     """Every API client targets the cluster of the kube config (none is built before it is loaded,
     which made the first one target localhost), and every call carries the request timeout."""
     from drape.config import KubernetesLauncherConfig
-    from scheduler.kubernetes import KubernetesLauncher, pytorchjob_outcome
+    from scheduler.engines.kubernetes.launcher import KubernetesLauncher
+    from scheduler.engines.kubernetes.objects import pytorchjob_outcome
 
     kubeconfig = {
         "apiVersion": "v1",
@@ -557,7 +558,7 @@ def test_the_kubernetes_launcher_builds_its_clients_after_loading_the_kube_confi
 
 def test_a_cycle_that_fails_is_logged_and_the_dispatcher_goes_on(tmp_path, capsys):
     from drape.ops import metrics
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     config, _ = _config_file(tmp_path)
     dispatcher = Dispatcher(config, JobStore(config.queue_url))
@@ -581,8 +582,8 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows_and_one_no_gpu_can_hold_fai
     """`JobSpec.gpu_models` end to end: stored with the job, read back by the dispatcher's policy; a
     small job that would best-fit an L40S goes to an H100 when it allows H100s only, and a job
     allowing a model the fleet lacks fails with a message naming its models."""
-    from scheduler.dispatcher import Dispatcher
-    from scheduler.local import NullLauncher  # the test reads where the jobs were placed
+    from scheduler.dispatch.dispatcher import Dispatcher
+    from scheduler.engines.local.launcher import NullLauncher  # the test reads where the jobs were placed
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
@@ -603,8 +604,8 @@ def test_the_cycle_exports_the_series_of_running_jobs_only(tmp_path):
     """The join series (job, run, GPU) of a job that ended goes at the next cycle, one that runs keeps
     its GiB, a job that comes back has its series again; the cycle histogram counts each cycle."""
     from drape.ops.metrics import REGISTRY
-    from scheduler.dispatcher import Dispatcher
-    from scheduler.local import NullLauncher
+    from scheduler.dispatch.dispatcher import Dispatcher
+    from scheduler.engines.local.launcher import NullLauncher
 
     def held() -> dict[str, float]:
         return {
@@ -641,7 +642,7 @@ def test_a_starving_stage_job_preempts_a_service_that_restarts_at_once_elsewhere
     a 4-GPU stage job that has waited an hour fits neither. The dispatcher preempts one service
     (stops its process, requeues it without spending an attempt, counts the preemption), starts the
     stage job on that node, and the service starts again on the other node's idle GPUs."""
-    from scheduler.dispatcher import Dispatcher
+    from scheduler.dispatch.dispatcher import Dispatcher
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)
@@ -698,8 +699,8 @@ def test_a_job_crowded_onto_a_shared_gpu_moves_to_a_gpu_that_frees_up(tmp_path):
     """Spreading end to end: with every GPU taken, two more jobs share GPUs (the fallback); when a
     GPU frees up and nothing waits, the dispatcher moves one of them there: preempted (its message
     says why), claimed again on the idle GPU, and no GPU ever holds more than the ledger allows."""
-    from scheduler.dispatcher import Dispatcher
-    from scheduler.local import NullLauncher  # the test reads where the jobs were placed
+    from scheduler.dispatch.dispatcher import Dispatcher
+    from scheduler.engines.local.launcher import NullLauncher  # the test reads where the jobs were placed
 
     config, _ = _config_file(tmp_path)
     store = JobStore(config.queue_url)

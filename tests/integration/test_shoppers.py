@@ -26,7 +26,7 @@ from drape.shoppers.ledger import read_ledger
 from drape.shoppers.personalize import enroll, personalize, shopper_paths
 from drape.shoppers.photos import digests, synthetic_photos
 from drape.storage.store import open_store
-from scheduler.store import JobStore
+from scheduler.queue.store import JobStore
 
 pytestmark = pytest.mark.slow
 

@@ -44,10 +44,10 @@ from drape.storage.handoff import fetch_checkpoint, newest_published, result_key
 from drape.storage.store import open_store
 from drape.training.checkpoint import load_model
 from drape.training.stage_job import StageJob
-from scheduler import train_job_spec
-from scheduler.accounting import run_attempts
-from scheduler.dispatcher import submit_and_wait
-from scheduler.store import JobSpec, JobStore, QueueError
+from scheduler.dispatch.accounting import run_attempts
+from scheduler.dispatch.dispatcher import submit_and_wait
+from scheduler.jobs.training import train_job_spec
+from scheduler.queue.store import JobSpec, JobStore, QueueError
 from tests.conftest import tiny_config
 from tests.integration.nodes import Nodes
 from tests.integration.slurm_cluster import NODES, SlurmCluster, slurm_installed
@@ -231,7 +231,7 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same
     store, objects = JobStore(config.queue_url), open_store(config)
     spec = _submit(config, "warned")
     job_id = store.submit(spec)
-    from scheduler.dispatcher import Dispatcher, wait_for
+    from scheduler.dispatch.dispatcher import Dispatcher, wait_for
 
     dispatcher = Dispatcher(config, store)
     while newest_published(objects, "warned", "identity") is None:  # running, one checkpoint published
@@ -260,7 +260,7 @@ def test_a_node_killed_mid_job_is_requeued_and_resumes_never_running_twice(clust
     config, slurm, nodes = cluster
     store, objects = JobStore(config.queue_url), open_store(config)
     job_id = store.submit(_submit(config, "lost"))
-    from scheduler.dispatcher import Dispatcher, wait_for
+    from scheduler.dispatch.dispatcher import Dispatcher, wait_for
 
     dispatcher = Dispatcher(config, store)
 

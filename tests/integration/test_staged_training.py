@@ -110,7 +110,7 @@ def test_live_until_is_honoured_at_stage_end_run_end_and_while_baseline(first_ru
 
 
 def test_train_jobs_ran_through_the_queue_and_taught_it_their_profiles(first_run, workspace):
-    from scheduler.store import JobStore
+    from scheduler.queue.store import JobStore
 
     config, _ = workspace
     store = JobStore(config.queue_url)
@@ -124,7 +124,7 @@ def _held_gpu_hours(config, run_id: str) -> tuple[float, float, int]:
     """Independently of drape.cost: (the run's wall time × its GPUs, the queue's GPU-hours for its
     jobs, GPUs) from the allocation log's claims and releases and the run's open/close records."""
     from drape.cost.account import measure
-    from scheduler.store import JobStore
+    from scheduler.queue.store import JobStore
 
     queue = JobStore(config.queue_url)
     jobs = {j["id"]: j for j in queue.jobs() if json.loads(j["labels"]).get("run") == run_id}

@@ -1,12 +1,12 @@
-"""The whole-node jobs' floor beside single-GPU jobs that start on arrival (scheduler/bounds.py)."""
+"""The whole-node jobs' floor beside single-GPU jobs that start on arrival (benchmarks/floors/gang_floor.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler.bounds import gang_floor
+from benchmarks.floors.gang_floor import gang_floor
 from scheduler.policy import GpuState
-from scheduler.simulator import TraceJob
+from scheduler.sim import TraceJob
 
 
 def _fleet(*groups: tuple[str, int]) -> list[GpuState]:

@@ -19,7 +19,7 @@ from drape.training.catvton import is_cross_attention
 from drape.training.checkpoint import load_model, save_checkpoint
 from drape.training.model import build_model, build_noise_scheduler, sample, trainable_parameter_names
 from drape.training.pretrained import map_pretrained, resolve_denoiser, widen_input_channels
-from scheduler.profiles import model_facts
+from scheduler.jobs.profiles import model_facts
 from tests.conftest import TINY_UNET, random_tryon_batch, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""Gang waits bounded by checkpoint preemption (`scheduler/checkpoints.py`): which jobs an overdue gang
+"""Gang waits bounded by checkpoint preemption (`scheduler/policy/checkpoints.py`): which jobs an overdue gang
 job stops, in `plan_drape` and the `Planner` alike, and the fields that declare it (all under 0.1 s)."""
 
 import dataclasses
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from scheduler.planner import Planner
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, effective_priority, plan_drape
-from scheduler.schema import QueueError, job_request, running_job
-from scheduler.store import JobSpec
+from scheduler.policy.planner import Planner
+from scheduler.queue.schema import QueueError, job_request, running_job
+from scheduler.queue.store import JobSpec
 
 BOUNDED = PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0)
 NOW = 10_000.0
@@ -71,7 +71,7 @@ def test_what_an_overdue_gang_job_never_stops():
     assert placement.evicts == ("w",)  # a lower-priority multi-GPU job may be stopped
     # a gang job of its priority runs on, even one started after this one was submitted: stopping
     # younger ones would restore first-come-first-served among gang jobs, which the benchmark never
-    # lacked (scheduler/checkpoints.py)
+    # lacked (scheduler/policy/checkpoints.py)
     younger = [dataclasses.replace(wide[0], priority=5, started_s=NOW - 60)]
     assert both([gang()], gpus[2:], younger) == []
 
@@ -178,7 +178,7 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
     from pydantic import ValidationError
 
     from drape.config.ops import QueueConfig
-    from scheduler.fleet import policy_config
+    from scheduler.dispatch.fleet import policy_config
 
     queue = QueueConfig(gang_max_wait_seconds=10800, short_job_bonus=6, short_job_seconds=1800, gang_max_preemptions=10)
     policy = policy_config(SimpleNamespace(queue=queue))
@@ -215,7 +215,7 @@ def test_a_stopped_job_ages_from_its_requeue_and_a_stopped_gang_waits_its_bound_
 
 
 def test_the_requeue_time_is_read_from_the_labels_and_a_bad_one_is_ignored():
-    """~0.01 s. The store's preemption writes `requeued_s` into a job's labels (`scheduler/leases.py`)."""
+    """~0.01 s. The store's preemption writes `requeued_s` into a job's labels (`scheduler/queue/leases.py`)."""
     row = ("j", 3, NOW - 86400, 1, 20.0, 600.0, json.dumps({"preempted": "1", "requeued_s": f"{NOW:.3f}"}))
     assert job_request(row).queued_s == NOW
     for bad in ("soon", "nan", "inf", "-5", None):

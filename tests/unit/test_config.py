@@ -54,7 +54,7 @@ def test_stage_jobs_must_split_the_batch_and_the_partitions(config):
 def test_a_stage_job_asks_for_its_gpus_runs_under_torchrun_and_names_its_paths(config):
     import json
 
-    from scheduler import train_job_spec
+    from scheduler.jobs.training import train_job_spec
 
     two = config.model_copy(update={"train": config.train.model_copy(update={"gpus": 2})})
     spec = train_job_spec(two, stage="texture", mode="full", run_id="r1", command=["python", "-m", "drape.train"])

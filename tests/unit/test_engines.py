@@ -13,26 +13,27 @@ import pytest
 from pydantic import ValidationError
 
 from drape.config import QueueConfig, SlurmLauncherConfig
-from scheduler.dispatcher import unplaceable
-from scheduler.engine import ENGINES
-from scheduler.gangs import fits_across_nodes, spanning
+from scheduler.dispatch.dispatcher import unplaceable
+from scheduler.engines import ENGINES
+from scheduler.engines.slurm.launcher import (
+    SlurmError,
+    SlurmRun,
+    _gpus_of,
+    _requested_gpus,
+    batch_script,
+    job_name,
+    run_gpu_hours,
+)
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape
-from scheduler.slurm import SlurmError, SlurmRun, _gpus_of, _requested_gpus, batch_script, job_name, run_gpu_hours
+from scheduler.policy.gangs import fits_across_nodes, spanning
 
 REPO = Path(__file__).resolve().parents[2]
-ENGINE_FILES = {
-    "scheduler.local",
-    "scheduler.kubernetes",
-    "scheduler.kubernetes_pods",
-    "scheduler.slurm",
-    "scheduler.prefect_runs",
-}
+ENGINE_FOLDERS = ("local", "kubernetes", "slurm")
 
 
-def _imports(module: str) -> set[str]:
-    tree = ast.parse((REPO / (module.replace(".", "/") + ".py")).read_text())
+def _imports(path: Path) -> set[str]:
     found = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
         elif isinstance(node, ast.Import):
@@ -40,20 +41,23 @@ def _imports(module: str) -> set[str]:
     return found
 
 
-def test_no_engine_module_imports_another():
-    assert set(ENGINES.values()) <= ENGINE_FILES
-    for module in ENGINE_FILES:
-        own = {"scheduler.kubernetes_pods"} if module == "scheduler.kubernetes" else set()
-        others = (ENGINE_FILES - {module} - own) & _imports(module)
-        assert not others, f"{module} imports the engine module(s) {sorted(others)}"
+def test_no_engine_imports_another():
+    """One folder per engine; each engine's modules reach the engines' shared shape, never another engine."""
+    assert {module.split(".")[2] for module in ENGINES.values()} == set(ENGINE_FOLDERS)
+    engines = REPO / "scheduler" / "engines"
+    assert sorted(p.name for p in engines.iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(ENGINE_FOLDERS)
+    for engine in ENGINE_FOLDERS:
+        for path in (engines / engine).rglob("*.py"):
+            others = {m for m in _imports(path) for o in ENGINE_FOLDERS if o != engine and m.startswith(f"scheduler.engines.{o}")}
+            assert not others, f"{path.relative_to(REPO)} imports another engine: {sorted(others)}"
 
 
 def test_build_launcher_imports_only_the_engine_the_config_names(tmp_path):
     code = (
-        "import sys; from types import SimpleNamespace as N; from scheduler.engine import build_launcher; "
+        "import sys; from types import SimpleNamespace as N; from scheduler.engines import build_launcher; "
         "c = N(queue=N(launcher='local', job_environment=[], node_commands={})); "
         f"print(type(build_launcher(c, {str(tmp_path / 'logs')!r})).__name__, "
-        "sorted(m for m in sys.modules if m in ('scheduler.kubernetes', 'scheduler.slurm', 'scheduler.prefect_runs')))"
+        "sorted(m for m in sys.modules if m in ('scheduler.engines.kubernetes.launcher', 'scheduler.engines.slurm.launcher')))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -164,7 +168,7 @@ def test_a_requeued_job_held_by_slurm_is_released_after_the_configured_wait(tmp_
     """`queue.slurm.requeued_start_after_seconds`: a job Slurm requeued (Restarts > 0) and holds on
     BeginTime is released with `scontrol update StartTime=now` once it has waited that long; a first
     run waiting on BeginTime, or a requeued job waiting for resources, is left alone."""
-    from scheduler import slurm
+    from scheduler.engines.slurm import launcher as slurm
 
     clock = [1000.0]
     monkeypatch.setattr(slurm.time, "monotonic", lambda: clock[0])

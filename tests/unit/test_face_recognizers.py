@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks.cases.real_cases import drift_face, erase_face, face_scene, swap_face
 from drape.config import GatesConfig, IdentityGateConfig
 from drape.gates.checks import build_embedder
-from drape.gates.real_cases import drift_face, erase_face, face_scene, swap_face
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.arcface import ARCFACE_TEMPLATE, ArcFaceRecognizer, align_face, similarity_transform
 from drape.gates.recognizers.dlib_face import DRIFT_DISTANCE, DlibRecognizer

@@ -1,5 +1,6 @@
-"""House rules the layout depends on: small modules and functions, and imports that run one way
-(`flows → tasks → drape`, `tasks → scheduler → drape`; only drape/cli may reach the flows and the queue)."""
+"""House rules the layout depends on: small modules and functions, imports that run one way
+(`flows → tasks → drape`, `tasks → scheduler → drape`; only drape/cli may reach the flows and the queue),
+and the scheduler's rooms, each reaching only the rooms below it."""
 
 from __future__ import annotations
 
@@ -53,6 +54,55 @@ def test_imports_run_one_way():
         assert reached <= allowed[package], f"{path.relative_to(REPO)} imports {sorted(reached - allowed[package])}"
         if package == "drape":
             assert "prefect" not in _imports(path), f"{path.relative_to(REPO)} imports prefect (drape runs under torchrun too)"
+
+
+# scheduler/'s rooms (scheduler/__init__.py) and the rooms each may import; a room not listed imports none
+ROOMS = {
+    "policy": set(),
+    "queue": {"policy"},
+    "engines": {"policy", "queue"},
+    "dispatch": {"policy", "queue", "engines"},
+    "jobs": {"policy", "queue", "engines", "dispatch"},
+    "sim": {"policy", "queue"},
+}
+# pure decisions: no database, clock, process, network or model; only these modules
+POLICY_MAY_IMPORT = {
+    "__future__",
+    "bisect",
+    "collections",
+    "dataclasses",
+    "heapq",
+    "itertools",
+    "math",
+    "sortedcontainers",
+    "typing",
+}
+
+
+def _modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_the_scheduler_is_in_rooms_each_reaching_only_the_rooms_below():
+    scheduler = REPO / "scheduler"
+    rooms = {path.name for path in scheduler.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert rooms == set(ROOMS), f"scheduler/ holds rooms {sorted(rooms)}; the house lists {sorted(ROOMS)}"
+    assert sorted(path.name for path in scheduler.glob("*.py")) == ["__init__.py"], "scheduler/ itself holds only rooms"
+    package = ast.parse((scheduler / "__init__.py").read_text())
+    assert all(isinstance(node, ast.Expr) for node in package.body), "scheduler/__init__.py is the map, no code"
+    for room, below in ROOMS.items():
+        for path in (scheduler / room).rglob("*.py"):
+            reached = {name.split(".")[1] for name in _modules(path) if name.startswith("scheduler.")}
+            assert reached <= below | {room}, f"{path.relative_to(REPO)} reaches room(s) {sorted(reached - below - {room})}"
+            if room == "policy":
+                outside = {name.split(".")[0] for name in _modules(path)} - POLICY_MAY_IMPORT - {"scheduler"}
+                assert not outside, f"{path.relative_to(REPO)} imports {sorted(outside)}: policy/ is pure decisions"
 
 
 def test_the_suite_starts_its_longest_modules_first():

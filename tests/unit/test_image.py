@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from drape.config import KubernetesLauncherConfig, load_config
-from scheduler.kubernetes import build_job
+from scheduler.engines.kubernetes.objects import build_job
 from scheduler.policy import GpuState
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
-"""The binding rule on Kubernetes (scheduler/kubernetes_devices.py): the node pinned by default, whole
+"""The binding rule on Kubernetes (scheduler/engines/kubernetes/devices.py): the node pinned by default, whole
 GPUs or the declared shared resource, refusals where the cluster cannot be told the queue's plan, DRA
 claims that name the devices the queue chose (validated against Kubernetes 1.34's own schema and
-drape's schema of the fields it writes); the drift arithmetic (scheduler/drift.py); and the GPU
+drape's schema of the fields it writes); the drift arithmetic (scheduler/dispatch/drift.py); and the GPU
 indices reaching a local process."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import pytest
 from kubernetes import client
 
 from drape.config import KubernetesLauncherConfig
-from scheduler.drift import Landing, placement_drift
-from scheduler.engine import claimed_view, device_indices
-from scheduler.kubernetes import build_job, build_objects
-from scheduler.kubernetes_devices import BindingError, validate_claim
+from scheduler.dispatch.drift import placement_drift
+from scheduler.engines import Landing, claimed_view, device_indices
+from scheduler.engines.kubernetes.devices import BindingError, validate_claim
+from scheduler.engines.kubernetes.objects import build_job, build_objects
 from scheduler.policy import GpuState, Placement
 
 NODE_A = [GpuState(f"h100-00/gpu{i}", "h100-00", "H100-80GB", 80) for i in range(8)]
@@ -180,7 +180,7 @@ def test_claimed_view_counts_the_jobs_placed_beside_each_other_in_one_cycle():
 
 def test_the_local_launcher_gives_the_process_exactly_its_gpu_indices(tmp_path):
     """0.5 s. GPUs 2 and 5 of a node: CUDA_VISIBLE_DEVICES=2,5 in the job's process."""
-    from scheduler.local import LocalLauncher
+    from scheduler.engines.local.launcher import LocalLauncher
 
     gpus = [NODE_A[2], NODE_A[5]]
     assert device_indices(gpus) == "2,5" and device_indices([GpuState("host/cpu", "host", "cpu", 16)]) == ""
@@ -228,7 +228,7 @@ def _series(pod: str, gpu: str, host: str = "h100-00", namespace: str = "drape",
 
 def test_dcgm_pod_labels_give_the_devices_and_bad_series_are_ignored():
     """0.1 s. Pod and exported_pod both read; a wrong Hostname, a bad index, another namespace: ignored, logged."""
-    from scheduler.dcgm_pods import pod_gpus, pod_query
+    from scheduler.engines.kubernetes.dcgm import pod_gpus, pod_query
 
     said: list[str] = []
     samples = [
@@ -254,7 +254,7 @@ def test_dcgm_pod_labels_give_the_devices_and_bad_series_are_ignored():
 
 def test_dcgm_late_labels_are_waited_for_then_the_landing_is_node_only():
     """0.1 s. Missing labels → None (asked again) until WAIT_S after the pods were first seen, then node-only."""
-    from scheduler.dcgm_pods import WAIT_S, DcgmPods
+    from scheduler.engines.kubernetes.dcgm import WAIT_S, DcgmPods
 
     answers: list = [[], [_series("job-a-x", "4")], ConnectionError("refused"), []]
     clock = iter([0.0, 30.0, 60.0, WAIT_S + 1, 500.0, 501.0]).__next__

@@ -1,4 +1,4 @@
-"""What each pod of a queue job gets on Kubernetes (scheduler/kubernetes.py, kubernetes_pods.py): the
+"""What each pod of a queue job gets on Kubernetes (scheduler/engines/kubernetes/objects.py, pods.py): the
 exact torchrun command of every shape and pod, the credentials Secret by name only, CPU and memory
 from the GPUs it holds, a sized /dev/shm in memory, the security context; every object validated
 against the Kubernetes API schema."""
@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from drape.config import KubernetesLauncherConfig
-from scheduler.kubernetes import build_job, headless_service
+from scheduler.engines.kubernetes.objects import build_job, headless_service
 from scheduler.policy import GpuState
 
 SENTINEL = "sentinel-secret-value-7f3a"
@@ -238,7 +238,7 @@ def test_an_indexed_jobs_service_is_owned_by_its_job_and_never_left_without_one(
     never find each other), and the launch fails with the API's error."""
     from kubernetes.client.exceptions import ApiException
 
-    from scheduler.kubernetes import KubernetesLauncher
+    from scheduler.engines.kubernetes.launcher import KubernetesLauncher
 
     launcher, api = KubernetesLauncher(KubernetesLauncherConfig()), _Api()
     launcher._clients = {"batch": api, "core": api, "custom": None}

@@ -1,4 +1,4 @@
-"""drape beside Kueue (scheduler/kueue.py): the v1beta2 objects for a fleet, validated against the
+"""drape beside Kueue (scheduler/engines/kubernetes/kueue.py): the v1beta2 objects for a fleet, validated against the
 schema of the fields drape writes; the flavor a memory profile needs; jobs as suspended workloads."""
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ from kubernetes import client
 from typer.testing import CliRunner
 
 from drape.config import KubernetesLauncherConfig
-from scheduler.kubernetes import build_job
-from scheduler.kueue import (
+from scheduler.engines.kubernetes.kueue import (
     API_VERSION,
     QUEUE_NAME_LABEL,
     KueueError,
@@ -24,6 +23,7 @@ from scheduler.kueue import (
     kueue_objects,
     validate,
 )
+from scheduler.engines.kubernetes.objects import build_job
 from scheduler.policy import GpuState
 
 SETTINGS = KubernetesLauncherConfig(node_label="kubernetes.io/hostname")

@@ -1,4 +1,4 @@
-"""The dispatcher's kept planner (`scheduler/live.py`) decides as `plan_drape` reading every job does.
+"""The dispatcher's kept planner (`scheduler/dispatch/live.py`) decides as `plan_drape` reading every job does.
 
 Two dispatchers, each on a queue database of its own, run one scripted sequence: jobs submitted
 (some pinned to a model, declaring a share, exclusive, 4-GPU gang jobs waiting long enough to
@@ -17,9 +17,9 @@ import random
 import yaml
 
 from drape.ops import metrics
-from scheduler.dispatcher import Dispatcher
-from scheduler.engine import Outcome
-from scheduler.store import JobSpec, JobStore
+from scheduler.dispatch.dispatcher import Dispatcher
+from scheduler.engines import Outcome
+from scheduler.queue.store import JobSpec, JobStore
 from tests.conftest import tiny_config
 
 FLEET = {
@@ -160,8 +160,8 @@ def test_submitting_a_whole_queue_at_once_keeps_the_orders_one_by_one_does():
     already queued is refused. ~0.1 s."""
     import pytest
 
-    from scheduler.planner import Planner
-    from scheduler.state import GpuState, JobRequest
+    from scheduler.policy.planner import Planner
+    from scheduler.policy.state import GpuState, JobRequest
 
     rng = random.Random(5)
     gpus = [GpuState(f"n{n}/gpu{i}", f"n{n}", "H100-80GB", 80.0) for n in range(2) for i in range(8)]
@@ -187,7 +187,7 @@ def test_a_queue_database_from_before_gains_the_version_its_indexes_and_triggers
     and a job submitted or started since has one. ~0.2 s."""
     import sqlite3
 
-    from scheduler.versions import change_cursor, changed_jobs
+    from scheduler.queue.versions import change_cursor, changed_jobs
 
     database = tmp_path / "queue.db"
     with sqlite3.connect(database) as connection:

@@ -14,7 +14,7 @@ from drape.storage.retention import classify_stage_dir
 from drape.training.checkpoint import CheckpointError, list_checkpoints, load_model, read_manifest
 from drape.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
 from drape.training.trainer import train_stage
-from scheduler.profiles import lora_parameters
+from scheduler.jobs.profiles import lora_parameters
 from tests.conftest import tiny_config
 
 TEXTURE = ["transformer.transformer_blocks.*.attn.*"]

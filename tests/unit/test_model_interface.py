@@ -14,7 +14,7 @@ import torch
 from drape.config import ConfigError
 from drape.training.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint
 from drape.training.model import BUILT_IN, build_model, resolve_class, sample, trainable_parameter_names
-from scheduler.profiles import ASSUMED_MFU, H100_DENSE_BF16_FLOPS, estimate, model_facts, parameter_counts, workload
+from scheduler.jobs.profiles import ASSUMED_MFU, H100_DENSE_BF16_FLOPS, estimate, model_facts, parameter_counts, workload
 from tests.conftest import random_tryon_batch, tiny_config
 
 LATENT = {

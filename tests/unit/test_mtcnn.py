@@ -4,7 +4,7 @@ their five landmarks against dlib's, none on a texture, and the ArcFace path ali
 import numpy as np
 import pytest
 
-from drape.gates.real_cases import erase_face, face_scene, portrait, texture
+from benchmarks.cases.real_cases import erase_face, face_scene, portrait, texture
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.mtcnn import Mtcnn, nms, weights_folder
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from benchmarks.cases.real_cases import FaceScene, drift_face, print_word, real_control, swap_face, text_scene
 from drape.gates.ocr import edit_distance, normalize, read, shared_text_check, text_similarity
-from drape.gates.real_cases import FaceScene, drift_face, print_word, real_control, swap_face, text_scene
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.dlib_face import DlibRecognizer
 from drape.gates.run import judge

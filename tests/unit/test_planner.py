@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.planner import Planner
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, plan_drape
-from scheduler.replay import replay
-from scheduler.simulator import TraceJob, load_fleet, load_trace, simulate
+from scheduler.policy.planner import Planner
+from scheduler.queue.inventory import load_fleet
+from scheduler.sim import TraceJob, load_trace, simulate
+from scheduler.sim.replay import replay
 
 TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
 # (kind, GPUs per job, share of the GPU-hours, mean hours, GiB per GPU, priority): benchmarks/scheduler.py's mixes
@@ -63,7 +64,7 @@ CONFIGS = {
     "default": PolicyConfig(),
     "fragmentation": PolicyConfig(fragmentation=True),
     "preempting into co-location": PolicyConfig(preempt_colocate=True),
-    # gang jobs take nodes only by stopping jobs that resume from checkpoints (`scheduler/checkpoints.py`)
+    # gang jobs take nodes only by stopping jobs that resume from checkpoints (`scheduler/policy/checkpoints.py`)
     "bounded gang waits": PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0, gang_max_preemptions=3),
     # and short single-GPU jobs first (the planner's kept order must agree with plan_drape's sort)
     "bounded, short jobs first": PolicyConfig(gang_max_wait_s=3600.0, gang_max_preemptions=10, short_job_bonus=6.0),
@@ -162,8 +163,8 @@ def test_indexes_follow_starts_and_ends_as_a_fresh_planner_sees_them():
 def _same_reservation_and_preemption(planner: Planner, now: float) -> None:
     """The clearing and victims indexes answer as the walk over every running job and the scan
     of every GPU do, for gang jobs of each width and priority."""
-    from scheduler.preemption import Preemptor
-    from scheduler.reservation import reserve_walk
+    from scheduler.policy.preemption import Preemptor
+    from scheduler.policy.reservation import reserve_walk
 
     running = list(planner.running.values())
     for width, priority in ((2, 4), (4, 6), (8, 6), (8, 2)):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from scheduler.baselines import plan_fifo_exclusive
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, plan_drape
+from scheduler.policy.baselines import plan_fifo_exclusive
 
 
 def fleet(h100=2, l40s=2, per_node=2):
@@ -76,7 +76,7 @@ def test_fifo_exclusive_uses_only_the_biggest_gpus_and_blocks_at_the_head():
 def test_queue_database_errors_name_the_url_without_its_password(tmp_path):
     import pytest
 
-    from scheduler.store import JobStore, QueueError
+    from scheduler.queue.store import JobStore, QueueError
 
     with pytest.raises(QueueError, match=r"postgresql://drape:\*\*\*@db:5432/drape(: its database driver| unreachable)") as error:
         JobStore("postgresql://drape:s3cret@db:5432/drape")
@@ -102,7 +102,7 @@ def test_single_gpu_jobs_fill_the_fullest_node_and_keep_whole_nodes_free():
 
 
 def test_a_job_runs_only_on_the_gpu_models_it_allows():
-    from scheduler.baselines import plan_kueue_like
+    from scheduler.policy.baselines import plan_kueue_like
 
     gpus = fleet(h100=2, l40s=2)
     small_on_h100 = JobRequest("x", 3, 0.0, 1, 10.0, 600.0, ("H100",))  # would best-fit an L40S
@@ -181,8 +181,8 @@ def test_scheduling_fields_travel_with_the_job_and_bad_ones_are_refused(tmp_path
 
     import pytest
 
-    from scheduler.schema import JobSpec, QueueError, scheduling_of
-    from scheduler.store import JobStore
+    from scheduler.queue.schema import JobSpec, QueueError, scheduling_of
+    from scheduler.queue.store import JobStore
 
     store = JobStore(f"sqlite:///{tmp_path}/queue.db")
     half = store.submit(JobSpec(kind="gate-eval", command=["true"], mem_gib=10, duration_s=60, share=0.5, gpu_models=["H100"]))
@@ -220,8 +220,8 @@ def test_idle_gpus_take_back_jobs_crowded_onto_one_gpu_once_nothing_waits_for_th
 def test_a_claim_never_puts_a_job_beside_one_that_runs_alone_whatever_was_planned(tmp_path):
     """Two dispatchers plan from what they read; the claim re-reads the ledger. A plan made before a
     rival's gang claim must not put a small job on the gang's GPUs, though its memory would fit."""
-    from scheduler.schema import JobSpec
-    from scheduler.store import JobStore
+    from scheduler.queue.schema import JobSpec
+    from scheduler.queue.store import JobStore
 
     store = JobStore(f"sqlite:///{tmp_path}/queue.db")
     store.register_gpus([GpuState(f"n/gpu{i}", "n", "H100", 80.0) for i in range(4)])
@@ -257,14 +257,14 @@ def _churn(pool, rng, placed: list, choice, job: JobRequest, leave_below: float)
 
 @pytest.mark.parametrize("fragmentation", [False, True])
 def test_the_node_index_picks_what_a_scan_of_every_idle_gpu_picks(fragmentation):
-    """`_Pool.idle_by_count` (kept in step as GPUs are taken, left and emptied) gives the same GPU as
+    """`Pool.idle_by_count` (kept in step as GPUs are taken, left and emptied) gives the same GPU as
     scanning every idle GPU of the smallest fitting size for the cheapest node: the fullest (fewest
     idle GPUs), or with the workload's widths the one whose fragmentation grows least, then the fullest."""
     import random
     from collections import Counter
 
-    from scheduler.fragmentation import Widths
-    from scheduler.policy import _Pool
+    from scheduler.policy.fragmentation import Widths
+    from scheduler.policy.pool import Pool
 
     rng = random.Random(3)
     gpus = [
@@ -278,7 +278,7 @@ def test_the_node_index_picks_what_a_scan_of_every_idle_gpu_picks(fragmentation)
             gpu.jobs, gpu.allocated_gib = 1, 10.0
     # GPUs wanted by 1-, 2-, 4- and 8-GPU jobs: a node with 2 idle GPUs is kept for a 2-GPU job
     widths = {size: Widths.of(Counter({1: 50, 2: 60, 4: 20, 8: 24}), 8) for size in (80.0, 48.0)} if fragmentation else {}
-    pool = _Pool({g.uuid: g for g in gpus}, PolicyConfig(), widths=widths)
+    pool = Pool({g.uuid: g for g in gpus}, PolicyConfig(), widths=widths)
     if fragmentation:
         assert pool.order[80.0] == (1, 3, 5, 6, 7, 2, 4, 8)
 
@@ -306,8 +306,8 @@ def test_fragmentation_keeps_the_idle_gpus_wider_jobs_can_use():
     or without `fragmentation` (the default), the fullest node first."""
     from collections import Counter
 
-    from scheduler.fragmentation import Widths, widths_by_size
-    from scheduler.policy import _Pool
+    from scheduler.policy.fragmentation import Widths, widths_by_size
+    from scheduler.policy.pool import Pool
 
     def nodes(*busy: int) -> list[GpuState]:
         gpus = []
@@ -330,9 +330,9 @@ def test_fragmentation_keeps_the_idle_gpus_wider_jobs_can_use():
     many_pairs = widths_by_size([(1, 20.0)] * 50 + [(2, 20.0)] * 100 + [(4, 20.0)] * 10 + [(8, 70.0)], [80.0], 8)
     assert many_pairs[80.0] == Widths.of(Counter({1: 50, 2: 200, 4: 40, 8: 8}), 8)  # each job weighs its GPUs
     quad, eight = job("quad", 20, gpus=4), nodes(3, 0)  # n0: 5 idle, n1: 8 idle
-    pool = _Pool({g.uuid: GpuState(**vars(g)) for g in eight}, PolicyConfig(), widths=many_pairs)
+    pool = Pool({g.uuid: GpuState(**vars(g)) for g in eight}, PolicyConfig(), widths=many_pairs)
     assert {g.split("/")[0] for g in pool.best_fit(quad)} == {"n1"}
-    tightest = _Pool({g.uuid: GpuState(**vars(g)) for g in eight}, PolicyConfig())
+    tightest = Pool({g.uuid: GpuState(**vars(g)) for g in eight}, PolicyConfig())
     assert {g.split("/")[0] for g in tightest.best_fit(quad)} == {"n0"}  # fewest left over, as before
 
 
@@ -379,12 +379,13 @@ def test_crowded_jobs_move_off_a_waiting_gang_jobs_reservation_but_never_onto_it
 
 
 def test_colocation_weighs_the_tightest_fits_and_never_an_idle_gpu_or_one_without_room():
-    """`_Pool` co-locates (no idle GPU left) on the GPU a scan of every shared GPU with room picks
+    """`Pool` co-locates (no idle GPU left) on the GPU a scan of every shared GPU with room picks
     among the `COLOCATION_WINDOW` tightest memory fits: the fewest jobs, then the soonest expected
     end, then the tightest; and the cache of sizes that found no room stays right as jobs come and go."""
     import random
 
-    from scheduler.policy import COLOCATION_WINDOW, _Pool
+    from scheduler.policy import COLOCATION_WINDOW
+    from scheduler.policy.pool import Pool
 
     rng = random.Random(5)
     gpus = [GpuState(f"n{node:02d}/gpu{i}", f"n{node:02d}", "H100", 80.0) for node in range(24) for i in range(8)]
@@ -393,7 +394,7 @@ def test_colocation_weighs_the_tightest_fits_and_never_an_idle_gpu_or_one_withou
         gpu.jobs = rng.choice((1, 1, 2, 3))
         gpu.allocated_gib = rng.uniform(5.0, 20.0) * gpu.jobs
         ends[gpu.uuid] = rng.uniform(0.0, 90_000.0)
-    pool = _Pool({g.uuid: g for g in gpus}, PolicyConfig(), now=0.0, ends=ends)
+    pool = Pool({g.uuid: g for g in gpus}, PolicyConfig(), now=0.0, ends=ends)
 
     def scanned(mem: float) -> str | None:
         room = sorted(
@@ -436,7 +437,7 @@ def test_a_job_goes_to_the_node_whose_cache_is_warm_when_it_is_free(gpus):
 def test_a_preferred_node_in_the_labels_reaches_the_policy():
     import json
 
-    from scheduler.schema import job_request
+    from scheduler.queue.schema import job_request
 
     labels = json.dumps({"run": "r", "prefer_node": "node-b-00"})
     assert job_request(("j", 5, 0.0, 2, 10.0, 60.0, labels)).prefer_node == "node-b-00"

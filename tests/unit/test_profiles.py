@@ -2,8 +2,8 @@
 
 import pytest
 
-from scheduler.profiles import estimate, parameter_counts, profile, shape_key
-from scheduler.store import JobSpec, JobStore
+from scheduler.jobs.profiles import estimate, parameter_counts, profile, shape_key
+from scheduler.queue.store import JobSpec, JobStore
 
 
 def test_estimate_grows_with_what_the_job_holds(config):

@@ -53,7 +53,7 @@ def test_a_job_declares_at_submit_whether_it_may_be_stopped(config_path):
     """`--no-preemptible` and `--checkpoint-every` reach the queued job as the policy reads it; a
     cadence out of bounds is refused."""
     from drape.config import load_config
-    from scheduler.store import JobStore
+    from scheduler.queue.store import JobStore
 
     result = _submit(config_path, "--mem-gib", "10", "--no-preemptible", "--checkpoint-every", "1800")
     assert result.exit_code == 0, result.output

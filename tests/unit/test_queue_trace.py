@@ -7,11 +7,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from scheduler.jobs.profiles import profile, shape_key
 from scheduler.policy import GpuState, Placement
-from scheduler.profiles import profile, shape_key
-from scheduler.simulator import load_trace, simulate
-from scheduler.store import JobSpec, JobStore
-from scheduler.traces import export_trace
+from scheduler.queue.store import JobSpec, JobStore
+from scheduler.sim import load_trace, simulate
+from scheduler.sim.export import export_trace
 
 
 def _history(store: JobStore, shape: str) -> None:

@@ -16,7 +16,7 @@ from drape.data.synth import make_garment, make_identity, make_sample, photo_see
 from drape.gates.run import evaluate_gate
 from drape.training.model import build_model, sample
 from drape.training.trainer import train_stage
-from scheduler.profiles import shape_key
+from scheduler.jobs.profiles import shape_key
 from tests.conftest import tiny_config
 from tests.unit.test_importers import make_viton_hd
 

@@ -126,7 +126,7 @@ def test_the_consent_rule_expires_shopper_data_and_its_old_versions():
 
 def test_a_personalization_job_is_profiled_as_an_adapter_on_a_frozen_base(config):
     from drape import JobKind
-    from scheduler.profiles import estimate, lora_parameters
+    from scheduler.jobs.profiles import estimate, lora_parameters
 
     adapter = lora_parameters(config, None)
     assert adapter > 0

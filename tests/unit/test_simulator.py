@@ -4,7 +4,8 @@ import pytest
 from typer.testing import CliRunner
 
 from drape.cli import app
-from scheduler.simulator import TraceError, TraceJob, load_fleet, load_trace, offered_load_bound, simulate
+from scheduler.queue.inventory import load_fleet
+from scheduler.sim import TraceError, TraceJob, load_trace, offered_load_bound, simulate
 
 FLEET = "groups:\n  - {model: H100-80GB, memory_gib: 80, nodes: 1, gpus_per_node: 1}\n"
 
@@ -68,7 +69,7 @@ def test_cli_simulate_prints_both_policies(tmp_path):
 
 def test_waits_per_job_class_and_constraint_violations(tmp_path):
     from scheduler.policy import PolicyConfig
-    from scheduler.tables import render
+    from scheduler.sim.tables import render
 
     trace = tmp_path / "t.csv"
     trace.write_text(
@@ -99,8 +100,9 @@ def test_waits_per_job_class_and_constraint_violations(tmp_path):
 
 def test_a_starving_gang_job_preempts_and_the_work_lost_is_counted(tmp_path):
     from scheduler.policy import PolicyConfig
-    from scheduler.simulator import CHECKPOINT_EVERY_S, RESTART_S
-    from scheduler.tables import render
+    from scheduler.policy.state import CHECKPOINT_EVERY_S
+    from scheduler.sim import RESTART_S
+    from scheduler.sim.tables import render
 
     trace = tmp_path / "t.csv"
     trace.write_text(

@@ -21,9 +21,9 @@ from drape.storage.store import ObjectStore, StorageError
 from drape.storage.sweep import sweep
 from drape.training.checkpoint import CheckpointError
 from drape.training.distributed import DistContext, ShardedCheckpointer, load_sharded
-from scheduler.dispatcher import unplaceable
-from scheduler.engine import job_environment
-from scheduler.store import JobSpec, JobStore, QueueError
+from scheduler.dispatch.dispatcher import unplaceable
+from scheduler.engines import job_environment
+from scheduler.queue.store import JobSpec, JobStore, QueueError
 from tests.conftest import TINY, silent_endpoint, tiny_config
 
 SHA = "0" * 64
@@ -295,7 +295,7 @@ def test_queue_refuses_memory_that_is_not_a_finite_positive_number(tmp_path, mem
 
 
 def test_a_job_no_node_can_hold_is_refused_with_what_to_do(tmp_path):
-    from scheduler.dispatcher import submit_and_wait
+    from scheduler.dispatch.dispatcher import submit_and_wait
 
     config = tiny_config(tmp_path, queue={"enabled": True, "cpu_slot_gib": 16.0})
     with pytest.raises(QueueError, match="no node of the fleet can hold it.*Lower the job's memory"):
@@ -308,8 +308,8 @@ def test_a_job_no_node_can_hold_is_refused_with_what_to_do(tmp_path):
 
 
 def test_a_queued_job_past_the_placement_timeout_fails_with_the_reason(tmp_path):
-    from scheduler.dispatcher import Dispatcher
-    from scheduler.fleet import FleetView
+    from scheduler.dispatch.dispatcher import Dispatcher
+    from scheduler.dispatch.fleet import FleetView
 
     config = tiny_config(tmp_path, queue={"enabled": True, "placement_timeout_seconds": 60})
     store = JobStore(config.queue_url)

@@ -12,7 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from drape.cli import app
-from scheduler.trace_files import MAX_FLEET_GPUS, TraceError, load_fleet, load_trace
+from scheduler.queue.inventory import MAX_FLEET_GPUS, FleetFileError, load_fleet
+from scheduler.sim.traces import TraceError, load_trace
 
 TRACE = "job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n"
 GOOD_ROW = "j1,0,60,20,1,1,finetune\n"
@@ -54,16 +55,16 @@ def test_a_billion_laughs_inventory_is_refused_for_the_static_fleet_and_slurm(fi
     """queue.inventory: read by the static fleet view and the Slurm rendering, both through load_fleet."""
     from types import SimpleNamespace
 
-    from scheduler.fleet import fleet_view
-    from scheduler.slurm_render import _placement
+    from scheduler.dispatch.fleet import fleet_view
+    from scheduler.jobs.slurm_script import _placement
 
     config = SimpleNamespace(queue=SimpleNamespace(fleet="static", inventory=str(files / "bomb.yaml")))
     for read in (lambda: fleet_view(config, store=None), lambda: _placement(config, 1, 1)):
-        with pytest.raises(TraceError, match=rf"{files}/bomb\.yaml: its YAML aliases expand to more than"):
+        with pytest.raises(FleetFileError, match=rf"{files}/bomb\.yaml: its YAML aliases expand to more than"):
             read()
     big = tmp_path / "big.yaml"
     big.write_text("groups: []\n" + "#" * (2 << 20))
-    with pytest.raises(TraceError, match=rf"big\.yaml: {big.stat().st_size} bytes, more than a config may hold"):
+    with pytest.raises(FleetFileError, match=rf"big\.yaml: {big.stat().st_size} bytes, more than a config may hold"):
         load_fleet(big)
 
 
@@ -89,7 +90,7 @@ def test_a_fleet_with_absurd_or_malformed_values_is_refused_naming_the_group(tmp
     path = tmp_path / "fleet.yaml"
     path.write_text(yaml.safe_dump(fleet))
     started = time.monotonic()
-    with pytest.raises(TraceError, match=match) as error:
+    with pytest.raises(FleetFileError, match=match) as error:
         load_fleet(path)
     assert str(error.value).startswith(f"{path}: ") and time.monotonic() - started < 2  # nothing allocated first
 
@@ -97,7 +98,7 @@ def test_a_fleet_with_absurd_or_malformed_values_is_refused_naming_the_group(tmp
 def test_a_fleet_that_is_not_yaml_is_named(tmp_path):
     path = tmp_path / "fleet.yaml"
     path.write_text("groups: [unclosed\n")
-    with pytest.raises(TraceError, match=rf"{path}: not YAML"):
+    with pytest.raises(FleetFileError, match=rf"{path}: not YAML"):
         load_fleet(path)
 
 
@@ -156,7 +157,7 @@ def test_dcgm_answers_no_gpu_could_give_are_refused_naming_the_gpu(used, free, m
     from http.server import BaseHTTPRequestHandler, HTTPServer
     from urllib.parse import parse_qs, urlsplit
 
-    from scheduler.fleet import dcgm_gpus
+    from scheduler.dispatch.fleet import dcgm_gpus
 
     values = {"DCGM_FI_DEV_FB_USED": used, "DCGM_FI_DEV_FB_FREE": free, "DCGM_FI_DEV_GPU_UTIL": "NaN"}
 
@@ -194,7 +195,7 @@ def test_a_config_or_fleet_that_is_not_text_is_named_not_a_traceback(tmp_path):
     path.write_bytes(b"groups: []\n\xff\xfe\x00")
     with pytest.raises(ConfigError, match=rf"{path}: not UTF-8 text \(invalid start byte at byte 11\)"):
         load_config(path)
-    with pytest.raises(TraceError, match=rf"{path}: not UTF-8 text"):
+    with pytest.raises(FleetFileError, match=rf"{path}: not UTF-8 text"):
         load_fleet(path)
 
 
@@ -202,7 +203,7 @@ def test_a_billion_laughs_kube_config_is_refused_before_the_client_reads_it(file
     """The Kubernetes launcher reads `KUBECONFIG` (each of its files) through the bounded loader
     first: a bomb, a huge file, a file that is not YAML are each refused naming the file; a real
     kube config passes to the client."""
-    from scheduler.kubernetes import checked_kubeconfig
+    from scheduler.engines.kubernetes.launcher import checked_kubeconfig
 
     (tmp_path / "huge.yaml").write_text("a: " + "x" * (17 << 20))
     (tmp_path / "broken.yaml").write_text("clusters: [unclosed\n")

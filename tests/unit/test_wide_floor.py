@@ -1,12 +1,12 @@
-"""Floors on whole-node jobs' max wait: alone (scheduler/wide_floor.py), beside single-GPU jobs (joint_floor.py)."""
+"""Floors on whole-node jobs' max wait: alone (benchmarks/floors/wide_floor.py), beside single-GPU jobs (joint_floor.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from scheduler.joint_floor import joint_floor, lacking_node_s, weights
-from scheduler.simulator import TraceJob
-from scheduler.wide_floor import fcfs_max_wait, feasible, max_wait_floor
+from benchmarks.floors.joint_floor import joint_floor, lacking_node_s, weights
+from benchmarks.floors.wide_floor import fcfs_max_wait, feasible, max_wait_floor
+from scheduler.sim import TraceJob
 from tests.unit.test_bounds import _fleet  # nodes of 8 GPUs of 80 GiB per model
 
 

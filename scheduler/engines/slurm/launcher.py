@@ -1,0 +1,375 @@
+"""The Slurm engine: a claimed job as an ``sbatch`` script whose ``srun`` starts torchrun on every node.
+
+Who places: drape's queue. Its policy chose the nodes and GPUs from the memory profile; the script
+asks Slurm for exactly those (``--nodelist``, ``--nodes``, ``--gres=gpu[:<type>]:<per node>``), so
+Slurm either runs the job where drape put it or says no, and never silently elsewhere:
+- before submitting, every placed node must be a Slurm node offering at least the GPUs asked for
+  (``scontrol show node``), else the launch fails naming the node and both counts;
+- sbatch's own refusal fails the launch with sbatch's words;
+- a job Slurm keeps pending for a reason other than its turn (a node down or drained) longer than
+  `queue.slurm.pending_timeout_seconds` is cancelled and fails with Slurm's reason.
+GPUs are whole (`queue.max_jobs_per_gpu` is 1 with this engine): Slurm's gres gives no fractions.
+
+The script (`batch_script`): ``srun`` one task per node, each execs torchrun with an explicit c10d
+rendezvous at the first node of the allocation (``scontrol show hostnames`` → its NodeAddr from
+``scontrol show node``), that node hosting the store (``is_host=$((SLURM_NODEID == 0))``), and
+``DRAPE_NODE`` set to the Slurm node's name. ``--requeue`` and ``--signal=B:USR1@<s>``: on USR1 the
+batch shell sends SIGTERM to the step (the trainer saves a checkpoint, publishes it and exits, see
+drape/training/stop.py), then requeues the job, which resumes from that checkpoint; on SIGTERM
+(scancel, preemption) it only passes it on. The job's environment is the dispatcher's filtered one
+(`scheduler.engines.job_environment`) exported by sbatch: no value is ever written in the script.
+
+Handles are ``slurm:<job id>:<job name>``; the name is ``drape-<queue job id>-a<attempt>`` and the
+comment ``drape:<queue job id>``. A launch first looks for a job of that name (a dispatcher that
+died between sbatch and recording the handle): it adopts it instead of submitting it twice.
+Finished runs and their GPU-hours come from ``sacct`` (`usage`), into the cost report
+(scheduler/dispatch/accounting.py) and the metric ``drape_engine_job_gpu_hours``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.engines import Outcome, exit_message, is_python, job_environment, torchrun_program
+from scheduler.policy import GpuState
+
+RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED"}
+WAITING_TURN = {"None", "Priority", "Resources", "BeginTime", "Dependency", "JobHeldUser", "Reservation", "QOSResourceLimit"}
+SLURM_VARIABLES = ("SLURM_CONF",)  # what the Slurm clients (sbatch here, scontrol in the script) need to find the cluster
+
+
+class SlurmError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class SlurmRequest:
+    """What a job asks Slurm for: the nodes drape placed it on and the GPUs on each."""
+
+    nodes: list[str]
+    gpus_per_node: int
+    model: str
+
+    @classmethod
+    def of(cls, gpus: list[GpuState]) -> SlurmRequest:
+        nodes = sorted({g.node for g in gpus})
+        per_node = {node: sum(1 for g in gpus if g.node == node) for node in nodes}
+        if len(set(per_node.values())) > 1:
+            raise SlurmError(f"the placement {per_node} is uneven; a Slurm job has the same GPUs on every node")
+        return cls(nodes, max(per_node.values(), default=0), gpus[0].model if gpus else "")
+
+
+def job_name(job: dict) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "-", f"drape-{job['id']}-a{job.get('attempts') or 1}")
+
+
+def _gres(request: SlurmRequest, settings) -> str:
+    kind = settings.gres_types.get(request.model)
+    return f"gpu:{kind}:{request.gpus_per_node}" if kind else f"gpu:{request.gpus_per_node}"
+
+
+def _directives(job: dict, request: SlurmRequest, settings, log_path: Path) -> list[str]:
+    lines = [
+        f"--job-name={job_name(job)}",
+        f"--comment=drape:{job['id']}",
+        f"--nodes={len(request.nodes)}",
+        f"--nodelist={','.join(request.nodes)}",
+        "--ntasks-per-node=1",
+        f"--cpus-per-task={settings.cpus_per_gpu * max(request.gpus_per_node, 1)}",
+        f"--time={settings.time_limit_minutes}",
+        f"--signal=B:USR1@{settings.signal_seconds}",
+        f"--output={log_path}",
+        "--open-mode=append",
+        "--export=ALL",
+    ]
+    if request.gpus_per_node:
+        lines.insert(5, f"--gres={_gres(request, settings)}")
+        if settings.mem_per_gpu_gib:
+            lines.append(f"--mem-per-gpu={settings.mem_per_gpu_gib}G")
+    lines.append("--requeue" if settings.requeue else "--no-requeue")
+    lines += [f"--partition={settings.partition}"] * bool(settings.partition) + [f"--account={settings.account}"] * bool(
+        settings.account
+    )
+    return [f"#SBATCH {line}" for line in lines]
+
+
+def _task_command(job: dict, request: SlurmRequest, settings) -> str:
+    """The shell each srun task runs: torchrun across the allocation for a torchrun job, else the command."""
+    command = json.loads(job["command"])
+    ranks = max(request.gpus_per_node, 1)
+    if json.loads(job.get("labels") or "{}").get("launch") != "torchrun" or (ranks == 1 and len(request.nodes) == 1):
+        return 'export DRAPE_NODE="$SLURMD_NODENAME"; exec ' + shlex.join(command)
+    runner = [command[0], "-m", "torch.distributed.run"] if is_python(command[0]) else ["torchrun"]
+    fixed = [*runner, f"--nnodes={len(request.nodes)}", f"--nproc-per-node={ranks}", "--rdzv-backend=c10d"]
+    timeout = settings.rendezvous_timeout_seconds
+    conf = f'"--rdzv-conf=is_host=$((SLURM_NODEID == 0)),join_timeout={timeout},read_timeout={timeout}"'
+    rendezvous = '"--rdzv-endpoint=$DRAPE_RDZV_ENDPOINT" "--rdzv-id=$DRAPE_RDZV_ID"'
+    program = shlex.join(torchrun_program(command))
+    return f'export DRAPE_NODE="$SLURMD_NODENAME"; exec {shlex.join(fixed)} {rendezvous} {conf} {program}'
+
+
+_BODY = """set -uo pipefail
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+head_addr=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+# each run of a requeued job its own port: the store of the run before may still hold the last one
+export DRAPE_RDZV_ENDPOINT="${{head_addr:-$head_node}}:$(( {port} + ${{SLURM_RESTART_COUNT:-0}} % 16 ))"
+export DRAPE_RDZV_ID="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
+echo "drape: Slurm job $SLURM_JOB_ID run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, rendezvous $DRAPE_RDZV_ENDPOINT"
+stopping=""
+stop() {{  # $1: USR1 (the time limit or an operator: checkpoint, exit, requeue) or TERM (scancel, preemption)
+  stopping="$1"
+  echo "drape: $1: asking the trainer to save a checkpoint and exit"
+  scancel --signal=TERM "$SLURM_JOB_ID.0"
+}}
+trap 'stop USR1' USR1
+trap 'stop TERM' TERM
+# one task on each node of the allocation, said outright: a step Slurm would lay out otherwise fails
+srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 bash -c {task} &
+srun_pid=$!
+status=0
+while :; do  # a trapped signal ends `wait` early: wait again until srun is gone
+  if wait "$srun_pid"; then status=0; break; else status=$?; fi
+  kill -0 "$srun_pid" 2>/dev/null || break
+done
+if [ "$stopping" = USR1 ] && [ "$status" != 0 ]; then
+  echo "drape: requeueing job $SLURM_JOB_ID; its next run resumes from the checkpoint just published"
+  scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"
+"""
+
+
+def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> str:
+    """The sbatch script of `job` placed on `gpus` (see the module docstring)."""
+    request = SlurmRequest.of(gpus)
+    env = {**json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
+    exports = [
+        f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items()) if re.fullmatch(r"[A-Z_][A-Z0-9_]*", name)
+    ]
+    header = [
+        "#!/bin/bash",
+        f"# drape queue job {job['id']} ({job.get('kind', '')}, stage {job.get('stage') or '-'}): scheduler/engines/slurm",
+    ]
+    body = _BODY.format(port=settings.rendezvous_port, task=shlex.quote(_task_command(job, request, settings)))
+    return "\n".join([*header, *_directives(job, request, settings, log_path), *exports, *settings.setup, body])
+
+
+def _fields(line: str) -> dict[str, str]:
+    """`scontrol show … -o` → {Key: value} (values never hold spaces in the keys read here)."""
+    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+
+
+def _seconds(text: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except ValueError:
+        return None
+
+
+def _gpus_of(tres: str) -> int | None:
+    match = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", tres or "")
+    return int(match.group(1)) if match else None
+
+
+def _requested_gpus(shown: dict[str, str]) -> int | None:
+    """The job's GPUs from `scontrol show job`: its per-node gres (TresPerNode) × its nodes."""
+    match = re.search(r"gres[:/]gpu(?::[^:,]+)?:(\d+)", shown.get("TresPerNode", ""))
+    nodes = shown.get("NumNodes", "1").split("-")[0]
+    return int(match.group(1)) * int(nodes) if match and nodes.isdigit() else None
+
+
+@dataclass(frozen=True)
+class SlurmRun:
+    """One run of a Slurm job as sacct accounts it (a requeued job has several)."""
+
+    slurm_id: str
+    name: str
+    state: str
+    start: float | None
+    end: float | None
+    gpus: int | None  # None: the accounting does not record GPUs (jobcomp without gres TRES)
+
+    @property
+    def queue_job_id(self) -> str | None:
+        match = re.fullmatch(r"drape-(.+)-a\d+", self.name)
+        return match.group(1) if match else None
+
+
+class SlurmLauncher:
+    """Submits, watches, cancels and adopts drape's Slurm jobs (`queue.slurm`)."""
+
+    def __init__(self, settings, log_dir: Path, script_dir: Path, passed=()):
+        self.settings, self.log_dir, self.script_dir = settings, Path(log_dir), Path(script_dir)
+        self.passed = (*passed, *SLURM_VARIABLES)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.script_dir.mkdir(parents=True, exist_ok=True)
+        self.pending_since: dict[str, float] = {}
+        self.requeued_since: dict[str, float] = {}  # "<job id>:<restarts>" → when first seen waiting to restart
+
+    def _run(self, *argv: str, env: dict[str, str] | None = None, check: bool = True) -> str:
+        environ = env or {**os.environ}
+        try:
+            done = subprocess.run(argv, env=environ, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise SlurmError(f"{argv[0]}: {error}") from None
+        if check and done.returncode:
+            raise SlurmError(f"{' '.join(argv[:2])}: {(done.stderr or done.stdout).strip()}")
+        return done.stdout
+
+    def log_path(self, job_id: str) -> Path:
+        return self.log_dir / f"{job_id}.log"
+
+    def check_request(self, request: SlurmRequest) -> None:
+        """Refuse a placement Slurm cannot run as asked: a node it does not know, or with fewer GPUs."""
+        for node in request.nodes:
+            out = self._run("scontrol", "show", "node", "-o", node, check=False)
+            if not out.strip() or "not found" in out:
+                raise SlurmError(f"node {node} of drape's fleet is not a node of this Slurm cluster (scontrol show node)")
+            gres = _fields(out).get("Gres", "")
+            offered = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+            if offered < request.gpus_per_node:
+                raise SlurmError(
+                    f"drape placed {request.gpus_per_node} GPU(s) on node {node}, but Slurm's gres there is {gres or 'none'} "
+                    f"({offered} GPU(s)): fix the fleet inventory or gres.conf so both schedulers count the same GPUs"
+                )
+
+    def find(self, name: str) -> str | None:
+        """The Slurm job id of the job named `name` still known to Slurm, if any."""
+        out = self._run("squeue", "-h", "-t", "all", f"--name={name}", "-o", "%i", check=False)
+        ids = out.split()
+        return ids[0] if ids else None
+
+    def launch(self, job: dict, gpus: list[GpuState]) -> str:
+        name = job_name(job)
+        if (existing := self.find(name)) is not None:  # submitted before a restart: it is this job's
+            return f"slurm:{existing}:{name}"
+        request = SlurmRequest.of(gpus)
+        self.check_request(request)
+        script = self.script_dir / f"{name}.sbatch"
+        partial = script.with_suffix(".tmp")
+        partial.write_text(batch_script(job, gpus, self.settings, self.log_path(job["id"])))
+        partial.replace(script)
+        env = {**job_environment(self.passed), **json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
+        try:
+            slurm_id = self._run("sbatch", "--parsable", str(script), env=env).strip().split(";")[0]
+        except SlurmError as error:
+            raise SlurmError(f"Slurm refused job {job['id']}: {error}") from None
+        return f"slurm:{slurm_id}:{name}"
+
+    @staticmethod
+    def _parse(handle: str | None) -> tuple[str, str] | None:
+        parts = (handle or "").split(":")
+        return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "slurm" and parts[1].isdigit() else None
+
+    def _show(self, slurm_id: str) -> dict[str, str] | None:
+        out = self._run("scontrol", "show", "job", "-o", slurm_id, check=False)
+        return _fields(out) if out.startswith("JobId=") else None
+
+    def sees(self, handle: str | None) -> bool:
+        parsed = self._parse(handle)
+        if parsed is None:
+            return False
+        shown = self._show(parsed[0])
+        if shown is not None:
+            return shown.get("JobName") == parsed[1]
+        return any(run.name == parsed[1] for run in self.usage([parsed[0]]))
+
+    def poll(self, job_id: str, handle: str) -> Outcome | None:
+        parsed = self._parse(handle)
+        if parsed is None:
+            return Outcome(-1, f"{handle} is not a Slurm job handle")
+        shown = self._show(parsed[0])
+        if shown is None:
+            runs = [run for run in self.usage([parsed[0]]) if run.name == parsed[1]]
+            if not runs:
+                return Outcome(-1, f"Slurm no longer knows job {parsed[0]} ({parsed[1]})")
+            return self._ended(job_id, parsed[0], runs[-1].state, "0:0", "", None)
+        state, reason = shown.get("JobState", ""), shown.get("Reason", "None")
+        if state == "PENDING":
+            return self._pending(job_id, parsed[0], shown, reason)
+        self.pending_since.pop(job_id, None)
+        if state in RUNNING:
+            return None
+        return self._ended(job_id, parsed[0], state, shown.get("ExitCode", "0:0"), reason, _requested_gpus(shown))
+
+    def _pending(self, job_id: str, slurm_id: str, shown: dict[str, str], reason: str) -> Outcome | None:
+        self._lift_requeue_delay(job_id, slurm_id, shown, reason)
+        if reason in WAITING_TURN:
+            self.pending_since.pop(job_id, None)
+            return None
+        since = self.pending_since.setdefault(job_id, time.monotonic())
+        if time.monotonic() - since < self.settings.pending_timeout_seconds:
+            return None
+        self._run("scancel", slurm_id, check=False)
+        self.pending_since.pop(job_id, None)
+        return Outcome(
+            -1,
+            f"Slurm kept job {slurm_id} pending for {self.settings.pending_timeout_seconds:g} s ({reason}) on the nodes drape "
+            "placed it on: the schedulers disagree about those nodes; cancelled",
+        )
+
+    def _lift_requeue_delay(self, job_id: str, slurm_id: str, shown: dict[str, str], reason: str) -> None:
+        after = self.settings.requeued_start_after_seconds
+        if after is None or reason != "BeginTime" or shown.get("Restarts", "0") == "0":
+            return
+        key = f"{job_id}:{shown.get('Restarts')}"
+        seen = self.requeued_since.setdefault(key, time.monotonic())
+        if time.monotonic() - seen >= after:
+            self._run("scontrol", "update", f"JobId={slurm_id}", "StartTime=now", check=False)
+
+    def _ended(self, job_id: str, slurm_id: str, state: str, exit_code: str, reason: str, gpus: int | None) -> Outcome:
+        from drape.ops import metrics
+
+        hours = sum(run_gpu_hours(run, gpus) for run in self.usage([slurm_id]))
+        metrics.ENGINE_GPU_HOURS.labels(job_id=job_id, engine="slurm", state=state).set(hours)
+        code_text, _, signal_text = exit_code.partition(":")
+        code = int(code_text) if code_text.isdigit() else -1
+        if state == "COMPLETED" and code == 0:
+            return Outcome(0, f"Slurm job {slurm_id} COMPLETED")
+        code = code or (128 + int(signal_text) if signal_text.isdigit() and int(signal_text) else 1)
+        tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if self.log_path(job_id).is_file() else ""
+        message = f"Slurm job {slurm_id} {state} ({reason}), {exit_message(code)}"
+        return Outcome(code, message + (f"; log tail:\n{tail}" if tail else ""))
+
+    def cancel(self, job_id: str, handle: str) -> None:
+        """scancel: Slurm sends the batch script and the step SIGTERM (the trainer saves), then SIGKILL."""
+        parsed = self._parse(handle)
+        if parsed is not None:
+            self._run("scancel", parsed[0], check=False)
+
+    def usage(self, slurm_ids: list[str] | None = None, since: str = "now-30days") -> list[SlurmRun]:
+        """drape's runs as sacct accounts them (every run of a requeued job; `slurm_ids`: only those)."""
+        argv = ["sacct", "-X", "-P", "-n", "-o", "JobID,JobName,State,Start,End,AllocTRES", "-S", since]
+        if self.settings.accounting == "jobcomp":
+            argv.insert(1, "-c")
+        if slurm_ids:
+            argv += ["-j", ",".join(slurm_ids)]
+        runs = []
+        for line in self._run(*argv, check=False).splitlines():
+            fields = line.split("|")
+            if len(fields) >= 6 and fields[1].startswith("drape-"):
+                slurm_id, name, state, start, end, tres = fields[:6]
+                runs.append(SlurmRun(slurm_id, name, state.split()[0], _seconds(start), _seconds(end), _gpus_of(tres)))
+        return runs
+
+
+def run_gpu_hours(run: SlurmRun, gpus: int | None = None) -> float:
+    """GPU-hours of one run: its time (start to end) × its GPUs (sacct's, else `gpus`, else 0)."""
+    count = run.gpus if run.gpus is not None else gpus
+    if run.start is None or run.end is None or not count:
+        return 0.0
+    return max(run.end - run.start, 0.0) * count / 3600
+
+
+def build(config, log_dir: Path) -> SlurmLauncher:
+    settings = config.queue.slurm
+    script_dir = Path(settings.script_dir) if settings.script_dir else log_dir.parent / "slurm"
+    logs = Path(settings.log_dir) if settings.log_dir else log_dir
+    return SlurmLauncher(settings, logs, script_dir, config.queue.job_environment)

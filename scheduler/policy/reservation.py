@@ -1,0 +1,117 @@
+"""EASY backfill's reservation: when and on which GPUs the first job that cannot start now will
+fit, from the running jobs' expected ends. A later job may start before it only if it ends
+before that time or does not touch the reserved GPUs (`scheduler/policy/plan.py`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from scheduler.policy.state import GpuState, JobRequest, PolicyConfig, RunningJob, allowed
+
+
+@dataclass
+class Reservation:
+    time_s: float
+    gpus: frozenset[str]
+
+
+def reserve(
+    head: JobRequest, gpus: dict[str, GpuState], running: list[RunningJob], now: float, config: PolicyConfig
+) -> Reservation | None:
+    """When and where `head` fits as running jobs end in expected order (None: never, as things stand)."""
+    future = {uuid: future_state(g) for uuid, g in gpus.items()}
+    by_node: dict[str, list[GpuState]] = {}
+    for gpu in future.values():
+        by_node.setdefault(gpu.node, []).append(gpu)
+
+    for job in sorted(running, key=lambda r: r.expected_end_s):
+        for uuid in job.gpus:
+            if uuid in future:
+                future[uuid].allocated_gib = max(future[uuid].allocated_gib - job.mem_gib, 0.0)
+                future[uuid].jobs = max(future[uuid].jobs - 1, 0)
+                future[uuid].exclusive = future[uuid].exclusive and len(job.gpus) == 1
+        when = max(job.expected_end_s, now)
+        if head.gpus == 1:
+            for uuid in job.gpus:
+                if uuid in future and _fits_single(head, future[uuid], config):
+                    return Reservation(when, frozenset({uuid}))
+        else:
+            for node in {future[u].node for u in job.gpus if u in future}:
+                chosen = _fits_node(head, by_node[node], config)
+                if chosen:
+                    return Reservation(when, frozenset(chosen))
+    return None
+
+
+def reserve_walk(
+    head: JobRequest,
+    gpus: dict[str, GpuState],
+    nodes: dict[str, list[str]],
+    ending: Iterable[RunningJob],
+    now: float,
+    config: PolicyConfig,
+) -> Reservation | None:
+    """`reserve` for a planner that keeps the running jobs in expected-end order (`ending`, ties in
+    the order they started) and the fleet's GPUs by node (`nodes`): it copies only the GPUs the
+    jobs it walks free, and stops at the first that makes room, so its cost is the jobs walked."""
+    future: dict[str, GpuState] = {}
+
+    def get(uuid: str) -> GpuState:
+        if uuid not in future:
+            future[uuid] = future_state(gpus[uuid])
+        return future[uuid]
+
+    for job in ending:
+        for uuid in job.gpus:
+            if uuid in gpus:
+                gpu = get(uuid)
+                gpu.allocated_gib = max(gpu.allocated_gib - job.mem_gib, 0.0)
+                gpu.jobs = max(gpu.jobs - 1, 0)
+                gpu.exclusive = gpu.exclusive and len(job.gpus) == 1
+        when = max(job.expected_end_s, now)
+        if head.gpus == 1:
+            for uuid in job.gpus:
+                if uuid in gpus and _fits_single(head, get(uuid), config):
+                    return Reservation(when, frozenset({uuid}))
+        else:
+            for node in {gpus[u].node for u in job.gpus if u in gpus}:
+                chosen = _fits_node(head, [get(u) for u in nodes[node]], config)
+                if chosen:
+                    return Reservation(when, frozenset(chosen))
+    return None
+
+
+def future_state(g: GpuState) -> GpuState:
+    """A copy of `g` to run the running jobs' ends on: DCGM's reading kept only for memory the
+    ledger does not account for (it stays when they end), utilization dropped."""
+    return GpuState(
+        g.uuid,
+        g.node,
+        g.model,
+        g.total_gib,
+        g.allocated_gib,
+        g.jobs,
+        max((g.observed_used_gib or 0.0) - g.allocated_gib, 0.0) or None,
+        None,
+        g.exclusive,
+    )
+
+
+def _fits_single(head: JobRequest, gpu: GpuState, config: PolicyConfig) -> bool:
+    free = gpu.total_gib - gpu.allocated_gib - (gpu.observed_used_gib or 0.0)
+    model_ok = not config.constraints or allowed(head, gpu.model)
+    return model_ok and free >= head.mem_gib and (gpu.jobs == 0 or (gpu.jobs < config.max_jobs_per_gpu and not gpu.exclusive))
+
+
+def _fits_node(head: JobRequest, node: list[GpuState], config: PolicyConfig) -> tuple[str, ...] | None:
+    idle = sorted(
+        (g.total_gib, g.uuid)
+        for g in node
+        if g.jobs == 0
+        and g.allocated_gib < 1e-6
+        and g.total_gib >= head.mem_gib
+        and not g.observed_used_gib
+        and (not config.constraints or allowed(head, g.model))
+    )
+    return tuple(u for _, u in idle[: head.gpus]) if len(idle) >= head.gpus else None

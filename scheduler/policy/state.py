@@ -1,0 +1,151 @@
+"""The GPU queue's vocabulary: what the policy knows about GPUs, waiting and running jobs, and
+the placements it decides (`scheduler/policy/plan.py` re-exports all of it, the name others import)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, simulator, alerts)
+COLOCATION_WINDOW = 32  # co-location weighs this many of the tightest memory fits
+CHECKPOINT_EVERY_S = 600.0  # a job that declares no cadence is taken to checkpoint every 10 min of progress
+MAX_GANG_WAIT_S = 7 * 24 * 3600.0  # the longest bound on a gang job's wait that makes sense (a week)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    aging_per_hour: float = 1.0
+    max_jobs_per_gpu: int = 4
+    idle_mem_gib: float = 1.0
+    idle_util_percent: float = 5.0
+    backfill: bool = True
+    pack_nodes: bool = True  # single-GPU jobs on the fullest node (False: the first idle GPU by name)
+    constraints: bool = True  # honour each job's allowed GPU models (False: ignore them, as drape once did)
+    preempt_after_s: float | None = 1200.0  # a multi-GPU job waiting this long may preempt (None: never)
+    max_preemptions: int = 2  # a job is preempted at most this many times
+    spread_after_s: float | None = 3600.0  # move a crowded GPU's job expected to run this much longer to an idle GPU
+    preempt_colocate: bool = False  # a preempted job may restart beside other jobs (False: idle GPUs only)
+    fragmentation: bool = False  # score nodes by what a placement does to wider jobs (False: fullest node first)
+    spread_beside_reservation: bool = True  # spread while a gang job waits, off its reservation (False: not at all)
+    colocate_by_end: bool = True  # share the GPU with the fewest jobs, ending soonest (False: the tightest memory fit)
+    # a multi-GPU job waiting this long may stop preemptible running jobs of lower priority, which
+    # resume from their checkpoints (`scheduler/policy/checkpoints.py`; None: never)
+    gang_max_wait_s: float | None = None
+    gang_max_preemptions: int = 4  # a job is stopped for an overdue gang job only while preempted fewer times
+    # single-GPU jobs expected to run at most `short_job_s` rank this much higher: when the fleet is
+    # full, short jobs start before long ones (their waits set the class's mean)
+    short_job_bonus: float = 0.0
+    short_job_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        bound = self.gang_max_wait_s
+        if bound is not None and not (math.isfinite(bound) and 0 <= bound <= MAX_GANG_WAIT_S):
+            raise ValueError(f"PolicyConfig.gang_max_wait_s must be None or in [0, {MAX_GANG_WAIT_S:g}] s, got {bound!r}")
+        if not (math.isfinite(self.short_job_bonus) and 0 <= self.short_job_bonus <= 100):
+            raise ValueError(f"PolicyConfig.short_job_bonus must be in [0, 100], got {self.short_job_bonus!r}")
+        if not (math.isfinite(self.short_job_s) and 0 <= self.short_job_s <= MAX_GANG_WAIT_S):
+            raise ValueError(f"PolicyConfig.short_job_s must be in [0, {MAX_GANG_WAIT_S:g}] s, got {self.short_job_s!r}")
+        if not 0 <= self.gang_max_preemptions <= 100:
+            raise ValueError(f"PolicyConfig.gang_max_preemptions must be in [0, 100], got {self.gang_max_preemptions!r}")
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What the policy needs to know about a waiting job (memory per GPU, GiB; times in seconds)."""
+
+    id: str
+    priority: int
+    submit_s: float
+    gpus: int
+    mem_gib: float
+    duration_s: float
+    models: tuple[str, ...] = ()  # GPU models it may run on (a part of the name each); empty: any
+    exclusive: bool = False  # a single-GPU job that shares its GPU with nobody (multi-GPU jobs always do)
+    share: float = 1.0  # the part of a GPU's compute it declares it uses (< 1: co-located by declaration)
+    preempted: int = 0  # times it was preempted so far
+    prefer_node: str = ""  # among equal choices, first this node (its shard cache is warm for the job)
+    preemptible: bool = True  # it resumes from its checkpoints, so a waiting gang job may stop it
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S  # how often it checkpoints (s of progress)
+    # when it last joined the queue, if not at its submit: a preempted job's requeue. Aging and the
+    # gang bound (`gang_max_wait_s`) count from it (`queued_at`)
+    queued_s: float | None = None
+
+
+def allows(models: tuple[str, ...], model: str) -> bool:
+    """Whether a job naming `models` may run on a GPU of `model`: none named, or one is a part of it."""
+    return not models or any(pattern.lower() in model.lower() for pattern in models)
+
+
+def allowed(job: JobRequest, model: str) -> bool:
+    """Whether `job` may run on a GPU of `model` (see `allows`)."""
+    return allows(job.models, model)
+
+
+@dataclass
+class GpuState:
+    uuid: str
+    node: str
+    model: str
+    total_gib: float
+    allocated_gib: float = 0.0  # the queue's ledger
+    jobs: int = 0  # ledger jobs resident
+    observed_used_gib: float | None = None  # DCGM framebuffer used, when known
+    observed_util: float | None = None  # DCGM utilization %, when known
+    exclusive: bool = False  # holds a job that shares its GPUs with nobody (a multi-GPU or exclusive job)
+    shares: float = 0.0  # declared compute shares of the jobs on it (1.0 for each that declared none)
+
+    def free_gib(self) -> float:
+        return self.total_gib - max(self.allocated_gib, self.observed_used_gib or 0.0)
+
+    def is_idle(self, config: PolicyConfig) -> bool:
+        observed_quiet = (self.observed_used_gib is None or self.observed_used_gib <= config.idle_mem_gib) and (
+            self.observed_util is None or self.observed_util < config.idle_util_percent
+        )
+        return self.jobs == 0 and self.allocated_gib < 1e-6 and observed_quiet
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    id: str
+    gpus: tuple[str, ...]
+    mem_gib: float
+    expected_end_s: float
+    priority: int = 0
+    shareable: bool = False  # a single-GPU job that did not ask to run alone: it may be preempted
+    preempted: int = 0
+    models: tuple[str, ...] = ()
+    share: float = 1.0
+    preemptible: bool = True  # a waiting gang job may stop it (it resumes from its checkpoint)
+    checkpoint_every_s: float = CHECKPOINT_EVERY_S
+    started_s: float = 0.0  # when it (last) started: the work since its last checkpoint is counted from it
+
+
+@dataclass(frozen=True)
+class Placement:
+    job_id: str
+    gpus: tuple[str, ...]
+    mem_gib: float
+    evicts: tuple[str, ...] = ()  # running jobs to preempt (requeue) before it starts
+
+
+def short_bonus(job: JobRequest, config: PolicyConfig) -> float:
+    """The priority a single-GPU job expected to run at most `short_job_s` gains (`short_job_bonus`)."""
+    return config.short_job_bonus if job.gpus == 1 and job.duration_s <= config.short_job_s else 0.0
+
+
+def queued_at(job: JobRequest) -> float:
+    """When `job`'s present wait began, what aging counts from: its submit, or its last requeue. A
+    stopped job that resumes was served already: counted from its submit, days of aging would rank it
+    before every job that has not started once (measured in `benchmarks/gang_bound.py`)."""
+    # never before the submit: a label read from the store cannot buy a job aging it did not wait
+    return job.submit_s if job.queued_s is None else max(job.submit_s, job.queued_s)
+
+
+def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> float:
+    return job.priority + short_bonus(job, config) + config.aging_per_hour * max(now - queued_at(job), 0.0) / 3600.0
+
+
+def static_priority(job: JobRequest, config: PolicyConfig) -> float:
+    """`effective_priority` less the part every job shares at one clock: the order by it is the
+    order by effective priority at any `now` past the submits, so it can be kept, not re-sorted."""
+    return job.priority + short_bonus(job, config) - config.aging_per_hour * queued_at(job) / 3600.0

@@ -1,0 +1,243 @@
+"""The simulator's model of a fleet running jobs, shared by the reference loop (`reference.py`) and
+the incremental replay (`replay.py`):
+the live policy code against a fleet, event by event, with GPU contention modelled.
+
+Contention model: the try-on models are compute-bound (two concurrent requests overlapped by
+under 7% in the field), so n jobs sharing one GPU progress together at (1 + 0.07 × (n − 1))
+times one job's speed, split evenly: co-location buys memory density, not free throughput. A
+multi-GPU job runs at the pace of its slowest GPU. Utilization counts busy GPU-time (a GPU with
+at least one job), never resident jobs; memory utilization counts allocated GiB-time.
+
+A trace's duration measured while sharing (column `measured` = shared) already holds the
+slowdown: such a job runs at its own pace whatever it shares with, so it is not counted twice.
+
+The offered-load bound is the utilization no policy can beat on the trace: all its GPU-work
+done back to back, in no less than the time the last job needs after it is submitted.
+
+A job that declares a `share` under 1 of a GPU's compute keeps full pace while the declared
+shares on its GPU sum to at most 1; past that, each job on the GPU progresses at
+(1 + overlap × (n − 1)) / (sum of shares), the rule above when no job declares a share.
+
+Preemption (`scheduler/policy/preemption.py`): a preempted job returns to the queue with its remaining
+work plus what it loses: the work since its last checkpoint (one every `checkpoint_every_s` of
+progress, its own or 600 s) and a restart (`RESTART_S`). Its wait to start again is reported
+apart from first waits.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+
+from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, RunningJob, allowed
+from scheduler.sim.traces import TraceError, TraceJob
+
+CONTENTION_OVERLAP = 0.07
+RESTART_S = 60.0  # a preempted job pays a restart (launch, load the checkpoint)
+
+
+def job_class(gpus: int) -> str:
+    return "1" if gpus == 1 else "2-4" if gpus <= 4 else "5-8"
+
+
+@dataclass
+class SimResult:
+    policy: str
+    jobs: int
+    gpus: int
+    utilization: float
+    memory_utilization: float
+    mean_wait_s: float
+    p95_wait_s: float
+    starved: int
+    makespan_s: float
+    bound: float
+    placements_by_model: dict[str, int]
+    class_waits: dict[str, dict[str, float]] = field(default_factory=dict)  # class → jobs, mean, p95, max (s)
+    violations: int = 0  # placements on a GPU model the job excludes
+    preemptions: int = 0
+    lost_gpu_h: float = 0.0  # GPU-hours of work preemption threw away (since the last checkpoint, and restarts)
+    max_requeue_wait_s: float = 0.0  # the longest a preempted job waited to start again
+    # class → mean and max of (finish − first start) / duration: what sharing (and preemption) slowed it
+    class_stretch: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def of_bound(self) -> float:
+        return self.utilization / self.bound if self.bound else 0.0
+
+
+def pace(gpu: GpuState) -> float:
+    """Each job's pace on `gpu`: full while the declared shares fit in one GPU, else split."""
+    return min(1.0, (1 + CONTENTION_OVERLAP * (gpu.jobs - 1)) / max(gpu.shares, 1e-9))
+
+
+def offered_load_bound(trace: list[TraceJob], num_gpus: int) -> float:
+    work = sum(j.duration_s * j.gpus for j in trace)
+    start = min(j.submit_s for j in trace)
+    shortest = max(max(j.submit_s + j.duration_s for j in trace) - start, work / num_gpus)
+    return work / (num_gpus * shortest)
+
+
+def waits_by_class(waits: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
+    found: dict[str, dict[str, float]] = {}
+    for name in ("1", "2-4", "5-8"):
+        values = sorted(w for c, w in waits if c == name)
+        if values:
+            found[name] = {
+                "jobs": len(values),
+                "mean_s": statistics.fmean(values),
+                "p95_s": values[int(0.95 * (len(values) - 1))],
+                "max_s": values[-1],
+            }
+    return found
+
+
+def check_fits(trace: list[TraceJob], fleet: list[GpuState]) -> None:
+    biggest = max(g.total_gib for g in fleet)
+    for job in trace:
+        if job.peak_mem_gib > biggest or job.gpus > len(fleet):
+            raise TraceError(
+                f"job {job.job_id} needs {job.gpus}×{job.peak_mem_gib} GiB; the fleet's largest GPU has {biggest} GiB"
+            )
+
+
+def release_job(record: dict, gpus: dict[str, GpuState]) -> None:
+    for uuid in record["gpus"]:
+        gpu = gpus[uuid]
+        gpu.jobs -= 1
+        gpu.shares = gpu.shares - record["share"] if gpu.jobs else 0.0
+        gpu.exclusive = gpu.exclusive and not record["alone"]
+        gpu.allocated_gib = gpu.allocated_gib - record["mem"] if gpu.jobs else 0.0
+
+
+def start_job(
+    placement: Placement, request: JobRequest, running: dict[str, dict], gpus: dict[str, GpuState], clock: float, shared: bool
+) -> None:
+    alone = len(placement.gpus) > 1 or request.exclusive
+    for uuid in placement.gpus:
+        gpus[uuid].jobs += 1
+        gpus[uuid].allocated_gib += placement.mem_gib
+        gpus[uuid].shares += request.share
+        gpus[uuid].exclusive = alone
+    running[placement.job_id] = {
+        "gpus": placement.gpus,
+        "mem": placement.mem_gib,
+        "remaining": request.duration_s,
+        "expected_end": clock + request.duration_s,
+        "shared": shared,  # its duration was measured while sharing: it keeps its own pace
+        "share": request.share,
+        "alone": alone,
+        "request": request,
+        "started": clock,
+    }
+
+
+def preempt_job(job_id: str, running: dict[str, dict], gpus: dict[str, GpuState], clock: float) -> tuple[JobRequest, float]:
+    """Stop `job_id` and return it to the queue with what is left of its work plus what preemption
+    costs: the work since its last checkpoint (every `checkpoint_every_s` of progress) and a restart."""
+    record = running.pop(job_id)
+    release_job(record, gpus)
+    request: JobRequest = record["request"]
+    done = request.duration_s - record["remaining"]
+    lost = done % request.checkpoint_every_s + RESTART_S
+    again = replace(request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1, queued_s=clock)
+    return again, lost * len(record["gpus"])
+
+
+def sim_result(
+    policy: str, trace: list[TraceJob], gpus: dict[str, GpuState], busy: float, allocated: float, finish_last: float, tally
+) -> SimResult:
+    start = trace[0].submit_s if trace else 0.0
+    makespan = max(finish_last - start, 1e-9)
+    total_memory = sum(g.total_gib for g in gpus.values())
+    waits, ordered = tally.waits, sorted(tally.waits)
+    p95 = ordered[int(0.95 * (len(ordered) - 1))] if ordered else 0.0
+    return SimResult(
+        policy,
+        len(trace),
+        len(gpus),
+        busy / (len(gpus) * makespan),
+        allocated / (total_memory * makespan),
+        statistics.fmean(waits) if waits else 0.0,
+        p95,
+        sum(1 for w in waits if w > STARVED_AFTER_S),
+        makespan,
+        offered_load_bound(trace, len(gpus)) if trace else 0.0,
+        tally.placed_on,
+        waits_by_class(tally.classed),
+        tally.violations,
+        tally.preemptions,
+        tally.lost_gpu_s / 3600,
+        max(tally.requeue_waits, default=0.0),
+        {
+            name: {"mean": statistics.fmean(values), "max": max(values)}
+            for name in ("1", "2-4", "5-8")
+            if (values := [v for c, v in tally.stretch if c == name])
+        },
+    )
+
+
+@dataclass
+class Tally:
+    """What a replay counts as it goes."""
+
+    waits: list[float] = field(default_factory=list)  # first starts only
+    classed: list[tuple[str, float]] = field(default_factory=list)
+    requeue_waits: list[float] = field(default_factory=list)  # preemption → start again
+    preempted_at: dict[str, float] = field(default_factory=dict)
+    violations: int = 0
+    preemptions: int = 0
+    lost_gpu_s: float = 0.0
+    placed_on: dict[str, int] = field(default_factory=dict)
+    started_at: dict[str, float] = field(default_factory=dict)  # first starts
+    stretch: list[tuple[str, float]] = field(default_factory=list)  # (class, (finish − first start) / duration)
+
+    def started(self, job: TraceJob, request: JobRequest, gpus: tuple[str, ...], models: dict, clock: float) -> None:
+        """A start at `clock` (`models`: uuid → GPU): its wait, class and model, or a requeue's wait."""
+        if job.job_id in self.preempted_at:
+            self.requeue_waits.append(clock - self.preempted_at.pop(job.job_id))
+            return
+        self.waits.append(clock - job.submit_s)
+        self.started_at[job.job_id] = clock
+        self.classed.append((job_class(job.gpus), clock - job.submit_s))
+        self.violations += any(not allowed(request, models[u].model) for u in gpus)
+        model = models[gpus[0]].model
+        self.placed_on[model] = self.placed_on.get(model, 0) + 1
+
+    def finished(self, job: TraceJob, clock: float) -> None:
+        self.stretch.append((job_class(job.gpus), (clock - self.started_at.pop(job.job_id)) / max(job.duration_s, 1e-9)))
+
+
+def request_of(job: TraceJob) -> JobRequest:
+    return JobRequest(
+        job.job_id,
+        job.priority,
+        job.submit_s,
+        job.gpus,
+        job.peak_mem_gib,
+        job.duration_s,
+        job.models,
+        job.exclusive,
+        job.share,
+        preemptible=job.preemptible,
+        checkpoint_every_s=job.checkpoint_every_s,
+    )
+
+
+def ongoing_jobs(running: dict[str, dict]) -> list[RunningJob]:
+    return [
+        RunningJob(
+            jid,
+            tuple(r["gpus"]),
+            r["mem"],
+            r["expected_end"],
+            r["request"].priority,
+            not r["alone"],
+            r["request"].preempted,
+            r["request"].models,
+            preemptible=r["request"].preemptible and not r["request"].exclusive,
+            checkpoint_every_s=r["request"].checkpoint_every_s,
+            started_s=r["started"],
+        )
+        for jid, r in running.items()
+    ]

@@ -1,0 +1,50 @@
+"""Simulation results as Markdown tables: the fleet's figures, waits per job class, preemption."""
+
+from __future__ import annotations
+
+from scheduler.sim import CONTENTION_OVERLAP, SimResult
+
+
+def _stretch(result: SimResult) -> str:
+    """The single-GPU jobs' run time over their duration: 1.00 when nothing slowed them."""
+    found = result.class_stretch.get("1")
+    return f"{found['mean']:.2f} / {found['max']:.2f}" if found else "-"
+
+
+def render(results: list[SimResult]) -> str:
+    """A Markdown table of simulation results, plus the contention model in one line."""
+    lines = [
+        "| policy | jobs | GPUs | GPU util | of bound | mem util | mean wait | p95 wait | starved (>1 h) | makespan "
+        "| placements by GPU model |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        models = ", ".join(f"{m}: {n}" for m, n in sorted(r.placements_by_model.items()))
+        lines.append(
+            f"| {r.policy} | {r.jobs} | {r.gpus} | {100 * r.utilization:.1f}% | {r.of_bound:.2f} | "
+            f"{100 * r.memory_utilization:.1f}% | {r.mean_wait_s / 60:.1f} min | {r.p95_wait_s / 60:.1f} min | "
+            f"{r.starved} | {r.makespan_s / 3600:.1f} h | {models} |"
+        )
+    lines += [
+        "",
+        "| policy | waits: 1 GPU (mean / p95 / max) | 2-4 GPUs | 5-8 GPUs | constraint violations "
+        "| preempted | work lost | longest wait to restart | run time / duration: 1 GPU (mean / max) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        cells = [
+            f"{w['mean_s'] / 60:.1f} / {w['p95_s'] / 60:.1f} / {w['max_s'] / 60:.1f} min ({w['jobs']:.0f} jobs)"
+            if (w := r.class_waits.get(name))
+            else "-"
+            for name in ("1", "2-4", "5-8")
+        ]
+        lines.append(
+            f"| {r.policy} | {' | '.join(cells)} | {r.violations} | {r.preemptions} | {r.lost_gpu_h:.1f} GPU-h "
+            f"| {r.max_requeue_wait_s / 60:.1f} min | {_stretch(r)} |"
+        )
+    if results:
+        lines.append(
+            f"\noffered-load bound {100 * results[0].bound:.1f}%; contention: n jobs on one GPU progress at "
+            f"(1 + {CONTENTION_OVERLAP} × (n − 1)) / n each (compute-bound); utilization = busy GPU-time / capacity"
+        )
+    return "\n".join(lines)
