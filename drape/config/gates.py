@@ -11,8 +11,9 @@ from drape.config.base import StageName, StrictModel
 # a check's score lies in [0, 1] where 1 is perfect: a threshold outside (0, 1] passes anything
 # (or nothing) and is refused; one value for every stage, or one per stage
 # (or "nuisance": the check's nuisance floor, measured at each gate: what accepted variations of the
-# ground truth score, drape.gates.floor)
-Bounded = Annotated[float, Field(gt=0, le=1)] | Literal["nuisance"]
+# ground truth score, drape.gates.floor; or "off": measured and reported, never judged, for a check
+# that cannot separate anything where it runs, such as a 6×4 px logo at 32 px; unset still blocks)
+Bounded = Annotated[float, Field(gt=0, le=1)] | Literal["nuisance", "off"]
 Threshold = Bounded | dict[StageName, Bounded] | None
 
 

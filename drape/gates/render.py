@@ -37,7 +37,8 @@ def _cells(check: CheckResult) -> CheckCells:
     change = f"{baseline_mean} ({check.max_drop:.3f}{source})" if check.change_checked else (check.change_note or "-")
     floor = "-" if check.floor is None or check.margin is None else f"{check.floor:.3f} ({check.margin:+.3f})"
     from_floor = " (floor)" if check.threshold_source.startswith("nuisance") else ""
-    threshold = "not set" if check.threshold is None else f"{check.threshold:.3f}{from_floor}"
+    unset = "off (not judged)" if check.threshold_source == "off" else "not set"
+    threshold = unset if check.threshold is None else f"{check.threshold:.3f}{from_floor}"
     return CheckCells(
         check.name,
         f"{check.lower:.3f}",

@@ -127,7 +127,8 @@ class CheckResult:
     max_drop: float | None = None
     change_note: str = ""  # why the change check was skipped, when it was
     method: str = ""  # how the check scored (gates.<check>.method)
-    threshold_source: str = "config"  # or "nuisance floor (<variant>)": the threshold is the floor measured at the gate
+    # or "nuisance floor (<variant>)": the threshold is the floor measured at the gate; "off": not judged
+    threshold_source: str = "config"
     floor: float | None = None  # the lowest lower bound any nuisance variant of the reference reaches
     floor_variant: str = ""  # the variant that set it
     change_mean: float | None = None  # the mean the change check compares (on the ground-truth scale); None: `mean`
@@ -151,6 +152,8 @@ class CheckResult:
 
     @property
     def value_passed(self) -> bool:
+        if self.threshold_source == "off":  # measured and reported, judged by no threshold (gates.<check> "off")
+            return True
         return self.threshold is not None and bool(np.isfinite(self.lower)) and self.lower >= self.threshold
 
     @property
@@ -191,7 +194,9 @@ class CheckResult:
     def failures(self) -> list[str]:
         """One line per failed condition, naming the check, the value and the threshold."""
         lines = []
-        if self.threshold is None:
+        if self.threshold_source == "off":
+            pass
+        elif self.threshold is None:
             lines.append(f"{self.name}: no threshold configured, so nothing can be promoted")
         elif not np.isfinite(self.lower):
             lines.append(f"{self.name}: no sample could be scored (no face found in any output)")

@@ -259,6 +259,8 @@ def _value_threshold(
     """(the threshold, where it came from): as configured, or for 'nuisance' the floor less the
     check's margin in `margins` (`gates.floor_margin`)."""
     margin = (margins or {}).get(check, 0.0)
+    if configured == "off":
+        return None, "off"
     if configured != "nuisance":
         return (None if configured is None else float(configured)), "config"
     if floor is None:  # the config refuses a 'nuisance' threshold without gates.nuisance_floor

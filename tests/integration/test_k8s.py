@@ -125,7 +125,7 @@ def test_the_engine_makes_exactly_the_api_calls_the_role_is_written_for():
     new call fails here until the Role grants it), and every entry there is still made."""
     import ast
 
-    tree = ast.parse((REPO / "scheduler" / "kubernetes.py").read_text())
+    tree = ast.parse((REPO / "scheduler" / "engines" / "kubernetes" / "launcher.py").read_text())
     calls = [
         node
         for node in ast.walk(tree)

@@ -51,3 +51,15 @@ def test_report_needs_every_check_and_ranks_worst_samples():
     assert report.worst_samples(1) == [("identity", "b", 0.4), ("texture", "b", 0.4)]
     data = report.to_dict()
     assert data["schema"] == "drape.gate_report/v4" and data["verdict"] == "fail"
+
+
+def test_an_unset_threshold_blocks_promotion_and_off_reports_without_judging():
+    """Unset blocks (a forgotten threshold never passes silently); "off" is said on purpose: the value
+    is measured and reported, the check judges nothing, while its change check still applies."""
+    values = {"a": -0.2, "b": 0.05, "c": 0.1}
+    unset = CheckResult("texture", values, None)
+    assert not unset.passed and unset.failures() == ["texture: no threshold configured, so nothing can be promoted"]
+    off = CheckResult("texture", values, None, threshold_source="off")
+    assert off.passed and off.failures() == [] and off.mean == pytest.approx(np.mean(list(values.values())))
+    fallen = CheckResult("texture", values, None, threshold_source="off", baseline_mean=0.9, max_drop=0.05)
+    assert not fallen.passed and "texture" in fallen.failures()[0]
