@@ -11,10 +11,7 @@
    (preempting for an 8-GPU job waiting 20 min only jobs that can restart at once on idle GPUs
    elsewhere; moving jobs crowded onto a GPU to idle ones, while a gang job waits only off its
    reservation; co-locating on the GPU that clears soonest), drape spreading only, drape with
-   neither, drape preempting into co-location, drape fragmentation-aware
-   (`scheduler/policy/fragmentation.py`), drape not spreading while a gang job waits, that and
-   co-locating on the tightest memory fit (the default before), drape as it was
-   (first idle GPU by name, constraints ignored, neither), a Kueue-like requests-quota
+   neither, drape fragmentation-aware (`scheduler/policy/fragmentation.py`), a Kueue-like requests-quota
    BestEffortFIFO, and fifo-exclusive; waits per job class (1, 2-4, 8 GPUs), violations,
    preemptions and the work they lost. Then the 8-GPU jobs alone on the same fleet (the capacity
    floor), and beside single-GPU jobs that start on arrival, packed one or two to a GPU at no cost
@@ -126,19 +123,7 @@ GANG_POLICIES = (
     ("drape", "drape", PolicyConfig()),
     ("drape, spreading only", "drape", PolicyConfig(preempt_after_s=None)),
     ("drape, neither", "drape", PolicyConfig(preempt_after_s=None, spread_after_s=None)),
-    ("drape, preempting into co-location", "drape", PolicyConfig(preempt_colocate=True)),
     ("drape, fragmentation-aware", "drape", PolicyConfig(fragmentation=True)),
-    ("drape, not spreading while a gang job waits", "drape", PolicyConfig(spread_beside_reservation=False)),
-    (
-        "drape, that and co-locating by memory alone",
-        "drape",
-        PolicyConfig(spread_beside_reservation=False, colocate_by_end=False),
-    ),
-    (
-        "drape as it was",
-        "drape",
-        PolicyConfig(pack_nodes=False, constraints=False, preempt_after_s=None, spread_after_s=None, colocate_by_end=False),
-    ),
     ("kueue-like", "kueue-like", PolicyConfig()),
     ("fifo-exclusive", "fifo-exclusive", PolicyConfig()),
 )

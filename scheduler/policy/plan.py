@@ -7,7 +7,7 @@ baselines it is measured against, and the registry by name: `scheduler/policy/ba
   (+ `short_job_bonus` for a single-GPU job expected to run at most
   `short_job_s`: on a full fleet short jobs start first; 0, off, by default);
 - best fit by memory, fullest node first: a single-GPU job goes to the smallest idle GPU model
-  whose memory holds its profile, on the node with the fewest idle GPUs (`pack_nodes`), so whole
+  whose memory holds its profile, on the node with the fewest idle GPUs, so whole
   nodes stay free for multi-GPU jobs (or, with `fragmentation`, on the node where taking a GPU
   adds least to the idle GPUs the workload's widths cannot use, the fullest among equals:
   `scheduler/policy/fragmentation.py`); only when no idle GPU fits is it co-located, on the GPU with
@@ -19,7 +19,7 @@ baselines it is measured against, and the registry by name: `scheduler/policy/ba
   an `exclusive` job runs alone on an idle GPU;
 - warm caches: a job naming a `prefer_node` (where its stage's shards are cached) goes there if it fits;
 - GPU models: a job that names the models it may run on (`models`, each a part of a model's name)
-  is placed on nothing else (`constraints`);
+  is placed on nothing else;
 - idle-aware: a GPU is idle only when the ledger has nothing on it and DCGM agrees (no memory in
   use beyond `idle_mem_gib`, utilization under `idle_util_percent`); free memory is the total
   minus the larger of the ledger's allocations and what DCGM sees in use;
@@ -28,8 +28,7 @@ baselines it is measured against, and the registry by name: `scheduler/policy/ba
   shareable jobs elsewhere; one waiting `gang_max_wait_s` by stopping lower-priority preemptible
   jobs, which resume from their checkpoints (`scheduler/policy/checkpoints.py`); and idle GPUs take
   back jobs crowded onto a shared GPU (`spread_after_s`; `scheduler/policy/preemption.py`), except the
-  GPUs reserved for a waiting multi-GPU job (none at all while one waits, with
-  `spread_beside_reservation` off);
+  GPUs reserved for a waiting multi-GPU job;
 - EASY backfill: the first job that cannot start gets a reservation (the earliest time and GPUs
   at which it fits, from the running jobs' expected ends); a later job may start now only if it
   ends before that time or does not touch the reserved GPUs.
@@ -143,6 +142,6 @@ def _spread(
     placed = {p.job_id for p in placements}
     if not any(j.gpus > 1 and j.id not in placed for j in pending):
         return spread(pool, running, now, config)
-    if config.spread_beside_reservation and reservation is not None:
+    if reservation is not None:
         return spread(pool, running, now, config, exclude=reservation.gpus)
     return []

@@ -287,7 +287,7 @@ class Planner:
         crowded = [job for uuid in pool.crowded for job in self.on_gpu.get(uuid, ())]
         if len(self.gang_submits) == sum(1 for p in placements if len(p.gpus) > 1):  # no gang job waits
             return spread(pool, crowded, now, config)
-        if config.spread_beside_reservation and reservation is not None:
+        if reservation is not None:
             return spread(pool, crowded, now, config, exclude=reservation.gpus)
         return []
 

@@ -4,8 +4,7 @@ A multi-GPU job that has waited `PolicyConfig.preempt_after_s` and fits nowhere 
 whose GPUs are idle or hold only jobs it may preempt: single-GPU, shareable (not run alone),
 preemptible (`JobRequest.preemptible`: a job that declared it may not be stopped never is), of
 lower priority, preempted fewer than `max_preemptions` times, and able to start again at once
-elsewhere: on an idle GPU off that node (or, with `preempt_colocate`, beside other jobs where
-memory allows). So preemption moves work to defragment the fleet; it never leaves a preempted
+elsewhere: on an idle GPU off that node. So preemption moves work to defragment the fleet; it never leaves a preempted
 job waiting. Of the nodes that would do, it takes the one that preempts the fewest jobs (then the
 least GPU memory in use, then by name). A GPU whose DCGM reading shows memory the ledger does
 not account for is never taken.
@@ -17,11 +16,12 @@ and a restart, see `scheduler/sim/reference.py`).
 Spreading (`spread`): co-location is what a full fleet falls back on; once idle GPUs are left
 after everything waiting was placed, a job crowded onto a GPU past its compute moves to one, so
 long co-located jobs do not run at half pace for days. While a multi-GPU job waits, only onto
-idle GPUs its reservation does not hold (`PolicyConfig.spread_beside_reservation`): without
-that, a day-long service co-located at a busy hour stayed at half pace while 8-GPU jobs queued,
-and its end set the week's makespan.
+idle GPUs its reservation does not hold: not spreading at all while one waits, a day-long service
+co-located at a busy hour stayed at half pace while 8-GPU jobs queued, and its end set the
+week's makespan.
 
-Measured on `benchmarks/scheduler.py`'s gang weeks over ten seeds (medians): preempting into
+Measured on `benchmarks/scheduler.py`'s gang weeks over ten seeds (medians), when these were
+switches (they are the policy now; the ablations left the runtime with issue 63): preempting into
 co-location cut 8-GPU waits most but stretched co-located long jobs (the contention model);
 preempting to idle GPUs and spreading cut the 8-GPU jobs' mean wait by 42-52% against drape
 with neither (220 against 457 min at load 0.85 on 64 H100). Spreading beside a reservation, with
@@ -109,13 +109,11 @@ class Preemptor:
                 by_node.setdefault(gpu.node, []).append((len(occupants), gpu.allocated_gib, gpu.uuid))
         return by_node
 
-    def _rehome(self, victims: list[RunningJob], pool: Pool, node: str, colocate: bool | None = None) -> bool:
-        """Whether every victim can start again at once off `node`: on an idle GPU, else (when
-        `preempt_colocate`) beside other jobs where memory allows, so nothing preempted waits."""
-        colocate = self.config.preempt_colocate if colocate is None else colocate
+    def _rehome(self, victims: list[RunningJob], pool: Pool, node: str) -> bool:
+        """Whether every victim can start again at once off `node`: on an idle GPU, else beside other
+        jobs where memory allows (the jobs a gang job stops for its bound, `stop`)."""
         room = {uuid: pool.gpus[uuid].total_gib for _, uuid in pool.idle}
-        if colocate:
-            room.update((uuid, free) for free, uuid in pool.shared)
+        room.update((uuid, free) for free, uuid in pool.shared)
         for victim in sorted(victims, key=lambda v: -v.mem_gib):
             probe = JobRequest(victim.id, victim.priority, 0.0, 1, victim.mem_gib, 0.0, victim.models)
             fitting = [
@@ -126,7 +124,7 @@ class Preemptor:
             if not fitting:
                 return False
             free, home = min(fitting)
-            room[home] = free - victim.mem_gib if colocate else -1.0
+            room[home] = free - victim.mem_gib
         return True
 
     def _rehome_idle(self, victims: list[RunningJob], pool: Pool, node: str) -> bool:
@@ -175,17 +173,13 @@ class Preemptor:
         """(GPUs for `job`, jobs to preempt) on the cheapest node whose jobs can move, or None.
         A shape that found nothing finds nothing later in the pass (placements only take room)."""
         shape = (job.gpus, job.mem_gib, job.models, job.priority)
-        if shape in self.hopeless or (not pool.idle and not self.config.preempt_colocate):
+        if shape in self.hopeless or not pool.idle:
             return None  # with no idle GPU, no preempted job could restart at once
         for (moved, _, node), chosen in self._options(job, pool):
-            if not self.config.preempt_colocate and moved > len(pool.idle):
+            if moved > len(pool.idle):
                 break  # each needs an idle GPU of its own, and the options after move no fewer
             victims = {o.id: o for _, _, uuid in chosen for o in self.occupants(uuid)}
-            if self.config.preempt_colocate:
-                moves = self._rehome(list(victims.values()), pool, node)
-            else:
-                moves = self._rehome_idle(list(victims.values()), pool, node)
-            if not moves:
+            if not self._rehome_idle(list(victims.values()), pool, node):
                 continue
             taken = tuple(c[2] for c in chosen)
             self.taken.update(taken)
@@ -201,7 +195,7 @@ class Preemptor:
             return None
 
         def homed(victims: list[RunningJob], node: str) -> bool:
-            return all(len(o.gpus) == 1 for o in victims) and self._rehome(victims, pool, node, colocate=True)
+            return all(len(o.gpus) == 1 for o in victims) and self._rehome(victims, pool, node)
 
         found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped, homed)
         if found is None:

@@ -100,8 +100,11 @@ def future_state(g: GpuState) -> GpuState:
 
 def _fits_single(head: JobRequest, gpu: GpuState, config: PolicyConfig) -> bool:
     free = gpu.total_gib - gpu.allocated_gib - (gpu.observed_used_gib or 0.0)
-    model_ok = not config.constraints or allowed(head, gpu.model)
-    return model_ok and free >= head.mem_gib and (gpu.jobs == 0 or (gpu.jobs < config.max_jobs_per_gpu and not gpu.exclusive))
+    return (
+        allowed(head, gpu.model)
+        and free >= head.mem_gib
+        and (gpu.jobs == 0 or (gpu.jobs < config.max_jobs_per_gpu and not gpu.exclusive))
+    )
 
 
 def _fits_node(head: JobRequest, node: list[GpuState], config: PolicyConfig) -> tuple[str, ...] | None:
@@ -112,6 +115,6 @@ def _fits_node(head: JobRequest, node: list[GpuState], config: PolicyConfig) -> 
         and g.allocated_gib < 1e-6
         and g.total_gib >= head.mem_gib
         and not g.observed_used_gib
-        and (not config.constraints or allowed(head, g.model))
+        and allowed(head, g.model)
     )
     return tuple(u for _, u in idle[: head.gpus]) if len(idle) >= head.gpus else None

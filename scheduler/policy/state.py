@@ -19,15 +19,10 @@ class PolicyConfig:
     idle_mem_gib: float = 1.0
     idle_util_percent: float = 5.0
     backfill: bool = True
-    pack_nodes: bool = True  # single-GPU jobs on the fullest node (False: the first idle GPU by name)
-    constraints: bool = True  # honour each job's allowed GPU models (False: ignore them, as drape once did)
     preempt_after_s: float | None = 1200.0  # a multi-GPU job waiting this long may preempt (None: never)
     max_preemptions: int = 2  # a job is preempted at most this many times
     spread_after_s: float | None = 3600.0  # move a crowded GPU's job expected to run this much longer to an idle GPU
-    preempt_colocate: bool = False  # a preempted job may restart beside other jobs (False: idle GPUs only)
     fragmentation: bool = False  # score nodes by what a placement does to wider jobs (False: fullest node first)
-    spread_beside_reservation: bool = True  # spread while a gang job waits, off its reservation (False: not at all)
-    colocate_by_end: bool = True  # share the GPU with the fewest jobs, ending soonest (False: the tightest memory fit)
     # a multi-GPU job waiting this long may stop preemptible running jobs of lower priority, which
     # resume from their checkpoints (`scheduler/policy/checkpoints.py`; None: never)
     gang_max_wait_s: float | None = None

@@ -63,7 +63,6 @@ CASES = {
 CONFIGS = {
     "default": PolicyConfig(),
     "fragmentation": PolicyConfig(fragmentation=True),
-    "preempting into co-location": PolicyConfig(preempt_colocate=True),
     # gang jobs take nodes only by stopping jobs that resume from checkpoints (`scheduler/policy/checkpoints.py`)
     "bounded gang waits": PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0, gang_max_preemptions=3),
     # and short single-GPU jobs first (the planner's kept order must agree with plan_drape's sort)
@@ -78,7 +77,6 @@ CONFIGS = {
         ("gang", "default"),
         ("mixed", "default"),
         ("fine-tunes", "fragmentation"),
-        ("gang", "preempting into co-location"),
         ("gang", "bounded gang waits"),
         ("fine-tunes", "bounded gang waits"),
         ("mixed", "bounded, short jobs first"),

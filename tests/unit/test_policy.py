@@ -93,12 +93,9 @@ def test_single_gpu_jobs_fill_the_fullest_node_and_keep_whole_nodes_free():
     assert {p.gpus[0].split("/")[0] for p in placed} == {"h0"}  # h1 stays whole for a 4-GPU job
     (gang,) = plan_drape([job("gang", 70, gpus=4)], gpus, [], now=5)
     assert {g.split("/")[0] for g in gang.gpus} == {"h1"}
-    first_idle = plan_drape([job("a", 20)], gpus, [], now=5, config=PolicyConfig(pack_nodes=False))
-    assert first_idle[0].gpus == ("h0/gpu1",)  # by name: the same here; packing is the tie-break among equals
     spread = fleet(h100=8, l40s=0, per_node=4)
     spread[4].jobs, spread[4].allocated_gib = 1, 20.0  # h1 holds the job now
-    assert plan_drape([job("a", 20)], spread, [], now=5)[0].gpus[0].startswith("h1")
-    assert plan_drape([job("a", 20)], spread, [], now=5, config=PolicyConfig(pack_nodes=False))[0].gpus[0].startswith("h0")
+    assert plan_drape([job("a", 20)], spread, [], now=5)[0].gpus[0].startswith("h1")  # the fullest node, not the first by name
 
 
 def test_a_job_runs_only_on_the_gpu_models_it_allows():
@@ -108,7 +105,8 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows():
     small_on_h100 = JobRequest("x", 3, 0.0, 1, 10.0, 600.0, ("H100",))  # would best-fit an L40S
     (placement,) = plan_drape([small_on_h100], gpus, [], now=0)
     assert placement.gpus[0].startswith("h")
-    assert plan_drape([small_on_h100], gpus, [], now=0, config=PolicyConfig(constraints=False))[0].gpus[0].startswith("l")
+    anywhere = JobRequest("z", 3, 0.0, 1, 10.0, 600.0)
+    assert plan_drape([anywhere], gpus, [], now=0)[0].gpus[0].startswith("l")  # what the H100-only job would best-fit
     only_a100 = JobRequest("y", 3, 0.0, 1, 10.0, 600.0, ("A100",))
     assert plan_drape([only_a100], gpus, [], now=0) == [] and plan_kueue_like([only_a100], gpus, [], now=0) == []
     (kueue,) = plan_kueue_like([small_on_h100], gpus, [], now=0)
@@ -361,8 +359,7 @@ def test_a_job_shares_the_gpu_with_the_fewest_jobs_then_the_one_that_clears_soon
 
 def test_crowded_jobs_move_off_a_waiting_gang_jobs_reservation_but_never_onto_it():
     """While a 2-GPU job waits for node h1 (its reservation, when h1's job ends), a long job crowded
-    onto h0/gpu0 moves to h0's idle GPU; h1's idle GPU stays free for the gang job. With
-    `spread_beside_reservation` off, nothing moves while a gang job waits (drape before)."""
+    onto h0/gpu0 moves to h0's idle GPU; h1's idle GPU stays free for the gang job."""
     gpus = fleet(h100=4, l40s=0, per_node=2)
     gpus[0].jobs, gpus[0].allocated_gib, gpus[0].shares = 2, 60.0, 2.0
     gpus[2].jobs, gpus[2].allocated_gib, gpus[2].shares, gpus[2].exclusive = 1, 70.0, 1.0, True
@@ -373,7 +370,6 @@ def test_crowded_jobs_move_off_a_waiting_gang_jobs_reservation_but_never_onto_it
     ]
     gang = job("gang", 70, gpus=2, priority=5, submit=0.0, duration=20_000.0)
     assert plan_drape([gang], gpus, running, now=0.0) == [Placement("long", ("h0/gpu1",), 30.0, ("long",))]
-    assert plan_drape([gang], gpus, running, now=0.0, config=PolicyConfig(spread_beside_reservation=False)) == []
     gpus[1].observed_used_gib, gpus[1].observed_util = 20.0, 50.0  # h0/gpu1 is in use outside the queue
     assert plan_drape([gang], gpus, running, now=0.0) == []  # h1/gpu1 is reserved: no move onto it
 
