@@ -10,9 +10,8 @@ should be greater than 0 (got -5)``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from drape import layout
@@ -20,11 +19,12 @@ from drape.config.base import ConfigError, StrictModel
 from drape.config.cost import PLANS, CostConfig, GpuPrice
 from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.eval import EvalConfig, FidGateConfig
+from drape.config.extends import deep_merge, read_config_data
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
-from drape.config.loading import YamlBoundError, read_yaml
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
 from drape.config.shoppers import ShopperGateConfig, ShoppersConfig
+from drape.config.site import EXAMPLE_SITE, SITE_ENV, SITE_FIELDS, apply_site
 from drape.config.slurm import SlurmLauncherConfig
 from drape.config.storage import (
     BASELINE_LIVE_KINDS,
@@ -90,9 +90,13 @@ __all__ = [
     "TrackingConfig",
     "TrainConfig",
     "VariantSpec",
+    "EXAMPLE_SITE",
+    "SITE_ENV",
+    "SITE_FIELDS",
     "deep_merge",
     "default_config_path",
     "load_config",
+    "read_config_data",
     "parse_config",
 ]
 
@@ -271,31 +275,15 @@ def parse_config(data: dict, source: str = "<config>") -> PipelineConfig:
         raise ConfigError(_format_errors(source, error)) from None
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
-    """Load and validate a YAML pipeline config; `overrides` are deep-merged on top."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        data: Any = read_yaml(path) or {}
-    except YamlBoundError as error:
-        raise ConfigError(str(error)) from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {redact(error)}") from None
+def load_config(path: str | Path, overrides: dict | None = None, *, site: str | Path | None = None) -> PipelineConfig:
+    """Load and validate a YAML pipeline config: the files its `extends:` names merged under it
+    (drape.config.extends), the site values it declares taken from the site file (`site`, else
+    $DRAPE_SITE: drape.config.site), then `overrides` deep-merged on top."""
+    data = read_config_data(path)
+    data, source = apply_site(data, str(path), site)
     if overrides:
         data = deep_merge(data, overrides)
-    return parse_config(data, str(path))
-
-
-def deep_merge(base: dict, overrides: dict) -> dict:
-    """A new dict: `overrides` merged into `base`, recursing into nested mappings."""
-    merged = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return parse_config(data, source)
 
 
 def default_config_path() -> Path:
