@@ -125,7 +125,7 @@ def tiny_dataset(tmp_path_factory):
     cfg = tiny_config(
         root / "drape",
         data={
-            "samples_per_stage": {"identity": 24, "texture": 16, "geometry": 16, "denoise": 16},
+            "synthetic": {"samples_per_stage": {"identity": 24, "texture": 16, "geometry": 16, "denoise": 16}},
             "control_samples": 6,
             "shard_max_samples": 10,
         },

@@ -149,8 +149,8 @@ def test_data_synth_publishes_to_the_store_whatever_data_source_says(tmp_path):
 
     data = yaml.safe_load(TINY.read_text())
     data["paths"] = {"root": str(tmp_path / "drape")}
-    sizes = dict.fromkeys(data["data"]["samples_per_stage"], 4)
-    data["data"] |= {"source": "store", "samples_per_stage": sizes, "control_samples": 2}
+    sizes = dict.fromkeys(data["data"]["synthetic"]["samples_per_stage"], 4)
+    data["data"] |= {"source": "store", "synthetic": {"samples_per_stage": sizes}, "control_samples": 2}
     path = tmp_path / "store.yaml"
     path.write_text(yaml.safe_dump(data))
     result = runner.invoke(app, ["data", "synth", "--config", str(path)])

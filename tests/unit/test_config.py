@@ -136,3 +136,20 @@ def test_coherence_against_a_baseline_has_its_own_threshold(config):
     )
     assert gates.thresholds("texture")["coherence"] == 0.3
     assert gates.thresholds("texture", vs_baseline=True)["coherence"] == 0.45
+
+
+def test_the_synthetic_generator_s_fields_moved_under_data_synthetic(tmp_path):
+    text = (REPO / "configs" / "demo.yaml").read_text()
+    assert load_config(_write(tmp_path, text)).data.synthetic.num_identities == 24
+    flat = text.replace("  synthetic:                        # what the generator draws (drape.data.synth)\n", "").replace(
+        "\n    num_", "\n  num_"
+    )
+    flat = flat.replace("\n    samples_per_stage", "\n  samples_per_stage")
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, flat))
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'bad.yaml'}: data: ")
+    for name in ("num_identities", "num_garments", "samples_per_stage"):
+        assert f"data.{name} moved to data.synthetic.{name}" in message
+    with pytest.raises(ConfigError, match=r"data\.synthetic: Value error, samples_per_stage needs a positive count"):
+        load_config(_write(tmp_path, text.replace("identity: 192,", "identity: 0,")))
