@@ -102,7 +102,11 @@ __all__ = [
 
 
 class PathsConfig(StrictModel):
-    root: str = ".drape"
+    root: str = Field(
+        default=".drape",
+        description="the live storage root: checkpoints, baselines, the queue's and MLflow's local files and (by "
+        "default) the shard cache and file:// object store; a node-local NVMe in production (a site value)",
+    )
     shared: bool = Field(
         default=False,
         description="the flow and the queue's trainers see one paths.root (a ReadWriteMany volume every pod mounts): "
@@ -116,24 +120,24 @@ class PathsConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
-    name: str = "demo"
-    seed: int = 0
-    paths: PathsConfig = PathsConfig()
-    storage: StorageConfig = StorageConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    diffusion: DiffusionConfig = DiffusionConfig()
-    train: TrainConfig
-    gates: GatesConfig = GatesConfig()
-    retention: RetentionConfig = RetentionConfig()
-    alerts: AlertsConfig = AlertsConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    queue: QueueConfig = QueueConfig()
-    inference: InferenceConfig = InferenceConfig()
-    shoppers: ShoppersConfig = ShoppersConfig()
-    cost: CostConfig = CostConfig()
-    eval: EvalConfig = EvalConfig()
+    name: str = Field(default="demo", description="the config's name: in run names, job shapes and reports")
+    seed: int = Field(default=0, description="the run's seed: data generation, initial weights, the steps' random draws")
+    paths: PathsConfig = Field(default=PathsConfig(), description="where live storage is on the flow's and trainers' disks")
+    storage: StorageConfig = Field(default=StorageConfig(), description="the object store every artifact goes to")
+    tracking: TrackingConfig = Field(default=TrackingConfig(), description="MLflow: runs, params, metrics and the registry")
+    data: DataConfig = Field(default=DataConfig(), description="the dataset, its shards, the node's cache and the loader")
+    model: ModelConfig = Field(default=ModelConfig(), description="the try-on model trained (a built-in kind or a class)")
+    diffusion: DiffusionConfig = Field(default=DiffusionConfig(), description="the diffusion objective and the sampler")
+    train: TrainConfig = Field(description="the training loop and each stage's steps and trainable parameters")
+    gates: GatesConfig = Field(default=GatesConfig(), description="the validation gates a stage's checkpoint must pass")
+    retention: RetentionConfig = Field(default=RetentionConfig(), description="archive lifetimes and live-storage rules")
+    alerts: AlertsConfig = Field(default=AlertsConfig(), description="Slack alerts on gate failures (and passes)")
+    metrics: MetricsConfig = Field(default=MetricsConfig(), description="Prometheus series pushed by flow runs")
+    queue: QueueConfig = Field(default=QueueConfig(), description="the GPU queue stage jobs go through, and its engine")
+    inference: InferenceConfig = Field(default=InferenceConfig(), description="the inference measuring stick (drape bench)")
+    shoppers: ShoppersConfig = Field(default=ShoppersConfig(), description="opt-in per-shopper personalization")
+    cost: CostConfig = Field(default=CostConfig(), description="prices and plans for the cost reports")
+    eval: EvalConfig = Field(default=EvalConfig(), description="`drape eval` and the gates' optional FID/KID check")
 
     @property
     def trains_apart(self) -> bool:
