@@ -5,6 +5,11 @@ models in a module of their own (`data`, `training`, `gates`, `storage`, `ops`).
 are errors (a typo must not silently fall back to a default), and every failure names the
 file, the field and the reason, e.g. ``configs/demo.yaml: train.stages.texture.steps: Input
 should be greater than 0 (got -5)``.
+
+A file may name others under `extends:` (drape.config.extends): the production configs are a base,
+a model recipe and a cluster. The site values a config declares under `site:` (paths, endpoints,
+secret, image and node names) come from the site file $DRAPE_SITE names (drape.config.site), never
+from a tracked config.
 """
 
 from __future__ import annotations
