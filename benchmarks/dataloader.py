@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "benchmarks"))
 
-from drape.config import deep_merge, load_config  # noqa: E402
+from drape.config import EXAMPLE_SITE, deep_merge, load_config  # noqa: E402
 
 H100_BF16_DENSE = 989e12  # FLOP/s, H100 SXM dense bf16
 MFU = 0.40
@@ -87,7 +87,7 @@ def _memory_config(root: Path, samples: int, resolution: int) -> Path:
             "queue": {"enabled": False},
             "data": {
                 "resolution": resolution,
-                "samples_per_stage": {"identity": samples, "texture": 16, "geometry": 16, "denoise": 16},
+                "synthetic": {"samples_per_stage": {"identity": samples, "texture": 16, "geometry": 16, "denoise": 16}},
                 "name": f"bench-{resolution}",
                 "version": f"n{samples}",
             },
@@ -134,7 +134,7 @@ def h100_demand() -> tuple[float, list[str]]:
     """Samples/s one H100 rank consumes at 40% MFU, from the h100 config's FLOPs per sample."""
     from scheduler.jobs.profiles import parameter_counts, tokens_per_sample
 
-    config = load_config(REPO / "configs" / "fitdit.yaml")
+    config = load_config(REPO / "configs" / "fitdit.yaml", site=EXAMPLE_SITE)  # its model: no site value matters
     parameters, _ = parameter_counts(config, None)
     tokens = tokens_per_sample(config)
     layers, width = config.model.num_layers, config.model.num_attention_heads * config.model.attention_head_dim

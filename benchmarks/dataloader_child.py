@@ -172,10 +172,10 @@ _IMPORTS = {
 def _model_setup() -> None:
     """What a stage job does between creating its reader and its first step: build the model (that
     of configs/fitdit.yaml, 0.9 B parameters, on this CPU)."""
-    from drape.config import load_config
+    from drape.config import EXAMPLE_SITE, load_config
     from drape.training.model import build_model
 
-    build_model(load_config(Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml"))
+    build_model(load_config(Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml", site=EXAMPLE_SITE))
 
 
 def stream(spec: dict) -> dict:

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.append(str(Path(__file__).resolve().parent))
 
-from drape.config import deep_merge, parse_config  # noqa: E402
+from drape.config import EXAMPLE_SITE, load_config  # noqa: E402
 from drape.data.partition import StageData  # noqa: E402
 from drape.training.distributed import init_from_env  # noqa: E402
 from drape.training.trainer import train_stage  # noqa: E402
@@ -62,10 +62,7 @@ def main() -> int:
     parser.add_argument("--peak-tflops", type=float, default=989.0)
     parser.add_argument("--gradient-checkpointing", action="store_true")
     args = parser.parse_args()
-    from drape.config.loading import read_yaml
-
     cuda = torch.cuda.is_available()
-    data = read_yaml(Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml")  # bounded, as every config
     overrides = {
         "queue": {"enabled": False},
         "train": {
@@ -82,7 +79,8 @@ def main() -> int:
         overrides["train"]["batch_size"] = args.batch
     if args.resolution or not cuda:
         overrides["data"] = {"resolution": args.resolution or 64}
-    config = parse_config(deep_merge(data, overrides), "configs/fitdit.yaml + benchmark overrides")
+    # its model and training choices, overridden; no site value matters here (the example's)
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml", overrides, site=EXAMPLE_SITE)
     context = init_from_env(config.train.device)
     with tempfile.TemporaryDirectory(prefix="drape-gpu-bench-") as own:
         shared = [own]  # every rank reads the shards rank 0 writes, and checkpoints to one place

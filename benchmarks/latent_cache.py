@@ -51,7 +51,7 @@ def _config(args, root: Path, vae: Path):
             "version": "v1-latents",
             "latents_of": "v1",
             "resolution": args.resolution,
-            "samples_per_stage": {"identity": args.samples, "texture": 8, "geometry": 8, "denoise": 8},
+            "synthetic": {"samples_per_stage": {"identity": args.samples, "texture": 8, "geometry": 8, "denoise": 8}},
             "control_samples": 8,
             "shard_max_samples": 32,
             "loader": {"workers": 1},

@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from drape import STAGES
-from drape.config import load_config
+from drape.config import EXAMPLE_SITE, load_config
 from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest
 from drape.storage.store import ObjectStore, tree_bytes
 from drape.storage.sweep import sweep
@@ -38,7 +38,7 @@ GB = 1e9
 # bytes at production scale, per stage of one cycle
 FULL_CHECKPOINT, WEIGHTS, CHECKPOINTS_PER_STAGE = 10.9 * GB, 3.6 * GB, 12
 VALIDATION, LATENTS, REPORT, SHARDS = 2.0 * GB, 1.5 * GB, 0.002 * GB, 40 * GB
-H100 = load_config(Path(__file__).resolve().parents[1] / "configs" / "h100.yaml")
+H100 = load_config(Path(__file__).resolve().parents[1] / "configs" / "h100.yaml", site=EXAMPLE_SITE)  # its policy and prices
 POLICY, PRICES = H100.retention, H100.storage.prices_per_gb_month  # drape's production policy and prices
 
 

@@ -96,6 +96,12 @@ def config_sections(model: type[BaseModel], path: str = "") -> Iterator[tuple[st
             yield from config_sections(nested, f"{path}.{key}" if path else key)
 
 
+def _site_fields() -> tuple[str, ...]:
+    from drape.config.site import SITE_FIELDS
+
+    return SITE_FIELDS
+
+
 def config_reference(root: type[BaseModel]) -> tuple[str, int, int]:
     """The config reference page; (markdown, fields, fields without a description)."""
     lines = [
@@ -104,6 +110,13 @@ def config_reference(root: type[BaseModel]) -> tuple[str, int, int]:
         "Generated from the pydantic models in `drape/config/` when the site is built. A pipeline config",
         "is a YAML file of these sections; unknown keys are errors, and a bad value fails at load naming",
         "the field and the file.",
+        "",
+        "A config file may name others under `extends:` (one file or a list, relative to it): they are merged",
+        "in order, then its own keys on top (`drape/config/extends.py`). A config that names site values under",
+        "`site:` (each `required` or `optional`) takes them from the site file `DRAPE_SITE` or `drape --site`",
+        "names (a copy of `configs/site.example.yaml`; `drape/config/site.py`). The site values: "
+        + ", ".join(f"`{field}`" for field in _site_fields())
+        + ".",
         "",
     ]
     fields = undocumented = 0

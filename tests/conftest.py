@@ -18,6 +18,9 @@ import pytest
 
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+# the production configs take their site values (paths, endpoints, names) from a site file: the
+# tests read them with the example's, the values the manifests and docs assume
+os.environ.setdefault("DRAPE_SITE", str(Path(__file__).resolve().parents[1] / "configs" / "site.example.yaml"))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # One of `make test`'s workers, each with a core: torch's OpenMP threads (and those of the
     # subprocesses it starts) would otherwise spin against the other worker's.
@@ -122,7 +125,7 @@ def tiny_dataset(tmp_path_factory):
     cfg = tiny_config(
         root / "drape",
         data={
-            "samples_per_stage": {"identity": 24, "texture": 16, "geometry": 16, "denoise": 16},
+            "synthetic": {"samples_per_stage": {"identity": 24, "texture": 16, "geometry": 16, "denoise": 16}},
             "control_samples": 6,
             "shard_max_samples": 10,
         },

@@ -15,6 +15,9 @@
     drape shopper photos | personalize | list | forget   opt-in per-shopper adapters, erasable on request
     drape cost report | compare | fleet | scaling | estimate   what runs and idle capacity cost
 
+`drape --site FILE <command>` (or DRAPE_SITE) names the site file production configs take their
+site values from (drape/config/site.py).
+
 One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`, `inference`,
 `shopper`, `cost`); `common` holds the
 console and config loading, `render` the report tables, `stack` the local Prefect stack.
@@ -22,14 +25,36 @@ console and config loading, `render` the report tables, `stack` the local Prefec
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
+
+import typer
 
 from drape.cli import cost, data, gate, inference, model, pipeline, queue, shopper, storage
 from drape.cli import eval as evaluation
 from drape.cli.common import Typer
+from drape.config import SITE_ENV
 from drape.ops.process import end_without_collection, stop_children_on_termination
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
+
+
+@app.callback()
+def site_option(
+    site: Path | None = typer.Option(
+        None,
+        "--site",
+        envvar=SITE_ENV,
+        help=f"your site file (a copy of configs/site.example.yaml): the paths, endpoints and names the production "
+        f"configs take; default ${SITE_ENV}. Set for the command and every process it starts (flows, stage jobs)",
+    ),
+) -> None:
+    """drape: staged, gated, storage-aware training of try-on diffusion models."""
+    if site is not None:
+        os.environ[SITE_ENV] = str(site)  # flows load their config in this process or a child: both read it
+
+
 for command in (pipeline.demo, pipeline.run, pipeline.serve, pipeline.train):
     app.command()(command)
 app.command()(inference.tryon)

@@ -26,7 +26,7 @@ def data_synth(
 
     cfg = load(config)
     cfg = cfg.model_copy(update={"data": cfg.data.model_copy(update={"source": "synthetic"})})
-    sizes = {**cfg.data.samples_per_stage, "control": cfg.data.control_samples}
+    sizes = {**cfg.data.synthetic.samples_per_stage, "control": cfg.data.control_samples}
     with progress_bar() as progress:
         bars = {split: progress.add_task(f"synth {split}", total=count) for split, count in sizes.items()}
         advance = lambda split, n: progress.advance(bars[split], n)  # noqa: E731
@@ -156,7 +156,7 @@ def data_encode(
         source = read_manifest(store, dataset_prefix(source_config(cfg))) or {}
         sizes = {split: sum(s["samples"] for s in shards) for split, shards in source.get("splits", {}).items()}
         with progress_bar() as progress:
-            bars = {split: progress.add_task(f"encode {split}", total=sizes.get(split)) for split in cfg.data.samples_per_stage}
+            bars = {split: progress.add_task(f"encode {split}", total=sizes.get(split)) for split in STAGES}
             advance = lambda split, n: progress.advance(bars[split], n) if split in bars else None  # noqa: E731
             manifest = ensure_dataset(cfg, store, advance)  # data.latents_of is set: encodes
         source = read_manifest(store, dataset_prefix(source_config(cfg))) or {}
@@ -164,7 +164,7 @@ def data_encode(
         fail(f"cannot encode {cfg.data.name}/{cfg.data.latents_of}: {error}")
     _print_dataset(manifest, f"latent dataset {cfg.data.name}/{cfg.data.version} (VAE {manifest['vae']['digest'][:12]})")
     table = table_of("bytes per sample", ("split", cfg.data.latents_of, cfg.data.version, "ratio"), left=("split",))
-    for split in cfg.data.samples_per_stage:
+    for split in STAGES:
         pixels, latents = (_per_sample(m["splits"].get(split, [])) for m in (source, manifest))
         table.add_row(split, format_bytes(pixels), format_bytes(latents), f"{latents / pixels:.3f}" if pixels else "-")
     console.print(table)

@@ -5,14 +5,18 @@ models in a module of their own (`data`, `training`, `gates`, `storage`, `ops`).
 are errors (a typo must not silently fall back to a default), and every failure names the
 file, the field and the reason, e.g. ``configs/demo.yaml: train.stages.texture.steps: Input
 should be greater than 0 (got -5)``.
+
+A file may name others under `extends:` (drape.config.extends): the production configs are a base,
+a model recipe and a cluster. The site values a config declares under `site:` (paths, endpoints,
+secret, image and node names) come from the site file $DRAPE_SITE names (drape.config.site), never
+from a tracked config.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, get_args
+from typing import get_args
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from drape import layout
@@ -20,11 +24,12 @@ from drape.config.base import ConfigError, StrictModel
 from drape.config.cost import PLANS, CostConfig, GpuPrice
 from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.eval import EvalConfig, FidGateConfig
+from drape.config.extends import deep_merge, read_config_data
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
-from drape.config.loading import YamlBoundError, read_yaml
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
 from drape.config.shoppers import ShopperGateConfig, ShoppersConfig
+from drape.config.site import EXAMPLE_SITE, SITE_ENV, SITE_FIELDS, apply_site
 from drape.config.slurm import SlurmLauncherConfig
 from drape.config.storage import (
     BASELINE_LIVE_KINDS,
@@ -90,15 +95,23 @@ __all__ = [
     "TrackingConfig",
     "TrainConfig",
     "VariantSpec",
+    "EXAMPLE_SITE",
+    "SITE_ENV",
+    "SITE_FIELDS",
     "deep_merge",
     "default_config_path",
     "load_config",
+    "read_config_data",
     "parse_config",
 ]
 
 
 class PathsConfig(StrictModel):
-    root: str = ".drape"
+    root: str = Field(
+        default=".drape",
+        description="the live storage root: checkpoints, baselines, the queue's and MLflow's local files and (by "
+        "default) the shard cache and file:// object store; a node-local NVMe in production (a site value)",
+    )
     shared: bool = Field(
         default=False,
         description="the flow and the queue's trainers see one paths.root (a ReadWriteMany volume every pod mounts): "
@@ -112,24 +125,24 @@ class PathsConfig(StrictModel):
 
 
 class PipelineConfig(StrictModel):
-    name: str = "demo"
-    seed: int = 0
-    paths: PathsConfig = PathsConfig()
-    storage: StorageConfig = StorageConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
-    diffusion: DiffusionConfig = DiffusionConfig()
-    train: TrainConfig
-    gates: GatesConfig = GatesConfig()
-    retention: RetentionConfig = RetentionConfig()
-    alerts: AlertsConfig = AlertsConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    queue: QueueConfig = QueueConfig()
-    inference: InferenceConfig = InferenceConfig()
-    shoppers: ShoppersConfig = ShoppersConfig()
-    cost: CostConfig = CostConfig()
-    eval: EvalConfig = EvalConfig()
+    name: str = Field(default="demo", description="the config's name: in run names, job shapes and reports")
+    seed: int = Field(default=0, description="the run's seed: data generation, initial weights, the steps' random draws")
+    paths: PathsConfig = Field(default=PathsConfig(), description="where live storage is on the flow's and trainers' disks")
+    storage: StorageConfig = Field(default=StorageConfig(), description="the object store every artifact goes to")
+    tracking: TrackingConfig = Field(default=TrackingConfig(), description="MLflow: runs, params, metrics and the registry")
+    data: DataConfig = Field(default=DataConfig(), description="the dataset, its shards, the node's cache and the loader")
+    model: ModelConfig = Field(default=ModelConfig(), description="the try-on model trained (a built-in kind or a class)")
+    diffusion: DiffusionConfig = Field(default=DiffusionConfig(), description="the diffusion objective and the sampler")
+    train: TrainConfig = Field(description="the training loop and each stage's steps and trainable parameters")
+    gates: GatesConfig = Field(default=GatesConfig(), description="the validation gates a stage's checkpoint must pass")
+    retention: RetentionConfig = Field(default=RetentionConfig(), description="archive lifetimes and live-storage rules")
+    alerts: AlertsConfig = Field(default=AlertsConfig(), description="Slack alerts on gate failures (and passes)")
+    metrics: MetricsConfig = Field(default=MetricsConfig(), description="Prometheus series pushed by flow runs")
+    queue: QueueConfig = Field(default=QueueConfig(), description="the GPU queue stage jobs go through, and its engine")
+    inference: InferenceConfig = Field(default=InferenceConfig(), description="the inference measuring stick (drape bench)")
+    shoppers: ShoppersConfig = Field(default=ShoppersConfig(), description="opt-in per-shopper personalization")
+    cost: CostConfig = Field(default=CostConfig(), description="prices and plans for the cost reports")
+    eval: EvalConfig = Field(default=EvalConfig(), description="`drape eval` and the gates' optional FID/KID check")
 
     @property
     def trains_apart(self) -> bool:
@@ -271,31 +284,15 @@ def parse_config(data: dict, source: str = "<config>") -> PipelineConfig:
         raise ConfigError(_format_errors(source, error)) from None
 
 
-def load_config(path: str | Path, overrides: dict | None = None) -> PipelineConfig:
-    """Load and validate a YAML pipeline config; `overrides` are deep-merged on top."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{path}: config file not found")
-    try:
-        data: Any = read_yaml(path) or {}
-    except YamlBoundError as error:
-        raise ConfigError(str(error)) from None
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: not valid YAML: {redact(error)}") from None
+def load_config(path: str | Path, overrides: dict | None = None, *, site: str | Path | None = None) -> PipelineConfig:
+    """Load and validate a YAML pipeline config: the files its `extends:` names merged under it
+    (drape.config.extends), the site values it declares taken from the site file (`site`, else
+    $DRAPE_SITE: drape.config.site), then `overrides` deep-merged on top."""
+    data = read_config_data(path)
+    data, source = apply_site(data, str(path), site)
     if overrides:
         data = deep_merge(data, overrides)
-    return parse_config(data, str(path))
-
-
-def deep_merge(base: dict, overrides: dict) -> dict:
-    """A new dict: `overrides` merged into `base`, recursing into nested mappings."""
-    merged = dict(base)
-    for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(merged.get(key), dict):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = value
-    return merged
+    return parse_config(data, source)
 
 
 def default_config_path() -> Path:

@@ -22,9 +22,9 @@ Plan = Literal["on-demand", "reserved", "burst"]
 class GpuPrice(StrictModel):
     """USD per GPU-hour of one GPU model under each plan."""
 
-    on_demand: float = Field(ge=0)
-    reserved: float = Field(ge=0)
-    burst: float = Field(ge=0)
+    on_demand: float = Field(ge=0, description="USD per GPU-hour bought on demand")
+    reserved: float = Field(ge=0, description="USD per GPU-hour of reserved (committed) capacity")
+    burst: float = Field(ge=0, description="USD per GPU-hour in bursts beyond the reservation")
 
     def rate(self, plan: str) -> float:
         return {"on-demand": self.on_demand, "reserved": self.reserved, "burst": self.burst}[plan]

@@ -50,9 +50,36 @@ class LoaderConfig(StrictModel):
     )
 
 
+class SyntheticConfig(StrictModel):
+    """What only the synthetic generator (drape.data.synth, `data.source: synthetic`, `drape data synth`)
+    reads: how many people and garments it draws from and how many samples it writes per stage. A
+    dataset in the store (`drape data shard` of VITON-HD or DressCode) has its own counts, in its manifest."""
+
+    num_identities: int = Field(default=24, gt=0, description="distinct synthetic people the samples are drawn from")
+    num_garments: int = Field(default=48, gt=0, description="distinct synthetic garments the samples are drawn from")
+    samples_per_stage: dict[StageName, int] = Field(
+        default_factory=lambda: {stage.value: 96 for stage in STAGES},
+        description="samples generated for each stage's split (every stage needs a positive count)",
+    )
+
+    @model_validator(mode="after")
+    def _every_stage_has_samples(self) -> SyntheticConfig:
+        missing = [stage for stage in STAGES if self.samples_per_stage.get(stage, 0) <= 0]
+        if missing:
+            raise ValueError(f"samples_per_stage needs a positive count for {missing}")
+        return self
+
+
+# the fields that moved under data.synthetic (issue 63): a config naming them flat is told where they went
+MOVED_TO_SYNTHETIC = ("num_identities", "num_garments", "samples_per_stage")
+
+
 class DataConfig(StrictModel):
-    name: str = "synth-tryon"
-    version: str = "v1"
+    """The dataset a run trains on (a name and version in the object store), its resolution, how it
+    is cut into shards, and the node-local cache and loader that read it."""
+
+    name: str = Field(default="synth-tryon", description="the dataset's name: its object-store prefix datasets/<name>/<version>")
+    version: str = Field(default="v1", description="the dataset's version under its name (a latent version: see latents_of)")
     source: Literal["store", "synthetic"] = Field(
         default="store",
         description=(
@@ -74,14 +101,27 @@ class DataConfig(StrictModel):
             "(`drape data encode`); training reads them as they are, the gates read its control split in pixels"
         ),
     )
-    num_identities: int = Field(default=24, gt=0)
-    num_garments: int = Field(default=48, gt=0)
-    samples_per_stage: dict[StageName, int] = Field(default_factory=lambda: {stage.value: 96 for stage in STAGES})
-    control_samples: int = Field(default=16, gt=0)
-    shard_max_samples: int = Field(default=64, gt=0)
+    control_samples: int = Field(
+        default=16,
+        gt=0,
+        description="samples of the fixed control set every gate judges (held apart from training; `drape data shard`'s default)",
+    )
+    shard_max_samples: int = Field(default=64, gt=0, description="a shard closes at this many samples (or shard_max_bytes)")
     shard_max_bytes: int = Field(default=512 * 2**20, ge=2**20, description="a shard closes at this size or max samples")
-    cache: CacheConfig = Field(default_factory=lambda: CacheConfig())
-    loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig())
+    synthetic: SyntheticConfig = Field(
+        default_factory=lambda: SyntheticConfig(), description="what only the synthetic generator reads (source: synthetic)"
+    )
+    cache: CacheConfig = Field(default_factory=lambda: CacheConfig(), description="the node-local shard cache pre-staging fills")
+    loader: LoaderConfig = Field(default_factory=lambda: LoaderConfig(), description="how each rank decodes its batches")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _synthetic_fields_moved(cls, data: object) -> object:
+        moved = [name for name in MOVED_TO_SYNTHETIC if isinstance(data, dict) and name in data]
+        if moved:
+            where = ", ".join(f"data.{name} moved to data.synthetic.{name}" for name in moved)
+            raise ValueError(f"{where} (only the synthetic generator reads it; a stored dataset's counts are in its manifest)")
+        return data
 
     @field_validator("resolution")
     @classmethod
@@ -106,10 +146,3 @@ class DataConfig(StrictModel):
     def resolution_label(self) -> str:
         """``64 px`` or ``1024×768 px``, for people."""
         return f"{self.height} px" if self.height == self.width else f"{self.height}×{self.width} px"
-
-    @model_validator(mode="after")
-    def _every_stage_has_samples(self) -> DataConfig:
-        missing = [stage for stage in STAGES if self.samples_per_stage.get(stage, 0) <= 0]
-        if missing:
-            raise ValueError(f"samples_per_stage needs a positive count for {missing}")
-        return self

@@ -42,7 +42,7 @@ class IdentityGateConfig(StrictModel):
             "ONNX model (onnx_model_path) on crops aligned to its 112×112 template"
         ),
     )
-    onnx_model_path: str | None = None
+    onnx_model_path: str | None = Field(default=None, description="onnx and arcface: the embedder's .onnx file (a local path)")
     model_dir: str | None = Field(
         default=None,
         description=(
@@ -76,7 +76,11 @@ class IdentityGateConfig(StrictModel):
         le=1,
         description="dlib and arcface: the share of samples whose output may read as another person, drifted or show no face",
     )
-    min_similarity: Threshold = None
+    min_similarity: Threshold = Field(
+        default=None,
+        description="the threshold on the mean identity similarity: one value, one per stage, or 'nuisance' (the floor "
+        "measured at the gate); unset: not configured, which blocks promotion",
+    )
     max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
     max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
 
@@ -107,8 +111,12 @@ class TextureGateConfig(StrictModel):
         default="correlation",
         description=f"correlation: normalised cross-correlation with the mirror and sharpness terms; aligned: {ALIGNED}",
     )
-    min_fidelity: Threshold = None
-    max_shift_pixels: int = Field(default=2, ge=0)
+    min_fidelity: Threshold = Field(
+        default=None,
+        description="the threshold on the mean logo and print fidelity: one value, one per stage, or 'nuisance'; "
+        "unset: not configured, which blocks promotion",
+    )
+    max_shift_pixels: int = Field(default=2, ge=0, description="the mark's registration searched, in pixels")
     mirror_penalty: float = Field(
         default=2.0, ge=0, description=("taken off per unit of negative handedness: the mark read mirrored (0: off)")
     )
@@ -153,10 +161,14 @@ class CoherenceGateConfig(StrictModel):
 
 
 class GatesConfig(StrictModel):
-    identity: IdentityGateConfig = IdentityGateConfig()
-    texture: TextureGateConfig = TextureGateConfig()
-    coherence: CoherenceGateConfig = CoherenceGateConfig()
-    sample_seed: int = 1234
+    identity: IdentityGateConfig = Field(default=IdentityGateConfig(), description="the identity check: the face must not drift")
+    texture: TextureGateConfig = Field(
+        default=TextureGateConfig(), description="the texture check: logos and print must not melt"
+    )
+    coherence: CoherenceGateConfig = Field(
+        default=CoherenceGateConfig(), description="the coherence check: cloth geometry and layout"
+    )
+    sample_seed: int = Field(default=1234, description="the seed of the gate's sampling noise: outputs repeat exactly")
     batch_size: int = Field(
         default=16,
         ge=1,
@@ -166,7 +178,7 @@ class GatesConfig(StrictModel):
             "the control set's size; the outputs do not depend on it (each sample draws its own noise)"
         ),
     )
-    grid_samples: int = Field(default=8, gt=0)
+    grid_samples: int = Field(default=8, gt=0, description="control samples shown in the gate report's grid image")
     nuisance_floor: bool = Field(
         default=True,
         description=(

@@ -20,7 +20,7 @@ CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune", "max-
 class VariantSpec(StrictModel):
     """One isolated experiment on the stick."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9+._-]{0,63}$")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9+._-]{0,63}$", description="the variant's name in the report")
     precision: Precision | None = Field(default=None, description="weights and activations; unset: the reference's")
     sdpa: SdpaBackend = Field(default="default", description="torch.nn.attention.sdpa_kernel backend; default: torch picks")
     compile: CompileMode = Field(default="off", description="torch.compile mode of the denoiser (reduce-overhead: CUDA graphs)")
@@ -28,7 +28,11 @@ class VariantSpec(StrictModel):
     steps: int | None = Field(default=None, gt=0, description="sampling steps; unset: diffusion.sampling_steps")
     steps_fraction: float | None = Field(default=None, gt=0, le=1, description="sampling steps as a share of the reference's")
     cache: Literal["off", "first-block"] = Field(default="off", description="diffusers' first-block cache hook")
-    cache_threshold: float = Field(default=0.05, gt=0)
+    cache_threshold: float = Field(
+        default=0.05,
+        gt=0,
+        description="first-block cache: the relative change of the first block's output under which a step reuses the rest",
+    )
 
     def sampling_steps(self, reference: int) -> int:
         if self.steps:
@@ -88,19 +92,21 @@ class InferenceConfig(StrictModel):
     memory_requests: int = Field(default=3, gt=0, description="requests of their own that measure peak memory")
     concurrency: list[int] = Field(default=[2, 4], description="concurrent requests measured beside one at a time")
     concurrency_runs: int = Field(default=3, gt=0, description="repeats of each concurrent batch (median)")
-    seed: int = 1234
+    seed: int = Field(default=1234, description="the fixed sampling seed of every request")
     interleave: bool = Field(
         default=True,
         description="the reference's process takes turns with each variant's (drift falls on both); off: one after another, "
         "for a device that cannot hold two copies of the model",
     )
     repeat_reference: bool = Field(default=True, description="measure the reference in two isolated runs (repeatability)")
-    variants: list[VariantSpec] = Field(default_factory=lambda: list(DEFAULT_VARIANTS))
+    variants: list[VariantSpec] = Field(
+        default_factory=lambda: list(DEFAULT_VARIANTS), description="the variants measured against the reference, each isolated"
+    )
     control: VariantSpec = Field(
         default=_variant("control", compile="default"),
         description="the reference with a change that must not matter; its quality figures are the noise floor",
     )
-    quality: QualityConfig = QualityConfig()
+    quality: QualityConfig = Field(default=QualityConfig(), description="when a variant's quality is approved")
     gpu_memory_gib: float = Field(default=80.0, gt=0, description="the whole GPU a queue job asks for (nothing beside it)")
     timeout_seconds: float = Field(default=1800.0, gt=0, description="bound on one variant's isolated run")
 

@@ -13,9 +13,13 @@ from drape.config.slurm import SlurmLauncherConfig
 
 class TrackingConfig(StrictModel):
     uri: str | None = Field(default=None, description="MLflow URI; default sqlite:///<root>/mlflow.db")
-    artifact_root: str | None = None
-    experiment: str = "drape"
-    registered_model: str = REGISTERED_MODEL
+    artifact_root: str | None = Field(
+        default=None, description="where MLflow stores run artifacts (s3://… at scale); default file://<root>/mlflow-artifacts"
+    )
+    experiment: str = Field(default="drape", description="the MLflow experiment runs are logged under")
+    registered_model: str = Field(
+        default=REGISTERED_MODEL, description="the MLflow registered model; each stage's baseline is an alias of it"
+    )
 
 
 class AlertsConfig(StrictModel):
@@ -26,7 +30,7 @@ class AlertsConfig(StrictModel):
     slack_webhook_secret_block: str | None = Field(
         default=None, description="name of a Prefect Secret block holding the webhook (flows only); wins over the variable"
     )
-    notify_on_pass: bool = False
+    notify_on_pass: bool = Field(default=False, description="also post when a gate passes (failures are always posted)")
 
     @model_validator(mode="after")
     def _no_inline_secret(self) -> AlertsConfig:
@@ -48,9 +52,12 @@ def _pinned(image: str) -> str:
 
 
 class KubernetesLauncherConfig(StrictModel):
-    namespace: str = "drape"
+    namespace: str = Field(default="drape", description="the Kubernetes namespace job pods are created in")
     image: str = Field(default="ghcr.io/drape-ai/drape:0.1.0", description="pinned: a tag other than latest, or a digest")
-    service_account: str | None = "drape-job"
+    service_account: str | None = Field(
+        default="drape-job",
+        description="the ServiceAccount job pods run as (infra/k8s/base/rbac.yaml); unset: the namespace's default",
+    )
     run_as_user: int = Field(default=10001, gt=0, description="the non-root user (and group) job pods run as")
     product_label: str = Field(default="nvidia.com/gpu.product", description="node label that names the GPU product")
     products: dict[str, str] = Field(
@@ -62,7 +69,8 @@ class KubernetesLauncherConfig(StrictModel):
         description="fleet GPU model → node label value",
     )
     tolerations: list[dict[str, str]] = Field(
-        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+        default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        description="tolerations of job pods (Kubernetes' own keys): by default the GPU nodes' nvidia.com/gpu taint",
     )
     volume_claims: dict[str, str] = Field(
         default_factory=dict,
@@ -218,18 +226,32 @@ class QueueConfig(StrictModel):
     url: str | None = Field(
         default=None, description="SQLAlchemy URL; default sqlite:///<root>/queue.db (postgresql://… at scale)"
     )
-    fleet: Literal["local", "static", "prometheus"] = "local"
+    fleet: Literal["local", "static", "prometheus"] = Field(
+        default="local",
+        description="how the queue sees GPUs: local (this machine's devices), static (the inventory file), "
+        "prometheus (the DCGM exporter's series)",
+    )
     inventory: str | None = Field(default=None, description="fleet YAML for 'static' (and the ledger's inventory)")
     prometheus_url: str | None = Field(default=None, description="Prometheus with the DCGM exporter's series")
-    launcher: Literal["local", "kubernetes", "slurm"] = "local"
+    launcher: Literal["local", "kubernetes", "slurm"] = Field(
+        default="local",
+        description="how a placed job starts: local (a child process with CUDA_VISIBLE_DEVICES), kubernetes (a Job), "
+        "slurm (an sbatch script whose srun starts torchrun on every node)",
+    )
     node_commands: dict[str, list[str]] = Field(
         default_factory=dict,
         description="local launcher: node name → the command prefix that runs a program on that node (e.g. "
         "['ssh', 'node-a'], or nsenter into a rehearsal node's mount namespace); a node not listed runs jobs here",
     )
-    policy: Literal["drape", "fifo-exclusive"] = "drape"
-    aging_per_hour: float = Field(default=1.0, ge=0)
-    max_jobs_per_gpu: int = Field(default=4, gt=0)
+    policy: Literal["drape", "fifo-exclusive"] = Field(
+        default="drape",
+        description="placement: drape (memory profiles, GPU sharing, aging, gangs) or fifo-exclusive (the ad hoc "
+        "baseline: first come first served, whole GPUs; benchmarks/scheduler.py compares them)",
+    )
+    aging_per_hour: float = Field(
+        default=1.0, ge=0, description="priority points a waiting job gains per hour waited, so none starves; 0: no aging"
+    )
+    max_jobs_per_gpu: int = Field(default=4, gt=0, description="most jobs the queue places on one GPU (1: never share)")
     preempt_after_seconds: float = Field(
         default=1200.0,
         ge=0,
@@ -284,7 +306,7 @@ class QueueConfig(StrictModel):
     max_attempts: int = Field(
         default=1, ge=1, le=20, description="runs of a job that fails before it stays failed (stage jobs resume: retry them)"
     )
-    poll_seconds: float = Field(default=1.0, gt=0)
+    poll_seconds: float = Field(default=1.0, gt=0, description="seconds between a dispatcher's cycles (and a waiter's polls)")
     cpu_slot_gib: float = Field(default=16.0, gt=0, description="memory of the one slot a machine without GPUs offers")
     dispatch_in_process: bool = Field(default=True, description="the submitting task dispatches too (no separate dispatcher)")
     job_environment: list[str] = Field(
@@ -296,8 +318,10 @@ class QueueConfig(StrictModel):
     placement_timeout_seconds: float = Field(
         default=24 * 3600.0, gt=0, description="a job no GPU of the fleet has held this long fails, with the reason"
     )
-    kubernetes: KubernetesLauncherConfig = KubernetesLauncherConfig()
-    slurm: SlurmLauncherConfig = SlurmLauncherConfig()
+    kubernetes: KubernetesLauncherConfig = Field(
+        default=KubernetesLauncherConfig(), description="the Kubernetes engine (launcher: kubernetes)"
+    )
+    slurm: SlurmLauncherConfig = Field(default=SlurmLauncherConfig(), description="the Slurm engine (launcher: slurm)")
 
     @model_validator(mode="after")
     def _slurm_whole_gpus(self) -> QueueConfig:
@@ -311,4 +335,4 @@ class QueueConfig(StrictModel):
 
 class MetricsConfig(StrictModel):
     pushgateway_url: str | None = Field(default=None, description="Prometheus Pushgateway for flow runs; unset: no push")
-    job: str = "drape"
+    job: str = Field(default="drape", description="the Pushgateway job label flow runs push their series under")

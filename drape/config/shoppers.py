@@ -35,10 +35,10 @@ class ShoppersConfig(StrictModel):
     consent_days: int = Field(default=365, gt=0, description="how long a shopper's photos and adapter are kept after consent")
     min_photos: int = Field(default=8, gt=2, description="fewest photos a personalization accepts (training + held out)")
     holdout: int = Field(default=4, gt=0, description="photos held out for the gate when no --holdout folder is given")
-    steps: int = Field(default=200, gt=0)
-    batch_size: int = Field(default=8, gt=0)
-    lr: float = Field(default=1e-3, gt=0)
-    rank: int = Field(default=8, gt=0, le=256)
+    steps: int = Field(default=200, gt=0, description="training steps of one personalization")
+    batch_size: int = Field(default=8, gt=0, description="photos per step")
+    lr: float = Field(default=1e-3, gt=0, description="the adapter's learning rate")
+    rank: int = Field(default=8, gt=0, le=256, description="the adapter's LoRA rank")
     alpha: float | None = Field(default=None, gt=0, description="the update is scaled by alpha / rank; default rank")
     trainable: list[str] = Field(
         default_factory=lambda: ["transformer.transformer_blocks.*.attn.*", "transformer.transformer_blocks.*.ff.*"],
@@ -51,8 +51,8 @@ class ShoppersConfig(StrictModel):
         ge=0,
         description="the loss inside the face box weighs 1 + this: the adapter learns the face, not the garments",
     )
-    seed: int = 0
-    gate: ShopperGateConfig = ShopperGateConfig()
+    seed: int = Field(default=0, description="the personalization's seed (adapter initialisation, batches, the gate's noise)")
+    gate: ShopperGateConfig = Field(default=ShopperGateConfig(), description="what an adapter must show to be kept")
     mlflow_backend_store_uri: str | None = Field(
         default=None,
         description="the MLflow server's database, which `mlflow gc` needs to delete a shopper's runs for good "

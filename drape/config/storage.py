@@ -15,10 +15,10 @@ class StorageConfig(StrictModel):
 
     object_store_url: str | None = Field(default=None, description="fsspec URL; default file://<root>/objects")
     endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, Ceph, a test server)")
-    region: str | None = None
+    region: str | None = Field(default=None, description="the S3 region; unset: the AWS chain's (AWS_REGION, profile)")
     multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")
     retry_attempts: int = Field(default=8, ge=1, description="S3 attempts per request (500, 503 SlowDown, resets, timeouts)")
-    connect_timeout_seconds: float = Field(default=10.0, gt=0)
+    connect_timeout_seconds: float = Field(default=10.0, gt=0, description="seconds to open a connection to the endpoint")
     read_timeout_seconds: float = Field(
         default=20.0, gt=0, description="a silent endpoint fails after retry_attempts × (connect + read timeout)"
     )
@@ -47,9 +47,13 @@ BASELINE_LIVE_KINDS = (ArtifactKind.CHECKPOINT, ArtifactKind.VALIDATION_OUTPUT)
 class OutcomeRule(StrictModel):
     """Overrides for one outcome of one kind; unset fields fall back to the kind's rule."""
 
-    lifetime_days: int | None = Field(default=None, gt=0)
-    storage_class: Literal[STORAGE_CLASSES] | None = None  # type: ignore[valid-type]
-    live_until: LiveUntil | None = None
+    lifetime_days: int | None = Field(default=None, gt=0, description="days archived for this outcome; unset: the kind's")
+    storage_class: Literal[STORAGE_CLASSES] | None = Field(  # type: ignore[valid-type]
+        default=None, description="the S3 storage class for this outcome; unset: the kind's"
+    )
+    live_until: LiveUntil | None = Field(
+        default=None, description="how long the live copy stays for this outcome; unset: the kind's"
+    )
 
 
 class RetentionRule(StrictModel):
@@ -62,8 +66,13 @@ class RetentionRule(StrictModel):
         ),
     )
     lifetime_days: int | None = Field(default=None, gt=0, description="None: keep forever")
-    storage_class: Literal[STORAGE_CLASSES] = "STANDARD"  # type: ignore[valid-type]
-    outcomes: dict[OutcomeName, OutcomeRule] = Field(default_factory=dict)
+    storage_class: Literal[STORAGE_CLASSES] = Field(  # type: ignore[valid-type]
+        default="STANDARD", description="the S3 storage class archived copies are written in"
+    )
+    outcomes: dict[OutcomeName, OutcomeRule] = Field(
+        default_factory=dict,
+        description="per outcome (passed, failed, baseline, aborted), overrides of this rule; unset fields fall back to it",
+    )
 
 
 class RetentionConfig(StrictModel):
@@ -75,8 +84,14 @@ class RetentionConfig(StrictModel):
     per-outcome override of the kind's rule wins over all of these except the baseline's.
     """
 
-    rules: dict[str, RetentionRule] = Field(default_factory=lambda: {kind.value: RetentionRule() for kind in ARTIFACT_KINDS})
-    failed_lifetime_days: int = Field(default=7, gt=0)
+    rules: dict[str, RetentionRule] = Field(
+        default_factory=lambda: {kind.value: RetentionRule() for kind in ARTIFACT_KINDS},
+        description="per artifact kind (checkpoint, latent_snapshot, validation_output, synthetic_imagery, gate_report, "
+        "adapter), its lifetime, storage class and live rule; a kind not listed: kept forever in STANDARD",
+    )
+    failed_lifetime_days: int = Field(
+        default=7, gt=0, description="days a failed candidate's or an aborted run's artifacts stay archived"
+    )
     baseline_grace_days: int = Field(default=30, gt=0, description="how long a superseded baseline stays archived")
     live_budget_bytes: int | None = Field(default=None, gt=0, description="live storage budget; over it, an alert fires")
 

@@ -31,10 +31,10 @@ class VaeConfig(StrictModel):
     )
     latent_channels: int = Field(default=16, gt=0, description="SD3 and FLUX use 16")
     block_out_channels: list[int] = Field(default=[32, 64], min_length=1, description="each block after the first halves H and W")
-    layers_per_block: int = Field(default=1, gt=0)
-    norm_num_groups: int = Field(default=8, gt=0)
+    layers_per_block: int = Field(default=1, gt=0, description="ResNet layers per encoder and decoder block")
+    norm_num_groups: int = Field(default=8, gt=0, description="GroupNorm groups (dividing every block's channels)")
     scaling_factor: float = Field(default=1.0, gt=0, description="latents = (z - shift_factor) * scaling_factor")
-    shift_factor: float = 0.0
+    shift_factor: float = Field(default=0.0, description="subtracted before scaling (SD3: 0.0609; SD1.5: 0)")
     mid_block_attention: bool = Field(
         default=False, description="an attention layer in the encoder's and decoder's mid block (SD's and SD3's VAEs: true)"
     )
@@ -53,9 +53,9 @@ class UNetConfig(StrictModel):
         default=[False, True],
         description="per level: whether it has attention blocks (SD1.5: all but the lowest; tiny CPU runs: the lowest only)",
     )
-    layers_per_block: int = Field(default=1, gt=0)
-    attention_head_dim: int = Field(default=8, gt=0)
-    norm_num_groups: int = Field(default=8, gt=0)
+    layers_per_block: int = Field(default=1, gt=0, description="ResNet layers per down and up block")
+    attention_head_dim: int = Field(default=8, gt=0, description="channels per attention head")
+    norm_num_groups: int = Field(default=8, gt=0, description="GroupNorm groups (dividing every level's channels)")
 
     @model_validator(mode="after")
     def _a_flag_per_level(self) -> UNetConfig:
@@ -100,19 +100,21 @@ class ModelConfig(StrictModel):
         description="'package.module:Name', a drape.training.model.TryOnModel subclass drape does not ship; replaces kind",
     )
     options: dict[str, Any] = Field(default={}, description="keyword arguments an outside model's from_drape_config reads")
-    patch_size: int = Field(default=4, gt=0)
-    num_layers: int = Field(default=2, gt=0)
-    num_attention_heads: int = Field(default=4, gt=0)
-    attention_head_dim: int = Field(default=32, gt=0)
-    garment_patch_size: int = Field(default=8, gt=0)
-    pose_channels: int = Field(default=3, gt=0)
+    patch_size: int = Field(
+        default=4, gt=0, description="DiT kinds: pixels (or latents) per side of one image token; must divide the resolution"
+    )
+    num_layers: int = Field(default=2, gt=0, description="DiT kinds: transformer blocks")
+    num_attention_heads: int = Field(default=4, gt=0, description="DiT kinds: attention heads per block")
+    attention_head_dim: int = Field(default=32, gt=0, description="DiT kinds: channels per head (width = heads × this)")
+    garment_patch_size: int = Field(default=8, gt=0, description="DiT kinds: pixels (or latents) per side of one garment token")
+    pose_channels: int = Field(default=3, gt=0, description="pixel-dit: channels of the pose map it is conditioned on")
     concat_axis: Literal["height", "width"] = Field(
         default="height",
         description="catvton: the latent axis person and garment are concatenated along (CatVTON's code: height)",
     )
-    vae: VaeConfig = VaeConfig()
-    unet: UNetConfig = UNetConfig()
-    denoiser: DenoiserConfig = DenoiserConfig()
+    vae: VaeConfig = Field(default=VaeConfig(), description="the frozen autoencoder of latent kinds")
+    unet: UNetConfig = Field(default=UNetConfig(), description="the denoiser of kind latent-unet")
+    denoiser: DenoiserConfig = Field(default=DenoiserConfig(), description="where catvton's pretrained denoiser starts from")
 
     @field_validator("class_")
     @classmethod
@@ -149,9 +151,12 @@ class DiffusionConfig(StrictModel):
         default="ddpm",
         description="ddpm: DDPMScheduler noising, DDIM sampling; flow_matching: x_t = (1 - t)·x0 + t·noise, target noise - x0",
     )
-    num_train_timesteps: int = Field(default=1000, gt=0)
+    num_train_timesteps: int = Field(default=1000, gt=0, description="ddpm: timesteps of the training schedule")
     prediction_type: Literal["sample", "epsilon", "v_prediction"] = Field(default="sample", description="ddpm only")
-    beta_schedule: Literal["linear", "scaled_linear", "squaredcos_cap_v2"] = "squaredcos_cap_v2"
+    beta_schedule: Literal["linear", "scaled_linear", "squaredcos_cap_v2"] = Field(
+        default="squaredcos_cap_v2",
+        description="ddpm: diffusers' beta schedule (SD1.5: scaled_linear; squaredcos_cap_v2: cosine)",
+    )
     beta_start: float = Field(
         default=0.0001, gt=0, lt=1, description="linear / scaled_linear: the first beta (SD1.5: 0.00085; diffusers' default)"
     )
@@ -164,7 +169,7 @@ class DiffusionConfig(StrictModel):
     flow_shift: float = Field(
         default=1.0, gt=0, le=20, description="flow_matching sampling: FlowMatchEulerDiscreteScheduler's shift (SD3: 3.0)"
     )
-    sampling_steps: int = Field(default=10, gt=0)
+    sampling_steps: int = Field(default=10, gt=0, description="denoising steps when sampling (gate outputs, try-ons)")
     guidance_scale: float = Field(
         default=1.0,
         ge=1,
@@ -201,13 +206,13 @@ class StageTrainConfig(StrictModel):
     steps: int = Field(gt=0, description="steps of this stage in a full run")
     finetune_steps: int = Field(default=550, gt=0, description="steps of a fine-tune pass")
     trainable: list[str] = Field(min_length=1, description="glob patterns over parameter names")
-    lr: float | None = Field(default=None, gt=0)
+    lr: float | None = Field(default=None, gt=0, description="this stage's peak learning rate; unset: train.lr")
     gpus: int | None = Field(default=None, gt=0, le=1024, description="GPUs of this stage's job; default train.gpus")
 
 
 class EmaConfig(StrictModel):
-    enabled: bool = False
-    decay: float = Field(default=0.999, gt=0, lt=1)
+    enabled: bool = Field(default=False, description="keep an exponential moving average of the weights (saved and gated)")
+    decay: float = Field(default=0.999, gt=0, lt=1, description="the average's decay per step (0.9999: ~10,000 steps)")
 
 
 class LoraConfig(StrictModel):
@@ -216,10 +221,10 @@ class LoraConfig(StrictModel):
     patterns select; the adapter is saved apart (a few MB) and merged into the checkpoint the gate
     and promotion read. Full runs never use it."""
 
-    enabled: bool = False
-    rank: int = Field(default=8, gt=0, le=1024)
+    enabled: bool = Field(default=False, description="fine-tune passes (--mode finetune) train LoRA adapters instead of weights")
+    rank: int = Field(default=8, gt=0, le=1024, description="the adapters' rank")
     alpha: float | None = Field(default=None, gt=0, description="the update is scaled by alpha / rank; default rank (scale 1)")
-    dropout: float = Field(default=0.0, ge=0, lt=1)
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="dropout on the adapters' input")
     lr: float | None = Field(default=None, gt=0, description="the adapters' learning rate; default the stage's")
 
 
@@ -244,8 +249,8 @@ class TrainConfig(StrictModel):
     optimizer: Literal["adamw", "adamw8bit"] = Field(
         default="adamw", description="adamw8bit: bitsandbytes' 8-bit AdamW (CUDA and bitsandbytes installed, else an error)"
     )
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float = Field(default=1.0, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW's decoupled weight decay")
+    grad_clip: float = Field(default=1.0, gt=0, description="the gradients' global norm is clipped to this")
     loss_weighting: Literal["none", "min_snr"] = Field(
         default="none", description="min_snr: Min-SNR-γ (Hang et al. 2023) per sample, diffusion.objective ddpm only"
     )
@@ -257,14 +262,22 @@ class TrainConfig(StrictModel):
             "CatVTON: garment 0.1); drawn from the step's generator"
         ),
     )
-    ema: EmaConfig = EmaConfig()
-    lora: LoraConfig = LoraConfig()
-    checkpoint_every: int = Field(default=50, gt=0)
-    log_every: int = Field(default=10, gt=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    precision: Literal["fp32", "bf16"] = "fp32"
+    ema: EmaConfig = Field(default=EmaConfig(), description="an exponential moving average of the weights")
+    lora: LoraConfig = Field(default=LoraConfig(), description="LoRA adapters for fine-tune passes")
+    checkpoint_every: int = Field(
+        default=50, gt=0, description="steps between intermediate checkpoints (a stage's last step always saves)"
+    )
+    log_every: int = Field(default=10, gt=0, description="steps between logged metrics (loss, throughput, data-wait)")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        default="auto", description="where training runs; auto: CUDA when there is one"
+    )
+    precision: Literal["fp32", "bf16"] = Field(
+        default="fp32", description="bf16: autocast in bfloat16 (CUDA), fp32 master weights"
+    )
     parallelism: Literal["ddp", "fsdp"] = Field(default="ddp", description="under torchrun: DDP, or FSDP2 fully_shard")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(
+        default=False, description="recompute activations in the backward pass: less memory, about a third more compute"
+    )
     async_checkpoint: bool = Field(default=True, description="under torchrun: DCP saves in the background")
     data_partitions: int | None = Field(
         default=None,
@@ -280,7 +293,9 @@ class TrainConfig(StrictModel):
         le=1024,
         description="GPUs (ranks) of each stage job through the queue; above 1 the job runs under torchrun",
     )
-    stages: dict[StageName, StageTrainConfig]
+    stages: dict[StageName, StageTrainConfig] = Field(
+        description="every stage (identity, texture, geometry, denoise): its steps and the parameters it trains"
+    )
 
     def gpus_for(self, stage: str) -> int:
         """The ranks of `stage`'s job: its own `gpus`, else `train.gpus`."""

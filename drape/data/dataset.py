@@ -43,7 +43,7 @@ from drape.storage.store import ObjectStore, StorageError, redact_url
 
 
 def _split_sizes(config: PipelineConfig) -> dict[str, int]:
-    return {**config.data.samples_per_stage, "control": config.data.control_samples}
+    return {**config.data.synthetic.samples_per_stage, "control": config.data.control_samples}
 
 
 SPLITS = ("control", *STAGES)
@@ -116,8 +116,8 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
                 seed=config.seed,
                 split=split,
                 num_samples=count,
-                num_identities=data.num_identities,
-                num_garments=data.num_garments,
+                num_identities=data.synthetic.num_identities,
+                num_garments=data.synthetic.num_garments,
                 resolution=data.resolution,
             ):
                 yield split, sample
@@ -126,8 +126,8 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
         "generator": "drape.data.synth",
         "seed": config.seed,
         "resolution": json_resolution(data.resolution),
-        "num_identities": data.num_identities,
-        "num_garments": data.num_garments,
+        "num_identities": data.synthetic.num_identities,
+        "num_garments": data.synthetic.num_garments,
     }
     rule = {
         "rule": "generated per split",
@@ -295,8 +295,8 @@ def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> di
         seed=config.seed,
         split=split,
         num_samples=num_samples,
-        num_identities=data.num_identities,
-        num_garments=data.num_garments,
+        num_identities=data.synthetic.num_identities,
+        num_garments=data.synthetic.num_garments,
         resolution=data.resolution,
     )
     return stack_samples(

@@ -45,7 +45,7 @@ def check_sample_count(samples: int, shards: int, split: str, where: str) -> Non
         use = "the gates judge it as a set" if split == "control" else "a stage trains on it"
         raise PartitionError(
             f"split {split!r} of {where} holds {samples} sample(s) in {shards} shard(s); {use}, so it needs "
-            f"at least {minimum}: rebuild the dataset with more (data.samples_per_stage, data.control_samples)"
+            f"at least {minimum}: rebuild the dataset with more (data.synthetic.samples_per_stage, data.control_samples)"
         )
 
 

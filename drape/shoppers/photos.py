@@ -55,7 +55,7 @@ def synthetic_photos(config: PipelineConfig, *, identity: int, count: int, out: 
     keys = []
     with ShardWriter(out_dir=out, root=out, prefix="photos", max_samples=64) as writer:
         for index in range(first, first + count):
-            garment = make_garment(config.seed, (identity * 7 + index * 5) % data.num_garments)
+            garment = make_garment(config.seed, (identity * 7 + index * 5) % data.synthetic.num_garments)
             seed = PHOTO_SEED + identity * 1000 + index
             sample = make_sample(config.seed, f"photo-{index:05d}", person, garment, ARM_POSES[index % 4], seed, data.resolution)
             writer.write(sample)

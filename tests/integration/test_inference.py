@@ -34,7 +34,7 @@ INFERENCE = {
     ],
     "control": {"name": "control", "sdpa": "flash"},  # the kernel the CPU picks anyway: the floor is exact
 }
-DATA = {"samples_per_stage": {"identity": 8, "texture": 8, "geometry": 8, "denoise": 8}, "control_samples": 4}
+DATA = {"synthetic": {"samples_per_stage": {"identity": 8, "texture": 8, "geometry": 8, "denoise": 8}}, "control_samples": 4}
 
 
 @pytest.fixture(scope="module")

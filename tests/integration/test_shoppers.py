@@ -48,7 +48,7 @@ def world(tmp_path_factory, moto_server):
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
     overrides = {
         "paths": {"root": str(root / "drape")},
-        "data": {"samples_per_stage": {stage: 8 for stage in STAGES}},
+        "data": {"synthetic": {"samples_per_stage": {stage: 8 for stage in STAGES}}},
         "storage": {"object_store_url": f"s3://{bucket}/drape", "endpoint_url": moto_server},
         "shoppers": SHOPPERS,
         "queue": {"enabled": False},

@@ -73,6 +73,7 @@ EXPECTED_COMMANDS = {
     "cost scaling": ["config", "ranks", "repeats", "stage", "steps"],
     "cost estimate": ["config", "efficiency", "like", "like_config", "model", "step_seconds"],
 }
+EXPECTED_ROOT_OPTIONS = ["install_completion", "show_completion", "site"]  # drape --site FILE <command>
 EXPECTED_FLOW_PARAMETERS = {
     "staged_training": ["config_path", "mode", "run_name", "resume"],
     "prestage_dataset": ["config_path", "stages"],
@@ -99,7 +100,28 @@ def _commands(group, prefix=""):
 
 
 def test_cli_surface_is_unchanged():
+    import typer.main
+
     assert _commands(app) == {name: sorted(params) for name, params in EXPECTED_COMMANDS.items()}
+    assert sorted(p.name for p in typer.main.get_command(app).params) == EXPECTED_ROOT_OPTIONS
+
+
+def test_production_configs_take_the_site_file_from_site_or_drape_site(tmp_path):
+    from pathlib import Path
+
+    from drape.config import EXAMPLE_SITE
+
+    h100 = str(Path(__file__).resolve().parents[2] / "configs" / "h100.yaml")
+    unset = {"DRAPE_SITE": None, "COLUMNS": "240"}  # restored after each invocation
+    result = runner.invoke(app, ["model", "describe", "--config", h100], env=unset)
+    assert result.exit_code == 2 and "site: this config takes its site values" in result.output, result.output
+    assert "configs/site.example.yaml" in result.output and "DRAPE_SITE" in result.output
+    result = runner.invoke(app, ["--site", str(EXAMPLE_SITE), "model", "describe", "--config", h100], env=unset)
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["model", "describe", "--config", h100], env={**unset, "DRAPE_SITE": str(EXAMPLE_SITE)})
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["--site", str(tmp_path / "absent.yaml"), "model", "describe", "--config", h100], env=unset)
+    assert result.exit_code == 2 and "absent.yaml: site file not found" in result.output, result.output
 
 
 def test_flow_parameters_are_unchanged():
@@ -149,8 +171,8 @@ def test_data_synth_publishes_to_the_store_whatever_data_source_says(tmp_path):
 
     data = yaml.safe_load(TINY.read_text())
     data["paths"] = {"root": str(tmp_path / "drape")}
-    sizes = dict.fromkeys(data["data"]["samples_per_stage"], 4)
-    data["data"] |= {"source": "store", "samples_per_stage": sizes, "control_samples": 2}
+    sizes = dict.fromkeys(data["data"]["synthetic"]["samples_per_stage"], 4)
+    data["data"] |= {"source": "store", "synthetic": {"samples_per_stage": sizes}, "control_samples": 2}
     path = tmp_path / "store.yaml"
     path.write_text(yaml.safe_dump(data))
     result = runner.invoke(app, ["data", "synth", "--config", str(path)])

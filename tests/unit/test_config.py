@@ -1,11 +1,15 @@
 """Config loading: good files load, bad ones fail naming the file, the field and the reason."""
 
+import json
+import typing
 from pathlib import Path
 
 import pytest
+import yaml
+from pydantic import BaseModel
 
 from drape import STAGES
-from drape.config import ConfigError, load_config
+from drape.config import EXAMPLE_SITE, SITE_FIELDS, ConfigError, load_config, read_config_data
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -136,3 +140,155 @@ def test_coherence_against_a_baseline_has_its_own_threshold(config):
     )
     assert gates.thresholds("texture")["coherence"] == 0.3
     assert gates.thresholds("texture", vs_baseline=True)["coherence"] == 0.45
+
+
+def test_the_synthetic_generator_s_fields_moved_under_data_synthetic(tmp_path):
+    text = (REPO / "configs" / "demo.yaml").read_text()
+    assert load_config(_write(tmp_path, text)).data.synthetic.num_identities == 24
+    flat = text.replace("  synthetic:                        # what the generator draws (drape.data.synth)\n", "").replace(
+        "\n    num_", "\n  num_"
+    )
+    flat = flat.replace("\n    samples_per_stage", "\n  samples_per_stage")
+    with pytest.raises(ConfigError) as error:
+        load_config(_write(tmp_path, flat))
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'bad.yaml'}: data: ")
+    for name in ("num_identities", "num_garments", "samples_per_stage"):
+        assert f"data.{name} moved to data.synthetic.{name}" in message
+    with pytest.raises(ConfigError, match=r"data\.synthetic: Value error, samples_per_stage needs a positive count"):
+        load_config(_write(tmp_path, text.replace("identity: 192,", "identity: 0,")))
+
+
+def _models_in(annotation):
+    """The pydantic models an annotation holds (itself, or inside Optional, list, dict, …)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield annotation
+    for argument in typing.get_args(annotation):
+        yield from _models_in(argument)
+
+
+def test_every_config_field_is_described():
+    """Every field of every model reachable from PipelineConfig says what it is (the config reference
+    prints it: docs/reference/config.md)."""
+    from drape.config import PipelineConfig
+
+    undescribed, seen, todo = [], {PipelineConfig}, [(PipelineConfig, "")]
+    while todo:
+        model, path = todo.pop()
+        for name, field in model.model_fields.items():
+            key = f"{path}{field.alias or name}"
+            if not (field.description or "").strip():
+                undescribed.append(f"{key} ({model.__module__}.{model.__name__}.{name})")
+            for nested in _models_in(field.annotation):
+                if nested not in seen:
+                    seen.add(nested)
+                    todo.append((nested, f"{key}."))
+    assert len(seen) > 30  # the walk reached the nested sections
+    assert not undescribed, "config fields without a description: " + ", ".join(sorted(undescribed))
+
+
+PRODUCTION = ("h100", "slurm", "fitdit")
+SHARED = ("seed", "data", "train", "gates", "retention", "alerts", "storage", "paths", "cost", "eval", "shoppers")
+
+
+def _production(name: str) -> dict:
+    return load_config(REPO / "configs" / f"{name}.yaml", site=EXAMPLE_SITE).model_dump(mode="json", by_alias=True)
+
+
+def _without(dump: dict, fields: tuple[str, ...]) -> dict:
+    """`dump` without the dotted `fields` (what an overlay overrides on purpose)."""
+    dump = json.loads(json.dumps(dump))
+    for field in fields:
+        *sections, name = field.split(".")
+        inner = dump
+        for section in sections:
+            inner = inner.get(section, {})
+        inner.pop(name, None)
+    return dump
+
+
+# what each recipe and cluster overrides on purpose; everything else of the shared sections is the base's
+RECIPE_FIELDS = (
+    "data.version",
+    "train.parallelism",
+    "train.lr",
+    "train.lora",
+    "train.cfg_dropout",
+    *(f"train.stages.{stage}.trainable" for stage in STAGES),
+)
+
+
+def test_production_configs_share_the_base_where_they_should():
+    h100, slurm, fitdit = (_production(name) for name in PRODUCTION)
+    for section in SHARED:
+        assert h100[section] == slurm[section], f"h100 and slurm differ in {section}: the same run on another cluster"
+    for name, dump in (("slurm", slurm), ("fitdit", fitdit)):
+        for section in ("gates", "retention", "alerts", "storage", "paths", "cost", "seed"):
+            assert dump[section] == h100[section], (
+                f"{name} and h100 differ in {section}: it belongs in configs/base/production.yaml"
+            )
+    assert _without(fitdit["data"], ("version",)) == _without(h100["data"], ("version",))
+    assert _without({"train": fitdit["train"]}, RECIPE_FIELDS) == _without({"train": h100["train"]}, RECIPE_FIELDS)
+    for name, dump in (("h100", h100), ("slurm", slurm), ("fitdit", fitdit)):  # and agree with the queue's durability
+        queue = dump["queue"]
+        assert (queue["enabled"], queue["dispatch_in_process"], queue["max_attempts"], queue["lease_seconds"]) == (
+            True,
+            False,
+            3,
+            120,
+        ), name
+    assert h100["queue"] == fitdit["queue"] and h100["model"] == _production("slurm")["model"]
+
+
+def _tracked_production_files() -> list[Path]:
+    """Every file a production config is made of, its `extends:` chain followed."""
+    files, todo = [], [REPO / "configs" / f"{name}.yaml" for name in PRODUCTION]
+    while todo:
+        path = todo.pop().resolve()
+        if path not in files:
+            files.append(path)
+            named = yaml.safe_load(path.read_text()).get("extends") or []
+            todo += [path.parent / name for name in ([named] if isinstance(named, str) else named)]
+    return files
+
+
+def _set_fields(data: object, at: str = "") -> list[tuple[str, object]]:
+    if isinstance(data, dict):
+        return [found for key, value in data.items() for found in _set_fields(value, f"{at}.{key}" if at else str(key))]
+    return [(at, data)]
+
+
+def test_tracked_production_configs_hold_no_site_values():
+    files = _tracked_production_files()
+    assert {path.relative_to(REPO / "configs").as_posix() for path in files} >= {
+        "h100.yaml",
+        "base/production.yaml",
+        "models/catvton.yaml",
+        "clusters/slurm.yaml",
+    }
+    for path in files:
+        data = yaml.safe_load(path.read_text())
+        declared = data.pop("site", {})
+        assert set(declared) <= set(SITE_FIELDS), path
+        for field, value in _set_fields(data):
+            assert not any(field == site or field.startswith(f"{site}.") for site in SITE_FIELDS), (
+                f"{path}: {field} is a site value"
+            )
+            for text in value if isinstance(value, list) else [value]:
+                if not isinstance(text, str):
+                    continue
+                assert "://" not in text, f"{path}: {field}: {text!r} is an endpoint: a site value"
+                # absolute paths are the recipes' weights, where the job template mounts /models
+                assert not text.startswith("/") or field in ("model.denoiser.path", "model.vae.path"), f"{path}: {field}"
+
+
+def test_every_site_value_a_production_config_takes_is_declared_by_the_base_or_its_cluster():
+    from drape.config.site import declared_site_fields
+
+    for name in PRODUCTION:
+        declared = declared_site_fields(read_config_data(REPO / "configs" / f"{name}.yaml"), name)
+        required = {field for field, need in declared.items() if need == "required"}
+        assert {"paths.root", "storage.object_store_url", "tracking.uri", "queue.url", "data.cache.dir"} <= required, name
+        assert ("queue.kubernetes.image" in required) == (name != "slurm") and ("queue.inventory" in required) == (
+            name == "slurm"
+        )

@@ -9,7 +9,7 @@ from drape.layout import DATASET_MANIFEST
 from drape.storage.store import open_store
 from tests.conftest import tiny_config
 
-SMALL = {"samples_per_stage": {"identity": 4, "texture": 4, "geometry": 4, "denoise": 4}, "control_samples": 2}
+SMALL = {"synthetic": {"samples_per_stage": {"identity": 4, "texture": 4, "geometry": 4, "denoise": 4}}, "control_samples": 2}
 
 
 def _config(root, **data):

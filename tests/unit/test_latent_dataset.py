@@ -35,7 +35,10 @@ def vae_dir(tmp_path_factory):
 
 
 def _config(root, vae_dir, **data):
-    small = {"samples_per_stage": {"identity": 20, "texture": 12, "geometry": 12, "denoise": 12}, "control_samples": 6}
+    small = {
+        "synthetic": {"samples_per_stage": {"identity": 20, "texture": 12, "geometry": 12, "denoise": 12}},
+        "control_samples": 6,
+    }
     return tiny_config(
         root,
         data={**small, "shard_max_samples": 8, "version": "v1-latents", "latents_of": "v1", **data},

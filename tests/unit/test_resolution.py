@@ -99,7 +99,7 @@ def test_a_portrait_dataset_trains_and_gates(tmp_path):
         tmp_path / "drape",
         data={
             "resolution": PORTRAIT,
-            "samples_per_stage": dict.fromkeys(STAGES, 8),
+            "synthetic": {"samples_per_stage": dict.fromkeys(STAGES, 8)},
             "control_samples": 4,
             "shard_max_samples": 8,
         },

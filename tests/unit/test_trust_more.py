@@ -240,7 +240,7 @@ def test_a_silent_tracking_server_fails_within_mlflows_bounds_which_drape_sets(t
         ({"train": {"lr": math.nan}}, "lr"),
         ({"queue": {"poll_seconds": 1e12}}, "poll_seconds"),
         ({"model": {"num_layers": 10**9}}, "num_layers"),
-        ({"data": {"num_identities": 10**15}}, "num_identities"),
+        ({"data": {"synthetic": {"num_identities": 10**15}}}, "num_identities"),
         ({"inference": {"gpu_memory_gib": 1e9}}, "gpu_memory_gib"),
         ({"cost": {"gpu_prices": {"H100-80GB": {"on_demand": 1e9, "reserved": 1.0, "burst": 1.0}}}}, "on_demand"),
     ],
