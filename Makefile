@@ -18,9 +18,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# torch first, pinned: the CPU build that lies on this machine's disk (an unpinned torch pulls CUDA).
+# torch first, its CPU build by name (`2.13.0+cpu`): on Linux PyPI's plain `torch==2.13.0` is the
+# CUDA build, which brings CUDA's libraries as nvidia-* wheels. pip's configured indexes and
+# find-links are tried first (the CI machine has the wheel on disk in find-links and cannot reach
+# PyTorch's index), then PyTorch's index for the variant (PyPI has no `+cpu` build, so the first try
+# fails at once elsewhere). TORCH_VARIANT=cu128 asks for a CUDA build; TORCH_INDEX names another index.
+TORCH_VERSION := 2.13.0
+TORCH_VARIANT ?= cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)
+TORCH := torch==$(TORCH_VERSION)+$(TORCH_VARIANT)
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet "$(TORCH)" 2>/dev/null \
+	  || { echo "$(TORCH) is not on pip's configured indexes; trying $(TORCH_INDEX)"; \
+	       $(BIN)/pip install --quiet "$(TORCH)" --index-url "$(TORCH_INDEX)"; }
 	$(BIN)/pip install --quiet -e ".[test,docs]"
 	# MTCNN's weights (drape/gates/recognizers/mtcnn.py reads facenet_pytorch/data/*.pt, never imports it):
 	# --no-deps, as its pins (torch < 2.3, torchvision, numpy < 2) would replace torch 2.13 with 2.2's CUDA build
