@@ -91,7 +91,8 @@ test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# the production path at CPU size with kills and resumes (part of `make test`; README "Run on a cluster")
+# the production path at CPU size with kills and resumes, alone (part of `make test`)
+# What it runs and proves: docs/cluster.md, "The rehearsal"; its nodes: docs/topology.md.
 rehearse: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q -s tests/integration/test_rehearsal.py
