@@ -200,8 +200,9 @@ def flow_names(repo: Path = REPO) -> dict[str, str]:
             for decorator in node.decorator_list:
                 keywords = decorator.keywords if isinstance(decorator, ast.Call) else []
                 for keyword in keywords:
-                    if keyword.arg == "name" and isinstance(keyword.value, ast.Constant):
-                        names[f"flows/{path.name}:{node.name}"] = keyword.value.value
+                    value = keyword.value.value if isinstance(keyword.value, ast.Constant) else None
+                    if keyword.arg == "name" and isinstance(value, str):
+                        names[f"flows/{path.name}:{node.name}"] = value
     return names
 
 
