@@ -22,10 +22,11 @@ RUN apt-get update \
  && python3.11 -m venv /opt/venv \
  && /opt/venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0
 
+# The CPU build by name, from PyTorch's CPU index, as `make install` installs it (Makefile).
 FROM python:3.11-slim-bookworm AS base-cpu
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 RUN python -m venv /opt/venv \
- && /opt/venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" torch==2.13.0
+ && /opt/venv/bin/pip install --no-cache-dir --index-url "$TORCH_INDEX_URL" "torch==2.13.0+cpu"
 
 FROM base-${VARIANT} AS image
 ENV PATH=/opt/venv/bin:$PATH \

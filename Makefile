@@ -1,7 +1,9 @@
-# drape: the two commands (see README).
+# drape: the two commands (README.md, docs/getting-started.md).
 #   make demo   create .venv, install, run the whole pipeline on the embedded demo config
-#   make test   create .venv if needed, install, run the test suite (TEST_WORKERS=2 processes)
+#   make test   apt-install the services the tests start (root or sudo), then run the test suite
 #   make lint   the formatter, the linter and the type checker (ruff format --check, ruff check, mypy)
+# The comment line right above each target is its description on the documentation site
+# (docs/hooks.py lists every .PHONY target with it).
 
 PYTHON ?= python3.11
 VENV := .venv
@@ -18,21 +20,34 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# torch first, pinned: the CPU build that lies on this machine's disk (an unpinned torch pulls CUDA).
+# torch first, its CPU build by name (`2.13.0+cpu`): on Linux PyPI's plain `torch==2.13.0` is the
+# CUDA build, which brings CUDA's libraries as nvidia-* wheels. pip's configured indexes and
+# find-links are tried first (the CI machine has the wheel on disk in find-links and cannot reach
+# PyTorch's index), then PyTorch's index for the variant (PyPI has no `+cpu` build, so the first try
+# fails at once elsewhere). TORCH_VARIANT=cu128 asks for a CUDA build; TORCH_INDEX names another index.
+TORCH_VERSION := 2.13.0
+TORCH_VARIANT ?= cpu
+TORCH_INDEX ?= https://download.pytorch.org/whl/$(TORCH_VARIANT)
+TORCH := torch==$(TORCH_VERSION)+$(TORCH_VARIANT)
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet "$(TORCH)" 2>/dev/null \
+	  || { echo "$(TORCH) is not on pip's configured indexes; trying $(TORCH_INDEX)"; \
+	       $(BIN)/pip install --quiet "$(TORCH)" --index-url "$(TORCH_INDEX)"; }
 	$(BIN)/pip install --quiet -e ".[test,docs]"
 	# MTCNN's weights (drape/gates/recognizers/mtcnn.py reads facenet_pytorch/data/*.pt, never imports it):
 	# --no-deps, as its pins (torch < 2.3, torchvision, numpy < 2) would replace torch 2.13 with 2.2's CUDA build
 	$(BIN)/pip install --quiet --no-deps facenet-pytorch==2.6.0
 	touch $(STAMP)
 
+# create .venv (Python 3.11) and install drape with its test and docs extras, torch's CPU build first
 install: $(STAMP)
 
 # Debian's Prometheus, promtool and Pushgateway (the tests that need them start them), and kubectl
 # for `kubectl kustomize` (rendering infra/k8s; no cluster is contacted), PostgreSQL for the queue tests,
-# and Tesseract (with its English model) for the gates' second OCR engine.
+# and Tesseract (with its English model) for the gates' second OCR engine. Installed only when missing;
+# apt-get runs as root, or through sudo. No daemon is left running: each test starts its own.
 APT_PACKAGES := prometheus prometheus-pushgateway kubectl postgresql tesseract-ocr
+# apt-get install what the tests start when missing (root or sudo): Prometheus, Pushgateway, kubectl, PostgreSQL, Tesseract, Slurm, munge
 services:
 	@if ! command -v prometheus-pushgateway >/dev/null || ! command -v promtool >/dev/null || ! command -v kubectl >/dev/null \
 	     || ! command -v tesseract >/dev/null \
@@ -50,6 +65,7 @@ services:
 # packages from starting any at install, and one that was there before is put back.
 SLURM_PACKAGES := slurm-wlm munge
 .PHONY: slurm-services
+# the Slurm half of `make services`: slurm-wlm and munge, with no daemon started at install
 slurm-services:
 	@if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
@@ -65,6 +81,7 @@ slurm-services:
 		rm -f "$$saved"; exit $$status; \
 	fi
 
+# install, then run the whole pipeline on configs/demo.yaml (CPU, a few minutes) and print where to look
 demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/drape demo
@@ -73,46 +90,54 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/drape serve
 
-# two pytest-xdist workers (one per core on a 2-core machine), each given whole modules, the
-# longest first (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder, or xdist orders modules
-# by their count of tests and the one-test rehearsal starts last); TEST_WORKERS=0: one process
 TEST_WORKERS ?= 2
+# the whole test suite, after `make services`; TEST_WORKERS=2 pytest-xdist workers (0: one process)
+# Two workers (one per core on a 2-core machine), each given whole modules, the longest first
+# (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder, or xdist orders modules by their count
+# of tests and the one-test rehearsal starts last).
 test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
-# the production path at CPU size with kills and resumes (part of `make test`; README "Run on a cluster")
+# the production path at CPU size with kills and resumes, alone (part of `make test`)
+# What it runs and proves: docs/cluster.md, "The rehearsal"; its nodes: docs/topology.md.
 rehearse: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q -s tests/integration/test_rehearsal.py
 
-# what CI runs before the tests; `make format` rewrites files the formatter would change
+# the formatter's check, the linter and the type checker: what CI runs before the tests
 lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# the documentation site (mkdocs.yml): strict, so a broken link or a page left out of the navigation
-# fails; the config and CLI references are generated from the code as it builds (docs/hooks.py)
 export NO_MKDOCS_2_WARNING := 1
+# build the documentation site into .drape/site (strict: a broken link or a page left out of the nav fails)
+# The config and CLI references and the lists of deployments, configs, commands and make targets are
+# generated from the code as it builds (docs/hooks.py).
 docs: $(STAMP)
 	$(BIN)/mkdocs build --strict
 
+# preview the documentation site at http://127.0.0.1:8000, rebuilt as pages change
 docs-serve: $(STAMP)
 	$(BIN)/mkdocs serve
 
+# rewrite the files the formatter would change and apply the linter's safe fixes
 format: $(STAMP)
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# remove .drape/: live storage, the object store, MLflow's database, Prefect's home, the built site
 clean:
 	rm -rf .drape
 
-# the image every manifest names (queue.kubernetes.image, infra/k8s, deployments/): GPU (CUDA) and
-# CPU variants of one Dockerfile; push it where the cluster pulls from
+# The image every manifest names (queue.kubernetes.image, infra/k8s, deployments/): GPU (CUDA) and
+# CPU variants of one Dockerfile; push it where the cluster pulls from.
 IMAGE ?= ghcr.io/drape-ai/drape:0.1.0
+# build the GPU image (CUDA runtime, torch's CUDA build), tagged IMAGE (ghcr.io/drape-ai/drape:0.1.0)
 image:
 	docker build --build-arg VARIANT=gpu -t $(IMAGE) .
 
+# build the CPU image (python:3.11-slim, torch's CPU build), tagged IMAGE with -cpu appended
 image-cpu:
 	docker build --build-arg VARIANT=cpu -t $(IMAGE)-cpu .

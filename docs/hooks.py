@@ -1,14 +1,22 @@
-"""MkDocs hook: the config and CLI references, generated at build time from the code itself, and
-the benchmarks page, read from benchmarks/README.md (one copy, beside the benchmarks).
+"""MkDocs hook: the config and CLI references and the lists other pages show, generated at build time
+from the code itself, and the benchmarks page, read from benchmarks/README.md (one copy, beside the
+benchmarks).
 
 `reference/config.md` walks the pydantic models under `PipelineConfig` (every field: its YAML path,
 type, default, bounds and description); `reference/cli.md` walks the `drape` command (every command:
-usage, help, options). Nothing is hand-copied, so the pages cannot drift from the code; a field or
-option without a description shows as such (tests/unit/test_docs.py counts them).
+usage, help, options). A page lists deployments, configs, commands or make targets by a marker on a
+line of its own, `<!-- generated: deployments -->` (or `configs`, `commands`, `make-targets`), which
+the build replaces with a table read from deployments/prefect.yaml, the files under configs/, the
+`drape` command and the Makefile. Nothing is hand-copied, so the pages cannot drift from the code; a
+field or option without a description shows as such (tests/unit/test_docs.py counts them).
 """
 
 from __future__ import annotations
 
+import ast
+import json
+import posixpath
+import re
 import types
 import typing
 from collections.abc import Iterator
@@ -23,6 +31,8 @@ from pydantic_core import PydanticUndefined
 CONFIG_PAGE = "reference/config.md"
 CLI_PAGE = "reference/cli.md"
 BENCHMARKS_PAGE = "benchmarks.md"  # benchmarks/README.md, where the benchmarks and their tables live
+REPO = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "length ≥"), ("max_length", "length ≤"))
 
 
@@ -84,7 +94,9 @@ def bounds_text(field: FieldInfo) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ") or " "
+    """Text for a table cell: pipes escaped, one line, `<` outside code spans shown, not read as HTML."""
+    parts = re.split(r"(`[^`]*`)", text.replace("|", "\\|").replace("\n", " "))
+    return "".join(part if part.startswith("`") else part.replace("<", "&lt;") for part in parts) or " "
 
 
 def config_sections(model: type[BaseModel], path: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
@@ -179,6 +191,132 @@ def cli_reference(command: Any, name: str = "drape") -> tuple[str, int, int]:
         if rows:
             lines += ["| option | default | help |", "| --- | --- | --- |", *rows, ""]
     return "\n".join(lines), options, undocumented
+
+
+# --- the lists other pages show: deployments, configs, commands, make targets ------------------------
+def first_sentence(text: str) -> str:
+    """The first sentence of a paragraph, its lines joined: what a one-line table cell shows."""
+    paragraph = " ".join(text.strip().split("\n\n")[0].split())
+    for end in re.finditer(r"[.!?](?=\s)", paragraph):
+        if not paragraph[: end.end()].endswith(("e.g.", "i.e.", "etc.", "vs.", "cf.")):
+            return paragraph[: end.end()]
+    return paragraph
+
+
+def flow_names(repo: Path = REPO) -> dict[str, str]:
+    """`flows/file.py:function` → the flow's name (its `@flow(name=...)`), read without importing Prefect."""
+    names = {}
+    for path in sorted((repo / "flows").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.FunctionDef):
+                continue
+            for decorator in node.decorator_list:
+                keywords = decorator.keywords if isinstance(decorator, ast.Call) else []
+                for keyword in keywords:
+                    value = keyword.value.value if isinstance(keyword.value, ast.Constant) else None
+                    if keyword.arg == "name" and isinstance(value, str):
+                        names[f"flows/{path.name}:{node.name}"] = value
+    return names
+
+
+def deployments(repo: Path = REPO) -> list[dict[str, str]]:
+    """Every deployment of deployments/prefect.yaml: `flow/name`, work pool, parameters, schedule, description."""
+    import yaml
+
+    flows = flow_names(repo)
+    found = []
+    for item in yaml.safe_load((repo / "deployments" / "prefect.yaml").read_text())["deployments"]:
+        parameters = item.get("parameters") or {}
+        schedules = [entry.get("cron", "") for entry in item.get("schedules") or []]
+        found.append(
+            {
+                "name": f"{flows.get(item['entrypoint'], item['entrypoint'])}/{item['name']}",
+                "pool": item["work_pool"]["name"],
+                "parameters": ", ".join(f"{key}: {json.dumps(value).strip(chr(34))}" for key, value in parameters.items()),
+                "schedule": ", ".join(f"cron `{cron}`" for cron in schedules),
+                "description": item.get("description", ""),
+            }
+        )
+    return found
+
+
+def deployments_table(repo: Path = REPO) -> str:
+    rows = ["| deployment | work pool | parameters | what it runs |", "| --- | --- | --- | --- |"]
+    for item in deployments(repo):
+        what = "; ".join(text for text in (item["description"], item["schedule"]) if text)
+        rows.append(f"| `{item['name']}` | `{item['pool']}` | {_cell(item['parameters'])} | {_cell(what)} |")
+    return "\n".join(rows)
+
+
+def config_files(repo: Path = REPO) -> list[tuple[str, str]]:
+    """(path, first sentence of its leading comment) for every YAML file under configs/, folders included."""
+    found = []
+    for path in sorted((repo / "configs").rglob("*.y*ml")):
+        comment = []
+        for line in path.read_text().splitlines():
+            if not line.startswith("#"):
+                break
+            comment.append(line.lstrip("#").strip())
+        found.append((path.relative_to(repo).as_posix(), first_sentence("\n".join(comment))))
+    return found
+
+
+def configs_table(repo: Path = REPO) -> str:
+    rows = ["| config | what it is (from its opening comment) |", "| --- | --- |"]
+    rows += [f"| `{path}` | {_cell(summary)} |" for path, summary in config_files(repo)]
+    return "\n".join(rows)
+
+
+def commands_table(command: Any, page: str) -> str:
+    """Every leaf `drape` command, what it does (its help's first sentence), linked to the CLI reference."""
+    reference = posixpath.relpath(CLI_PAGE, posixpath.dirname(page) or ".")
+    rows = ["| command | what it does |", "| --- | --- |"]
+    for path, sub in _commands(command, ["drape"]):
+        if getattr(sub, "commands", None):
+            continue
+        words = " ".join(path)
+        link = f"[`{words}`]({reference}#{'-'.join(path)})"
+        rows.append(f"| {link} | {_cell(first_sentence(sub.help or ''))} |")
+    return "\n".join(rows)
+
+
+def make_targets(repo: Path = REPO) -> list[tuple[str, str]]:
+    """(target, description) for every .PHONY target of the Makefile: the comment line right above it."""
+    lines = (repo / "Makefile").read_text().splitlines()
+    phony = [word for line in lines if line.startswith(".PHONY:") for word in line.split(":", 1)[1].split()]
+    found = []
+    for target in phony:
+        index = next(i for i, line in enumerate(lines) if re.match(rf"{re.escape(target)}:(?!=)", line))
+        start = index
+        while start > 0 and lines[start - 1].startswith("#"):
+            start -= 1
+        found.append((target, lines[start].lstrip("#").strip() if start < index else ""))
+    return found
+
+
+def make_targets_table(repo: Path = REPO) -> str:
+    rows = ["| command | what it does |", "| --- | --- |"]
+    rows += [f"| `make {target}` | {_cell(text)} |" for target, text in make_targets(repo)]
+    return "\n".join(rows)
+
+
+def generated_list(name: str, page: str) -> str:
+    """The table a `<!-- generated: NAME -->` marker on `page` stands for."""
+    if name == "commands":
+        import typer
+
+        from drape.cli import app
+
+        return commands_table(typer.main.get_command(app), page)
+    tables = {"deployments": deployments_table, "configs": configs_table, "make-targets": make_targets_table}
+    if name not in tables:
+        raise ValueError(f"{page}: unknown marker <!-- generated: {name} -->; known: commands, {', '.join(tables)}")
+    return tables[name]()
+
+
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    """Replace each `<!-- generated: NAME -->` line with its table (mkdocs calls this once per page)."""
+    return MARKER.sub(lambda match: generated_list(match.group(1), page.file.src_uri), markdown)
 
 
 def on_files(files: Any, config: Any) -> Any:

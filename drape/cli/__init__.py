@@ -1,19 +1,7 @@
 """The `drape` command: the composition root (it alone in drape/ may reach the flows and the queue).
 
-    drape demo                      the whole pipeline on the embedded demo config
-    drape run --config FILE         the staged-training flow on any config
-    drape serve                     a local Prefect server, deployments and a worker
-    drape train --config FILE --stage S   one stage, no orchestrator
-    drape data synth | shard | prestage    datasets as stage shards; the node's shard cache
-    drape gate check | calibrate    judge outputs from anywhere; measure the checks themselves
-    drape storage apply-lifecycle | report | sweep | restore   the object store
-    drape queue submit|list|cancel|dispatch|profile|simulate   the memory-profile-aware GPU queue
-    drape model describe | fit-vae  the model a config trains; a stand-in VAE for latent smoke runs
-    drape tryon --out DIR           render try-ons with a promoted model (seed fixed, a grid)
-    drape eval --version V --split test --mode paired|unpaired   SSIM, LPIPS, FID, KID, protocol beside them
-    drape bench inference           the inference measuring stick: variants, latency, memory, quality
-    drape shopper photos | personalize | list | forget   opt-in per-shopper adapters, erasable on request
-    drape cost report | compare | fleet | scaling | estimate   what runs and idle capacity cost
+Every command and option: `drape --help`, or docs/reference/cli.md, generated from this app when the
+documentation site is built (docs/hooks.py), so no list here can fall behind it.
 
 `drape --site FILE <command>` (or DRAPE_SITE) names the site file production configs take their
 site values from (drape/config/site.py).

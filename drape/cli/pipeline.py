@@ -90,10 +90,8 @@ def _serve_banner(stack) -> None:
             "\n".join(
                 [
                     f"Prefect UI:   {stack.ui_url}",
-                    "deployments:  staged-training/demo, staged-training/rehearsal, staged-training/h100,",
-                    "              staged-training/h100-finetune,",
-                    "              retention-sweep/weekly, prestage-dataset/demo, queue-dispatcher/demo",
-                    "worker:       pool 'local' (process); 'gpu-k8s' needs a kubernetes worker in the cluster",
+                    "deployments:  every one in deployments/prefect.yaml (`prefect deployment ls`)",
+                    "worker:       pool 'local' (process); 'gpu-k8s' and 'slurm-login' need their own workers",
                     "",
                     "try it (another shell):",
                     f"  PREFECT_API_URL={stack.api_url} .venv/bin/prefect deployment run 'staged-training/demo' --watch",

@@ -157,3 +157,76 @@ def test_every_docs_image_is_small_and_shown_on_a_page():
     for image in images:
         assert image.stat().st_size < 300_000, f"{image.name}: {image.stat().st_size} bytes; the docs keep images under 300 KB"
         assert f"img/{image.name})" in shown, f"{image.name} is on no page"
+
+
+# --- the lists of deployments, configs, commands and make targets are generated ---------------------
+SOURCES = PAGES + [REPO / "deployments" / "README.md", REPO / "benchmarks" / "README.md", REPO / "infra" / "README.md"]
+
+
+def test_the_generated_lists_hold_every_deployment_config_command_and_make_target(hooks):
+    import yaml
+
+    from drape.cli import app
+
+    declared = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["deployments"]
+    table = hooks.deployments_table()
+    assert len(hooks.deployments()) == len(declared) and table.count("\n| `") == len(declared)
+    assert "| `staged-training/demo` | `local` |" in table and "| `retention-sweep/weekly` |" in table
+    configs = hooks.configs_table()
+    for path in (REPO / "configs").rglob("*.y*ml"):  # folders too: configs/ may hold overlays
+        assert f"| `{path.relative_to(REPO).as_posix()}` |" in configs, path
+    commands = hooks.commands_table(typer.main.get_command(app), "reference/overview.md")
+    assert "[`drape queue submit`](cli.md#drape-queue-submit)" in commands and "| [`drape queue` |" not in commands
+    targets = dict(hooks.make_targets())
+    assert {"demo", "test", "lint", "services", "rehearse", "docs"} <= set(targets)
+    assert all(targets.values()), [target for target, text in targets.items() if not text]  # a comment line above each
+
+
+def test_the_pages_use_each_generated_list_and_no_unknown_marker(hooks):
+    used = {(page, name) for page in PAGES for name in hooks.MARKER.findall(page.read_text())}
+    assert {name for _, name in used} == {"deployments", "configs", "commands", "make-targets"}
+    for page, name in used:
+        assert hooks.generated_list(name, page.relative_to(REPO / "docs").as_posix()).startswith("| ")
+    with pytest.raises(ValueError, match="unknown marker"):
+        hooks.generated_list("deployment", "index.md")
+
+
+def _named_in(pattern: str, paths: list) -> set[tuple[str, str]]:
+    return {(path.relative_to(REPO).as_posix(), m.group(1)) for path in paths for m in re.finditer(pattern, path.read_text())}
+
+
+def test_every_deployment_config_and_make_target_the_docs_name_exists(hooks):
+    deployments = {item["name"] for item in hooks.deployments()}
+    flows = "|".join(sorted(set(hooks.flow_names().values())))
+    named = _named_in(rf"\b((?:{flows})/[a-z0-9][a-z0-9-]*)", SOURCES)
+    assert len(named) > 10 and not {(page, name) for page, name in named if name not in deployments}
+    configs = _named_in(r"(?<![\w./-])((?:tests/)?configs/[\w./-]*?\.ya?ml)\b", SOURCES)
+    assert len(configs) > 10 and not {(page, path) for page, path in configs if not (REPO / path).is_file()}
+    listed = _named_in(r"(?m)^configs/ +(.*)$", SOURCES)  # a layout block's `configs/   demo.yaml, …` line
+    files = {path.name for path in (REPO / "configs").rglob("*.y*ml")}
+    unknown = {(page, name) for page, line in listed for name in re.findall(r"[\w.-]+\.ya?ml", line) if name not in files}
+    assert not unknown, sorted(unknown)
+    targets = {target for target, _ in hooks.make_targets()}
+    made = _named_in(r"`make ([a-z][a-z-]*)", SOURCES)
+    assert len(made) > 10 and not {(page, name) for page, name in made if name not in targets}
+
+
+def test_every_section_a_file_names_exists():
+    """A Markdown file or README named with a heading in quotes after it, in any tracked text: the heading exists."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    reference = re.compile(r'((?:[\w.-]+/)*[\w.-]+\.md|README)[,:]? ["“]([^"”\n]{2,80})["”]')
+    dangling = []
+    for name in tracked:
+        path = REPO / name
+        if path.suffix not in {".md", ".py", ".yaml", ".yml", ".json", ".toml"} and path.name not in {"Makefile", "Dockerfile"}:
+            continue
+        for match in reference.finditer(path.read_text(errors="replace")):
+            file, section = match.groups()
+            file = "README.md" if file == "README" else file
+            target = next((p for p in (REPO / file, REPO / "docs" / file, path.parent / file) if p.is_file()), None)
+            headings = re.findall(r"^#+ +(.*)$", target.read_text(), re.MULTILINE) if target else []
+            if not any(section.lower() in heading.lower() for heading in headings):
+                dangling.append(f"{name}: {file}, {section!r}")
+    assert not dangling, dangling
