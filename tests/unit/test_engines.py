@@ -1,5 +1,6 @@
 """Engines: one shape, one module each, none importing another; the Slurm engine's script, gangs across
-whole nodes, sacct's GPU-hours, and the config that keeps drape and Slurm counting GPUs alike."""
+whole nodes, sacct's GPU-hours, the config that keeps drape and Slurm counting GPUs alike, and the explicit
+environment a local job gets."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from pydantic import ValidationError
 
 from drape.config import QueueConfig, SlurmLauncherConfig
 from scheduler.dispatcher import unplaceable
-from scheduler.engine import ENGINES
+from scheduler.engine import ENGINES, job_environment
 from scheduler.gangs import fits_across_nodes, spanning
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape
 from scheduler.slurm import SlurmError, SlurmRun, _gpus_of, _requested_gpus, batch_script, job_name, run_gpu_hours
+from tests.conftest import SENTINEL, TINY, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_FILES = {
@@ -186,3 +188,14 @@ def test_a_requeued_job_held_by_slurm_is_released_after_the_configured_wait(tmp_
     clock[0] += 3600
     unset._pending("q1", "7", requeued, "BeginTime")
     assert len(calls) == 1  # unset: Slurm's own hold (AuthInfo cred_expire)
+
+
+def test_a_local_job_gets_an_explicit_environment(monkeypatch):
+    monkeypatch.setenv("PGPASSWORD", SENTINEL)
+    monkeypatch.setenv("SOME_TOKEN", SENTINEL)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    monkeypatch.setenv("DRAPE_CRASH_AT", "x")
+    env = job_environment(tiny_config(TINY.parent).queue.job_environment)
+    assert "PGPASSWORD" not in env and "SOME_TOKEN" not in env
+    assert env["AWS_SECRET_ACCESS_KEY"] == "aws-secret" and env["DRAPE_CRASH_AT"] == "x" and "PATH" in env
+    assert "AWS_SECRET_ACCESS_KEY" not in job_environment(())
