@@ -380,6 +380,18 @@ def wait_for_series(url: str, expr: str, timeout: float = 30.0) -> list[dict]:
         time.sleep(0.5)
 
 
+def wait_until(predicate, timeout: float, what: str, every: float = 0.2):
+    """Call `predicate` every `every` seconds until it returns something true, and return that; after
+    `timeout` seconds fail the test saying what it waited for. A wait bounded by its condition, never
+    a fixed sleep: as short as the machine allows, and a failure that names what never happened."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+    return value
+
+
 class DcgmExporter:
     """Serves DCGM-exporter-named series for made-up GPUs (there is no GPU here): FB used/free (MiB), util (%)."""
 

@@ -4,14 +4,16 @@ and a signal (SIGTERM, SIGINT, SIGHUP) stops a command's children as Ctrl-C does
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,10 +68,31 @@ CHILD = textwrap.dedent(
 )
 
 
+WAIT4 = {"x86_64": "61", "aarch64": "260"}.get(platform.machine())  # the wait4 system call's number
+
+
+def _waiting_on_sleep(pid: int) -> set[int]:
+    """`pid`'s descendants once its child has exec'd `sleep` and `pid` is blocked in wait4 (so out of
+    Popen()); empty before. Where /proc/PID/syscall cannot be read or wait4's number is not known here,
+    the exec alone (Popen() returns right after it)."""
+    from tests.integration.test_serve_signals import descendants
+
+    children = descendants(pid)
+    try:
+        execed = any(Path(f"/proc/{child}/comm").read_text().strip() == "sleep" for child in children)
+    except OSError:  # the child exited or was not there yet
+        return set()
+    try:
+        waiting = WAIT4 is None or Path(f"/proc/{pid}/syscall").read_text().split()[0] == WAIT4
+    except (OSError, IndexError):
+        waiting = True
+    return children if execed and waiting else set()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 @pytest.mark.parametrize("how", ["run", "popen"])
 def test_a_signal_stops_a_commands_children_as_ctrl_c_does(signum, how):
-    from tests.integration.test_serve_signals import alive, descendants
+    from tests.integration.test_serve_signals import alive
 
     parent = subprocess.Popen(
         [sys.executable, "-c", CHILD, how],
@@ -83,11 +106,8 @@ def test_a_signal_stops_a_commands_children_as_ctrl_c_does(signum, how):
     try:
         assert parent.stdout is not None
         parent.stdout.readline()
-        deadline = time.monotonic() + 20
-        while not (children := descendants(parent.pid)) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert children
-        time.sleep(0.3)  # past the fork: a signal inside Popen() itself is Python's own race, not drape's
+        # past Popen(): a signal inside Popen() itself (between fork and exec) is Python's own race, not drape's
+        children = wait_until(lambda: _waiting_on_sleep(parent.pid), 20, "the command waiting on its `sleep` child", 0.02)
         parent.send_signal(signum)
         assert parent.wait(timeout=10) != 0
         assert not [pid for pid in children if alive(pid)]
