@@ -43,11 +43,14 @@ LONGEST_FIRST = (
     "integration/test_slurm.py",
     # then the modules that mostly wait (bounded timeouts, retry backoff, signals: a core idle for
     # 35-90% of their time), while the other worker's long multi-process modules can use that
-    # core; run last, they left it idle (test_trust_more ended the suite: 18.6 s, 69% idle)
-    "unit/test_trust_more.py",
+    # core; run last, they left it idle (test_trust_more, whose waits are now in test_process,
+    # test_storage and test_tracking, ended the suite: 18.6 s, 69% idle). Alone, on two cores:
+    # test_process 19.5 s wall for 10.0 s of CPU, test_storage 14.9 s for 4.1 s, test_tracking
+    # 16.4 s for 6.7 s.
+    "unit/test_process.py",
     "integration/test_s3.py",
-    "unit/test_trust.py",
-    "unit/test_trust_files.py",
+    "unit/test_storage.py",
+    "unit/test_tracking.py",
     "integration/test_archive_crash.py",
     "integration/test_flow_s3.py",
     "integration/test_s3_stalls.py",
@@ -380,6 +383,18 @@ def wait_for_series(url: str, expr: str, timeout: float = 30.0) -> list[dict]:
         time.sleep(0.5)
 
 
+def wait_until(predicate, timeout: float, what: str, every: float = 0.2):
+    """Call `predicate` every `every` seconds until it returns something true, and return that; after
+    `timeout` seconds fail the test saying what it waited for. A wait bounded by its condition, never
+    a fixed sleep: as short as the machine allows, and a failure that names what never happened."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(every)
+    return value
+
+
 class DcgmExporter:
     """Serves DCGM-exporter-named series for made-up GPUs (there is no GPU here): FB used/free (MiB), util (%)."""
 
@@ -463,6 +478,16 @@ def postgres_url():
         timeout=120,
     )
     shutil.rmtree(directory, ignore_errors=True)
+
+
+SENTINEL = "s3cr3t-SENTINEL-9f2c"  # a made-up secret: no error, log line or job environment may show it
+
+
+def billion_laughs(depth: int = 9) -> str:
+    """A fleet file of a few hundred bytes whose aliases expand to 10**depth nodes."""
+    lines = ['l0: &l0 ["ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha"]']
+    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, depth)]
+    return "\n".join(lines) + f"\ngroups: [*l{depth - 1}]\n"
 
 
 def random_tryon_batch(size: int = 2, resolution: int = 32) -> dict:

@@ -24,6 +24,7 @@ from tests.conftest import (
     start_prometheus,
     tiny_config,
     wait_for_series,
+    wait_until,
 )
 
 pytestmark = pytest.mark.slow
@@ -141,13 +142,35 @@ def fed_prometheus(tmp_path_factory, pushgateway, prefect_harness):
         path = root / "tiny.yaml"
         path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
         summary = staged_training(config_path=str(path), run_name="dashboards")
-        time.sleep(4)  # a few more scrapes and rule evaluations
+        ended = time.time()
+        wait_until(
+            lambda: _scraped_and_evaluated_since(url, ended),
+            30,
+            "two scrapes of every target and a rule evaluation after the run (a rate needs two samples)",
+        )
         yield url, started, summary
     finally:
         process.terminate()
         process.wait(timeout=10)
         exporter.close()
         server.shutdown()
+
+
+def _scraped_and_evaluated_since(url: str, since: float) -> bool:
+    """Every target scraped at least twice since `since` (scraped each second: a scrape after `since` + 1 s
+    had one before it after `since`), and every rule group evaluated after both (after `since` + 2 s)."""
+    last_scrapes = [float(s["value"][0]) for s in prometheus_query(url, "timestamp(up)")]
+    groups = json.loads(urllib.request.urlopen(f"{url}/api/v1/rules", timeout=10).read())["data"]["groups"]
+    evaluations = [_rfc3339(group["lastEvaluation"]) for group in groups]
+    return bool(last_scrapes and evaluations) and min(last_scrapes) > since + 1 and min(evaluations) > since + 2
+
+
+def _rfc3339(stamp: str) -> float:
+    """Prometheus's RFC 3339 time (nanoseconds, `Z`) as Unix seconds."""
+    from datetime import datetime
+
+    whole, _, fraction = stamp.rstrip("Z").partition(".")
+    return datetime.fromisoformat(whole + "+00:00").timestamp() + float(f"0.{fraction or 0}")
 
 
 def _range_has_data(url: str, expr: str, start: float) -> bool:

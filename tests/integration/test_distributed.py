@@ -66,13 +66,21 @@ def setup(tmp_path_factory, pushgateway):
     return root, path, reference, pushgateway
 
 
-def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup):
+@pytest.fixture(scope="module")
+def two_ranks(setup):
+    """The same stage under 2 gloo ranks, trained once for the tests that read it (run alone or in
+    any order): its result; its output (with the sharded checkpoint at step 3) under root / "two"."""
+    root, path, _, _ = setup
+    return _train(path, root / "two", 2)
+
+
+def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup, two_ranks):
     from drape.data.dataset import dataset_prefix, read_manifest
     from drape.storage.store import open_store
     from tests.integration.test_metrics_push import _gateway_samples
 
     root, path, reference, gateway = setup
-    two = _train(path, root / "two", 2)
+    two = two_ranks
     assert two["world_size"] == 2 and two["final_loss"] == pytest.approx(reference["final_loss"], rel=1e-4)
     _assert_close(_weights(root / "one"), _weights(root / "two"))
     # each rank read its own shards, none twice, all of the stage between them; data-wait per rank
@@ -101,11 +109,12 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup):
     _assert_close(_weights(root / "one"), _weights(resumed_dir))
 
 
-def test_a_tampered_sharded_checkpoint_is_refused(setup):
+def test_a_tampered_sharded_checkpoint_is_refused(setup, two_ranks):
     from drape.training.checkpoint import CheckpointError
 
-    root, path, _, _ = setup
-    sharded = next((root / "two" / "checkpoints").glob("*.dcp"), None) or pytest.skip("needs the 2-rank run")
+    root, _, _, _ = setup
+    sharded = root / "two" / "checkpoints" / "step-0000003.dcp"
+    assert verify_dcp(sharded)["world_size"] == 2  # the untouched copy passes: only the tampering fails it
     copy = root / "tampered.dcp"
     shutil.copytree(sharded, copy)
     victim = next(p for p in copy.iterdir() if p.suffix == ".distcp")

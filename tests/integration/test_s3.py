@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from datetime import UTC
+import time
+from datetime import UTC, datetime
 
 import boto3
 import pytest
@@ -12,12 +13,19 @@ from drape.config import RetentionConfig, RetentionRule
 from drape.storage.lifecycle import apply_lifecycle
 from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest, verify_archived
 from drape.storage.store import ObjectStore, StorageError
+from tests.conftest import wait_until
 
 pytestmark = pytest.mark.slow
 
 
 def _store(bucket, endpoint, **kwargs):
     return ObjectStore(f"s3://{bucket}/drape", endpoint_url=endpoint, **kwargs)
+
+
+def _into_the_second_after(stamp: datetime) -> None:
+    """Wait until the clock is past the whole second of `stamp`: S3 dates (LastModified) have one-second
+    resolution, so what is written from then on is dated later than `stamp`."""
+    wait_until(lambda: time.time() >= int(stamp.timestamp()) + 1, 5, f"the second after {stamp}", every=0.02)
 
 
 def test_put_verify_get_with_tags_and_storage_class(s3_bucket, tmp_path):
@@ -112,8 +120,6 @@ def test_lifecycle_rules_keyed_on_tags_are_accepted_and_read_back(s3_bucket):
 
 @pytest.mark.parametrize("size,single_copy_limit", [(300_000, None), (12 * 2**20, 2**20)], ids=["copy", "part-copy"])
 def test_restamp_retags_and_restarts_the_lifecycle_clock(s3_bucket, tmp_path, size, single_copy_limit):
-    import time
-
     bucket, endpoint = s3_bucket
     store = _store(bucket, endpoint)
     local = tmp_path / "w.safetensors"
@@ -124,7 +130,7 @@ def test_restamp_retags_and_restarts_the_lifecycle_clock(s3_bucket, tmp_path, si
     )
     client = boto3.client("s3", endpoint_url=endpoint)
     before = client.head_object(Bucket=bucket, Key=f"drape/{key}")
-    time.sleep(1.1)  # S3 dates have one-second resolution
+    _into_the_second_after(before["LastModified"])
     limits = {"single_copy_limit": single_copy_limit, "part_bytes": 5 * 2**20} if single_copy_limit else {}
     store.restamp(
         key,
@@ -142,8 +148,7 @@ def test_restamp_retags_and_restarts_the_lifecycle_clock(s3_bucket, tmp_path, si
 
 
 def test_sweep_on_s3_retags_a_superseded_baseline_and_restarts_its_clock(s3_bucket, tmp_path):
-    import time
-    from datetime import datetime, timedelta
+    from datetime import timedelta
 
     from drape.storage.sweep import sweep
 
@@ -165,7 +170,7 @@ def test_sweep_on_s3_retags_a_superseded_baseline_and_restarts_its_clock(s3_buck
     uploaded = client.head_object(Bucket=bucket, Key=f"drape/{key}")["LastModified"]
     assert store.get_tags(key)["drape-outcome"] == "baseline"
     assert sweep(store, policy, {"identity": "r1"}).retagged == []  # still the current baseline
-    time.sleep(1.1)
+    _into_the_second_after(uploaded)
     now = datetime.now(UTC)
     result = sweep(store, policy, {"identity": "r2"}, now=now)  # a later run's checkpoint is the baseline now
     assert result.retagged == [key]

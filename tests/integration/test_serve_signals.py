@@ -3,7 +3,7 @@ or SIGINT stops its Prefect server and worker, and whatever they started, within
 
 One real `drape serve` (a Prefect server start, pools, deployments, a worker: ~30-60 s on two
 cores); the other commands that start children do so through `subprocess.run` or a worker they
-close in a `finally`, whose stop on SIGTERM is proved in tests/unit/test_trust_more.py.
+close in a `finally`, whose stop on SIGTERM is proved in tests/unit/test_process.py.
 """
 
 from __future__ import annotations

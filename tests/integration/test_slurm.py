@@ -48,7 +48,7 @@ from scheduler.dispatch.accounting import run_attempts
 from scheduler.dispatch.dispatcher import submit_and_wait
 from scheduler.jobs.training import train_job_spec
 from scheduler.queue.store import JobSpec, JobStore, QueueError
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, wait_until
 from tests.integration.nodes import Nodes
 from tests.integration.slurm_cluster import NODES, SlurmCluster, slurm_installed
 
@@ -175,15 +175,6 @@ def _slurm_runs(slurm: SlurmCluster) -> list[list[str]]:
     return [line.split("|") for line in out.splitlines() if "|drape-" in line]
 
 
-def _until(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what} did not happen within {timeout:.0f} s")
-        time.sleep(0.2)
-    return value
-
-
 def _running_job(store: JobStore) -> dict | None:
     rows = store.jobs(states=("running",))
     return rows[0] if rows and (rows[0]["handle"] or "").startswith("slurm:") else None
@@ -234,9 +225,12 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same
     from scheduler.dispatch.dispatcher import Dispatcher, wait_for
 
     dispatcher = Dispatcher(config, store)
-    while newest_published(objects, "warned", "identity") is None:  # running, one checkpoint published
+
+    def checkpointed() -> bool:
         dispatcher.cycle()
-        time.sleep(0.3)
+        return newest_published(objects, "warned", "identity") is not None
+
+    wait_until(checkpointed, JOB_TIMEOUT, "the job running with one checkpoint published", every=0.3)
     slurm_id = store.get(job_id)["handle"].split(":")[1]
     slurm.run("scancel", "--batch", "--signal=USR1", slurm_id)  # what --signal=B:USR1@N delivers
     row = wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
@@ -269,7 +263,7 @@ def test_a_node_killed_mid_job_is_requeued_and_resumes_never_running_twice(clust
         newest = newest_published(objects, "lost", "identity")
         return newest is not None and checkpoint_step(newest) >= 6
 
-    _until(checkpointed, JOB_TIMEOUT, "a whole checkpoint in the store")
+    wait_until(checkpointed, JOB_TIMEOUT, "a whole checkpoint in the store")
     handle = store.get(job_id)["handle"]
     slurm_id = handle.split(":")[1]
     slurm.kill_node(NODES[1])  # its slurmd, its job steps, its disk
@@ -278,8 +272,14 @@ def test_a_node_killed_mid_job_is_requeued_and_resumes_never_running_twice(clust
         dispatcher.cycle()  # the queue job stays running: Slurm, told --requeue, runs it again
         return "Restarts=1" in slurm.run("scontrol", "show", "job", "-o", slurm_id)
 
-    _until(requeued, 120, "Slurm's requeue after the node failure")
-    time.sleep(3)  # the requeued job waits for the node Slurm set DOWN
+    wait_until(requeued, 120, "Slurm's requeue after the node failure")
+
+    def pending_on_the_down_node() -> bool:
+        dispatcher.cycle()  # the queue sees the requeued job waiting, and keeps it running
+        job = slurm.run("scontrol", "show", "job", "-o", slurm_id)
+        return "JobState=PENDING" in job and slurm.node_states().get(NODES[1], "").startswith("down")
+
+    wait_until(pending_on_the_down_node, 60, f"the requeued job pending while Slurm has {NODES[1]} down")
     assert store.get(job_id)["state"] == "running"
     slurm.start_node(NODES[1])  # the node comes back empty (a fresh machine in its place)
     row = wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
@@ -308,12 +308,12 @@ def test_a_restarted_dispatcher_adopts_the_running_slurm_job(cluster, tmp_path):
 
     first = dispatcher(1)
     try:
-        running = _until(lambda: _running_job(store), 60, "the job's launch")
+        running = wait_until(lambda: _running_job(store), 60, "the job's launch")
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(timeout=10)
         second = dispatcher(2)
         try:
-            _until(lambda: store.get(job_id)["state"] == "succeeded", JOB_TIMEOUT, "the adopted job's end")
+            wait_until(lambda: store.get(job_id)["state"] == "succeeded", JOB_TIMEOUT, "the adopted job's end")
         finally:
             os.killpg(second.pid, signal.SIGTERM)
             second.wait(timeout=30)

@@ -14,6 +14,7 @@ from drape.config import AlertsConfig
 from drape.gates.report import CheckResult, GateReport
 from drape.ops import alerts
 from drape.ops.alerts import AlertError, gate_message, notify_gate, post_to_slack
+from tests.conftest import SENTINEL
 
 
 def _report(passed: bool) -> GateReport:
@@ -171,3 +172,25 @@ def test_the_webhook_never_reaches_a_log_record(scripted_slack, caplog):
     with pytest.raises(AlertError):  # nothing listens: connection refused, retried, then reported
         post_to_slack(url.replace(url.split("/")[2], "127.0.0.1:9"), {"text": "x"}, attempts=2, backoff_seconds=0.02)
     assert len(received) == 3 and caplog.records and "SECRET" not in caplog.text
+
+
+# --- webhooks that are malformed or carry credentials: refused without quoting them ---------------
+@pytest.mark.parametrize("webhook", [f"hooks.slack.com/services/{SENTINEL}", f"https://hooks.slack.com/ser vices/{SENTINEL}"])
+def test_a_malformed_webhook_fails_without_quoting_it(webhook):
+    with pytest.raises(AlertError) as error:
+        post_to_slack(webhook, {"text": "x"}, attempts=1)
+    assert SENTINEL not in str(error.value) and error.value.__cause__ is None
+
+
+@pytest.mark.parametrize(
+    "webhook",
+    [
+        f"https://u:{SENTINEL}@hooks.slack.com/services/T/B/X",
+        f"http://:{SENTINEL}@127.0.0.1:9/hook",
+        f"https://hooks.slack.com/services/T/B/X?token={SENTINEL}",
+    ],
+)
+def test_a_webhook_with_credentials_is_refused_without_quoting_it(webhook):
+    with pytest.raises(AlertError, match="carries credentials") as error:
+        post_to_slack(webhook, {"text": "x"}, attempts=1)
+    assert SENTINEL not in str(error.value)

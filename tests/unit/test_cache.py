@@ -1,15 +1,18 @@
-"""The shard cache: verified, atomic, resumable pre-staging within a byte budget; read-ahead reading."""
+"""The shard cache: verified, atomic, resumable pre-staging within a byte budget; read-ahead reading;
+symlinks planted in it are refused or replaced, never written through."""
 
 import json
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from drape.data.cache import CacheError, ShardCache
 from drape.data.dataset import MANIFEST, load_split, publish_dataset
+from drape.layout import UnsafePathError
 from drape.storage.store import ObjectStore
 
 PREFIX = "datasets/synth-tryon/v1"
@@ -191,3 +194,71 @@ def test_disk_full_leaves_the_cache_consistent(published, tmp_path):
         assert cache.is_local(entry)
     assert cache.prestage("identity").shards == len(manifest["splits"]["identity"])
     assert (tmp_path / "objects" / PREFIX / MANIFEST).is_file()
+
+
+# --- symlinks planted in the cache ----------------------------------------------------------------
+@pytest.fixture
+def cache_parts(tiny_dataset, tmp_path):
+    directory, manifest, _ = tiny_dataset
+    store = ObjectStore(f"file://{tmp_path / 'objects'}")
+    publish_dataset(directory, store, PREFIX)
+    cache = ShardCache(tmp_path / "cache", store, PREFIX, manifest, budget_bytes=1 << 30)
+    shard = manifest["splits"]["identity"][0]
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    return cache, shard, victim
+
+
+@pytest.mark.parametrize("sidecar", ["part", "lock"])
+def test_a_planted_sidecar_symlink_is_refused_and_never_written_through(cache_parts, sidecar):
+    cache, shard, victim = cache_parts
+    local = cache.dataset_dir / shard["path"]
+    local.parent.mkdir(parents=True)
+    link = local.with_name(f".{local.name}.{sidecar}")
+    link.symlink_to(victim)
+    with pytest.raises(CacheError, match=rf"\.{sidecar} is a symlink"):
+        cache.fetch(shard)
+    assert victim.read_text() == "precious"
+
+
+def test_a_planted_marker_symlink_is_replaced_not_written_through(cache_parts):
+    cache, shard, victim = cache_parts
+    local = cache.dataset_dir / shard["path"]
+    local.parent.mkdir(parents=True)
+    (local.with_name(f".{local.name}.ok")).symlink_to(victim)
+    assert cache.fetch(shard) == local and cache.is_local(shard)
+    assert victim.read_text() == "precious" and not local.with_name(f".{local.name}.ok").is_symlink()
+
+
+@pytest.mark.parametrize("where", ["dataset", "split", "pins"])
+def test_a_cache_directory_symlinked_outside_the_root_is_refused(cache_parts, tmp_path, where):
+    cache, shard, _ = cache_parts
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = {"dataset": cache.dataset_dir, "split": cache.dataset_dir / "identity", "pins": cache.root / ".pins"}[where]
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(outside, target_is_directory=True)
+    with pytest.raises(UnsafePathError, match="outside"):
+        if where == "pins":
+            with cache.pin(["identity"]):
+                pass
+        else:
+            cache.prestage("identity")
+    assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("loop", ["shard", "split"])
+def test_a_symlink_loop_is_refused_with_the_path_named(cache_parts, loop):
+    cache, shard, _ = cache_parts
+    split = cache.dataset_dir / "identity"
+    if loop == "split":
+        cache.dataset_dir.mkdir(parents=True)
+        split.symlink_to("identity")
+    else:
+        split.mkdir(parents=True)
+        (split / "a").symlink_to("b")
+        (split / "b").symlink_to("a")
+        (split / Path(shard["path"]).name).symlink_to("a")
+    with pytest.raises(UnsafePathError, match="symlink loop") as error:
+        cache.fetch(shard)
+    assert shard["path"] in str(error.value)

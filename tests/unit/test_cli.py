@@ -2,9 +2,11 @@
 
 import inspect
 
+import pytest
 from typer.testing import CliRunner
 
 from drape.cli import app
+from tests.conftest import SENTINEL
 
 runner = CliRunner()
 
@@ -308,3 +310,32 @@ def test_queue_profile_of_the_production_config_prints_estimates_without_its_dat
     assert "unreachable" in result.output and "estimates only" in result.output  # the scheduler's database is not here
     assert "1024×768 px" in result.output and "(LoRA)" in result.output and "finetune" in result.output
     assert "personalization" in result.output  # a shopper's adapter has its own profile
+
+
+# --- errors: one redacted line; absurd flags are usage errors -------------------------------------
+def test_cli_errors_are_one_redacted_line(tmp_path, monkeypatch):
+    result = CliRunner().invoke(app, ["data", "shard", "synthetic", "--out", f"s3://AKIA:{SENTINEL}@bucket/x"])
+    assert result.exit_code == 1 and SENTINEL not in result.output and "must not carry credentials" in result.output
+    control = tmp_path / "outputs"
+    control.mkdir()
+    (control / "junk.png").write_text("not a png")
+    from drape.gates.run import read_outputs
+
+    with pytest.raises(ValueError, match="not a readable PNG"):
+        read_outputs(control, ["junk"])
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["cost", "fleet", "--hours", "inf"], "--hours: expected a finite number"),
+        (["cost", "fleet", "--hours", "1e300"], "--hours: 1e+300 is beyond"),
+        (["queue", "submit", "--kind", "stage-training", "--mem-gib", "1e30", "--", "true"], "--mem-gib: 1e+30 is beyond"),
+        (["queue", "submit", "--kind", "stage-training", "--mem-gib", "8", "--duration", "nan", "--", "true"], "finite"),
+    ],
+)
+def test_absurd_or_non_finite_cli_flags_are_usage_errors_naming_the_flag(tmp_path, monkeypatch, args, said):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args, terminal_width=200)
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert not (tmp_path / ".drape").exists()  # refused before anything was opened or queued

@@ -1,6 +1,9 @@
-"""Config loading: good files load, bad ones fail naming the file, the field and the reason."""
+"""Config loading: good files load, bad ones fail naming the file, the field and the reason (credentials
+in a URL, never echoed; absurd or non-finite numbers; control characters; YAML bombs)."""
 
 import json
+import math
+import time
 import typing
 from pathlib import Path
 
@@ -9,7 +12,8 @@ import yaml
 from pydantic import BaseModel
 
 from drape import STAGES
-from drape.config import EXAMPLE_SITE, SITE_FIELDS, ConfigError, load_config, read_config_data
+from drape.config import EXAMPLE_SITE, SITE_FIELDS, ConfigError, deep_merge, load_config, parse_config, read_config_data
+from tests.conftest import SENTINEL, TINY, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,8 +45,6 @@ def test_rehearsal_makes_the_production_choices_at_cpu_size():
 
 
 def test_stage_jobs_must_split_the_batch_and_the_partitions(config):
-    from drape.config import parse_config
-
     data = config.model_dump(mode="json")
     data["train"] |= {"gpus": 3, "batch_size": 16}
     with pytest.raises(ConfigError, match="train.batch_size 16 does not split over identity's 3 GPUs"):
@@ -122,8 +124,6 @@ def test_onnx_embedder_needs_a_path_and_webhook_is_never_inline(config):
 
 
 def test_per_stage_thresholds(config):
-    from drape.config import parse_config
-
     data = config.model_dump(mode="json")
     data["gates"]["coherence"].update(min_score={"identity": 0.1, "texture": 0.2}, min_score_vs_baseline=None)
     parsed = parse_config(data)
@@ -292,3 +292,122 @@ def test_every_site_value_a_production_config_takes_is_declared_by_the_base_or_i
         assert ("queue.kubernetes.image" in required) == (name != "slurm") and ("queue.inventory" in required) == (
             name == "slurm"
         )
+
+
+# --- credentials: no URL field may carry one, and no error echoes it ------------------------------
+@pytest.mark.parametrize(
+    ("section", "field", "url"),
+    [
+        ("queue", "url", f"postgresql://drape:{SENTINEL}@db:5432/queue"),
+        ("tracking", "uri", f"http://user:{SENTINEL}@mlflow:5000"),
+        ("metrics", "pushgateway_url", f"http://u:{SENTINEL}@pushgateway:9091"),
+        ("queue", "prometheus_url", f"http://prom:9090/?token={SENTINEL}"),
+        ("storage", "object_store_url", f"s3://AKIA:{SENTINEL}@bucket/drape"),
+    ],
+)
+def test_no_config_url_may_carry_a_password_and_the_error_never_echoes_it(section, field, url):
+    data = deep_merge(yaml.safe_load(TINY.read_text()), {section: {field: url}})
+    with pytest.raises(ConfigError) as error:
+        parse_config(data, "tiny.yaml")
+    assert f"{section}.{field} must not carry credentials" in str(error.value)
+    assert SENTINEL not in str(error.value)
+
+
+def test_a_user_name_alone_is_not_a_secret(tmp_path):
+    config = tiny_config(tmp_path, queue={"url": "postgresql://drape@db:5432/queue"})
+    assert config.queue.url == "postgresql://drape@db:5432/queue"
+
+
+def _config(**overrides):
+    return parse_config(deep_merge(yaml.safe_load(TINY.read_text()), overrides), "tiny.yaml")
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"inference": {"model": f"https://u:{SENTINEL}@registry/model"}},
+        {"paths": {"root": f"s3://AKIA:{SENTINEL}@bucket/root"}},
+        {"data": {"cache": {"dir": f"s3://u:{SENTINEL}@bucket/cache"}}},
+        {"queue": {"kubernetes": {"image": f"https://u:{SENTINEL}@ghcr.io/x/drape:1.0"}}},
+        {"model": {"vae": {"path": f"https://host/vae?token={SENTINEL}"}}},
+    ],
+)
+def test_a_url_with_credentials_in_any_field_is_refused_at_load_redacted(override):
+    with pytest.raises(ConfigError, match="must not carry credentials") as error:
+        _config(**override)
+    assert SENTINEL not in str(error.value)
+
+
+# --- absurd and non-finite numbers, control characters --------------------------------------------
+@pytest.mark.parametrize("threshold", [-1.0, 0.0, 1.5, math.nan])
+def test_thresholds_outside_zero_one_are_refused(tmp_path, threshold):
+    with pytest.raises(ConfigError, match="min_similarity"):
+        tiny_config(tmp_path, gates={"identity": {"min_similarity": threshold}})
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"storage": {"read_timeout_seconds": math.inf}}, "read_timeout_seconds"),
+        ({"storage": {"connect_timeout_seconds": 1e300}}, "connect_timeout_seconds"),
+        ({"data": {"cache": {"budget_bytes": 10**30}}}, "budget_bytes"),
+        ({"cost": {"horizon_months": math.inf}}, "horizon_months"),
+        ({"train": {"lr": math.nan}}, "lr"),
+        ({"queue": {"poll_seconds": 1e12}}, "poll_seconds"),
+        ({"model": {"num_layers": 10**9}}, "num_layers"),
+        ({"data": {"synthetic": {"num_identities": 10**15}}}, "num_identities"),
+        ({"inference": {"gpu_memory_gib": 1e9}}, "gpu_memory_gib"),
+        ({"cost": {"gpu_prices": {"H100-80GB": {"on_demand": 1e9, "reserved": 1.0, "burst": 1.0}}}}, "on_demand"),
+    ],
+)
+def test_absurd_or_non_finite_config_numbers_are_refused_naming_the_field(override, field):
+    with pytest.raises(ConfigError, match=field):
+        _config(**override)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"name": "demo\n"},
+        {"data": {"name": "synth-tryon\n"}},
+        {"tracking": {"experiment": "drape\x1b[31m"}},
+        {"queue": {"kubernetes": {"namespace": "drape\r"}}},
+    ],
+)
+def test_config_names_with_control_characters_are_refused(override):
+    with pytest.raises(ConfigError, match="control characters"):
+        _config(**override)
+
+
+# --- YAML bombs -----------------------------------------------------------------------------------
+def _laughs(depth: int, key: str) -> str:
+    rows = ["l0: &l0 [x, x, x, x, x, x, x, x, x]"]
+    rows += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, depth)]
+    return "\n".join([*rows, f"{key}: *l{depth - 1}", ""])
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        (_laughs(9, "train"), "expand to more than"),
+        (_laughs(9, "name"), "expand to more than"),
+        (_laughs(6, "train"), "expand to more than"),  # ~600,000 nodes: still far beyond a config
+        ("a: &a [*a]\n", "recursive"),
+        ("name: demo\n# " + "x" * (2 << 20) + "\n", "more than a config may hold"),
+    ],
+)
+def test_a_yaml_bomb_is_refused_at_once(tmp_path, text, match):
+    path = tmp_path / "bomb.yaml"
+    path.write_text(text)
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=match):
+        load_config(path)
+    assert time.monotonic() - started < 2
+
+
+def test_ordinary_anchors_still_load(tmp_path):
+    from drape.config.loading import read_yaml
+
+    path = tmp_path / "anchors.yaml"
+    path.write_text("common: &common {lr: 0.001, steps: 5}\nidentity: *common\ntexture: *common\n")
+    assert read_yaml(path) == {name: {"lr": 0.001, "steps": 5} for name in ("common", "identity", "texture")}

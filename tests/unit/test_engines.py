@@ -1,5 +1,6 @@
 """Engines: one shape, one module each, none importing another; the Slurm engine's script, gangs across
-whole nodes, sacct's GPU-hours, and the config that keeps drape and Slurm counting GPUs alike."""
+whole nodes, sacct's GPU-hours, the config that keeps drape and Slurm counting GPUs alike, and the explicit
+environment a local job gets."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pydantic import ValidationError
 
 from drape.config import QueueConfig, SlurmLauncherConfig
 from scheduler.dispatch.dispatcher import unplaceable
-from scheduler.engines import ENGINES
+from scheduler.engines import ENGINES, job_environment
 from scheduler.engines.slurm.launcher import (
     SlurmError,
     SlurmRun,
@@ -26,6 +27,7 @@ from scheduler.engines.slurm.launcher import (
 )
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape
 from scheduler.policy.gangs import fits_across_nodes, spanning
+from tests.conftest import SENTINEL, TINY, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_FOLDERS = ("local", "kubernetes", "slurm")
@@ -190,3 +192,14 @@ def test_a_requeued_job_held_by_slurm_is_released_after_the_configured_wait(tmp_
     clock[0] += 3600
     unset._pending("q1", "7", requeued, "BeginTime")
     assert len(calls) == 1  # unset: Slurm's own hold (AuthInfo cred_expire)
+
+
+def test_a_local_job_gets_an_explicit_environment(monkeypatch):
+    monkeypatch.setenv("PGPASSWORD", SENTINEL)
+    monkeypatch.setenv("SOME_TOKEN", SENTINEL)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "aws-secret")
+    monkeypatch.setenv("DRAPE_CRASH_AT", "x")
+    env = job_environment(tiny_config(TINY.parent).queue.job_environment)
+    assert "PGPASSWORD" not in env and "SOME_TOKEN" not in env
+    assert env["AWS_SECRET_ACCESS_KEY"] == "aws-secret" and env["DRAPE_CRASH_AT"] == "x" and "PATH" in env
+    assert "AWS_SECRET_ACCESS_KEY" not in job_environment(())

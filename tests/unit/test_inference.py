@@ -1,6 +1,6 @@
 """The inference stick's parts: variants and what a CPU cannot run, the quality verdict, the report's
 arithmetic (speed-ups against the reference's requests in a variant's turns, overlap, the
-recommendation), and the stick on a tiny model."""
+recommendation), the stick on a tiny model, and inputs of another size refused by name."""
 
 from __future__ import annotations
 
@@ -130,3 +130,13 @@ def test_the_stick_times_one_request_at_a_time(prepared_tiny, tiny_dataset):
     assert sorted(attention) == ["transformer.transformer_blocks.0.attn/0", "transformer.transformer_blocks.0.attn/1"]
     assert stick.concurrency(prepared, config.diffusion, requests, [2], 1, 5)[2] > 0
     assert overlap(1.0, 1.5, 2) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(("height", "width"), [(64, 64), (32, 64), (16, 32)])
+def test_inputs_of_another_size_are_refused_naming_sample_size_and_expected(tmp_path, height, width):
+    from drape.inference.source import InferenceInputError, check_input_sizes
+
+    arrays = {"target": np.zeros((2, height, width, 3), np.uint8), "keys": ["person-7", "person-8"], "meta": [{}, {}]}
+    with pytest.raises(InferenceInputError, match=rf"inputs: sample person-7: its target image is {width}×{height}.*32×32"):
+        check_input_sizes(arrays, "--inputs inputs", 32, 32)
+    check_input_sizes({**arrays, "target": np.zeros((2, 32, 32, 3), np.uint8)}, "--inputs inputs", 32, 32)

@@ -1,7 +1,7 @@
 """What each pod of a queue job gets on Kubernetes (scheduler/engines/kubernetes/objects.py, pods.py): the
 exact torchrun command of every shape and pod, the credentials Secret by name only, CPU and memory
 from the GPUs it holds, a sized /dev/shm in memory, the security context; every object validated
-against the Kubernetes API schema."""
+against the Kubernetes API schema; the kube config read through the bounded YAML loader first."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import kubernetes_validate
 import pytest
@@ -17,6 +18,7 @@ from kubernetes import client
 from drape.config import KubernetesLauncherConfig
 from scheduler.engines.kubernetes.objects import build_job, headless_service
 from scheduler.policy import GpuState
+from tests.conftest import billion_laughs
 
 SENTINEL = "sentinel-secret-value-7f3a"
 NAME = "drape-stage-training-abc123-a2"
@@ -256,3 +258,28 @@ def test_an_indexed_jobs_service_is_owned_by_its_job_and_never_left_without_one(
     exists = _Api(service_status=409)  # made before a dispatcher restart: it is this attempt's
     launcher._clients = {"batch": exists, "core": exists, "custom": None}
     assert launcher.launch(_job(), TWO_NODES) == f"job:{NAME}" and ("delete job", NAME) not in exists.calls
+
+
+def test_a_billion_laughs_kube_config_is_refused_before_the_client_reads_it(tmp_path, monkeypatch):
+    """The Kubernetes launcher reads `KUBECONFIG` (each of its files) through the bounded loader
+    first: a bomb, a huge file, a file that is not YAML are each refused naming the file; a real
+    kube config passes to the client."""
+    from scheduler.engines.kubernetes.launcher import checked_kubeconfig
+
+    (tmp_path / "bomb.yaml").write_text(billion_laughs())
+    (tmp_path / "huge.yaml").write_text("a: " + "x" * (17 << 20))
+    (tmp_path / "broken.yaml").write_text("clusters: [unclosed\n")
+    (tmp_path / "good.yaml").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    expected = {
+        "bomb.yaml": "aliases expand to more than",
+        "huge.yaml": "bytes",
+        "broken.yaml": "not YAML",
+    }
+    for name, words in expected.items():
+        monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'good.yaml'}:{tmp_path / name}")
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=f"kube config .*{name}") as caught:
+            checked_kubeconfig()
+        assert words in str(caught.value) and time.monotonic() - started < 5, str(caught.value)
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "good.yaml"))
+    checked_kubeconfig()

@@ -1,4 +1,5 @@
-"""drape.layout: one rule for checkpoint names, artifact kinds, live paths and object keys."""
+"""drape.layout: one rule for checkpoint names, artifact kinds, live paths and object keys; a key, name
+or path that would leave its root (dot-dot, a symlink, a loop) or carries control characters is refused."""
 
 from datetime import UTC, datetime
 from pathlib import Path
@@ -8,16 +9,21 @@ import pytest
 from drape import ArtifactKind
 from drape.layout import (
     LiveLayout,
+    UnsafePathError,
     archive_manifest_prefix,
     artifact_kind,
     checkpoint_dirs,
     checkpoint_name,
     checkpoint_step,
+    contained,
     dataset_prefix,
     is_sharded_checkpoint,
     new_manifest_key,
     run_key,
     run_key_of,
+    safe_key,
+    safe_name,
+    safe_shopper_id,
 )
 
 
@@ -80,3 +86,50 @@ def test_live_paths_and_object_keys():
     first = new_manifest_key("archive/manifests/r1/texture", datetime(2026, 12, 1, tzinfo=UTC))
     assert first.startswith("archive/manifests/r1/texture-20261201T000000-") and first.endswith(".jsonl")
     assert first != new_manifest_key("archive/manifests/r1/texture", datetime(2026, 12, 1, tzinfo=UTC))
+
+
+# --- names and paths that would leave their root, or carry control characters ---------------------
+@pytest.mark.parametrize("key", ["../x", "a/../../x", "/etc/passwd", "a//b", "a/./b", "a\\b", "a\x00b", ".."])
+def test_unsafe_keys_are_refused_with_the_key_named(key):
+    with pytest.raises(UnsafePathError, match="refused"):
+        safe_key(key, "test key")
+
+
+def test_contained_refuses_a_symlink_out_of_the_root(tmp_path):
+    (tmp_path / "root").mkdir()
+    (tmp_path / "root" / "link").symlink_to(tmp_path)
+    assert contained(tmp_path / "root", "a/b.tar", "k") == (tmp_path / "root" / "a" / "b.tar").resolve()
+    with pytest.raises(UnsafePathError, match="outside"):
+        contained(tmp_path / "root", "link/evil.tar", "shard path")
+    for name in ("..", ".hidden", "a/b", ""):
+        with pytest.raises(UnsafePathError):
+            safe_name(name, "run id")
+
+
+def test_contained_names_a_loop_and_still_allows_links_inside(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    assert contained(tmp_path, "alias/x", "k") == tmp_path.resolve() / "alias" / "x"
+    (tmp_path / "loop").symlink_to("loop")
+    with pytest.raises(UnsafePathError, match="'loop/x'.*symlink loop"):
+        contained(tmp_path, "loop/x", "k")
+
+
+@pytest.mark.parametrize("value", ["run1\n", "run1\r", "a\tb", "run\x1b[2J"])
+def test_names_with_control_characters_are_refused(value):
+    for check in (lambda: safe_name(value, "run id"), lambda: safe_shopper_id(value + "abc")):
+        with pytest.raises(UnsafePathError):
+            check()
+
+
+def test_a_checkpoint_name_with_a_trailing_newline_is_not_a_checkpoint():
+    assert checkpoint_step("step-0000001") == 1
+    with pytest.raises(ValueError):
+        checkpoint_step("step-0000001\n")
+
+
+def test_what_drape_writes_under_a_shopper_id_the_erasing_command_finds(tmp_path):
+    """A trailing newline was accepted by `^…$` and written as a folder `forget` could not name."""
+    with pytest.raises(UnsafePathError):
+        LiveLayout(tmp_path).shopper(safe_shopper_id("shopper-1\n"))
+    assert LiveLayout(tmp_path).shopper(safe_shopper_id("shopper-1")).root.name == "shopper-1"

@@ -1,10 +1,17 @@
-"""Model shapes, checkpoint round trip (safetensors + manifest), deterministic sampling."""
+"""Model shapes, checkpoint round trip (safetensors + manifest), deterministic sampling; a checkpoint
+whose model config is absurd or whose manifest is not JSON is refused naming the file."""
+
+import json
+import math
+import shutil
+import time
 
 import pytest
 import torch
 
 from drape.training.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint, verify_checkpoint
 from drape.training.model import build_model, sample
+from tests.conftest import tiny_config
 
 
 def _inputs(batch, resolution):
@@ -124,3 +131,41 @@ def test_an_unknown_prediction_type_is_refused():
     unknown = SimpleNamespace(config=SimpleNamespace(prediction_type="flow_matching"))
     with pytest.raises(ValueError, match="prediction_type 'flow_matching' is not supported"):
         diffusion_target(unknown, torch.zeros(1), torch.zeros(1), torch.zeros(1))
+
+
+# --- checkpoints whose files were damaged or rewritten --------------------------------------------
+def test_a_checkpoint_whose_model_config_is_absurd_is_refused_before_it_is_built(tmp_path):
+    from drape.storage.checksum import sha256_file
+
+    path = save_checkpoint(
+        tmp_path / "step-1",
+        model=build_model(tiny_config(tmp_path / "d")),
+        optimizer=None,
+        trainable_names=[],
+        ema=None,
+        manifest={"step": 1},
+    )
+    for key, value, said in (
+        ("num_layers", 10**6, "at most 4096"),
+        ("attention_head_dim", 2**40, "at most 65536"),
+        ("patch_size", math.nan, "finite"),
+        ("num_attention_heads", -3, "never negative"),
+    ):
+        copy = shutil.copytree(path, tmp_path / key)
+        config_file = copy / "model" / "config.json"
+        config_file.write_text(json.dumps({**json.loads(config_file.read_text()), key: value}))
+        manifest = json.loads((copy / "manifest.json").read_text())  # an attacker rewrites the hash too
+        manifest["files"]["model/config.json"] = sha256_file(config_file)
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+        started = time.monotonic()
+        with pytest.raises(CheckpointError, match=rf"config\.json: {key}: .*{said}"):
+            load_model(copy)
+        assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize("payload", ['{"step": 1,', ""])
+def test_a_checkpoint_manifest_that_is_not_json_names_the_file(tmp_path, payload):
+    (tmp_path / "step-0000001").mkdir()
+    (tmp_path / "step-0000001" / "manifest.json").write_text(payload)
+    with pytest.raises(ValueError, match=r"step-0000001/manifest\.json: not JSON .*line 1 column"):
+        read_manifest(tmp_path / "step-0000001")

@@ -1,4 +1,5 @@
-"""A stage's shards dealt to ranks without overlap; the global batch does not depend on the world size."""
+"""A stage's shards dealt to ranks without overlap; the global batch does not depend on the world size;
+an empty or too small split, and a partition without samples, are refused by name and number."""
 
 import pytest
 import torch
@@ -87,3 +88,39 @@ def test_a_split_on_disk_is_dealt_as_a_stage_is(tiny_dataset, cache_factory):
     assert whole.sizes == staged.sizes and whole.shards == staged.shards
     for p in range(2):
         assert whole.partitions[p].keys == staged.partitions[p].keys
+
+
+# --- degenerate splits and partitions -------------------------------------------------------------
+def _with_split(manifest: dict, split: str, shards: list[dict]) -> dict:
+    return {**manifest, "splits": {**manifest["splits"], split: shards}}
+
+
+@pytest.mark.parametrize(
+    ("split", "shards", "match"),
+    [
+        ("control", [], r"'control'.* 0 sample\(s\) in 0 shard.*at least 2"),
+        ("control", "one", r"'control'.* 1 sample\(s\).*at least 2"),
+        ("identity", [], r"'identity'.* 0 sample\(s\).*at least 1"),
+        ("identity", "empty", r"'identity'.* 0 sample\(s\) in 2 shard.*at least 1"),
+    ],
+)
+def test_an_empty_or_too_small_split_is_refused_with_its_minimum(tiny_dataset, tmp_path, split, shards, match):
+    _, manifest, _ = tiny_dataset
+    original = manifest["splits"][split]
+    if shards == "one":
+        shards = [{**original[0], "samples": 1}]
+    elif shards == "empty":
+        shards = [{**s, "samples": 0} for s in original[:2]]
+    cache = ShardCache(
+        tmp_path / "c", ObjectStore(f"file://{tmp_path}/o"), PREFIX, _with_split(manifest, split, shards), budget_bytes=1 << 30
+    )
+    with pytest.raises(PartitionError, match=match):
+        cache.prestage(split)
+    assert not (tmp_path / "c").exists() or not any((tmp_path / "c").rglob("*.tar"))
+
+
+def test_a_data_partition_without_samples_is_refused_by_number():
+    shards = [{"path": f"s{i}.tar", "samples": n} for i, n in enumerate([4, 0, 4, 0])]
+    with pytest.raises(PartitionError, match="partition 1 of 2 holds no sample"):
+        partition_shards(shards, 2)
+    assert [len(p) for p in partition_shards(shards, 1)] == [4]

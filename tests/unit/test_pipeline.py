@@ -131,3 +131,15 @@ def test_the_flow_modules_load_no_torch_diffusers_or_mlflow_and_the_pipeline_nam
     assert all(getattr(pipeline, name) is not None for name in pipeline.__all__)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         pipeline.nothing  # noqa: B018
+
+
+def test_a_missing_previous_baseline_is_an_error_not_fresh_weights(tmp_path):
+    from drape.layout import LiveLayout
+    from drape.pipeline.stages import start_checkpoint
+
+    class Context:
+        mode, layout = Mode.FULL, LiveLayout(tmp_path)
+
+    assert start_checkpoint(Context(), "identity") is None
+    with pytest.raises(FileNotFoundError, match="identity baseline.*drape storage restore"):
+        start_checkpoint(Context(), "texture")

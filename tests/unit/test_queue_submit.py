@@ -1,12 +1,17 @@
-"""`drape queue submit` refuses at once, with why, a job no node of the fleet can ever hold."""
+"""`drape queue submit` refuses at once, with why, a job no node of the fleet can ever hold or whose memory
+is not a finite positive number; a queued job past the placement timeout fails with the reason."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
 from drape.cli import app
+from scheduler.dispatch.dispatcher import unplaceable
+from scheduler.queue.store import JobSpec, JobStore, QueueError
 from tests.conftest import tiny_config
 
 FLEET = {"groups": [{"model": "H100-80GB", "memory_gib": 80, "nodes": 2, "gpus_per_node": 4, "node_prefix": "h100"}]}
@@ -61,3 +66,45 @@ def test_a_job_declares_at_submit_whether_it_may_be_stopped(config_path):
     assert not queued.preemptible and queued.checkpoint_every_s == 1800.0
     refused = _submit(config_path, "--mem-gib", "10", "--checkpoint-every", "0")
     assert refused.exit_code == 2 and "checkpoint_every_s" in refused.output
+
+
+# --- memory that is not a number; jobs no node can hold, or that wait past the placement timeout ---
+@pytest.mark.parametrize("mem", [math.nan, math.inf, -1.0, 0.0])
+def test_queue_refuses_memory_that_is_not_a_finite_positive_number(tmp_path, mem):
+    store = JobStore(f"sqlite:///{tmp_path}/q.db")
+    with pytest.raises(QueueError, match="finite mem_gib"):
+        store.submit(JobSpec(kind="stage-training", command=["true"], gpus=1, mem_gib=mem, duration_s=60.0))
+
+
+def test_a_job_no_node_can_hold_is_refused_with_what_to_do(tmp_path):
+    from scheduler.dispatch.dispatcher import submit_and_wait
+
+    config = tiny_config(tmp_path, queue={"enabled": True, "cpu_slot_gib": 16.0})
+    with pytest.raises(QueueError, match="no node of the fleet can hold it.*Lower the job's memory"):
+        submit_and_wait(
+            config, JobSpec(kind="stage-training", command=["true"], gpus=1, mem_gib=500.0, duration_s=60.0), timeout_s=5
+        )
+    assert JobStore(config.queue_url).jobs() == []
+    assert unplaceable(1, 8.0, [_gpu("n1", 16.0)]) is None
+    assert "2 GPU(s)" in unplaceable(2, 8.0, [_gpu("n1", 16.0), _gpu("n2", 16.0)])
+
+
+def test_a_queued_job_past_the_placement_timeout_fails_with_the_reason(tmp_path):
+    from scheduler.dispatch.dispatcher import Dispatcher
+    from scheduler.dispatch.fleet import FleetView
+
+    config = tiny_config(tmp_path, queue={"enabled": True, "placement_timeout_seconds": 60})
+    store = JobStore(config.queue_url)
+    busy = _gpu("n1", 16.0)
+    busy.allocated_gib, busy.jobs = 16.0, 4
+    job = store.submit(JobSpec(kind="stage-training", command=["true"], gpus=1, mem_gib=8.0, duration_s=60.0), now=0.0)
+    Dispatcher(config, store, fleet=lambda: FleetView([busy], "local", "")).cycle(now=30.0)
+    assert store.get(job)["state"] == "queued"
+    Dispatcher(config, store, fleet=lambda: FleetView([busy], "local", "")).cycle(now=90.0)
+    assert store.get(job)["state"] == "failed" and "placement_timeout_seconds" in store.get(job)["message"]
+
+
+def _gpu(node: str, total: float):
+    from scheduler.policy import GpuState
+
+    return GpuState(uuid=f"{node}-gpu0", node=node, model="H100-80GB", total_gib=total)

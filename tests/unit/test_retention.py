@@ -1,8 +1,13 @@
-"""Retention plan and execution: archive, verify by reading back, only then free live storage."""
+"""Retention plan and execution: archive, verify by reading back, only then free live storage; archive
+records an attacker or a damaged upload wrote are refused by restore and sweep, naming what is wrong."""
+
+import json
 
 import pytest
 
 from drape.config import RetentionConfig, RetentionRule
+from drape.layout import UnsafePathError
+from drape.storage.restore import restore_stage
 from drape.storage.retention import (
     classify_stage_dir,
     execute_plan,
@@ -13,6 +18,8 @@ from drape.storage.retention import (
     verify_archived,
 )
 from drape.storage.store import ObjectStore, StorageError
+from drape.storage.sweep import sweep
+from tests.conftest import tiny_config
 
 
 def _stage_dir(tmp_path):
@@ -209,3 +216,52 @@ def test_run_end_release_keeps_a_file_whose_archived_copy_is_gone(tmp_path):
     store.fs.rm(store.path("runs/r1/texture/gate/grid.png"))  # e.g. expired by the sweep during a long run
     released = release_run(store, stage.parent, "r1")
     assert released.kept == [str(stage / "gate" / "grid.png")] and (stage / "gate" / "grid.png").is_file()
+
+
+# --- archive records as an attacker or a damaged upload writes them: restore and sweep ------------
+SHA = "0" * 64
+
+
+def _archive_record(key: str, **fields) -> dict:
+    record = {"key": key, "run_id": "run-1", "stage": "identity", "kind": "checkpoint", "outcome": "passed"}
+    return {**record, "bytes": 4, "sha256": SHA, "archived_at": "2026-01-01T00:00:00+00:00", "expires_at": None, **fields}
+
+
+def _write_records(tmp_path, records: list[dict]) -> ObjectStore:
+    store = ObjectStore(f"file://{tmp_path}/objects")
+    lines = "".join(json.dumps(r) + "\n" for r in records)
+    target = tmp_path / "objects" / "archive" / "manifests" / "run-1" / "identity-x.jsonl"  # as an attacker writes it
+    target.parent.mkdir(parents=True)
+    target.write_text(lines)
+    return store
+
+
+def test_restore_refuses_a_record_key_that_leaves_the_destination(tmp_path):
+    store = _write_records(tmp_path, [_archive_record("runs/run-1/identity/../../../../outside.txt")])
+    with pytest.raises(UnsafePathError):
+        restore_stage(store, "run-1", "identity", tmp_path / "out")
+    assert not (tmp_path / "outside.txt").exists() and not (tmp_path / "out").exists()
+
+
+def test_sweep_refuses_a_record_key_with_dotdot_and_deletes_nothing(tmp_path):
+    (tmp_path / "precious.txt").write_text("keep")
+    record = _archive_record("../precious.txt", expires_at="2000-01-01T00:00:00+00:00")
+    store = _write_records(tmp_path, [record])
+    with pytest.raises(UnsafePathError, match="precious"):
+        sweep(store, tiny_config(tmp_path / "d").retention, {})
+    assert (tmp_path / "precious.txt").read_text() == "keep"
+
+
+def test_sweep_with_an_empty_registry_supersedes_no_baseline(tmp_path):
+    """A wrong tracking.uri shows no baselines: the sweep must not start every baseline's expiry."""
+    store = _write_records(tmp_path, [_archive_record("runs/run-1/identity/checkpoints/step-1/a", outcome="baseline")])
+    with pytest.raises(StorageError, match="tracking.uri"):
+        sweep(store, tiny_config(tmp_path / "d").retention, {})
+    assert sweep(store, tiny_config(tmp_path / "d").retention, {}, allow_unregistered=True, dry_run=True).retagged
+
+
+def test_an_archive_record_that_is_not_json_names_object_and_line(tmp_path):
+    store = _write_records(tmp_path, [])
+    (tmp_path / "objects" / "archive" / "manifests" / "run-1" / "identity-x.jsonl").write_text('{"key": "a"}\n{oops\n')
+    with pytest.raises(StorageError, match="line 2"):
+        sweep(store, tiny_config(tmp_path / "d").retention, {})

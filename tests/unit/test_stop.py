@@ -18,16 +18,21 @@ one = SimpleNamespace(is_distributed=False)
 assert not stop.requested(one)                      # not installed: never asks (the flow's in-process trainer)
 stop.install()
 assert not stop.requested(one)
+ready, ready_w = os.pipe()
 child = os.fork()
 if child == 0:                                      # a forked helper: SIGTERM ends it, as before
+    os.write(ready_w, b"1")
     time.sleep(30)
     os._exit(0)
-time.sleep(0.2)
+os.close(ready_w)
+assert os.read(ready, 1) == b"1"                    # the helper runs its own code (empty: it died first)
 os.kill(child, signal.SIGTERM)
 _, status = os.waitpid(child, 0)
 assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, status
 os.kill(os.getpid(), signal.SIGUSR1)                # the trainer itself: asked to stop, not ended
-time.sleep(0.1)
+deadline = time.monotonic() + 5
+while not stop.requested(one) and time.monotonic() < deadline:  # the handler runs at Python's next check
+    time.sleep(0.01)
 assert stop.requested(one)
 print("ok", stop.EXIT_STOPPED)
 """

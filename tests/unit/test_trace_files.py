@@ -1,7 +1,7 @@
-"""Issue 51, classes 6 and 7 for the scheduler's input files: every fleet YAML goes through the
-bounded loader (a billion-laughs file is refused on each entry point a user can point at one),
-and a fleet or trace with absurd, non-finite or malformed values is refused naming the file and
-the field, before a GPU is listed. About 10 s in all (the CLI's import is most of it)."""
+"""The scheduler's input files (scheduler/sim/traces.py): every fleet YAML goes through the bounded
+loader (a billion-laughs file is refused on each entry point a user can point at one), and a fleet
+or trace with absurd, non-finite or malformed values is refused naming the file and the field,
+before a GPU is listed. About 10 s in all (the CLI's import is most of it)."""
 
 from __future__ import annotations
 
@@ -14,23 +14,17 @@ from typer.testing import CliRunner
 from drape.cli import app
 from scheduler.queue.inventory import MAX_FLEET_GPUS, FleetFileError, load_fleet
 from scheduler.sim.traces import TraceError, load_trace
+from tests.conftest import billion_laughs
 
 TRACE = "job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n"
 GOOD_ROW = "j1,0,60,20,1,1,finetune\n"
 GROUP = {"model": "H100-80GB", "memory_gib": 80, "nodes": 1, "gpus_per_node": 2}
 
 
-def _laughs(depth: int = 9) -> str:
-    """A fleet file of a few hundred bytes whose aliases expand to 10**depth nodes."""
-    lines = ['l0: &l0 ["ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha", "ha"]']
-    lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, depth)]
-    return "\n".join(lines) + f"\ngroups: [*l{depth - 1}]\n"
-
-
 @pytest.fixture
 def files(tmp_path):
     (tmp_path / "trace.csv").write_text(TRACE + GOOD_ROW)
-    (tmp_path / "bomb.yaml").write_text(_laughs())
+    (tmp_path / "bomb.yaml").write_text(billion_laughs())
     return tmp_path
 
 
@@ -141,53 +135,6 @@ def test_a_trace_that_is_not_csv_is_named_not_a_traceback(tmp_path, content, mat
         load_trace(path)
 
 
-@pytest.mark.parametrize(
-    ("used", "free", "match"),
-    [
-        ("NaN", "1024", "reports nan GiB used"),
-        ("1024", "+Inf", "reports 1 GiB used and inf GiB free"),
-        ("-81920", "1024", "reports -80 GiB used"),
-        ("1e12", "0", "totalling at most 4096 GiB"),
-    ],
-)
-def test_dcgm_answers_no_gpu_could_give_are_refused_naming_the_gpu(used, free, match):
-    """Prometheus's answers are input too: a real HTTP server answering as Prometheus's query API."""
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, HTTPServer
-    from urllib.parse import parse_qs, urlsplit
-
-    from scheduler.dispatch.fleet import dcgm_gpus
-
-    values = {"DCGM_FI_DEV_FB_USED": used, "DCGM_FI_DEV_FB_FREE": free, "DCGM_FI_DEV_GPU_UTIL": "NaN"}
-
-    class Prometheus(BaseHTTPRequestHandler):
-        def do_GET(self):
-            query = parse_qs(urlsplit(self.path).query)["query"][0]
-            sample = {"metric": {"UUID": "GPU-51b", "Hostname": "node-a", "modelName": "H100"}, "value": [0, values[query]]}
-            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [sample]}}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Prometheus)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_port}"
-        with pytest.raises(ValueError, match=rf"DCGM at {url}: GPU GPU-51b .*{match}"):
-            dcgm_gpus(url)
-        values.update(DCGM_FI_DEV_FB_USED="1024", DCGM_FI_DEV_FB_FREE="80896")  # a sane answer, NaN utilization
-        (gpu,) = dcgm_gpus(url)
-        assert gpu.total_gib == 80 and gpu.observed_used_gib == 1 and gpu.observed_util is None
-    finally:
-        server.shutdown()
-
-
 def test_a_config_or_fleet_that_is_not_text_is_named_not_a_traceback(tmp_path):
     from drape.config import ConfigError, load_config
 
@@ -197,27 +144,3 @@ def test_a_config_or_fleet_that_is_not_text_is_named_not_a_traceback(tmp_path):
         load_config(path)
     with pytest.raises(FleetFileError, match=rf"{path}: not UTF-8 text"):
         load_fleet(path)
-
-
-def test_a_billion_laughs_kube_config_is_refused_before_the_client_reads_it(files, tmp_path, monkeypatch):
-    """The Kubernetes launcher reads `KUBECONFIG` (each of its files) through the bounded loader
-    first: a bomb, a huge file, a file that is not YAML are each refused naming the file; a real
-    kube config passes to the client."""
-    from scheduler.engines.kubernetes.launcher import checked_kubeconfig
-
-    (tmp_path / "huge.yaml").write_text("a: " + "x" * (17 << 20))
-    (tmp_path / "broken.yaml").write_text("clusters: [unclosed\n")
-    (tmp_path / "good.yaml").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
-    expected = {
-        "bomb.yaml": "aliases expand to more than",
-        "huge.yaml": "bytes",
-        "broken.yaml": "not YAML",
-    }
-    for name, words in expected.items():
-        monkeypatch.setenv("KUBECONFIG", f"{tmp_path / 'good.yaml'}:{files / name if name == 'bomb.yaml' else tmp_path / name}")
-        started = time.monotonic()
-        with pytest.raises(ValueError, match=f"kube config .*{name}") as caught:
-            checked_kubeconfig()
-        assert words in str(caught.value) and time.monotonic() - started < 5, str(caught.value)
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "good.yaml"))
-    checked_kubeconfig()
