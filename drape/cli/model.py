@@ -1,4 +1,5 @@
-"""`drape model describe | fit-vae`: which model a config trains, and a stand-in VAE for latent smoke runs."""
+"""`drape model describe | export | fit-vae`: which model a config trains and which weight files it reads,
+a stage's result written in the layouts the field loads, and a stand-in VAE for latent smoke runs."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from drape import STAGES, JobKind
 from drape.cli.common import ConfigOption, Typer, console, fail, load, progress_bar
 from drape.cli.render import table_of
 
-app = Typer(help="The try-on model: describe it, fit a stand-in VAE.", no_args_is_help=True)
+app = Typer(help="The try-on model: describe it, export it, fit a stand-in VAE.", no_args_is_help=True)
 
 
 def _millions(count: int) -> str:
@@ -41,11 +43,13 @@ def model_describe(config: Path | None = ConfigOption) -> None:
     """The model a config builds: its class, parameters in total and per stage, the queue's memory
     estimate per stage job, and what each stage trains."""
     from drape.training.model import configured_class_path, trainable_parameter_names
+    from drape.training.sources import weight_lines
     from scheduler.jobs.profiles import estimate, lora_parameters, model_facts
 
     cfg = load(config)
     try:
         facts = model_facts(cfg)  # the queue's own view of the model: what its estimates read
+        weights = weight_lines(cfg)  # which files that view read, or why it shows a built-in shape
     except ValueError as error:
         fail(f"model: {error}")
     sizes = dict(facts.sizes)
@@ -62,6 +66,8 @@ def model_describe(config: Path | None = ConfigOption) -> None:
         f"{shape.tokens} tokens × {shape.hidden} wide × {shape.layers} layers per sample"
     )
     console.print(f"counted: every tensor the model holds: {_top_modules(sizes, facts.frozen_prefixes)}")
+    for line in weights:
+        console.print(f"weights: {escape(line)}" if "could not read" not in line else f"[yellow]weights: {escape(line)}[/yellow]")
     lora = cfg.train.lora
     finetune = f"fine-tune (LoRA r{lora.rank})" if lora.enabled else "fine-tune (full)"
     table = table_of(
@@ -88,6 +94,29 @@ def model_describe(config: Path | None = ConfigOption) -> None:
         )
     console.print(table)
     console.print("estimates: H100 bf16 at 35% MFU (scheduler/jobs/profiles.py); measured peaks replace them once jobs ran")
+
+
+@app.command("export")
+def model_export(
+    checkpoint: Path = typer.Option(..., help="a drape checkpoint of model.kind catvton (a stage's result)"),
+    format: str = typer.Option(..., "--format", help="catvton: CatVTON's release layout; diffusers: unet/ and vae/ folders"),
+    out: Path = typer.Option(..., help="the folder to write (replaced once the new one is verified)"),
+) -> None:
+    """Write a stage's result in a layout the field loads, read it back and compare it bit for bit
+    before it replaces OUT: CatVTON's attention/model.safetensors, or diffusers save_pretrained folders."""
+    from drape.training.checkpoint import CheckpointError, load_model
+    from drape.training.export import export_model
+
+    try:
+        verified = export_model(load_model(checkpoint), out, format)
+    except (CheckpointError, ValueError, OSError) as error:
+        fail(f"drape model export: {error}")
+    how = (
+        "model.denoiser: {path: OUT, base: <its base unet/>} or drape train --init OUT"
+        if format == "catvton"
+        else "model.denoiser.path: OUT, model.vae.path: OUT/vae"
+    )
+    console.print(f"{out}: {format} layout, {verified} tensors read back bit for bit; drape reads it with {how}")
 
 
 @app.command("fit-vae")

@@ -108,7 +108,10 @@ def _serve_banner(stack) -> None:
 def train(
     config: Path | None = ConfigOption,
     stage: str = stage_option(..., "identity|texture|geometry|denoise"),
-    init: Path | None = typer.Option(None, help="checkpoint to start from"),
+    init: Path | None = typer.Option(
+        None,
+        help="checkpoint to start from: a drape checkpoint, or CatVTON's release layout (a folder with attention/model.safetensors)",
+    ),
     out: Path | None = typer.Option(None, help="stage directory for checkpoints"),
 ) -> None:
     """Train one stage without an orchestrator (same code path as the flow's train task)."""

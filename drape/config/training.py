@@ -15,6 +15,7 @@ LATENT_KINDS = ("latent-dit", "latent-unet", "catvton")  # diffuse the latents o
 UNET_KINDS = ("latent-unet", "catvton")  # convolutional: no patch size to divide the latents
 PRETRAINED_KINDS = ("catvton",)  # recipes whose denoiser starts from model.denoiser
 ConditionName = Literal["agnostic", "mask", "pose", "garment"]  # what the built-in models condition on
+WeightsVariant = Literal["fp16", "bf16"]  # the weight-file variants the hub ships beside the float32 files
 # diffusers.optimization's schedules that are a LambdaLR of the step alone (resume sets the step)
 LrSchedulerName = Literal["constant", "constant_with_warmup", "linear", "cosine", "cosine_with_restarts", "polynomial"]
 
@@ -25,8 +26,19 @@ class VaeConfig(StrictModel):
     path: str | None = Field(
         default=None,
         description=(
-            "a diffusers AutoencoderKL directory (config.json + safetensors), e.g. SD3's vae/; "
-            "unset: a fresh one shaped by the fields below (tests, smoke runs)"
+            "a diffusers AutoencoderKL directory (config.json + safetensors, one file or shards beside an index; "
+            "never pickle), e.g. SD3's vae/; unset: a fresh one shaped by the fields below (tests, smoke runs)"
+        ),
+    )
+    variant: WeightsVariant | None = Field(
+        default=None,
+        description="read diffusion_pytorch_model.<variant>.safetensors (the hub's fp16 / bf16 files) instead of the plain one",
+    )
+    weights_dtype: Literal["float32", "stored"] = Field(
+        default="float32",
+        description=(
+            "float32: the VAE's weights upcast on load; stored: kept in the dtype the files hold (an fp16 variant: half "
+            "the memory; the VAE is frozen, so nothing trains in it)"
         ),
     )
     latent_channels: int = Field(default=16, gt=0, description="SD3 and FLUX use 16")
@@ -76,9 +88,24 @@ class DenoiserConfig(StrictModel):
     path: str | None = Field(
         default=None,
         description=(
-            "a local diffusers folder (config.json + diffusion_pytorch_model.safetensors, or one holding unet/), "
-            "or a hub id found in the local Hugging Face cache (nothing is downloaded); unset: random weights "
-            "shaped by `config` (tests, smoke runs)"
+            "a local diffusers folder (config.json + diffusion_pytorch_model.safetensors or shards beside its "
+            ".index.json, or one holding unet/), a hub id found in the local Hugging Face cache (nothing is "
+            "downloaded), or CatVTON's release (a folder holding attention/model.safetensors) over `base`; "
+            "unset: random weights shaped by `config` (tests, smoke runs)"
+        ),
+    )
+    base: str | None = Field(
+        default=None,
+        description=(
+            "where `path` is CatVTON's attention-only release: the diffusers UNet folder (or hub id) it goes over, "
+            "SD1.5-inpainting's unet/"
+        ),
+    )
+    variant: WeightsVariant | None = Field(
+        default=None,
+        description=(
+            "read diffusion_pytorch_model.<variant>.safetensors (the hub's fp16 / bf16 files) instead of the plain one; "
+            "the denoiser trains, so its weights are always upcast to float32 master weights"
         ),
     )
     config: dict[str, Any] | None = Field(

@@ -30,7 +30,6 @@ not itemise). Trainable: the attn1 weights, 49.57 M, as published.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -39,9 +38,11 @@ from diffusers.configuration_utils import register_to_config
 from diffusers.models.attention import BasicTransformerBlock
 from torch import nn
 
+from drape.training.catvton_release import load_release
 from drape.training.latent import LatentModel, frozen_vae
 from drape.training.model import Workload
-from drape.training.pretrained import load_pretrained, map_pretrained, read_model_config, resolve_denoiser
+from drape.training.pretrained import DenoiserSource, is_mounted, load_unet, map_pretrained, read_model_config, resolve_source
+from drape.training.weights import meta_shapes
 
 if TYPE_CHECKING:
     from drape.config import PipelineConfig
@@ -98,16 +99,26 @@ def remove_cross_attention(unet: nn.Module) -> int:
     return len(blocks)
 
 
-def _denoiser_folder(denoiser: DenoiserConfig, pretrained: bool) -> Path | None:
-    """The resolved `model.denoiser.path`; for shapes alone (`pretrained` False) None where it is not mounted."""
+def denoiser_source(denoiser: DenoiserConfig, pretrained: bool) -> DenoiserSource | None:
+    """Where `model.denoiser`'s weights are (None: no path). For shapes alone (`pretrained` False) also
+    None where the path is not mounted at all (the queue estimates off the GPU nodes); a path that is
+    there but wrong is an error either way."""
     if denoiser.path is None:
         return None
-    try:
-        return resolve_denoiser(denoiser.path)
-    except ValueError:
-        if pretrained:
-            raise
-        return None  # the queue estimates off the GPU nodes, where the weights are not mounted
+    if not pretrained and not is_mounted(denoiser.path):
+        return None
+    return resolve_source(denoiser)
+
+
+def unet_arguments(denoiser: DenoiserConfig, source: DenoiserSource | None) -> dict[str, Any]:
+    """The UNet's constructor arguments: `source`'s config.json, else `model.denoiser.config`, else
+    SD1.5-inpainting's; bounded on the meta device before the UNet is built."""
+    if source is not None:
+        field = "model.denoiser.base" if source.release else "model.denoiser.path"
+        return read_model_config(source.unet, field)
+    arguments = denoiser.config or SD15_INPAINTING_UNET
+    meta_shapes(UNet2DConditionModel, arguments, "model.denoiser.config")
+    return arguments
 
 
 class CatVTON(LatentModel):
@@ -145,24 +156,26 @@ class CatVTON(LatentModel):
         """The recipe on `model.denoiser`'s UNet (its config.json; else `model.denoiser.config`, else
         SD1.5-inpainting's) and `model.vae`, the pretrained weights of both loaded when `pretrained`."""
         denoiser = config.model.denoiser
-        folder = _denoiser_folder(denoiser, pretrained)
-        arguments = read_model_config(folder) if folder else (denoiser.config or SD15_INPAINTING_UNET)
+        source = denoiser_source(denoiser, pretrained)
         model: Any = cls._with_vae(
             config,
             pretrained,
             resolution=config.data.resolution,
             concat_axis=config.model.concat_axis,
-            unet_arguments=arguments,
+            unet_arguments=unet_arguments(denoiser, source),
         )
-        if pretrained and folder is not None:
-            model.load_denoiser(folder)
+        if pretrained and source is not None:
+            model.load_denoiser(source, variant=denoiser.variant)
         return model
 
-    def load_denoiser(self, folder: Path) -> None:
-        """The pretrained UNet in `folder` into this one: by the declared mapping (conv_in's inputs
-        may grow, new ones zero), its cross-attention dropped."""
-        checkpoint = load_pretrained(UNet2DConditionModel, folder).state_dict()
+    def load_denoiser(self, source: DenoiserSource, *, variant: str | None = None) -> None:
+        """The pretrained UNet of `source` into this one, read strictly: by the declared mapping (conv_in's
+        inputs may grow, new ones zero), its cross-attention dropped; a CatVTON release over it after."""
+        field = "model.denoiser.base" if source.release else "model.denoiser.path"
+        checkpoint = load_unet(source.unet, variant=variant, dropped=is_cross_attention, field=field)
         self.unet.load_state_dict(map_pretrained(checkpoint, self.unet.state_dict(), dropped=is_cross_attention))
+        if source.release is not None:
+            load_release(self.unet, source.release, "model.denoiser.path")
 
     def condition(self, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The masked person and the garment as latents, the mask pooled to the latent grid (no pose)."""

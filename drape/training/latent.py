@@ -3,9 +3,11 @@
 Every try-on model in the field is latent diffusion. The VAE encodes the target, the agnostic
 person, the pose map and the garment; the mask is pooled to the latent grid; the gates decode
 samples to pixels. The VAE is frozen (`frozen_prefixes`): no stage trains it, whatever its
-patterns say. `model.vae.path` loads real weights (SD3's vae/: 16 channels, 8× down); unset, a
-fresh VAE shaped by `model.vae` (tests fit one briefly with `fit_vae`). Its config is one of the
-model's constructor arguments and its weights are in the checkpoint, so a checkpoint loads alone.
+patterns say. `model.vae.path` loads real weights (SD3's vae/: 16 channels, 8× down), read
+strictly by drape.training.weights (safetensors only, every tensor from a file, finite, its
+config.json bounded before the VAE is built); unset, a fresh VAE shaped by `model.vae` (tests
+fit one briefly with `fit_vae`). Its config is one of the model's constructor arguments and its
+weights are in the checkpoint, so a checkpoint loads alone.
 
 - `latent-dit` (`LatentTryOnTransformer`): pixel-dit's design (SD3 joint attention, garment
   tokens) on latents.
@@ -27,9 +29,9 @@ from torch import nn
 from torch.nn import functional as F
 
 from drape.config.data import height_width
-from drape.jsonfile import read_json_object
 from drape.training.model import IMAGE_CHANNELS, TryOnModel, Workload
 from drape.training.pixel import GarmentEncoder, JointAttentionDenoiser, dit_arguments, joint_transformer
+from drape.training.weights import load_folder, meta_shapes, read_config, stored_dtype, tensor_headers
 
 if TYPE_CHECKING:
     from drape.config import PipelineConfig
@@ -39,11 +41,11 @@ if TYPE_CHECKING:
 def vae_config(vae: VaeConfig, resolution: int | tuple[int, int]) -> dict[str, Any]:
     """The AutoencoderKL constructor arguments of `model.vae`: read from `vae.path`'s config.json
     when set, else the fresh VAE its fields describe."""
-    if vae.path is not None:
-        file = Path(vae.path) / "config.json"
-        if not file.is_file():
-            raise ValueError(f"model.vae.path {vae.path}: no config.json (expected a diffusers AutoencoderKL directory)")
-        return {k: v for k, v in read_json_object(file, "config").items() if not k.startswith("_")}
+    if vae.path is not None:  # bounded (values, and the VAE counted on the meta device) before it is built
+        where = f"model.vae.path {vae.path}"
+        arguments = read_config(Path(vae.path), where)
+        meta_shapes(AutoencoderKL, arguments, where)
+        return arguments
     blocks = len(vae.block_out_channels)
     return {
         "in_channels": IMAGE_CHANNELS,
@@ -59,6 +61,21 @@ def vae_config(vae: VaeConfig, resolution: int | tuple[int, int]) -> dict[str, A
         "shift_factor": vae.shift_factor,
         "mid_block_add_attention": vae.mid_block_attention,
     }
+
+
+def load_vae(vae: Any, config: VaeConfig) -> None:
+    """`config.path`'s weights into `vae`, read strictly (drape.training.weights: safetensors only, every
+    tensor from a file, finite); upcast to float32, or kept as stored (`weights_dtype`)."""
+    assert config.path is not None
+    field = "model.vae.path"
+    keep = config.weights_dtype == "stored"
+    _, weights = load_folder(
+        AutoencoderKL, Path(config.path), field, variant=config.variant, dtype=None if keep else torch.float32
+    )
+    if keep:
+        entries = tensor_headers(Path(config.path), field, variant=config.variant)
+        vae.to(stored_dtype(entries, f"{field} {config.path}"))
+    vae.load_state_dict(weights)
 
 
 def frozen_vae(arguments: dict[str, Any] | None, resolution: int | tuple[int, int]) -> Any:
@@ -142,13 +159,13 @@ class LatentModel(TryOnModel):
     @classmethod
     def _with_vae(cls, config: PipelineConfig, pretrained: bool, **arguments: Any) -> LatentModel:
         vae = config.model.vae
-        if not pretrained and vae.path is not None and not (Path(vae.path) / "config.json").is_file():
-            # shapes only (the queue estimates off the GPU nodes, where the weights are not mounted): model.vae fields
+        if not pretrained and vae.path is not None and not Path(vae.path).exists():
+            # shapes only (the queue estimates off the GPU nodes, where the weights are not mounted): model.vae's
+            # fields; a path that is there but wrong is an error (`drape model describe` says which it showed)
             vae = vae.model_copy(update={"path": None})
         model: Any = cls(vae_arguments=vae_config(vae, config.data.resolution), **arguments)  # type: ignore[call-arg]
         if pretrained and config.model.vae.path is not None:
-            weights = AutoencoderKL.from_pretrained(config.model.vae.path, low_cpu_mem_usage=False).state_dict()
-            model.vae.load_state_dict(weights)
+            load_vae(model.vae, config.model.vae)
         return model
 
 

@@ -1,11 +1,14 @@
 """Pretrained denoisers: where their weights are, and how they map onto a recipe's layout.
 
 Every published try-on model fine-tunes a pretrained diffusion checkpoint, so a recipe's
-denoiser starts from `model.denoiser.path`: a local diffusers folder, or a hub id that is
-already in the local Hugging Face cache. Nothing is downloaded (training nodes are offline and
-a run must not depend on the hub): a path that is not there is an error naming it. Weights are
-read with diffusers' `from_pretrained(local_files_only=True, use_safetensors=True)`, never
-from pickle.
+denoiser starts from `model.denoiser.path`: a local diffusers folder (its weights one file, a
+`variant` such as fp16, or shards beside an index), a hub id that is already in the local
+Hugging Face cache, or CatVTON's attention-only release over the diffusers folder
+`model.denoiser.base` (drape.training.catvton_release). Nothing is downloaded (training nodes are
+offline and a run must not depend on the hub): a path that is not there is an error naming it.
+Weights are read strictly by drape.training.weights (safetensors only, every tensor from a file,
+finite, the config bounded before anything is allocated), never with diffusers' lenient
+`from_pretrained`, never from pickle.
 
 A recipe may need a different layout from the checkpoint's. The one change the mapping covers
 is declared here (`GROWABLE_INPUTS`): a first convolution whose input channels grow (SD1.5's 4
@@ -19,13 +22,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from diffusers import UNet2DConditionModel
 
-from drape.config.base import check_model_shape
-from drape.jsonfile import read_json_object
+from drape.training.catvton_release import RELEASE_FILE, is_release, release_file, release_versions
+from drape.training.weights import load_folder, meta_shapes, read_config, tensor_headers
+
+if TYPE_CHECKING:
+    from drape.config.training import DenoiserConfig
 
 SUBFOLDER = "unet"  # a pipeline folder (or hub repo) keeps its denoiser here
 WEIGHTS = "diffusion_pytorch_model*.safetensors"  # one file, or shards beside an index
@@ -52,9 +60,13 @@ def _from_hub_cache(repo_id: str, cache_dir: str | Path | None) -> Path | None:
     return None
 
 
-def resolve_denoiser(path: str, *, field: str = "model.denoiser.path", cache_dir: str | Path | None = None) -> Path:
+def resolve_denoiser(
+    path: str, *, field: str = "model.denoiser.path", cache_dir: str | Path | None = None, variant: str | None = None
+) -> Path:
     """The local folder holding the denoiser at `path` (a diffusers folder, a pipeline folder with
-    unet/, or a hub id resolved from the local Hugging Face cache, `cache_dir` default the hub's)."""
+    unet/, or a hub id resolved from the local Hugging Face cache, `cache_dir` default the hub's),
+    its weight files checked from their headers (`drape.training.weights.tensor_headers`: the
+    variant's file or every shard of its index; pickles refused by name)."""
     local = Path(path).expanduser()
     folder = _diffusers_folder(local) if local.exists() else None
     if folder is None and not local.exists() and _HUB_ID.fullmatch(path):
@@ -62,23 +74,63 @@ def resolve_denoiser(path: str, *, field: str = "model.denoiser.path", cache_dir
     if folder is None:
         raise ValueError(
             f"{field} {path}: no diffusers model there (expected a folder with config.json and {WEIGHTS}, "
-            f"or with {SUBFOLDER}/, or a hub id already in the local Hugging Face cache); drape never downloads weights"
+            f"or with {SUBFOLDER}/, or a hub id already in the local Hugging Face cache, or CatVTON's release "
+            f"layout {RELEASE_FILE} with model.denoiser.base); drape never downloads weights"
         )
-    if not any(folder.glob(WEIGHTS)):
-        raise ValueError(f"{field} {path}: {folder} has no {WEIGHTS} (drape reads safetensors only, never pickle)")
+    tensor_headers(folder, field, variant=variant)
     return folder
 
 
-def read_model_config(folder: Path) -> dict[str, Any]:
-    """The constructor arguments in `folder`'s config.json (diffusers' `_`-prefixed metadata left out)."""
-    return {k: v for k, v in read_json_object(folder / "config.json", "model config").items() if not k.startswith("_")}
+@dataclass(frozen=True)
+class DenoiserSource:
+    """Where a recipe's UNet comes from: a diffusers folder, and CatVTON's attention-only release over it."""
+
+    unet: Path
+    release: Path | None = None
 
 
-def load_pretrained(cls: Any, folder: Path) -> Any:
-    """`cls` (a diffusers ModelMixin class) with the weights in `folder`: local files, safetensors only;
-    its config.json's shape is checked first (`check_model_shape`)."""
-    check_model_shape(read_json_object(folder / "config.json", "model config"), str(folder / "config.json"))
-    return cls.from_pretrained(folder, local_files_only=True, use_safetensors=True, low_cpu_mem_usage=False)
+def resolve_source(denoiser: DenoiserConfig, *, cache_dir: str | Path | None = None) -> DenoiserSource:
+    """`model.denoiser`'s weights: `path` a diffusers folder (or hub id), or a CatVTON release
+    (`attention/model.safetensors`) over the diffusers folder `base`."""
+    assert denoiser.path is not None
+    local = Path(denoiser.path).expanduser()
+    if local.is_dir() and (is_release(local) or release_versions(local)):
+        release_file(local, "model.denoiser.path")
+        if denoiser.base is None:
+            raise ValueError(
+                f"model.denoiser.path {denoiser.path} is CatVTON's attention-only release ({RELEASE_FILE}): set "
+                "model.denoiser.base to the UNet it goes over (SD1.5-inpainting's unet/)"
+            )
+        base = resolve_denoiser(denoiser.base, field="model.denoiser.base", cache_dir=cache_dir, variant=denoiser.variant)
+        return DenoiserSource(base, local)
+    if denoiser.base is not None:
+        raise ValueError(
+            f"model.denoiser.base is read only under a CatVTON release at model.denoiser.path; {denoiser.path} is not one "
+            f"(no {RELEASE_FILE.parent}/ there)"
+        )
+    return DenoiserSource(resolve_denoiser(denoiser.path, cache_dir=cache_dir, variant=denoiser.variant))
+
+
+def is_mounted(path: str, *, cache_dir: str | Path | None = None) -> bool:
+    """Whether `path` is there at all: a local path, or a hub id in the local cache. The queue's estimate
+    runs where the weights are not mounted and may fall back to a built-in shape only then."""
+    if Path(path).expanduser().exists():
+        return True
+    return bool(_HUB_ID.fullmatch(path)) and _from_hub_cache(path, cache_dir) is not None
+
+
+def read_model_config(folder: Path, field: str = "model.denoiser.path") -> dict[str, Any]:
+    """The constructor arguments in `folder`'s config.json, bounded (values by `check_model_shape`,
+    the UNet it builds counted on the meta device) before anything is allocated."""
+    arguments = read_config(folder, f"{field} {folder}")
+    meta_shapes(UNet2DConditionModel, arguments, f"{field} {folder / 'config.json'}")
+    return arguments
+
+
+def load_unet(folder: Path, *, variant: str | None, dropped: Callable[[str], bool], field: str) -> dict[str, torch.Tensor]:
+    """The UNet2DConditionModel weights in `folder`, strictly (`drape.training.weights.load_folder`),
+    upcast to float32 (the recipe trains fp32 master weights); tensors the recipe drops may be absent."""
+    return load_folder(UNet2DConditionModel, folder, field, variant=variant, dtype=torch.float32, optional=dropped)[1]
 
 
 def widen_input_channels(weight: torch.Tensor, in_channels: int, *, name: str = "conv_in.weight") -> torch.Tensor:

@@ -282,7 +282,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", default=None)
     parser.add_argument("--stage", default=None, choices=STAGES)
     parser.add_argument("--out", default=None, help="stage directory (default <root>/live/runs/manual/<stage>)")
-    parser.add_argument("--init", default=None, help="checkpoint to start from")
+    parser.add_argument(
+        "--init",
+        default=None,
+        help="checkpoint to start from: a drape checkpoint, or CatVTON's release (a folder with attention/model.safetensors)",
+    )
     parser.add_argument("--mode", default=Mode.FULL.value, choices=MODES)
     parser.add_argument("--result", default=None, help="write the result (JSON) here")
     parser.add_argument("--mlflow-run", default=None, help="MLflow run id to log metrics to")

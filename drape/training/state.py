@@ -1,7 +1,8 @@
 """What a stage run trains and where it resumes: the model, its trainable parameters, optimizer and EMA.
 
 A stage resumes from the newest checkpoint in its ``checkpoints/`` (sharded or whole), else starts
-from the checkpoint it was given (the previous stage's baseline) or fresh weights. A LoRA
+from the checkpoint it was given (the previous stage's baseline, or CatVTON's released attention
+weights over the config's base UNet) or fresh weights. A LoRA
 fine-tune pass (`drape.training.lora`) trains adapters on a frozen base instead, and resumes from
 its newest adapter checkpoint in ``adapters/``.
 """
@@ -17,6 +18,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from drape import stage_index
 from drape.config import PipelineConfig
 from drape.layout import StagePaths, checkpoint_step, is_sharded_checkpoint
+from drape.training.catvton_release import is_release, load_release
 from drape.training.checkpoint import list_checkpoints, load_model, load_training_state
 from drape.training.distributed import DistContext, load_sharded, unwrap, wrap_model
 from drape.training.lora import LoraPass, adapter_step, attach, base_digest, load_adapter, lora_targets, newest_adapter
@@ -77,6 +79,21 @@ def _optimizer(config: PipelineConfig, stage: str, model: torch.nn.Module, names
     return parameters, optimizer, ema
 
 
+def _start_model(config: PipelineConfig, source: str | Path | None) -> TryOnModel:
+    """The model a stage starts (or resumes) from: a drape checkpoint, CatVTON's release layout over the
+    config's base (`drape train --init <release>`: the recipe built, its self-attention read from the
+    release strictly), or fresh weights."""
+    if source is None:
+        return build_model(config)
+    if is_release(source):
+        if config.model.class_ is not None or config.model.kind != "catvton":
+            raise ValueError(f"--init {source} is CatVTON's release layout: only model.kind catvton starts from it")
+        model = build_model(config)
+        load_release(model.unet, Path(source), "--init")
+        return model
+    return load_model(source, allowed=(configured_class_path(config),))
+
+
 def prepare_training(
     config: PipelineConfig,
     stage: str,
@@ -95,7 +112,7 @@ def prepare_training(
         return _prepare_lora(config, stage, paths.adapters, init_checkpoint, context)
     sharded_resume = resume_from is not None and is_sharded_checkpoint(resume_from)
     source = init_checkpoint if sharded_resume or resume_from is None else resume_from
-    plain = load_model(source, allowed=(configured_class_path(config),)) if source else build_model(config)
+    plain = _start_model(config, source)
     model: torch.nn.Module = plain.to(context.device)  # type: ignore[arg-type]
     if train.gradient_checkpointing:
         plain.enable_denoiser_checkpointing()

@@ -101,7 +101,7 @@ def test_a_missing_path_is_an_error_naming_it_and_nothing_is_downloaded(tmp_path
     pickled.mkdir()
     torch.save({}, pickled / "diffusion_pytorch_model.bin")
     (pickled / "config.json").write_text("{}")
-    with pytest.raises(ValueError, match="has no diffusion_pytorch_model.*safetensors only, never pickle"):
+    with pytest.raises(ValueError, match="only pickle weights \\(diffusion_pytorch_model.bin\\).*never unpickles"):
         resolve_denoiser(str(pickled))
 
 

@@ -64,6 +64,7 @@ EXPECTED_COMMANDS = {
     "shopper list": ["config"],
     "shopper forget": ["config", "expired", "shopper"],
     "bench inference": ["config", "inputs", "model", "queue", "runs", "variant"],
+    "model export": ["checkpoint", "format", "out"],
     "model fit-vae": ["out", "config", "steps", "samples"],
     "storage apply-lifecycle": ["config"],
     "storage report": ["config"],
