@@ -43,9 +43,8 @@ def _trained(config, seed: int = 0):
 
 
 def _save(model, names, path, bases, step=1):
-    return save_checkpoint(
-        path, model=model, optimizer=None, trainable_names=names, ema=None, manifest={"stage": "texture", "step": step}, bases=bases
-    )
+    manifest = {"stage": "texture", "step": step}
+    return save_checkpoint(path, model=model, optimizer=None, trainable_names=names, ema=None, manifest=manifest, bases=bases)
 
 
 def test_a_stage_checkpoint_holds_its_tensors_and_reassembles_bit_for_bit(config, tmp_path):
@@ -127,7 +126,8 @@ def test_four_stages_archive_one_base_and_restore_brings_it_back(config, tmp_pat
     for index, stage in enumerate(("identity", "texture", "geometry", "denoise")):
         with torch.no_grad():  # each stage moves the trained tensors again; the frozen rest is the same
             dict(model.named_parameters())[names[0]].add_(1.0)
-        checkpoints.append(_save(model, names, live / "runs" / "r1" / stage / "checkpoints" / "step-0000004", live / "bases", index))
+        path = live / "runs" / "r1" / stage / "checkpoints" / "step-0000004"
+        checkpoints.append(_save(model, names, path, live / "bases", index))
     sent = sum(publish_bases(store, [checkpoint]) for checkpoint in checkpoints)
     digest = read_manifest(checkpoints[0])["base"]["sha256"]
     assert store.list("bases") == [f"bases/{digest}/{BASE_FILE}", f"bases/{digest}/manifest.json"]
