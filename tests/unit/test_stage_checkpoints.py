@@ -143,3 +143,22 @@ def test_four_stages_archive_one_base_and_restore_brings_it_back(config, tmp_pat
     assert prune_live_bases(store, live / "bases", live) == 0
     shutil.rmtree(live / "runs")
     assert prune_live_bases(store, live / "bases", live) > 0 and not list((live / "bases").iterdir())
+
+
+def test_a_checkpoint_of_the_older_whole_format_still_loads(tmp_path):
+    """tests/assets/demo-base: a denoise baseline `make demo` wrote before stage checkpoints existed."""
+    from pathlib import Path
+
+    from drape.storage.bases import named_base
+    from drape.training.checkpoint import export_weights
+
+    old = Path(__file__).parents[1] / "assets" / "demo-base"
+    assert "base" not in read_manifest(old) and named_base(old) is None
+    model = load_model(old)
+    weights = load_file(str(old / "model" / "diffusion_pytorch_model.safetensors"))
+    assert weights.keys() == model.state_dict().keys()
+    assert all(torch.equal(tensor, weights[name]) for name, tensor in model.state_dict().items())
+    exported = export_weights(old, tmp_path / "exported")  # a baseline made of it: whole too
+    assert not (exported / STAGE_FILE).exists() and torch.equal(
+        next(iter(load_model(exported).state_dict().values())), next(iter(model.state_dict().values()))
+    )
