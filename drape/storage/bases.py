@@ -98,16 +98,21 @@ def fetch_base(store: ObjectStore, digest: str, bases: Path) -> Path:
     return local
 
 
-def fetch_bases(store: ObjectStore, checkpoints: Iterable[str | Path], bases: Path) -> list[Path]:
+def fetch_bases(store: ObjectStore, checkpoints: Iterable[str | Path], bases: Path | None) -> list[Path]:
     """The base of every stage checkpoint in `checkpoints` under `bases`, fetched where missing
-    (a base already above the checkpoint, in any ``bases/`` folder, is used as it is)."""
+    (a base already above the checkpoint, in any ``bases/`` folder, is used as it is; with `bases`
+    None, one that is not there is a StorageError: the caller said where none may go)."""
     from drape.training.base import find_base
 
     found = []
     for checkpoint in checkpoints:
         digest = named_base(checkpoint)
-        if digest is not None:
-            found.append(find_base(checkpoint, digest) or fetch_base(store, digest, bases))
+        if digest is None:
+            continue
+        local = find_base(checkpoint, digest)
+        if local is None and bases is None:
+            raise StorageError(f"{checkpoint} names the frozen base {digest}, which is not on this node; pass where bases go")
+        found.append(local or fetch_base(store, digest, bases))  # type: ignore[arg-type]
     return found
 
 

@@ -210,7 +210,9 @@ def is_complete(store: ObjectStore, name: str, records: list[dict]) -> bool:
     return isinstance(listed, dict) and set(listed) <= held
 
 
-def fetch_checkpoint(store: ObjectStore, run_id: str, stage: str, name: str, directory: str | Path, *, bases: Path) -> Path:
+def fetch_checkpoint(
+    store: ObjectStore, run_id: str, stage: str, name: str, directory: str | Path, *, bases: Path | None = None
+) -> Path:
     """Bring checkpoint `name` of the stage back from the store into `directory` (verified, whole),
     and the frozen base it names into `bases` when no ``bases/`` above it holds it (`drape.storage.bases`)."""
     directory = Path(directory)

@@ -61,7 +61,7 @@ class CheckpointPublisher:
         return sent
 
 
-def fetch_init(store: ObjectStore, key: str, stage_dir: Path, *, bases: Path) -> Path:
+def fetch_init(store: ObjectStore, key: str, stage_dir: Path, *, bases: Path | None = None) -> Path:
     """The published starting weights in the stage folder's ``init/`` (freed with it at the job's end)."""
     local = stage_dir / "init"
     if not (local / "manifest.json").is_file():
@@ -70,7 +70,7 @@ def fetch_init(store: ObjectStore, key: str, stage_dir: Path, *, bases: Path) ->
     return local
 
 
-def restore_newest(store: ObjectStore, run_id: str, stage: str, stage_dir: Path, *, bases: Path) -> Path | None:
+def restore_newest(store: ObjectStore, run_id: str, stage: str, stage_dir: Path, *, bases: Path | None = None) -> Path | None:
     """The store's newest checkpoint of the stage in `stage_dir`, when this node has none as new
     (another node trained further before it was lost); None when the local one is newest."""
     name = newest_published(store, run_id, stage)
@@ -90,7 +90,9 @@ def whole_here(checkpoint: Path) -> bool:
     return isinstance(listed, dict) and all((checkpoint / name).is_file() for name in listed)
 
 
-def align_to(store: ObjectStore, run_id: str, stage: str, stage_dir: Path, name: str | None, *, bases: Path) -> Path | None:
+def align_to(
+    store: ObjectStore, run_id: str, stage: str, stage_dir: Path, name: str | None, *, bases: Path | None = None
+) -> Path | None:
     """A multi-node job's nodes all resume from `name`, the store's newest whole checkpoint (rank 0
     chose it): checkpoints here newer than it were never whole anywhere (a node was lost before its
     shards were published) and go; `name` is fetched unless this node has it whole."""
