@@ -10,6 +10,7 @@ Live storage, ``<paths.root>/live``::
     runs/<run>/<stage>/job-config.json                 a queue job's config; train-result.json its result
     runs/manual/<stage>/                               `python -m drape.train` without --out
     baselines/<stage>/                                 checkpoint/, outputs/, baseline.json (+ latents, report)
+    bases/<sha256>/                                    a frozen base stage checkpoints name (drape/training/base.py)
     shards/<dataset>/<version>/<split>/                the shard cache (`data.cache.dir` moves it)
     restored/<run>/<stage>/, models/v<version>/        `drape storage restore`; a registry version for inference
     inference/<bench>/                                 `drape bench inference`: inputs, variants, report
@@ -20,6 +21,7 @@ The object store::
     datasets/<name>/<version>/manifest.json            written last: its presence commits the dataset
     datasets/<name>/<version>/<split>/shard-NNNNN.tar
     runs/<run>/<stage>/<path under the live stage directory>      archived artifacts
+    bases/<sha256>/base.safetensors, manifest.json     frozen bases, once each (drape/storage/bases.py)
     archive/manifests/<run>/<stage>-<time>-<id>.jsonl  append-only archive records, one object per call
     archive/manifests/sweep/<time>-<id>.jsonl          the retention sweep's records
     shoppers/<shopper>/<path under the live shopper directory>; privacy/audit/<request>.json
@@ -49,8 +51,7 @@ RUNS_PREFIX = "runs/"
 ARCHIVE_MANIFESTS = "archive/manifests"
 SWEEP_MANIFESTS = f"{ARCHIVE_MANIFESTS}/sweep"
 MANUAL_RUN = "manual"
-ADAPTERS = "adapters"
-SHOPPERS = "shoppers"
+ADAPTERS, BASES, SHOPPERS = "adapters", "bases", "shoppers"
 AUDIT_PREFIX = "privacy/audit"
 
 # what a stage directory holds besides its checkpoints, relative to it, in archive order
@@ -213,6 +214,18 @@ def default_tracking_uri(root: str | Path) -> str:
     return f"sqlite:///{Path(root).resolve()}/mlflow.db"
 
 
+def bases_dir(config, near: str | Path) -> Path:
+    """Where a trainer writing under `near` keeps frozen bases: live storage's ``bases/`` when `near`
+    is inside it, else ``<near>/bases`` (loading looks in the ``bases/`` nearest above a checkpoint)."""
+    live = live_root(config)
+    return live / BASES if Path(near).resolve().is_relative_to(live) else Path(near) / BASES
+
+
+def base_key(digest: str, name: str = "") -> str:
+    """``bases/<sha256>[/<name>]``: a frozen base in the object store (one copy for every run)."""
+    return f"{BASES}/{safe_name(digest, 'base sha256')}" + (f"/{safe_name(name, 'base file')}" if name else "")
+
+
 def default_artifact_root(root: str | Path) -> str:
     return str(Path(root).resolve() / "mlartifacts")
 
@@ -223,57 +236,30 @@ def shard_cache_dataset_dir(cache_root: str | Path, name: str, version: str) -> 
 
 @dataclass(frozen=True)
 class StagePaths:
-    """The live directory of one stage of one run, and what lives in it."""
+    """The live directory of one stage of one run, and what lives in it (`_STAGE_FILES`)."""
 
     root: Path
 
-    @property
-    def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+    def __getattr__(self, name: str) -> Path:
+        if name not in _STAGE_FILES:
+            raise AttributeError(name)
+        return self.root / _STAGE_FILES[name]
 
-    @property
-    def adapters(self) -> Path:
-        return self.root / ADAPTERS
 
-    @property
-    def gate(self) -> Path:
-        return self.root / "gate"
-
-    @property
-    def gate_outputs(self) -> Path:
-        return self.gate / "outputs"
-
-    @property
-    def gate_report(self) -> Path:
-        return self.gate / "report.json"
-
-    @property
-    def gate_grid(self) -> Path:
-        return self.gate / "grid.png"
-
-    @property
-    def gate_latents(self) -> Path:
-        return self.gate / "latents.safetensors"
-
-    @property
-    def superseded_baseline(self) -> Path:
-        return self.root / SUPERSEDED_BASELINE
-
-    @property
-    def baseline_download(self) -> Path:
-        return self.root / "baseline-download"
-
-    @property
-    def job_config(self) -> Path:
-        return self.root / "job-config.json"
-
-    @property
-    def trainer_lock(self) -> Path:
-        return self.root / ".trainer.lock"
-
-    @property
-    def train_result(self) -> Path:
-        return self.root / "train-result.json"
+_STAGE_FILES = {
+    "checkpoints": "checkpoints",
+    "adapters": ADAPTERS,
+    "gate": "gate",
+    "gate_outputs": "gate/outputs",
+    "gate_report": "gate/report.json",
+    "gate_grid": "gate/grid.png",
+    "gate_latents": "gate/latents.safetensors",
+    "superseded_baseline": SUPERSEDED_BASELINE,
+    "baseline_download": "baseline-download",
+    "job_config": "job-config.json",
+    "trainer_lock": ".trainer.lock",
+    "train_result": "train-result.json",
+}
 
 
 @dataclass(frozen=True)
@@ -339,6 +325,10 @@ class LiveLayout:
 
     def baseline(self, stage: str) -> BaselinePaths:
         return BaselinePaths(self.root / "baselines" / stage)
+
+    @property
+    def bases(self) -> Path:
+        return self.root / BASES
 
     def model_version(self, version: str) -> Path:
         """``models/v<version>/``: a registry version's weights fetched for inference (`drape tryon`)."""

@@ -76,7 +76,7 @@ def storage_restore(
     cfg = load(config)
     destination = out or LiveLayout(live_root(cfg)).restored(run_id, stage)
     try:
-        files = restore_stage(open_store(cfg), run_id, stage, destination)
+        files = restore_stage(open_store(cfg), run_id, stage, destination, bases=LiveLayout(live_root(cfg)).bases)
     except (FileNotFoundError, StorageError) as error:
         fail(str(error))
     console.print(f"restored {len(files)} files ({format_bytes(sum(f.stat().st_size for f in files))}) to {destination}")

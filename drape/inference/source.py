@@ -62,11 +62,23 @@ def resolve_model(config: PipelineConfig, model: str | None = None) -> ResolvedM
         shutil.rmtree(temporary, ignore_errors=True)
         tracker.download(f"{version.source}/checkpoint", temporary)
         _verified(temporary / "checkpoint", label)
+        _fetch_base(config, temporary / "checkpoint", layout.bases, label)
         shutil.rmtree(target, ignore_errors=True)
         target.parent.mkdir(parents=True, exist_ok=True)
         temporary.rename(target)
     _verified(target / "checkpoint", label)
     return ResolvedModel(target / "checkpoint", label, target, wanted, number)
+
+
+def _fetch_base(config: PipelineConfig, checkpoint: Path, bases: Path, label: str) -> None:
+    """The frozen base a registered stage checkpoint names, from the object store into live storage."""
+    from drape.storage.bases import fetch_bases
+    from drape.storage.store import StorageError, open_store
+
+    try:
+        fetch_bases(open_store(config), [checkpoint], bases)
+    except (StorageError, ValueError) as error:
+        raise InferenceInputError(f"model {label}: the frozen base of {checkpoint} cannot be fetched ({error})") from None
 
 
 def _verified(path: Path, label: str) -> None:

@@ -15,6 +15,7 @@ import os
 from drape import Mode, previous_stage
 from drape.config import PipelineConfig
 from drape.pipeline.run import RunContext, resources
+from drape.storage.bases import fetch_bases
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 from drape.storage.store import remove_tree
 from drape.training.checkpoint import verify_checkpoint
@@ -43,6 +44,7 @@ def ensure_live_baseline(config: PipelineConfig, context: RunContext, stage: str
     tracker.download(f"{version.source}/checkpoint", paths.staging)
     tracker.download(f"{version.source}/outputs", paths.staging)
     verify_checkpoint(paths.staging / "checkpoint")  # every file against the manifest's sha256
+    fetch_bases(resources(config, context).store, [paths.staging / "checkpoint"], context.layout.bases)  # its frozen base
     record = {
         "version": str(version.version),
         "run_id": version.tags.get("drape.run_id", ""),

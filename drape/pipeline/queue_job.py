@@ -18,6 +18,7 @@ from drape.jsonfile import parse_json_object, read_json_object
 from drape.layout import checkpoint_step
 from drape.pipeline.run import RunContext, log_train_summary, resources
 from drape.pipeline.stages import resume_checkpoint, stage_job, start_checkpoint
+from drape.storage.bases import publish_bases
 from drape.storage.handoff import baseline_weights_key, fetch_checkpoint, put_tree, result_key
 from drape.training.stage_job import StageJobResult
 from drape.training.trainer import TrainResult
@@ -47,6 +48,7 @@ def _publish_start(store, context: RunContext, stage: str) -> str | None:
     if not record.get("version") or not record.get("run_id"):
         raise FileNotFoundError(f"{baseline}/baseline.json: the live baseline has no registry record; restore it")
     key = baseline_weights_key(baseline.name, f"{record['version']}-{record['run_id']}")
+    publish_bases(store, [checkpoint])  # the frozen base it names: the job's node fetches it with the tree
     put_tree(store, checkpoint, key)
     return key
 
@@ -88,6 +90,6 @@ def _fetch_result(config: PipelineConfig, context: RunContext, stage: str) -> St
         checkpoint_step(name)  # a checkpoint's name, nothing else: the result is input
     except (ValueError, TypeError, KeyError) as error:
         raise RuntimeError(f"{store.key_url(key)}: not a stage job result ({error})") from None
-    local = fetch_checkpoint(store, context.run_id, stage, name, context.paths(stage).checkpoints)
+    local = fetch_checkpoint(store, context.run_id, stage, name, context.paths(stage).checkpoints, bases=context.layout.bases)
     result.train.checkpoint = str(local)
     return result

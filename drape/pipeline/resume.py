@@ -111,13 +111,15 @@ def load_progress(store: ObjectStore, run_id: str) -> dict[str, dict]:
     return found
 
 
-def restore_newest_checkpoint(store: ObjectStore, run_id: str, stage: str, checkpoints_dir: Path) -> Path | None:
+def restore_newest_checkpoint(
+    store: ObjectStore, run_id: str, stage: str, checkpoints_dir: Path, *, bases: Path | None = None
+) -> Path | None:
     """The newest checkpoint archived for `run_id`'s `stage`, brought back (verified) under
-    `checkpoints_dir`; None when nothing was archived."""
+    `checkpoints_dir` (and the frozen base it names into `bases`); None when nothing was archived."""
     name = newest_published(store, run_id, stage)
     if name is None:
         return None
     try:
-        return fetch_checkpoint(store, run_id, stage, name, checkpoints_dir)
+        return fetch_checkpoint(store, run_id, stage, name, checkpoints_dir, bases=bases)
     except HandoffError as error:
         raise ResumeError(str(error)) from None

@@ -22,6 +22,7 @@ from drape.ops.tracking import Tracker
 from drape.pipeline.baselines import baseline_source, ensure_live_baseline
 from drape.pipeline.resume import load_progress, restore_newest_checkpoint, save_progress
 from drape.pipeline.run import RunContext, close_run, evict_from, log_train_summary, resources, timed
+from drape.storage.bases import prune_live_bases, publish_bases
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 from drape.storage.handoff import adopt_published
 from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention
@@ -83,7 +84,8 @@ def resume_checkpoint(config: PipelineConfig, context: RunContext, stage: str) -
     checkpoints = context.paths(stage).checkpoints
     if not context.resumed or list_checkpoints(checkpoints):
         return
-    restored = restore_newest_checkpoint(resources(config, context).store, context.run_id, stage, checkpoints)
+    store = resources(config, context).store
+    restored = restore_newest_checkpoint(store, context.run_id, stage, checkpoints, bases=context.layout.bases)
     if restored is not None:
         print(f"train-{stage}: resuming from {restored.name}, restored from the archive (verified)")
 
@@ -235,6 +237,8 @@ def _snapshot(config: PipelineConfig, context: RunContext, stage: str, row: dict
         version = str(current.version)  # registered before this run was interrupted
     else:
         _stage_baseline(config, paths, row["candidate"], baseline.staging)
+        # the registered weights name their frozen base; it is in the object store before they are registered
+        publish_bases(resources(config, context).store, [baseline.staging / "checkpoint"])
         tracker.log_artifacts(stage_run, baseline.staging / "checkpoint", "snapshot/checkpoint")
         source = tracker.log_artifacts(stage_run, baseline.staging / "outputs", "snapshot/outputs").removesuffix("/outputs")
         tags = {
@@ -298,7 +302,10 @@ def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: s
     run, root, stage_dir = resources(config, context), Path(context.live_root), context.stage_dir(stage)
     live_before = tree_bytes(root)
     actions = plan_retention(classify_stage_dir(stage_dir, outcome), config.retention, key_root=run_key(context.run_id, stage))
+    # the frozen base the stage's checkpoints name goes first (once for every stage over it), verified
+    base_bytes = publish_bases(run.store, list_checkpoints(context.paths(stage).checkpoints))
     result = execute_plan(actions, run.store, archive_manifest_prefix(context.run_id, stage), run_id=context.run_id, stage=stage)
+    result.archived_bytes += base_bytes
     # what the stage's trainer published and this node never held: the stage's outcome now
     done = {action.key_prefix for action in actions}
     files, sent = adopt_published(run.store, config.retention, run_id=context.run_id, stage=stage, outcome=outcome, done=done)
@@ -307,6 +314,7 @@ def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: s
         run.store.verify(f"{context.dataset_prefix}/{shard['path']}", size=shard["bytes"], sha256=shard["sha256"])
     run.cache.evict(stage)
     remove_empty_dirs(stage_dir)
+    prune_live_bases(run.store, context.layout.bases, root)  # a base no live checkpoint names: its copy is verified
     live_after = tree_bytes(root)
     run.tracker.log_metrics(
         context.stage_run_ids[stage],

@@ -25,6 +25,7 @@ from pathlib import Path
 from drape import ArtifactKind, Outcome
 from drape.jsonfile import parse_json_object
 from drape.layout import UnsafePathError, archive_manifest_prefix, checkpoint_step, contained, new_manifest_key, run_key
+from drape.storage.bases import fetch_bases, publish_bases
 from drape.storage.durable import fsync_dir, fsync_tree
 from drape.storage.retention import (
     LiveArtifact,
@@ -165,11 +166,12 @@ def publish_checkpoint(store: ObjectStore, path: str | Path, policy, *, run_id: 
         raise ValueError(f"{path}: a published checkpoint lives in one of {sorted(_FOLDERS)}")
     if not path.is_dir() or not any(p.is_file() for p in path.rglob("*")):
         raise HandoffError(f"{path}: no checkpoint files there: nothing to publish")
+    sent = publish_bases(store, [path])  # the frozen base it names first: another node can then reassemble it
     artifact = LiveArtifact(str(path), _FOLDERS[folder], PUBLISHED, f"{folder}/{path.name}")
     lifetime, storage_class = resolve(policy, artifact.kind, PUBLISHED)
     action = RetentionAction(artifact, run_key(run_id, stage, artifact.relative), lifetime, storage_class, "run_end")
     prefix = archive_manifest_prefix(run_id, stage)
-    return execute_plan([action], store, prefix, run_id=run_id, stage=stage).archived_bytes
+    return sent + execute_plan([action], store, prefix, run_id=run_id, stage=stage).archived_bytes
 
 
 _STEP = re.compile(r"/(checkpoints|adapters)/(step-(\d+)(?:\.dcp)?)/")
@@ -208,8 +210,11 @@ def is_complete(store: ObjectStore, name: str, records: list[dict]) -> bool:
     return isinstance(listed, dict) and set(listed) <= held
 
 
-def fetch_checkpoint(store: ObjectStore, run_id: str, stage: str, name: str, directory: str | Path) -> Path:
-    """Bring checkpoint `name` of the stage back from the store into `directory` (verified, whole)."""
+def fetch_checkpoint(
+    store: ObjectStore, run_id: str, stage: str, name: str, directory: str | Path, *, bases: Path | None = None
+) -> Path:
+    """Bring checkpoint `name` of the stage back from the store into `directory` (verified, whole),
+    and the frozen base it names into `bases` when no ``bases/`` above it holds it (`drape.storage.bases`)."""
     directory = Path(directory)
     folder = directory.name
     records = published(store, run_id, stage, folder if folder in _FOLDERS else "checkpoints").get(name)
@@ -226,6 +231,7 @@ def fetch_checkpoint(store: ObjectStore, run_id: str, stage: str, name: str, dir
         store.get_file(record["key"], target, sha256=record["sha256"])
     fsync_tree(staging)
     shutil.rmtree(destination, ignore_errors=True)
+    fetch_bases(store, [staging], bases)  # before it counts: a checkpoint here can be reassembled
     os.replace(staging, destination)  # whole, or not there: never a half checkpoint to resume from
     fsync_dir(directory)
     return destination

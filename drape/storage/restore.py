@@ -1,16 +1,23 @@
-"""Bring an archived stage back to live storage, every file verified against its archive record."""
+"""Bring an archived stage back to live storage, every file verified against its archive record,
+with the frozen base its stage checkpoints name (`drape.storage.bases`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from drape.layout import UnsafePathError, contained, run_key, safe_key
+from drape.layout import BASES, UnsafePathError, contained, run_key, safe_key
+from drape.storage.bases import fetch_bases
 from drape.storage.retention import read_archive_manifest
 from drape.storage.store import ObjectStore
+from drape.training.base import BASE_FILE
 
 
-def restore_stage(store: ObjectStore, run_id: str, stage: str, destination: str | Path) -> list[Path]:
-    """Bring a stage's archived files back under `destination`, each verified against its record."""
+def restore_stage(
+    store: ObjectStore, run_id: str, stage: str, destination: str | Path, *, bases: Path | None = None
+) -> list[Path]:
+    """Bring a stage's archived files back under `destination`, each verified against its record,
+    and the frozen base each of its stage checkpoints names into `bases` (default
+    ``<destination>/bases``) unless a ``bases/`` above it holds it already."""
     records = [r for r in read_archive_manifest(store) if r["run_id"] == run_id and r["stage"] == stage]
     if not records:
         raise FileNotFoundError(f"no archived artifacts for run {run_id!r} stage {stage!r} in {store!r}")
@@ -21,4 +28,6 @@ def restore_stage(store: ObjectStore, run_id: str, stage: str, destination: str 
         if not key.startswith(prefix):
             raise UnsafePathError(f"archive record key {key!r} is not under {prefix!r}, the stage it is recorded for")
         targets.append((key, contained(destination, key.removeprefix(prefix), "archive record key"), record["sha256"]))
-    return [store.get_file(key, local, sha256=sha256) for key, local, sha256 in targets]
+    files = [store.get_file(key, local, sha256=sha256) for key, local, sha256 in targets]
+    checkpoints = sorted({file.parent for file in files if file.name == "manifest.json"})
+    return files + [base / BASE_FILE for base in fetch_bases(store, checkpoints, bases or Path(destination) / BASES)]

@@ -22,6 +22,7 @@ from pathlib import Path
 from drape import next_stage
 from drape.jsonfile import read_json_object
 from drape.layout import checkpoint_dirs, checkpoint_order, checkpoint_step
+from drape.storage.bases import fetch_bases
 from drape.storage.handoff import fetch_checkpoint, get_tree, newest_published, publish_checkpoint
 from drape.storage.store import ObjectStore, remove_tree
 from drape.training.state import resume_point
@@ -60,22 +61,23 @@ class CheckpointPublisher:
         return sent
 
 
-def fetch_init(store: ObjectStore, key: str, stage_dir: Path) -> Path:
+def fetch_init(store: ObjectStore, key: str, stage_dir: Path, *, bases: Path | None = None) -> Path:
     """The published starting weights in the stage folder's ``init/`` (freed with it at the job's end)."""
     local = stage_dir / "init"
     if not (local / "manifest.json").is_file():
         get_tree(store, key, local)
+    fetch_bases(store, [local], bases)
     return local
 
 
-def restore_newest(store: ObjectStore, run_id: str, stage: str, stage_dir: Path) -> Path | None:
+def restore_newest(store: ObjectStore, run_id: str, stage: str, stage_dir: Path, *, bases: Path | None = None) -> Path | None:
     """The store's newest checkpoint of the stage in `stage_dir`, when this node has none as new
     (another node trained further before it was lost); None when the local one is newest."""
     name = newest_published(store, run_id, stage)
     local = resume_point(stage_dir / "checkpoints")
     if name is None or (local is not None and checkpoint_step(local) >= checkpoint_step(name)):
         return None
-    return fetch_checkpoint(store, run_id, stage, name, stage_dir / "checkpoints")
+    return fetch_checkpoint(store, run_id, stage, name, stage_dir / "checkpoints", bases=bases)
 
 
 def whole_here(checkpoint: Path) -> bool:
@@ -88,7 +90,9 @@ def whole_here(checkpoint: Path) -> bool:
     return isinstance(listed, dict) and all((checkpoint / name).is_file() for name in listed)
 
 
-def align_to(store: ObjectStore, run_id: str, stage: str, stage_dir: Path, name: str | None) -> Path | None:
+def align_to(
+    store: ObjectStore, run_id: str, stage: str, stage_dir: Path, name: str | None, *, bases: Path | None = None
+) -> Path | None:
     """A multi-node job's nodes all resume from `name`, the store's newest whole checkpoint (rank 0
     chose it): checkpoints here newer than it were never whole anywhere (a node was lost before its
     shards were published) and go; `name` is fetched unless this node has it whole."""
@@ -99,7 +103,7 @@ def align_to(store: ObjectStore, run_id: str, stage: str, stage_dir: Path, name:
             remove_tree(path)
     if name is None or whole_here(directory / name):
         return None
-    return fetch_checkpoint(store, run_id, stage, name, directory)
+    return fetch_checkpoint(store, run_id, stage, name, directory, bases=bases)
 
 
 class NextStageWarmer:

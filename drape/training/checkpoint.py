@@ -1,10 +1,20 @@
 """Checkpoints: safetensors weights plus a JSON manifest, never pickles.
 
-A checkpoint directory holds ``model/`` (diffusers `save_pretrained`: config.json +
-safetensors), ``optimizer.safetensors`` (AdamW moments and step per parameter name),
-``ema.safetensors`` when EMA is on, and ``manifest.json`` with the pipeline config, stage, step,
-data manifest hash, code version and the sha256 of every file. It is written to a temporary
-directory and renamed into place, so a crash never leaves a half checkpoint that looks whole.
+A checkpoint directory holds the model's weights, ``optimizer.safetensors`` (AdamW moments and
+step per parameter name), ``ema.safetensors`` when EMA is on, and ``manifest.json`` with the
+pipeline config, stage, step, data manifest hash, code version and the sha256 of every file. It
+is written to a temporary directory and renamed into place, so a crash never leaves a half
+checkpoint that looks whole. The weights come in one of two forms (docs/storage.md):
+
+- a *stage checkpoint*, when a stage trains part of the model and the trainer names a folder of
+  bases: ``model/config.json``, ``stage.safetensors`` with the tensors the stage trains, and in
+  the manifest ``base`` (``sha256``: the content hash of every other tensor, `drape.training.base`;
+  ``tensors``, ``bytes``). The frozen tensors live once in ``bases/<sha256>/``; loading finds the
+  nearest one above the checkpoint, reassembles the model bit for bit and refuses a base whose
+  content hash is not the one named;
+- a *whole checkpoint* (every tensor trains, or the caller named no bases; also every checkpoint
+  written before stage checkpoints existed, which loads as it always did): ``model/``, diffusers
+  `save_pretrained` (config.json + safetensors).
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import cast
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -24,9 +35,19 @@ from drape.jsonfile import read_json_object
 from drape.layout import checkpoint_dirs
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_tree
+from drape.training.base import (
+    BASE_FILE,
+    cached_hash,
+    check_digest,
+    find_base,
+    load_base_into,
+    remember_hash,
+    skipped_init,
+)
 from drape.training.model import PIXEL_DIT, TryOnModel, class_path, resolve_class
 
 MANIFEST = "manifest.json"
+STAGE_FILE = "stage.safetensors"  # a stage checkpoint's trained tensors
 
 
 class CheckpointError(ValueError):
@@ -70,18 +91,69 @@ def save_checkpoint(
     trainable_names: list[str],
     ema: dict[str, torch.Tensor] | None,
     manifest: dict,
+    bases: str | Path | None = None,
+    stage_names: list[str] | None = None,
 ) -> Path:
-    """Write a complete checkpoint at `path` atomically; returns `path`."""
+    """Write a complete checkpoint at `path` atomically; returns `path`. With `bases` (a folder of
+    frozen bases), a stage checkpoint: the `stage_names` tensors (default `trainable_names`) in
+    ``stage.safetensors`` and every other tensor in ``<bases>/<content hash>/``, written there
+    once; without, or when the stage trains every tensor, the whole model."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
-    model.save_pretrained(temporary / "model", safe_serialization=True)
+    base = None
+    if bases is not None:
+        base = _save_stage_weights(temporary, model, stage_names or trainable_names, Path(bases))
+    if base is None:
+        model.save_pretrained(temporary / "model", safe_serialization=True)
+    else:
+        manifest = {**manifest, "base": base}
     if optimizer is not None:
         save_file(optimizer_tensors(optimizer, trainable_names), str(temporary / "optimizer.safetensors"))
     if ema is not None:
         save_file({k: v.contiguous() for k, v in ema.items()}, str(temporary / "ema.safetensors"))
     full = {**manifest, "model_class": class_path(model), "trainable": trainable_names, "code_version": code_version()}
     return publish(temporary, path, full)
+
+
+def _save_stage_weights(temporary: Path, model: TryOnModel, stage_names: list[str], bases: Path) -> dict | None:
+    """The stage's tensors into `temporary`/stage.safetensors and the rest into its base (written
+    when not already there); the manifest's ``base`` record. None: nothing is frozen, save it whole."""
+    state = model.state_dict()
+    chosen = set(stage_names)
+    unknown = sorted(chosen - set(state))
+    if unknown:
+        raise CheckpointError(f"stage tensors {unknown[:3]} are not tensors of {type(model).__name__}")
+    frozen = {name: tensor for name, tensor in state.items() if name not in chosen}
+    if not set(frozen) & {name for name, _ in model.named_parameters()}:  # every parameter trains
+        return None
+    digest = cached_hash(model, frozen)
+    base_dir = bases / digest
+    if not (base_dir / MANIFEST).is_file():
+        _write_base(base_dir, frozen, digest, class_path(model))
+    model.save_config(temporary / "model")
+    save_file({name: state[name].contiguous() for name in stage_names}, str(temporary / STAGE_FILE))
+    size = sum(t.numel() * t.element_size() for t in frozen.values())
+    return {"sha256": digest, "tensors": len(frozen), "bytes": size}
+
+
+def _write_base(base_dir: Path, frozen: dict[str, torch.Tensor], digest: str, model_class: str) -> None:
+    """A base folder, written to a temporary name and renamed: whole or not there. Another writer
+    that got there first (the same content, by its name) wins; ours is dropped."""
+    temporary = base_dir.with_name(f".{base_dir.name}.tmp-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    save_file({name: tensor.contiguous() for name, tensor in frozen.items()}, str(temporary / BASE_FILE))
+    size = sum(t.numel() * t.element_size() for t in frozen.values())
+    record = {"format": "drape-base", "sha256": digest, "tensors": len(frozen), "bytes": size, "model_class": model_class}
+    files = {BASE_FILE: sha256_file(temporary / BASE_FILE)}
+    (temporary / MANIFEST).write_text(json.dumps({**record, "files": files}, indent=2, sort_keys=True))
+    fsync_tree(temporary)
+    try:
+        os.replace(temporary, base_dir)
+    except OSError:  # there now, written by another process
+        shutil.rmtree(temporary, ignore_errors=True)
+    fsync_dir(base_dir.parent)
 
 
 def publish(temporary: Path, path: Path, manifest: dict) -> Path:
@@ -107,6 +179,8 @@ def export_weights(source: str | Path, destination: str | Path) -> Path:
     temporary = destination.with_name(f".{destination.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
     shutil.copytree(source / "model", temporary / "model")
+    if (source / STAGE_FILE).is_file():  # a stage checkpoint: the base stays where it is, named by its hash
+        shutil.copy2(source / STAGE_FILE, temporary / STAGE_FILE)
     if (source / "ema.safetensors").is_file():
         shutil.copy2(source / "ema.safetensors", temporary / "ema.safetensors")
     return publish(temporary, destination, {**manifest, "exported_from": source.name, "optimizer_state": False})
@@ -135,7 +209,8 @@ def load_model(path: str | Path, *, prefer_ema: bool = False, allowed: tuple[str
     """The model of a verified checkpoint (safetensors only), of the class its manifest names
     (`model_class`; a built-in, or one of `allowed`: the caller's configured `model.class`); with
     `prefer_ema`, its EMA weights replace the trained parameters when the checkpoint has them
-    (what gates and inference use)."""
+    (what gates and inference use). A stage checkpoint is reassembled from its base (`base_of`),
+    whose content hash is checked as it is read."""
     manifest = verify_checkpoint(path)
     name = manifest.get("model_class", PIXEL_DIT)
     try:
@@ -144,17 +219,82 @@ def load_model(path: str | Path, *, prefer_ema: bool = False, allowed: tuple[str
         raise CheckpointError(f"checkpoint {path}: {error}") from None
     config_file = Path(path) / "model" / "config.json"
     try:  # the shape is input too: checked before a layer is built or a byte allocated
-        check_model_shape(read_json_object(config_file, "model config"), str(config_file))
+        config = read_json_object(config_file, "model config")
+        check_model_shape(config, str(config_file))
     except ValueError as error:
         raise CheckpointError(f"checkpoint {path}: {error}") from None
-    model = cls.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
+    if "base" in manifest:
+        model = _assemble(Path(path), manifest, cls)
+    else:
+        model = cls.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
     ema_file = Path(path) / "ema.safetensors"
     if prefer_ema and ema_file.is_file():
         model.load_state_dict(load_file(str(ema_file)), strict=False)
     return model
 
 
+def base_of(path: str | Path, manifest: dict | None = None) -> Path | None:
+    """The base folder a stage checkpoint was trained on (`drape.training.base.find_base`); None
+    for a whole checkpoint. A CheckpointError says which base is missing and how to bring it back."""
+    manifest = manifest if manifest is not None else read_manifest(path)
+    if "base" not in manifest:
+        return None
+    digest = base_digest_of(manifest, path)
+    found = find_base(path, digest)
+    if found is None:
+        raise CheckpointError(
+            f"checkpoint {path} was trained on the frozen base {digest}, which is in no bases/{digest}/ above it: "
+            f"bring it back from the object store (key bases/{digest}/, `drape storage restore`)"
+        )
+    return found
+
+
+def base_digest_of(manifest: dict, path: str | Path) -> str:
+    """The content hash a stage checkpoint's manifest names (checked to be one)."""
+    base = manifest.get("base")
+    try:
+        return check_digest(base.get("sha256") if isinstance(base, dict) else None, f"checkpoint {path}/{MANIFEST}")
+    except ValueError as error:
+        raise CheckpointError(str(error)) from None
+
+
+def _assemble(path: Path, manifest: dict, cls: type[TryOnModel]) -> TryOnModel:
+    """A stage checkpoint's model: built from its config, the base's tensors then the stage's copied
+    in; every tensor of the model comes from exactly one of the two, and the base's content hash
+    must be the one the manifest names."""
+    base_dir, digest = base_of(path, manifest), base_digest_of(manifest, path)
+    assert base_dir is not None
+    with skipped_init():  # every tensor is overwritten below (checked): random initial weights would be wasted
+        model = cast(TryOnModel, cls.from_config(cast(dict, cls.load_config(path / "model"))))
+    model.eval()  # as `from_pretrained` leaves it
+    state = model.state_dict()
+    try:
+        base_names, found = load_base_into(state, base_dir)
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint {path}: {error}") from None
+    if found != digest:
+        raise CheckpointError(
+            f"checkpoint {path} names the frozen base {digest} ({path / MANIFEST}), but {base_dir / BASE_FILE} "
+            f"hashes to {found}: a different or damaged base; refusing to assemble the model from it"
+        )
+    stage = load_file(str(path / STAGE_FILE))
+    overlap, missing = set(stage) & set(base_names), set(state) - set(stage) - set(base_names)
+    if overlap or missing or set(stage) - set(state):
+        odd = sorted(overlap or missing or set(stage) - set(state))[0]
+        raise CheckpointError(f"checkpoint {path}: {STAGE_FILE} and base {digest[:12]} do not make the model (tensor {odd!r})")
+    with torch.no_grad():
+        for name, tensor in stage.items():
+            if state[name].dtype != tensor.dtype or state[name].shape != tensor.shape:
+                raise CheckpointError(f"checkpoint {path}: {STAGE_FILE} tensor {name!r} is not the model's dtype and shape")
+            state[name].copy_(tensor)
+    remember_hash(model, {name: state[name] for name in base_names}, digest)
+    return model
+
+
 def _weight_files(path: str | Path) -> list[Path]:
+    if (Path(path) / STAGE_FILE).is_file():
+        base = base_of(path)
+        return [Path(path) / STAGE_FILE] + ([base / BASE_FILE] if base is not None else [])
     files = sorted((Path(path) / "model").glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"checkpoint {path}: no model/*.safetensors weights")
@@ -162,7 +302,8 @@ def _weight_files(path: str | Path) -> list[Path]:
 
 
 def model_tensor_names(path: str | Path) -> list[str]:
-    """Names of a checkpoint's model tensors, from the safetensors headers alone."""
+    """Names of a checkpoint's model tensors, from the safetensors headers alone (a stage
+    checkpoint's and its base's)."""
     from safetensors import safe_open
 
     names = []
@@ -173,20 +314,21 @@ def model_tensor_names(path: str | Path) -> list[str]:
 
 
 def read_model_tensors(path: str | Path, names: list[str]) -> dict[str, torch.Tensor]:
-    """Only the named model tensors of a checkpoint, read from its safetensors files without
-    building the model (a stage's trainable slice of a multi-GB model is a small read). Unverified:
-    callers that use the weights load them with `load_model`, which checks every sha256."""
+    """Only the named model tensors of a checkpoint, read from its safetensors files (a stage
+    checkpoint's, then its base's) without building the model (a stage's trainable slice of a
+    multi-GB model is a small read). Unverified: callers that use the weights load them with
+    `load_model`, which checks every sha256 and the base's content hash."""
     from safetensors import safe_open
 
-    wanted, tensors = set(names), {}
+    wanted, tensors = set(names), dict[str, torch.Tensor]()
     for file in _weight_files(path):
         with safe_open(str(file), framework="pt") as handle:
-            for key in wanted.intersection(handle.keys()):
+            for key in (wanted - set(tensors)).intersection(handle.keys()):
                 tensors[key] = handle.get_tensor(key)
     missing = wanted - set(tensors)
     if missing:
         raise CheckpointError(
-            f"checkpoint {path}: no tensor {sorted(missing)[0]!r} in model/*.safetensors "
+            f"checkpoint {path}: no tensor {sorted(missing)[0]!r} in its weights "
             f"({len(missing)} of {len(wanted)} asked for are missing)"
         )
     return tensors

@@ -31,7 +31,7 @@ from drape.config import ConfigError, PipelineConfig, load_config, parse_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
 from drape.data.partition import StageData, load_stage_data, resolve_partitions
-from drape.layout import MANUAL_RUN, LiveLayout, live_root
+from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, live_root
 from drape.ops.metrics import push_metrics
 from drape.ops.process import end_without_collection
 from drape.secrets import redact
@@ -205,12 +205,13 @@ class StageJob:
             chosen = [newest_published(store, self.run_id, self.stage) if context.is_main else None]
             torch.distributed.broadcast_object_list(chosen, src=0)
         if context.local_rank == 0:
+            bases = bases_dir(self.config, self.out_dir)  # the frozen base a fetched checkpoint names comes too
             if self.init_key:
-                fetch_init(store, self.init_key, self.out_dir)
+                fetch_init(store, self.init_key, self.out_dir, bases=bases)
             if across_nodes:
-                restored = align_to(store, self.run_id, self.stage, self.out_dir, chosen[0])
+                restored = align_to(store, self.run_id, self.stage, self.out_dir, chosen[0], bases=bases)
             else:
-                restored = restore_newest(store, self.run_id, self.stage, self.out_dir)
+                restored = restore_newest(store, self.run_id, self.stage, self.out_dir, bases=bases)
             if restored is not None:
                 print(f"train-{self.stage}: resuming from {restored.name}, fetched from the object store (verified)", flush=True)
         context.barrier()

@@ -26,14 +26,14 @@ import torch
 from drape import Mode, parse_mode
 from drape.config import PipelineConfig
 from drape.data.partition import StageData, resolve_partitions
-from drape.layout import ADAPTERS, StagePaths, checkpoint_name
+from drape.layout import ADAPTERS, StagePaths, bases_dir, checkpoint_name
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
 from drape.training import stop
 from drape.training.batches import BatchPrefetcher
 from drape.training.checkpoint import read_manifest, save_checkpoint
 from drape.training.distributed import DistContext, ShardedCheckpointer, full_model_state, unwrap
 from drape.training.lora import is_lora_pass, merge, save_adapter
-from drape.training.model import TryOnModel, build_model
+from drape.training.model import TryOnModel, build_model, trainable_parameter_names
 from drape.training.objective import build_objective
 from drape.training.optim import check_optimizer, lr_schedule
 from drape.training.state import TrainingState, prepare_training, resume_step
@@ -110,6 +110,7 @@ class Checkpointer:
             "data_manifest_hash": data_manifest_hash,
         }
         self.every = config.train.checkpoint_every
+        self.bases = bases_dir(config, stage_dir)  # where the frozen base of its stage checkpoints goes, once
         # called with each checkpoint or adapter folder once complete (the store hand-off publishes it): on
         # the main rank, which writes whole checkpoints and adapters, and for sharded ones on each node's first
         self.on_saved = on_saved if context.is_main else None
@@ -136,13 +137,13 @@ class Checkpointer:
                 self._save_adapter(step, state, manifest)
                 self._saved(self.paths.adapters / checkpoint_name(step))
             if final:
-                self.latest = self._saved(_save_merged(directory / checkpoint_name(step), state, manifest, self.context))
+                self.latest = self._saved(_save_merged(directory / checkpoint_name(step), state, manifest, self))
         elif self.sharded is not None and due and not final:
             self.sharded.save(directory / checkpoint_name(step, sharded=True), state.model, state.optimizer, state.ema, manifest)
         elif final or (self.sharded is None and due):
             if self.sharded is not None:
                 self.sharded.wait()
-            self.latest = self._saved(_save_whole(directory / checkpoint_name(step), self.config, state, manifest, self.context))
+            self.latest = self._saved(_save_whole(directory / checkpoint_name(step), state, manifest, self))
 
     def save_now(self, step: int, state: TrainingState, loss: float) -> None:
         """Save after `step` whatever the cadence (training stops here), unless the cadence just did;
@@ -156,9 +157,7 @@ class Checkpointer:
                 path = self.paths.checkpoints / checkpoint_name(step, sharded=True)
                 self.sharded.save(path, state.model, state.optimizer, state.ema, manifest)
             else:
-                self.latest = self._saved(
-                    _save_whole(self.paths.checkpoints / checkpoint_name(step), self.config, state, manifest, self.context)
-                )
+                self.latest = self._saved(_save_whole(self.paths.checkpoints / checkpoint_name(step), state, manifest, self))
         if self.sharded is not None:
             self.sharded.wait()
 
@@ -173,7 +172,7 @@ class Checkpointer:
             started = time.perf_counter()
             adapter = self.paths.adapters / checkpoint_name(self.total)
             manifest = {**self.manifest, "step": self.total, "loss": read_manifest(adapter).get("loss", float("nan"))}
-            merged = _save_merged(self.paths.checkpoints / checkpoint_name(self.total), state, manifest, self.context)
+            merged = _save_merged(self.paths.checkpoints / checkpoint_name(self.total), state, manifest, self)
             self.latest = self._saved(merged)
             self.stall_seconds += time.perf_counter() - started
 
@@ -192,13 +191,16 @@ class Checkpointer:
         self.context.barrier()
 
 
-def _save_merged(path: Path, state: TrainingState, manifest: dict, context: DistContext) -> Path:
+def _save_merged(path: Path, state: TrainingState, manifest: dict, saver: Checkpointer) -> Path:
     """A LoRA pass's end: rank 0 folds the adapter into the base (`lora.merge`, in place: nothing
-    trains after it) and writes an ordinary checkpoint, which names the adapter it came from."""
+    trains after it) and writes an ordinary checkpoint, which names the adapter it came from. Its
+    stage tensors are those the stage trains in a full pass, so it shares the full pass's base."""
     assert state.lora is not None
+    context = saver.context
     if context.is_main:
         plain = cast(TryOnModel, unwrap(state.model))
         ema = merge(plain, state.ema)
+        patterns = saver.config.train.stages[str(saver.manifest["stage"])].trainable
         save_checkpoint(
             path,
             model=plain,
@@ -206,14 +208,17 @@ def _save_merged(path: Path, state: TrainingState, manifest: dict, context: Dist
             trainable_names=[f"{target}.weight" for target in state.lora.targets],
             ema=ema,
             manifest={**manifest, "lora": {**state.lora.describe(), "adapter": f"{ADAPTERS}/{path.name}"}},
+            bases=saver.bases,
+            stage_names=trainable_parameter_names(patterns, [n for n, _ in plain.named_parameters()], plain.frozen_prefixes),
         )
     context.barrier()
     return path
 
 
-def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manifest: dict, context: DistContext) -> Path:
+def _save_whole(path: Path, state: TrainingState, manifest: dict, saver: Checkpointer) -> Path:
     """The safetensors checkpoint (rank 0 writes it; the whole model gathered under FSDP, which keeps
-    no optimizer state in it)."""
+    no optimizer state in it): a stage checkpoint over its frozen base (`drape.training.checkpoint`)."""
+    config, context = saver.config, saver.context
     fsdp = context.is_distributed and config.train.parallelism == "fsdp"
     plain, ema = cast(TryOnModel, unwrap(state.model)), state.ema
     if fsdp:
@@ -230,6 +235,7 @@ def _save_whole(path: Path, config: PipelineConfig, state: TrainingState, manife
             trainable_names=state.names,
             ema=ema,
             manifest=manifest,
+            bases=saver.bases,
         )
     context.barrier()
     return path

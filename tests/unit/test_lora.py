@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 from drape.data.partition import split_data
 from drape.layout import StagePaths, artifact_kind
 from drape.storage.retention import classify_stage_dir
-from drape.training.checkpoint import CheckpointError, list_checkpoints, load_model, read_manifest
+from drape.training.checkpoint import CheckpointError, base_of, list_checkpoints, load_model, read_manifest
 from drape.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
 from drape.training.trainer import train_stage
 from scheduler.jobs.profiles import lora_parameters
@@ -65,7 +65,9 @@ def test_adapters_are_saved_apart_and_merged_into_the_checkpoint_the_gate_reads(
     assert json.loads((last / ADAPTER_CONFIG).read_text())["r"] == 2
     assert lora_parameters(cfg, "texture") == sum(t.numel() for t in tensors.values())  # the queue's estimate counts them
     assert (last / "optimizer.safetensors").is_file()
-    whole = sum(p.stat().st_size for p in Path(base.checkpoint).rglob("*") if p.is_file())
+    frozen = base_of(base.checkpoint)  # a stage checkpoint: the model is its tensors and its frozen base
+    folders = [Path(base.checkpoint), *([frozen] if frozen is not None else [])]
+    whole = sum(p.stat().st_size for folder in folders for p in folder.rglob("*") if p.is_file())
     apart = sum(p.stat().st_size for p in last.rglob("*") if p.is_file())
     assert apart < whole / 4  # an adapter with its moments, not the model with its moments
 

@@ -1,0 +1,163 @@
+"""Stage checkpoints vs whole-model checkpoints on the full-size CatVTON recipe, side by side.
+
+Builds CatVTON at configs/h100.yaml's shapes (SD1.5-inpainting's UNet without cross-attention +
+SD1.5's VAE: 899.23 M parameters, fp32) with random weights (`pretrained=False`: nothing is read or
+downloaded), trains nothing, but gives the optimizer and EMA the state a stage has: AdamW moments
+and EMA of the 49.57 M self-attention parameters every stage trains (`unet.*.attn1.*`). Then, in
+one run, for both formats (`drape.training.checkpoint.save_checkpoint` with and without `bases`):
+
+- stage checkpoint bytes (model weights + optimizer + EMA + manifest), and the base;
+- archived bytes of a four-stage run with one checkpoint per stage: four whole checkpoints today;
+  four stage checkpoints and the base once (content-addressed: every stage names the same base);
+- save time (median of `--runs`; the stage format's first save of a run also writes the base, shown
+  on its own row, and hashes it: the content hash's time is its own row) and load time
+  (`load_model`: every file's sha256 checked; the stage format also re-hashes the base as it reads it).
+
+Every loaded model is checked bit for bit against the saved one (a content hash of its whole state).
+One model copy is alive at a time (3.6 GB): it fits a 24 GiB machine.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/checkpoint_size.py --runs 3     # ~15 min on 2 shared cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import gc
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from drape.config import load_config  # noqa: E402
+from drape.storage.store import tree_bytes  # noqa: E402
+from drape.training.base import content_hash  # noqa: E402
+from drape.training.checkpoint import load_model, save_checkpoint  # noqa: E402
+from drape.training.model import build_model, trainable_parameter_names  # noqa: E402
+
+GB = 1e9
+
+
+def build(scratch: Path):
+    """The full-size model with random weights, its trainable names, an AdamW with one step of
+    state over them (moments the size of a stage's), and their EMA."""
+    config = load_config(
+        REPO / "configs" / "h100.yaml", {"paths": {"root": str(scratch)}}, site=REPO / "configs" / "site.example.yaml"
+    )
+    model = build_model(config, pretrained=False)
+    names = trainable_parameter_names(
+        config.train.stages["identity"].trainable, [n for n, _ in model.named_parameters()], model.frozen_prefixes
+    )
+    parameters = dict(model.named_parameters())
+    trained = [parameters[n] for n in names]
+    optimizer = torch.optim.AdamW(trained, lr=1e-5)
+    for parameter in trained:
+        parameter.grad = torch.full_like(parameter, 1e-3)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    ema = {n: parameters[n].detach().clone() for n in names}
+    return model, names, optimizer, ema
+
+
+def timed(function) -> tuple[float, object]:
+    started = time.perf_counter()
+    value = function()
+    return time.perf_counter() - started, value
+
+
+def save(model, names, optimizer, ema, path: Path, bases: Path | None) -> float:
+    manifest = {"stage": "identity", "step": 1}
+    seconds, _ = timed(
+        lambda: save_checkpoint(
+            path, model=model, optimizer=optimizer, trainable_names=names, ema=ema, manifest=manifest, bases=bases
+        )
+    )
+    return seconds
+
+
+def load(path: Path, expected: str) -> float:
+    seconds, model = timed(lambda: load_model(path))
+    assert content_hash(model.state_dict()) == expected, f"{path}: the loaded model is not the saved one"
+    del model
+    gc.collect()
+    return seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3, help="saves and loads per format (medians)")
+    parser.add_argument("--scratch", type=Path, default=None, help="where checkpoints are written (default: a temporary folder)")
+    args = parser.parse_args()
+    scratch = Path(tempfile.mkdtemp(prefix="drape-ckpt-size-", dir=args.scratch))
+    try:
+        return measure(scratch, args.runs)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def measure(scratch: Path, runs: int) -> int:
+    seconds, (model, names, optimizer, ema) = timed(lambda: build(scratch))
+    state = model.state_dict()
+    total = sum(t.numel() for t in state.values())
+    trained = sum(state[n].numel() for n in names)
+    print(f"model: CatVTON at configs/h100.yaml's shapes, {total / 1e6:.2f} M values in {len(state)} tensors, "
+          f"{trained / 1e6:.2f} M trained ({len(names)} tensors); built with random weights in {seconds:.0f} s")  # fmt: skip
+    frozen = {n: t for n, t in state.items() if n not in set(names)}
+    hash_times = [timed(functools.partial(content_hash, frozen))[0] for _ in range(runs)]
+    expected = content_hash(state)
+    del frozen, state
+    whole_saves = [save(model, names, optimizer, ema, scratch / "whole" / f"step-{i}", None) for i in range(runs)]
+    bases = scratch / "live" / "bases"
+    first_save = save(model, names, optimizer, ema, scratch / "live" / "run" / "step-first", bases)
+    model.__dict__.pop("_drape_base_hash", None)  # a fresh process: the hash is computed again, the base is there
+    again_save = save(model, names, optimizer, ema, scratch / "live" / "run" / "step-again", bases)
+    stage_saves = [save(model, names, optimizer, ema, scratch / "live" / "run" / f"step-{i}", bases) for i in range(runs)]
+    del model, optimizer, ema
+    gc.collect()
+    whole_loads = [load(scratch / "whole" / f"step-{i}", expected) for i in range(runs)]
+    stage_loads = [load(scratch / "live" / "run" / f"step-{i}", expected) for i in range(runs)]
+    whole_bytes = tree_bytes(scratch / "whole" / "step-0")
+    stage_bytes, base_bytes = tree_bytes(scratch / "live" / "run" / "step-0"), tree_bytes(bases)
+    print_table(runs, whole_bytes, stage_bytes, base_bytes, whole_saves, stage_saves, first_save, again_save, hash_times,
+                whole_loads, stage_loads)  # fmt: skip
+    return 0
+
+
+def timing(label: str, whole: list[float], stage: list[float]) -> tuple:
+    old, new = statistics.median(whole), statistics.median(stage)
+    return label, f"{old:.2f}", f"{new:.2f}", old / new
+
+
+def print_table(runs, whole_bytes, stage_bytes, base_bytes, whole_saves, stage_saves, first_save, again_save, hash_times,
+                whole_loads, stage_loads) -> None:  # fmt: skip
+    median = statistics.median
+    rows = [
+        ("stage checkpoint bytes", f"{whole_bytes / GB:.3f} GB", f"{stage_bytes / GB:.3f} GB", whole_bytes / stage_bytes),
+        ("frozen base (once, shared)", "-", f"{base_bytes / GB:.3f} GB", None),
+        ("archived bytes, 4-stage run", f"{4 * whole_bytes / GB:.3f} GB", f"{(4 * stage_bytes + base_bytes) / GB:.3f} GB",
+         4 * whole_bytes / (4 * stage_bytes + base_bytes)),  # fmt: skip
+        timing(f"save, median of {runs} (s)", whole_saves, stage_saves),
+        ("save, first of a run: writes the base (s)", "-", f"{first_save:.2f}", None),
+        ("save, new process, base there: hashes it (s)", "-", f"{again_save:.2f}", None),
+        (f"content hash of the base, median of {runs} (s)", "-", f"{median(hash_times):.2f}", None),
+        timing(f"load + verify, median of {runs} (s)", whole_loads, stage_loads),
+    ]  # fmt: skip
+    width = max(len(row[0]) for row in rows)
+    print(f"\n{'':<{width}}  {'whole (today)':>14}  {'stage + base':>14}  {'ratio':>7}")
+    for label, old, new, ratio in rows:
+        print(f"{label:<{width}}  {old:>14}  {new:>14}  {f'{ratio:.2f}x' if ratio else '':>7}")
+    print(f"\nsaves (s): whole {[round(s, 2) for s in whole_saves]}, stage {[round(s, 2) for s in stage_saves]}")
+    print(f"loads (s): whole {[round(s, 2) for s in whole_loads]}, stage {[round(s, 2) for s in stage_loads]}")
+    print(f"content hash (s): {[round(s, 2) for s in hash_times]}")
+    print("every load matched the saved model bit for bit (content hash of the whole state)")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
