@@ -110,7 +110,7 @@ def train(
     stage: str = stage_option(..., "identity|texture|geometry|denoise"),
     init: Path | None = typer.Option(
         None,
-        help="checkpoint to start from: a drape checkpoint, or CatVTON's release layout (a folder with attention/model.safetensors)",
+        help="checkpoint to start from: a drape checkpoint, or CatVTON's release (a folder with attention/model.safetensors)",
     ),
     out: Path | None = typer.Option(None, help="stage directory for checkpoints"),
 ) -> None:
