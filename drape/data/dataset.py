@@ -36,7 +36,7 @@ from drape.data.manifest import (  # noqa: F401 - re-exported: callers import th
 from drape.data.partition import check_sample_count, check_split_samples
 from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_inputs  # noqa: F401 - re-exported
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
-from drape.data.sources import TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
+from drape.data.sources import DRESSCODE_CATEGORIES, TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError, redact_url
@@ -224,6 +224,11 @@ def import_dataset(
         "pairs": len(pairs),
         "official_splits": split_counts(pairs),
         "resolution": json_resolution(resolution),
+        **(
+            {"categories": sorted({p["category"] for p in pairs}, key=DRESSCODE_CATEGORIES.index)}
+            if layout == "dresscode"
+            else {}
+        ),
     }
     return write_dataset(
         out_dir,

@@ -30,12 +30,16 @@ RECORD_FIELDS = ("fake_features", "real_features", "ssim", "lpips")
 Progress = Callable[[int, int], None]
 
 
-def build_protocol(config: PipelineConfig, *, dataset: str, split: str, mode: str, num_samples: int, model: str) -> dict:
-    """What the numbers were measured under: published numbers compare only under the same protocol."""
+def build_protocol(
+    config: PipelineConfig, *, dataset: str, split: str, mode: str, num_samples: int, model: str, source: str = "unknown"
+) -> dict:
+    """What the numbers were measured under: published numbers compare only under the same protocol
+    (`drape.eval.published`). `source`: what the dataset was made from (`session.dataset_source`)."""
     diffusion, data, settings = config.diffusion, config.data, config.eval
     return {
         "model": model,
         "dataset": dataset,
+        "source": source,
         "split": split,
         "mode": mode,
         "samples": num_samples,
@@ -64,7 +68,8 @@ def describe_protocol(protocol: dict) -> str:
     lpips = f", LPIPS {protocol['lpips']}" if protocol["lpips"] else ""
     resize = RESIZE_DESCRIPTIONS.get(protocol["resize"], protocol["resize"])
     return (
-        f"{protocol['dataset']} {protocol['split']} ({protocol['mode']}): {protocol['samples']} samples at "
+        f"{protocol['dataset']} ({protocol.get('source', 'unknown')}) {protocol['split']} ({protocol['mode']}): "
+        f"{protocol['samples']} samples at "
         f"{height}×{width} px, {resize}; seed {protocol['seed']}, {protocol['sampler']}, {guidance}; "
         f"FID/KID features {protocol['inception']}, KID {protocol['kid_subsets']} subsets of {protocol['kid_subset_size']}"
         f"{lpips}; model {protocol['model']}"

@@ -61,6 +61,7 @@ def test_dresscode_official_split_counts_per_category(imported):
     assert sum(counts[s] for s in STAGES) == 18
     assert (counts["control"], counts["test_paired"], counts["test_unpaired"]) == (4, 6, 6)
     assert all("shipped_pose" in meta["conditioning"] for meta in _metas(out, manifest, ["control"]))
+    assert manifest["source"]["categories"] == ["upper_body", "lower_body", "dresses"]  # named in eval's protocol
 
 
 @pytest.mark.parametrize("layout", ["viton-hd", "dresscode"])
