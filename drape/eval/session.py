@@ -61,17 +61,21 @@ def open_split(config: PipelineConfig, split: str) -> tuple[ShardIndex, dict]:
 
 def dataset_source(manifest: dict) -> str:
     """What a dataset was made from, as the protocol names it: 'VITON-HD', 'DressCode (<its
-    categories>)', 'synthetic', or 'unknown' (a latent version, or a manifest that does not say)."""
+    categories>)', 'synthetic', or 'unknown' (a latent version, or a manifest that does not say);
+    marked when its unpaired split came from a paired file (`--allow-paired-as-unpaired`), so it
+    matches no published unpaired protocol."""
     source = manifest.get("source")
     if not isinstance(source, dict):
         return "unknown"
+    paired = source.get("paired_as_unpaired")
+    marked = f" [unpaired split from paired files: {', '.join(map(str, paired))}]" if isinstance(paired, list) and paired else ""
     if source.get("layout") == "viton-hd":
-        return "VITON-HD"
+        return "VITON-HD" + marked
     if source.get("layout") == "dresscode":
         categories = source.get("categories")
         if isinstance(categories, list) and categories and all(isinstance(c, str) for c in categories):
-            return f"DressCode ({', '.join(categories)})"
-        return "DressCode (categories not recorded)"
+            return f"DressCode ({', '.join(categories)})" + marked
+        return "DressCode (categories not recorded)" + marked
     return "synthetic" if "generator" in source else "unknown"
 
 
