@@ -1,8 +1,8 @@
 """The field's published try-on numbers, each with the protocol it was measured under, and whether
 a `drape eval` result was measured the same way.
 
-Numbers compare only under the same protocol (DESIGN.md, "The field's models, data and metrics"),
-so a published figure is shown beside a result only when the run's protocol matches its own on
+Numbers compare only under the same protocol (the design's facts on the field's metrics), so a
+published figure is shown beside a result only when the run's protocol matches its own on
 every part that moves the numbers: the dataset (VITON-HD, or which DressCode categories), the
 official test split (paired or unpaired), the resolution, the resize before Inception (the field's
 scripts use clean-fid's default, `clean`) and the sample count (VITON-HD's test split: 2,032
