@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	# MTCNN's weights (drape/gates/recognizers/mtcnn.py reads facenet_pytorch/data/*.pt, never imports it):
 	# --no-deps, as its pins (torch < 2.3, torchvision, numpy < 2) would replace torch 2.13 with 2.2's CUDA build
 	$(BIN)/pip install --quiet --no-deps facenet-pytorch==2.6.0
+	# clean-fid, the reference tests/unit/test_eval_clean_fid.py checks drape's FID resize against: --no-deps,
+	# as it requires torchvision (for networks and folder readers drape does not use), which drape does not install
+	$(BIN)/pip install --quiet --no-deps clean-fid==0.1.35
 	touch $(STAMP)
 
 # create .venv (Python 3.11) and install drape with its test and docs extras, torch's CPU build first

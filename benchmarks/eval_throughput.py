@@ -103,7 +103,9 @@ def main() -> None:
             load_lpips(str(write_alexnet_weights(root / "alexnet.pth"))),
         )
         model = build_model(config).eval()
-        protocol = build_protocol(config, dataset="synth", split="control", mode="paired", num_samples=args.samples, model="tiny")
+        protocol = build_protocol(
+            config, dataset="synth", source="synthetic", split="control", mode="paired", num_samples=args.samples, model="tiny"
+        )
         fields = (*index.model_fields, "meta")
         batches = [
             to_model_inputs(index.take(range(s, min(s + args.batch, args.samples)), fields))

@@ -69,6 +69,11 @@ def data_shard(
     ),
     shard_max_bytes: int | None = typer.Option(None, help="close a shard at this size (default: data.shard_max_bytes)"),
     shard_max_samples: int | None = typer.Option(None, help="close a shard at this many samples"),
+    allow_paired_as_unpaired: bool = typer.Option(
+        False,
+        "--allow-paired-as-unpaired",
+        help="import an unpaired test pairs file whose every line is a person with their own garment (refused by default)",
+    ),
 ) -> None:
     """Cut SOURCE into datasets/<name>/<version>/<stage>/shard-NNNNN.tar + manifest.json at OUT."""
     import tempfile
@@ -100,6 +105,7 @@ def data_shard(
                 scratch,
                 _weights(weights),
                 lambda split, n: progress.advance(bar, n),
+                allow_paired_as_unpaired,
             )
             progress.update(bar, description=f"upload → {store!r}")
             publish_dataset(scratch, store, prefix)
@@ -108,7 +114,7 @@ def data_shard(
     _print_dataset(manifest, f"dataset {data.name}/{data.version} → {store.key_url(prefix)}")
 
 
-def _cut(source: str, config, scratch: str, weights: dict[str, float], advance) -> dict:
+def _cut(source: str, config, scratch: str, weights: dict[str, float], advance, allow_paired: bool = False) -> dict:
     """The dataset's shards and manifest in `scratch`: generated (`synth`) or imported from a VITON-HD or DressCode tree."""
     from drape.data.dataset import build_dataset, import_dataset
 
@@ -126,6 +132,7 @@ def _cut(source: str, config, scratch: str, weights: dict[str, float], advance) 
         max_samples=data.shard_max_samples,
         max_bytes=data.shard_max_bytes,
         progress=advance,
+        allow_paired_as_unpaired=allow_paired,
     )
 
 

@@ -4,10 +4,14 @@ gates' optional FID/KID check against the stage baseline.
 Feature networks come from local files only (nothing downloads at run time): `inception_path`
 is the TorchScript Inception-v3 that StyleGAN2-ADA and clean-fid use for FID/KID, and
 `lpips_backbone_path` torchvision's AlexNet weights, under LPIPS's linear heads (which
-torchmetrics ships in its wheel).
+torchmetrics ships in its wheel). `fid_resize` is how images reach Inception's 299×299: `clean`
+as clean-fid does by default (and the field's published numbers were measured), `legacy` as
+the network's own bilinear resize; the two give different FIDs on the same images.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field, model_validator
 
@@ -42,6 +46,13 @@ class EvalConfig(StrictModel):
 
     inception_path: str | None = Field(default=None, description=f"TorchScript Inception-v3 for FID/KID; from {INCEPTION_SOURCE}")
     lpips_backbone_path: str | None = Field(default=None, description=f"AlexNet weights for LPIPS; from {LPIPS_BACKBONE_SOURCE}")
+    fid_resize: Literal["clean", "legacy"] = Field(
+        default="clean",
+        description=(
+            "how images reach Inception's 299×299 for FID/KID: clean (clean-fid's default and the field's scripts: "
+            "PIL bicubic on each channel as float32, then the network) or legacy (the network resizes inside, bilinear)"
+        ),
+    )
     batch_size: int | None = Field(default=None, gt=0, le=4096, description="samples per batch (default gates.batch_size)")
     num_samples: int | None = Field(default=None, gt=0, description="evaluate the first N samples of the split (default all)")
     seed: int | None = Field(default=None, description="sampling seed (default gates.sample_seed: the gates' noise)")

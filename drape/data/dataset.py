@@ -36,7 +36,7 @@ from drape.data.manifest import (  # noqa: F401 - re-exported: callers import th
 from drape.data.partition import check_sample_count, check_split_samples
 from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_inputs  # noqa: F401 - re-exported
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
-from drape.data.sources import TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
+from drape.data.sources import DRESSCODE_CATEGORIES, TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError, redact_url
@@ -71,13 +71,16 @@ def write_dataset(
 ) -> dict:
     """Shard (split, sample) pairs into `out_dir`/<split>/ and write the manifest; returns it.
 
-    Every stage and the control set must receive samples: a rule that starves one is an error.
+    Every stage and the control set must receive samples: a rule that starves one is an error; an
+    unpaired sample (``meta.paired`` false: no ground truth) anywhere but test_unpaired is one too.
     The evaluation splits (`EVAL_SPLITS`) are written when they receive samples.
     """
     out_dir = Path(out_dir)
     writers = _writers_for(out_dir, max_samples, max_bytes)
     try:
         for split, sample in samples:
+            if sample.meta.get("paired") is False and split != TEST_UNPAIRED:
+                raise ValueError(f"{sample.key}: an unpaired pair (no ground truth) sent to {split}; it is for evaluation only")
             writers[split].write(sample)
             if progress:
                 progress(split, 1)
@@ -202,14 +205,17 @@ def import_dataset(
     max_bytes: int | None = None,
     layout: str | None = None,
     progress: Callable[[str, int], None] | None = None,
+    allow_paired_as_unpaired: bool = False,
 ) -> dict:
     """Cut a VITON-HD or DressCode tree along its official splits (`drape.data.sources`): its
     training pairs into stage shards by the hash rule of `assign_splits`, `control` of its paired
     test pairs into the control set, and its paired and unpaired test pairs into test_paired and
-    test_unpaired (evaluation only: never a stage)."""
+    test_unpaired (evaluation only: never a stage). An unpaired file that is a paired one is refused
+    unless `allow_paired_as_unpaired`; then the manifest names it (`source.paired_as_unpaired`)."""
     source_root = Path(source_root)
     layout = layout or detect_layout(source_root)
-    pairs = list_pairs(source_root, layout)
+    pairs = list_pairs(source_root, layout, allow_paired_as_unpaired=allow_paired_as_unpaired)
+    paired_files = sorted({pair["paired_file"] for pair in pairs if "paired_file" in pair})
     salt = f"{name}/{version}/"
     assignment = assign_splits([p["key"] for p in pairs if p["split"] == TRAIN], control=0, weights=weights, salt=salt)
     chosen = set(control_keys([p["key"] for p in pairs if p["split"] == TEST_PAIRED], control, salt))
@@ -224,6 +230,12 @@ def import_dataset(
         "pairs": len(pairs),
         "official_splits": split_counts(pairs),
         "resolution": json_resolution(resolution),
+        **(
+            {"categories": sorted({p["category"] for p in pairs}, key=DRESSCODE_CATEGORIES.index)}
+            if layout == "dresscode"
+            else {}
+        ),
+        **({"paired_as_unpaired": paired_files} if paired_files else {}),
     }
     return write_dataset(
         out_dir,

@@ -14,14 +14,21 @@ VITON-HD lists ``train_pairs.txt`` (paired) and ``test_pairs.txt`` (unpaired); i
 each test person with the cloth of the same name, as the field evaluates it. DressCode lists, per
 category, ``train_pairs.txt``, ``test_pairs_paired.txt`` and ``test_pairs_unpaired.txt``.
 
-Every name in a pairs file is untrusted: an absolute name or one with a ``..`` part is refused
-with the pairs file and line, and every file opened later must resolve (symlinks followed) inside
-the source root (`contained_file`). A person in both training and test is refused
-(`check_person_disjoint`): the control set would then hold a face the model trained on.
+Every name in a pairs file is untrusted: a pairs file must be plain UTF-8 text (a byte-order
+mark, a NUL, another control or invisible character, or bytes that are not UTF-8 are refused with
+the file, line and column: each makes a name that prints like the right one and is not), an
+absolute name or one with a ``..`` part is refused with the pairs file and line, and every file
+opened later must resolve (symlinks followed) inside the source root (`contained_file`). A person
+in both training and test is refused (`check_person_disjoint`): the control set would then hold a
+face the model trained on. An unpaired file whose every line pairs a person with their own garment
+(`check_unpaired`: a paired file in its place) is refused unless asked for by name
+(``--allow-paired-as-unpaired``); its pairs then carry ``paired_file`` and the dataset's manifest
+says so, and `drape eval` does not compare their numbers with published unpaired ones.
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
@@ -68,12 +75,43 @@ def _safe_name(name: str, where: str) -> str:
     return name
 
 
+def _character_name(character: str) -> str:
+    names = {"\x00": "a NUL byte", "\ufeff": "a byte-order mark (U+FEFF)"}
+    return names.get(
+        character, f"the {'control' if unicodedata.category(character) == 'Cc' else 'invisible'} character U+{ord(character):04X}"
+    )
+
+
+def _pairs_lines(path: Path) -> list[str]:
+    """The lines of a pairs file as UTF-8 text; SourceError naming the file, line and column of a
+    byte-order mark, a NUL, another control or invisible format character, or bytes that are not
+    UTF-8 (each would make a name that looks right and is not: '﻿00001_00.jpg: missing')."""
+    lines = []
+    for number, raw in enumerate(path.read_bytes().split(b"\n"), 1):
+        try:
+            line = raw.removesuffix(b"\r").decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise SourceError(
+                f"{path}:{number}: byte 0x{raw[error.start]:02x} at column {error.start + 1} is not UTF-8; "
+                "expected '<person image> <garment image>' as UTF-8 text"
+            ) from None
+        bad = next((c for c in line if c != "\t" and unicodedata.category(c) in ("Cc", "Cf")), None)
+        if bad is not None:
+            raise SourceError(
+                f"{path}:{number}: {_character_name(bad)} at column {line.index(bad) + 1}; "
+                "expected '<person image> <garment image>' in plain UTF-8 text (save it without a BOM)"
+            )
+        lines.append(line)
+    return lines
+
+
 def read_pairs(path: Path) -> list[tuple[str, str]]:
-    """The (person, garment) names of a pairs file, each checked by `_safe_name`."""
+    """The (person, garment) names of a pairs file: plain UTF-8 (`_pairs_lines`), each name checked
+    by `_safe_name`."""
     if not path.is_file():
         raise SourceError(f"{path}: missing (a pairs file lists '<person image> <garment image>' per line)")
     pairs = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
+    for number, line in enumerate(_pairs_lines(path), 1):
         fields = line.split()
         if not fields:
             continue
@@ -81,6 +119,31 @@ def read_pairs(path: Path) -> list[tuple[str, str]]:
             raise SourceError(f"{path}:{number}: expected '<person image> <garment image>', got {line!r}")
         pairs.append((_safe_name(fields[0], f"{path}:{number}"), _safe_name(fields[1], f"{path}:{number}")))
     return pairs
+
+
+def wears_own_garment(layout: str, person: str, cloth: str) -> bool:
+    """Whether a pair is a person with the garment they wear: VITON-HD, the same file stem
+    (00001_00.jpg, 00001_00.jpg); DressCode, the same id (013563_0.jpg, 013563_1.jpg)."""
+    person_stem, cloth_stem = PurePosixPath(person).stem, PurePosixPath(cloth).stem
+    if layout == "dresscode":
+        return person_stem.rsplit("_", 1)[0] == cloth_stem.rsplit("_", 1)[0]
+    return person_stem == cloth_stem
+
+
+def check_unpaired(path: Path, pairs: list[tuple[str, str]], layout: str, *, allow_paired: bool = False) -> bool:
+    """True when every line of an unpaired pairs file pairs a person with their own garment (a paired
+    file in the unpaired file's place): SourceError naming it unless `allow_paired`. Unpaired FID and
+    KID measured on such pairs would be paired numbers under the unpaired name."""
+    if not pairs or not all(wears_own_garment(layout, person, cloth) for person, cloth in pairs):
+        return False
+    if not allow_paired:
+        person, cloth = pairs[0]
+        raise SourceError(
+            f"{path}: every one of its {len(pairs)} lines pairs a person with their own garment (line 1: {person} {cloth}), "
+            "but it is read as the unpaired test split (each person with another garment); unpaired FID/KID on it would "
+            "be paired numbers. Use the dataset's unpaired file, or pass --allow-paired-as-unpaired to import it as it is"
+        )
+    return True
 
 
 def _pair(source: str, split: str, person: str, cloth: str, **extra: str) -> dict:
@@ -96,35 +159,44 @@ def _pair(source: str, split: str, person: str, cloth: str, **extra: str) -> dic
     }
 
 
-def _viton_pairs(root: Path) -> list[dict]:
+def _viton_pairs(root: Path, allow_paired: bool) -> list[dict]:
     """train_pairs.txt → train; test_pairs.txt → unpaired, and each of its persons with their own cloth → paired."""
     pairs = [_pair("viton", TRAIN, a, b, folder="train") for a, b in read_pairs(root / "train_pairs.txt")]
     unpaired = read_pairs(root / "test_pairs.txt")
+    paired_file = check_unpaired(root / "test_pairs.txt", unpaired, "viton-hd", allow_paired=allow_paired)
     persons = dict.fromkeys(person for person, _ in unpaired)
     pairs += [_pair("viton", TEST_PAIRED, person, person, folder="test") for person in persons]
-    pairs += [_pair("viton", TEST_UNPAIRED, a, b, folder="test") for a, b in unpaired]
+    extra = {"paired_file": "test_pairs.txt"} if paired_file else {}
+    pairs += [_pair("viton", TEST_UNPAIRED, a, b, folder="test", **extra) for a, b in unpaired]
     return pairs
 
 
-def _dresscode_pairs(root: Path) -> list[dict]:
+def _dresscode_pairs(root: Path, allow_paired: bool) -> list[dict]:
     pairs: list[dict] = []
     categories = [c for c in DRESSCODE_CATEGORIES if (root / c / "images").is_dir()]
     for category in categories:
         for split, name in DRESSCODE_PAIRS.items():
             listed = read_pairs(root / category / name)
-            pairs += [_pair("dresscode", split, a, b, category=category, folder=category) for a, b in listed]
+            paired_file = split == TEST_UNPAIRED and check_unpaired(
+                root / category / name, listed, "dresscode", allow_paired=allow_paired
+            )
+            extra = {"paired_file": f"{category}/{name}"} if paired_file else {}
+            pairs += [_pair("dresscode", split, a, b, category=category, folder=category, **extra) for a, b in listed]
     return pairs
 
 
-def list_pairs(root: str | Path, layout: str) -> list[dict]:
-    """Every pair of the official splits: {split, person, cloth, identity, key, folder[, category]}.
+def list_pairs(root: str | Path, layout: str, *, allow_paired_as_unpaired: bool = False) -> list[dict]:
+    """Every pair of the official splits: {split, person, cloth, identity, key, folder[, category]
+    [, paired_file]}.
 
-    Person-disjointness of training and test is checked (`check_person_disjoint`)."""
+    Person-disjointness of training and test is checked (`check_person_disjoint`); so is that an
+    unpaired pairs file is not a paired one (`check_unpaired`): unless `allow_paired_as_unpaired`,
+    which marks its pairs with `paired_file` (the file's name) instead."""
     root = Path(root)
     if layout == "viton-hd":
-        pairs = _viton_pairs(root)
+        pairs = _viton_pairs(root, allow_paired_as_unpaired)
     elif layout == "dresscode":
-        pairs = _dresscode_pairs(root)
+        pairs = _dresscode_pairs(root, allow_paired_as_unpaired)
     else:
         raise SourceError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
     unique = list({pair["key"]: pair for pair in pairs}.values())

@@ -83,7 +83,7 @@ def distribution_checks(
     `device`: where features and statistics are computed (default: the GPU when there is one)."""
     gate = settings.fid_gate
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    network = (network or load_inception(settings.inception_path)).to(device)
+    network = (network or load_inception(settings.inception_path, settings.fid_resize)).to(device)
     real, ours, theirs = (_features(network, images) for images in (targets, candidate, baseline))
     point = {"candidate": _metrics(real, ours, settings, device), "baseline": _metrics(real, theirs, settings, device)}
     rng = np.random.default_rng(seed)

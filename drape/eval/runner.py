@@ -21,7 +21,7 @@ import torch
 
 from drape.config import PipelineConfig
 from drape.data.reader import ShardIndex, to_model_inputs
-from drape.eval.features import FeatureNetworks
+from drape.eval.features import RESIZE_DESCRIPTIONS, FeatureNetworks
 from drape.eval.metrics import batch_records, summarize
 from drape.storage.checksum import sha256_bytes
 from drape.training.model import TryOnModel, sample
@@ -30,17 +30,21 @@ RECORD_FIELDS = ("fake_features", "real_features", "ssim", "lpips")
 Progress = Callable[[int, int], None]
 
 
-def build_protocol(config: PipelineConfig, *, dataset: str, split: str, mode: str, num_samples: int, model: str) -> dict:
-    """What the numbers were measured under: published numbers compare only under the same protocol."""
+def build_protocol(
+    config: PipelineConfig, *, dataset: str, split: str, mode: str, num_samples: int, model: str, source: str = "unknown"
+) -> dict:
+    """What the numbers were measured under: published numbers compare only under the same protocol
+    (`drape.eval.published`). `source`: what the dataset was made from (`session.dataset_source`)."""
     diffusion, data, settings = config.diffusion, config.data, config.eval
     return {
         "model": model,
         "dataset": dataset,
+        "source": source,
         "split": split,
         "mode": mode,
         "samples": num_samples,
         "resolution": [data.height, data.width],
-        "resize": "none: generated and measured at the dataset resolution (Inception resizes to 299×299 inside)",
+        "resize": settings.fid_resize,
         "seed": config.gates.sample_seed if settings.seed is None else settings.seed,
         "sampler": f"{diffusion.objective}, {diffusion.sampling_steps} steps",
         "guidance_scale": diffusion.guidance_scale,
@@ -62,9 +66,11 @@ def describe_protocol(protocol: dict) -> str:
     guidance = f"guidance {protocol['guidance_scale']:g}"
     guidance += f" on {', '.join(protocol['guidance_conditions'])}" if protocol["guidance_scale"] > 1 else " (none)"
     lpips = f", LPIPS {protocol['lpips']}" if protocol["lpips"] else ""
+    resize = RESIZE_DESCRIPTIONS.get(protocol["resize"], protocol["resize"])
     return (
-        f"{protocol['dataset']} {protocol['split']} ({protocol['mode']}): {protocol['samples']} samples at "
-        f"{height}×{width} px, {protocol['resize']}; seed {protocol['seed']}, {protocol['sampler']}, {guidance}; "
+        f"{protocol['dataset']} ({protocol.get('source', 'unknown')}) {protocol['split']} ({protocol['mode']}): "
+        f"{protocol['samples']} samples at "
+        f"{height}×{width} px, {resize}; seed {protocol['seed']}, {protocol['sampler']}, {guidance}; "
         f"FID/KID features {protocol['inception']}, KID {protocol['kid_subsets']} subsets of {protocol['kid_subset_size']}"
         f"{lpips}; model {protocol['model']}"
     )

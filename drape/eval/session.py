@@ -39,8 +39,9 @@ def dataset_split(split: str, mode: str) -> str:
     raise EvalInputError(f"--split {split!r} --mode {mode!r}: expected --split test (paired|unpaired) or control (paired)")
 
 
-def open_split(config: PipelineConfig, split: str) -> ShardIndex:
-    """An index over the dataset's `split`, pre-staged (verified) into the node's shard cache."""
+def open_split(config: PipelineConfig, split: str) -> tuple[ShardIndex, dict]:
+    """An index over the dataset's `split`, pre-staged (verified) into the node's shard cache, and
+    the dataset's manifest."""
     from drape.storage.store import open_store
 
     store = open_store(config)
@@ -55,7 +56,27 @@ def open_split(config: PipelineConfig, split: str) -> ShardIndex:
         )
     cache = ShardCache.from_config(config, store, prefix, manifest)
     cache.prestage(split)
-    return ShardIndex([cache.dataset_dir / shard["path"] for shard in manifest["splits"][split]])
+    return ShardIndex([cache.dataset_dir / shard["path"] for shard in manifest["splits"][split]]), manifest
+
+
+def dataset_source(manifest: dict) -> str:
+    """What a dataset was made from, as the protocol names it: 'VITON-HD', 'DressCode (<its
+    categories>)', 'synthetic', or 'unknown' (a latent version, or a manifest that does not say);
+    marked when its unpaired split came from a paired file (`--allow-paired-as-unpaired`), so it
+    matches no published unpaired protocol."""
+    source = manifest.get("source")
+    if not isinstance(source, dict):
+        return "unknown"
+    paired = source.get("paired_as_unpaired")
+    marked = f" [unpaired split from paired files: {', '.join(map(str, paired))}]" if isinstance(paired, list) and paired else ""
+    if source.get("layout") == "viton-hd":
+        return "VITON-HD" + marked
+    if source.get("layout") == "dresscode":
+        categories = source.get("categories")
+        if isinstance(categories, list) and categories and all(isinstance(c, str) for c in categories):
+            return f"DressCode ({', '.join(categories)})" + marked
+        return "DressCode (categories not recorded)" + marked
+    return "synthetic" if "generator" in source else "unknown"
 
 
 def resolve_version(config: PipelineConfig, version: str):
@@ -104,11 +125,19 @@ def run_eval(
     networks = networks or load_feature_networks(config.eval, paired=mode == "paired")
     device = resolve_device(config.train.device)
     model = load_model(resolved.checkpoint, prefer_ema=True, allowed=(configured_class_path(config),)).to(device)  # type: ignore[arg-type]
-    index = open_split(config, stored)
+    index, manifest = open_split(config, stored)
     try:
         total = min(len(index), config.eval.num_samples or len(index))
         dataset = f"{config.data.name}/{config.data.version}"
-        protocol = build_protocol(config, dataset=dataset, split=stored, mode=mode, num_samples=total, model=resolved.label)
+        protocol = build_protocol(
+            config,
+            dataset=dataset,
+            source=dataset_source(manifest),
+            split=stored,
+            mode=mode,
+            num_samples=total,
+            model=resolved.label,
+        )
         out_dir = LiveLayout(live_root(config)).evaluations()
         result = evaluate(config, model, index, networks.to(device), protocol=protocol, out_dir=out_dir, progress=progress)
     finally:

@@ -53,7 +53,9 @@ def test_paired_eval_prints_metrics_and_protocol_and_tags_the_version(registered
     assert result.exit_code == 0, result.output
     for name in ("ssim", "lpips", "fid", "kid"):
         assert name in result.output
-    assert "protocol: viton/v1 test_paired (paired): 6 samples at 32×32 px" in " ".join(result.output.split())
+    shown = " ".join(result.output.split())
+    assert "protocol: viton/v1 (VITON-HD) test_paired (paired): 6 samples at 32×32 px, clean resize" in shown
+    assert "not comparable (resolution, samples differ)" in shown and "5.425" not in shown  # CatVTON's FID not beside it
     tags = Tracker(config).client.get_model_version(config.tracking.registered_model, "1").tags
     assert float(tags["drape.eval.test_paired.fid"]) >= 0 and 0 < float(tags["drape.eval.test_paired.ssim"]) <= 1
     assert tags["drape.eval.test_paired.run"]

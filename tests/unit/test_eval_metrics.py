@@ -21,21 +21,36 @@ from drape.eval.metrics import batch_records, kid_of, nchw, summarize
 
 
 class TinyInception(nn.Module):
-    """A stand-in for the TorchScript Inception: same call (images in [0, 255], return_features)."""
+    """A stand-in for the TorchScript Inception with its structure and call: `forward(images in
+    [0, 255], return_features)` resamples to 299×299 as the real one's code does (an affine grid,
+    bilinear, border), normalises to (x - 128) / 128 and runs `layers`, which clean-fid calls
+    directly on images it resized itself."""
 
-    def __init__(self) -> None:
+    def __init__(self, num_features: int = 16) -> None:
         super().__init__()
-        self.conv = nn.Conv2d(3, 12, 3, stride=2)
-        self.head = nn.Linear(12, 8)
+        self.layers = nn.Sequential(  # rectified local filters, pooled: sees texture and blur, as Inception does
+            nn.Conv2d(3, 12, 5, stride=2),
+            nn.ReLU(),
+            nn.Conv2d(12, 24, 3, stride=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(4),
+            nn.Flatten(),
+            nn.Linear(384, num_features),
+        )
 
-    def forward(self, images: torch.Tensor, return_features: bool = False) -> torch.Tensor:
-        x = F.interpolate(images / 255.0, size=(24, 24), mode="bilinear", align_corners=False)
-        return self.head(torch.tanh(self.conv(x)).mean(dim=(2, 3)))
+    def forward(self, img: torch.Tensor, return_features: bool = False) -> torch.Tensor:
+        batch, channels, height, width = img.shape
+        theta = torch.eye(2, 3, device=img.device)
+        theta[0, 2] += theta[0, 0] / width - theta[0, 0] / 299
+        theta[1, 2] += theta[1, 1] / height - theta[1, 1] / 299
+        grid = F.affine_grid(theta.unsqueeze(0).repeat(batch, 1, 1), [batch, channels, 299, 299], align_corners=False)
+        x = F.grid_sample(img.to(torch.float32), grid, mode="bilinear", padding_mode="border", align_corners=False)
+        return self.layers((x - 128) / 128)
 
 
-def write_tiny_inception(path: Path) -> Path:
+def write_tiny_inception(path: Path, num_features: int = 16) -> Path:
     torch.manual_seed(0)
-    torch.jit.script(TinyInception()).save(str(path))
+    torch.jit.script(TinyInception(num_features)).save(str(path))
     return path
 
 

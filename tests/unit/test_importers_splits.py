@@ -61,6 +61,7 @@ def test_dresscode_official_split_counts_per_category(imported):
     assert sum(counts[s] for s in STAGES) == 18
     assert (counts["control"], counts["test_paired"], counts["test_unpaired"]) == (4, 6, 6)
     assert all("shipped_pose" in meta["conditioning"] for meta in _metas(out, manifest, ["control"]))
+    assert manifest["source"]["categories"] == ["upper_body", "lower_body", "dresses"]  # named in eval's protocol
 
 
 @pytest.mark.parametrize("layout", ["viton-hd", "dresscode"])
@@ -90,7 +91,7 @@ def test_a_person_in_training_and_test_is_refused(tmp_path):
 
 @pytest.mark.parametrize("name", ["../../etc/passwd", "/etc/passwd", "sub/../../x.jpg"])
 def test_names_outside_the_root_are_refused_with_the_line(tmp_path, name):
-    source = make_dresscode(tmp_path / "src", per_category=1, test=1)
+    source = make_dresscode(tmp_path / "src", per_category=1, test=2)
     (source / "dresses" / "test_pairs_unpaired.txt").write_text(f"020000_0.jpg {name}\n")
     with pytest.raises(SourceError, match=r"test_pairs_unpaired.txt:1: .* refused"):
         list_pairs(source, "dresscode")
@@ -106,7 +107,7 @@ def test_a_symlink_out_of_the_root_is_refused(tmp_path):
 
 
 def test_a_missing_official_pairs_file_is_named(tmp_path):
-    source = make_dresscode(tmp_path / "src", per_category=1, test=1)
+    source = make_dresscode(tmp_path / "src", per_category=1, test=2)
     (source / "lower_body" / "test_pairs_paired.txt").unlink()
     with pytest.raises(SourceError, match=r"lower_body/test_pairs_paired.txt: missing"):
         list_pairs(source, "dresscode")
