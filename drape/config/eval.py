@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field, model_validator
 
-from drape.config.base import StrictModel
+from drape.config.base import StrictModel, mounted
 
 INCEPTION_SOURCE = (
     "https://api.ngc.nvidia.com/v2/models/nvidia/research/stylegan3/versions/1/files/metrics/inception-2015-12-05.pkl "
@@ -40,8 +40,14 @@ class EvalConfig(StrictModel):
     """`drape eval`: the protocol (resolution, samples, seed, guidance come from here and the
     sampler's config) and where the feature networks' weights lie."""
 
-    inception_path: str | None = Field(default=None, description=f"TorchScript Inception-v3 for FID/KID; from {INCEPTION_SOURCE}")
-    lpips_backbone_path: str | None = Field(default=None, description=f"AlexNet weights for LPIPS; from {LPIPS_BACKBONE_SOURCE}")
+    inception_path: str | None = Field(
+        default=None,
+        description=f"TorchScript Inception-v3 for FID/KID; from {INCEPTION_SOURCE}",
+        json_schema_extra=mounted("file"),
+    )
+    lpips_backbone_path: str | None = Field(
+        default=None, description=f"AlexNet weights for LPIPS; from {LPIPS_BACKBONE_SOURCE}", json_schema_extra=mounted("file")
+    )
     batch_size: int | None = Field(default=None, gt=0, le=4096, description="samples per batch (default gates.batch_size)")
     num_samples: int | None = Field(default=None, gt=0, description="evaluate the first N samples of the split (default all)")
     seed: int | None = Field(default=None, description="sampling seed (default gates.sample_seed: the gates' noise)")

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drape import STAGES
-from drape.config.base import StageName, StrictModel
+from drape.config.base import StageName, StrictModel, mounted
 
 ModelKind = Literal["pixel-dit", "latent-dit", "latent-unet", "catvton"]
 LATENT_KINDS = ("latent-dit", "latent-unet", "catvton")  # diffuse the latents of model.vae
@@ -28,6 +28,7 @@ class VaeConfig(StrictModel):
             "a diffusers AutoencoderKL directory (config.json + safetensors), e.g. SD3's vae/; "
             "unset: a fresh one shaped by the fields below (tests, smoke runs)"
         ),
+        json_schema_extra=mounted("model"),
     )
     latent_channels: int = Field(default=16, gt=0, description="SD3 and FLUX use 16")
     block_out_channels: list[int] = Field(default=[32, 64], min_length=1, description="each block after the first halves H and W")
@@ -80,6 +81,7 @@ class DenoiserConfig(StrictModel):
             "or a hub id found in the local Hugging Face cache (nothing is downloaded); unset: random weights "
             "shaped by `config` (tests, smoke runs)"
         ),
+        json_schema_extra=mounted("model"),
     )
     config: dict[str, Any] | None = Field(
         default=None,

@@ -91,7 +91,7 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache", "live-root"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     from drape.config import load_config
-    from drape.layout import job_paths, model_paths
+    from drape.mounts import job_paths, model_paths
 
     h100 = load_config(PREFECT_FILE.parents[1] / "configs" / "h100.yaml")
     assert set(job_paths(h100)) <= mounts  # the flow pod sees the paths its config writes to
