@@ -27,6 +27,7 @@ EXPECTED_DEPLOYMENTS = {
     "staged-training/slurm",
     "queue-dispatcher/slurm",
     "retention-sweep/weekly",
+    "retention-sweep/production",
     "prestage-dataset/demo",
     "queue-dispatcher/demo",
     "inference-benchmark/demo",
@@ -135,6 +136,9 @@ def test_deploy_and_run_a_flow_run_through_a_worker(tmp_path, monkeypatch):
         assert {f"{flows[d['flow_id']]}/{d['name']}" for d in deployments} == EXPECTED_DEPLOYMENTS
         sweep = next(d for d in deployments if d["name"] == "weekly")
         assert sweep["schedules"][0]["schedule"]["cron"] == "0 3 * * 0"
+        production = next(d for d in deployments if d["name"] == "production")  # the production configs' weekly sweep
+        assert production["work_pool_name"] == "gpu-k8s" and production["parameters"]["config_path"] == "configs/h100.yaml"
+        assert production["schedules"][0]["schedule"]["cron"] == "0 4 * * 0"
         pools = {p["name"]: p for p in _api(stack, "/work_pools/filter", {})}
         assert pools["local"]["type"] == pools["slurm-login"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
         pool_variables = pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]
