@@ -62,6 +62,22 @@ services:
 		  || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends $(APT_PACKAGES) >/dev/null; }; \
 	fi
 	@$(MAKE) --no-print-directory slurm-services
+	@$(MAKE) --no-print-directory podman-services
+
+# podman (with runc and catatonit for its pause container) plays the rendered pods of
+# tests/integration/test_pods_play.py; debootstrap makes the image's Debian base (infra/image/build.sh).
+PODMAN_PACKAGES := podman runc catatonit debootstrap
+.PHONY: podman-services image-test
+# the pod half of `make services`: podman, runc, catatonit and debootstrap (CONTAINERS_CONF=infra/image/containers.conf: /etc untouched)
+podman-services:
+	@if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v catatonit >/dev/null \
+	     || ! command -v debootstrap >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		echo "installing $(PODMAN_PACKAGES) with apt-get"; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$SUDO apt-get install -y -q --no-install-recommends $(PODMAN_PACKAGES) >/dev/null \
+		  || { $$SUDO apt-get update -q >/dev/null && $$SUDO apt-get install -y -q --no-install-recommends $(PODMAN_PACKAGES) >/dev/null; }; \
+	fi
 
 # Debian's Slurm (slurmctld, slurmd, sbatch, sacct) and munge for tests/integration/test_slurm.py, which
 # starts its own daemons with its own config (SLURM_CONF): a policy-rc.d that exits 101 keeps the
@@ -144,3 +160,9 @@ image:
 # build the CPU image (python:3.11-slim, torch's CPU build), tagged IMAGE with -cpu appended
 image-cpu:
 	docker build --build-arg VARIANT=cpu -t $(IMAGE)-cpu .
+
+# build localhost/drape:test with podman on a debootstrapped Debian 12 base (cached), then play a rendered stage pod in it
+image-test: $(STAMP) podman-services
+	infra/image/build.sh
+	mkdir -p "$(PREFECT_HOME)"
+	$(BIN)/python -m pytest -q -s tests/integration/test_pods_play.py

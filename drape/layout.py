@@ -181,27 +181,6 @@ def shard_cache_root(config) -> Path:
     return Path(config.data.cache.dir) if config.data.cache.dir else live_root(config) / "shards"
 
 
-def job_paths(config) -> list[str]:
-    """The directories a stage job of `config` reads and writes (`paths.root`: live storage, and
-    the queue's files and default stores under it; the shard cache when it lies outside), which a
-    job's pod mounts at the same paths."""
-    root = Path(config.paths.root).resolve()
-    cache = shard_cache_root(config).resolve()
-    return [str(root)] + ([str(cache)] if not cache.is_relative_to(root) else [])
-
-
-def model_paths(config) -> list[str]:
-    """The pretrained files a job of `config` reads and never writes: the VAE directory
-    (`model.vae.path`) and the identity embedder's ONNX file's directory. Pods mount them
-    read-only at the same paths."""
-    found = []
-    if config.model.vae.path:
-        found.append(str(Path(config.model.vae.path)))
-    if config.gates.identity.onnx_model_path:
-        found.append(str(Path(config.gates.identity.onnx_model_path).parent))
-    return sorted(set(found))
-
-
 def default_object_store_url(root: str | Path) -> str:
     return f"file://{Path(root).resolve()}/objects"
 

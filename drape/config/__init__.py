@@ -20,7 +20,7 @@ from typing import get_args
 from pydantic import Field, ValidationError, model_validator
 
 from drape import layout
-from drape.config.base import ConfigError, StrictModel
+from drape.config.base import ConfigError, StrictModel, mounted
 from drape.config.cost import PLANS, CostConfig, GpuPrice
 from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.eval import EvalConfig, FidGateConfig
@@ -111,6 +111,7 @@ class PathsConfig(StrictModel):
         default=".drape",
         description="the live storage root: checkpoints, baselines, the queue's and MLflow's local files and (by "
         "default) the shard cache and file:// object store; a node-local NVMe in production (a site value)",
+        json_schema_extra=mounted("live"),
     )
     shared: bool = Field(
         default=False,

@@ -13,6 +13,7 @@ import math
 from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, model_validator
+from pydantic.json_schema import JsonDict
 
 from drape import Outcome, parse_stage
 
@@ -95,6 +96,26 @@ def _check_value(field: str, value: object) -> None:
     elif isinstance(value, (list, tuple)):
         for item in value:
             _check_value(field, item)
+
+
+# How a job uses a config field that names something on local disk, declared on the field
+# (`json_schema_extra=mounted(kind)`): drape/mounts.py derives every pod's mounts from these, and
+# tests/unit/test_mounts.py fails for a field that could name a path and declares nothing.
+MOUNT_KINDS = {
+    "live": "a folder the job writes: mounted read-write at the same path",
+    "model": "a folder of weights the job reads: mounted read-only at the same path",
+    "file": "a file of weights the job reads: its folder mounted read-only",
+    "store": "a URL whose local form (file://, sqlite:///, a bare path) the job writes: that folder, read-write",
+    "checkpoint": "a checkpoint folder or a registry alias: a folder's parent, read-write (results are written beside it)",
+    "none": "a local path no job's pod reads (the reason is given)",
+}
+
+
+def mounted(kind: str, why: str = "") -> JsonDict:
+    """The `json_schema_extra` of a field naming a local path: how a job uses it (`MOUNT_KINDS`)."""
+    if kind not in MOUNT_KINDS or (kind == "none") != bool(why):
+        raise ValueError(f"mounted({kind!r}): expected one of {', '.join(MOUNT_KINDS)}, and a reason for 'none' only")
+    return {"mount": kind, **({"mount_why": why} if why else {})}
 
 
 class ConfigError(ValueError):

@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from drape import STAGES
-from drape.config.base import StageName, StrictModel
+from drape.config.base import StageName, StrictModel, mounted
 
 
 def height_width(resolution: int | tuple[int, int] | list[int]) -> tuple[int, int]:
@@ -26,7 +26,7 @@ def json_resolution(resolution: int | tuple[int, int] | list[int]) -> int | list
 class CacheConfig(StrictModel):
     """The node-local shard cache that pre-staging fills (an NVMe path in production)."""
 
-    dir: str | None = Field(default=None, description="default <root>/live/shards")
+    dir: str | None = Field(default=None, description="default <root>/live/shards", json_schema_extra=mounted("live"))
     budget_bytes: int = Field(default=64 * 2**30, ge=2**20, description="most bytes the cache may hold")
     concurrency: int = Field(default=4, gt=0, description="shard downloads in flight while pre-staging")
     read_ahead: int = Field(default=2, ge=0, description="shards fetched ahead of the one being read")
@@ -43,7 +43,9 @@ class LoaderConfig(StrictModel):
         default=300.0, gt=0, description="longest wait for one batch before the trainer fails (a hung read, a lost worker)"
     )
     handoff_dir: str | None = Field(
-        default=None, description="where workers hand decoded batches over (shared memory); default /dev/shm"
+        default=None,
+        description="where workers hand decoded batches over (shared memory); default /dev/shm",
+        json_schema_extra=mounted("live"),
     )
     start_method: Literal["fork", "forkserver", "spawn"] = Field(
         default="fork", description="how workers start (multiprocessing); fork is fastest and safe: workers never touch CUDA"

@@ -15,7 +15,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from drape.config.base import StrictModel
+from drape.config.base import StrictModel, mounted
 
 INCEPTION_SOURCE = (
     "https://api.ngc.nvidia.com/v2/models/nvidia/research/stylegan3/versions/1/files/metrics/inception-2015-12-05.pkl "
@@ -44,8 +44,14 @@ class EvalConfig(StrictModel):
     """`drape eval`: the protocol (resolution, samples, seed, guidance come from here and the
     sampler's config) and where the feature networks' weights lie."""
 
-    inception_path: str | None = Field(default=None, description=f"TorchScript Inception-v3 for FID/KID; from {INCEPTION_SOURCE}")
-    lpips_backbone_path: str | None = Field(default=None, description=f"AlexNet weights for LPIPS; from {LPIPS_BACKBONE_SOURCE}")
+    inception_path: str | None = Field(
+        default=None,
+        description=f"TorchScript Inception-v3 for FID/KID; from {INCEPTION_SOURCE}",
+        json_schema_extra=mounted("file"),
+    )
+    lpips_backbone_path: str | None = Field(
+        default=None, description=f"AlexNet weights for LPIPS; from {LPIPS_BACKBONE_SOURCE}", json_schema_extra=mounted("file")
+    )
     fid_resize: Literal["clean", "legacy"] = Field(
         default="clean",
         description=(

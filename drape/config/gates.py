@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from drape.config.base import StageName, StrictModel
+from drape.config.base import StageName, StrictModel, mounted
 
 # a check's score lies in [0, 1] where 1 is perfect: a threshold outside (0, 1] passes anything
 # (or nothing) and is refused; one value for every stage, or one per stage
@@ -42,13 +42,16 @@ class IdentityGateConfig(StrictModel):
             "ONNX model (onnx_model_path) on crops aligned to its 112×112 template"
         ),
     )
-    onnx_model_path: str | None = Field(default=None, description="onnx and arcface: the embedder's .onnx file (a local path)")
+    onnx_model_path: str | None = Field(
+        default=None, description="onnx and arcface: the embedder's .onnx file (a local path)", json_schema_extra=mounted("file")
+    )
     model_dir: str | None = Field(
         default=None,
         description=(
             "dlib (and arcface with detector dlib): the folder of its .dat weights (default: face-recognition-models'); "
             "arcface with detector mtcnn: the folder of pnet.pt, rnet.pt, onet.pt (default: facenet-pytorch's data)"
         ),
+        json_schema_extra=mounted("model"),
     )
     detector: Literal["dlib", "mtcnn"] = Field(
         default="dlib",

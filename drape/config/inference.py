@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from drape.config.base import StrictModel
+from drape.config.base import StrictModel, mounted
 
 Precision = Literal["fp32", "bf16", "fp16"]
 SdpaBackend = Literal["default", "math", "efficient", "flash", "cudnn"]
@@ -86,7 +86,11 @@ class QualityConfig(StrictModel):
 
 
 class InferenceConfig(StrictModel):
-    model: str = Field(default="denoise-baseline", description="registry alias or checkpoint directory to measure")
+    model: str = Field(
+        default="denoise-baseline",
+        description="registry alias or checkpoint directory to measure",
+        json_schema_extra=mounted("checkpoint"),
+    )
     runs: int = Field(default=20, ge=10, description="timed requests per variant (median and p90 of these)")
     warmup: int = Field(default=3, ge=1, description="untimed requests first (compilation, allocator, caches)")
     memory_requests: int = Field(default=3, gt=0, description="requests of their own that measure peak memory")

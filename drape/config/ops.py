@@ -7,14 +7,18 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from drape import REGISTERED_MODEL
-from drape.config.base import StrictModel
+from drape.config.base import StrictModel, mounted
 from drape.config.slurm import SlurmLauncherConfig
 
 
 class TrackingConfig(StrictModel):
-    uri: str | None = Field(default=None, description="MLflow URI; default sqlite:///<root>/mlflow.db")
+    uri: str | None = Field(
+        default=None, description="MLflow URI; default sqlite:///<root>/mlflow.db", json_schema_extra=mounted("store")
+    )
     artifact_root: str | None = Field(
-        default=None, description="where MLflow stores run artifacts (s3://… at scale); default file://<root>/mlflow-artifacts"
+        default=None,
+        description="where MLflow stores run artifacts (s3://… at scale); default file://<root>/mlflow-artifacts",
+        json_schema_extra=mounted("store"),
     )
     experiment: str = Field(default="drape", description="the MLflow experiment runs are logged under")
     registered_model: str = Field(
@@ -231,7 +235,11 @@ class QueueConfig(StrictModel):
         description="how the queue sees GPUs: local (this machine's devices), static (the inventory file), "
         "prometheus (the DCGM exporter's series)",
     )
-    inventory: str | None = Field(default=None, description="fleet YAML for 'static' (and the ledger's inventory)")
+    inventory: str | None = Field(
+        default=None,
+        description="fleet YAML for 'static' (and the ledger's inventory)",
+        json_schema_extra=mounted("none", "the dispatcher's and the cost ledger's, never a job's"),
+    )
     prometheus_url: str | None = Field(default=None, description="Prometheus with the DCGM exporter's series")
     launcher: Literal["local", "kubernetes", "slurm"] = Field(
         default="local",

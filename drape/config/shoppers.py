@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from drape.config.base import StrictModel
+from drape.config.base import StrictModel, mounted
 
 
 class ShopperGateConfig(StrictModel):
@@ -57,5 +57,6 @@ class ShoppersConfig(StrictModel):
         default=None,
         description="the MLflow server's database, which `mlflow gc` needs to delete a shopper's runs for good "
         "when tracking.uri is an http server (credentials from the environment, never here)",
+        json_schema_extra=mounted("none", "`drape shopper forget`'s, on the flow's side: a job never opens it"),
     )
     timeout_seconds: float = Field(default=3600, gt=0, description="bound on the personalization job's wait")

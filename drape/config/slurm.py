@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from drape.config.base import StrictModel
+from drape.config.base import StrictModel, mounted
 
 _NAME = r"^[A-Za-z0-9_.+-]+$"  # a partition, account, gres type or node name: nothing a shell would read
 
@@ -71,5 +71,10 @@ class SlurmLauncherConfig(StrictModel):
         default=None,
         description="where Slurm writes each job's output (sbatch --output): a folder the nodes share with the "
         "dispatcher's node, which relays the lines to the flow; default <root>/queue/logs",
+        json_schema_extra=mounted("none", "Slurm's: written by slurmd on a shared file system, never in a pod"),
     )
-    script_dir: str | None = Field(default=None, description="where sbatch scripts are written; default <root>/queue/slurm")
+    script_dir: str | None = Field(
+        default=None,
+        description="where sbatch scripts are written; default <root>/queue/slurm",
+        json_schema_extra=mounted("none", "the dispatcher's: sbatch reads it on the login node, never in a pod"),
+    )

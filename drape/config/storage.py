@@ -7,13 +7,15 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from drape import ARTIFACT_KINDS, ArtifactKind, Outcome
-from drape.config.base import OutcomeName, StrictModel
+from drape.config.base import OutcomeName, StrictModel, mounted
 
 
 class StorageConfig(StrictModel):
     """Where artifacts go. Credentials never live here: S3 uses the standard AWS chain."""
 
-    object_store_url: str | None = Field(default=None, description="fsspec URL; default file://<root>/objects")
+    object_store_url: str | None = Field(
+        default=None, description="fsspec URL; default file://<root>/objects", json_schema_extra=mounted("store")
+    )
     endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, Ceph, a test server)")
     region: str | None = Field(default=None, description="the S3 region; unset: the AWS chain's (AWS_REGION, profile)")
     multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from drape import STAGES
-from drape.config.base import StageName, StrictModel
+from drape.config.base import StageName, StrictModel, mounted
 
 ModelKind = Literal["pixel-dit", "latent-dit", "latent-unet", "catvton"]
 LATENT_KINDS = ("latent-dit", "latent-unet", "catvton")  # diffuse the latents of model.vae
@@ -40,6 +40,7 @@ class VaeConfig(StrictModel):
             "float32: the VAE's weights upcast on load; stored: kept in the dtype the files hold (an fp16 variant: half "
             "the memory; the VAE is frozen, so nothing trains in it)"
         ),
+        json_schema_extra=mounted("model"),
     )
     latent_channels: int = Field(default=16, gt=0, description="SD3 and FLUX use 16")
     block_out_channels: list[int] = Field(default=[32, 64], min_length=1, description="each block after the first halves H and W")
@@ -107,6 +108,7 @@ class DenoiserConfig(StrictModel):
             "read diffusion_pytorch_model.<variant>.safetensors (the hub's fp16 / bf16 files) instead of the plain one; "
             "the denoiser trains, so its weights are always upcast to float32 master weights"
         ),
+        json_schema_extra=mounted("model"),
     )
     config: dict[str, Any] | None = Field(
         default=None,

@@ -7,7 +7,8 @@ import json
 from typing import TYPE_CHECKING
 
 from drape import JobKind
-from drape.layout import LiveLayout, job_paths, live_root, model_paths
+from drape.layout import LiveLayout, live_root
+from drape.mounts import job_paths, model_paths
 from scheduler.queue.store import JobSpec
 
 if TYPE_CHECKING:

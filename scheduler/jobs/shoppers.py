@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 from drape import JobKind
-from drape.layout import job_paths, model_paths
+from drape.mounts import job_paths, model_paths
 from drape.shoppers import subject_of
 from drape.shoppers.forget import Subject
 from drape.shoppers.ledger import require_ledger, write_ledger

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from drape import JobKind, parse_stage
-from drape.layout import job_paths
+from drape.mounts import job_paths
 from drape.storage.handoff import job_key
 from drape.storage.store import open_store
 from scheduler.policy import GpuState

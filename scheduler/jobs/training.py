@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from drape import JobKind, job_kind_for
-from drape.layout import job_paths, model_paths
+from drape.mounts import job_paths, model_paths
 from scheduler.queue.store import JobSpec
 
 
@@ -34,6 +34,6 @@ def train_job_spec(config, *, stage: str, mode: str, run_id: str, command: list[
             "run": run_id,
             "launch": "torchrun",
             "mounts": json.dumps(job_paths(config)),
-            "models": json.dumps(model_paths(config)),  # read-only: the VAE, the identity embedder
+            "models": json.dumps(model_paths(config)),  # read-only: the denoiser, the VAE, the gates' and eval's weights
         },
     )

@@ -27,6 +27,7 @@ EXPECTED_DEPLOYMENTS = {
     "staged-training/slurm",
     "queue-dispatcher/slurm",
     "retention-sweep/weekly",
+    "retention-sweep/production",
     "prestage-dataset/demo",
     "queue-dispatcher/demo",
     "inference-benchmark/demo",
@@ -91,7 +92,7 @@ def test_prefect_yaml_uses_anchors_and_the_gpu_template_renders_a_valid_job():
     assert {v["name"] for v in manifest["spec"]["template"]["spec"]["volumes"]} >= {"shard-cache", "live-root"}
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
     from drape.config import load_config
-    from drape.layout import job_paths, model_paths
+    from drape.mounts import job_paths, model_paths
 
     h100 = load_config(PREFECT_FILE.parents[1] / "configs" / "h100.yaml")
     assert set(job_paths(h100)) <= mounts  # the flow pod sees the paths its config writes to
@@ -135,6 +136,9 @@ def test_deploy_and_run_a_flow_run_through_a_worker(tmp_path, monkeypatch):
         assert {f"{flows[d['flow_id']]}/{d['name']}" for d in deployments} == EXPECTED_DEPLOYMENTS
         sweep = next(d for d in deployments if d["name"] == "weekly")
         assert sweep["schedules"][0]["schedule"]["cron"] == "0 3 * * 0"
+        production = next(d for d in deployments if d["name"] == "production")  # the production configs' weekly sweep
+        assert production["work_pool_name"] == "gpu-k8s" and production["parameters"]["config_path"] == "configs/h100.yaml"
+        assert production["schedules"][0]["schedule"]["cron"] == "0 4 * * 0"
         pools = {p["name"]: p for p in _api(stack, "/work_pools/filter", {})}
         assert pools["local"]["type"] == pools["slurm-login"]["type"] == "process" and pools["gpu-k8s"]["type"] == "kubernetes"
         pool_variables = pools["gpu-k8s"]["base_job_template"]["variables"]["properties"]

@@ -172,6 +172,7 @@ def test_the_generated_lists_hold_every_deployment_config_command_and_make_targe
     table = hooks.deployments_table()
     assert len(hooks.deployments()) == len(declared) and table.count("\n| `") == len(declared)
     assert "| `staged-training/demo` | `local` |" in table and "| `retention-sweep/weekly` |" in table
+    assert "| `retention-sweep/production` | `gpu-k8s` |" in table  # the production configs' weekly sweep
     configs = hooks.configs_table()
     for path in (REPO / "configs").rglob("*.y*ml"):  # folders too: configs/ may hold overlays
         assert f"| `{path.relative_to(REPO).as_posix()}` |" in configs, path

@@ -136,9 +136,12 @@ def test_the_image_provides_every_program_the_manifests_run():
 def test_the_variants_and_their_bases():
     assert ("", "ARG", "VARIANT=gpu") in _instructions()
     bases = _bases()
-    assert set(bases) == {"gpu", "cpu"}
+    assert set(bases) == {"gpu", "cpu", "debian"}
     assert bases["gpu"].startswith("nvidia/cuda:") and "cudnn-runtime" in bases["gpu"]
     assert bases["cpu"].startswith("python:3.11-slim")
+    # `make image-test` (infra/image/build.sh): a debootstrapped Debian 12, its own Python 3.11, torch's CPU wheel
+    assert bases["debian"] == "${DEBIAN_BASE}" and ("", "ARG", "DEBIAN_BASE=localhost/drape-base:bookworm") in _instructions()
+    assert "python3-venv" in " ".join(_in("base-debian", "RUN")) and "/whl/cpu" in " ".join(_in("base-debian", "ARG"))
     assert any(i == "FROM" and args == "base-${VARIANT} AS image" for _, i, args in _instructions())
     assert "/whl/cpu" in " ".join(_in("base-cpu", "ARG"))  # never the multi-GB CUDA build on CPU
     assert "python3.11" in " ".join(_in("base-gpu", "RUN"))

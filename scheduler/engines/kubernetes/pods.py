@@ -16,7 +16,8 @@ hold the same promises:
   stall every other rank at the next collective).
 - /dev/shm is a memory-backed emptyDir with a size limit: Kubernetes' default of 64 MB kills
   DataLoader workers, an unbounded one lets a leak take the node.
-- Every path of the job's config at the same path, and its pretrained files read-only.
+- Every path of the job's config at the same path (drape/mounts.py derives them from the config's
+  fields), and its pretrained weights read-only: the denoiser, the VAE, the gates' and eval's models.
 - Non-root, no privilege escalation, no capabilities, RuntimeDefault seccomp, no API token.
 """
 
@@ -103,14 +104,17 @@ def _volume_source(path: str, settings) -> dict:
 
 def _absolute(job: dict, path: str, what: str) -> str:
     if not PurePosixPath(path).is_absolute():
-        raise ValueError(f"job {job['id']}: {what} {path!r} of its config is relative; a pod needs absolute paths")
+        hub = " (a hub id is read from the node's Hugging Face cache, which a pod does not see: name the mounted folder)"
+        raise ValueError(
+            f"job {job['id']}: {what} {path!r} of its config is relative; a pod needs absolute paths{hub if '/' in path else ''}"
+        )
     return path
 
 
 def volumes(job: dict, settings, shm_gib: int):
     """(mounts, volumes): /dev/shm in memory (`shm_gib`), every path of the job's config at its own
     path (its PersistentVolumeClaim from `volume_claims`, else the node's directory), and its
-    pretrained files (the VAE, the identity embedder) read-only from the node."""
+    pretrained weights (`drape.mounts.model_paths`) read-only from the node."""
     from kubernetes import client
 
     shm = client.V1EmptyDirVolumeSource(medium="Memory", size_limit=f"{shm_gib}Gi")
