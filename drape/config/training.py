@@ -29,6 +29,7 @@ class VaeConfig(StrictModel):
             "a diffusers AutoencoderKL directory (config.json + safetensors, one file or shards beside an index; "
             "never pickle), e.g. SD3's vae/; unset: a fresh one shaped by the fields below (tests, smoke runs)"
         ),
+        json_schema_extra=mounted("model"),
     )
     variant: WeightsVariant | None = Field(
         default=None,
@@ -40,7 +41,6 @@ class VaeConfig(StrictModel):
             "float32: the VAE's weights upcast on load; stored: kept in the dtype the files hold (an fp16 variant: half "
             "the memory; the VAE is frozen, so nothing trains in it)"
         ),
-        json_schema_extra=mounted("model"),
     )
     latent_channels: int = Field(default=16, gt=0, description="SD3 and FLUX use 16")
     block_out_channels: list[int] = Field(default=[32, 64], min_length=1, description="each block after the first halves H and W")
@@ -94,6 +94,7 @@ class DenoiserConfig(StrictModel):
             "downloaded), or CatVTON's release (a folder holding attention/model.safetensors) over `base`; "
             "unset: random weights shaped by `config` (tests, smoke runs)"
         ),
+        json_schema_extra=mounted("model"),
     )
     base: str | None = Field(
         default=None,
@@ -101,6 +102,7 @@ class DenoiserConfig(StrictModel):
             "where `path` is CatVTON's attention-only release: the diffusers UNet folder (or hub id) it goes over, "
             "SD1.5-inpainting's unet/"
         ),
+        json_schema_extra=mounted("model"),
     )
     variant: WeightsVariant | None = Field(
         default=None,
@@ -108,7 +110,6 @@ class DenoiserConfig(StrictModel):
             "read diffusion_pytorch_model.<variant>.safetensors (the hub's fp16 / bf16 files) instead of the plain one; "
             "the denoiser trains, so its weights are always upcast to float32 master weights"
         ),
-        json_schema_extra=mounted("model"),
     )
     config: dict[str, Any] | None = Field(
         default=None,
