@@ -104,8 +104,9 @@ def save_checkpoint(
     base = None
     if bases is not None:
         base = _save_stage_weights(temporary, model, stage_names or trainable_names, Path(bases))
-    if base is None:
+    if base is None:  # whole: a `base` record carried over from the manifest of a stage checkpoint no longer holds
         model.save_pretrained(temporary / "model", safe_serialization=True)
+        manifest = {key: value for key, value in manifest.items() if key != "base"}
     else:
         manifest = {**manifest, "base": base}
     if optimizer is not None:

@@ -88,9 +88,19 @@ def live_files(config) -> set[str]:
 
 
 def assert_live_invariant(config):
-    """Only the current baselines and the control shards remain once a run is over."""
+    """Only the current baselines (and the frozen base their stage checkpoints name: bases/<sha256>/)
+    and the control shards remain once a run is over."""
+    live = pipeline.live_root(config)
+    named = {
+        manifest["base"]["sha256"]
+        for path in live.glob("baselines/*/checkpoint/manifest.json")
+        if (manifest := json.loads(path.read_text())).get("base")
+    }
     for relative in live_files(config):
         parts = Path(relative).parts
+        if parts[0] == "bases":  # a base is live only while a live baseline names it
+            assert parts[1] in named, relative
+            continue
         assert parts[0] in ("baselines", "shards"), relative
         if parts[0] == "shards":  # shards/<dataset>/<version>/<split>/...
             assert parts[3] == "control", relative
