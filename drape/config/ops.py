@@ -8,6 +8,7 @@ from pydantic import Field, model_validator
 
 from drape import REGISTERED_MODEL
 from drape.config.base import StrictModel, mounted
+from drape.config.names import DnsLabel, DnsSubdomain, LabelKey, LabelValue, NodeName
 from drape.config.slurm import SlurmLauncherConfig
 
 
@@ -56,15 +57,15 @@ def _pinned(image: str) -> str:
 
 
 class KubernetesLauncherConfig(StrictModel):
-    namespace: str = Field(default="drape", description="the Kubernetes namespace job pods are created in")
+    namespace: DnsLabel = Field(default="drape", description="the Kubernetes namespace job pods are created in")
     image: str = Field(default="ghcr.io/drape-ai/drape:0.1.0", description="pinned: a tag other than latest, or a digest")
-    service_account: str | None = Field(
+    service_account: DnsSubdomain | None = Field(
         default="drape-job",
         description="the ServiceAccount job pods run as (infra/k8s/base/rbac.yaml); unset: the namespace's default",
     )
     run_as_user: int = Field(default=10001, gt=0, description="the non-root user (and group) job pods run as")
-    product_label: str = Field(default="nvidia.com/gpu.product", description="node label that names the GPU product")
-    products: dict[str, str] = Field(
+    product_label: LabelKey = Field(default="nvidia.com/gpu.product", description="node label that names the GPU product")
+    products: dict[str, LabelValue] = Field(
         default_factory=lambda: {
             "H100-80GB": "NVIDIA-H100-80GB-HBM3",
             "L40S-48GB": "NVIDIA-L40S",
@@ -76,14 +77,14 @@ class KubernetesLauncherConfig(StrictModel):
         default_factory=lambda: [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         description="tolerations of job pods (Kubernetes' own keys): by default the GPU nodes' nvidia.com/gpu taint",
     )
-    volume_claims: dict[str, str] = Field(
+    volume_claims: dict[str, DnsSubdomain] = Field(
         default_factory=dict,
         description="a job path (its config's live root or shard cache) → the PersistentVolumeClaim mounted there; "
         "a path not named here is the node's own directory (hostPath)",
     )
     request_timeout_seconds: float = Field(default=30.0, gt=0, description="the longest wait for one Kubernetes API call")
     training_operator: bool = Field(default=False, description="multi-node jobs as Kubeflow PyTorchJobs instead of indexed Jobs")
-    node_label: str | None = Field(
+    node_label: LabelKey | None = Field(
         default="kubernetes.io/hostname",
         description="the node label whose value is the fleet's node name (kubernetes.io/hostname, which the kubelet "
         "sets on every node, is DCGM's Hostname under the GPU operator): every pod is pinned by required node affinity "
@@ -104,12 +105,12 @@ class KubernetesLauncherConfig(StrictModel):
         "time-slicing or mps (NVIDIA's device plugin with renameByDefault: every GPU of such a node is offered as "
         "`shared_resource` only); the queue co-locates jobs only on nodes that share (or with dra_device_class)",
     )
-    node_sharing: dict[str, Sharing] = Field(
+    node_sharing: dict[NodeName, Sharing] = Field(
         default_factory=dict,
         description="per fleet node, how its GPUs are shared where it differs from `sharing` (the device plugin's "
         "per-node config, label nvidia.com/device-plugin.config)",
     )
-    shared_resource: str | None = Field(
+    shared_resource: LabelKey | None = Field(
         default=None,
         description="the resource a shared GPU is offered as on a node that shares; unset: nvidia.com/gpu.shared "
         "(NVIDIA's device plugin with renameByDefault); never nvidia.com/gpu, under which a job planned to run alone "

@@ -5,17 +5,16 @@ from __future__ import annotations
 from pydantic import Field
 
 from drape.config.base import StrictModel, mounted
-
-_NAME = r"^[A-Za-z0-9_.+-]+$"  # a partition, account, gres type or node name: nothing a shell would read
+from drape.config.names import SlurmName  # nothing sbatch or a shell would read as a second option
 
 
 class SlurmLauncherConfig(StrictModel):
     """Drape's queue places (nodes, GPUs per node); Slurm runs each stage job where it was placed
     (``--nodelist``, ``--gres=gpu[:type]:N``) or refuses it, and the refusal fails the job with why."""
 
-    partition: str | None = Field(default=None, pattern=_NAME, description="sbatch --partition; unset: the default")
-    account: str | None = Field(default=None, pattern=_NAME, description="sbatch --account; unset: the user's default")
-    gres_types: dict[str, str] = Field(
+    partition: SlurmName | None = Field(default=None, description="sbatch --partition; unset: the default")
+    account: SlurmName | None = Field(default=None, description="sbatch --account; unset: the user's default")
+    gres_types: dict[str, SlurmName] = Field(
         default_factory=dict,
         description="fleet GPU model → the gres type Slurm's gres.conf names it (H100-80GB: h100): a job asks for "
         "--gres=gpu:<type>:N, so Slurm holds it to the model the queue placed it on; a model not listed: --gres=gpu:N",

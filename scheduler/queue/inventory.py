@@ -14,6 +14,7 @@ from pathlib import Path
 
 import yaml
 
+from drape.config import names
 from drape.config.loading import YamlBoundError, read_yaml
 from scheduler.policy import GpuState
 
@@ -74,6 +75,10 @@ def _fleet_group(group: object, at: str) -> tuple[str, float, int, int, str]:
     prefix = group.get("node_prefix", str(model).lower().replace(" ", "-"))
     if not isinstance(model, str) or not model or not isinstance(prefix, str) or has_control(model) or has_control(prefix):
         raise FleetFileError(f"{at}: model and node_prefix must be non-empty names without control characters")
+    try:  # its nodes' names reach sbatch's --nodelist and Kubernetes' node affinity
+        names.node_name(f"{prefix}-00", f"{at}: node_prefix {prefix!r} makes node")
+    except names.NameRefused as error:
+        raise FleetFileError(str(error)) from None
     if not (math.isfinite(memory) and 0 < memory <= MAX_GPU_MEMORY_GIB):
         raise FleetFileError(f"{at}: memory_gib must be a finite number in (0, {MAX_GPU_MEMORY_GIB:g}], got {memory}")
     if not (0 <= nodes <= MAX_NODES_PER_GROUP and 1 <= per_node <= MAX_GPUS_PER_NODE):

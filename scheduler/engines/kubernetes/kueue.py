@@ -27,6 +27,7 @@ from typing import Any
 
 import jsonschema
 
+from drape.config import names
 from scheduler.policy import GpuState
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
@@ -301,6 +302,10 @@ def validate(item: dict[str, Any]) -> None:
     except jsonschema.ValidationError as error:
         where = ".".join(str(part) for part in error.absolute_path) or "(object)"
         raise KueueError(f"{kind} {name}: {where}: {error.message}") from None
+    try:
+        names.kubernetes_object(item, f"{kind} {name}")  # the namespace, labels and selectors the schema leaves as strings
+    except names.NameRefused as error:
+        raise KueueError(str(error)) from None
     if kind == "ClusterQueue":
         _validate_groups(name, item["spec"]["resourceGroups"])
 

@@ -38,6 +38,7 @@ import json
 import shlex
 from typing import Any
 
+from drape.config import names
 from scheduler.engines import Outcome, torchrun_program
 from scheduler.engines.kubernetes.devices import WHOLE_GPU, Binding, bind
 from scheduler.engines.kubernetes.pods import (
@@ -119,7 +120,17 @@ def build_job(job: dict, gpus: list[GpuState], settings):
 
 def build_objects(job: dict, gpus: list[GpuState], settings) -> tuple[Any, tuple[dict, ...]]:
     """(the job's object as `build_job` gives it, the DRA claims or claim templates its pods reference);
-    BindingError when the cluster cannot be told the queue's plan (scheduler/engines/kubernetes/devices.py)."""
+    BindingError when the cluster cannot be told the queue's plan (scheduler/engines/kubernetes/devices.py),
+    NameRefused when a name in them (namespace, label, node) is not in Kubernetes' grammar (drape.config.names)."""
+    from kubernetes import client
+
+    body, claims = _objects(job, gpus, settings)
+    for item in (body, *claims):
+        names.kubernetes_object(item if isinstance(item, dict) else client.ApiClient().sanitize_for_serialization(item))
+    return body, claims
+
+
+def _objects(job: dict, gpus: list[GpuState], settings) -> tuple[Any, tuple[dict, ...]]:
     name, labels, command = k8s_name(job["id"], job.get("attempts")), pod_labels(job), json.loads(job["command"])
     env = {**json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
     placement = _placement(job, gpus, settings, name)

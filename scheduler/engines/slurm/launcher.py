@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from drape.config import names
 from scheduler.engines import Outcome, exit_message, is_python, job_environment, torchrun_program
 from scheduler.policy import GpuState
 
@@ -147,8 +148,12 @@ exit "$status"
 
 
 def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> str:
-    """The sbatch script of `job` placed on `gpus` (see the module docstring)."""
+    """The sbatch script of `job` placed on `gpus` (see the module docstring); every name in it is
+    checked against Slurm's grammar (drape.config.names), a NameRefused naming the job otherwise."""
+    names.slurm_job_name(job["id"], "queue job id")  # it is written in a comment line, and --comment
     request = SlurmRequest.of(gpus)
+    for node in request.nodes:  # each on its own: a comma in one would ask --nodelist for another node
+        names.node_name(node, f"job {job['id']}: placed node")
     env = {**json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
     exports = [
         f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items()) if re.fullmatch(r"[A-Z_][A-Z0-9_]*", name)
@@ -158,7 +163,9 @@ def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> s
         f"# drape queue job {job['id']} ({job.get('kind', '')}, stage {job.get('stage') or '-'}): scheduler/engines/slurm",
     ]
     body = _BODY.format(port=settings.rendezvous_port, task=shlex.quote(_task_command(job, request, settings)))
-    return "\n".join([*header, *_directives(job, request, settings, log_path), *exports, *settings.setup, body])
+    script = "\n".join([*header, *_directives(job, request, settings, log_path), *exports, *settings.setup, body])
+    names.sbatch_directives(script, f"job {job['id']}")
+    return script
 
 
 def _fields(line: str) -> dict[str, str]:
