@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 import os
 import sys
 from pathlib import Path
@@ -55,6 +56,25 @@ def _check_numbers(options: dict, defaults: dict) -> None:
                 reason = str(error).split(": ", 2)[-1]
                 declared = getattr(defaults.get(name), "param_decls", None) or [f"--{name.replace('_', '-')}"]
                 raise typer.BadParameter(reason, param_hint=declared[0]) from None
+
+
+def finite(low: float | None = None, high: float | None = None):
+    """A parser for a float option: a finite number in [low, high]; a usage error (exit 2) that says
+    "a finite number" for nan (whose every comparison is false, so a bound alone would name the wrong rule)."""
+
+    def parse(text: object) -> float:
+        try:
+            value = float(text)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise ValueError(f"expected a number, got {text!r}") from None
+        shown = f" in [{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
+        if not math.isfinite(value):
+            raise ValueError(f"expected a finite number{shown}, got {text}")
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"expected a number{shown}, got {value:g}")
+        return value
+
+    return parse
 
 
 def _friendly(function):

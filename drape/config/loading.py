@@ -14,6 +14,7 @@ import yaml
 
 MAX_CONFIG_BYTES = 1 << 20  # the largest shipped config is a few KiB
 MAX_EXPANDED_NODES = 100_000  # every node once per alias that reaches it
+MAX_DEPTH = 64  # nesting levels; the deepest shipped config nests about eight
 
 
 class YamlBoundError(ValueError):
@@ -46,6 +47,19 @@ def _expanded_nodes(root: yaml.Node, source: str) -> int:
     return sizes[id(root)]
 
 
+def _depth(root: yaml.Node) -> int:
+    """How deeply the document nests (each node once: aliases are bounded by `_expanded_nodes`)."""
+    deepest, seen, stack = 0, set(), [(root, 1)]
+    while stack and deepest <= MAX_DEPTH:
+        node, level = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        deepest = max(deepest, level)
+        stack.extend((child, level + 1) for child in _children(node))
+    return deepest
+
+
 def _children(node: yaml.Node) -> list[yaml.Node]:
     if isinstance(node, yaml.SequenceNode):
         return list(node.value)
@@ -68,9 +82,14 @@ def read_yaml(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES, max_nodes: int =
         text = raw.decode()
     except UnicodeDecodeError as error:
         raise YamlBoundError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    try:  # PyYAML composes and constructs recursively: a file of a million `[` exhausts the stack
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except RecursionError:
+        raise YamlBoundError(f"{path}: nested deeper than a config may be ({MAX_DEPTH} levels); refused") from None
     if node is None:
         return None
+    if _depth(node) > MAX_DEPTH:
+        raise YamlBoundError(f"{path}: nested deeper than a config may be ({MAX_DEPTH} levels); refused")
     expanded = _expanded_nodes(node, str(path))
     if expanded > max_nodes:
         raise YamlBoundError(

@@ -14,7 +14,7 @@ sharded checkpoints with `torch.distributed.checkpoint` (DCP).
   checkpoint saved by N ranks loads on M (DCP reshards). DCP's `.metadata` is a pickle and its
   non-tensor items are `torch.load`ed with pickle allowed; drape reads neither that way: the
   metadata goes through an unpickler that admits only the classes DCP metadata is made of
-  (`_MetadataUnpickler`), and the non-tensor items through ``torch.load(weights_only=True)``, so a
+  (`_MetadataUnpickler`), and the non-tensor items through ``torch.load(weights_only=True)`` (drape.torchfile), so a
   crafted checkpoint cannot run code, whatever its manifest says (the sha256 manifest proves
   integrity, not origin). The checkpoint a stage ends with (the one gated, promoted, archived) is
   always safetensors + manifest.
@@ -37,6 +37,7 @@ import torch.distributed as dist
 from drape.jsonfile import read_json_object
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
+from drape.torchfile import load_tensors
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,7 @@ def _safe_dcp(path: Path):
 
     class Planner(DefaultLoadPlanner):
         def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
-            loaded = torch.load(value, weights_only=True)  # plain values only: no pickle of objects
+            loaded = load_tensors(value, f"{path}: checkpoint item {read_item.dest_index.fqn}")  # tensors and plain values only
             if self.flatten_state_dict:
                 from torch.distributed.checkpoint._traverse import set_element
 

@@ -31,6 +31,7 @@ from drape.config import ConfigError, PipelineConfig, load_config, parse_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
 from drape.data.partition import StageData, load_stage_data, resolve_partitions
+from drape.jsonfile import parse_json, read_json
 from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, live_root
 from drape.ops.metrics import push_metrics
 from drape.ops.process import end_without_collection
@@ -138,10 +139,9 @@ class StageJob:
         where = str(path)
         if "://" in where and not where.startswith("file://"):
             folder, name = where.rsplit("/", 1)
-            text = ObjectStore(folder, endpoint_url=endpoint_url).read_bytes(name).decode()
+            payload = parse_json(ObjectStore(folder, endpoint_url=endpoint_url).read_bytes(name), where, "stage job")
         else:
-            text = Path(where.removeprefix("file://")).read_text()
-        payload = json.loads(text)
+            payload = read_json(where.removeprefix("file://"), "stage job")
         if not isinstance(payload, dict) or payload.get("schema") != JOB_SCHEMA:
             schema = payload.get("schema") if isinstance(payload, dict) else None
             raise ValueError(f"{where}: not a drape stage job (schema {schema!r}, expected {JOB_SCHEMA!r})")
