@@ -58,20 +58,21 @@ def _check_numbers(options: dict, defaults: dict) -> None:
                 raise typer.BadParameter(reason, param_hint=declared[0]) from None
 
 
-def finite(low: float | None = None, high: float | None = None):
-    """A parser for a float option: a finite number in [low, high]; a usage error (exit 2) that says
-    "a finite number" for nan (whose every comparison is false, so a bound alone would name the wrong rule)."""
+def finite(flag: str, low: float | None = None, high: float | None = None):
+    """A parser for the float option `flag`: a finite number in [low, high], else a usage error (exit 2)
+    naming the flag, that says "a finite number" for nan (whose every comparison is false, so a bound
+    alone would name the wrong rule)."""
 
     def parse(text: object) -> float:
         try:
             value = float(text)  # type: ignore[arg-type]
         except (TypeError, ValueError):
-            raise ValueError(f"expected a number, got {text!r}") from None
+            raise typer.BadParameter(f"expected a number, got {text!r}", param_hint=flag) from None
         shown = f" in [{'-inf' if low is None else f'{low:g}'}, {'inf' if high is None else f'{high:g}'}]"
         if not math.isfinite(value):
-            raise ValueError(f"expected a finite number{shown}, got {text}")
+            raise typer.BadParameter(f"expected a finite number{shown}, got {text}", param_hint=flag)
         if (low is not None and value < low) or (high is not None and value > high):
-            raise ValueError(f"expected a number{shown}, got {value:g}")
+            raise typer.BadParameter(f"expected a number{shown}, got {value:g}", param_hint=flag)
         return value
 
     return parse

@@ -311,7 +311,7 @@ def queue_kueue(
 def queue_render(
     gpus: int = typer.Option(1, min=1, max=512, help="GPUs the queue placed the job on"),
     nodes: int = typer.Option(1, min=1, max=64, help="nodes they span (the same GPUs on each)"),
-    mem_gib: float = typer.Option(20.0, parser=finite(0.1, 1024), help="its memory profile: GiB per GPU"),
+    mem_gib: float = typer.Option(20.0, parser=finite("--mem-gib", 0.1, 1024), help="its memory profile: GiB per GPU"),
     shared: bool = typer.Option(False, "--shared", help="a single-GPU job placed beside another job on its GPU"),
     sharing: str | None = typer.Option(None, help="as if queue.kubernetes.sharing were this (none|time-slicing|mps)"),
     dra: bool = typer.Option(False, "--dra", help="as if queue.kubernetes.dra_device_class were gpu.nvidia.com"),

@@ -44,6 +44,8 @@ class NameRefused(ValueError):
 
 def _refuse(where: str, value: object, expected: str) -> NameRefused:
     """`where` empty: a config field's check, whose error the loader completes with the field, file and value."""
+    if isinstance(value, str) and any(ord(character) < 32 or ord(character) == 127 for character in value):
+        expected = f"no control characters (newline, tab, escape): control characters are refused; {expected}"
     return NameRefused(f"{where} {value!r}: expected {expected}" if where else f"expected {expected}")
 
 
