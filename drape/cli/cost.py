@@ -92,7 +92,9 @@ def cost_compare(
 @app.command("fleet")
 def cost_fleet(
     config: Path | None = ConfigOption,
-    window_hours: float = typer.Option(24.0, "--hours", parser=finite("--hours", 0.001), help="the window: the last this many hours"),
+    window_hours: float = typer.Option(
+        24.0, "--hours", parser=finite("--hours", 0.001), help="the window: the last this many hours"
+    ),
 ) -> None:
     """Reserved GPU-hours the queue's fleet left idle over the window, priced at cost.fleet_plan."""
     from drape.cost import CostError
@@ -162,8 +164,12 @@ def cost_estimate(
     config: Path | None = ConfigOption,
     like: str = typer.Option(..., help="a measured run whose overheads the modelled run takes"),
     like_config: Path | None = typer.Option(None, help="the measured run's config (default: --config)"),
-    step_seconds: float | None = typer.Option(None, min=0.0, help="wall seconds per step (default: the queue's estimate)"),
-    efficiency: float = typer.Option(1.0, parser=finite("--efficiency", 0.01, 1.0), help="scaling efficiency on the config's GPUs"),
+    step_seconds: float | None = typer.Option(
+        None, parser=finite("--step-seconds", 0.0), help="wall seconds per step (default: the queue's estimate)"
+    ),
+    efficiency: float = typer.Option(
+        1.0, parser=finite("--efficiency", 0.01, 1.0), help="scaling efficiency on the config's GPUs"
+    ),
     model: str = typer.Option("NVIDIA H100 80GB HBM3", help="the GPU model the config runs on"),
 ) -> None:
     """A modelled run of the config, priced under every plan.
