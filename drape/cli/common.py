@@ -95,8 +95,7 @@ def _friendly(function):
             hint = ""
             if type(error).__module__.startswith(("botocore", "urllib3", "aiobotocore")):
                 hint = (
-                    " (is storage.endpoint_url right and the endpoint up? each S3 call waits up to "
-                    "storage.connect_timeout_seconds + read_timeout_seconds per attempt, storage.retry_attempts attempts)"
+                    " (is storage.endpoint_url right and the endpoint up? each S3 request waits up to storage.max_wait_seconds)"
                 )
             fail(redact(f"{type(error).__name__}: {error}{hint}"), 1)
 

@@ -19,11 +19,32 @@ class StorageConfig(StrictModel):
     endpoint_url: str | None = Field(default=None, description="S3-compatible endpoint (MinIO, Ceph, a test server)")
     region: str | None = Field(default=None, description="the S3 region; unset: the AWS chain's (AWS_REGION, profile)")
     multipart_chunk_bytes: int = Field(default=64 * 2**20, ge=5 * 2**20, description="S3 multipart part size")
-    retry_attempts: int = Field(default=8, ge=1, description="S3 attempts per request (500, 503 SlowDown, resets, timeouts)")
-    connect_timeout_seconds: float = Field(default=10.0, gt=0, description="seconds to open a connection to the endpoint")
-    read_timeout_seconds: float = Field(
-        default=20.0, gt=0, description="a silent endpoint fails after retry_attempts × (connect + read timeout)"
+    retry_attempts: int = Field(
+        default=8,
+        ge=1,
+        description="S3 attempts per request at most (500, 503 SlowDown, resets, timeouts); fewer where all of them "
+        "would not fit max_wait_seconds",
     )
+    connect_timeout_seconds: float = Field(default=5.0, gt=0, description="seconds to open a connection to the endpoint")
+    read_timeout_seconds: float = Field(default=10.0, gt=0, description="seconds an open connection may stay silent")
+    max_wait_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="the longest one S3 request may take, connect, read and retries together: an endpoint that "
+        "accepts and never answers is a clear error after at most this long (the attempts are cut to fit it)",
+    )
+
+    @model_validator(mode="after")
+    def _one_attempt_fits(self) -> StorageConfig:
+        if self.connect_timeout_seconds + self.read_timeout_seconds > self.max_wait_seconds:
+            raise ValueError(
+                f"storage.max_wait_seconds {self.max_wait_seconds:g} is shorter than one attempt "
+                f"(connect_timeout_seconds {self.connect_timeout_seconds:g} + read_timeout_seconds "
+                f"{self.read_timeout_seconds:g}); raise it or lower the timeouts"
+            )
+        return self
+
     prices_per_gb_month: dict[str, float] = Field(
         default_factory=lambda: {
             "live": 0.08,

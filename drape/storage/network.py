@@ -51,13 +51,33 @@ def network_failure(error: BaseException) -> str | None:
     return None
 
 
+# botocore's standard retry mode waits rand(0, 1) × min(2 ** attempt, 20) s before each retry of a
+# throttled request, and up to 5 s more when the store sends x-amz-retry-after (timeouts wait less)
+BACKOFF_CAP_SECONDS, RETRY_AFTER_EXTRA_SECONDS = 20.0, 5.0
+
+
+def worst_wait(attempts: int, connect_timeout: float, read_timeout: float) -> float:
+    """The longest one request can take, all `attempts` timing out and backing off in full."""
+    backoff = sum(min(2.0**attempt, BACKOFF_CAP_SECONDS) + RETRY_AFTER_EXTRA_SECONDS for attempt in range(attempts - 1))
+    return attempts * (connect_timeout + read_timeout) + backoff
+
+
+def attempts_within(max_wait: float, attempts: int, connect_timeout: float, read_timeout: float) -> int:
+    """The most attempts (at most `attempts`, at least 1) whose `worst_wait` fits `max_wait`:
+    storage.max_wait_seconds bounds connect, read and retries together."""
+    while attempts > 1 and worst_wait(attempts, connect_timeout, read_timeout) > max_wait:
+        attempts -= 1
+    return attempts
+
+
 def endpoint_error(store: Any, failure: str) -> StorageError:
     """The StorageError for `store` (an ObjectStore) when its endpoint did not answer in time."""
     where = redact_url(store.endpoint) if store.endpoint else "of the AWS region" if store.is_s3 else redact_url(store.url)
     return StorageError(
         f"{store!r}: the endpoint {where} did not answer in time, "
-        f"or stalled mid-response ({failure}), within storage.connect_timeout_seconds {store.connect_timeout:g} / "
-        f"read_timeout_seconds {store.read_timeout:g}, {store.retry_attempts} attempt(s)"
+        f"or stalled mid-response ({failure}), within storage.max_wait_seconds {store.max_wait:g} "
+        f"(connect_timeout_seconds {store.connect_timeout:g} / read_timeout_seconds {store.read_timeout:g}, "
+        f"{store.retry_attempts} attempt(s)); is storage.endpoint_url right and the endpoint up?"
     )
 
 

@@ -24,7 +24,7 @@ from drape.layout import safe_key
 from drape.secrets import has_credentials
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_file
-from drape.storage.network import BoundedReader, StorageError, bounded, redact_url  # the last two re-exported
+from drape.storage.network import BoundedReader, StorageError, attempts_within, bounded, redact_url  # two re-exported
 
 T = TypeVar("T")
 SINGLE_COPY_LIMIT = 5 * 2**30  # S3 CopyObject's largest source; larger objects are copied in parts
@@ -54,8 +54,9 @@ class ObjectStore:
         region: str | None = None,
         multipart_chunk_bytes: int = 64 * 2**20,
         retry_attempts: int = 8,
-        connect_timeout: float = 10.0,
-        read_timeout: float = 20.0,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 10.0,
+        max_wait: float = 60.0,
     ):
         for name, value in (("object store URL", url), ("endpoint_url", endpoint_url)):
             if value and has_credentials(value):
@@ -64,14 +65,15 @@ class ObjectStore:
                     "S3 reads them from the AWS chain: environment, profile or role"
                 )
         self.url = url.rstrip("/")
-        self.endpoint, self.retry_attempts = endpoint_url, retry_attempts
-        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.connect_timeout, self.read_timeout, self.max_wait = connect_timeout, read_timeout, max_wait
+        self.endpoint = endpoint_url
+        self.retry_attempts = attempts_within(max_wait, retry_attempts, connect_timeout, read_timeout)
         options = {}
         if self.url.startswith("s3://"):
             client = {k: v for k, v in (("endpoint_url", endpoint_url), ("region_name", region)) if v}
             # botocore's standard retry mode: 500, 502-504, 503 SlowDown, throttling, connection
             # resets and timeouts, with exponential backoff and jitter
-            retries = {"max_attempts": retry_attempts, "mode": "standard"}
+            retries = {"max_attempts": self.retry_attempts, "mode": "standard"}
             options = {
                 "client_kwargs": client,
                 "config_kwargs": {"retries": retries, "connect_timeout": connect_timeout, "read_timeout": read_timeout},
@@ -81,7 +83,7 @@ class ObjectStore:
         self.is_s3 = self.url.startswith("s3://")
         if self.is_s3:
             # botocore's retries are the only ones (s3fs would retry each of its calls 5 times on top):
-            # a silent endpoint fails after retry_attempts × (connect_timeout + read_timeout)
+            # a silent endpoint fails within max_wait: attempts × (connect_timeout + read_timeout) + backoff
             self.fs.retries = 1
         self.is_local = "file" in self.fs.protocol
         self.chunk_bytes = multipart_chunk_bytes
@@ -318,6 +320,7 @@ def open_store(config, url: str | None = None) -> ObjectStore:
         retry_attempts=storage.retry_attempts,
         connect_timeout=storage.connect_timeout_seconds,
         read_timeout=storage.read_timeout_seconds,
+        max_wait=storage.max_wait_seconds,
     )
 
 
