@@ -23,7 +23,7 @@ import fsspec
 from drape.layout import safe_key
 from drape.secrets import has_credentials
 from drape.storage.checksum import sha256_file
-from drape.storage.durable import fsync_dir, fsync_file
+from drape.storage.durable import fsync_dir, fsync_file, whole_or_nothing
 from drape.storage.network import BoundedReader, StorageError, attempts_within, bounded, redact_url  # two re-exported
 
 T = TypeVar("T")
@@ -155,8 +155,9 @@ class ObjectStore:
         temporary = f"{key}.tmp-{uuid.uuid4().hex[:8]}"
         parent = self.path(temporary).rsplit("/", 1)[0]
         self.fs.makedirs(parent, exist_ok=True)
-        self.fs.put_file(str(local), self.path(temporary))
         try:
+            with whole_or_nothing(self.path(temporary), self.path(key), f"an object of {self!r}", size):
+                self.fs.put_file(str(local), self.path(temporary))
             self.verify(temporary, size=size, sha256=digest)
             if self.is_local:
                 fsync_file(self.path(temporary))  # durable before the rename publishes it
@@ -250,8 +251,9 @@ class ObjectStore:
     def put_bytes(self, payload: bytes, key: str) -> StoredObject:
         """Write a small object through the same verified path as put_file."""
         scratch = Path(os.environ.get("TMPDIR", "/tmp")) / f"drape-put-{uuid.uuid4().hex}"
-        scratch.write_bytes(payload)
         try:
+            with whole_or_nothing(scratch, scratch, f"the scratch copy of {self.key_url(key)}", len(payload)):
+                scratch.write_bytes(payload)
             return self.put_file(scratch, key)
         finally:
             scratch.unlink(missing_ok=True)
@@ -263,7 +265,8 @@ class ObjectStore:
         local.parent.mkdir(parents=True, exist_ok=True)
         temporary = local.with_name(f".{local.name}.tmp-{uuid.uuid4().hex[:8]}")
         try:
-            self.fs.get_file(self.path(key), str(temporary))
+            with whole_or_nothing(temporary, local, f"a download of {self.key_url(key)}", lambda: self.size(key)):
+                self.fs.get_file(self.path(key), str(temporary))
         except FileNotFoundError:
             raise StorageError(f"{self.key_url(key)}: missing in the object store") from None
         if sha256 is not None and (actual := sha256_file(temporary)) != sha256:

@@ -34,7 +34,7 @@ from drape.config.base import check_model_shape
 from drape.jsonfile import read_json_object
 from drape.layout import checkpoint_dirs
 from drape.storage.checksum import sha256_file
-from drape.storage.durable import fsync_dir, fsync_tree
+from drape.storage.durable import fsync_dir, fsync_tree, whole_or_nothing
 from drape.training.base import (
     BASE_FILE,
     cached_hash,
@@ -101,6 +101,34 @@ def save_checkpoint(
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
+    needed = _tensor_bytes(model.state_dict(), ema, optimizer.state if optimizer is not None else None)
+    with whole_or_nothing(temporary, path, "a checkpoint", needed):  # a full disk: no partial copy, a clear error
+        return _save(temporary, path, model, optimizer, trainable_names, ema, manifest, bases, stage_names)
+
+
+def _tensor_bytes(*containers: object) -> int:
+    """Bytes of every tensor in `containers` (dicts of tensors, an optimizer's state): what a save writes."""
+    total, stack = 0, list(containers)
+    while stack:
+        item = stack.pop()
+        if isinstance(item, torch.Tensor):
+            total += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+    return total
+
+
+def _save(
+    temporary: Path,
+    path: Path,
+    model: TryOnModel,
+    optimizer: torch.optim.Optimizer | None,
+    trainable_names: list[str],
+    ema: dict[str, torch.Tensor] | None,
+    manifest: dict,
+    bases: str | Path | None,
+    stage_names: list[str] | None,
+) -> Path:
     base = None
     if bases is not None:
         base = _save_stage_weights(temporary, model, stage_names or trainable_names, Path(bases))
@@ -143,13 +171,14 @@ def _write_base(base_dir: Path, frozen: dict[str, torch.Tensor], digest: str, mo
     that got there first (the same content, by its name) wins; ours is dropped."""
     temporary = base_dir.with_name(f".{base_dir.name}.tmp-{os.getpid()}")
     shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    save_file({name: tensor.contiguous() for name, tensor in frozen.items()}, str(temporary / BASE_FILE))
     size = sum(t.numel() * t.element_size() for t in frozen.values())
-    record = {"format": "drape-base", "sha256": digest, "tensors": len(frozen), "bytes": size, "model_class": model_class}
-    files = {BASE_FILE: sha256_file(temporary / BASE_FILE)}
-    (temporary / MANIFEST).write_text(json.dumps({**record, "files": files}, indent=2, sort_keys=True))
-    fsync_tree(temporary)
+    with whole_or_nothing(temporary, base_dir, "a frozen base", size):
+        temporary.mkdir(parents=True)
+        save_file({name: tensor.contiguous() for name, tensor in frozen.items()}, str(temporary / BASE_FILE))
+        record = {"format": "drape-base", "sha256": digest, "tensors": len(frozen), "bytes": size, "model_class": model_class}
+        files = {BASE_FILE: sha256_file(temporary / BASE_FILE)}
+        (temporary / MANIFEST).write_text(json.dumps({**record, "files": files}, indent=2, sort_keys=True))
+        fsync_tree(temporary)
     try:
         os.replace(temporary, base_dir)
     except OSError:  # there now, written by another process
