@@ -26,19 +26,20 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mount namespaces need root")
 
 
-def _in_small_disk(tmp_path: Path, scenario: str, size_kib: int) -> dict:
-    """Run `scenario` (a function of this module) with a `size_kib` KiB tmpfs at tmp_path/disk, in a
-    private mount namespace; its JSON line."""
+def _in_small_disk(tmp_path: Path, scenario: str, size_kib: int, *args: object) -> dict:
+    """Run `scenario` (a function of this module, given the disk and `args`) with a `size_kib` KiB
+    tmpfs at tmp_path/disk, in a private mount namespace; its JSON line."""
     disk = tmp_path / "disk"
     disk.mkdir()
     code = (
         "import json, subprocess, sys; "
         f"subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size={size_kib}k', 'tmpfs', {str(disk)!r}], check=True); "
-        f"from tests.integration.test_full_disk import {scenario} as run; print(json.dumps(run({str(disk)!r})))"
+        f"from tests.integration.test_full_disk import {scenario} as run; "
+        f"print(json.dumps(run({str(disk)!r}, *json.loads(sys.argv[1]))))"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)}
     done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", code],
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", code, json.dumps(args)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -118,6 +119,40 @@ def record_and_store_scenario(disk: str) -> dict:
     return seen
 
 
+def shard_cache_scenario(disk: str, objects: str, prefix: str, manifest: dict, neighbour: bool) -> dict:
+    """Pre-staging a split onto a disk too small for it (`neighbour`: the disk had room when the
+    cache looked, and another writer filled it while the first shard downloaded), then again once
+    the disk is grown (and the neighbour's file removed)."""
+    from drape.data.cache import CacheError, ShardCache
+    from drape.storage.store import ObjectStore
+
+    store = ObjectStore(f"file://{objects}")
+    cache = ShardCache(Path(disk) / "cache", store, prefix, manifest, budget_bytes=1 << 30, concurrency=1)
+    filler = Path(disk) / "neighbour"
+    if neighbour:
+        opened = store.open_read
+
+        def open_then_fill(*args, **kwargs):
+            if not filler.exists():
+                with open(filler, "wb") as handle:  # everything left but a page
+                    handle.write(b"\0" * max(shutil.disk_usage(disk).free - 4096, 0))
+            return opened(*args, **kwargs)
+
+        store.open_read = open_then_fill  # type: ignore[method-assign]
+    try:
+        cache.prestage("identity")
+        message = ""
+    except CacheError as error:
+        message = str(error)
+    after_failure = _files(disk)
+    filler.unlink(missing_ok=True)  # the neighbour is gone: its space is free again
+    store.__dict__.pop("open_read", None)
+    _grow(disk, 8192)
+    result = cache.prestage("identity")
+    whole = all(cache.is_local(shard) for shard in cache.shards("identity"))
+    return {"message": message, "after_failure": after_failure, "whole": whole, "downloaded": result.downloaded}
+
+
 # --- the tests ------------------------------------------------------------------------------------
 def test_a_checkpoint_save_on_a_full_disk_names_path_and_bytes_leaves_nothing_partial_and_resumes(tmp_path):
     seen = _in_small_disk(tmp_path, "checkpoint_scenario", 400)  # one checkpoint of ~257 KiB fits, not two
@@ -135,3 +170,25 @@ def test_records_objects_and_downloads_on_a_full_disk_leave_no_partial_file_and_
     assert not [name for name in seen["after_failure"] if ".tmp" in name], seen["after_failure"]
     assert seen["listed"] == ["runs/r/first"]
     assert seen["after_growing"] == ["runs/r/blob", "runs/r/first"] and seen["first"] == "first"
+
+
+@pytest.mark.parametrize("neighbour", [False, True], ids=["seen-before", "filled-mid-download"])
+def test_prestaging_onto_a_full_shard_cache_names_it_leaves_no_part_and_resumes(tmp_path, tiny_dataset, neighbour):
+    from drape.data.dataset import publish_dataset
+    from drape.storage.store import ObjectStore
+
+    directory, manifest, _ = tiny_dataset
+    prefix = "datasets/synth-tryon/v1"
+    publish_dataset(directory, ObjectStore(f"file://{tmp_path / 'objects'}"), prefix)
+    split = sum(shard["bytes"] for shard in manifest["splits"]["identity"])
+    size_kib = split // 1024 + 64 if neighbour else max(split // 2048, 8)  # room for the split, or half of it
+    args = (str(tmp_path / "objects"), prefix, manifest, neighbour)
+    seen = _in_small_disk(tmp_path, "shard_cache_scenario", size_kib, *args)
+    cache = f"shard cache {tmp_path}/disk/cache: "
+    if neighbour:  # ENOSPC mid-download: the part is removed, the bytes named
+        assert seen["message"].startswith(f"{cache}disk full while pre-staging {prefix}/identity/"), seen["message"]
+        assert " bytes, " in seen["message"] and "the partial download was removed" in seen["message"]
+    else:  # the cache sees it will not fit before downloading anything
+        assert seen["message"].startswith(f"{cache}identity needs ") and "nothing was downloaded" in seen["message"]
+    assert not [name for name in seen["after_failure"] if name.endswith(".part")], seen["after_failure"]
+    assert seen["whole"] and seen["downloaded"] >= 1
