@@ -36,6 +36,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 from drape import JOB_KINDS
 from scheduler.policy import JobRequest, RunningJob
 from scheduler.policy.state import CHECKPOINT_EVERY_S
+from scheduler.queue.disk import name_full_disks
 from scheduler.queue.versions import install_version_triggers
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -260,6 +261,7 @@ def open_engine(url: str) -> Engine:
         ) from None
     if is_sqlite:
         sqlite_immediate(engine)
+    name_full_disks(engine, shown, QueueError)
     try:
         metadata.create_all(engine)
         _upgrade(engine)

@@ -153,6 +153,30 @@ def shard_cache_scenario(disk: str, objects: str, prefix: str, manifest: dict, n
     return {"message": message, "after_failure": after_failure, "whole": whole, "downloaded": result.downloaded}
 
 
+def queue_scenario(disk: str) -> dict:
+    """Jobs submitted to a SQLite queue until its disk is full, then more once the disk is grown."""
+    from scheduler.queue.schema import QueueError
+    from scheduler.queue.store import JobSpec, JobStore
+
+    store = JobStore(f"sqlite:///{disk}/queue.db")
+    padding = {"PAD": "x" * 8000}  # each job a few pages
+    submitted, message = [], ""
+    for number in range(10_000):
+        try:
+            submitted.append(
+                store.submit(
+                    JobSpec(kind="stage-training", command=["true"], mem_gib=8, duration_s=60, env=padding, id=f"j{number}")
+                )
+            )
+        except QueueError as error:
+            message = str(error)
+            break
+    kept = [job["id"] for job in store.jobs()]
+    _grow(disk, 16384)
+    store.submit(JobSpec(kind="stage-training", command=["true"], mem_gib=8, duration_s=60, id="after"))
+    return {"message": message, "submitted": submitted, "kept": kept, "after": [job["id"] for job in store.jobs()][-1:]}
+
+
 # --- the tests ------------------------------------------------------------------------------------
 def test_a_checkpoint_save_on_a_full_disk_names_path_and_bytes_leaves_nothing_partial_and_resumes(tmp_path):
     seen = _in_small_disk(tmp_path, "checkpoint_scenario", 400)  # one checkpoint of ~257 KiB fits, not two
@@ -192,3 +216,11 @@ def test_prestaging_onto_a_full_shard_cache_names_it_leaves_no_part_and_resumes(
         assert seen["message"].startswith(f"{cache}identity needs ") and "nothing was downloaded" in seen["message"]
     assert not [name for name in seen["after_failure"] if name.endswith(".part")], seen["after_failure"]
     assert seen["whole"] and seen["downloaded"] >= 1
+
+
+def test_a_full_disk_under_the_queue_database_is_named_and_the_queue_resumes_whole(tmp_path):
+    seen = _in_small_disk(tmp_path, "queue_scenario", 512)
+    assert seen["message"].startswith(f"queue database {tmp_path}/disk/queue.db: disk full (it needs at least"), seen["message"]
+    assert "free" in seen["message"] and "rolled back" in seen["message"]
+    assert sorted(seen["kept"]) == sorted(seen["submitted"]) and len(seen["submitted"]) >= 1  # every accepted job, none half
+    assert seen["after"] == ["after"]
