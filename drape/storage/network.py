@@ -12,6 +12,9 @@ and for the reads of a file object it opened alike.
 from __future__ import annotations
 
 import functools
+import logging
+import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -20,6 +23,7 @@ from urllib.parse import urlsplit
 T = TypeVar("T")
 
 _NETWORK_ERRORS = {"ConnectTimeoutError", "ReadTimeoutError", "EndpointConnectionError", "ConnectionClosedError"}
+_RESTARTING = {"EndpointConnectionError", "ConnectionClosedError"}  # refused or dropped: not a silent endpoint
 
 
 class StorageError(RuntimeError):
@@ -73,12 +77,14 @@ def attempts_within(max_wait: float, attempts: int, connect_timeout: float, read
 def endpoint_error(store: Any, failure: str) -> StorageError:
     """The StorageError for `store` (an ObjectStore) when its endpoint did not answer in time."""
     where = redact_url(store.endpoint) if store.endpoint else "of the AWS region" if store.is_s3 else redact_url(store.url)
-    return StorageError(
-        f"{store!r}: the endpoint {where} did not answer in time, "
-        f"or stalled mid-response ({failure}), within storage.max_wait_seconds {store.max_wait:g} "
+    what = "refused or dropped the connection" if failure in _RESTARTING else "did not answer in time, or stalled mid-response"
+    error = StorageError(
+        f"{store!r}: the endpoint {where} {what} ({failure}), within storage.max_wait_seconds {store.max_wait:g} "
         f"(connect_timeout_seconds {store.connect_timeout:g} / read_timeout_seconds {store.read_timeout:g}, "
         f"{store.retry_attempts} attempt(s)); is storage.endpoint_url right and the endpoint up?"
     )
+    error.failure = failure  # type: ignore[attr-defined]
+    return error
 
 
 @contextmanager
@@ -94,14 +100,47 @@ def bounded_on(store: Any) -> Iterator[None]:
 
 
 def bounded(method: Callable[..., T]) -> Callable[..., T]:
-    """`method` of an ObjectStore run `bounded_on` the store."""
+    """`method` of an ObjectStore run `bounded_on` the store, within one deadline: the store's
+    `max_wait` from the outermost bounded call (nested calls share it). An endpoint that refuses or
+    drops connections (an object store restarting) is tried again, backing off, until the deadline;
+    one that accepts and stays silent is not (botocore's attempts already spent the budget)."""
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        with bounded_on(self):
-            return method(self, *args, **kwargs)
+        outer = getattr(_DEADLINE, "at", None) is None
+        if outer:
+            _DEADLINE.at = time.monotonic() + self.max_wait
+        try:
+            return _until_deadline(self, method, args, kwargs)
+        finally:
+            if outer:
+                _DEADLINE.at = None
 
     return call
+
+
+_DEADLINE = threading.local()
+logger = logging.getLogger("drape.storage")
+
+
+def _until_deadline(store: Any, method: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    pause = 0.5
+    while True:
+        try:
+            with bounded_on(store):
+                return method(store, *args, **kwargs)
+        except StorageError as error:
+            left = _DEADLINE.at - time.monotonic()
+            if getattr(error, "failure", None) not in _RESTARTING or left < pause + store.connect_timeout:
+                raise
+            logger.warning(
+                "%r: the endpoint refused or dropped the connection; trying again for up to %.0f s more "
+                "(storage.max_wait_seconds)",
+                store,
+                left,
+            )
+            time.sleep(pause)
+            pause = min(pause * 2, 8.0)
 
 
 class BoundedReader:

@@ -41,7 +41,7 @@ def test_a_silent_endpoint_is_a_clear_error_within_the_budget_whatever_retry_att
     started = time.monotonic()
     with pytest.raises(StorageError, match=rf"endpoint {endpoint} did not answer.*storage.max_wait_seconds 3 "):
         store.read_bytes("datasets/a/v1/manifest.json")
-    assert time.monotonic() - started <= 3 + 1  # the budget, and a second for the client's own bookkeeping
+    assert time.monotonic() - started <= 3 + 3  # the budget, and slack for a loaded machine (the default waited > 150 s)
 
 
 def test_a_budget_with_room_keeps_the_retries_a_flaky_store_needs():

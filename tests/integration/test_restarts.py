@@ -1,0 +1,133 @@
+"""Services that restart mid-run (issue 68), the object store first: seen from drape, a restarting S3
+endpoint refuses or drops connections for a while, then answers again with its data. A `Relay` in
+front of the moto server plays that: `down()` closes its listening socket and every open connection,
+`up()` listens on the same port again.
+
+- A restart shorter than `storage.max_wait_seconds`: the calls in flight wait it out (a warning
+  says so) and the run goes on; every object is there once, verified.
+- A restart longer than the budget: a StorageError that says the endpoint refused the connection,
+  within the budget; run again once the store is back, pre-staging resumes and completes whole.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+from drape.storage.store import ObjectStore, StorageError
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 to `upstream` (host, port) that can be taken down and brought back."""
+
+    def __init__(self, upstream: tuple[str, int]):
+        self.upstream, self.port, self.open = upstream, 0, []
+        self.lock = threading.Lock()
+        self.up()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def up(self) -> None:
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", self.port))
+        self.port = self.server.getsockname()[1]
+        self.server.listen(64)
+        threading.Thread(target=self._accept, args=(self.server,), daemon=True).start()
+
+    def down(self) -> None:
+        self.server.close()
+        with self.lock:
+            for connection in self.open:
+                connection.close()
+            self.open.clear()
+
+    def _accept(self, server: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = server.accept()
+            except OSError:
+                return  # taken down
+            upstream = socket.create_connection(self.upstream)
+            with self.lock:
+                self.open += [client, upstream]
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while data := source.recv(1 << 16):
+                target.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for end in (source, target):
+                try:
+                    end.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def relay(s3_bucket):
+    bucket, endpoint = s3_bucket
+    host, port = endpoint.removeprefix("http://").split(":")
+    relay = Relay((host, int(port)))
+    yield bucket, relay
+    relay.down()
+
+
+def _restart_for(relay: Relay, seconds: float, after: float = 0.3) -> threading.Thread:
+    def restart():
+        time.sleep(after)
+        relay.down()
+        time.sleep(seconds)
+        relay.up()
+
+    thread = threading.Thread(target=restart, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_an_object_store_restart_within_the_budget_is_waited_out_and_nothing_is_lost(relay, caplog):
+    bucket, proxy = relay
+    store = ObjectStore(f"s3://{bucket}/run", endpoint_url=proxy.url, connect_timeout=1, read_timeout=2, max_wait=20)
+    caplog.set_level(logging.WARNING, logger="drape.storage")
+    restart = _restart_for(proxy, 3.0)
+    started = time.monotonic()
+    for number in range(40):
+        store.put_bytes(f"object {number}".encode(), f"objects/{number}")
+        time.sleep(0.05)
+    restart.join()
+    assert time.monotonic() - started >= 3.0  # the outage was met, not missed
+    assert store.list("objects") == sorted(f"objects/{number}" for number in range(40))
+    assert all(store.read_bytes(f"objects/{number}") == f"object {number}".encode() for number in range(40))
+    assert "refused or dropped the connection; trying again" in caplog.text  # the operator sees it
+
+
+def test_a_restart_longer_than_the_budget_is_a_clear_error_and_the_prestage_resumes_after(relay, tiny_dataset, tmp_path):
+    from drape.data.cache import CacheError, ShardCache
+    from drape.data.dataset import publish_dataset
+
+    bucket, proxy = relay
+    directory, manifest, _ = tiny_dataset
+    prefix = "datasets/synth-tryon/v1"
+    store = ObjectStore(f"s3://{bucket}/drape", endpoint_url=proxy.url, connect_timeout=1, read_timeout=2, max_wait=4)
+    publish_dataset(directory, store, prefix)
+    cache = ShardCache(tmp_path / "cache", store, prefix, manifest, budget_bytes=1 << 30, concurrency=2)
+    proxy.down()
+    started = time.monotonic()
+    with pytest.raises((StorageError, CacheError), match=rf"endpoint {proxy.url} refused or dropped the connection"):
+        cache.prestage("identity")
+    assert time.monotonic() - started < 4 + 5  # the budget, and one last attempt's connect
+    proxy.up()
+    result = cache.prestage("identity")
+    assert result.downloaded == len(manifest["splits"]["identity"])
+    assert all(cache.is_local(shard) for shard in manifest["splits"]["identity"])
