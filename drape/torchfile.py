@@ -35,3 +35,11 @@ def load_tensors(source: str | Path | io.BytesIO, where: str) -> object:
             "not a PyTorch file; expected a state dict of tensors (or a safetensors file converted from the published "
             "weights)"
         ) from None
+
+
+def load_state_dict(source: str | Path, where: str) -> dict:
+    """`load_tensors`, and a TorchFileError naming `where` unless it holds a dict (a state dict)."""
+    state = load_tensors(source, where)
+    if not isinstance(state, dict):
+        raise TorchFileError(f"{where}: expected a state dict, got {type(state).__name__}")
+    return state

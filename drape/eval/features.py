@@ -39,7 +39,7 @@ from torch import nn
 from torchmetrics.functional.image import lpips as tm_lpips
 
 from drape.config.eval import INCEPTION_SOURCE, LPIPS_BACKBONE_SOURCE, EvalConfig
-from drape.torchfile import load_tensors
+from drape.torchfile import load_state_dict
 
 INCEPTION_SIZE = 299  # Inception-v3's input side
 FID_RESIZES = ("clean", "legacy")
@@ -146,7 +146,7 @@ class LPIPS(nn.Module):
         self.slices = nn.ModuleList(nn.Sequential(*list(features)[a:b]) for a, b in LPIPS_SLICES)
         self.lins = nn.ModuleList(tm_lpips.NetLinLayer(channels, use_dropout=True) for channels in LPIPS_CHANNELS)
         heads = Path(inspect.getfile(tm_lpips)).parent / "lpips_models" / "alex.pth"
-        state = load_tensors(heads, f"torchmetrics' LPIPS heads {heads}")
+        state = load_state_dict(heads, f"torchmetrics' LPIPS heads {heads}")
         for index, lin in enumerate(self.lins):
             lin.load_state_dict(
                 {key.removeprefix(f"lin{index}."): value for key, value in state.items() if key.startswith(f"lin{index}.")}
@@ -172,9 +172,7 @@ class LPIPS(nn.Module):
 def load_lpips(path: str | None) -> LPIPS:
     """LPIPS with the AlexNet weights at `path` (`eval.lpips_backbone_path`)."""
     weights = _weights_file(path, "lpips_backbone_path", LPIPS_BACKBONE_SOURCE)
-    state = load_tensors(weights, f"eval.lpips_backbone_path {weights}")
-    if not isinstance(state, dict):
-        raise ValueError(f"eval.lpips_backbone_path {weights}: expected a state dict, got {type(state).__name__}")
+    state = load_state_dict(weights, f"eval.lpips_backbone_path {weights}")
     features = alexnet_features()
     wanted = {key.removeprefix("features."): value for key, value in state.items() if key.startswith("features.")}
     try:
