@@ -25,6 +25,13 @@ class TrackingConfig(StrictModel):
     registered_model: str = Field(
         default=REGISTERED_MODEL, description="the MLflow registered model; each stage's baseline is an alias of it"
     )
+    max_wait_seconds: float = Field(
+        default=60.0,
+        ge=10,
+        le=3600,
+        description="the longest one MLflow request may take, connect, read and retries together (drape sets "
+        "MLFLOW_HTTP_REQUEST_TIMEOUT and _MAX_RETRIES to fit it unless the environment sets them)",
+    )
 
 
 class AlertsConfig(StrictModel):

@@ -25,23 +25,35 @@ class RegistryError(RuntimeError):
 
 
 # MLflow's own defaults wait 120 s per request and retry 7 times with backoff: a tracking server
-# that accepts and never answers held drape for many minutes. These bound it to about a minute;
-# MLflow's standard variables, set in the environment, win.
-MLFLOW_HTTP_BOUNDS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+# that accepts and never answers held drape for many minutes. drape bounds each request to
+# `tracking.max_wait_seconds` (60 s), connect, read and retries together: MLFLOW_HTTP_REQUEST_MAX_RETRIES
+# retries of MLFLOW_HTTP_REQUEST_TIMEOUT each, and urllib3's backoff between them (factor 2: 0 s,
+# then 4 s, each with up to 1 s of jitter). MLflow's standard variables, set in the environment, win.
+MLFLOW_RETRIES = 2
+MLFLOW_BACKOFF_SECONDS = 4 + 2 * 1.0  # the waits between MLFLOW_RETRIES + 1 attempts, jitter included
+MLFLOW_HTTP_BOUNDS = ("MLFLOW_HTTP_REQUEST_TIMEOUT", "MLFLOW_HTTP_REQUEST_MAX_RETRIES")
+_SET_BY_DRAPE: dict[str, str] = {}
 
 
-def _quiet_mlflow() -> None:
+def mlflow_bounds(max_wait: float) -> dict[str, str]:
+    """MLflow's per-request timeout and retries that fit `max_wait` seconds together."""
+    timeout = max(1, int((max_wait - MLFLOW_BACKOFF_SECONDS) // (MLFLOW_RETRIES + 1)))
+    return {"MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(MLFLOW_RETRIES)}
+
+
+def _quiet_mlflow(max_wait: float) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     os.environ.setdefault("GIT_PYTHON_REFRESH", "quiet")
-    for name, value in MLFLOW_HTTP_BOUNDS.items():
-        os.environ.setdefault(name, value)
+    for name, value in mlflow_bounds(max_wait).items():
+        if os.environ.get(name, _SET_BY_DRAPE.get(name)) == _SET_BY_DRAPE.get(name):  # unset, or drape's own
+            os.environ[name] = _SET_BY_DRAPE[name] = value
 
 
 class Tracker:
     """Thin wrapper over `MlflowClient` bound to one experiment."""
 
     def __init__(self, config: PipelineConfig, experiment: str | None = None):
-        _quiet_mlflow()
+        _quiet_mlflow(config.tracking.max_wait_seconds)
         from mlflow.tracking import MlflowClient
 
         self.uri, self.model_name = config.tracking_uri, config.tracking.registered_model

@@ -56,6 +56,8 @@ def test_a_silent_tracking_server_fails_within_mlflows_bounds_which_drape_sets(t
         monkeypatch.delenv(name)
     Tracker(tiny_config(tmp_path / "local"))  # unset, drape's bounds apply (MLflow's own: 120 s, 7 retries)
     assert {name: os.environ[name] for name in MLFLOW_HTTP_BOUNDS} == {
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": "20",
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": "18",  # 3 attempts × 18 s and 6 s of backoff: tracking.max_wait_seconds 60
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     }
+    Tracker(tiny_config(tmp_path / "short", tracking={"max_wait_seconds": 15}))  # drape's own value follows the config
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "3"

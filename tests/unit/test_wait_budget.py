@@ -47,3 +47,20 @@ def test_a_silent_endpoint_is_a_clear_error_within_the_budget_whatever_retry_att
 def test_a_budget_with_room_keeps_the_retries_a_flaky_store_needs():
     store = ObjectStore("s3://bucket/x", endpoint_url="http://127.0.0.1:9", retry_attempts=8, max_wait=60)
     assert store.retry_attempts == 3 and worst_wait(3, 5, 10) <= 60
+
+
+def test_a_silent_tracking_server_is_an_error_within_tracking_max_wait_seconds(tmp_path, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    from drape.ops.tracking import MLFLOW_HTTP_BOUNDS, Tracker, mlflow_bounds
+    from tests.conftest import tiny_config
+
+    assert mlflow_bounds(60)["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "18"  # 3 × 18 s + 6 s of backoff: the default budget
+    for name in MLFLOW_HTTP_BOUNDS:
+        monkeypatch.delenv(name, raising=False)
+    endpoint = silent_endpoint(monkeypatch)
+    config = tiny_config(tmp_path, tracking={"uri": endpoint, "max_wait_seconds": 10})
+    started = time.monotonic()
+    with pytest.raises(MlflowException, match=endpoint):
+        Tracker(config)
+    assert time.monotonic() - started <= 10 + 3  # the budget, and slack for a loaded machine
