@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.engines import Outcome, exit_message, is_python, job_environment, torchrun_program
+from scheduler.engines.slurm.fleet import SlurmUnreachable, read_nodes, read_partitions
+from scheduler.engines.slurm.nodes import UNTYPED, SlurmNode, fields
+from scheduler.engines.slurm.requests import FitError, Fitted, fit
 from scheduler.policy import GpuState
 
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED"}
@@ -70,20 +73,29 @@ def job_name(job: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", f"drape-{job['id']}-a{job.get('attempts') or 1}")
 
 
+def gres_type(model: str, settings) -> str | None:
+    """The gres type a GPU model is asked by: `gres_types`' entry, else the model itself when it is a
+    type of `gpu_memory_gib` (a fleet read from Slurm names models by type), else None (untyped)."""
+    kind = settings.gres_types.get(model)
+    if kind is None and model in settings.gpu_memory_gib and model != UNTYPED:
+        kind = model
+    return kind
+
+
 def _gres(request: SlurmRequest, settings) -> str:
-    kind = settings.gres_types.get(request.model)
+    kind = gres_type(request.model, settings)
     return f"gpu:{kind}:{request.gpus_per_node}" if kind else f"gpu:{request.gpus_per_node}"
 
 
-def _directives(job: dict, request: SlurmRequest, settings, log_path: Path) -> list[str]:
+def _directives(job: dict, request: SlurmRequest, settings, log_path: Path, fitted: Fitted) -> list[str]:
     lines = [
         f"--job-name={job_name(job)}",
         f"--comment=drape:{job['id']}",
         f"--nodes={len(request.nodes)}",
         f"--nodelist={','.join(request.nodes)}",
         "--ntasks-per-node=1",
-        f"--cpus-per-task={settings.cpus_per_gpu * max(request.gpus_per_node, 1)}",
-        f"--time={settings.time_limit_minutes}",
+        f"--cpus-per-task={fitted.cpus_per_task}",
+        f"--time={fitted.time_minutes}",
         f"--signal=B:USR1@{settings.signal_seconds}",
         f"--output={log_path}",
         "--open-mode=append",
@@ -91,10 +103,12 @@ def _directives(job: dict, request: SlurmRequest, settings, log_path: Path) -> l
     ]
     if request.gpus_per_node:
         lines.insert(5, f"--gres={_gres(request, settings)}")
-        if settings.mem_per_gpu_gib:
-            lines.append(f"--mem-per-gpu={settings.mem_per_gpu_gib}G")
+    if fitted.mem_per_gpu_mib and request.gpus_per_node:
+        lines.append(f"--mem-per-gpu={fitted.mem_per_gpu_mib}M")
+    elif fitted.mem_mib:
+        lines.append(f"--mem={fitted.mem_mib}M")
     lines.append("--requeue" if settings.requeue else "--no-requeue")
-    lines += [f"--partition={settings.partition}"] * bool(settings.partition) + [f"--account={settings.account}"] * bool(
+    lines += [f"--partition={fitted.partition}"] * bool(fitted.partition) + [f"--account={settings.account}"] * bool(
         settings.account
     )
     return [f"#SBATCH {line}" for line in lines]
@@ -146,9 +160,22 @@ exit "$status"
 """
 
 
-def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> str:
-    """The sbatch script of `job` placed on `gpus` (see the module docstring)."""
+def batch_script(
+    job: dict,
+    gpus: list[GpuState],
+    settings,
+    log_path: Path,
+    nodes: list[SlurmNode] | None = None,
+    limits: dict[str, int | None] | None = None,
+) -> str:
+    """The sbatch script of `job` placed on `gpus` (see the module docstring), its requests sized to
+    the placed `nodes` as Slurm has them and their partition's time limit (`limits`; requests.py);
+    without `nodes`, the configured values alone."""
     request = SlurmRequest.of(gpus)
+    try:
+        fitted = fit(settings, request.gpus_per_node, nodes or [], limits)
+    except FitError as error:
+        raise SlurmError(f"job {job['id']} on {', '.join(request.nodes)}: {error}") from None
     env = {**json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
     exports = [
         f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items()) if re.fullmatch(r"[A-Z_][A-Z0-9_]*", name)
@@ -156,14 +183,10 @@ def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> s
     header = [
         "#!/bin/bash",
         f"# drape queue job {job['id']} ({job.get('kind', '')}, stage {job.get('stage') or '-'}): scheduler/engines/slurm",
+        *(f"# {note}" for note in fitted.notes),
     ]
     body = _BODY.format(port=settings.rendezvous_port, task=shlex.quote(_task_command(job, request, settings)))
-    return "\n".join([*header, *_directives(job, request, settings, log_path), *exports, *settings.setup, body])
-
-
-def _fields(line: str) -> dict[str, str]:
-    """`scontrol show … -o` → {Key: value} (values never hold spaces in the keys read here)."""
-    return dict(part.split("=", 1) for part in line.split() if "=" in part)
+    return "\n".join([*header, *_directives(job, request, settings, log_path, fitted), *exports, *settings.setup, body])
 
 
 def _seconds(text: str) -> float | None:
@@ -226,19 +249,33 @@ class SlurmLauncher:
     def log_path(self, job_id: str) -> Path:
         return self.log_dir / f"{job_id}.log"
 
-    def check_request(self, request: SlurmRequest) -> None:
-        """Refuse a placement Slurm cannot run as asked: a node it does not know, or with fewer GPUs."""
-        for node in request.nodes:
-            out = self._run("scontrol", "show", "node", "-o", node, check=False)
-            if not out.strip() or "not found" in out:
-                raise SlurmError(f"node {node} of drape's fleet is not a node of this Slurm cluster (scontrol show node)")
-            gres = _fields(out).get("Gres", "")
-            offered = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+    def check_request(self, request: SlurmRequest) -> list[SlurmNode]:
+        """The placed nodes as Slurm has them; refuses a placement Slurm cannot run as asked: a node it
+        does not know, or with fewer GPUs (of the type asked for) than placed there."""
+        try:
+            found = {node.name: node for node in read_nodes(request.nodes)}
+        except (SlurmUnreachable, ValueError) as error:
+            raise SlurmError(f"reading nodes {', '.join(request.nodes)} from Slurm: {error}") from None
+        kind = gres_type(request.model, self.settings)
+        for name in request.nodes:
+            if name not in found:
+                raise SlurmError(f"node {name} of drape's fleet is not a node of this Slurm cluster (scontrol show node)")
+            gres = ",".join(f"gpu:{t}:{n}" if t != UNTYPED else f"gpu:{n}" for t, n in found[name].gpus)
+            offered = sum(n for t, n in found[name].gpus if kind is None or t == kind)
             if offered < request.gpus_per_node:
                 raise SlurmError(
-                    f"drape placed {request.gpus_per_node} GPU(s) on node {node}, but Slurm's gres there is {gres or 'none'} "
-                    f"({offered} GPU(s)): fix the fleet inventory or gres.conf so both schedulers count the same GPUs"
+                    f"drape placed {request.gpus_per_node} GPU(s){f' of type {kind}' if kind else ''} on node {name}, but "
+                    f"Slurm's gres there is {gres or 'none'} ({offered} GPU(s)): fix the fleet inventory or gres.conf so "
+                    "both schedulers count the same GPUs"
                 )
+        return [found[name] for name in request.nodes]
+
+    def partition_limits(self) -> dict[str, int | None] | None:
+        """Partition → time limit (sinfo), or None when sinfo cannot say (the configured --time stands)."""
+        try:
+            return read_partitions()
+        except (SlurmUnreachable, ValueError):
+            return None
 
     def find(self, name: str) -> str | None:
         """The Slurm job id of the job named `name` still known to Slurm, if any."""
@@ -251,10 +288,11 @@ class SlurmLauncher:
         if (existing := self.find(name)) is not None:  # submitted before a restart: it is this job's
             return f"slurm:{existing}:{name}"
         request = SlurmRequest.of(gpus)
-        self.check_request(request)
+        nodes = self.check_request(request)
+        text = batch_script(job, gpus, self.settings, self.log_path(job["id"]), nodes, self.partition_limits())
         script = self.script_dir / f"{name}.sbatch"
         partial = script.with_suffix(".tmp")
-        partial.write_text(batch_script(job, gpus, self.settings, self.log_path(job["id"])))
+        partial.write_text(text)
         partial.replace(script)
         env = {**job_environment(self.passed), **json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
         try:
@@ -270,7 +308,7 @@ class SlurmLauncher:
 
     def _show(self, slurm_id: str) -> dict[str, str] | None:
         out = self._run("scontrol", "show", "job", "-o", slurm_id, check=False)
-        return _fields(out) if out.startswith("JobId=") else None
+        return fields(out) if out.startswith("JobId=") else None
 
     def sees(self, handle: str | None) -> bool:
         parsed = self._parse(handle)
