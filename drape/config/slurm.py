@@ -18,8 +18,8 @@ class SlurmLauncherConfig(StrictModel):
     partition: str | None = Field(
         default=None,
         pattern=_NAME,
-        description="sbatch --partition; unset: the first partition that holds every placed node (Slurm's default "
-        "partition when the nodes are not known)",
+        description="sbatch --partition; with queue.fleet 'slurm' the fleet is this partition's nodes; unset: the first "
+        "partition that holds every placed node (Slurm's default partition when the nodes are not known)",
     )
     account: str | None = Field(default=None, pattern=_NAME, description="sbatch --account; unset: the user's default")
     gres_types: dict[str, str] = Field(

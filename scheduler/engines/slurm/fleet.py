@@ -55,5 +55,9 @@ def model_names(settings) -> dict[str, str]:
 
 
 def slurm_gpus(settings, env: dict[str, str] | None = None) -> list[GpuState]:
-    """The fleet's GPUs as Slurm has them now (nodes/fleet_gpus)."""
-    return fleet_gpus(read_nodes(env=env), settings.gpu_memory_gib, model_names(settings))
+    """The fleet's GPUs as Slurm has them now (nodes/fleet_gpus): with `queue.slurm.partition`, only
+    that partition's nodes, since its jobs can run nowhere else."""
+    nodes = read_nodes(env=env)
+    if settings.partition:
+        nodes = [node for node in nodes if settings.partition in node.partitions]
+    return fleet_gpus(nodes, settings.gpu_memory_gib, model_names(settings))
