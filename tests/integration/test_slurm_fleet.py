@@ -14,6 +14,8 @@ slurmd in its node's mount namespace (node-local disks); the shared-disk variant
    fleet is that partition's nodes) trains (gloo, torchrun, the object store
    a moto S3 server): its script names both A100 nodes with per-node requests, and
    ``scontrol show job`` shows them (printed: the issue's closing note quotes them);
+   The cost report's job times: ``sacct -c`` (jobcomp) said as their source; with
+   `accounting: slurmdbd` on this cluster without slurmdbd, the queue's own times, saying why;
 4. the disk variants: with node-local disks each node's paths.root is its own; on a shared disk
    both nodes of one job see one folder.
 """
@@ -32,8 +34,10 @@ import yaml
 from typer.testing import CliRunner
 
 from drape.cli import app
+from drape.cost.account import job_times
 from drape.storage.handoff import result_key
 from drape.storage.store import open_store
+from scheduler.dispatch.accounting import run_attempts
 from scheduler.dispatch.dispatcher import Dispatcher, submit_and_wait
 from scheduler.dispatch.fleet import fleet_view
 from scheduler.queue.store import JobSpec, JobStore
@@ -213,6 +217,14 @@ def test_a_two_node_stage_job_on_the_fleet_read_from_slurm(site, s3_bucket):
     assert result["world_size"] == 4 and result["steps"] == STEPS and result["node"] in A100
     weights = _weights(config, root / "flow", "site")
     assert weights
+    store = JobStore(config.queue_url)  # accounting stated: where the cost report's job times come from, and why
+    attempts = run_attempts(store, "site", config)
+    assert attempts.source == "sacct -c (jobcomp)" and [a.gpus for a in attempts] == [4], (attempts.source, attempts)
+    assert job_times(attempts)["why"].startswith("Slurm's accounting")
+    off = _config(root, bucket, endpoint, partition="a100", accounting="slurmdbd")  # no slurmdbd here: accounting off
+    fallback = run_attempts(store, "site", off)
+    assert fallback.source == "queue" and "sacct (slurmdbd) could not answer" in fallback.why, fallback.why
+    assert "includes the wait in Slurm's queue" in fallback.why and [a.gpus for a in fallback] == [4]
 
 
 def test_node_local_disks_are_each_node_s_own_and_a_shared_disk_is_one(site, tmp_path):

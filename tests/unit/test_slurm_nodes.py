@@ -221,3 +221,13 @@ def test_a_fleet_read_from_slurm_needs_the_gpu_memory_map(tmp_path):
     assert config.queue.slurm.gpu_memory_gib == {"a100": 40.0, "h100": 80.0}
     with pytest.raises(ConfigError, match="gpu_memory_gib"):
         tiny_config(tmp_path, queue={"fleet": "slurm", "slurm": {"gpu_memory_gib": {"a100": float("nan")}}})
+
+
+def test_the_cost_report_states_where_job_times_came_from():
+    from drape.cost.account import Attempt, Attempts, job_times
+
+    attempt = Attempt("j", "identity", 4, "a100", 0.0, 3600.0)
+    assert job_times([]) == {"source": "in-process", "why": "no queue job: the stages trained in the flow's own process"}
+    assert job_times([attempt])["source"] == "queue"
+    stated = Attempts([attempt], source="sacct -c (jobcomp)", why="Slurm's accounting")
+    assert stated == [attempt] and job_times(stated) == {"source": "sacct -c (jobcomp)", "why": "Slurm's accounting"}

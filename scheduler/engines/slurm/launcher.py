@@ -382,15 +382,16 @@ class SlurmLauncher:
         if parsed is not None:
             self._run("scancel", parsed[0], check=False)
 
-    def usage(self, slurm_ids: list[str] | None = None, since: str = "now-30days") -> list[SlurmRun]:
-        """drape's runs as sacct accounts them (every run of a requeued job; `slurm_ids`: only those)."""
+    def usage(self, slurm_ids: list[str] | None = None, since: str = "now-30days", check: bool = False) -> list[SlurmRun]:
+        """drape's runs as sacct accounts them (every run of a requeued job; `slurm_ids`: only those);
+        `check`: SlurmError when sacct fails (accounting off), else none found."""
         argv = ["sacct", "-X", "-P", "-n", "-o", "JobID,JobName,State,Start,End,AllocTRES", "-S", since]
         if self.settings.accounting == "jobcomp":
             argv.insert(1, "-c")
         if slurm_ids:
             argv += ["-j", ",".join(slurm_ids)]
         runs = []
-        for line in self._run(*argv, check=False).splitlines():
+        for line in self._run(*argv, check=check).splitlines():
             fields = line.split("|")
             if len(fields) >= 6 and fields[1].startswith("drape-"):
                 slurm_id, name, state, start, end, tres = fields[:6]
