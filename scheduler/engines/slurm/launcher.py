@@ -1,7 +1,8 @@
 """The Slurm engine: a claimed job as an ``sbatch`` script whose ``srun`` starts torchrun on every node.
 
 Who places: drape's queue. Its policy chose the nodes and GPUs from the memory profile; the script
-asks Slurm for exactly those (``--nodelist``, ``--nodes``, ``--gres=gpu[:<type>]:<per node>``), so
+asks Slurm for exactly those (``--nodelist``, ``--nodes``, ``--gres=gpu[:<type>]:<per node>``), with
+CPUs, memory, partition and time fitted to the placed nodes as Slurm has them (requests.py), so
 Slurm either runs the job where drape put it or says no, and never silently elsewhere:
 - before submitting, every placed node must be a Slurm node offering at least the GPUs asked for
   (``scontrol show node``), else the launch fails naming the node and both counts;
@@ -87,6 +88,10 @@ def _gres(request: SlurmRequest, settings) -> str:
     return f"gpu:{kind}:{request.gpus_per_node}" if kind else f"gpu:{request.gpus_per_node}"
 
 
+def _size(mib: int) -> str:
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
 def _directives(job: dict, request: SlurmRequest, settings, log_path: Path, fitted: Fitted) -> list[str]:
     lines = [
         f"--job-name={job_name(job)}",
@@ -104,9 +109,9 @@ def _directives(job: dict, request: SlurmRequest, settings, log_path: Path, fitt
     if request.gpus_per_node:
         lines.insert(5, f"--gres={_gres(request, settings)}")
     if fitted.mem_per_gpu_mib and request.gpus_per_node:
-        lines.append(f"--mem-per-gpu={fitted.mem_per_gpu_mib}M")
+        lines.append(f"--mem-per-gpu={_size(fitted.mem_per_gpu_mib)}")
     elif fitted.mem_mib:
-        lines.append(f"--mem={fitted.mem_mib}M")
+        lines.append(f"--mem={_size(fitted.mem_mib)}")
     lines.append("--requeue" if settings.requeue else "--no-requeue")
     lines += [f"--partition={fitted.partition}"] * bool(fitted.partition) + [f"--account={settings.account}"] * bool(
         settings.account
