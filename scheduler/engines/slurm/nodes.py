@@ -205,7 +205,10 @@ def fleet_gpus(nodes: list[SlurmNode], memory_gib: dict[str, float], model_names
                 )
             memory = min(float(memory_gib[kind]), MAX_GPU_MEMORY_GIB)
             model = model_names.get(kind, kind)
-            held = {} if node.is_usable else {"observed_used_gib": memory, "observed_util": 100.0}
-            gpus += [GpuState(f"{node.name}/gpu{index + i}", node.name, model, memory, **held) for i in range(count)]
+            used, busy = (None, None) if node.is_usable else (memory, 100.0)
+            gpus += [
+                GpuState(f"{node.name}/gpu{index + i}", node.name, model, memory, observed_used_gib=used, observed_util=busy)
+                for i in range(count)
+            ]
             index += count
     return gpus
