@@ -40,8 +40,13 @@ def stage_script(config, *, stage: str, nodes: int, run_id: str = "RUN_ID", pyth
         "env": "{}",
         "labels": json.dumps({"run": run_id, "launch": "torchrun", "mounts": json.dumps(job_paths(config))}),
     }
-    placed = _placement(config, nodes, gpus // nodes)
-    slurm_nodes, limits, said = _from_slurm(config, sorted({gpu.node for gpu in placed}))
+    from scheduler.engines.slurm.fleet import SlurmUnreachable
+
+    try:
+        placed = _placement(config, nodes, gpus // nodes)
+        slurm_nodes, limits, said = _from_slurm(config, sorted({gpu.node for gpu in placed}))
+    except SlurmUnreachable as error:  # queue.fleet 'slurm' off the cluster: said, not a traceback
+        raise ValueError(f"queue.fleet 'slurm' reads the fleet from Slurm, which could not be asked: {error}") from None
     log = Path(config.paths.root) / "queue" / "logs" / f"{job['id']}.log"
     header = f"# memory profile: {sized.mem_gib:.1f} GiB per GPU ({sized.source}), {gpus} GPU(s), shape {sized.shape}\n{said}\n"
     return batch_script(job, placed, config.queue.slurm, log, slurm_nodes, limits).replace("\n", "\n" + header, 1)
