@@ -19,6 +19,7 @@ from scheduler.policy import GpuState
 
 def stage_script(config, *, stage: str, nodes: int, run_id: str = "RUN_ID", python: str = sys.executable) -> str:
     """The batch script of `stage`'s training job of `run_id` on `nodes` nodes (see scheduler/engines/slurm/launcher.py)."""
+    from scheduler.engines.slurm.fleet import SlurmUnreachable
     from scheduler.engines.slurm.launcher import batch_script
     from scheduler.jobs.profiles import profile
 
@@ -26,7 +27,12 @@ def stage_script(config, *, stage: str, nodes: int, run_id: str = "RUN_ID", pyth
     gpus = config.train.gpus_for(stage)
     if nodes < 1 or gpus % nodes:
         raise ValueError(f"{gpus} GPU(s) of stage {stage} do not split evenly over {nodes} node(s)")
-    sized = profile(config, None, JobKind.STAGE_TRAINING, stage, gpus)
+    try:
+        placed = _placement(config, nodes, gpus // nodes)
+        slurm_nodes, limits, said = _from_slurm(config, sorted({gpu.node for gpu in placed}))
+    except SlurmUnreachable as error:  # queue.fleet 'slurm' off the cluster: said, not a traceback
+        raise ValueError(f"queue.fleet 'slurm' reads the fleet from Slurm, which could not be asked: {error}") from None
+    sized = profile(config, None, JobKind.STAGE_TRAINING, stage, gpus)  # after the placement: a fleet error comes first
     command = [python, "-m", "drape.train", "--job", open_store(config).key_url(job_key(run_id, stage))]
     if config.storage.endpoint_url:
         command += ["--store-endpoint", config.storage.endpoint_url]
@@ -40,13 +46,6 @@ def stage_script(config, *, stage: str, nodes: int, run_id: str = "RUN_ID", pyth
         "env": "{}",
         "labels": json.dumps({"run": run_id, "launch": "torchrun", "mounts": json.dumps(job_paths(config))}),
     }
-    from scheduler.engines.slurm.fleet import SlurmUnreachable
-
-    try:
-        placed = _placement(config, nodes, gpus // nodes)
-        slurm_nodes, limits, said = _from_slurm(config, sorted({gpu.node for gpu in placed}))
-    except SlurmUnreachable as error:  # queue.fleet 'slurm' off the cluster: said, not a traceback
-        raise ValueError(f"queue.fleet 'slurm' reads the fleet from Slurm, which could not be asked: {error}") from None
     log = Path(config.paths.root) / "queue" / "logs" / f"{job['id']}.log"
     header = f"# memory profile: {sized.mem_gib:.1f} GiB per GPU ({sized.source}), {gpus} GPU(s), shape {sized.shape}\n{said}\n"
     return batch_script(job, placed, config.queue.slurm, log, slurm_nodes, limits).replace("\n", "\n" + header, 1)

@@ -216,11 +216,13 @@ def test_a_fleet_read_from_slurm_needs_the_gpu_memory_map(tmp_path):
     from tests.conftest import tiny_config
 
     with pytest.raises(ConfigError, match=r"set queue.slurm.gpu_memory_gib"):
-        tiny_config(tmp_path, queue={"fleet": "slurm"})
-    config = tiny_config(tmp_path, queue={"fleet": "slurm", "slurm": {"gpu_memory_gib": {"a100": 40, "h100": 80}}})
+        tiny_config(tmp_path, fresh_mlflow=True, queue={"fleet": "slurm"})
+    config = tiny_config(
+        tmp_path, fresh_mlflow=True, queue={"fleet": "slurm", "slurm": {"gpu_memory_gib": {"a100": 40, "h100": 80}}}
+    )
     assert config.queue.slurm.gpu_memory_gib == {"a100": 40.0, "h100": 80.0}
     with pytest.raises(ConfigError, match="gpu_memory_gib"):
-        tiny_config(tmp_path, queue={"fleet": "slurm", "slurm": {"gpu_memory_gib": {"a100": float("nan")}}})
+        tiny_config(tmp_path, fresh_mlflow=True, queue={"fleet": "slurm", "slurm": {"gpu_memory_gib": {"a100": float("nan")}}})
 
 
 def test_the_cost_report_states_where_job_times_came_from():
@@ -231,3 +233,25 @@ def test_the_cost_report_states_where_job_times_came_from():
     assert job_times([attempt])["source"] == "queue"
     stated = Attempts([attempt], source="sacct -c (jobcomp)", why="Slurm's accounting")
     assert stated == [attempt] and job_times(stated) == {"source": "sacct -c (jobcomp)", "why": "Slurm's accounting"}
+
+
+def test_the_sbatch_preview_of_a_slurm_fleet_off_the_cluster_says_so_and_exits_2(tmp_path, monkeypatch):
+    import os
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+    from tests.conftest import tiny_config
+
+    tools = tmp_path / "bin"  # a scontrol that cannot reach its slurmctld, as off the cluster
+    tools.mkdir()
+    (tools / "scontrol").write_text("#!/bin/sh\necho 'scontrol: error: Unable to contact slurm controller' >&2\nexit 1\n")
+    (tools / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    queue = {"fleet": "slurm", "launcher": "slurm", "max_jobs_per_gpu": 1, "slurm": {"gpu_memory_gib": {"a100": 40}}}
+    path = tmp_path / "drape.yaml"
+    path.write_text(yaml.safe_dump(tiny_config(tmp_path, fresh_mlflow=True, queue=queue).model_dump(mode="json")))
+    result = CliRunner().invoke(app, ["queue", "sbatch", "--config", str(path)])
+    assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+    assert "could not be asked" in result.output and "Unable to contact slurm controller" in result.output
