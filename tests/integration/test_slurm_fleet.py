@@ -17,7 +17,8 @@ slurmd in its node's mount namespace (node-local disks); the shared-disk variant
    The cost report's job times: ``sacct -c`` (jobcomp) said as their source; with
    `accounting: slurmdbd` on this cluster without slurmdbd, the queue's own times, saying why;
 4. the disk variants: with node-local disks each node's paths.root is its own; on a shared disk
-   both nodes of one job see one folder.
+   both nodes of one job see one folder;
+5. a node Slurm has down is seen full, until Slurm takes it back.
 """
 
 from __future__ import annotations
@@ -250,3 +251,20 @@ def test_node_local_disks_are_each_node_s_own_and_a_shared_disk_is_one(site, tmp
         assert sorted(p.name for p in folder.glob("mark-*")) == [f"mark-{A100[0]}", f"mark-{A100[1]}"]
     finally:
         _stop(shared, short)
+
+
+def test_a_node_set_down_is_seen_full_and_back_when_slurm_takes_it_back(site, tmp_path):
+    slurm, _, _ = site
+    config = _config(tmp_path)
+    store = JobStore(config.queue_url)
+
+    def full(node: str) -> bool:
+        return all(g.free_gib() == 0 for g in fleet_view(config, store).gpus if g.node == node)
+
+    slurm.run("scontrol", "update", f"NodeName={H100}", "State=DOWN", "Reason=drape-test")  # as Slurm marks a lost node
+    try:
+        assert slurm.node_states()[H100].startswith("down") and full(H100)
+        assert not full(A100[0]) and not full(A100[1])
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={H100}", "State=RESUME")
+    wait_until(lambda: not full(H100), 30, f"{H100} back in the fleet")
