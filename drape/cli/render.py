@@ -117,6 +117,8 @@ def print_cost_report(report: dict) -> None:
         f"run {report['run_id']}: {report['gpus']} × {models}, priced {report['plan']}, wall {report['wall_hours']:.3f} h "
         f"in {report['segments']} segment(s)"
     )
+    if times := report.get("job_times"):
+        console.print(f"job times from {times['source']}: {times['why']}")
     table = table_of(
         "GPU time",
         ("GPU time", "GPU-hours", "cost", "share"),

@@ -238,10 +238,11 @@ class QueueConfig(StrictModel):
     url: str | None = Field(
         default=None, description="SQLAlchemy URL; default sqlite:///<root>/queue.db (postgresql://… at scale)"
     )
-    fleet: Literal["local", "static", "prometheus"] = Field(
+    fleet: Literal["local", "static", "prometheus", "slurm"] = Field(
         default="local",
         description="how the queue sees GPUs: local (this machine's devices), static (the inventory file), "
-        "prometheus (the DCGM exporter's series)",
+        "prometheus (the DCGM exporter's series), slurm (Slurm's nodes, gres, CPUs, memory, partitions and state "
+        "from scontrol and sinfo; a drained or down node takes no job; GPU memory from queue.slurm.gpu_memory_gib)",
     )
     inventory: str | None = Field(
         default=None,
@@ -345,6 +346,15 @@ class QueueConfig(StrictModel):
             raise ValueError(
                 "queue.launcher 'slurm' gives jobs whole GPUs (--gres=gpu:N): set queue.max_jobs_per_gpu to 1, so the "
                 f"queue never places two jobs on one GPU that Slurm would then refuse (got {self.max_jobs_per_gpu})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _slurm_fleet_memory(self) -> QueueConfig:
+        if self.fleet == "slurm" and not self.slurm.gpu_memory_gib:
+            raise ValueError(
+                "queue.fleet 'slurm' reads GPUs from Slurm's gres, which does not say how much memory a GPU has: set "
+                "queue.slurm.gpu_memory_gib (gres type → GiB, e.g. {a100: 80, h100: 80})"
             )
         return self
 

@@ -52,6 +52,7 @@ SITE_FIELDS = (
     "queue.slurm.partition",
     "queue.slurm.account",
     "queue.slurm.gres_types",
+    "queue.slurm.gpu_memory_gib",
     "queue.slurm.setup",
     "queue.slurm.log_dir",
     "shoppers.mlflow_backend_store_uri",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 
 from drape.config.base import StrictModel, mounted
@@ -12,18 +14,50 @@ class SlurmLauncherConfig(StrictModel):
     """Drape's queue places (nodes, GPUs per node); Slurm runs each stage job where it was placed
     (``--nodelist``, ``--gres=gpu[:type]:N``) or refuses it, and the refusal fails the job with why."""
 
-    partition: SlurmName | None = Field(default=None, description="sbatch --partition; unset: the default")
+    partition: SlurmName | None = Field(
+        default=None,
+        description="sbatch --partition; with queue.fleet 'slurm' the fleet is this partition's nodes; unset: the first "
+        "partition that holds every placed node (Slurm's default partition when the nodes are not known)",
+    )
     account: SlurmName | None = Field(default=None, description="sbatch --account; unset: the user's default")
     gres_types: dict[str, SlurmName] = Field(
         default_factory=dict,
         description="fleet GPU model → the gres type Slurm's gres.conf names it (H100-80GB: h100): a job asks for "
         "--gres=gpu:<type>:N, so Slurm holds it to the model the queue placed it on; a model not listed: --gres=gpu:N",
     )
-    cpus_per_gpu: int = Field(default=8, ge=1, le=256, description="sbatch --cpus-per-task per GPU on a node")
-    mem_per_gpu_gib: int | None = Field(
-        default=None, ge=1, le=4096, description="host memory per GPU (sbatch --mem-per-gpu); unset: Slurm's default"
+    gpu_memory_gib: dict[SlurmName, Annotated[float, Field(gt=0, le=4096)]] = Field(
+        default_factory=dict,
+        description="queue.fleet 'slurm': gres type (gres.conf's Type=, 'gpu' for untyped gres) → one GPU's memory "
+        "in GiB, which Slurm does not know (a100: 80, h100: 80); a node whose gres names a type not here is an error "
+        "naming the node and the type",
     )
-    time_limit_minutes: int = Field(default=24 * 60, ge=1, le=60 * 24 * 30, description="sbatch --time")
+    cpus_per_gpu: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="sbatch --cpus-per-task per GPU on a node, cut to the job's share of the smallest placed node's "
+        "CPUs (its GPUs' fraction of that node's GPUs) when the nodes are known",
+    )
+    mem_per_gpu_gib: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="host memory the job needs per GPU (sbatch --mem-per-gpu); a placed node with less per GPU "
+        "refuses the job naming the node; unset: memory_fraction of each node's memory per GPU",
+    )
+    memory_fraction: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="unset mem_per_gpu_gib: the share of a node's memory (per its GPUs) a job asks for, so no job takes "
+        "a whole node's memory and the node keeps room for its own daemons",
+    )
+    time_limit_minutes: int = Field(
+        default=24 * 60,
+        ge=1,
+        le=60 * 24 * 30,
+        description="sbatch --time, cut to the job's partition's time limit when Slurm is asked (sinfo)",
+    )
     signal_seconds: int = Field(
         default=300,
         ge=10,
@@ -57,8 +91,10 @@ class SlurmLauncherConfig(StrictModel):
     )
     accounting: str = Field(
         default="slurmdbd",
-        pattern=r"^(slurmdbd|jobcomp)$",
-        description="where sacct reads finished jobs: slurmdbd, or the jobcomp/filetxt log (sacct -c) without one",
+        pattern=r"^(slurmdbd|jobcomp|queue)$",
+        description="where job times come from: slurmdbd (sacct), jobcomp (sacct -c reads the jobcomp/filetxt log, for "
+        "a cluster without slurmdbd), or queue (no Slurm accounting: the queue's own claim-to-release times, which include "
+        "the wait in Slurm's queue); the cost report names the source and why",
     )
     pending_timeout_seconds: float = Field(
         default=1800.0,

@@ -52,6 +52,25 @@ class Attempt:
     end: float | None  # None: still held
 
 
+class Attempts(list):
+    """A run's attempts and where their times came from: `source` (``queue``, ``sacct (slurmdbd)``,
+    ``sacct -c (jobcomp)``) and `why` that source, which the cost report states (a plain list:
+    the queue's allocation log, or in-process training)."""
+
+    def __init__(self, attempts=(), *, source: str, why: str):
+        super().__init__(attempts)
+        self.source, self.why = source, why
+
+
+def job_times(attempts: list[Attempt]) -> dict[str, str]:
+    """{source, why} of `attempts`' times, for the cost report."""
+    if isinstance(attempts, Attempts):
+        return {"source": attempts.source, "why": attempts.why}
+    if attempts:
+        return {"source": "queue", "why": "the queue's allocation log: each job's GPUs from claim to release"}
+    return {"source": "in-process", "why": "no queue job: the stages trained in the flow's own process"}
+
+
 @dataclass
 class GpuAccount:
     gpus: int

@@ -12,7 +12,7 @@ from drape import STAGES
 from drape.config import PipelineConfig
 from drape.config.cost import CostConfig
 from drape.cost import CostError, gpu_rate, timeline
-from drape.cost.account import CATEGORIES, OVERHEADS, Attempt, GpuAccount, build
+from drape.cost.account import CATEGORIES, OVERHEADS, Attempt, GpuAccount, build, job_times
 from drape.cost.scaling import read_scaling
 from drape.cost.storage import storage_cost
 from drape.pipeline.resume import ResumeError, load_progress
@@ -54,6 +54,7 @@ def run_report(
         "models": account.models,
         "wall_hours": account.wall_seconds / 3600,
         "segments": len(account.segments),
+        "job_times": job_times(attempts),
         "gpu": {key: value for key, value in gpu.items() if key != "per_stage"},
         "stages": stages,
         "storage": storage,

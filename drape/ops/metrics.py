@@ -201,7 +201,7 @@ DISPATCH_ERRORS = Counter(
 )
 FLEET_SOURCE = Gauge(
     "drape_queue_fleet_source",
-    "1 for the source of the fleet view in use (prometheus, ledger, static, local)",
+    "1 for the source of the fleet view in use (prometheus, ledger, static, local, slurm)",
     ["source"],
     registry=REGISTRY,
 )

@@ -7,6 +7,9 @@ Sources, by `queue.fleet`:
   to the queue's ledger (the inventory it registered before) and says so: GPUs are then known
   only by what drape itself allocated, never assumed free beyond that.
 - ``static``: an inventory YAML (`groups: [{model, memory_gib, nodes, gpus_per_node}]`).
+- ``slurm``: Slurm's nodes (``scontrol show node -o``), their typed gres and state, GPU memory from
+  `queue.slurm.gpu_memory_gib` (scheduler/engines/slurm/nodes.py); a drained or down node's GPUs
+  are seen full. An unreachable slurmctld is an error, never an empty fleet.
 - ``local``: this machine's CUDA devices; without CUDA, one CPU slot of `queue.cpu_slot_gib`.
 """
 
@@ -119,6 +122,10 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
         if not queue.inventory:
             raise ValueError("queue.fleet 'static' needs queue.inventory (a fleet YAML)")
         gpus = load_fleet(queue.inventory)
+    elif queue.fleet == "slurm":
+        from scheduler.engines.slurm.fleet import slurm_gpus
+
+        gpus = slurm_gpus(queue.slurm)
     else:
         gpus = local_gpus(queue.cpu_slot_gib)
     if source != "ledger":

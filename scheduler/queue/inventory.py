@@ -10,6 +10,7 @@ the file, the group and the field, never a traceback.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import yaml
@@ -22,6 +23,7 @@ MAX_GPU_MEMORY_GIB = 4096.0  # one GPU's memory: 30× today's largest
 MAX_GPUS_PER_NODE = 64
 MAX_NODES_PER_GROUP = 10_000
 MAX_FLEET_GPUS = 100_000  # the simulator models every GPU: a fleet past this is a typo, not a plan
+NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")  # what a node name may hold: nothing a shell or path reads
 
 
 class FleetFileError(ValueError):
@@ -33,8 +35,10 @@ def has_control(text: object) -> bool:
 
 
 def load_fleet(path: str | Path) -> list[GpuState]:
-    """A fleet YAML: ``groups: [{model, memory_gib, nodes, gpus_per_node[, node_prefix]}]``, read
-    bounded (`read_yaml`) and checked group by group before a GPU is listed."""
+    """A fleet YAML: ``groups: [{model, memory_gib, nodes, gpus_per_node[, node_prefix | node_names]}]``,
+    read bounded (`read_yaml`) and checked group by group before a GPU is listed. A group's nodes
+    are ``<node_prefix>-00``, ``-01``, … or, with `node_names`, the cluster's own names (one per node,
+    e.g. ``[gpu-a100-r07n03, gpu-a100-r07n04]``), unique across the fleet."""
     path = Path(path)
     if not path.is_file():
         raise FleetFileError(f"{path}: fleet file not found")
@@ -48,16 +52,36 @@ def load_fleet(path: str | Path) -> list[GpuState]:
     if not isinstance(groups, list):
         raise FleetFileError(f"{path}: expected a mapping with groups: [{{model, memory_gib, nodes, gpus_per_node}}]")
     gpus: list[GpuState] = []
+    seen: set[str] = set()
     for number, group in enumerate(groups):
-        model, memory, nodes, per_node, prefix = _fleet_group(group, f"{path}: groups[{number}]")
+        at = f"{path}: groups[{number}]"
+        model, memory, nodes, per_node, prefix = _fleet_group(group, at)
         if len(gpus) + nodes * per_node > MAX_FLEET_GPUS:
-            raise FleetFileError(f"{path}: groups[{number}]: the fleet would hold more than {MAX_FLEET_GPUS} GPUs")
-        for node in range(nodes):
-            name = f"{prefix}-{node:02d}"
+            raise FleetFileError(f"{at}: the fleet would hold more than {MAX_FLEET_GPUS} GPUs")
+        names = _node_names(group, nodes, prefix, at)
+        if twice := sorted(seen.intersection(names)):
+            raise FleetFileError(f"{at}: node {twice[0]} is named by an earlier group too")
+        seen.update(names)
+        for name in names:
             gpus += [GpuState(f"{name}/gpu{index}", name, model, memory) for index in range(per_node)]
     if not gpus:
         raise FleetFileError(f"{path}: no GPUs (expected groups: [{{model, memory_gib, nodes, gpus_per_node}}])")
     return gpus
+
+
+def _node_names(group: dict, nodes: int, prefix: str, at: str) -> list[str]:
+    """The group's node names: `node_names` checked (as many as `nodes`, each a node name), else `<prefix>-NN`."""
+    names = group.get("node_names")
+    if names is None:
+        return [f"{prefix}-{node:02d}" for node in range(nodes)]
+    if not isinstance(names, list) or len(names) != nodes:
+        raise FleetFileError(f"{at}: node_names must list {nodes} name(s), one per node")
+    bad = [name for name in names if not (isinstance(name, str) and NODE_NAME.fullmatch(name))]
+    if bad:
+        raise FleetFileError(f"{at}: node_names holds {str(bad[0])[:40]!r}: expected letters, digits and _ . + - (at most 128)")
+    if len(set(names)) != len(names):
+        raise FleetFileError(f"{at}: node_names lists a node twice")
+    return names
 
 
 def _fleet_group(group: object, at: str) -> tuple[str, float, int, int, str]:

@@ -1,4 +1,4 @@
-"""A real Slurm cluster for the tests: munged, slurmctld and two slurmd on this host (root only).
+"""A real Slurm cluster for the tests: munged, slurmctld and a slurmd per node on this host (root only).
 
 Debian's `slurm-wlm` and `munge` (`make services`), pointed at a config of the test's own through
 `SLURM_CONF`: nothing in /etc is read or written, nothing is left running. Two slurmd on one host
@@ -6,6 +6,13 @@ are two nodes (``NodeName=n1 Port=…``, started with ``slurmd -N n1``), each of
 as gres: device files made with ``mknod`` (`File=` lines in gres.conf), which is all Slurm checks.
 With `nodes` (tests/integration/nodes.py) each slurmd starts inside its node's mount namespace, so
 every job step it runs sees that node's disk and no other's.
+
+Two shapes (`Shape`): `TWO_NODES` (slurm-00, slurm-01, two untyped GPUs each, one partition: the
+engine's own tests), and `SITE`, a cluster shaped like a real site's (test_slurm_fleet.py): node
+names as racks name them, typed gres of two GPU models in unequal counts, unequal CPUs and memory,
+a feature per model, two partitions with time limits, memory a consumable (``CR_Core_Memory``) so
+``--mem``/``--mem-per-gpu`` are enforced, and no slurmdbd (accounting off: ``sacct`` fails unless
+``-c`` reads the jobcomp log). CPUs and memory are declared, not this host's (``config_overrides``).
 
 `JobCompType=jobcomp/filetxt` makes ``sacct -c`` work without slurmdbd; `proctrack/linuxproc` and
 `task/none` need no cgroups. `SlurmdTimeout` is short so a killed node is noticed in seconds.
@@ -20,10 +27,63 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Node:
+    """One slurmd: its name, CPUs, memory (MiB), GPUs (gres type, "" untyped) and features."""
+
+    name: str
+    cpus: int = 2
+    memory_mib: int = 2000
+    gpu_type: str = ""
+    gpus: int = 2
+    features: tuple[str, ...] = ()
+
+    @property
+    def gres(self) -> str:
+        return f"gpu:{self.gpu_type}:{self.gpus}" if self.gpu_type else f"gpu:{self.gpus}"
+
+
+@dataclass(frozen=True)
+class Partition:
+    name: str
+    nodes: tuple[str, ...]
+    max_minutes: int | None = None  # None: INFINITE
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class Shape:
+    nodes: tuple[Node, ...]
+    partitions: tuple[Partition, ...]
+    select: str = "CR_Core"
+    extra: tuple[str, ...] = field(default=())
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(node.name for node in self.nodes)
+
 
 NODES = ("slurm-00", "slurm-01")
 GPUS_PER_NODE = 2
+TWO_NODES = Shape(tuple(Node(name) for name in NODES), (Partition("gpu", NODES, default=True),))
+# a site's cluster: two A100 nodes of one rack (2 GPUs each, unequal CPUs and memory), one H100
+# node of another (4 GPUs); partitions `a100` (default, 2 h) and `h100` (30 min)
+SITE = Shape(
+    (
+        Node("gpu-a100-r07n03", cpus=6, memory_mib=6000, gpu_type="a100", gpus=2, features=("a100", "nvme")),
+        Node("gpu-a100-r07n04", cpus=4, memory_mib=4000, gpu_type="a100", gpus=2, features=("a100",)),
+        Node("gpu-h100-r12n01", cpus=8, memory_mib=8000, gpu_type="h100", gpus=4, features=("h100", "nvme")),
+    ),
+    (
+        Partition("a100", ("gpu-a100-r07n03", "gpu-a100-r07n04"), max_minutes=120, default=True),
+        Partition("h100", ("gpu-h100-r12n01",), max_minutes=30),
+    ),
+    select="CR_Core_Memory",
+)
 
 
 class SlurmError(RuntimeError):
@@ -51,12 +111,26 @@ def _free_ports(count: int) -> list[int]:
             s.close()
 
 
-def _conf(root: Path, ports: list[int]) -> str:
-    nodes = "\n".join(
-        f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs=2 Sockets=1 CoresPerSocket=2 "
-        f"ThreadsPerCore=1 RealMemory=2000 Gres=gpu:{GPUS_PER_NODE} State=UNKNOWN"
-        for name, port in zip(NODES, ports[1:], strict=True)
+def _node_line(node: Node, port: int) -> str:
+    features = f" Features={','.join(node.features)}" if node.features else ""
+    return (
+        f"NodeName={node.name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={node.cpus} Sockets=1 "
+        f"CoresPerSocket={node.cpus} ThreadsPerCore=1 RealMemory={node.memory_mib} Gres={node.gres}{features} State=UNKNOWN"
     )
+
+
+def _partition_line(partition: Partition) -> str:
+    limit = partition.max_minutes if partition.max_minutes is not None else "INFINITE"
+    default = "YES" if partition.default else "NO"
+    return (
+        f"PartitionName={partition.name} Nodes={','.join(partition.nodes)} Default={default} MaxTime={limit} "
+        "State=UP OverSubscribe=NO"
+    )
+
+
+def _conf(root: Path, ports: list[int], shape: Shape) -> str:
+    nodes = "\n".join(_node_line(node, port) for node, port in zip(shape.nodes, ports[1:], strict=True))
+    partitions = "\n".join(_partition_line(partition) for partition in shape.partitions)
     return f"""ClusterName=drape-test
 SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ports[0]}
@@ -74,7 +148,7 @@ SlurmdLogFile={root / "slurmd-%n.log"}
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
+SelectTypeParameters={shape.select}
 GresTypes=gpu
 JobCompType=jobcomp/filetxt
 JobCompLoc={root / "jobcomp.txt"}
@@ -93,38 +167,41 @@ SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=1
 JobRequeue=1
 {nodes}
-PartitionName=gpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=NO
+{partitions}
 """
 
 
 class SlurmCluster:
-    """munged + slurmctld + slurmd n1, n2 under `root`; `env` is what a Slurm client needs (SLURM_CONF)."""
+    """munged + slurmctld + a slurmd per node of `shape` under `root`; `env` is what a Slurm client
+    needs (SLURM_CONF). `nodes` (tests/integration/nodes.py): each slurmd in its node's mount namespace
+    (node-local disks); without, every node sees this host's disk (a shared disk)."""
 
-    def __init__(self, root: Path, nodes=None):
-        self.root, self.nodes = root, nodes
+    def __init__(self, root: Path, nodes=None, shape: Shape = TWO_NODES):
+        self.root, self.nodes, self.shape = root, nodes, shape
         self.processes: dict[str, subprocess.Popen] = {}
-        self.ports = _free_ports(1 + len(NODES))
+        self.ports = _free_ports(1 + len(shape.nodes))
         self.conf = root / "slurm.conf"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def start(self, timeout: float = 30.0) -> SlurmCluster:
         for folder in ("state", "spool", "dev", "munge"):
             (self.root / folder).mkdir(parents=True, exist_ok=True)
-        self.conf.write_text(_conf(self.root, self.ports))
+        self.conf.write_text(_conf(self.root, self.ports, self.shape))
         gres = []
-        for node in NODES:
-            (self.root / "spool" / node).mkdir(exist_ok=True)
-            for index in range(GPUS_PER_NODE):
-                device = self.root / "dev" / f"{node}-nvidia{index}"
+        for node in self.shape.nodes:
+            (self.root / "spool" / node.name).mkdir(exist_ok=True)
+            for index in range(node.gpus):
+                device = self.root / "dev" / f"{node.name}-nvidia{index}"
                 if not device.exists():
                     os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, like /dev/null
-                gres.append(f"NodeName={node} Name=gpu File={device}")
+                typed = f" Type={node.gpu_type}" if node.gpu_type else ""
+                gres.append(f"NodeName={node.name} Name=gpu{typed} File={device}")
         (self.root / "gres.conf").write_text("\n".join(gres) + "\n")
         self._start_munge()
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"])
-        for node in NODES:
-            self.start_node(node)
-        self.wait_idle(NODES, timeout)
+        for name in self.shape.names:
+            self.start_node(name)
+        self.wait_idle(self.shape.names, timeout)
         return self
 
     def _start_munge(self) -> None:
@@ -197,9 +274,8 @@ class SlurmCluster:
                 return
             dead = [name for name, process in self.processes.items() if process.poll() is not None]
             if time.monotonic() > deadline or dead:
-                raise SlurmError(
-                    f"{dead} exited; " if dead else "" + f"nodes {names} not up within {timeout:.0f} s: {states}\n{self.logs()}"
-                )
+                exited = f"{dead} exited; " if dead else ""
+                raise SlurmError(f"{exited}nodes {list(names)} not up within {timeout:.0f} s: {states}\n{self.logs()}")
             time.sleep(0.2)
 
     def logs(self, tail: int = 3000) -> str:

@@ -16,15 +16,8 @@ from pydantic import ValidationError
 from drape.config import QueueConfig, SlurmLauncherConfig
 from scheduler.dispatch.dispatcher import unplaceable
 from scheduler.engines import ENGINES, job_environment
-from scheduler.engines.slurm.launcher import (
-    SlurmError,
-    SlurmRun,
-    _gpus_of,
-    _requested_gpus,
-    batch_script,
-    job_name,
-    run_gpu_hours,
-)
+from scheduler.engines.slurm.launcher import SlurmError, batch_script, job_name
+from scheduler.engines.slurm.sacct import SlurmRun, _gpus_of, _requested_gpus, run_gpu_hours
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape
 from scheduler.policy.gangs import fits_across_nodes, spanning
 from tests.conftest import SENTINEL, TINY, tiny_config

@@ -52,6 +52,7 @@ NOT_PATHS = {
         f"queue.slurm.{k}": "Slurm's names and the login node's shell lines"
         for k in ("partition", "account", "gres_types", "setup")
     },
+    "queue.slurm.gpu_memory_gib": "gres type names to GiB",
     "queue.slurm.accounting": "how sacct reads",
 }
 

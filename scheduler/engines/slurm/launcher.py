@@ -1,7 +1,8 @@
 """The Slurm engine: a claimed job as an ``sbatch`` script whose ``srun`` starts torchrun on every node.
 
 Who places: drape's queue. Its policy chose the nodes and GPUs from the memory profile; the script
-asks Slurm for exactly those (``--nodelist``, ``--nodes``, ``--gres=gpu[:<type>]:<per node>``), so
+asks Slurm for exactly those (``--nodelist``, ``--nodes``, ``--gres=gpu[:<type>]:<per node>``), with
+CPUs, memory, partition and time fitted to the placed nodes as Slurm has them (requests.py), so
 Slurm either runs the job where drape put it or says no, and never silently elsewhere:
 - before submitting, every placed node must be a Slurm node offering at least the GPUs asked for
   (``scontrol show node``), else the launch fails naming the node and both counts;
@@ -39,6 +40,10 @@ from pathlib import Path
 
 from drape.config import names
 from scheduler.engines import Outcome, exit_message, is_python, job_environment, torchrun_program
+from scheduler.engines.slurm.fleet import SlurmUnreachable, read_nodes, read_partitions
+from scheduler.engines.slurm.nodes import UNTYPED, SlurmNode, fields
+from scheduler.engines.slurm.requests import FitError, Fitted, fit
+from scheduler.engines.slurm.sacct import SlurmRun, _requested_gpus, parse_runs, run_gpu_hours
 from scheduler.policy import GpuState
 
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED"}
@@ -71,20 +76,33 @@ def job_name(job: dict) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "-", f"drape-{job['id']}-a{job.get('attempts') or 1}")
 
 
+def gres_type(model: str, settings) -> str | None:
+    """The gres type a GPU model is asked by: `gres_types`' entry, else the model itself when it is a
+    type of `gpu_memory_gib` (a fleet read from Slurm names models by type), else None (untyped)."""
+    kind = settings.gres_types.get(model)
+    if kind is None and model in settings.gpu_memory_gib and model != UNTYPED:
+        kind = model
+    return kind
+
+
 def _gres(request: SlurmRequest, settings) -> str:
-    kind = settings.gres_types.get(request.model)
+    kind = gres_type(request.model, settings)
     return f"gpu:{kind}:{request.gpus_per_node}" if kind else f"gpu:{request.gpus_per_node}"
 
 
-def _directives(job: dict, request: SlurmRequest, settings, log_path: Path) -> list[str]:
+def _size(mib: int) -> str:
+    return f"{mib // 1024}G" if mib % 1024 == 0 else f"{mib}M"
+
+
+def _directives(job: dict, request: SlurmRequest, settings, log_path: Path, fitted: Fitted) -> list[str]:
     lines = [
         f"--job-name={job_name(job)}",
         f"--comment=drape:{job['id']}",
         f"--nodes={len(request.nodes)}",
         f"--nodelist={','.join(request.nodes)}",
         "--ntasks-per-node=1",
-        f"--cpus-per-task={settings.cpus_per_gpu * max(request.gpus_per_node, 1)}",
-        f"--time={settings.time_limit_minutes}",
+        f"--cpus-per-task={fitted.cpus_per_task}",
+        f"--time={fitted.time_minutes}",
         f"--signal=B:USR1@{settings.signal_seconds}",
         f"--output={log_path}",
         "--open-mode=append",
@@ -92,10 +110,12 @@ def _directives(job: dict, request: SlurmRequest, settings, log_path: Path) -> l
     ]
     if request.gpus_per_node:
         lines.insert(5, f"--gres={_gres(request, settings)}")
-        if settings.mem_per_gpu_gib:
-            lines.append(f"--mem-per-gpu={settings.mem_per_gpu_gib}G")
+    if fitted.mem_per_gpu_mib and request.gpus_per_node:
+        lines.append(f"--mem-per-gpu={_size(fitted.mem_per_gpu_mib)}")
+    elif fitted.mem_mib:
+        lines.append(f"--mem={_size(fitted.mem_mib)}")
     lines.append("--requeue" if settings.requeue else "--no-requeue")
-    lines += [f"--partition={settings.partition}"] * bool(settings.partition) + [f"--account={settings.account}"] * bool(
+    lines += [f"--partition={fitted.partition}"] * bool(fitted.partition) + [f"--account={settings.account}"] * bool(
         settings.account
     )
     return [f"#SBATCH {line}" for line in lines]
@@ -147,13 +167,26 @@ exit "$status"
 """
 
 
-def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> str:
-    """The sbatch script of `job` placed on `gpus` (see the module docstring); every name in it is
-    checked against Slurm's grammar (drape.config.names), a NameRefused naming the job otherwise."""
+def batch_script(
+    job: dict,
+    gpus: list[GpuState],
+    settings,
+    log_path: Path,
+    nodes: list[SlurmNode] | None = None,
+    limits: dict[str, int | None] | None = None,
+) -> str:
+    """The sbatch script of `job` placed on `gpus` (see the module docstring), its requests sized to
+    the placed `nodes` as Slurm has them and their partition's time limit (`limits`; requests.py);
+    without `nodes`, the configured values alone. Every name in it is checked against Slurm's grammar
+    (drape.config.names), a NameRefused naming the job otherwise."""
     names.slurm_job_name(job["id"], "queue job id")  # it is written in a comment line, and --comment
     request = SlurmRequest.of(gpus)
     for node in request.nodes:  # each on its own: a comma in one would ask --nodelist for another node
         names.node_name(node, f"job {job['id']}: placed node")
+    try:
+        fitted = fit(settings, request.gpus_per_node, nodes or [], limits)
+    except FitError as error:
+        raise SlurmError(f"job {job['id']} on {', '.join(request.nodes)}: {error}") from None
     env = {**json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
     exports = [
         f"export {name}={shlex.quote(value)}" for name, value in sorted(env.items()) if re.fullmatch(r"[A-Z_][A-Z0-9_]*", name)
@@ -161,52 +194,12 @@ def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> s
     header = [
         "#!/bin/bash",
         f"# drape queue job {job['id']} ({job.get('kind', '')}, stage {job.get('stage') or '-'}): scheduler/engines/slurm",
+        *(f"# {note}" for note in fitted.notes),
     ]
     body = _BODY.format(port=settings.rendezvous_port, task=shlex.quote(_task_command(job, request, settings)))
-    script = "\n".join([*header, *_directives(job, request, settings, log_path), *exports, *settings.setup, body])
+    script = "\n".join([*header, *_directives(job, request, settings, log_path, fitted), *exports, *settings.setup, body])
     names.sbatch_directives(script, f"job {job['id']}")
     return script
-
-
-def _fields(line: str) -> dict[str, str]:
-    """`scontrol show … -o` → {Key: value} (values never hold spaces in the keys read here)."""
-    return dict(part.split("=", 1) for part in line.split() if "=" in part)
-
-
-def _seconds(text: str) -> float | None:
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except ValueError:
-        return None
-
-
-def _gpus_of(tres: str) -> int | None:
-    match = re.search(r"gres/gpu(?::[^=,]+)?=(\d+)", tres or "")
-    return int(match.group(1)) if match else None
-
-
-def _requested_gpus(shown: dict[str, str]) -> int | None:
-    """The job's GPUs from `scontrol show job`: its per-node gres (TresPerNode) × its nodes."""
-    match = re.search(r"gres[:/]gpu(?::[^:,]+)?:(\d+)", shown.get("TresPerNode", ""))
-    nodes = shown.get("NumNodes", "1").split("-")[0]
-    return int(match.group(1)) * int(nodes) if match and nodes.isdigit() else None
-
-
-@dataclass(frozen=True)
-class SlurmRun:
-    """One run of a Slurm job as sacct accounts it (a requeued job has several)."""
-
-    slurm_id: str
-    name: str
-    state: str
-    start: float | None
-    end: float | None
-    gpus: int | None  # None: the accounting does not record GPUs (jobcomp without gres TRES)
-
-    @property
-    def queue_job_id(self) -> str | None:
-        match = re.fullmatch(r"drape-(.+)-a\d+", self.name)
-        return match.group(1) if match else None
 
 
 class SlurmLauncher:
@@ -233,19 +226,33 @@ class SlurmLauncher:
     def log_path(self, job_id: str) -> Path:
         return self.log_dir / f"{job_id}.log"
 
-    def check_request(self, request: SlurmRequest) -> None:
-        """Refuse a placement Slurm cannot run as asked: a node it does not know, or with fewer GPUs."""
-        for node in request.nodes:
-            out = self._run("scontrol", "show", "node", "-o", node, check=False)
-            if not out.strip() or "not found" in out:
-                raise SlurmError(f"node {node} of drape's fleet is not a node of this Slurm cluster (scontrol show node)")
-            gres = _fields(out).get("Gres", "")
-            offered = sum(int(m.group(1)) for m in re.finditer(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+    def check_request(self, request: SlurmRequest) -> list[SlurmNode]:
+        """The placed nodes as Slurm has them; refuses a placement Slurm cannot run as asked: a node it
+        does not know, or with fewer GPUs (of the type asked for) than placed there."""
+        try:
+            found = {node.name: node for node in read_nodes(request.nodes)}
+        except (SlurmUnreachable, ValueError) as error:
+            raise SlurmError(f"reading nodes {', '.join(request.nodes)} from Slurm: {error}") from None
+        kind = gres_type(request.model, self.settings)
+        for name in request.nodes:
+            if name not in found:
+                raise SlurmError(f"node {name} of drape's fleet is not a node of this Slurm cluster (scontrol show node)")
+            gres = ",".join(f"gpu:{t}:{n}" if t != UNTYPED else f"gpu:{n}" for t, n in found[name].gpus)
+            offered = sum(n for t, n in found[name].gpus if kind is None or t == kind)
             if offered < request.gpus_per_node:
                 raise SlurmError(
-                    f"drape placed {request.gpus_per_node} GPU(s) on node {node}, but Slurm's gres there is {gres or 'none'} "
-                    f"({offered} GPU(s)): fix the fleet inventory or gres.conf so both schedulers count the same GPUs"
+                    f"drape placed {request.gpus_per_node} GPU(s){f' of type {kind}' if kind else ''} on node {name}, but "
+                    f"Slurm's gres there is {gres or 'none'} ({offered} GPU(s)): fix the fleet inventory or gres.conf so "
+                    "both schedulers count the same GPUs"
                 )
+        return [found[name] for name in request.nodes]
+
+    def partition_limits(self) -> dict[str, int | None] | None:
+        """Partition → time limit (sinfo), or None when sinfo cannot say (the configured --time stands)."""
+        try:
+            return read_partitions()
+        except (SlurmUnreachable, ValueError):
+            return None
 
     def find(self, name: str) -> str | None:
         """The Slurm job id of the job named `name` still known to Slurm, if any."""
@@ -258,10 +265,11 @@ class SlurmLauncher:
         if (existing := self.find(name)) is not None:  # submitted before a restart: it is this job's
             return f"slurm:{existing}:{name}"
         request = SlurmRequest.of(gpus)
-        self.check_request(request)
+        nodes = self.check_request(request)
+        text = batch_script(job, gpus, self.settings, self.log_path(job["id"]), nodes, self.partition_limits())
         script = self.script_dir / f"{name}.sbatch"
         partial = script.with_suffix(".tmp")
-        partial.write_text(batch_script(job, gpus, self.settings, self.log_path(job["id"])))
+        partial.write_text(text)
         partial.replace(script)
         env = {**job_environment(self.passed), **json.loads(job.get("env") or "{}"), "DRAPE_JOB_ID": job["id"]}
         try:
@@ -277,7 +285,7 @@ class SlurmLauncher:
 
     def _show(self, slurm_id: str) -> dict[str, str] | None:
         out = self._run("scontrol", "show", "job", "-o", slurm_id, check=False)
-        return _fields(out) if out.startswith("JobId=") else None
+        return fields(out) if out.startswith("JobId=") else None
 
     def sees(self, handle: str | None) -> bool:
         parsed = self._parse(handle)
@@ -351,28 +359,15 @@ class SlurmLauncher:
         if parsed is not None:
             self._run("scancel", parsed[0], check=False)
 
-    def usage(self, slurm_ids: list[str] | None = None, since: str = "now-30days") -> list[SlurmRun]:
-        """drape's runs as sacct accounts them (every run of a requeued job; `slurm_ids`: only those)."""
+    def usage(self, slurm_ids: list[str] | None = None, since: str = "now-30days", check: bool = False) -> list[SlurmRun]:
+        """drape's runs as sacct accounts them (every run of a requeued job; `slurm_ids`: only those);
+        `check`: SlurmError when sacct fails (accounting off), else none found."""
         argv = ["sacct", "-X", "-P", "-n", "-o", "JobID,JobName,State,Start,End,AllocTRES", "-S", since]
         if self.settings.accounting == "jobcomp":
             argv.insert(1, "-c")
         if slurm_ids:
             argv += ["-j", ",".join(slurm_ids)]
-        runs = []
-        for line in self._run(*argv, check=False).splitlines():
-            fields = line.split("|")
-            if len(fields) >= 6 and fields[1].startswith("drape-"):
-                slurm_id, name, state, start, end, tres = fields[:6]
-                runs.append(SlurmRun(slurm_id, name, state.split()[0], _seconds(start), _seconds(end), _gpus_of(tres)))
-        return runs
-
-
-def run_gpu_hours(run: SlurmRun, gpus: int | None = None) -> float:
-    """GPU-hours of one run: its time (start to end) × its GPUs (sacct's, else `gpus`, else 0)."""
-    count = run.gpus if run.gpus is not None else gpus
-    if run.start is None or run.end is None or not count:
-        return 0.0
-    return max(run.end - run.start, 0.0) * count / 3600
+        return parse_runs(self._run(*argv, check=check))
 
 
 def build(config, log_dir: Path) -> SlurmLauncher:
