@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from scheduler.engines import Outcome, device_indices, exit_message, is_python, job_environment, module_args
+from scheduler.engines.reasons import failure_message, read_tail
 from scheduler.policy import GpuState
 
 
@@ -172,8 +173,9 @@ class LocalLauncher:
                 peak = json.loads(result.read_text()).get("peak_memory_gib")
             except ValueError:
                 peak = None
-        tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if code else ""
-        return Outcome(code, exit_message(code) + (f"; log tail:\n{tail}" if tail else ""), peak)
+        if not code:
+            return Outcome(code, exit_message(code), peak)
+        return Outcome(code, failure_message(exit_message(code), read_tail(self.log_path(job_id))), peak)
 
     def cancel(self, job_id: str, handle: str | None = None, grace_s: float = 10.0) -> None:
         """Stop the job's process group: SIGTERM (a stage job saves what it can), then SIGKILL after

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.engines import Outcome, exit_message, is_python, job_environment, torchrun_program
+from scheduler.engines.reasons import failure_message, read_tail
 from scheduler.policy import GpuState
 
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED"}
@@ -334,9 +335,8 @@ class SlurmLauncher:
         if state == "COMPLETED" and code == 0:
             return Outcome(0, f"Slurm job {slurm_id} COMPLETED")
         code = code or (128 + int(signal_text) if signal_text.isdigit() and int(signal_text) else 1)
-        tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if self.log_path(job_id).is_file() else ""
-        message = f"Slurm job {slurm_id} {state} ({reason}), {exit_message(code)}"
-        return Outcome(code, message + (f"; log tail:\n{tail}" if tail else ""))
+        account = f"Slurm job {slurm_id} {state} ({reason}), {exit_message(code)}"
+        return Outcome(code, failure_message(account, read_tail(self.log_path(job_id))))
 
     def cancel(self, job_id: str, handle: str) -> None:
         """scancel: Slurm sends the batch script and the step SIGTERM (the trainer saves), then SIGKILL."""
