@@ -31,7 +31,7 @@ from drape.config import ConfigError, PipelineConfig, load_config, parse_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
 from drape.data.partition import StageData, load_stage_data, resolve_partitions
-from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, live_root
+from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, checkpoint_step, live_root
 from drape.ops.metrics import push_metrics
 from drape.ops.process import end_without_collection
 from drape.secrets import redact
@@ -42,6 +42,7 @@ from drape.training import stop
 from drape.training.apart import CheckpointPublisher, NextStageWarmer, align_to, fetch_init, restore_newest
 from drape.training.distributed import DistContext, init_from_env
 from drape.training.lock import stage_lock
+from drape.training.state import resume_point
 from drape.training.trainer import TrainResult, peak_memory_gib, resolve_device, train_stage
 
 JOB_SCHEMA = "drape.stage_job/v1"
@@ -179,6 +180,13 @@ class StageJob:
         with stage_lock(self.out_dir, hold=context.is_main), cache.pin([self.stage]):
             try:
                 result = self._train(data, context, cache.manifest, tracker, progress, init, publisher)
+            except stop.StopRequested as stopped:  # every rank, at the same step
+                if publisher is not None:
+                    publisher.close(raise_errors=False)
+                context.barrier()  # every node's shards published (or given up on)
+                if context.is_main:
+                    self._say_published(stopped, store)
+                raise
             except BaseException:
                 if publisher is not None:
                     publisher.close(raise_errors=False)  # what was saved is published: a retry resumes from it
@@ -196,6 +204,28 @@ class StageJob:
         if store is not None:
             self._give_back(store, job_result, context)
         return job_result
+
+    def _say_published(self, stopped: stop.StopRequested, store: ObjectStore | None) -> None:
+        """After a stop: `stop.published_line` when the store's (run apart) or this folder's newest whole
+        checkpoint is newer than the run's start, else why not (the batch script then does not requeue)."""
+        if not stopped.saved:
+            print(f"train-{self.stage}: {stopped}", flush=True)
+            return
+        if store is not None:
+            newest = newest_published(store, self.run_id, self.stage)
+        else:
+            newest = (found := resume_point(self.out_dir / "checkpoints")) and found.name
+        step = checkpoint_step(newest) if newest else None
+        if step is not None and step > stopped.started:
+            print(stop.published_line(step, stopped.started), flush=True)
+        else:
+            where = "the object store" if store is not None else str(self.out_dir)
+            print(
+                f"train-{self.stage}: the checkpoint of step {stopped.step} is not whole in {where}: nothing newer "
+                f"than this run's start (step {stopped.started}) to resume from",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def _take_from_store(self, store: ObjectStore, context: DistContext) -> str | None:
         """Run apart: the starting weights and the store's newest checkpoint onto this node (one
@@ -336,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     except stop.StopRequested as stopped:
         if context.is_distributed:
             torch.distributed.destroy_process_group()
-        print(f"train-{job.stage}: {stopped}; published, exiting to resume later", file=sys.stderr, flush=True)
+        print(f"train-{job.stage}: {stopped}; exiting", file=sys.stderr, flush=True)
         return stop.EXIT_STOPPED
     if context.is_distributed:
         torch.distributed.destroy_process_group()

@@ -15,8 +15,10 @@ rendezvous at the first node of the allocation (``scontrol show hostnames`` → 
 ``scontrol show node``), that node hosting the store (``is_host=$((SLURM_NODEID == 0))``), and
 ``DRAPE_NODE`` set to the Slurm node's name. ``--requeue`` and ``--signal=B:USR1@<s>``: on USR1 the
 batch shell sends SIGTERM to the step (the trainer saves a checkpoint, publishes it and exits, see
-drape/training/stop.py), then requeues the job, which resumes from that checkpoint; on SIGTERM
-(scancel, preemption) it only passes it on. The job's environment is the dispatcher's filtered one
+drape/training/stop.py), then requeues the job only when the trainer said, for this run
+(``DRAPE_RUN_MARK``), that a checkpoint newer than the run's start is whole in the store; else it
+says why not and the job fails (never a requeue loop of runs that each meet the signal before
+their first save); on SIGTERM (scancel, preemption) it only passes it on. The job's environment is the dispatcher's filtered one
 (`scheduler.engines.job_environment`) exported by sbatch: no value is ever written in the script.
 
 Handles are ``slurm:<job id>:<job name>``; the name is ``drape-<queue job id>-a<attempt>`` and the
@@ -122,12 +124,15 @@ head_addr=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d=
 # each run of a requeued job its own port: the store of the run before may still hold the last one
 export DRAPE_RDZV_ENDPOINT="${{head_addr:-$head_node}}:$(( {port} + ${{SLURM_RESTART_COUNT:-0}} % 16 ))"
 export DRAPE_RDZV_ID="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
+export DRAPE_RUN_MARK="$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"  # the trainer names this run when it has published
+log={log}
 echo "drape: Slurm job $SLURM_JOB_ID run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, rendezvous $DRAPE_RDZV_ENDPOINT"
-stopping=""
+stopping="" stopped_at="" srun_pid=""
 stop() {{  # $1: USR1 (the time limit or an operator: checkpoint, exit, requeue) or TERM (scancel, preemption)
-  stopping="$1"
+  stopping="$1" stopped_at="$SECONDS"
   echo "drape: $1: asking the trainer to save a checkpoint and exit"
-  scancel --signal=TERM "$SLURM_JOB_ID.0"
+  # the step may not exist yet (srun still starting it): then srun itself passes the signal on
+  scancel --signal=TERM "$SLURM_JOB_ID.0" 2>/dev/null || {{ [ -n "$srun_pid" ] && kill -TERM "$srun_pid" 2>/dev/null; }}
 }}
 trap 'stop USR1' USR1
 trap 'stop TERM' TERM
@@ -140,8 +145,17 @@ while :; do  # a trapped signal ends `wait` early: wait again until srun is gone
   kill -0 "$srun_pid" 2>/dev/null || break
 done
 if [ "$stopping" = USR1 ] && [ "$status" != 0 ]; then
-  echo "drape: requeueing job $SLURM_JOB_ID; its next run resumes from the checkpoint just published"
-  scontrol requeue "$SLURM_JOB_ID"
+  # requeue only on the trainer's word, for this run, that a checkpoint newer than the run's start is in
+  # the store: else the next run would start where this one did and meet the same signal (a requeue loop)
+  published=$(grep -F "drape: published during run $DRAPE_RUN_MARK: " "$log" 2>/dev/null | tail -n 1)
+  if [ -n "$published" ]; then
+    echo "drape: requeueing job $SLURM_JOB_ID; its next run resumes from its ${{published#*"$DRAPE_RUN_MARK: "}}"
+    scontrol requeue "$SLURM_JOB_ID"
+  else
+    echo "drape: error: USR1 came ${{stopped_at}} s into run $DRAPE_RUN_MARK, before the trainer published a checkpoint" \\
+      "newer than the run's start: not requeued (its next run would meet the same signal before saving);" \\
+      "the time limit must exceed start-up to the first checkpoint plus --signal's margin (docs/slurm.md)"
+  fi
 fi
 exit "$status"
 """
@@ -158,7 +172,8 @@ def batch_script(job: dict, gpus: list[GpuState], settings, log_path: Path) -> s
         "#!/bin/bash",
         f"# drape queue job {job['id']} ({job.get('kind', '')}, stage {job.get('stage') or '-'}): scheduler/engines/slurm",
     ]
-    body = _BODY.format(port=settings.rendezvous_port, task=shlex.quote(_task_command(job, request, settings)))
+    task = shlex.quote(_task_command(job, request, settings))
+    body = _BODY.format(port=settings.rendezvous_port, task=task, log=shlex.quote(str(log_path)))
     return "\n".join([*header, *_directives(job, request, settings, log_path), *exports, *settings.setup, body])
 
 
