@@ -93,3 +93,19 @@ def requested(context) -> bool:
     vote = torch.tensor([1.0 if _flag.is_set() else 0.0], device=context.device)
     torch.distributed.all_reduce(vote, op=torch.distributed.ReduceOp.MAX)
     return bool(vote.item())
+
+
+def say_stopped(stopped: StopRequested, newest_step: int | None, where: str, stage: str) -> None:
+    """After a stop, on rank 0: `published_line` when the newest whole checkpoint in `where` (the store,
+    run apart; else the stage folder), of `newest_step`, is newer than the run's start; else why not."""
+    if not stopped.saved:
+        print(f"train-{stage}: {stopped}", flush=True)
+    elif newest_step is not None and newest_step > stopped.started:
+        print(published_line(newest_step, stopped.started), flush=True)
+    else:
+        print(
+            f"train-{stage}: the checkpoint of step {stopped.step} is not whole in {where}: nothing newer than this "
+            f"run's start (step {stopped.started}) to resume from",
+            file=sys.stderr,
+            flush=True,
+        )

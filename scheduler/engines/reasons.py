@@ -84,9 +84,10 @@ def trainer_error(text: str) -> str | None:
     return None
 
 
-def failure_message(account: str, tail: str, *, tail_chars: int = 1500) -> str:
+def failure_message(account: str, tail: str, *, tail_chars: int = 900) -> str:
     """A failed job's message: the trainer's error from `tail` first (when there is one), then the
-    engine's `account` of how it ended, then the log's last `tail_chars` characters (redacted)."""
+    engine's `account` of how it ended, then the log's last `tail_chars` characters (redacted); short
+    enough that the queue, which keeps a message's last 1500 characters, keeps its head."""
     reason = trainer_error(tail)
     head = f"{reason} ({account})" if reason else account
     shown = redact(tail[-tail_chars:]) if tail else ""

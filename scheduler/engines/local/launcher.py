@@ -186,8 +186,14 @@ class LocalLauncher:
         if pid is None or (child is not None and child.poll() is not None):
             return
 
-        def alive() -> bool:
-            return child.poll() is None if child is not None else _start_ticks(pid) == (parsed or (0, 0))[1]
+        def alive() -> bool:  # any process of the group: the shell ends on SIGTERM, a hung trainer in it does not
+            if child is not None:
+                child.poll()  # the shell reaped, so only living members count
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return False
+            return True
 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
@@ -197,8 +203,9 @@ class LocalLauncher:
         if alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            if child is not None:
-                child.wait(timeout=grace_s)
+            deadline = time.monotonic() + grace_s
+            while alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 class NullLauncher:
