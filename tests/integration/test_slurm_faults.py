@@ -10,7 +10,7 @@ the module. Each test states what main did:
    Now: no requeue, and the queue's reason says why, plainly.
 2. A 2-node job (one rank per node) on the shared `paths.root`: main had both nodes fetch, restore
    and free the same stage folder (FileNotFoundError). Now the nodes probe the disk and one does it.
-3. Hung job steps with slurmd alive (the trainer stopped, SIGSTOP): main kept the job RUNNING until a
+3. A hung job step with slurmd alive (the trainer's step sleeps): main kept the job RUNNING until a
    person cancelled it. Now the watchdog cancels it and the queue's retry resumes from its checkpoint.
 4. A trainer that fails: main recorded "Slurm job N FAILED (NonZeroExitCode), exit code 1"; now the
    reason is the trainer's own error, the root cause among the ranks.
@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import random
 import shutil
-import signal
 import socket
 import tempfile
+import textwrap
 import time
 import uuid
 from pathlib import Path
@@ -42,6 +41,7 @@ from scheduler.jobs.training import train_job_spec
 from scheduler.queue.store import JobStore, QueueError
 from tests.conftest import tiny_config, wait_until
 from tests.integration.slurm_cluster import NODES, SlurmCluster, slurm_installed
+from tests.integration.test_watchdog import HANGING_TRAINER
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -147,17 +147,6 @@ def _slurm_runs(slurm: SlurmCluster, job_id: str) -> list[list[str]]:
     return [line.split("|") for line in out.splitlines() if f"|drape-{job_id}-a" in line]
 
 
-def _trainers(job_id: str) -> list[int]:
-    """The pids of the job's trainer processes on this host (its job steps' `python -m drape.train`)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        with contextlib.suppress(OSError):
-            if entry.name.isdigit() and b"drape.train" in (entry / "cmdline").read_bytes():
-                if f"DRAPE_JOB_ID={job_id}".encode() in (entry / "environ").read_bytes().split(b"\0"):
-                    found.append(int(entry.name))
-    return found
-
-
 def test_usr1_before_any_new_checkpoint_is_not_requeued_and_the_queue_says_why(cluster, tmp_path):
     slurm, bucket, endpoint = cluster
     config = _config(tmp_path, bucket, endpoint, gpus=1, per_node=2)
@@ -208,30 +197,33 @@ def test_a_two_node_job_on_a_shared_root_has_one_node_do_the_stage_folder_work(c
 
 
 def test_hung_job_steps_with_slurmd_alive_are_cancelled_and_retried_from_the_checkpoint(cluster, tmp_path):
+    """The trainer's step hangs after step 6 (it sleeps: the job step alive, slurmd alive, Slurm says RUNNING)."""
     slurm, bucket, endpoint = cluster
     config = _config(tmp_path, bucket, endpoint, gpus=1, per_node=2, max_attempts=2, stall_timeout_seconds=STALL_SECONDS)
     store, objects = JobStore(config.queue_url), open_store(config)
-    job_id = _submit(config, "hung")
+    script, marker = tmp_path / "hanging_trainer.py", tmp_path / "hung.pid"
+    script.write_text(textwrap.dedent(HANGING_TRAINER))
+    command = StageJob(config, "identity", "unused", run_id="hung", handoff=True).publish(objects)
+    command = [command[0], str(script), str(marker), "6", *command[3:]]  # python -m drape.train … as the hanging trainer
+    job_id = store.submit(train_job_spec(config, stage="identity", mode="full", run_id="hung", command=command))
     dispatcher = Dispatcher(config, store)
 
-    def checkpointed() -> list[int]:
+    def hung() -> str | None:
         dispatcher.cycle()
-        return _trainers(job_id) if newest_published(objects, "hung", "identity") else []
+        handle = store.get(job_id)["handle"] or ""
+        return handle if marker.is_file() and handle.startswith("slurm:") else None
 
-    stopped = wait_until(checkpointed, JOB_TIMEOUT, "a checkpoint published by the running job")
-    first_handle = store.get(job_id)["handle"]
-    for pid in stopped:  # the job's steps hang: alive, slurmd alive, no progress
-        os.kill(pid, signal.SIGSTOP)
+    first_handle = wait_until(hung, JOB_TIMEOUT, "the job's trainer hung")
     hung_at = time.monotonic()
     assert "JobState=RUNNING" in slurm.run("scontrol", "show", "job", "-o", first_handle.split(":")[1])
     row = wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
-    print(f"the hung job's retry finished {time.monotonic() - hung_at:.1f} s after its steps were stopped")
+    print(f"the hung job's retry finished {time.monotonic() - hung_at:.1f} s after its trainer hung")
     assert row["state"] == "succeeded" and row["attempts"] == 2 and row["handle"] != first_handle, row
-    assert not [pid for pid in stopped if Path(f"/proc/{pid}").exists()], "the hung steps were left behind"
+    assert not Path(f"/proc/{int(marker.read_text())}").exists(), "the hung trainer was left behind"
     runs = _slurm_runs(slurm, job_id)
     assert [r[2] for r in runs] == ["CANCELLED", "COMPLETED"], runs  # Slurm's account: cancelled, then the retry
     result = json.loads(objects.read_bytes(result_key("hung", "identity")))
-    assert result["resumed_from_step"] >= EVERY and result["steps"] == STEPS, result
+    assert result["resumed_from_step"] == EVERY and result["steps"] == STEPS, result  # the hung run's checkpoint
     assert read_progress(objects, "hung", "identity").step == STEPS
 
 
