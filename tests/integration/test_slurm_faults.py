@@ -8,8 +8,8 @@ the module. Each test states what main did:
 1. USR1 before the trainer saved anything new: main requeued the job whatever the trainer had done
    and printed that it "resumes from the checkpoint just published"; a short time limit made a loop.
    Now: no requeue, and the queue's reason says why, plainly.
-2. A 2-node job (one rank per node) on the shared `paths.root`: main had both nodes fetch, restore
-   and free the same stage folder (FileNotFoundError). Now the nodes probe the disk and one does it.
+2. A 2-node job (one rank per node) on the shared `paths.root`, resuming from the store: main had
+   both nodes restore into, and free, the same stage folder. Now the nodes probe the disk and one does it.
 3. A hung job step with slurmd alive (the trainer's step sleeps): main kept the job RUNNING until a
    person cancelled it. Now the watchdog cancels it and the queue's retry resumes from its checkpoint.
 4. A trainer that fails: main recorded "Slurm job N FAILED (NonZeroExitCode), exit code 1"; now the
@@ -182,6 +182,8 @@ def test_a_two_node_job_on_a_shared_root_has_one_node_do_the_stage_folder_work(c
     slurm, bucket, endpoint = cluster
     config = _config(tmp_path, bucket, endpoint, gpus=2, per_node=1)  # one rank on each of the two nodes
     store = JobStore(config.queue_url)
+    # the stage trained once already (here, in one process): both nodes now restore its checkpoint from the store
+    StageJob(config, "identity", "unused", run_id="shared", handoff=True).run()
     job_id = _submit(config, "shared")
     row = wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
     log = _log(config, job_id)
@@ -189,9 +191,9 @@ def test_a_two_node_job_on_a_shared_root_has_one_node_do_the_stage_folder_work(c
     assert sorted({uuid.split("/")[0] for uuid in json.loads(row["assigned"])}) == sorted(NODES)
     stage_runs = Path(config.paths.root).resolve() / "live" / "runs" / "shared"
     assert f"drape: {stage_runs} is one disk for the nodes of ranks [[0, 1]]" in log, log[-3000:]
-    assert "FileNotFoundError" not in log
+    assert "FileNotFoundError" not in log and log.count("resuming from step-0000012") == 1, log[-3000:]  # one node restored
     result = json.loads(open_store(config).read_bytes(result_key("shared", "identity")))
-    assert result["world_size"] == 2 and result["steps"] == STEPS
+    assert result["world_size"] == 2 and result["steps"] == STEPS and result["resumed_from_step"] == STEPS, result
     assert not any(p.is_file() for p in (stage_runs / "identity").rglob("*")) if (stage_runs / "identity").exists() else True
     assert not list(stage_runs.glob(".disk-probe-*"))  # the probe's markers are gone
 
