@@ -102,3 +102,43 @@ def test_a_local_torchrun_job_whose_rank_fails_is_recorded_with_that_rank_s_erro
     assert outcome.exit_code != 0
     assert first.startswith("FileNotFoundError: stage folder gone under ***: step-000006 (exit code"), first
     assert SENTINEL not in outcome.message
+
+
+def test_the_kubernetes_engine_reads_the_failed_pod_s_log_for_the_reason():
+    """A failed Job's reason from its failed pod's log (bounded by limit_bytes); no log: the engine's account."""
+    from types import SimpleNamespace
+
+    from scheduler.engines.kubernetes.launcher import KubernetesLauncher
+    from tests.conftest import TINY, tiny_config
+
+    calls = []
+
+    class Core:
+        def list_namespaced_pod(self, namespace, label_selector=None, _request_timeout=None):
+            calls.append(("list", label_selector))
+            pods = [("drape-x-0", "Running"), ("drape-x-1", "Failed")]
+            return SimpleNamespace(
+                items=[SimpleNamespace(metadata=SimpleNamespace(name=n), status=SimpleNamespace(phase=p)) for n, p in pods]
+            )
+
+        def read_namespaced_pod_log(self, name, namespace, limit_bytes=None, tail_lines=None, _request_timeout=None):
+            calls.append(("log", name, limit_bytes))
+            return TORCHRUN_LOG
+
+    class Batch:
+        def read_namespaced_job_status(self, name, namespace, _request_timeout=None):
+            return SimpleNamespace(status=SimpleNamespace(succeeded=0, failed=1), spec=SimpleNamespace(completions=2))
+
+    launcher = KubernetesLauncher(tiny_config(TINY.parent).queue.kubernetes)
+    launcher._clients = {"core": Core(), "batch": Batch(), "custom": None}
+    outcome = launcher.poll("stage-training-1-identity", "job:drape-x")
+    first = outcome.message.splitlines()[0]
+    assert first.startswith("FileNotFoundError: ") and first.endswith("(Kubernetes job:drape-x failed); log tail:"), first
+    assert calls == [("list", "job-name=drape-x"), ("log", "drape-x-1", LOG_TAIL_BYTES)]
+
+    class NoLogs(Core):
+        def read_namespaced_pod_log(self, *args, **kwargs):
+            raise RuntimeError("pods/log is forbidden")
+
+    launcher._clients["core"] = NoLogs()
+    assert launcher.poll("stage-training-1-identity", "job:drape-x").message == "Kubernetes job:drape-x failed"
