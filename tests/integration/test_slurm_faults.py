@@ -12,8 +12,8 @@ the module. Each test states what main did:
    both nodes restore into, and free, the same stage folder. Now the nodes probe the disk and one does it.
 3. A hung job step with slurmd alive (the trainer's step sleeps): main kept the job RUNNING until a
    person cancelled it. Now the watchdog cancels it and the queue's retry resumes from its checkpoint.
-4. A trainer that fails: main recorded "Slurm job N FAILED (NonZeroExitCode), exit code 1"; now the
-   reason is the trainer's own error, the root cause among the ranks.
+4. A trainer that fails: main recorded "Slurm job N FAILED (NonZeroExitCode), exit code 143 (killed by
+   SIGTERM)"; now the reason is the trainer's own error, the root cause among the ranks.
 """
 
 from __future__ import annotations
@@ -167,7 +167,7 @@ def test_usr1_before_any_new_checkpoint_is_not_requeued_and_the_queue_says_why(c
         wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
     row = store.get(job_id)
     first = row["message"].splitlines()[0]
-    print(f"before: the job was requeued; after: {first}")
+    print(f"before (main): requeued, 'resumes from the checkpoint just published'; after: {first}")
     assert row["state"] == "failed" and "failed" in str(failed.value)
     assert first.startswith("drape: error: USR1 came ") and "before the trainer published a checkpoint newer" in first, first
     assert f"Slurm job {slurm_id} FAILED" in first, first
@@ -237,7 +237,7 @@ def test_a_failed_job_s_reason_is_the_trainer_s_own_error(cluster, tmp_path):
     with pytest.raises(QueueError):
         wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
     first = store.get(job_id)["message"].splitlines()[0]
-    print(f"before: Slurm job N FAILED (NonZeroExitCode), exit code 1; after: {first}")
+    print(f"before (main): Slurm job N FAILED (NonZeroExitCode), exit code 143 (killed by SIGTERM); after: {first}")
     assert "handoff/baselines/identity/v404" in first and "Error" in first.split(":")[0], first
     assert "FAILED" in first and first.index("Error") < first.index("(Slurm job"), first
     assert "Connection closed by peer" not in first and "ChildFailedError" not in first
