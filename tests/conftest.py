@@ -41,6 +41,8 @@ LONGEST_FIRST = (
     "integration/test_rehearsal.py",
     "integration/test_models.py",
     "integration/test_slurm.py",
+    "integration/test_slurm_faults.py",
+    "integration/test_watchdog.py",
     # then the modules that mostly wait (bounded timeouts, retry backoff, signals: a core idle for
     # 35-90% of their time), while the other worker's long multi-process modules can use that
     # core; run last, they left it idle (test_trust_more, whose waits are now in test_process,

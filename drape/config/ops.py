@@ -335,6 +335,15 @@ class QueueConfig(StrictModel):
     placement_timeout_seconds: float = Field(
         default=24 * 3600.0, gt=0, description="a job no GPU of the fleet has held this long fails, with the reason"
     )
+    stall_timeout_seconds: float | None = Field(
+        default=1800.0,
+        gt=0,
+        le=7 * 24 * 3600.0,
+        allow_inf_nan=False,
+        description="a running stage job whose trainer reports no new step for this long (counted from its launch "
+        "or its last report, through the object store) is cancelled and retried from its last checkpoint "
+        "(scheduler/dispatch/watchdog.py); it must exceed the job's start-up to its first step; null: never",
+    )
     kubernetes: KubernetesLauncherConfig = Field(
         default=KubernetesLauncherConfig(), description="the Kubernetes engine (launcher: kubernetes)"
     )

@@ -66,6 +66,47 @@ class DistContext:
             dist.barrier()
 
 
+def disk_leader(context: DistContext, folder: Path) -> bool:
+    """Whether this process does the node-level work in `folder` (fetch, restore, free) for its disk.
+
+    Probed, never assumed: each node's first process writes a marker named by a token rank 0 drew
+    (fresh each job start) and rank `r`, then reads which ranks' markers it sees. Nodes that see
+    each other's markers share the disk; of those, the lowest rank's node does the work and the
+    others wait for it at the caller's next barrier, so two nodes never delete and restore one
+    stage folder at once. Every rank must call this (collectives); rank 0 prints what it found.
+    """
+    import secrets
+
+    if not context.is_distributed:
+        return True
+    token = [secrets.token_hex(8) if context.is_main else None]
+    dist.broadcast_object_list(token, src=0)
+    marker = folder / f".disk-probe-{token[0]}-{context.rank}"
+    if context.local_rank == 0:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_synced(marker, token[0] or "")
+    context.barrier()
+    seen = (
+        sorted(int(p.name.rsplit("-", 1)[1]) for p in folder.glob(f".disk-probe-{token[0]}-*"))
+        if context.local_rank == 0
+        else None
+    )
+    gathered: list[list[int] | None] = [None] * context.world_size
+    dist.all_gather_object(gathered, seen)
+    if context.local_rank == 0:
+        marker.unlink(missing_ok=True)
+    disks = sorted({tuple(part) for part in gathered if part})
+    if context.is_main:
+        shared = [list(disk) for disk in disks if len(disk) > 1]
+        found = (
+            f"one disk for the nodes of ranks {shared}: the lowest rank's node alone fetches, restores and frees the stage folder"
+            if shared
+            else "on each node's own disk: each node fetches, restores and frees its stage folder"
+        )
+        print(f"drape: {folder} is {found}", flush=True)
+    return seen is not None and (not seen or seen[0] == context.rank)  # its own marker unseen: it works alone
+
+
 def init_from_env(device_preference: str = "auto") -> DistContext:
     """The torchrun context (joins the process group), or a 1-process context without torchrun."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -32,17 +32,19 @@ from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
 from drape.data.partition import StageData, load_stage_data, resolve_partitions
 from drape.jsonfile import parse_json, read_json
-from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, live_root
+from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, checkpoint_step, live_root
 from drape.ops.metrics import push_metrics
 from drape.ops.process import end_without_collection
 from drape.secrets import redact
 from drape.storage.durable import publish_json
 from drape.storage.handoff import job_key, newest_published, result_key
+from drape.storage.progress import ProgressReporter
 from drape.storage.store import ObjectStore, open_store, remove_tree
 from drape.training import stop
 from drape.training.apart import CheckpointPublisher, NextStageWarmer, align_to, fetch_init, restore_newest
-from drape.training.distributed import DistContext, init_from_env
+from drape.training.distributed import DistContext, disk_leader, init_from_env
 from drape.training.lock import stage_lock
+from drape.training.state import resume_point
 from drape.training.trainer import TrainResult, peak_memory_gib, resolve_device, train_stage
 
 JOB_SCHEMA = "drape.stage_job/v1"
@@ -163,22 +165,34 @@ class StageJob:
         """Train the stage on this rank's shards. `cache` and `tracker` are the run's when the
         pipeline runs the job in its own process; otherwise they are built here."""
         context = context or DistContext(device=resolve_device(self.config.train.device))
-        cache = cache or self._cache(context)
         store = open_store(self.config) if self.handoff else None
-        init = self._take_from_store(store, context) if store is not None else self.init_checkpoint
+        progress = self._reporting(store, context, progress)  # rank 0 tells the queue's watchdog: now, then per step
+        cache = cache or self._cache(context)
+        # run apart: the first process of each disk (probed when the job spans nodes) fetches, restores and frees
+        leader = (
+            disk_leader(context, self.out_dir.parent) if store is not None and _across_nodes(context) else context.local_rank == 0
+        )
+        init = self._take_from_store(store, context, leader) if store is not None else self.init_checkpoint
         read_wait_before = cache.read_wait_seconds
         partitions = resolve_partitions(self.config.train.data_partitions, context.world_size, self.config.train.batch_size)
         # each rank fetches (if not pre-staged already) and reads only its own partitions' shards
         data = load_stage_data(cache, self.stage, partitions=partitions, world_size=context.world_size, rank=context.rank)
         context.barrier()
         warmer = publisher = None
-        if store is not None and context.local_rank == 0:  # one per node
+        if store is not None and leader:  # one per disk
             warmer = NextStageWarmer(cache, self.stage)
             publisher = CheckpointPublisher(store, self.config.retention, run_id=self.run_id, stage=self.stage)
         # one live trainer per stage directory; no shard may be evicted under the reader while it trains
         with stage_lock(self.out_dir, hold=context.is_main), cache.pin([self.stage]):
             try:
                 result = self._train(data, context, cache.manifest, tracker, progress, init, publisher)
+            except stop.StopRequested as stopped:  # every rank, at the same step
+                if publisher is not None:
+                    publisher.close(raise_errors=False)
+                context.barrier()  # every node's shards published (or given up on)
+                if context.is_main:
+                    self._say_published(stopped, store)
+                raise
             except BaseException:
                 if publisher is not None:
                     publisher.close(raise_errors=False)  # what was saved is published: a retry resumes from it
@@ -194,17 +208,37 @@ class StageJob:
             warmer.summary() if warmer is not None else None,
         )
         if store is not None:
-            self._give_back(store, job_result, context)
+            self._give_back(store, job_result, context, leader)
         return job_result
 
-    def _take_from_store(self, store: ObjectStore, context: DistContext) -> str | None:
+    def _reporting(self, store: ObjectStore | None, context: DistContext, progress):
+        """Run apart, on rank 0: `progress` and a report through the store (drape/storage/progress.py), one now."""
+        stall = self.config.queue.stall_timeout_seconds
+        if store is None or not context.is_main or stall is None:
+            return progress
+        report = ProgressReporter(store, self.run_id, self.stage, interval=min(stall / 4, 30.0), run=stop.run_mark())
+        report(0, 0, force=True)
+
+        def both(done: int, total: int) -> None:
+            if progress is not None:
+                progress(done, total)
+            report(done, total)
+
+        return both
+
+    def _say_published(self, stopped: stop.StopRequested, store: ObjectStore | None) -> None:
+        newest = newest_published(store, self.run_id, self.stage) if store else resume_point(self.out_dir / "checkpoints")
+        where = "the object store" if store is not None else str(self.out_dir)
+        stop.say_stopped(stopped, checkpoint_step(newest) if newest else None, where, self.stage)
+
+    def _take_from_store(self, store: ObjectStore, context: DistContext, leader: bool) -> str | None:
         """Run apart: the starting weights and the store's newest checkpoint onto this node (one
         process per node fetches, the others wait); the local path of the starting weights."""
-        across_nodes = context.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", context.world_size))
+        across_nodes = _across_nodes(context)
         if across_nodes:  # every node from the checkpoint rank 0 finds newest and whole in the store
             chosen = [newest_published(store, self.run_id, self.stage) if context.is_main else None]
             torch.distributed.broadcast_object_list(chosen, src=0)
-        if context.local_rank == 0:
+        if leader:
             bases = bases_dir(self.config, self.out_dir)  # the frozen base a fetched checkpoint names comes too
             if self.init_key:
                 fetch_init(store, self.init_key, self.out_dir, bases=bases)
@@ -217,12 +251,12 @@ class StageJob:
         context.barrier()
         return str(self.out_dir / "init") if self.init_key else None
 
-    def _give_back(self, store: ObjectStore, result: StageJobResult, context: DistContext) -> None:
+    def _give_back(self, store: ObjectStore, result: StageJobResult, context: DistContext, leader: bool) -> None:
         """Run apart: the result into the store, then this node's copy of the stage freed (all published)."""
         context.barrier()
         if context.is_main:
             store.put_bytes(json.dumps(result.to_dict()).encode(), result_key(self.run_id, self.stage))
-        if context.local_rank == 0:
+        if leader:
             remove_tree(self.out_dir)
         context.barrier()
 
@@ -262,6 +296,10 @@ class StageJob:
 
             tracker = Tracker(self.config)
         return lambda metrics, step: tracker.log_metrics(self.mlflow_run, metrics, step)
+
+
+def _across_nodes(context: DistContext) -> bool:
+    return context.world_size > int(os.environ.get("LOCAL_WORLD_SIZE", context.world_size))
 
 
 def progress_lines(stage: str) -> Callable[[int, int], None]:
@@ -336,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     except stop.StopRequested as stopped:
         if context.is_distributed:
             torch.distributed.destroy_process_group()
-        print(f"train-{job.stage}: {stopped}; published, exiting to resume later", file=sys.stderr, flush=True)
+        print(f"train-{job.stage}: {stopped}; exiting", file=sys.stderr, flush=True)
         return stop.EXIT_STOPPED
     if context.is_distributed:
         torch.distributed.destroy_process_group()

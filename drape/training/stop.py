@@ -8,6 +8,14 @@ flag instead of ending the process. The training loop asks `requested(context)` 
 under torchrun the ranks agree first (a MAX all-reduce of one number), so every rank saves the
 same step. The loop then saves that step and raises `StopRequested`; the job publishes what it
 saved and exits with `EXIT_STOPPED`, and its next run resumes from that checkpoint.
+
+A request that comes before the run trained a step (during start-up: fetching, restoring,
+building the model) stops it before its first step, with nothing new to save
+(`StopRequested.saved` false): a step and a save there would only repeat what the store holds.
+A job run apart says on stdout when a checkpoint newer than its run's start is in the store
+(`published_line`, rank 0, checked in the store after every node published): the Slurm batch
+script requeues the job only on that line of this run (``$DRAPE_RUN_MARK``), else it says so and
+fails, so a signal that keeps arriving before the first save never makes a requeue loop.
 """
 
 from __future__ import annotations
@@ -25,12 +33,33 @@ _installed = threading.Event()
 _owner: list[int] = []  # the pid that installed the handlers; a forked child (a data loader worker) keeps the default
 
 
-class StopRequested(Exception):
-    """Training stopped after `step` on request, with a checkpoint of that step saved."""
+RUN_MARK_VARIABLE = "DRAPE_RUN_MARK"  # which run of a requeued job this is (the Slurm batch script sets it)
+PUBLISHED_PREFIX = "drape: published during run "
 
-    def __init__(self, step: int):
-        super().__init__(f"stopped on request after step {step}, with a checkpoint of it")
-        self.step = step
+
+class StopRequested(Exception):
+    """Training stopped after `step` on request: with a checkpoint of that step saved, or (`saved`
+    false) before this run trained any step, with nothing new to save."""
+
+    def __init__(self, step: int, *, started: int = 0, saved: bool = True):
+        if saved:
+            super().__init__(f"stopped on request after step {step}, with a checkpoint of it")
+        else:
+            super().__init__(
+                f"stopped on request before this run trained a step (it started at step {step}): nothing new to save"
+            )
+        self.step, self.started, self.saved = step, started, saved
+
+
+def run_mark() -> str:
+    """This run's mark (``<Slurm job id>.<restart count>``), or '' outside such a script."""
+    return os.environ.get(RUN_MARK_VARIABLE, "")
+
+
+def published_line(step: int, started: int) -> str:
+    """The line the batch script looks for before a requeue: a checkpoint of `step`, newer than the
+    run's start (`started`), is whole in the store."""
+    return f"{PUBLISHED_PREFIX}{run_mark() or '-'}: checkpoint of step {step} (this run started at step {started})"
 
 
 def _handler(signum: int, frame) -> None:
@@ -64,3 +93,19 @@ def requested(context) -> bool:
     vote = torch.tensor([1.0 if _flag.is_set() else 0.0], device=context.device)
     torch.distributed.all_reduce(vote, op=torch.distributed.ReduceOp.MAX)
     return bool(vote.item())
+
+
+def say_stopped(stopped: StopRequested, newest_step: int | None, where: str, stage: str) -> None:
+    """After a stop, on rank 0: `published_line` when the newest whole checkpoint in `where` (the store,
+    run apart; else the stage folder), of `newest_step`, is newer than the run's start; else why not."""
+    if not stopped.saved:
+        print(f"train-{stage}: {stopped}", flush=True)
+    elif newest_step is not None and newest_step > stopped.started:
+        print(published_line(newest_step, stopped.started), flush=True)
+    else:
+        print(
+            f"train-{stage}: the checkpoint of step {stopped.step} is not whole in {where}: nothing newer than this "
+            f"run's start (step {stopped.started}) to resume from",
+            file=sys.stderr,
+            flush=True,
+        )

@@ -349,6 +349,8 @@ def _train_steps(
     objective = build_objective(config.diffusion)
     loss = float("nan")
     state.model.train()
+    if state.start_step < checkpointer.total and stop.requested(context):  # asked during start-up: nothing new to save
+        raise stop.StopRequested(state.start_step, started=state.start_step, saved=False)
     for _ in range(state.start_step, checkpointer.total):
         (step, batch, generator), waited = prefetcher.next()
         step_started = time.perf_counter()
@@ -359,7 +361,7 @@ def _train_steps(
             progress(done, checkpointer.total)
         if done < checkpointer.total and stop.requested(context):  # SIGTERM / SIGUSR1: save this step, stop
             checkpointer.save_now(done, state, loss)
-            raise stop.StopRequested(done)
+            raise stop.StopRequested(done, started=state.start_step)
     return loss
 
 

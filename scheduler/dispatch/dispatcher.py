@@ -1,4 +1,4 @@
-"""The dispatcher: one cycle = renew leases, requeue expired ones, reap finished jobs, look at the
+"""The dispatcher: one cycle = renew leases, requeue expired ones, reap finished (and hung) jobs, look at the
 fleet, plan with the shared policy, claim transactionally, launch. Several may run at once
 against one queue database; claims keep them from allocating the same memory twice.
 
@@ -24,6 +24,7 @@ from drape.ops import metrics
 from scheduler.dispatch.drift import check_landings
 from scheduler.dispatch.fleet import FleetView, fleet_view, policy_config, uniform_sharing, unshared
 from scheduler.dispatch.live import LivePlanner
+from scheduler.dispatch.watchdog import Watchdog
 from scheduler.engines import build_launcher, claimed_view, spans_nodes
 from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
 from scheduler.policy.baselines import get_policy
@@ -107,6 +108,7 @@ class Dispatcher:
         self.live = LivePlanner(self.store.engine, self.policy) if use_live else None
         self.mine: dict[str, str] = {}  # job id → launcher handle, of the jobs this dispatcher watches
         self.landed: dict[str, float] = {}  # job id → when to ask where its pods landed next (inf: checked)
+        self.watchdog = Watchdog(config, self.store, self.launcher, self.id)
         self._said: str = ""
 
     def cycle(self, now: float | None = None) -> CycleReport:
@@ -117,6 +119,7 @@ class Dispatcher:
         self.store.heartbeat(self.id, lease, now)
         report.adopted, report.requeued = self._take_over(now)
         report.finished = self._reap(now)
+        report.finished += self.watchdog.check(self.mine, now)  # hung: no progress reported (watchdog.py)
         if check_landings(self.store, self.launcher, self.mine, self.landed, self.config.queue.launcher, self.id, now):
             self.live_stale()  # a job that drifted moved in the books: read everything again
         if report.adopted or report.requeued:
@@ -342,9 +345,7 @@ def submit_and_wait(
     config, spec: JobSpec, *, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None
 ) -> dict:
     """Submit `spec`, wait for it to end (dispatching in-process if configured); returns the job row.
-
-    Raises QueueError naming the job when it fails, is cancelled or exceeds `timeout_s`.
-    """
+    Raises QueueError naming the job when it fails, is cancelled or exceeds `timeout_s`."""
     store = JobStore(config.queue_url)
     view = fleet_view(config, store)
     if (

@@ -106,6 +106,7 @@ ENGINE_CALLS = {
     ("batch", "delete_namespaced_job"): {("batch", "jobs", "delete")},
     ("core", "create_namespaced_service"): {("", "services", "create")},
     ("core", "list_namespaced_pod"): {("", "pods", "list")},
+    ("core", "read_namespaced_pod_log"): {("", "pods/log", "get")},
     ("core", "list_node"): {("", "nodes", "list")},
     ("custom", "create_namespaced_custom_object"): {
         ("kubeflow.org", "pytorchjobs", "create"),

@@ -18,6 +18,7 @@ from scheduler.engines.kubernetes.pods import (
     describe_object,
     owner_references,
 )
+from scheduler.engines.reasons import LOG_TAIL_BYTES, failure_message
 from scheduler.policy import GpuState
 
 MAX_KUBECONFIG_BYTES = 16 << 20  # embedded certificates for many clusters, and room
@@ -196,13 +197,35 @@ class KubernetesLauncher:
                 return Outcome(-1, f"{handle} is gone from the cluster (deleted, or its TTL passed)")
             raise
         if kind == "pytorchjob":
-            return pytorchjob_outcome(body)
-        status = body.status
-        if status.succeeded and status.succeeded >= (body.spec.completions or 1):
-            return Outcome(0)
-        if status.failed:
-            return Outcome(1, f"Kubernetes {handle} failed")
-        return None
+            outcome = pytorchjob_outcome(body)
+        else:
+            status = body.status
+            if status.succeeded and status.succeeded >= (body.spec.completions or 1):
+                return Outcome(0)
+            outcome = Outcome(1, f"Kubernetes {handle} failed") if status.failed else None
+        if outcome is not None and outcome.exit_code:
+            outcome.message = failure_message(outcome.message, self._failed_log(kind, handle.partition(":")[2]))
+        return outcome
+
+    def _failed_log(self, kind: str, name: str) -> str:
+        """The log tail of the job's first failed pod (bounded: `LOG_TAIL_BYTES`), '' when none can be read:
+        the trainer's error is the failure's reason (scheduler/engines/reasons.py)."""
+        selector = f"training.kubeflow.org/job-name={name}" if kind == "pytorchjob" else f"job-name={name}"
+        try:
+            pods = self._call("core", "list_namespaced_pod", self.settings.namespace, label_selector=selector).items
+            failed = [pod for pod in pods if (pod.status and pod.status.phase) == "Failed"] or pods
+            if not failed:
+                return ""
+            return self._call(
+                "core",
+                "read_namespaced_pod_log",
+                failed[0].metadata.name,
+                self.settings.namespace,
+                limit_bytes=LOG_TAIL_BYTES,
+                tail_lines=400,
+            )
+        except Exception:  # noqa: BLE001 - no log (RBAC, the pod gone): the engine's own account stands
+            return ""
 
     def cancel(self, job_id: str, handle: str) -> None:
         kind, _, name = handle.partition(":")

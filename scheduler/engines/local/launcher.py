@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from scheduler.engines import Outcome, device_indices, exit_message, is_python, job_environment, module_args
+from scheduler.engines.reasons import failure_message, read_tail
 from scheduler.policy import GpuState
 
 
@@ -172,8 +173,9 @@ class LocalLauncher:
                 peak = json.loads(result.read_text()).get("peak_memory_gib")
             except ValueError:
                 peak = None
-        tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if code else ""
-        return Outcome(code, exit_message(code) + (f"; log tail:\n{tail}" if tail else ""), peak)
+        if not code:
+            return Outcome(code, exit_message(code), peak)
+        return Outcome(code, failure_message(exit_message(code), read_tail(self.log_path(job_id))), peak)
 
     def cancel(self, job_id: str, handle: str | None = None, grace_s: float = 10.0) -> None:
         """Stop the job's process group: SIGTERM (a stage job saves what it can), then SIGKILL after
@@ -184,8 +186,14 @@ class LocalLauncher:
         if pid is None or (child is not None and child.poll() is not None):
             return
 
-        def alive() -> bool:
-            return child.poll() is None if child is not None else _start_ticks(pid) == (parsed or (0, 0))[1]
+        def alive() -> bool:  # any process of the group: the shell ends on SIGTERM, a hung trainer in it does not
+            if child is not None:
+                child.poll()  # the shell reaped, so only living members count
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return False
+            return True
 
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
@@ -195,8 +203,9 @@ class LocalLauncher:
         if alive():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            if child is not None:
-                child.wait(timeout=grace_s)
+            deadline = time.monotonic() + grace_s
+            while alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
 
 
 class NullLauncher:

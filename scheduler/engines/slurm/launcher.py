@@ -16,8 +16,10 @@ rendezvous at the first node of the allocation (``scontrol show hostnames`` → 
 ``scontrol show node``), that node hosting the store (``is_host=$((SLURM_NODEID == 0))``), and
 ``DRAPE_NODE`` set to the Slurm node's name. ``--requeue`` and ``--signal=B:USR1@<s>``: on USR1 the
 batch shell sends SIGTERM to the step (the trainer saves a checkpoint, publishes it and exits, see
-drape/training/stop.py), then requeues the job, which resumes from that checkpoint; on SIGTERM
-(scancel, preemption) it only passes it on. The job's environment is the dispatcher's filtered one
+drape/training/stop.py), then requeues the job only when the trainer said, for this run
+(``DRAPE_RUN_MARK``), that a checkpoint newer than the run's start is whole in the store; else it
+says why not and the job fails (never a requeue loop of runs that each meet the signal before
+their first save); on SIGTERM (scancel, preemption) it only passes it on. The job's environment is the dispatcher's filtered one
 (`scheduler.engines.job_environment`) exported by sbatch: no value is ever written in the script.
 
 Handles are ``slurm:<job id>:<job name>``; the name is ``drape-<queue job id>-a<attempt>`` and the
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from drape.config import names
 from scheduler.engines import Outcome, exit_message, is_python, job_environment, torchrun_program
+from scheduler.engines.reasons import failure_message, read_tail
 from scheduler.engines.slurm.fleet import SlurmUnreachable, read_nodes, read_partitions
 from scheduler.engines.slurm.nodes import UNTYPED, SlurmNode, fields
 from scheduler.engines.slurm.requests import FitError, Fitted, fit
@@ -142,12 +145,15 @@ head_addr=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d=
 # each run of a requeued job its own port: the store of the run before may still hold the last one
 export DRAPE_RDZV_ENDPOINT="${{head_addr:-$head_node}}:$(( {port} + ${{SLURM_RESTART_COUNT:-0}} % 16 ))"
 export DRAPE_RDZV_ID="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
+export DRAPE_RUN_MARK="$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"  # the trainer names this run when it has published
+log={log}
 echo "drape: Slurm job $SLURM_JOB_ID run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, rendezvous $DRAPE_RDZV_ENDPOINT"
-stopping=""
+stopping="" stopped_at="" srun_pid=""
 stop() {{  # $1: USR1 (the time limit or an operator: checkpoint, exit, requeue) or TERM (scancel, preemption)
-  stopping="$1"
+  stopping="$1" stopped_at="$SECONDS"
   echo "drape: $1: asking the trainer to save a checkpoint and exit"
-  scancel --signal=TERM "$SLURM_JOB_ID.0"
+  # the step may not exist yet (srun still starting it): then srun itself passes the signal on
+  scancel --signal=TERM "$SLURM_JOB_ID.0" 2>/dev/null || {{ [ -n "$srun_pid" ] && kill -TERM "$srun_pid" 2>/dev/null; }}
 }}
 trap 'stop USR1' USR1
 trap 'stop TERM' TERM
@@ -160,8 +166,17 @@ while :; do  # a trapped signal ends `wait` early: wait again until srun is gone
   kill -0 "$srun_pid" 2>/dev/null || break
 done
 if [ "$stopping" = USR1 ] && [ "$status" != 0 ]; then
-  echo "drape: requeueing job $SLURM_JOB_ID; its next run resumes from the checkpoint just published"
-  scontrol requeue "$SLURM_JOB_ID"
+  # requeue only on the trainer's word, for this run, that a checkpoint newer than the run's start is in
+  # the store: else the next run would start where this one did and meet the same signal (a requeue loop)
+  published=$(grep -F "drape: published during run $DRAPE_RUN_MARK: " "$log" 2>/dev/null | tail -n 1)
+  if [ -n "$published" ]; then
+    echo "drape: requeueing job $SLURM_JOB_ID; its next run resumes from its ${{published#*"$DRAPE_RUN_MARK: "}}"
+    scontrol requeue "$SLURM_JOB_ID"
+  else
+    echo "drape: error: USR1 came ${{stopped_at}} s into run $DRAPE_RUN_MARK, before the trainer published a checkpoint" \\
+      "newer than the run's start: not requeued (its next run would meet the same signal before saving);" \\
+      "the time limit must exceed start-up to the first checkpoint plus --signal's margin (docs/slurm.md)"
+  fi
 fi
 exit "$status"
 """
@@ -196,7 +211,8 @@ def batch_script(
         f"# drape queue job {job['id']} ({job.get('kind', '')}, stage {job.get('stage') or '-'}): scheduler/engines/slurm",
         *(f"# {note}" for note in fitted.notes),
     ]
-    body = _BODY.format(port=settings.rendezvous_port, task=shlex.quote(_task_command(job, request, settings)))
+    task = shlex.quote(_task_command(job, request, settings))
+    body = _BODY.format(port=settings.rendezvous_port, task=task, log=shlex.quote(str(log_path)))
     script = "\n".join([*header, *_directives(job, request, settings, log_path, fitted), *exports, *settings.setup, body])
     names.sbatch_directives(script, f"job {job['id']}")
     return script
@@ -349,9 +365,8 @@ class SlurmLauncher:
         if state == "COMPLETED" and code == 0:
             return Outcome(0, f"Slurm job {slurm_id} COMPLETED")
         code = code or (128 + int(signal_text) if signal_text.isdigit() and int(signal_text) else 1)
-        tail = self.log_path(job_id).read_text(errors="replace")[-1500:] if self.log_path(job_id).is_file() else ""
-        message = f"Slurm job {slurm_id} {state} ({reason}), {exit_message(code)}"
-        return Outcome(code, message + (f"; log tail:\n{tail}" if tail else ""))
+        account = f"Slurm job {slurm_id} {state} ({reason}), {exit_message(code)}"
+        return Outcome(code, failure_message(account, read_tail(self.log_path(job_id))))
 
     def cancel(self, job_id: str, handle: str) -> None:
         """scancel: Slurm sends the batch script and the step SIGTERM (the trainer saves), then SIGKILL."""

@@ -1,0 +1,106 @@
+"""The stall watchdog: a running stage job whose trainer stopped making progress is cancelled and
+retried from its last checkpoint, on any engine.
+
+An engine answers "is it running?", not "is it getting anywhere?": a rank blocked in a collective
+whose peer is gone, a trainer stopped by the kernel, or a Slurm job whose steps were killed while
+its slurmd came back before `SlurmdTimeout` (Slurm keeps it RUNNING with no process) all look like
+a job that runs. The trainer of a stage job run apart reports its step through the object store
+(drape/storage/progress.py: once at start, then at most every `stall_timeout / 4` seconds as steps
+complete). Each cycle, for the jobs this dispatcher watches (`Dispatcher.mine`) that are stage
+jobs (a stage, and a `run` label), the watchdog:
+
+1. reads the job's report (at most every `check_every` seconds per job: a small GET, bounded);
+2. counts progress on the dispatcher's own clock: a report that changed since it last looked
+   (another step, or a new run's first report) restarts the count, and so does the job's launch
+   as this dispatcher first saw it, so the job gets `queue.stall_timeout_seconds` to start up;
+3. once no change was seen for `queue.stall_timeout_seconds`: cancels the job through its engine
+   and finishes it as failed with the reason; the queue then runs it again (within
+   `queue.max_attempts`), and a stage job resumes from the newest checkpoint in the store.
+The trainer's own clock (the report's time) is shown, never trusted for the decision.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from drape.storage.progress import Progress, read_progress
+from drape.storage.store import ObjectStore, open_store
+
+
+@dataclass
+class _Seen:
+    since: float  # when the dispatcher last saw progress (or first saw the job)
+    report: Progress | None = None
+    checked: float = float("-inf")
+
+
+class Watchdog:
+    """Finds stalled stage jobs among those a dispatcher watches, cancels and requeues them."""
+
+    def __init__(self, config, store, launcher, dispatcher_id: str, objects: Callable[[], ObjectStore] | None = None):
+        self.config, self.store, self.launcher, self.dispatcher_id = config, store, launcher, dispatcher_id
+        # stage jobs report only when run apart (through the store); with `paths.shared` they do not
+        self.timeout = config.queue.stall_timeout_seconds if config.trains_apart else None
+        self.check_every = min(self.timeout / 4, 60.0) if self.timeout else 0.0
+        self._objects = objects or (lambda: open_store(config))
+        self._store: ObjectStore | None = None
+        self.seen: dict[str, _Seen] = {}
+
+    def check(self, mine: dict[str, str], now: float) -> list[str]:
+        """Cancel and finish the stalled jobs of `mine` (job id → handle; ended ones are removed from
+        it); the ids of those it ended."""
+        if self.timeout is None:
+            return []
+        self.seen = {job_id: seen for job_id, seen in self.seen.items() if job_id in mine}
+        due = [job_id for job_id in sorted(mine) if now - self.seen.setdefault(job_id, _Seen(now)).checked >= self.check_every]
+        if not due:
+            return []
+        ended = []
+        for job_id, row in self.store.get_many(due).items():
+            run_id = json.loads(row.get("labels") or "{}").get("run")
+            if row.get("state") != "running" or not run_id or not row.get("stage"):
+                continue
+            if self._stalled(job_id, str(run_id), str(row["stage"]), now):
+                self._end(job_id, mine.pop(job_id), now)
+                ended.append(job_id)
+        return ended
+
+    def _stalled(self, job_id: str, run_id: str, stage: str, now: float) -> bool:
+        seen = self.seen[job_id]
+        seen.checked = now
+        if self._store is None:
+            self._store = self._objects()
+        report = read_progress(self._store, run_id, stage)
+        if report is not None and report != seen.report:
+            seen.report, seen.since = report, now
+        assert self.timeout is not None
+        return now - seen.since > self.timeout
+
+    def _end(self, job_id: str, handle: str, now: float) -> None:
+        seen = self.seen.pop(job_id)
+        last = seen.report
+        at = f"{time.strftime('%H:%M:%S', time.gmtime(last.time))} UTC" if last is not None else ""
+        if last is None:
+            told = "it never reported its start"
+        elif last.total == 0:
+            told = f"it reported its start at {at}, and no step since"
+        else:
+            told = f"its last report: step {last.step}/{last.total} at {at}"
+        reason = (
+            f"no progress for {now - seen.since:.0f} s (queue.stall_timeout_seconds: {self.timeout:g}; {told}): "
+            "cancelled as hung, to run again from its last checkpoint"
+        )
+        self.launcher.cancel(job_id, handle)
+        state = self.store.finish(
+            job_id,
+            exit_code=-1,
+            message=reason,
+            dispatcher=self.dispatcher_id,
+            now=now,
+            max_attempts=self.config.queue.max_attempts,
+        )
+        after = "queued for another attempt" if state == "queued" else "no attempts left: failed"
+        print(f"queue: {job_id} {reason}; {after}")
