@@ -44,6 +44,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from scheduler.policy.gangs import even_split
 from scheduler.policy.state import JobRequest, PolicyConfig, RunningJob, queued_at
 
 if TYPE_CHECKING:
@@ -119,8 +120,31 @@ def choose_stops(
             lost, count, left = found[0]
             options.append(((left, count, lost, node), found[1]))
     options.sort()
+    if not options and config.span_nodes:
+        return _span_stops(job, pool, by_node, occupants, now)
     if homed is not None:
         for (*_, node), choice in options[:HOMED_LOOK]:
             if homed(list({o.id: o for uuid in choice[0] for o in occupants(uuid)}.values()), node):
                 return choice
     return options[0][1] if options else None
+
+
+def _span_stops(
+    job: JobRequest, pool: Pool, by_node: dict[str, list[str]], occupants: Callable[[str], list[RunningJob]], now: float
+) -> Choice | None:
+    """For a gang no single node holds: k nodes × g GPUs of one model (`scheduler/policy/gangs.py`,
+    the smallest GPUs first), each node's GPUs the least work lost first."""
+    kinds: dict[tuple[float, str], dict[str, list[str]]] = {}
+    for node, uuids in by_node.items():
+        for uuid in uuids:
+            gpu = pool.gpus[uuid]
+            kinds.setdefault((gpu.total_gib, gpu.model), {}).setdefault(node, []).append(uuid)
+    for kind in sorted(kinds):
+        free = {}
+        for node, uuids in kinds[kind].items():
+            keyed = sorted((sum(lost_s(o, now) / len(o.gpus) for o in occupants(u)), len(occupants(u)), u) for u in uuids)
+            free[node] = [uuid for *_, uuid in keyed]
+        found = even_split(job.gpus, free, pool.most)
+        if found is not None:
+            return found, tuple(sorted({o.id for uuid in found for o in occupants(uuid)}))
+    return None

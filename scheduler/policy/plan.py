@@ -42,7 +42,7 @@ from scheduler.policy.checkpoints import overdue
 from scheduler.policy.fragmentation import widths_by_size
 from scheduler.policy.pool import Pool
 from scheduler.policy.preemption import Preemptor, preempt, spread, starves
-from scheduler.policy.reservation import Reservation, reserve
+from scheduler.policy.reservation import Reservation, earlier, reserve, reserve_span
 from scheduler.policy.state import (
     COLOCATION_WINDOW,
     STARVED_AFTER_S,
@@ -116,6 +116,9 @@ def plan_drape(
                 durations = {j.id: j.duration_s for j in order}
                 ends = running + [RunningJob(p.job_id, p.gpus, p.mem_gib, now + durations[p.job_id]) for p in placements]
                 reservation = reserve(job, state, ends, now, config)
+                if config.span_nodes and job.gpus > 1:  # or across nodes, if that is sooner
+                    ordered = sorted(ends, key=lambda r: r.expected_end_s)
+                    reservation = earlier(reservation, reserve_span(job, state, ordered, now, pool.most))
             continue
         if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
             choice = pool.best_fit(job, exclude=reservation.gpus)

@@ -37,7 +37,7 @@ from scheduler.policy.clearing import Clearing
 from scheduler.policy.fragmentation import widths_of_shapes
 from scheduler.policy.pool import Pool
 from scheduler.policy.preemption import Preemptor, preempt, spread, starves
-from scheduler.policy.reservation import Reservation, reserve_walk
+from scheduler.policy.reservation import Reservation, earlier, reserve_span, reserve_walk
 from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, queued_at, static_priority
 from scheduler.policy.victims import Victims
 
@@ -128,7 +128,7 @@ class Planner:
             gpu.jobs += 1
             gpu.allocated_gib += placement.mem_gib
             gpu.shares += request.share
-            gpu.exclusive = alone
+            gpu.exclusive = alone or gpu.solo
             self.pool.attach(uuid)
             self.on_gpu.setdefault(uuid, []).append(job)
             self.pool.ends[uuid] = max(self.pool.ends.get(uuid, expected_end), expected_end)
@@ -252,6 +252,9 @@ class Planner:
             if step.reservation is None:  # the first job that cannot start: once a pass, as `plan_drape`
                 if job.gpus > 1:
                     found = self.clearing.reserve(job, step.placements, now)
+                    if config.span_nodes:  # or across nodes, if that is sooner
+                        spanned = reserve_span(job, pool.gpus, self._ending(step.placements, now), now, pool.most)
+                        found = earlier(found, spanned)
                 else:
                     found = reserve_walk(job, pool.gpus, self.nodes, self._ending(step.placements, now), now, config)
                 step.reservation = found or _NOWHERE

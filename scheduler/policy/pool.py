@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from scheduler.policy.fragmentation import Widths
+from scheduler.policy.gangs import even_split, nodes_of
 from scheduler.policy.state import COLOCATION_WINDOW, GpuState, JobRequest, PolicyConfig, allowed
 
 Kind = tuple[str, float]  # (GPU model, total GiB)
@@ -280,7 +281,34 @@ class Pool:
                 if node is not None and (found := self._node_fit(job, node, exclude)) is not None:
                     if best is None or found[0] < best[0]:
                         best = found
+        if best is None and self.config.span_nodes:
+            return self._span(job, exclude)
         return best[1] if best else None
+
+    def _span(self, job: JobRequest, exclude: frozenset[str]) -> tuple[str, ...] | None:
+        """Idle GPUs of one model on several nodes, k nodes × g each (`scheduler/policy/gangs.py`):
+        of the smallest GPU size that holds the job, the kind that needs the fewest nodes, then by
+        name. It reads every idle GPU of the kinds it looks at (a spanning job's lookup, once a pass
+        per shape)."""
+        for size in self.sizes[bisect.bisect_left(self.sizes, job.mem_gib) :]:
+            best = None
+            for kind in self.kinds_of[size]:
+                if not self._kind_ok(job, kind):
+                    continue
+                free: dict[str, list[str]] = {}
+                for _, uuid in self.idle_by_kind.get(kind, ()):
+                    if uuid not in exclude:
+                        free.setdefault(self.gpus[uuid].node, []).append(uuid)
+                if sum(len(uuids) for uuids in free.values()) < job.gpus:
+                    continue
+                for uuids in free.values():
+                    uuids.sort()
+                found = even_split(job.gpus, free, self.most)
+                if found is not None and (best is None or nodes_of(found, self.gpus) < best[0]):
+                    best = (nodes_of(found, self.gpus), found)
+            if best is not None:
+                return best[1]
+        return None
 
     def _node_fit(self, job: JobRequest, node: str, exclude: frozenset[str]) -> tuple[tuple, tuple[str, ...]] | None:
         entries = self.idle_by_node.get(node, [])
@@ -304,7 +332,7 @@ class Pool:
             gpu.allocated_gib += job.mem_gib
             gpu.jobs += 1
             gpu.shares += job.share
-            gpu.exclusive = gpu.exclusive or len(uuids) > 1 or job.exclusive
+            gpu.exclusive = gpu.exclusive or len(uuids) > 1 or job.exclusive or gpu.solo
             self.attach(uuid)
 
     def leave(self, uuid: str, job: JobRequest) -> None:

@@ -65,7 +65,7 @@ def simulate(
         return replay(trace, fleet, config, record)
     plan = get_policy(policy)
     check_fits(trace, fleet)
-    gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet}
+    gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib, solo=g.solo) for g in fleet}
     by_id = {j.job_id: j for j in trace}
     pending: dict[str, JobRequest] = {}
     running: dict[str, dict] = {}

@@ -22,6 +22,13 @@ FINETUNE = (
     ("service", (1,), 0.28, 24.0, 30.0, 3),
     ("gate", (1,), 0.12, 0.5, 20.0, 3),
 )
+# gangs wider than a node (16, 32 GPUs on 8-GPU nodes) and 4-GPU ones that may span nodes
+WIDE = (
+    ("stage", (8, 16, 32), 0.45, 6.0, 70.0, 5),
+    ("finetune", (4,), 0.10, 3.0, 40.0, 4),
+    ("service", (1,), 0.30, 24.0, 30.0, 3),
+    ("gate", (1,), 0.15, 0.5, 20.0, 3),
+)
 
 
 def gang_days(gpus: int, days: float, mix, seed: int, constrained: bool = False) -> list[TraceJob]:
@@ -59,6 +66,7 @@ CASES = {
     "gang": lambda: (gang_days(24, 3, GANG, 7), nodes(3)),
     "mixed": lambda: (gang_days(32, 3, GANG, 8, constrained=True), nodes(3, 1)),
     "fine-tunes": lambda: (gang_days(24, 3, FINETUNE, 9), nodes(3)),
+    "wide": lambda: (gang_days(48, 3, WIDE, 11), nodes(6)),
 }
 CONFIGS = {
     "default": PolicyConfig(),
@@ -67,6 +75,9 @@ CONFIGS = {
     "bounded gang waits": PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0, gang_max_preemptions=3),
     # and short single-GPU jobs first (the planner's kept order must agree with plan_drape's sort)
     "bounded, short jobs first": PolicyConfig(gang_max_wait_s=3600.0, gang_max_preemptions=10, short_job_bonus=6.0),
+    # gangs across nodes (k nodes × g GPUs: `scheduler/policy/gangs.py`), their waits bounded
+    "spanning": PolicyConfig(span_nodes=True),
+    "spanning, bounded": PolicyConfig(span_nodes=True, gang_max_wait_s=3600.0, gang_max_preemptions=4),
 }
 
 
@@ -80,6 +91,9 @@ CONFIGS = {
         ("gang", "bounded gang waits"),
         ("fine-tunes", "bounded gang waits"),
         ("mixed", "bounded, short jobs first"),
+        ("wide", "spanning"),
+        ("wide", "spanning, bounded"),
+        ("mixed", "spanning, bounded"),
     ],
 )
 def test_the_planner_places_every_job_as_plan_drape_does(case, config):
@@ -99,6 +113,15 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
     assert result.class_waits.keys() == reference.class_waits.keys()
     if case != "field":  # the gang weeks queue, preempt and reserve: the paths the indexes replace
         assert reference.preemptions > 0 and max(w["max_s"] for w in reference.class_waits.values()) > 3600
+    if case == "wide":  # gangs wider than a node, and narrower ones, across nodes as k nodes × g GPUs
+        widths = {j.job_id: j.gpus for j in trace}
+        across = [(job, gpus, evicted) for _, job, gpus, evicted in before if len({u.split("/")[0] for u in gpus}) > 1]
+        assert any(widths[job] > 8 for job, *_ in across)
+        assert all(len(gpus) == widths[job] and len(gpus) % len({u.split("/")[0] for u in gpus}) == 0 for job, gpus, _ in across)
+        if config == "spanning":
+            assert any(widths[job] <= 8 for job, *_ in across)
+        else:  # an overdue gang wider than a node stops jobs on several nodes
+            assert any(evicted and widths[job] > 8 for job, _, evicted in across)
     if config == "bounded gang waits":  # with `preempt_after_s` off, a gang job's evictions are stops
         stops = [(time, job, evicted) for time, job, gpus, evicted in before if len(gpus) > 1 and evicted]
         assert len(stops) >= 3, stops
