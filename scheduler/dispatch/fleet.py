@@ -16,6 +16,7 @@ import math
 import socket
 from dataclasses import dataclass
 
+from scheduler.engines import SPANS_NODES
 from scheduler.policy import GpuState, PolicyConfig, RunningJob
 
 MIB_PER_GIB = 1024.0
@@ -123,6 +124,9 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
         gpus = local_gpus(queue.cpu_slot_gib)
     if source != "ledger":
         store.register_gpus(gpus)
+    shares_node = _sharing(config)
+    for gpu in gpus:  # a GPU of a node that cannot share takes one job at a time (the policy keeps to it)
+        gpu.solo = not shares_node(gpu.node)
     if not allocations:
         return FleetView(gpus, source, note)
     ledger = store.ledger()
@@ -132,7 +136,6 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
         alone.update(job.gpus if not job.shareable else ())  # a multi-GPU or exclusive job's: nothing goes beside it
         for uuid in job.gpus:
             shares[uuid] = shares.get(uuid, 0.0) + job.share
-    shares_node = _sharing(config)
     for gpu in gpus:
         gpu.allocated_gib, gpu.jobs = ledger.get(gpu.uuid, (0.0, 0))
         # a GPU of a node that cannot share (Kubernetes without sharing declared) takes nothing beside its job
@@ -184,6 +187,7 @@ def policy_config(config) -> PolicyConfig:
         gang_max_preemptions=queue.gang_max_preemptions,
         short_job_bonus=queue.short_job_bonus,
         short_job_s=queue.short_job_seconds,
+        span_nodes=queue.launcher in SPANS_NODES,  # gangs across nodes where the engine starts one so
     )
 
 
@@ -191,12 +195,3 @@ def _any_sharing(settings) -> bool:
     return (
         bool(settings.dra_device_class) or settings.sharing != "none" or any(v != "none" for v in settings.node_sharing.values())
     )
-
-
-def uniform_sharing(config) -> bool:
-    """Whether every node shares its GPUs alike (the live planner's case): not so on Kubernetes with
-    `node_sharing` entries that differ from `sharing` and no DRA claims."""
-    queue, settings = config.queue, config.queue.kubernetes
-    if queue.launcher != "kubernetes" or settings.kueue_queue or settings.dra_device_class:
-        return True
-    return all(value == settings.sharing for value in settings.node_sharing.values())
