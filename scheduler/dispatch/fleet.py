@@ -124,9 +124,7 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
         gpus = local_gpus(queue.cpu_slot_gib)
     if source != "ledger":
         store.register_gpus(gpus)
-    shares_node = _sharing(config)
-    for gpu in gpus:  # a GPU of a node that cannot share takes one job at a time (the policy keeps to it)
-        gpu.solo = not shares_node(gpu.node)
+    shares_node = mark_solo(gpus, config)
     if not allocations:
         return FleetView(gpus, source, note)
     ledger = store.ledger()
@@ -160,6 +158,15 @@ def unshared(planned: list, gpus: list[GpuState], config) -> list:
             held[uuid] = held.get(uuid, 0) + 1
         kept.append(placement)
     return kept
+
+
+def mark_solo(gpus: list[GpuState], config):
+    """Mark the GPUs of nodes that cannot share (`_sharing`) `solo`: the policy puts one job at a time
+    on each. Returns the node test."""
+    shares_node = _sharing(config)
+    for gpu in gpus:
+        gpu.solo = not shares_node(gpu.node)
+    return shares_node
 
 
 def _sharing(config):
