@@ -43,6 +43,7 @@ from scheduler.policy.fragmentation import widths_by_size
 from scheduler.policy.pool import Pool
 from scheduler.policy.preemption import Preemptor, preempt, spread, starves
 from scheduler.policy.reservation import Reservation, earlier, reserve, reserve_span
+from scheduler.policy.scarcity import rescue, scarce_kinds
 from scheduler.policy.state import (
     COLOCATION_WINDOW,
     STARVED_AFTER_S,
@@ -90,6 +91,9 @@ def plan_drape(
         for uuid in ongoing.gpus:
             clear_at[uuid] = max(clear_at.get(uuid, now), ongoing.expected_end_s)
     pool = Pool(state, config, widths=widths, now=now, ends=clear_at)
+    if config.avoid_scarce:
+        pool.avoid = scarce_kinds([j.models for j in pending] + [r.models for r in running], _kinds(gpus))
+    stuck: dict[tuple, JobRequest] = {}  # per shape, the first constrained single-GPU job that found no GPU
     order = sorted(pending, key=lambda j: (-effective_priority(j, now, config), j.submit_s, j.id))
     placements: list[Placement] = []
     reservation: Reservation | None = None
@@ -109,6 +113,8 @@ def plan_drape(
             placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
             continue
         if choice is None:
+            if job.gpus == 1 and job.models and config.avoid_scarce:
+                stuck.setdefault((job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node), job)
             if not config.backfill:
                 break
             if not blocked:
@@ -126,7 +132,36 @@ def plan_drape(
                 continue
         pool.take(choice, job)
         placements.append(Placement(job.id, choice, job.mem_gib))
-    return placements + _spread(pool, pending, placements, running, reservation, now, config)
+    moves = _rescue(list(stuck.values()), pool, state, running, reservation, now)
+    return placements + moves + _spread(pool, pending, placements, running, reservation, now, config)
+
+
+def _kinds(gpus: list[GpuState]) -> set[tuple[str, float]]:
+    return {(g.model, g.total_gib) for g in gpus}
+
+
+def _rescue(
+    blocked: list[JobRequest],
+    pool: Pool,
+    state: dict[str, GpuState],
+    running: list[RunningJob],
+    reservation: Reservation | None,
+    now: float,
+) -> list[Placement]:
+    """Moves of long unconstrained jobs off the GPUs waiting constrained jobs need (`scarcity.py`)."""
+    if not blocked or not pool.avoid:
+        return []
+    on_gpu: dict[str, list[RunningJob]] = {}
+    for job in running:
+        for uuid in job.gpus:
+            on_gpu.setdefault(uuid, []).append(job)
+    ordered = sorted(state)
+
+    def gpus_of(job: JobRequest) -> list[str]:
+        return [uuid for uuid in ordered if pool._kind_ok(job, (state[uuid].model, state[uuid].total_gib))]
+
+    exclude = reservation.gpus if reservation is not None else frozenset()
+    return rescue(blocked, pool, gpus_of, lambda uuid: on_gpu.get(uuid, []), now, exclude)
 
 
 def _spread(

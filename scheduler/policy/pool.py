@@ -46,6 +46,7 @@ class Pool:
     crowded: set[str] = field(default_factory=set)  # GPUs with 2+ jobs whose declared shares pass 1
     journal: dict[str, tuple] | None = None  # uuid → its fields and end before this pass changed them
     changes: int = 0  # GPUs changed so far (a lookup made at the same count finds the same)
+    avoid: frozenset[Kind] = frozenset()  # kinds constrained jobs need: unconstrained jobs last (`scarcity.py`)
 
     def __post_init__(self):
         kinds: dict[str, set[Kind]] = {}
@@ -191,13 +192,17 @@ class Pool:
         waits 3% and the bound by 0.08.)"""
         if node is not None:
             return self._idle_scan(job, exclude, node)
-        for size in self.sizes[bisect.bisect_left(self.sizes, job.mem_gib) :]:
-            best = None
-            for kind in self.kinds_of[size]:
-                if self._kind_ok(job, kind) and (found := self._cheapest(kind, exclude)) is not None:
-                    best = found if best is None or found < best else best
-            if best is not None:
-                return best[-1]
+        avoid = self.avoid if not job.models else frozenset()
+        for shunned in (False, True) if avoid else (False,):  # a kind constrained jobs need: only if no other holds it
+            for size in self.sizes[bisect.bisect_left(self.sizes, job.mem_gib) :]:
+                best = None
+                for kind in self.kinds_of[size]:
+                    if (kind in avoid) != shunned or not self._kind_ok(job, kind):
+                        continue
+                    if (found := self._cheapest(kind, exclude)) is not None:
+                        best = found if best is None or found < best else best
+                if best is not None:
+                    return best[-1]
         return None
 
     def _cheapest(self, kind: Kind, exclude: frozenset[str]) -> tuple[int, int, str] | None:
@@ -290,10 +295,12 @@ class Pool:
         of the smallest GPU size that holds the job, the kind that needs the fewest nodes, then by
         name. It reads every idle GPU of the kinds it looks at (a spanning job's lookup, once a pass
         per shape)."""
-        for size in self.sizes[bisect.bisect_left(self.sizes, job.mem_gib) :]:
+        avoid = self.avoid if not job.models else frozenset()
+        groups = [(shunned, size) for shunned in (False, True) for size in self.sizes if size >= job.mem_gib]
+        for shunned, size in groups:
             best = None
             for kind in self.kinds_of[size]:
-                if not self._kind_ok(job, kind):
+                if (kind in avoid) != shunned or not self._kind_ok(job, kind):
                     continue
                 free: dict[str, list[str]] = {}
                 for _, uuid in self.idle_by_kind.get(kind, ()):
@@ -318,10 +325,12 @@ class Pool:
         if len(fitting) < job.gpus:
             return None
         chosen = tuple(fitting[: job.gpus])
-        widths = self.widths.get(self.gpus[chosen[-1]].total_gib)
+        last = self.gpus[chosen[-1]]
+        widths = self.widths.get(last.total_gib)
         cost = widths.cost(self.idle_count[node], job.gpus) if widths else 0
         total = sum(self.gpus[u].total_gib for u in chosen)  # first: a warm cache (most jobs prefer none)
-        return (node != job.prefer_node, total, cost, len(fitting) - job.gpus, node), chosen
+        shunned = not job.models and (last.model, last.total_gib) in self.avoid
+        return (node != job.prefer_node, shunned, total, cost, len(fitting) - job.gpus, node), chosen
 
     # -- changes in a pass -----------------------------------------------------------------------
 

@@ -46,6 +46,31 @@ def gang_days(gpus: int, days: float, mix, seed: int, constrained: bool = False)
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
 
 
+def scarce_days(days: float, seed: int, load: float = 0.8) -> list[TraceJob]:
+    """A sharing week on `scarce_fleet`: a sixth of the GPU-hours in jobs that run only on T4s (the
+    smallest GPUs, which unconstrained small jobs would take first), long services, gates, 4-GPU jobs."""
+    rng, jobs = random.Random(seed), []
+    mix = (
+        ("service", 1, 0.40, 24.0, (4, 12), ()),
+        ("t4-inference", 1, 0.15, 1.0, (6, 14), ("T4",)),
+        ("gate", 1, 0.15, 0.5, (4, 14), ()),
+        ("train", 4, 0.30, 4.0, (14, 22), ()),
+    )
+    for kind, width, share, mean_h, mem, models in mix:
+        hours = load * 32 * days * 24 * share
+        while hours > 0:
+            duration = max(min(rng.expovariate(1 / (mean_h * 3600)), 4 * mean_h * 3600), 60.0)
+            job_id, submit = f"{kind}-{len(jobs):05d}", rng.uniform(0, days * 86400)
+            jobs.append(TraceJob(job_id, submit, duration, round(rng.uniform(*mem), 1), width, 3 + (width > 1), kind, models))
+            hours -= width * duration / 3600
+    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def scarce_fleet() -> list[GpuState]:
+    groups = (("t", "T4-16GB", 16.0, 1), ("a", "A10-24GB", 24.0, 3))
+    return [GpuState(f"{p}{n:02d}/gpu{i}", f"{p}{n:02d}", m, mem) for p, m, mem, c in groups for n in range(c) for i in range(8)]
+
+
 def nodes(h100: int, l40s: int = 0) -> list[GpuState]:
     groups = (("h", "H100-80GB", 80.0, h100), ("l", "L40S-48GB", 48.0, l40s))
     return [
@@ -67,6 +92,7 @@ CASES = {
     "mixed": lambda: (gang_days(32, 3, GANG, 8, constrained=True), nodes(3, 1)),
     "fine-tunes": lambda: (gang_days(24, 3, FINETUNE, 9), nodes(3)),
     "wide": lambda: (gang_days(48, 3, WIDE, 11), nodes(6)),
+    "scarce": lambda: (scarce_days(2, 3), scarce_fleet()),
 }
 CONFIGS = {
     "default": PolicyConfig(),
@@ -94,6 +120,7 @@ CONFIGS = {
         ("wide", "spanning"),
         ("wide", "spanning, bounded"),
         ("mixed", "spanning, bounded"),
+        ("scarce", "default"),
     ],
 )
 def test_the_planner_places_every_job_as_plan_drape_does(case, config):
@@ -111,7 +138,7 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
     assert result.memory_utilization == pytest.approx(reference.memory_utilization, rel=1e-9)
     assert result.mean_wait_s == pytest.approx(reference.mean_wait_s, rel=1e-9, abs=1e-6)
     assert result.class_waits.keys() == reference.class_waits.keys()
-    if case != "field":  # the gang weeks queue, preempt and reserve: the paths the indexes replace
+    if case not in ("field", "scarce"):  # the gang weeks queue, preempt and reserve: the paths the indexes replace
         assert reference.preemptions > 0 and max(w["max_s"] for w in reference.class_waits.values()) > 3600
     if case == "wide":  # gangs wider than a node, and narrower ones, across nodes as k nodes × g GPUs
         widths = {j.job_id: j.gpus for j in trace}
@@ -122,6 +149,13 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
             assert any(widths[job] <= 8 for job, *_ in across)
         else:  # an overdue gang wider than a node stops jobs on several nodes
             assert any(evicted and widths[job] > 8 for job, _, evicted in across)
+    if case == "scarce":  # long services moved off T4s to A10s while T4-only jobs waited
+        where: dict[str, tuple[str, ...]] = {}
+        rescued = 0
+        for _, job, gpus, evicted in before:
+            rescued += evicted == (job,) and where[job][0].startswith("t") and gpus[0].startswith("a")
+            where[job] = gpus
+        assert rescued >= 3, rescued
     if config == "bounded gang waits":  # with `preempt_after_s` off, a gang job's evictions are stops
         stops = [(time, job, evicted) for time, job, gpus, evicted in before if len(gpus) > 1 and evicted]
         assert len(stops) >= 3, stops
