@@ -26,7 +26,7 @@ from scheduler.dispatch.fleet import FleetView, fleet_view, policy_config, unsha
 from scheduler.dispatch.live import LivePlanner
 from scheduler.engines import build_launcher, claimed_view, spans_nodes
 from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
-from scheduler.policy.baselines import get_policy
+from scheduler.policy.baselines import SPANS_ITSELF, get_policy
 from scheduler.policy.gangs import fits_across_nodes, spanning
 from scheduler.queue.store import JobSpec, JobStore, QueueError
 
@@ -97,7 +97,7 @@ class Dispatcher:
         self._own_fleet = fleet is None  # the cycle passes the running jobs it read to `fleet_view`
         self.id = dispatcher_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.plan = get_policy(config.queue.policy)
-        if spans_nodes(config) and config.queue.policy != "drape":  # a baseline's jobs wider than a node: whole nodes
+        if spans_nodes(config) and config.queue.policy not in SPANS_ITSELF:  # a baseline's jobs wider than a node: whole nodes
             self.plan = spanning(self.plan)
         self.policy = policy_config(config)  # drape's gangs span nodes where the engine does (`span_nodes`)
         # the drape policy as a Planner kept between cycles (`scheduler/dispatch/live.py`), on every engine and
