@@ -8,7 +8,8 @@ its GPU count at a time at most. Under it the max-flow test of `wide_floor.short
 tells whether every job can end by submit + duration + W; the floor is the largest W found to fail
 by bisection within `precision_s` (below the least that passes), so no policy's max wait for the
 class is under it. The 1-GPU class is left out: alone on the fleet its jobs hardly wait, and its
-goal is a mean.
+goal is a mean. `together_floor` relaxes the multi-GPU classes together: the max over them is
+at least it, so where it passes a class's goal, some class misses its goal under every policy.
 """
 
 from __future__ import annotations
@@ -43,3 +44,11 @@ def class_floors(trace: list, fleet: list[GpuState], precision_s: float = 60.0) 
         usable = sum(1 for g in fleet if any(allows(j.models, g.model) and g.total_gib >= j.peak_mem_gib for j in jobs))
         floors[name] = gpu_floor([(j.submit_s, j.duration_s, j.gpus) for j in jobs], usable, precision_s)
     return floors
+
+
+def together_floor(trace: list, fleet: list[GpuState], precision_s: float = 60.0) -> float:
+    """The floor of the max wait over every multi-GPU job together (all their classes at once, on
+    every GPU any may use): some class's max wait is at least this, whatever each class's own floor."""
+    jobs = sorted((j for j in trace if j.gpus > 1), key=lambda j: (j.submit_s, j.job_id))
+    usable = sum(1 for g in fleet if any(allows(j.models, g.model) and g.total_gib >= j.peak_mem_gib for j in jobs))
+    return gpu_floor([(j.submit_s, j.duration_s, j.gpus) for j in jobs], usable, precision_s)
