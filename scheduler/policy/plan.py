@@ -92,7 +92,7 @@ def plan_drape(
             clear_at[uuid] = max(clear_at.get(uuid, now), ongoing.expected_end_s)
     pool = Pool(state, config, widths=widths, now=now, ends=clear_at)
     if config.avoid_scarce:
-        pool.avoid = scarce_kinds([j.models for j in pending] + [r.models for r in running], _kinds(gpus))
+        pool.avoid = scarce_kinds([j.models for j in pending], _kinds(gpus))
     stuck: dict[tuple, JobRequest] = {}  # per shape, the first constrained single-GPU job that found no GPU
     order = sorted(pending, key=lambda j: (-effective_priority(j, now, config), j.submit_s, j.id))
     placements: list[Placement] = []

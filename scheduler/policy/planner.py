@@ -65,7 +65,7 @@ class Planner:
         self.started = 0
         self.number: dict[str, int] = {}
         self.shapes: Counter[tuple[int, float]] = Counter()  # (GPUs, GiB) of waiting and running jobs
-        self.constrained: Counter[tuple[str, ...]] = Counter()  # the models named by waiting and running jobs
+        self.constrained: Counter[tuple[str, ...]] = Counter()  # the models named by waiting jobs
         self.of_kind: dict[tuple[str, float], list[str]] = {}  # GPU kind → its GPUs
         for gpu in sorted(gpus, key=lambda g: g.uuid):
             self.of_kind.setdefault((gpu.model, gpu.total_gib), []).append(gpu.uuid)
@@ -144,7 +144,6 @@ class Planner:
         self.number[job.id], self.started = self.started, self.started + 1
         self.by_end.add((expected_end, self.number[job.id], job.id))
         self.shapes[(len(job.gpus), job.mem_gib)] += 1
-        self.constrained[job.models] += 1
         self._refresh(job)
         return job
 
@@ -168,7 +167,6 @@ class Planner:
                 self.pool.ends.pop(uuid, None)
         self.by_end.remove((job.expected_end_s, self.number.pop(job_id), job_id))
         self._count((len(job.gpus), job.mem_gib), -1)
-        self._constrained(job.models, -1)
         self._refresh(job)
         return job
 

@@ -34,8 +34,8 @@ class PolicyConfig:
     # a multi-GPU job may run as k nodes × g GPUs of one model when no node holds it now (engines that
     # start a job across nodes: Slurm; `scheduler/policy/gangs.py`). False: one node each
     span_nodes: bool = False
-    # a job that may run on any GPU model keeps off the models waiting or running constrained jobs
-    # need, and long unconstrained jobs move off them while such a job waits (`scheduler/policy/scarcity.py`)
+    # a job that may run on any GPU model keeps off the models waiting constrained jobs need, and
+    # long unconstrained jobs move off them while such a job waits (`scheduler/policy/scarcity.py`)
     avoid_scarce: bool = True
 
     def __post_init__(self) -> None:

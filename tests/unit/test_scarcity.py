@@ -25,8 +25,8 @@ def test_an_unconstrained_job_takes_another_model_while_a_constrained_job_needs_
     pinned = JobRequest("pinned", 3, 5.0, 1, 8.0, 3600.0, models=("T4",))
     placed = {p.job_id: p.gpus for p in plan_drape([small], _fleet(), [], 10.0)}
     assert placed == {"small": ("t/gpu0",)}  # nobody needs the T4: the smallest GPU that holds it
-    running = [RunningJob("other", ("x/gpu0",), 8.0, 5000.0, models=("T4",))]  # a T4-only job runs elsewhere
-    assert {p.job_id: p.gpus for p in plan_drape([small], _fleet(), running, 10.0)} == {"small": ("a/gpu0",)}
+    running = [RunningJob("other", ("x/gpu0",), 8.0, 5000.0, models=("T4",))]  # one that runs asks nothing more
+    assert {p.job_id: p.gpus for p in plan_drape([small], _fleet(), running, 10.0)} == {"small": ("t/gpu0",)}
     placed = {p.job_id: p.gpus for p in plan_drape([small, pinned], _fleet(), [], 10.0)}
     assert placed == {"small": ("a/gpu0",), "pinned": ("t/gpu0",)}
     off = PolicyConfig(avoid_scarce=False)  # as before: the smallest GPU first; the T4 job shares it, at shared pace
@@ -46,17 +46,19 @@ def test_a_long_unconstrained_job_on_the_scarce_model_moves_for_a_waiting_constr
     assert plan_drape([pinned], gpus, [service], 100.0, PolicyConfig(avoid_scarce=False)) == []
 
 
-def test_on_a_sharing_week_constrained_jobs_wait_less_and_nothing_runs_where_it_may_not():
-    """~2 s: T4-only jobs' waits, with the rule and without, on the same days."""
+def test_on_sharing_days_only_unconstrained_jobs_move_off_the_t4s_and_nothing_runs_where_it_may_not():
+    """~1 s: services move off the T4s to A10s; no T4-only job leaves one (the measured effect on
+    waits: `benchmarks/wide_gangs.py`'s sharing week)."""
     trace, fleet = scarce_days(2, 3), scarce_fleet()
-    pinned = {j.job_id: j.submit_s for j in trace if j.models}
-    waits = []
-    for config in (PolicyConfig(avoid_scarce=False), PolicyConfig()):
-        record: list = []
-        result = simulate(trace, fleet, "drape", config, record=record)
-        first = {}
-        for time, job, *_ in record:
-            first.setdefault(job, time)
-        waits.append(sum(first[job] - submit for job, submit in pinned.items()) / len(pinned))
-        assert result.violations == 0
-    assert waits[1] < 0.5 * waits[0], waits
+    constrained = {j.job_id for j in trace if j.models}
+    record: list = []
+    result = simulate(trace, fleet, "drape", PolicyConfig(), record=record)
+    where: dict[str, tuple[str, ...]] = {}
+    moves = []
+    for _, job, gpus, evicted in record:
+        if evicted == (job,) and where[job][0].startswith("t"):
+            moves.append((job, gpus))
+        where[job] = gpus
+    off = [job for job, gpus in moves if gpus[0].startswith("a")]  # T4 to T4: spreading a crowded GPU
+    assert len(off) >= 3 and not constrained.intersection(off)
+    assert result.violations == 0
