@@ -23,7 +23,11 @@ baselines it is measured against, and the registry by name: `scheduler/policy/ba
 - idle-aware: a GPU is idle only when the ledger has nothing on it and DCGM agrees (no memory in
   use beyond `idle_mem_gib`, utilization under `idle_util_percent`); free memory is the total
   minus the larger of the ledger's allocations and what DCGM sees in use;
-- whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run;
+- whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run; where
+  the engine spans nodes (`span_nodes`), one no node holds now takes k nodes × g GPUs of one model
+  (`scheduler/policy/gangs.py`), its reservation the sooner of one node and several clearing;
+- scarce models: a job naming no model keeps off the kinds waiting constrained jobs need, and long
+  ones move off them while such a job finds no GPU (`avoid_scarce`, `scheduler/policy/scarcity.py`);
 - preemption: a multi-GPU job waiting `preempt_after_s` takes a node by moving lower-priority
   shareable jobs elsewhere; one waiting `gang_max_wait_s` by stopping lower-priority preemptible
   jobs, which resume from their checkpoints (`scheduler/policy/checkpoints.py`); and idle GPUs take
