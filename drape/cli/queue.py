@@ -218,8 +218,17 @@ def queue_simulate(
     trace: Path = typer.Option(..., help="CSV: job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind"),
     fleet: Path = typer.Option(..., help="fleet YAML: groups: [{model, memory_gib, nodes, gpus_per_node}]"),
     policy: str = typer.Option("fifo-exclusive,drape", help="policies to compare, comma-separated"),
+    config: Path | None = typer.Option(
+        None,
+        "--config",
+        "-c",
+        help="pipeline config YAML whose queue settings the policy runs with (gang_max_wait_seconds, the engine: "
+        "Slurm's gangs span nodes, Kubernetes nodes that do not share); default: the policy's defaults",
+    ),
 ) -> None:
     """Replay a trace against a fleet with the live policy code; utilization, waits, starvation, bound."""
+    from scheduler.dispatch.fleet import mark_solo, policy_config
+    from scheduler.policy import PolicyConfig
     from scheduler.policy.baselines import POLICIES
     from scheduler.queue.inventory import FleetFileError, load_fleet
     from scheduler.sim import TraceError, load_trace, simulate
@@ -229,9 +238,14 @@ def queue_simulate(
     unknown = [p for p in names if p not in POLICIES]
     if unknown:
         fail(f"unknown policy {unknown}; expected some of {sorted(POLICIES)}")
+    settings = PolicyConfig()
     try:
         jobs, gpus = load_trace(trace), load_fleet(fleet)
-        results = [simulate(jobs, gpus, name) for name in names]
+        if config is not None:
+            cfg = load(config)
+            settings = policy_config(cfg)
+            mark_solo(gpus, cfg)
+        results = [simulate(jobs, gpus, name, settings) for name in names]
     except (TraceError, FleetFileError) as error:
         fail(str(error))
     print(render(results))

@@ -22,12 +22,12 @@ from pathlib import Path
 from drape.cost import CostError, gpu_rate
 from drape.ops import metrics
 from scheduler.dispatch.drift import check_landings
-from scheduler.dispatch.fleet import FleetView, fleet_view, policy_config, uniform_sharing, unshared
+from scheduler.dispatch.fleet import FleetView, fleet_view, policy_config, unshared
 from scheduler.dispatch.live import LivePlanner
 from scheduler.dispatch.watchdog import Watchdog
 from scheduler.engines import build_launcher, claimed_view, spans_nodes
 from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
-from scheduler.policy.baselines import get_policy
+from scheduler.policy.baselines import SPANS_ITSELF, get_policy
 from scheduler.policy.gangs import fits_across_nodes, spanning
 from scheduler.queue.store import JobSpec, JobStore, QueueError
 
@@ -98,13 +98,12 @@ class Dispatcher:
         self._own_fleet = fleet is None  # the cycle passes the running jobs it read to `fleet_view`
         self.id = dispatcher_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.plan = get_policy(config.queue.policy)
-        if spans_nodes(config):  # jobs wider than a node take whole nodes
+        if spans_nodes(config) and config.queue.policy not in SPANS_ITSELF:  # a baseline's jobs wider than a node: whole nodes
             self.plan = spanning(self.plan)
-        self.policy = policy_config(config)
-        # the drape policy as a Planner kept between cycles (`scheduler/dispatch/live.py`); plan_drape, reading
-        # every job each cycle, for the other policies, jobs spanning nodes, a fleet view given, and when asked
-        use_live = incremental and fleet is None and config.queue.policy == "drape" and not spans_nodes(config)
-        use_live = use_live and uniform_sharing(config)  # nodes that share beside nodes that do not: plan_drape
+        self.policy = policy_config(config)  # drape's gangs span nodes where the engine does (`span_nodes`)
+        # the drape policy as a Planner kept between cycles (`scheduler/dispatch/live.py`), on every engine and
+        # fleet; plan_drape, reading every job each cycle, for the other policies, a fleet view given, and when asked
+        use_live = incremental and fleet is None and config.queue.policy == "drape"
         self.live = LivePlanner(self.store.engine, self.policy) if use_live else None
         self.mine: dict[str, str] = {}  # job id → launcher handle, of the jobs this dispatcher watches
         self.landed: dict[str, float] = {}  # job id → when to ask where its pods landed next (inf: checked)

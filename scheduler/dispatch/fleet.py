@@ -19,6 +19,7 @@ import math
 import socket
 from dataclasses import dataclass
 
+from scheduler.engines import SPANS_NODES
 from scheduler.policy import GpuState, PolicyConfig, RunningJob
 
 MIB_PER_GIB = 1024.0
@@ -130,6 +131,7 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
         gpus = local_gpus(queue.cpu_slot_gib)
     if source != "ledger":
         store.register_gpus(gpus)
+    shares_node = mark_solo(gpus, config)
     if not allocations:
         return FleetView(gpus, source, note)
     ledger = store.ledger()
@@ -139,7 +141,6 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
         alone.update(job.gpus if not job.shareable else ())  # a multi-GPU or exclusive job's: nothing goes beside it
         for uuid in job.gpus:
             shares[uuid] = shares.get(uuid, 0.0) + job.share
-    shares_node = _sharing(config)
     for gpu in gpus:
         gpu.allocated_gib, gpu.jobs = ledger.get(gpu.uuid, (0.0, 0))
         # a GPU of a node that cannot share (Kubernetes without sharing declared) takes nothing beside its job
@@ -164,6 +165,15 @@ def unshared(planned: list, gpus: list[GpuState], config) -> list:
             held[uuid] = held.get(uuid, 0) + 1
         kept.append(placement)
     return kept
+
+
+def mark_solo(gpus: list[GpuState], config):
+    """Mark the GPUs of nodes that cannot share (`_sharing`) `solo`: the policy puts one job at a time
+    on each. Returns the node test."""
+    shares_node = _sharing(config)
+    for gpu in gpus:
+        gpu.solo = not shares_node(gpu.node)
+    return shares_node
 
 
 def _sharing(config):
@@ -191,6 +201,7 @@ def policy_config(config) -> PolicyConfig:
         gang_max_preemptions=queue.gang_max_preemptions,
         short_job_bonus=queue.short_job_bonus,
         short_job_s=queue.short_job_seconds,
+        span_nodes=queue.launcher in SPANS_NODES,  # gangs across nodes where the engine starts one so
     )
 
 
@@ -198,12 +209,3 @@ def _any_sharing(settings) -> bool:
     return (
         bool(settings.dra_device_class) or settings.sharing != "none" or any(v != "none" for v in settings.node_sharing.values())
     )
-
-
-def uniform_sharing(config) -> bool:
-    """Whether every node shares its GPUs alike (the live planner's case): not so on Kubernetes with
-    `node_sharing` entries that differ from `sharing` and no DRA claims."""
-    queue, settings = config.queue, config.queue.kubernetes
-    if queue.launcher != "kubernetes" or settings.kueue_queue or settings.dra_device_class:
-        return True
-    return all(value == settings.sharing for value in settings.node_sharing.values())

@@ -64,7 +64,7 @@ class LivePlanner:
 
     def sync(self, gpus: list[GpuState]) -> Planner:
         """The planner, with the changes since the last cycle applied (or rebuilt)."""
-        key = tuple((g.uuid, g.node, g.model, g.total_gib) for g in gpus)
+        key = tuple((g.uuid, g.node, g.model, g.total_gib, g.solo) for g in gpus)
         if self.planner is None or self.stale or key != self.fleet_key:
             return self.rebuild(gpus, key)
         cursor = change_cursor(self.engine)
@@ -84,7 +84,7 @@ class LivePlanner:
     def rebuild(self, gpus: list[GpuState], key: tuple) -> Planner:
         """A new planner from every queued and running job (the cursor read first: nothing is missed)."""
         self.cursor = change_cursor(self.engine)
-        planner = Planner([GpuState(g.uuid, g.node, g.model, g.total_gib) for g in gpus], self.config)
+        planner = Planner([GpuState(g.uuid, g.node, g.model, g.total_gib, solo=g.solo) for g in gpus], self.config)
         self.planner, self.waiting, self.fleet_key, self.stale = planner, SortedList(), key, False
         self.rebuilds += 1
         queued = [_request(row) for row in live_jobs(self.engine, "queued")]

@@ -10,8 +10,9 @@ hand it the same inputs, so what the simulator measures is what runs.
     preemption.py    preemption to defragment and spread; victims.py: where a gang job may preempt
     checkpoints.py   checkpoint preemption for gang jobs waiting past their bound
     fragmentation.py what a placement does to wider jobs
-    gangs.py         jobs wider than a node, on whole idle nodes
-    baselines.py     the policies drape is measured against, and the registry by name
+    gangs.py         gangs across nodes (k nodes × g GPUs of one model) where the engine spans nodes
+    scarcity.py      jobs that may run anywhere keep off the GPU models constrained jobs need
+    baselines.py     the policies drape is measured against (FIFO + EASY backfill among them), by name
 
 The package re-exports the vocabulary and `plan_drape`, the names other rooms import.
 """

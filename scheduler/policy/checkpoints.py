@@ -42,6 +42,7 @@ single-GPU jobs keep room, measured no better and are not kept.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from scheduler.policy.state import JobRequest, PolicyConfig, RunningJob, queued_at
@@ -119,8 +120,38 @@ def choose_stops(
             lost, count, left = found[0]
             options.append(((left, count, lost, node), found[1]))
     options.sort()
+    if not options and config.span_nodes:
+        return _span_stops(job, pool, by_node, occupants, now)
     if homed is not None:
         for (*_, node), choice in options[:HOMED_LOOK]:
             if homed(list({o.id: o for uuid in choice[0] for o in occupants(uuid)}.values()), node):
                 return choice
     return options[0][1] if options else None
+
+
+def _span_stops(
+    job: JobRequest, pool: Pool, by_node: dict[str, list[str]], occupants: Callable[[str], list[RunningJob]], now: float
+) -> Choice | None:
+    """For a gang no single node holds: k nodes × g GPUs of one model (`scheduler/policy/gangs.py`:
+    the largest g, the smallest GPUs first), on the k nodes whose cheapest g GPUs cost least, as a
+    single node is chosen (`choose_stops`: the victims' work left, how many, the work lost, by name)."""
+    kinds: dict[tuple[float, str], dict[str, list[str]]] = {}
+    for node, uuids in by_node.items():
+        for uuid in uuids:
+            gpu = pool.gpus[uuid]
+            kinds.setdefault((gpu.total_gib, gpu.model), {}).setdefault(node, []).append(uuid)
+    for kind in sorted(kinds):
+        for per_node in range(min(job.gpus, pool.most), 0, -1):
+            needed = job.gpus // per_node
+            if job.gpus % per_node or sum(1 for uuids in kinds[kind].values() if len(uuids) >= per_node) < needed:
+                continue
+            probe = replace(job, gpus=per_node)
+            options = sorted(
+                (found[0], node, found[1])
+                for node, uuids in kinds[kind].items()
+                if (found := _node_choice(probe, uuids, occupants, now))
+            )
+            chosen = sorted(options[:needed], key=lambda option: option[1])
+            gpus = tuple(uuid for *_, (uuids, _) in chosen for uuid in uuids)
+            return gpus, tuple(sorted({victim for *_, (_, victims) in chosen for victim in victims}))
+    return None

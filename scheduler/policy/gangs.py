@@ -1,12 +1,21 @@
-"""Jobs wider than a node, placed on whole idle nodes, for engines that start a job across nodes.
+"""Gangs across nodes: where a multi-GPU job may run on several nodes at once, for engines that
+start one job across nodes (Slurm: ``srun`` torchrun on every node of the allocation).
 
-The drape policy (scheduler/policy/plan.py) keeps a multi-GPU job on one node. An engine that runs one
-job across several (Slurm: ``srun`` torchrun on every node of the allocation) says so
-(`spans_nodes`), and the dispatcher then plans with `spanning(plan)`: a waiting job wider than
-every node of the fleet, whose GPU count is a multiple of a node's, takes that many whole idle
-nodes (every GPU idle, of a model it allows, each holding its memory profile), the first by name,
-before the policy places the others on what is left. `fits_across_nodes` is the fleet-level
-check the dispatcher's refusal uses: whether enough such nodes exist at all.
+The drape policy keeps a multi-GPU job on one node. With `PolicyConfig.span_nodes` (the dispatcher
+sets it for an engine that `spans_nodes`), a multi-GPU job that finds no single node takes GPUs of
+one model on several nodes: a job wider than every node always, a narrower one when no node has
+room for it now (starting now, spread over nodes, rather than waiting for one node to clear). A
+Slurm job has the same GPUs on every node (``--gres=gpu:g`` per node, torchrun's
+``--nproc-per-node``), so a spanning placement is k nodes × g GPUs, g a divisor of the job's
+width: the largest g that k nodes hold (the fewest nodes, the least traffic between them), on the
+nodes with the fewest free GPUs that hold g (the fullest first: whole nodes stay whole for whole-node
+jobs), then by name (`even_split`). The same rule places a job now (`scheduler/policy/pool.py`),
+reserves its GPUs for later (`scheduler/policy/reservation.py: reserve_span`), chooses what an
+overdue one stops (`scheduler/policy/checkpoints.py`), and tells whether a fleet could ever hold it
+(`fits_across_nodes`, the dispatcher's refusal).
+
+`spanning(plan)` is kept for the baseline policies only (FIFO and the Kueue-like one know nothing of
+nodes): a job wider than every node first takes whole idle nodes.
 """
 
 from __future__ import annotations
@@ -14,6 +23,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, allowed
+
+
+def even_split(width: int, free: dict[str, list[str]], most: int) -> tuple[str, ...] | None:
+    """`width` GPUs as k nodes × g GPUs from `free` (node → its free GPUs of one kind, in the order
+    to take them; `most`: the widest node's GPUs), chosen as the module docstring says, or None."""
+    for per_node in range(min(width, most), 0, -1):
+        if width % per_node:
+            continue
+        needed = width // per_node
+        holding = sorted((len(uuids), node) for node, uuids in free.items() if len(uuids) >= per_node)
+        if len(holding) >= needed:
+            return tuple(uuid for node in sorted(node for _, node in holding[:needed]) for uuid in free[node][:per_node])
+    return None
+
+
+def nodes_of(uuids: tuple[str, ...], gpus: dict[str, GpuState]) -> int:
+    return len({gpus[uuid].node for uuid in uuids})
 
 
 def _nodes(gpus: list[GpuState]) -> dict[str, list[GpuState]]:
@@ -27,28 +53,23 @@ def _width(by_node: dict[str, list[GpuState]]) -> int:
     return max((len(node) for node in by_node.values()), default=0)
 
 
+def fits_across_nodes(job: JobRequest, gpus: list[GpuState]) -> bool:
+    """Whether the fleet, empty, could hold `job` as k nodes × g GPUs of one model (`even_split`)."""
+    by_kind: dict[tuple[str, float], dict[str, list[str]]] = {}
+    for gpu in gpus:
+        if gpu.total_gib >= job.mem_gib and allowed(job, gpu.model):
+            by_kind.setdefault((gpu.model, gpu.total_gib), {}).setdefault(gpu.node, []).append(gpu.uuid)
+    most = _width(_nodes(gpus))
+    return any(even_split(job.gpus, free, most) is not None for free in by_kind.values())
+
+
 def _holds(job: JobRequest, node: list[GpuState]) -> bool:
     return all(allowed(job, gpu.model) and gpu.total_gib >= job.mem_gib for gpu in node)
 
 
-def nodes_needed(job: JobRequest, by_node: dict[str, list[GpuState]]) -> int | None:
-    """How many whole nodes of the fleet's width `job` takes, None when it fits on one (or is not a multiple)."""
-    width = _width(by_node)
-    if width == 0 or job.gpus <= width or job.gpus % width:
-        return None
-    return job.gpus // width
-
-
-def fits_across_nodes(job: JobRequest, gpus: list[GpuState]) -> bool:
-    """Whether the fleet, empty, could hold `job` on whole nodes."""
-    by_node = _nodes(gpus)
-    needed = nodes_needed(job, by_node)
-    width = _width(by_node)
-    return needed is not None and sum(1 for node in by_node.values() if len(node) == width and _holds(job, node)) >= needed
-
-
 def spanning(plan: Callable[..., list[Placement]]) -> Callable[..., list[Placement]]:
-    """`plan`, with jobs wider than a node first given whole idle nodes (see the module docstring)."""
+    """A baseline `plan`, with jobs wider than every node (a multiple of a node's GPUs) first given
+    whole idle nodes, the first by name."""
 
     def plan_spanning(
         pending: list[JobRequest], gpus: list[GpuState], running: list, now: float, config: PolicyConfig = PolicyConfig()
@@ -56,8 +77,7 @@ def spanning(plan: Callable[..., list[Placement]]) -> Callable[..., list[Placeme
         by_node, placements, taken = _nodes(gpus), [], set()
         width, narrow = _width(by_node), []
         for job in sorted(pending, key=lambda j: (-j.priority, j.submit_s, j.id)):
-            needed = nodes_needed(job, by_node)
-            if needed is None:
+            if width == 0 or job.gpus <= width or job.gpus % width:
                 narrow.append(job)
                 continue
             free = [
@@ -65,11 +85,10 @@ def spanning(plan: Callable[..., list[Placement]]) -> Callable[..., list[Placeme
                 for name, node in by_node.items()
                 if name not in taken and len(node) == width and _holds(job, node) and all(g.is_idle(config) for g in node)
             ]
-            if len(free) >= needed:
-                chosen = free[:needed]
+            if len(free) >= job.gpus // width:
+                chosen = free[: job.gpus // width]
                 taken.update(chosen)
-                uuids = tuple(gpu.uuid for name in chosen for gpu in by_node[name])
-                placements.append(Placement(job.id, uuids, job.mem_gib))
+                placements.append(Placement(job.id, tuple(gpu.uuid for name in chosen for gpu in by_node[name]), job.mem_gib))
         rest = [gpu for gpu in gpus if gpu.node not in taken]
         return placements + plan(narrow, rest, running, now, config)
 

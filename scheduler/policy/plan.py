@@ -23,7 +23,11 @@ baselines it is measured against, and the registry by name: `scheduler/policy/ba
 - idle-aware: a GPU is idle only when the ledger has nothing on it and DCGM agrees (no memory in
   use beyond `idle_mem_gib`, utilization under `idle_util_percent`); free memory is the total
   minus the larger of the ledger's allocations and what DCGM sees in use;
-- whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run;
+- whole GPUs for multi-GPU jobs, all on one node, and nothing beside them while they run; where
+  the engine spans nodes (`span_nodes`), one no node holds now takes k nodes × g GPUs of one model
+  (`scheduler/policy/gangs.py`), its reservation the sooner of one node and several clearing;
+- scarce models: a job naming no model keeps off the kinds waiting constrained jobs need, and long
+  ones move off them while such a job finds no GPU (`avoid_scarce`, `scheduler/policy/scarcity.py`);
 - preemption: a multi-GPU job waiting `preempt_after_s` takes a node by moving lower-priority
   shareable jobs elsewhere; one waiting `gang_max_wait_s` by stopping lower-priority preemptible
   jobs, which resume from their checkpoints (`scheduler/policy/checkpoints.py`); and idle GPUs take
@@ -42,7 +46,8 @@ from scheduler.policy.checkpoints import overdue
 from scheduler.policy.fragmentation import widths_by_size
 from scheduler.policy.pool import Pool
 from scheduler.policy.preemption import Preemptor, preempt, spread, starves
-from scheduler.policy.reservation import Reservation, reserve
+from scheduler.policy.reservation import Reservation, earlier, reserve, reserve_span
+from scheduler.policy.scarcity import rescue, scarce_kinds
 from scheduler.policy.state import (
     COLOCATION_WINDOW,
     STARVED_AFTER_S,
@@ -90,6 +95,9 @@ def plan_drape(
         for uuid in ongoing.gpus:
             clear_at[uuid] = max(clear_at.get(uuid, now), ongoing.expected_end_s)
     pool = Pool(state, config, widths=widths, now=now, ends=clear_at)
+    if config.avoid_scarce:
+        pool.avoid = scarce_kinds([j.models for j in pending], _kinds(gpus))
+    stuck: dict[tuple, JobRequest] = {}  # per shape, the first constrained single-GPU job that found no GPU
     order = sorted(pending, key=lambda j: (-effective_priority(j, now, config), j.submit_s, j.id))
     placements: list[Placement] = []
     reservation: Reservation | None = None
@@ -109,6 +117,8 @@ def plan_drape(
             placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
             continue
         if choice is None:
+            if job.gpus == 1 and job.models and config.avoid_scarce:
+                stuck.setdefault((job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node), job)
             if not config.backfill:
                 break
             if not blocked:
@@ -116,6 +126,9 @@ def plan_drape(
                 durations = {j.id: j.duration_s for j in order}
                 ends = running + [RunningJob(p.job_id, p.gpus, p.mem_gib, now + durations[p.job_id]) for p in placements]
                 reservation = reserve(job, state, ends, now, config)
+                if config.span_nodes and job.gpus > 1:  # or across nodes, if that is sooner
+                    ordered = sorted(ends, key=lambda r: r.expected_end_s)
+                    reservation = earlier(reservation, reserve_span(job, state, ordered, now, pool.most))
             continue
         if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
             choice = pool.best_fit(job, exclude=reservation.gpus)
@@ -123,7 +136,36 @@ def plan_drape(
                 continue
         pool.take(choice, job)
         placements.append(Placement(job.id, choice, job.mem_gib))
-    return placements + _spread(pool, pending, placements, running, reservation, now, config)
+    moves = _rescue(list(stuck.values()), pool, state, running, reservation, now)
+    return placements + moves + _spread(pool, pending, placements, running, reservation, now, config)
+
+
+def _kinds(gpus: list[GpuState]) -> set[tuple[str, float]]:
+    return {(g.model, g.total_gib) for g in gpus}
+
+
+def _rescue(
+    blocked: list[JobRequest],
+    pool: Pool,
+    state: dict[str, GpuState],
+    running: list[RunningJob],
+    reservation: Reservation | None,
+    now: float,
+) -> list[Placement]:
+    """Moves of long unconstrained jobs off the GPUs waiting constrained jobs need (`scarcity.py`)."""
+    if not blocked or not pool.avoid:
+        return []
+    on_gpu: dict[str, list[RunningJob]] = {}
+    for job in running:
+        for uuid in job.gpus:
+            on_gpu.setdefault(uuid, []).append(job)
+    ordered = sorted(state)
+
+    def gpus_of(job: JobRequest) -> list[str]:
+        return [uuid for uuid in ordered if pool._kind_ok(job, (state[uuid].model, state[uuid].total_gib))]
+
+    exclude = reservation.gpus if reservation is not None else frozenset()
+    return rescue(blocked, pool, gpus_of, lambda uuid: on_gpu.get(uuid, []), now, exclude)
 
 
 def _spread(

@@ -37,7 +37,8 @@ from scheduler.policy.clearing import Clearing
 from scheduler.policy.fragmentation import widths_of_shapes
 from scheduler.policy.pool import Pool
 from scheduler.policy.preemption import Preemptor, preempt, spread, starves
-from scheduler.policy.reservation import Reservation, reserve_walk
+from scheduler.policy.reservation import Reservation, earlier, reserve_span, reserve_walk
+from scheduler.policy.scarcity import rescue, scarce_kinds
 from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, queued_at, static_priority
 from scheduler.policy.victims import Victims
 
@@ -64,6 +65,10 @@ class Planner:
         self.started = 0
         self.number: dict[str, int] = {}
         self.shapes: Counter[tuple[int, float]] = Counter()  # (GPUs, GiB) of waiting and running jobs
+        self.constrained: Counter[tuple[str, ...]] = Counter()  # the models named by waiting jobs
+        self.of_kind: dict[tuple[str, float], list[str]] = {}  # GPU kind → its GPUs
+        for gpu in sorted(gpus, key=lambda g: g.uuid):
+            self.of_kind.setdefault((gpu.model, gpu.total_gib), []).append(gpu.uuid)
         self.clearing = Clearing(self)  # when each node clears: multi-GPU jobs' reservations
         self.victims = Victims(self)  # where a starving multi-GPU job may preempt
 
@@ -78,6 +83,7 @@ class Planner:
         if job.gpus > 1:
             self.gang_submits.add((queued_at(job), job.id))
         self.shapes[(job.gpus, job.mem_gib)] += 1
+        self.constrained[job.models] += 1
 
     def submit_many(self, jobs: list[JobRequest]) -> None:
         """`submit` each of `jobs` (a whole queue read at once): each order sorted once, not job by job."""
@@ -88,6 +94,7 @@ class Planner:
             self.pending[job.id] = job
             keys.setdefault(_shape(job), []).append(self._key(job))
             self.shapes[(job.gpus, job.mem_gib)] += 1
+            self.constrained[job.models] += 1
         self.order.update(key for shape_keys in keys.values() for key in shape_keys)
         for shape, shape_keys in keys.items():
             self.queues.setdefault(shape, SortedList()).update(shape_keys)
@@ -103,6 +110,7 @@ class Planner:
         if job.gpus > 1:
             self.gang_submits.remove((queued_at(job), job.id))
         self._count((job.gpus, job.mem_gib), -1)
+        self._constrained(job.models, -1)
         return job
 
     def start(self, placement: Placement, now: float) -> RunningJob:
@@ -128,7 +136,7 @@ class Planner:
             gpu.jobs += 1
             gpu.allocated_gib += placement.mem_gib
             gpu.shares += request.share
-            gpu.exclusive = alone
+            gpu.exclusive = alone or gpu.solo
             self.pool.attach(uuid)
             self.on_gpu.setdefault(uuid, []).append(job)
             self.pool.ends[uuid] = max(self.pool.ends.get(uuid, expected_end), expected_end)
@@ -182,6 +190,11 @@ class Planner:
     def _key(self, job: JobRequest) -> tuple[float, float, str]:
         return (-static_priority(job, self.config), job.submit_s, job.id)
 
+    def _constrained(self, models: tuple[str, ...], change: int) -> None:
+        self.constrained[models] += change
+        if not self.constrained[models]:
+            del self.constrained[models]
+
     def _count(self, shape: tuple[int, float], change: int) -> None:
         self.shapes[shape] += change
         if not self.shapes[shape]:
@@ -195,13 +208,26 @@ class Planner:
         pool.begin(now)
         if config.fragmentation:
             pool.set_widths(widths_of_shapes(self.shapes, pool.sizes, pool.most))
+        pool.avoid = scarce_kinds(self.constrained, self.of_kind) if config.avoid_scarce else frozenset()
         try:
-            placements, reservation = self._place(now)
-            return placements + self._spread(placements, reservation, now)
+            placements, reservation, blocked = self._place(now)
+            moves = self._rescue(blocked, reservation, now)
+            return placements + moves + self._spread(placements, reservation, now)
         finally:
             pool.rollback()
 
-    def _place(self, now: float) -> tuple[list[Placement], Reservation | None]:
+    def _rescue(self, blocked: list[JobRequest], reservation: Reservation | None, now: float) -> list[Placement]:
+        """Moves of long unconstrained jobs off the GPUs waiting constrained jobs need (`scarcity.py`)."""
+        if not blocked or not self.pool.avoid:
+            return []
+
+        def gpus_of(job: JobRequest) -> list[str]:
+            return [uuid for kind, uuids in self.of_kind.items() if self.pool._kind_ok(job, kind) for uuid in uuids]
+
+        exclude = reservation.gpus if reservation is not None else frozenset()
+        return rescue(blocked, self.pool, gpus_of, lambda uuid: self.on_gpu.get(uuid, []), now, exclude)
+
+    def _place(self, now: float) -> tuple[list[Placement], Reservation | None, list[JobRequest]]:
         """`plan_drape`'s loop over the waiting jobs in order, one queue per shape merged by key: a
         shape whose job found nothing is left (its later jobs would find nothing either), so a
         pass looks at the jobs it places and one more per shape, not at the whole queue."""
@@ -224,7 +250,7 @@ class Planner:
                 heapq.heapreplace(heap, (following, shape, jobs))
             else:
                 heapq.heappop(heap)
-        return step.placements, (None if step.reservation is _NOWHERE else step.reservation)
+        return step.placements, (None if step.reservation is _NOWHERE else step.reservation), step.blocked
 
     def _decide(self, job: JobRequest, step: _Pass) -> int:
         """One job of the pass, as `plan_drape`'s loop body: place it (or not); what to do next."""
@@ -241,6 +267,8 @@ class Planner:
         choice = None if shape in step.dead else pool.best_fit(job)
         if choice is None:
             step.dead.add(shape)
+            if job.gpus == 1 and job.models and config.avoid_scarce:
+                step.blocked.append(job)  # a constrained job: an unconstrained one may move off its GPUs
             starving = step.preemptor is not None and (starves(job, now, config) or overdue(job, now, config))
             if starving and (taken := preempt(step.preemptor, job, pool, now)):  # type: ignore[arg-type]
                 pool.empty(taken[0])
@@ -252,6 +280,9 @@ class Planner:
             if step.reservation is None:  # the first job that cannot start: once a pass, as `plan_drape`
                 if job.gpus > 1:
                     found = self.clearing.reserve(job, step.placements, now)
+                    if config.span_nodes:  # or across nodes, if that is sooner
+                        spanned = reserve_span(job, pool.gpus, self._ending(step.placements, now), now, pool.most)
+                        found = earlier(found, spanned)
                 else:
                     found = reserve_walk(job, pool.gpus, self.nodes, self._ending(step.placements, now), now, config)
                 step.reservation = found or _NOWHERE
@@ -321,3 +352,4 @@ class _Pass:
     reservation: Reservation | None = None
     dead: set[tuple] = field(default_factory=set)  # shapes (and shapes off the reservation) that found nothing
     held: dict[tuple, int] = field(default_factory=dict)  # shapes that fit only on reserved GPUs, as of pool change n
+    blocked: list[JobRequest] = field(default_factory=list)  # constrained single-GPU jobs that found no GPU

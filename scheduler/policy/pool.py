@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sortedcontainers import SortedList
 
 from scheduler.policy.fragmentation import Widths
+from scheduler.policy.gangs import even_split, nodes_of
 from scheduler.policy.state import COLOCATION_WINDOW, GpuState, JobRequest, PolicyConfig, allowed
 
 Kind = tuple[str, float]  # (GPU model, total GiB)
@@ -45,6 +46,7 @@ class Pool:
     crowded: set[str] = field(default_factory=set)  # GPUs with 2+ jobs whose declared shares pass 1
     journal: dict[str, tuple] | None = None  # uuid → its fields and end before this pass changed them
     changes: int = 0  # GPUs changed so far (a lookup made at the same count finds the same)
+    avoid: frozenset[Kind] = frozenset()  # kinds constrained jobs need: unconstrained jobs last (`scarcity.py`)
 
     def __post_init__(self):
         kinds: dict[str, set[Kind]] = {}
@@ -190,13 +192,17 @@ class Pool:
         waits 3% and the bound by 0.08.)"""
         if node is not None:
             return self._idle_scan(job, exclude, node)
-        for size in self.sizes[bisect.bisect_left(self.sizes, job.mem_gib) :]:
-            best = None
-            for kind in self.kinds_of[size]:
-                if self._kind_ok(job, kind) and (found := self._cheapest(kind, exclude)) is not None:
-                    best = found if best is None or found < best else best
-            if best is not None:
-                return best[-1]
+        avoid = self.avoid if not job.models else frozenset()
+        for shunned in (False, True) if avoid else (False,):  # a kind constrained jobs need: only if no other holds it
+            for size in self.sizes[bisect.bisect_left(self.sizes, job.mem_gib) :]:
+                best = None
+                for kind in self.kinds_of[size]:
+                    if (kind in avoid) != shunned or not self._kind_ok(job, kind):
+                        continue
+                    if (found := self._cheapest(kind, exclude)) is not None:
+                        best = found if best is None or found < best else best
+                if best is not None:
+                    return best[-1]
         return None
 
     def _cheapest(self, kind: Kind, exclude: frozenset[str]) -> tuple[int, int, str] | None:
@@ -280,7 +286,36 @@ class Pool:
                 if node is not None and (found := self._node_fit(job, node, exclude)) is not None:
                     if best is None or found[0] < best[0]:
                         best = found
+        if best is None and self.config.span_nodes:
+            return self._span(job, exclude)
         return best[1] if best else None
+
+    def _span(self, job: JobRequest, exclude: frozenset[str]) -> tuple[str, ...] | None:
+        """Idle GPUs of one model on several nodes, k nodes × g each (`scheduler/policy/gangs.py`):
+        of the smallest GPU size that holds the job, the kind that needs the fewest nodes, then by
+        name. It reads every idle GPU of the kinds it looks at (a spanning job's lookup, once a pass
+        per shape)."""
+        avoid = self.avoid if not job.models else frozenset()
+        groups = [(shunned, size) for shunned in (False, True) for size in self.sizes if size >= job.mem_gib]
+        for shunned, size in groups:
+            best = None
+            for kind in self.kinds_of[size]:
+                if (kind in avoid) != shunned or not self._kind_ok(job, kind):
+                    continue
+                free: dict[str, list[str]] = {}
+                for _, uuid in self.idle_by_kind.get(kind, ()):
+                    if uuid not in exclude:
+                        free.setdefault(self.gpus[uuid].node, []).append(uuid)
+                if sum(len(uuids) for uuids in free.values()) < job.gpus:
+                    continue
+                for uuids in free.values():
+                    uuids.sort()
+                found = even_split(job.gpus, free, self.most)
+                if found is not None and (best is None or nodes_of(found, self.gpus) < best[0]):
+                    best = (nodes_of(found, self.gpus), found)
+            if best is not None:
+                return best[1]
+        return None
 
     def _node_fit(self, job: JobRequest, node: str, exclude: frozenset[str]) -> tuple[tuple, tuple[str, ...]] | None:
         entries = self.idle_by_node.get(node, [])
@@ -290,10 +325,12 @@ class Pool:
         if len(fitting) < job.gpus:
             return None
         chosen = tuple(fitting[: job.gpus])
-        widths = self.widths.get(self.gpus[chosen[-1]].total_gib)
+        last = self.gpus[chosen[-1]]
+        widths = self.widths.get(last.total_gib)
         cost = widths.cost(self.idle_count[node], job.gpus) if widths else 0
         total = sum(self.gpus[u].total_gib for u in chosen)  # first: a warm cache (most jobs prefer none)
-        return (node != job.prefer_node, total, cost, len(fitting) - job.gpus, node), chosen
+        shunned = not job.models and (last.model, last.total_gib) in self.avoid
+        return (node != job.prefer_node, shunned, total, cost, len(fitting) - job.gpus, node), chosen
 
     # -- changes in a pass -----------------------------------------------------------------------
 
@@ -304,7 +341,7 @@ class Pool:
             gpu.allocated_gib += job.mem_gib
             gpu.jobs += 1
             gpu.shares += job.share
-            gpu.exclusive = gpu.exclusive or len(uuids) > 1 or job.exclusive
+            gpu.exclusive = gpu.exclusive or len(uuids) > 1 or job.exclusive or gpu.solo
             self.attach(uuid)
 
     def leave(self, uuid: str, job: JobRequest) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from scheduler.policy.gangs import even_split
 from scheduler.policy.state import GpuState, JobRequest, PolicyConfig, RunningJob, allowed
 
 
@@ -82,6 +83,52 @@ def reserve_walk(
     return None
 
 
+def reserve_span(
+    head: JobRequest, gpus: dict[str, GpuState], ending: Iterable[RunningJob], now: float, most: int
+) -> Reservation | None:
+    """When and where multi-GPU `head` fits as k nodes × g GPUs of one model (`scheduler/policy/gangs.py`)
+    as the running jobs in `ending` (by expected end) end; `most`: the widest node's GPUs. It reads
+    the GPUs of the kinds `head` may use once, then walks the jobs until the freed GPUs hold it."""
+    kinds = sorted({(g.total_gib, g.model) for g in gpus.values() if g.total_gib >= head.mem_gib and allowed(head, g.model)})
+    free: dict[tuple[float, str], dict[str, set[str]]] = {kind: {} for kind in kinds}
+    for g in gpus.values():
+        if (g.total_gib, g.model) in free and _is_clear(future_state(g)):
+            free[(g.total_gib, g.model)].setdefault(g.node, set()).add(g.uuid)
+    counts = {kind: sum(len(uuids) for uuids in nodes.values()) for kind, nodes in free.items()}
+    future: dict[str, GpuState] = {}
+    for job in ending:
+        freed = set()
+        for uuid in job.gpus:
+            if uuid not in gpus:
+                continue
+            gpu = future.setdefault(uuid, future_state(gpus[uuid]))
+            gpu.allocated_gib = max(gpu.allocated_gib - job.mem_gib, 0.0)
+            gpu.jobs = max(gpu.jobs - 1, 0)
+            gpu.exclusive = gpu.exclusive and len(job.gpus) == 1
+            kind = (gpu.total_gib, gpu.model)
+            if kind in free and _is_clear(gpu) and uuid not in free[kind].get(gpu.node, ()):
+                free[kind].setdefault(gpu.node, set()).add(uuid)
+                counts[kind] += 1
+                freed.add(kind)
+        for kind in kinds:  # the smallest GPUs that hold it first, as a placement now
+            if kind in freed and counts[kind] >= head.gpus:
+                found = even_split(head.gpus, {node: sorted(uuids) for node, uuids in free[kind].items()}, most)
+                if found is not None:
+                    return Reservation(max(job.expected_end_s, now), frozenset(found))
+    return None
+
+
+def earlier(first: Reservation | None, second: Reservation | None) -> Reservation | None:
+    """The sooner of two reservations (a tie: `first`)."""
+    if first is None or (second is not None and second.time_s < first.time_s):
+        return second
+    return first
+
+
+def _is_clear(g: GpuState) -> bool:
+    return g.jobs == 0 and g.allocated_gib < 1e-6 and not g.observed_used_gib
+
+
 def future_state(g: GpuState) -> GpuState:
     """A copy of `g` to run the running jobs' ends on: DCGM's reading kept only for memory the
     ledger does not account for (it stays when they end), utilization dropped."""
@@ -95,6 +142,7 @@ def future_state(g: GpuState) -> GpuState:
         max((g.observed_used_gib or 0.0) - g.allocated_gib, 0.0) or None,
         None,
         g.exclusive,
+        solo=g.solo,
     )
 
 

@@ -31,6 +31,12 @@ class PolicyConfig:
     # full, short jobs start before long ones (their waits set the class's mean)
     short_job_bonus: float = 0.0
     short_job_s: float = 3600.0
+    # a multi-GPU job may run as k nodes × g GPUs of one model when no node holds it now (engines that
+    # start a job across nodes: Slurm; `scheduler/policy/gangs.py`). False: one node each
+    span_nodes: bool = False
+    # a job that may run on any GPU model keeps off the models waiting constrained jobs need, and
+    # long unconstrained jobs move off them while such a job waits (`scheduler/policy/scarcity.py`)
+    avoid_scarce: bool = True
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
@@ -88,6 +94,7 @@ class GpuState:
     observed_util: float | None = None  # DCGM utilization %, when known
     exclusive: bool = False  # holds a job that shares its GPUs with nobody (a multi-GPU or exclusive job)
     shares: float = 0.0  # declared compute shares of the jobs on it (1.0 for each that declared none)
+    solo: bool = False  # on a node that cannot share a GPU: one job at a time, whatever `max_jobs_per_gpu` says
 
     def free_gib(self) -> float:
         return self.total_gib - max(self.allocated_gib, self.observed_used_gib or 0.0)

@@ -36,8 +36,15 @@ CONTENTION_OVERLAP = 0.07
 RESTART_S = 60.0  # a preempted job pays a restart (launch, load the checkpoint)
 
 
+CLASSES = ("1", "2-4", "5-8", "9-16", "17-32", "33-64", "65+")  # job classes by width (GPUs)
+
+
 def job_class(gpus: int) -> str:
-    return "1" if gpus == 1 else "2-4" if gpus <= 4 else "5-8"
+    """A job's width class: 1, 2-4, 5-8 (one node), then gangs wider than a node by powers of two."""
+    for name, most in zip(CLASSES, (1, 4, 8, 16, 32, 64)):
+        if gpus <= most:
+            return name
+    return CLASSES[-1]
 
 
 @dataclass
@@ -80,7 +87,7 @@ def offered_load_bound(trace: list[TraceJob], num_gpus: int) -> float:
 
 def waits_by_class(waits: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
     found: dict[str, dict[str, float]] = {}
-    for name in ("1", "2-4", "5-8"):
+    for name in CLASSES:
         values = sorted(w for c, w in waits if c == name)
         if values:
             found[name] = {
@@ -118,7 +125,7 @@ def start_job(
         gpus[uuid].jobs += 1
         gpus[uuid].allocated_gib += placement.mem_gib
         gpus[uuid].shares += request.share
-        gpus[uuid].exclusive = alone
+        gpus[uuid].exclusive = alone or gpus[uuid].solo
     running[placement.job_id] = {
         "gpus": placement.gpus,
         "mem": placement.mem_gib,
@@ -171,7 +178,7 @@ def sim_result(
         max(tally.requeue_waits, default=0.0),
         {
             name: {"mean": statistics.fmean(values), "max": max(values)}
-            for name in ("1", "2-4", "5-8")
+            for name in CLASSES
             if (values := [v for c, v in tally.stretch if c == name])
         },
     )

@@ -7,7 +7,8 @@ replay (`replay.py`) is compared with.
 from __future__ import annotations
 
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, queued_at
-from scheduler.policy.baselines import get_policy
+from scheduler.policy.baselines import SPANS_ITSELF, get_policy
+from scheduler.policy.gangs import spanning
 from scheduler.sim.model import (
     SimResult,
     Tally,
@@ -64,8 +65,10 @@ def simulate(
 
         return replay(trace, fleet, config, record)
     plan = get_policy(policy)
+    if config.span_nodes and policy not in SPANS_ITSELF:  # a baseline on an engine that spans nodes: whole nodes
+        plan = spanning(plan)
     check_fits(trace, fleet)
-    gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet}
+    gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib, solo=g.solo) for g in fleet}
     by_id = {j.job_id: j for j in trace}
     pending: dict[str, JobRequest] = {}
     running: dict[str, dict] = {}

@@ -48,7 +48,7 @@ class _Replay:
     """One replay's state: the planner (the fleet and the queue), progress and the running totals."""
 
     def __init__(self, fleet: list[GpuState], config: PolicyConfig, measured_shared: dict[str, bool]):
-        self.planner = Planner([GpuState(g.uuid, g.node, g.model, g.total_gib) for g in fleet], config)
+        self.planner = Planner([GpuState(g.uuid, g.node, g.model, g.total_gib, solo=g.solo) for g in fleet], config)
         self.config, self.measured_shared = config, measured_shared
         self.progress: dict[str, _Progress] = {}
         self.finishes: list[tuple[float, int, str]] = []  # (projected finish, version, job)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from scheduler.sim import CONTENTION_OVERLAP, SimResult
+from scheduler.sim.model import CLASSES
 
 
 def _stretch(result: SimResult) -> str:
@@ -25,18 +26,21 @@ def render(results: list[SimResult]) -> str:
             f"{100 * r.memory_utilization:.1f}% | {r.mean_wait_s / 60:.1f} min | {r.p95_wait_s / 60:.1f} min | "
             f"{r.starved} | {r.makespan_s / 3600:.1f} h | {models} |"
         )
+    shown = [name for name in CLASSES if name in ("1", "2-4", "5-8") or any(name in r.class_waits for r in results)]
     lines += [
         "",
-        "| policy | waits: 1 GPU (mean / p95 / max) | 2-4 GPUs | 5-8 GPUs | constraint violations "
-        "| preempted | work lost | longest wait to restart | run time / duration: 1 GPU (mean / max) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| policy | waits: 1 GPU (mean / p95 / max) | "
+        + " | ".join(f"{name} GPUs" for name in shown[1:])
+        + " | constraint violations | preempted | work lost | longest wait to restart "
+        "| run time / duration: 1 GPU (mean / max) |",
+        "|---|" + "---|" * (len(shown) + 5),
     ]
     for r in results:
         cells = [
             f"{w['mean_s'] / 60:.1f} / {w['p95_s'] / 60:.1f} / {w['max_s'] / 60:.1f} min ({w['jobs']:.0f} jobs)"
             if (w := r.class_waits.get(name))
             else "-"
-            for name in ("1", "2-4", "5-8")
+            for name in shown
         ]
         lines.append(
             f"| {r.policy} | {' | '.join(cells)} | {r.violations} | {r.preemptions} | {r.lost_gpu_h:.1f} GPU-h "

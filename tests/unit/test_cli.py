@@ -62,7 +62,7 @@ EXPECTED_COMMANDS = {
     "queue cancel": ["job_id", "config"],
     "queue dispatch": ["config", "once", "metrics_port"],
     "queue profile": ["config"],
-    "queue simulate": ["trace", "fleet", "policy"],
+    "queue simulate": ["trace", "fleet", "policy", "config"],
     "queue sbatch": ["config", "stage", "nodes", "python"],
     "queue trace": ["out", "since_hours", "config"],
     "queue kueue": ["fleet", "local_queue", "cluster_queue", "config"],

@@ -19,6 +19,7 @@ from scheduler.engines import ENGINES, job_environment
 from scheduler.engines.slurm.launcher import SlurmError, batch_script, job_name
 from scheduler.engines.slurm.sacct import SlurmRun, _gpus_of, _requested_gpus, run_gpu_hours
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, plan_drape
+from scheduler.policy.baselines import plan_fifo_exclusive
 from scheduler.policy.gangs import fits_across_nodes, spanning
 from tests.conftest import SENTINEL, TINY, tiny_config
 
@@ -124,13 +125,19 @@ def test_a_job_wider_than_a_node_takes_whole_idle_nodes_and_the_others_plan_as_b
     fleet = _gpus(3, 2, model="cpu", total=16.0)
     wide = JobRequest("wide", 5, 0.0, 4, 2.0, 60.0)
     narrow = JobRequest("narrow", 3, 1.0, 1, 2.0, 60.0)
-    placed = {p.job_id: p.gpus for p in spanning(plan_drape)([wide, narrow], fleet, [], 10.0, PolicyConfig())}
-    assert placed["wide"] == ("n0/gpu0", "n0/gpu1", "n1/gpu0", "n1/gpu1")
+    placed = {p.job_id: p.gpus for p in spanning(plan_fifo_exclusive)([wide, narrow], fleet, [], 10.0, PolicyConfig())}
+    assert placed["wide"] == ("n0/gpu0", "n0/gpu1", "n1/gpu0", "n1/gpu1")  # a baseline: whole nodes, by name
     assert placed["narrow"][0].startswith("n2/")
+    spans = PolicyConfig(span_nodes=True)  # drape: k nodes × g GPUs of one model, the fullest nodes first
+    placed = {p.job_id: p.gpus for p in plan_drape([wide, narrow], fleet, [], 10.0, spans)}
+    assert placed["wide"] == ("n0/gpu0", "n0/gpu1", "n1/gpu0", "n1/gpu1") and placed["narrow"][0].startswith("n2/")
     fleet[0].jobs, fleet[0].allocated_gib = 1, 2.0  # n0 busy: the wide job takes n1 and n2
-    placed = {p.job_id: p.gpus for p in spanning(plan_drape)([wide], fleet, [], 10.0, PolicyConfig())}
+    placed = {p.job_id: p.gpus for p in plan_drape([wide], fleet, [], 10.0, spans)}
     assert {uuid.split("/")[0] for uuid in placed["wide"]} == {"n1", "n2"}
-    assert fits_across_nodes(wide, fleet) and not fits_across_nodes(JobRequest("odd", 5, 0.0, 3, 2.0, 60.0), fleet)
+    three = JobRequest("three", 5, 0.0, 3, 2.0, 60.0)  # 3 nodes × 1: n0's free GPU, then n1 and n2
+    assert {uuid.split("/")[0] for uuid in plan_drape([three], fleet, [], 10.0, spans)[0].gpus} == {"n0", "n1", "n2"}
+    assert plan_drape([three], fleet, [], 10.0, PolicyConfig()) == []  # without spanning: one node each
+    assert fits_across_nodes(wide, fleet) and not fits_across_nodes(JobRequest("odd", 5, 0.0, 5, 2.0, 60.0), fleet)
     assert unplaceable(4, 2.0, fleet, across_nodes=True) is None
     assert "no node of the fleet can hold it" in (unplaceable(4, 2.0, fleet) or "")
     assert "no node" in (unplaceable(4, 32.0, fleet, across_nodes=True) or "")

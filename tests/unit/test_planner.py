@@ -3,6 +3,7 @@ that recomputes everything at every event, and with the `Planner` in the increme
 compared placement by placement (job, GPUs, evictions, time) and measure by measure."""
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,13 @@ FINETUNE = (
     ("service", (1,), 0.28, 24.0, 30.0, 3),
     ("gate", (1,), 0.12, 0.5, 20.0, 3),
 )
+# gangs wider than a node (16, 32 GPUs on 8-GPU nodes) and 4-GPU ones that may span nodes
+WIDE = (
+    ("stage", (8, 16, 32), 0.45, 6.0, 70.0, 5),
+    ("finetune", (4,), 0.10, 3.0, 40.0, 4),
+    ("service", (1,), 0.30, 24.0, 30.0, 3),
+    ("gate", (1,), 0.15, 0.5, 20.0, 3),
+)
 
 
 def gang_days(gpus: int, days: float, mix, seed: int, constrained: bool = False) -> list[TraceJob]:
@@ -37,6 +45,31 @@ def gang_days(gpus: int, days: float, mix, seed: int, constrained: bool = False)
             )
             hours -= width * duration / 3600
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def scarce_days(days: float, seed: int, load: float = 0.8) -> list[TraceJob]:
+    """A sharing week on `scarce_fleet`: a sixth of the GPU-hours in jobs that run only on T4s (the
+    smallest GPUs, which unconstrained small jobs would take first), long services, gates, 4-GPU jobs."""
+    rng, jobs = random.Random(seed), []
+    mix = (
+        ("service", 1, 0.40, 24.0, (4, 12), ()),
+        ("t4-inference", 1, 0.15, 1.0, (6, 14), ("T4",)),
+        ("gate", 1, 0.15, 0.5, (4, 14), ()),
+        ("train", 4, 0.30, 4.0, (14, 22), ()),
+    )
+    for kind, width, share, mean_h, mem, models in mix:
+        hours = load * 32 * days * 24 * share
+        while hours > 0:
+            duration = max(min(rng.expovariate(1 / (mean_h * 3600)), 4 * mean_h * 3600), 60.0)
+            job_id, submit = f"{kind}-{len(jobs):05d}", rng.uniform(0, days * 86400)
+            jobs.append(TraceJob(job_id, submit, duration, round(rng.uniform(*mem), 1), width, 3 + (width > 1), kind, models))
+            hours -= width * duration / 3600
+    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def scarce_fleet() -> list[GpuState]:
+    groups = (("t", "T4-16GB", 16.0, 1), ("a", "A10-24GB", 24.0, 3))
+    return [GpuState(f"{p}{n:02d}/gpu{i}", f"{p}{n:02d}", m, mem) for p, m, mem, c in groups for n in range(c) for i in range(8)]
 
 
 def nodes(h100: int, l40s: int = 0) -> list[GpuState]:
@@ -59,6 +92,8 @@ CASES = {
     "gang": lambda: (gang_days(24, 3, GANG, 7), nodes(3)),
     "mixed": lambda: (gang_days(32, 3, GANG, 8, constrained=True), nodes(3, 1)),
     "fine-tunes": lambda: (gang_days(24, 3, FINETUNE, 9), nodes(3)),
+    "wide": lambda: (gang_days(48, 3, WIDE, 11), nodes(6)),
+    "scarce": lambda: (scarce_days(2, 3), scarce_fleet()),
 }
 CONFIGS = {
     "default": PolicyConfig(),
@@ -67,6 +102,9 @@ CONFIGS = {
     "bounded gang waits": PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0, gang_max_preemptions=3),
     # and short single-GPU jobs first (the planner's kept order must agree with plan_drape's sort)
     "bounded, short jobs first": PolicyConfig(gang_max_wait_s=3600.0, gang_max_preemptions=10, short_job_bonus=6.0),
+    # gangs across nodes (k nodes × g GPUs: `scheduler/policy/gangs.py`), their waits bounded
+    "spanning": PolicyConfig(span_nodes=True),
+    "spanning, bounded": PolicyConfig(span_nodes=True, gang_max_wait_s=3600.0, gang_max_preemptions=4),
 }
 
 
@@ -80,6 +118,10 @@ CONFIGS = {
         ("gang", "bounded gang waits"),
         ("fine-tunes", "bounded gang waits"),
         ("mixed", "bounded, short jobs first"),
+        ("wide", "spanning"),
+        ("wide", "spanning, bounded"),
+        ("mixed", "spanning, bounded"),
+        ("scarce", "default"),
     ],
 )
 def test_the_planner_places_every_job_as_plan_drape_does(case, config):
@@ -97,8 +139,26 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
     assert result.memory_utilization == pytest.approx(reference.memory_utilization, rel=1e-9)
     assert result.mean_wait_s == pytest.approx(reference.mean_wait_s, rel=1e-9, abs=1e-6)
     assert result.class_waits.keys() == reference.class_waits.keys()
-    if case != "field":  # the gang weeks queue, preempt and reserve: the paths the indexes replace
+    if case not in ("field", "scarce"):  # the gang weeks queue, preempt and reserve: the paths the indexes replace
         assert reference.preemptions > 0 and max(w["max_s"] for w in reference.class_waits.values()) > 3600
+    if case == "wide":  # gangs wider than a node, and narrower ones, across nodes as k nodes × g GPUs
+        widths = {j.job_id: j.gpus for j in trace}
+        across = [(job, gpus, evicted) for _, job, gpus, evicted in before if len({u.split("/")[0] for u in gpus}) > 1]
+        assert any(widths[job] > 8 for job, *_ in across)
+        for job, gpus, _ in across:  # the same GPUs on every node, as Slurm runs it
+            per_node = Counter(uuid.split("/")[0] for uuid in gpus)
+            assert len(gpus) == widths[job] and len(set(per_node.values())) == 1, (job, gpus)
+        if config == "spanning":
+            assert any(widths[job] <= 8 for job, *_ in across)
+        else:  # an overdue gang wider than a node stops jobs on several nodes
+            assert any(evicted and widths[job] > 8 for job, _, evicted in across)
+    if case == "scarce":  # long services moved off T4s to A10s while T4-only jobs waited
+        where: dict[str, tuple[str, ...]] = {}
+        rescued = 0
+        for _, job, gpus, evicted in before:
+            rescued += evicted == (job,) and where[job][0].startswith("t") and gpus[0].startswith("a")
+            where[job] = gpus
+        assert rescued >= 3, rescued
     if config == "bounded gang waits":  # with `preempt_after_s` off, a gang job's evictions are stops
         stops = [(time, job, evicted) for time, job, gpus, evicted in before if len(gpus) > 1 and evicted]
         assert len(stops) >= 3, stops

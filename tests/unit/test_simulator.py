@@ -1,8 +1,10 @@
 """Trace simulator: contention model, bound, starvation, errors; `drape queue simulate`."""
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from drape.cli import app
@@ -127,3 +129,35 @@ def test_a_starving_gang_job_preempts_and_the_work_lost_is_counted(tmp_path):
     bad.write_text(trace.read_text().replace("exclusive,1", "exclusive,2"))
     with pytest.raises(TraceError, match="share in"):
         load_trace(bad)
+
+
+def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
+    """`--config`: the queue's settings (the engine, gang_max_wait_seconds) are the policy's. On Slurm a
+    gang wider than a node spans nodes; without the config it can never be placed (exit 2, named)."""
+    demo = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    (tmp_path / "fleet.yaml").write_text(
+        "groups:\n  - {model: H100, memory_gib: 80, nodes: 3, gpus_per_node: 8, node_prefix: n}\n"
+    )
+    rows = [f"s{i},{i},40000,30,1,3,service" for i in range(12)] + ["wide,100,3600,70,16,5,stage-training"]
+    (tmp_path / "t.csv").write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n" + "\n".join(rows) + "\n")
+    slurm = {"launcher": "slurm", "max_jobs_per_gpu": 1, "gang_max_wait_seconds": 1800.0}
+    (tmp_path / "slurm.yaml").write_text(yaml.safe_dump({"extends": str(demo), "queue": slurm}))
+    (tmp_path / "patient.yaml").write_text(yaml.safe_dump({"extends": str(demo), "queue": {**slurm, "gang_max_wait_seconds": 0}}))
+    args = ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy", "drape"]
+    plain = CliRunner().invoke(app, args)
+    assert plain.exit_code == 2 and "can never place ['wide']" in plain.output
+    bounded = CliRunner().invoke(app, [*args, "--config", str(tmp_path / "slurm.yaml")])
+    patient = CliRunner().invoke(app, [*args, "--config", str(tmp_path / "patient.yaml")])
+    assert bounded.exit_code == 0 and patient.exit_code == 0, bounded.output + patient.output
+    # 12 services on 12 GPUs of 3 nodes (the fullest first: n0, then n1): 12 idle GPUs, no node of 16
+    assert "| 9-16 GPUs |" in bounded.output
+    waits = [
+        line.split("|")[5]
+        for out in (bounded.output, patient.output)
+        for line in out.splitlines()
+        if line.startswith("| drape | ")
+    ]
+    bounded_wait, patient_wait = waits[1], waits[3]
+    assert "30.0 / 30.0 / 30.0 min (1 jobs)" in bounded_wait  # it stopped services once it waited 1800 s
+    assert "| 0 | 4 | 0.2 GPU-h |" in bounded.output  # 4 services on n1 stopped, n2 idle: 2 nodes × 8 GPUs
+    assert "(1 jobs)" in patient_wait and "30.0 / 30.0" not in patient_wait
