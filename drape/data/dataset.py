@@ -38,6 +38,7 @@ from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_in
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
 from drape.data.sources import DRESSCODE_CATEGORIES, TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
+from drape.gates.control import refuse_faceless_control
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError, redact_url
 
@@ -115,6 +116,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
 
     def samples():
         for split, count in _split_sizes(config).items():
+            drawn = []
             for sample in generate_split(
                 seed=config.seed,
                 split=split,
@@ -122,8 +124,12 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
                 num_identities=data.synthetic.num_identities,
                 num_garments=data.synthetic.num_garments,
                 resolution=data.resolution,
+                faces=data.synthetic.faces,
             ):
+                drawn += [sample] if split == "control" else []
                 yield split, sample
+            if split == "control":  # refused as it is made, before any manifest: never at gate time
+                refuse_faceless_control(config.gates, drawn)
 
     source = {
         "generator": "drape.data.synth",
@@ -131,6 +137,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
         "resolution": json_resolution(data.resolution),
         "num_identities": data.synthetic.num_identities,
         "num_garments": data.synthetic.num_garments,
+        **({"faces": data.synthetic.faces} if data.synthetic.faces != "drawn" else {}),
     }
     rule = {
         "rule": "generated per split",
@@ -310,6 +317,7 @@ def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> di
         num_identities=data.synthetic.num_identities,
         num_garments=data.synthetic.num_garments,
         resolution=data.resolution,
+        faces=data.synthetic.faces,
     )
     return stack_samples(
         {"key": s.key, "meta": s.meta, **{f: np.asarray(getattr(s, f)) for f in IMAGE_FIELDS}} for s in generated

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from drape.config.data import height_width, json_resolution
+from drape.data.portraits import PORTRAITS
 from drape.data.synth_draw import (
     FACE,
     GARMENT,
@@ -45,6 +46,7 @@ from drape.data.synth_draw import (
 CATEGORIES = ("tee", "long_sleeve", "dress")
 PATTERNS = ("solid", "stripes", "checks", "dots")
 ARM_POSES = ("down", "out", "crossed", "raised")
+FACES = ("drawn", "portraits")  # data.synthetic.faces
 LOGO_TEXTS = ("A", "K", "Z", "M", "R", "OK", "ZX", "DR", "W", "Q")
 # Stage emphasis: which patterns and arm poses each stage's samples draw from.
 STAGE_BIAS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -65,6 +67,7 @@ class Identity:
     nose_length: float  # fraction of face height
     hair: tuple[int, int, int]
     hair_long: bool
+    portrait: str = ""  # a real face (drape.data.portraits) composed into the head; "": the drawn face
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,12 @@ def _rng(*seed: int) -> np.random.Generator:
     return np.random.default_rng([abs(int(s)) for s in seed])
 
 
-def make_identity(seed: int, identity_id: int) -> Identity:
-    """The fixed face attributes of one identity."""
+def make_identity(seed: int, identity_id: int, faces: str = "drawn") -> Identity:
+    """The fixed face attributes of one identity; `faces` 'portraits': a real portrait's face
+    (`drape.data.portraits.PORTRAITS`, by identity id) instead of the drawn one."""
     rng = _rng(seed, 1, identity_id)
+    if faces not in FACES:
+        raise ValueError(f"data.synthetic.faces {faces!r}: expected one of {', '.join(FACES)}")
     return Identity(
         identity_id,
         pick(rng, SKIN_TONES),
@@ -107,6 +113,7 @@ def make_identity(seed: int, identity_id: int) -> Identity:
         float(rng.uniform(0.12, 0.28)),
         pick(rng, HAIR_COLOURS),
         bool(rng.integers(2)),
+        PORTRAITS[identity_id % len(PORTRAITS)] if faces == "portraits" else "",
     )
 
 
@@ -256,15 +263,25 @@ def garment_of(meta: dict) -> Garment:
     return Garment(**_tuples(meta["garment"]))
 
 
-def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int, resolution: Resolution):
-    """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]."""
+def generate_split(
+    *,
+    seed: int,
+    split: str,
+    num_samples: int,
+    num_identities: int,
+    num_garments: int,
+    resolution: Resolution,
+    faces: str = "drawn",
+):
+    """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]; `faces`:
+    'drawn' (default) or 'portraits' (real faces, `make_identity`)."""
     bias = STAGE_BIAS[split]
     split_index = list(STAGE_BIAS).index(split)
     rng = _rng(seed, 4, split_index)
     garments = [make_garment(seed, g) for g in range(num_garments)]
     eligible = [g for g in garments if g.pattern in bias["patterns"]] or garments
     for index in range(num_samples):
-        identity = make_identity(seed, int(rng.integers(num_identities)))
+        identity = make_identity(seed, int(rng.integers(num_identities)), faces)
         garment = eligible[int(rng.integers(len(eligible)))]
         arm_pose = pick(rng, bias["poses"])
         yield make_sample(seed, f"{split}-{index:05d}", identity, garment, arm_pose, photo_seed(split, index), resolution)
