@@ -102,3 +102,27 @@ def test_gate_check_exits_2_not_1_on_a_control_set_dlib_cannot_read(tiny_dataset
     calibrate = runner.invoke(app, ["gate", "calibrate", "--control", str(directory), "--config", str(path), "--redraws", "20"])
     assert calibrate.exit_code == 2 and "no face in the face box" in calibrate.output
     json.dumps(result.output)  # the message is plain text
+
+
+def test_the_nuisance_floor_is_measured_once_per_content_in_a_process(tmp_path, monkeypatch):
+    """A run's first gates measure the floor on the same targets: the second is a lookup; other
+    images, checks or settings measure again."""
+    from drape.data.dataset import synthesize_split
+    from drape.gates import floor, run
+
+    config = tiny_config(tmp_path / "drape")
+    control = synthesize_split(config, "control", 4)
+    calls = []
+    real = run.check_scores
+    monkeypatch.setattr(run, "check_scores", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    targets = control["target"]
+    first = floor.nuisance_scores(config, control, targets, targets)
+    variants = len(calls)
+    assert variants == len(floor.suite(config.gates.nuisance_suite))
+    again = floor.nuisance_scores(config, control, targets.copy(), targets.copy())
+    assert len(calls) == variants and again is first  # same content: not measured again
+    floor.nuisance_scores(config, control, 255 - targets, targets)
+    floor.nuisance_scores(config, control, targets, targets, checks=("identity",))
+    other = config.model_copy(update={"gates": config.gates.model_copy(update={"sample_seed": 7})})
+    floor.nuisance_scores(other, control, targets, targets)
+    assert len(calls) == 4 * variants
