@@ -126,3 +126,24 @@ def test_the_nuisance_floor_is_measured_once_per_content_in_a_process(tmp_path, 
     other = config.model_copy(update={"gates": config.gates.model_copy(update={"sample_seed": 7})})
     floor.nuisance_scores(other, control, targets, targets)
     assert len(calls) == 4 * variants
+
+
+def test_the_rehearsal_gate_config_carries_the_production_gate_section():
+    """configs/rehearsal-gate.yaml judges with production's gate but for the two values a 1024 px
+    config sets that its resolution calibrates (`drape gate calibrate`, in its comments)."""
+    from pathlib import Path
+
+    from drape.config import load_config
+
+    repo = Path(__file__).resolve().parents[2]
+    production = yaml.safe_load((repo / "configs" / "base" / "production.yaml").read_text())["gates"]
+    rehearsal = yaml.safe_load((repo / "configs" / "rehearsal-gate.yaml").read_text())["gates"]
+    calibrated = {("texture", "min_fidelity"), ("coherence", "min_score")}
+    for check, settings in production.items():
+        if isinstance(settings, dict) and check != "floor_margin":
+            kept = {key: value for key, value in settings.items() if (check, key) not in calibrated}
+            assert {key: rehearsal[check][key] for key in kept} == kept, check
+        elif check != "grid_samples":  # how many rows the grid picture shows: not a verdict's setting
+            assert rehearsal[check] == settings, check
+    config = load_config(repo / "configs" / "rehearsal-gate.yaml")
+    assert config.data.synthetic.faces == "portraits" and config.gates.identity.embedder == "dlib"
