@@ -137,6 +137,7 @@ def _cut(source: str, config, scratch: str, weights: dict[str, float], advance, 
         max_bytes=data.shard_max_bytes,
         progress=advance,
         allow_paired_as_unpaired=allow_paired,
+        gates=config.gates,
     )
 
 

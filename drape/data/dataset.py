@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from drape import STAGES
-from drape.config import PipelineConfig
+from drape.config import GatesConfig, PipelineConfig
 from drape.config.data import json_resolution
 from drape.data.encode import ensure_latent_dataset
 from drape.data.importers import load_pair
@@ -116,7 +116,6 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
 
     def samples():
         for split, count in _split_sizes(config).items():
-            drawn = []
             for sample in generate_split(
                 seed=config.seed,
                 split=split,
@@ -126,10 +125,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
                 resolution=data.resolution,
                 faces=data.synthetic.faces,
             ):
-                drawn += [sample] if split == "control" else []
                 yield split, sample
-            if split == "control":  # refused as it is made, before any manifest: never at gate time
-                refuse_faceless_control(config.gates, drawn)
 
     source = {
         "generator": "drape.data.synth",
@@ -148,7 +144,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
     }
     return write_dataset(
         out_dir,
-        samples(),
+        refuse_faceless_control(config.gates, samples()),  # refused as it is made, never at gate time
         name=data.name,
         version=data.version,
         source=source,
@@ -213,12 +209,15 @@ def import_dataset(
     layout: str | None = None,
     progress: Callable[[str, int], None] | None = None,
     allow_paired_as_unpaired: bool = False,
+    gates: GatesConfig | None = None,
 ) -> dict:
     """Cut a VITON-HD or DressCode tree along its official splits (`drape.data.sources`): its
     training pairs into stage shards by the hash rule of `assign_splits`, `control` of its paired
     test pairs into the control set, and its paired and unpaired test pairs into test_paired and
     test_unpaired (evaluation only: never a stage). An unpaired file that is a paired one is refused
-    unless `allow_paired_as_unpaired`; then the manifest names it (`source.paired_as_unpaired`)."""
+    unless `allow_paired_as_unpaired`; then the manifest names it (`source.paired_as_unpaired`).
+    With `gates` judging identity through a recognizer, a control target whose face it does not
+    find refuses the dataset, naming the samples (`drape.gates.control`)."""
     source_root = Path(source_root)
     layout = layout or detect_layout(source_root)
     pairs = list_pairs(source_root, layout, allow_paired_as_unpaired=allow_paired_as_unpaired)
@@ -246,7 +245,7 @@ def import_dataset(
     }
     return write_dataset(
         out_dir,
-        _import_samples(source_root, layout, pairs, assignment, chosen, resolution),
+        refuse_faceless_control(gates, _import_samples(source_root, layout, pairs, assignment, chosen, resolution)),
         name=name,
         version=version,
         source=source,

@@ -6,7 +6,8 @@ synth`, a run creating its dataset: exit 2, naming the samples), never at gate t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -14,27 +15,38 @@ from drape.config import GatesConfig
 from drape.gates.recognizers import ControlSetError, RecognizerCheck, faceless_message
 
 
-def judges_faces(gates: GatesConfig) -> bool:
+def judges_faces(gates: GatesConfig | None) -> bool:
     """The identity check runs through a recognizer: its sources need faces it finds."""
-    return gates.identity.method == "embedding" and gates.identity.embedder in ("dlib", "arcface")
+    return gates is not None and gates.identity.method == "embedding" and gates.identity.embedder in ("dlib", "arcface")
 
 
-def faceless_keys(check: RecognizerCheck, targets: Sequence[np.ndarray], boxes: Sequence, keys: Sequence[str]) -> list[str]:
-    """The keys of the targets in which `check`'s recognizer finds no face in the face box (each
-    described once, as the gate will: `SourceCache`)."""
-    return [key for target, box, key in zip(targets, boxes, keys) if check.cache.describe(target, box, key) is None]
+def _rgb(image) -> np.ndarray:
+    """A sample's target as RGB uint8 (a PIL image as the generator and importers make, or an array)."""
+    return np.asarray(image.convert("RGB") if hasattr(image, "convert") else image)
 
 
-def refuse_faceless_control(gates: GatesConfig, samples: Sequence) -> None:
-    """Raise `ControlSetError` naming every control sample (`drape.data.synth.Sample`) whose target's
-    face the configured recognizer does not find; nothing to check without a recognizer."""
-    if not judges_faces(gates) or not samples:
-        return
+def refuse_faceless_control(gates: GatesConfig | None, samples: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    """(split, sample) pairs passed through as they stream, every control sample's target described
+    by the configured recognizer on the way (nothing held but the keys); once they are through, a
+    `ControlSetError` naming every control sample whose face it does not find. Without a recognizer
+    nothing is checked. Raised inside the stream, so `write_dataset` publishes no manifest."""
+    check = _recognizer(gates)
+    faceless, judged = [], 0
+    for split, sample in samples:
+        if check is not None and split == "control":
+            judged += 1
+            if check.recognizer.describe(_rgb(sample.target), sample.meta["face_box"]) is None:
+                faceless.append(sample.key)
+        yield split, sample
+    if check is not None and faceless:
+        raise ControlSetError(faceless_message(check.name, faceless, judged), faceless)
+
+
+def _recognizer(gates: GatesConfig | None) -> RecognizerCheck | None:
+    if gates is None or not judges_faces(gates):
+        return None
     from drape.gates.checks import build_embedder
 
     check = build_embedder(gates)
     assert isinstance(check, RecognizerCheck)  # judges_faces: dlib or arcface
-    targets = [np.asarray(sample.target) for sample in samples]
-    missing = faceless_keys(check, targets, [sample.meta["face_box"] for sample in samples], [sample.key for sample in samples])
-    if missing:
-        raise ControlSetError(faceless_message(check.name, missing, len(samples)), missing)
+    return check

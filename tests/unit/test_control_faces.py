@@ -147,3 +147,19 @@ def test_the_rehearsal_gate_config_carries_the_production_gate_section():
             assert rehearsal[check] == settings, check
     config = load_config(repo / "configs" / "rehearsal-gate.yaml")
     assert config.data.synthetic.faces == "portraits" and config.gates.identity.embedder == "dlib"
+
+
+def test_an_imported_control_set_without_faces_is_refused_naming_its_samples(tmp_path):
+    """`drape data shard` of a tree whose control targets hold no face dlib finds (the importer
+    tests' drawn people): refused as it is cut, no manifest; without a recognizer it imports."""
+    from drape import STAGES
+    from drape.config import GatesConfig
+    from drape.data.dataset import import_dataset
+    from tests.unit.test_importers import make_viton_hd
+
+    source = make_viton_hd(tmp_path / "src")
+    kwargs = {"name": "ext", "version": "v1", "resolution": 64, "control": 4, "weights": dict.fromkeys(STAGES, 1)}
+    with pytest.raises(ControlSetError, match="no face in the face box of 4 of 4 control targets") as error:
+        import_dataset(source, tmp_path / "refused", max_samples=3, gates=GatesConfig(**DLIB), **kwargs)
+    assert len(error.value.keys) == 4 and not (tmp_path / "refused" / "manifest.json").exists()
+    assert import_dataset(source, tmp_path / "plain", max_samples=3, **kwargs)["splits"]["control"]
