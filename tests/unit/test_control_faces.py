@@ -129,8 +129,8 @@ def test_the_nuisance_floor_is_measured_once_per_content_in_a_process(tmp_path, 
 
 
 def test_the_rehearsal_gate_config_carries_the_production_gate_section():
-    """configs/rehearsal-gate.yaml judges with production's gate but for the one value a 1024 px
-    config sets that its own floor at 128 px is below (coherence, in its comments)."""
+    """configs/rehearsal-gate.yaml judges with production's gate but for the two values a 1024 px
+    config sets that `drape gate calibrate` set for 128 px (in its comments)."""
     from pathlib import Path
 
     from drape.config import load_config
@@ -138,7 +138,7 @@ def test_the_rehearsal_gate_config_carries_the_production_gate_section():
     repo = Path(__file__).resolve().parents[2]
     production = yaml.safe_load((repo / "configs" / "base" / "production.yaml").read_text())["gates"]
     rehearsal = yaml.safe_load((repo / "configs" / "rehearsal-gate.yaml").read_text())["gates"]
-    calibrated = {("coherence", "min_score")}
+    calibrated = {("texture", "min_fidelity"), ("coherence", "min_score")}
     for check, settings in production.items():
         if isinstance(settings, dict) and check != "floor_margin":
             kept = {key: value for key, value in settings.items() if (check, key) not in calibrated}
