@@ -22,6 +22,7 @@ def data_synth(
     """Generate the synthetic try-on dataset as stage shards plus the control set (whatever data.source says:
     generating it is what this command is for)."""
     from drape.data.dataset import build_dataset, dataset_prefix, ensure_dataset
+    from drape.gates.recognizers import ControlSetError
     from drape.storage.store import open_store
 
     cfg = load(config)
@@ -30,13 +31,16 @@ def data_synth(
     with progress_bar() as progress:
         bars = {split: progress.add_task(f"synth {split}", total=count) for split, count in sizes.items()}
         advance = lambda split, n: progress.advance(bars[split], n)  # noqa: E731
-        if out is not None:
-            manifest = build_dataset(cfg, out, advance)
-            where = str(out)
-        else:
-            store = open_store(cfg)
-            manifest = ensure_dataset(cfg, store, advance)
-            where = f"{store!r} {dataset_prefix(cfg)}"
+        try:
+            if out is not None:
+                manifest = build_dataset(cfg, out, advance)
+                where = str(out)
+            else:
+                store = open_store(cfg)
+                manifest = ensure_dataset(cfg, store, advance)
+                where = f"{store!r} {dataset_prefix(cfg)}"
+        except ControlSetError as error:  # a control set the gate could not judge: refused as it is made
+            fail(f"input error: {error}")
     shards = sum(len(s) for s in manifest["splits"].values())
     console.print(
         f"dataset {manifest['name']}/{manifest['version']}: {shards} shards, control set {manifest['control_set']} → {where}"
@@ -133,6 +137,7 @@ def _cut(source: str, config, scratch: str, weights: dict[str, float], advance, 
         max_bytes=data.shard_max_bytes,
         progress=advance,
         allow_paired_as_unpaired=allow_paired,
+        gates=config.gates,
     )
 
 

@@ -25,6 +25,7 @@ def gate_check(
 
     from drape.data.dataset import load_control_dir
     from drape.data.shards import ShardError
+    from drape.gates.recognizers import ControlSetError
     from drape.gates.render import rich_table
     from drape.gates.run import judge, read_outputs
 
@@ -37,18 +38,21 @@ def gate_check(
     except (FileNotFoundError, ShardError, ValueError) as error:
         fail(f"input error: {error}")
     baseline = {"version": str(baseline_outputs)} if baseline_outputs else None
-    result = judge(
-        cfg,
-        stage=stage,
-        run_id="gate-check",
-        checkpoint=str(outputs),
-        control=arrays,
-        control_set=control_set,
-        outputs=produced,
-        baseline_outputs=reference,
-        baseline=baseline,
-        outputs_dir=outputs,
-    )
+    try:
+        result = judge(
+            cfg,
+            stage=stage,
+            run_id="gate-check",
+            checkpoint=str(outputs),
+            control=arrays,
+            control_set=control_set,
+            outputs=produced,
+            baseline_outputs=reference,
+            baseline=baseline,
+            outputs_dir=outputs,
+        )
+    except ControlSetError as error:  # the control set cannot be judged: bad input, not a failed gate
+        fail(f"input error: {error}")
     console.print(rich_table(result, f"gate ({stage} thresholds) on {control_set}: {result.verdict.upper()}"))
     for line in result.failures():
         console.print(f"[red]- {line}[/red]")
@@ -90,22 +94,23 @@ def gate_calibrate(
     gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
     thresholds a config takes."""
     from drape.gates.calibration import calibrate, gate_thresholds, render_gate_table, render_table
+    from drape.gates.recognizers import ControlSetError
 
     cfg = load(config)
-    if not 0 < false_alarm < 0.5:
-        fail(f"--false-alarm must be in (0, 0.5), got {false_alarm}")
-    if redraws < 20:
-        fail(f"--redraws must be at least 20, got {redraws}")
+    _check_rates(false_alarm, redraws)
     arrays, clean, reference = _calibration_inputs(cfg, control, samples, outputs, baseline_outputs)
-    thresholds, rows = calibrate(
-        cfg,
-        arrays,
-        clean_outputs=clean,
-        reference_outputs=reference,
-        false_alarm=false_alarm,
-        clean_suite=_nuisance_suite(suite or cfg.gates.nuisance_suite) if nuisance else None,
-        regressions=nuisance and control is None and outputs is None,  # redrawn targets: synthesized sets only
-    )
+    try:
+        thresholds, rows = calibrate(
+            cfg,
+            arrays,
+            clean_outputs=clean,
+            reference_outputs=reference,
+            false_alarm=false_alarm,
+            clean_suite=_nuisance_suite(suite or cfg.gates.nuisance_suite) if nuisance else None,
+            regressions=nuisance and control is None and outputs is None,  # redrawn targets: synthesized sets only
+        )
+    except ControlSetError as error:  # the control set cannot be judged: bad input
+        fail(f"input error: {error}")
     source = f"outputs in {outputs}" if outputs else "control targets"
     versus = f"baseline outputs in {baseline_outputs}" if baseline_outputs else "the ground truth"
     title = f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}"
@@ -118,6 +123,13 @@ def gate_calibrate(
     )
     console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured, title=title))
     _print_config_lines(gate, stage, false_alarm, vs_baseline=baseline_outputs is not None)
+
+
+def _check_rates(false_alarm: float, redraws: int) -> None:
+    if not 0 < false_alarm < 0.5:
+        fail(f"--false-alarm must be in (0, 0.5), got {false_alarm}")
+    if redraws < 20:
+        fail(f"--redraws must be at least 20, got {redraws}")
 
 
 def _calibration_inputs(cfg, control: Path | None, samples: int, outputs: Path | None, baseline_outputs: Path | None):

@@ -22,6 +22,7 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | 
     if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
     load(config_path)  # fail fast with a readable message before Prefect starts
+    from drape.gates.recognizers import ControlSetError
     from drape.pipeline import GateFailed, ResumeError
     from flows.staged_training import staged_training
 
@@ -31,7 +32,7 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | 
     except GateFailed as error:
         console.print(f"[red bold]run stopped:[/red bold] {escape(str(error))}")
         raise typer.Exit(1) from None
-    except ResumeError as error:
+    except (ResumeError, ControlSetError) as error:  # input errors: exit 2 (a failed gate is 1)
         fail(str(error))
     print_summary(summary, time.perf_counter() - started)
 

@@ -63,6 +63,14 @@ class SyntheticConfig(StrictModel):
         default_factory=lambda: {stage.value: 96 for stage in STAGES},
         description="samples generated for each stage's split (every stage needs a positive count)",
     )
+    faces: Literal["drawn", "portraits"] = Field(
+        default="drawn",
+        description=(
+            "drawn: cartoon faces (no face detector reads most of them; the pixel embedder's gate); portraits: real "
+            "faces from portraits installed packages ship (drape.data.portraits) composed into every head, so dlib or "
+            "an ArcFace-family model finds a face in each control target (a gate with a recognizer needs them)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _every_stage_has_samples(self) -> SyntheticConfig:

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from drape import STAGES
-from drape.config import PipelineConfig
+from drape.config import GatesConfig, PipelineConfig
 from drape.config.data import json_resolution
 from drape.data.encode import ensure_latent_dataset
 from drape.data.importers import load_pair
@@ -38,6 +38,7 @@ from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_in
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
 from drape.data.sources import DRESSCODE_CATEGORIES, TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
+from drape.gates.control import refuse_faceless_control
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError, redact_url
 
@@ -122,6 +123,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
                 num_identities=data.synthetic.num_identities,
                 num_garments=data.synthetic.num_garments,
                 resolution=data.resolution,
+                faces=data.synthetic.faces,
             ):
                 yield split, sample
 
@@ -131,6 +133,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
         "resolution": json_resolution(data.resolution),
         "num_identities": data.synthetic.num_identities,
         "num_garments": data.synthetic.num_garments,
+        **({"faces": data.synthetic.faces} if data.synthetic.faces != "drawn" else {}),
     }
     rule = {
         "rule": "generated per split",
@@ -141,7 +144,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
     }
     return write_dataset(
         out_dir,
-        samples(),
+        refuse_faceless_control(config.gates, samples()),  # refused as it is made, never at gate time
         name=data.name,
         version=data.version,
         source=source,
@@ -206,12 +209,15 @@ def import_dataset(
     layout: str | None = None,
     progress: Callable[[str, int], None] | None = None,
     allow_paired_as_unpaired: bool = False,
+    gates: GatesConfig | None = None,
 ) -> dict:
     """Cut a VITON-HD or DressCode tree along its official splits (`drape.data.sources`): its
     training pairs into stage shards by the hash rule of `assign_splits`, `control` of its paired
     test pairs into the control set, and its paired and unpaired test pairs into test_paired and
     test_unpaired (evaluation only: never a stage). An unpaired file that is a paired one is refused
-    unless `allow_paired_as_unpaired`; then the manifest names it (`source.paired_as_unpaired`)."""
+    unless `allow_paired_as_unpaired`; then the manifest names it (`source.paired_as_unpaired`).
+    With `gates` judging identity through a recognizer, a control target whose face it does not
+    find refuses the dataset, naming the samples (`drape.gates.control`)."""
     source_root = Path(source_root)
     layout = layout or detect_layout(source_root)
     pairs = list_pairs(source_root, layout, allow_paired_as_unpaired=allow_paired_as_unpaired)
@@ -239,7 +245,7 @@ def import_dataset(
     }
     return write_dataset(
         out_dir,
-        _import_samples(source_root, layout, pairs, assignment, chosen, resolution),
+        refuse_faceless_control(gates, _import_samples(source_root, layout, pairs, assignment, chosen, resolution)),
         name=name,
         version=version,
         source=source,
@@ -310,6 +316,7 @@ def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> di
         num_identities=data.synthetic.num_identities,
         num_garments=data.synthetic.num_garments,
         resolution=data.resolution,
+        faces=data.synthetic.faces,
     )
     return stack_samples(
         {"key": s.key, "meta": s.meta, **{f: np.asarray(getattr(s, f)) for f in IMAGE_FIELDS}} for s in generated

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image, ImageFilter
 
 from drape.config.data import height_width, json_resolution
+from drape.data.portraits import PORTRAITS
 from drape.data.synth_draw import (
     FACE,
     GARMENT,
@@ -45,6 +46,7 @@ from drape.data.synth_draw import (
 CATEGORIES = ("tee", "long_sleeve", "dress")
 PATTERNS = ("solid", "stripes", "checks", "dots")
 ARM_POSES = ("down", "out", "crossed", "raised")
+FACES = ("drawn", "portraits")  # data.synthetic.faces
 LOGO_TEXTS = ("A", "K", "Z", "M", "R", "OK", "ZX", "DR", "W", "Q")
 # Stage emphasis: which patterns and arm poses each stage's samples draw from.
 STAGE_BIAS: dict[str, dict[str, tuple[str, ...]]] = {
@@ -65,6 +67,7 @@ class Identity:
     nose_length: float  # fraction of face height
     hair: tuple[int, int, int]
     hair_long: bool
+    portrait: str = ""  # a real face (drape.data.portraits) composed into the head; "": the drawn face
 
 
 @dataclass(frozen=True)
@@ -96,9 +99,12 @@ def _rng(*seed: int) -> np.random.Generator:
     return np.random.default_rng([abs(int(s)) for s in seed])
 
 
-def make_identity(seed: int, identity_id: int) -> Identity:
-    """The fixed face attributes of one identity."""
+def make_identity(seed: int, identity_id: int, faces: str = "drawn") -> Identity:
+    """The fixed face attributes of one identity; `faces` 'portraits': a real portrait's face
+    (`drape.data.portraits.PORTRAITS`, by identity id) instead of the drawn one."""
     rng = _rng(seed, 1, identity_id)
+    if faces not in FACES:
+        raise ValueError(f"data.synthetic.faces {faces!r}: expected one of {', '.join(FACES)}")
     return Identity(
         identity_id,
         pick(rng, SKIN_TONES),
@@ -107,6 +113,7 @@ def make_identity(seed: int, identity_id: int) -> Identity:
         float(rng.uniform(0.12, 0.28)),
         pick(rng, HAIR_COLOURS),
         bool(rng.integers(2)),
+        PORTRAITS[identity_id % len(PORTRAITS)] if faces == "portraits" else "",
     )
 
 
@@ -173,7 +180,7 @@ def _square_sample(
         "identity_id": identity.identity_id,
         "garment_id": garment.garment_id,
         "arm_pose": arm_pose,
-        "identity": asdict(identity),
+        "identity": _fields(identity),
         "garment": asdict(garment),
         "resolution": resolution,
         "face_box": [round(v * scale, 2) for v in face_box],
@@ -209,6 +216,15 @@ def _centre_crop(sample: Sample, height: int, width: int, resolution: Resolution
         field: getattr(sample, field).crop(box) for field in ("target", "agnostic", "mask", "pose", "garment", "garment_mask")
     }
     return replace(sample, meta=meta, **images)
+
+
+def _fields(identity: Identity) -> dict:
+    """The identity as a sample's metadata records it; a drawn face has no `portrait` key, so drawn
+    samples (the demo's, every test dataset) stay byte for byte what they were."""
+    fields = asdict(identity)
+    if not fields["portrait"]:
+        del fields["portrait"]
+    return fields
 
 
 def _binarise(mask: Image.Image, resolution: int) -> Image.Image:
@@ -256,15 +272,25 @@ def garment_of(meta: dict) -> Garment:
     return Garment(**_tuples(meta["garment"]))
 
 
-def generate_split(*, seed: int, split: str, num_samples: int, num_identities: int, num_garments: int, resolution: Resolution):
-    """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]."""
+def generate_split(
+    *,
+    seed: int,
+    split: str,
+    num_samples: int,
+    num_identities: int,
+    num_garments: int,
+    resolution: Resolution,
+    faces: str = "drawn",
+):
+    """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]; `faces`:
+    'drawn' (default) or 'portraits' (real faces, `make_identity`)."""
     bias = STAGE_BIAS[split]
     split_index = list(STAGE_BIAS).index(split)
     rng = _rng(seed, 4, split_index)
     garments = [make_garment(seed, g) for g in range(num_garments)]
     eligible = [g for g in garments if g.pattern in bias["patterns"]] or garments
     for index in range(num_samples):
-        identity = make_identity(seed, int(rng.integers(num_identities)))
+        identity = make_identity(seed, int(rng.integers(num_identities)), faces)
         garment = eligible[int(rng.integers(len(eligible)))]
         arm_pose = pick(rng, bias["poses"])
         yield make_sample(seed, f"{split}-{index:05d}", identity, garment, arm_pose, photo_seed(split, index), resolution)

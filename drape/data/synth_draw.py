@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
+from drape.data.portraits import compose_face
+
 if TYPE_CHECKING:
     from drape.data.synth import Garment, Identity
 
@@ -239,6 +241,8 @@ def render_person(
     logo_bbox = (min(x for x, _ in corners), min(y for _, y in corners), max(x for x, _ in corners), max(y for _, y in corners))
     _draw_arms(draw, lab, identity, garment, points, limb)
     face_box = _draw_head(draw, lab, identity, points, size)
+    if identity.portrait:  # a real face over the drawn one (drape.data.portraits): what a face recognizer can see
+        face_box = compose_face(photo, labels, identity.portrait, points["head"], size * 0.2, FACE)
     return photo, labels, face_box, logo_bbox
 
 

@@ -104,13 +104,25 @@ class SampleRule:
                     f" ({self.terms})" if outcome == self.below else f" ({self.drift_terms})" if outcome == self.drifted else ""
                 )
                 lines.append(f"{check}: {outcome} in {len(keys)} of {len(self.values)} outputs{terms}: {shown}")
-        lines.append(f"{check}: more than {self.max_share:.1%} of the samples fail the rule {self.terms}")
+        failing = sum(len(keys) for keys in self.outcomes().values())
+        fired = self.fired()
+        lines.append(
+            f"{check}: {failing} of {len(self.values)} samples fail, more than {self.max_share:.1%}; "
+            f"{'the rule that fired' if len(fired) == 1 else 'the rules that fired'}: {'; '.join(fired)}"
+        )
         return lines
+
+    def fired(self) -> list[str]:
+        """The rules that failed a sample, each in its own terms: no face found, another person (the
+        distance rule), drifted (the drift rule); what the gate's summary names, so an alert says which."""
+        outcomes, terms = self.outcomes(), {self.below: self.terms, self.drifted: self.drift_terms}
+        return [f"{outcome} ({terms[outcome]})" if terms.get(outcome) else outcome for outcome, keys in outcomes.items() if keys]
 
     def to_dict(self) -> dict:
         return {
             **self.outcomes(),
             "rule": self.terms,
+            "fired": [] if self.share_passed else self.fired(),
             "max_share": self.max_share,
             "judged": len(self.values),
             "passed": self.passed,

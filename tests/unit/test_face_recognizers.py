@@ -11,7 +11,7 @@ from PIL import Image
 from benchmarks.cases.real_cases import drift_face, erase_face, face_scene, swap_face
 from drape.config import GatesConfig, IdentityGateConfig
 from drape.gates.checks import build_embedder
-from drape.gates.recognizers import RecognizerCheck
+from drape.gates.recognizers import ControlSetError, RecognizerCheck
 from drape.gates.recognizers.arcface import ARCFACE_TEMPLATE, ArcFaceRecognizer, align_face, similarity_transform
 from drape.gates.recognizers.dlib_face import DRIFT_DISTANCE, DlibRecognizer
 from drape.gates.report import CheckResult, SampleRule
@@ -99,8 +99,10 @@ def test_a_drifted_face_fails_per_sample_a_harmless_copy_does_not(scenes):
 
 def test_a_source_without_a_face_is_an_error_naming_the_sample(dlib_check, scenes):
     blank = erase_face(scenes[0], np.random.default_rng(2))
-    with pytest.raises(ValueError, match="control sample 'k0'.*no face in its target"):
-        dlib_check.matches(scenes[0].image[None], blank[None], [scenes[0].box], ["k0"])
+    sources = np.stack([blank, scenes[1].image])
+    with pytest.raises(ControlSetError, match=r"no face in the face box of 1 of 2 control targets \(k0\)") as error:
+        dlib_check.matches(np.stack([scenes[0].image, scenes[1].image]), sources, [scenes[0].box, scenes[1].box], ["k0", "k1"])
+    assert error.value.keys == ["k0"]
 
 
 def test_config_builds_recognizers_and_states_rules_in_their_terms():

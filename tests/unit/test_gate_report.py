@@ -63,3 +63,19 @@ def test_an_unset_threshold_blocks_promotion_and_off_reports_without_judging():
     assert off.passed and off.failures() == [] and off.mean == pytest.approx(np.mean(list(values.values())))
     fallen = CheckResult("texture", values, None, threshold_source="off", baseline_mean=0.9, max_drop=0.05)
     assert not fallen.passed and "texture" in fallen.failures()[0]
+
+
+def test_a_rule_failure_names_the_rule_that_fired_drift_or_distance():
+    """Issue 67: the summary said 'fail the rule dlib distance 0.600' when the drift rule fired."""
+    from drape.gates.report import SampleRule
+
+    values = {f"s{i}": 0.8 for i in range(4)}
+    drift = {"s0": 0.25, "s1": 0.1, "s2": 0.1, "s3": 0.1}
+    distance, blurred = "dlib distance 0.600 (one person at ≤ 0.60)", "dlib distance of the 2 px blurred faces > 0.170"
+    drifted = SampleRule(values, 0.4, 0.0, distance, drift=drift, max_drift=0.17, drift_terms=blurred)
+    summary = drifted.failures("identity")[-1]
+    assert summary == f"identity: 1 of 4 samples fail, more than 0.0%; the rule that fired: drifted ({blurred})"
+    assert distance not in summary and drifted.to_dict()["fired"] == [f"drifted ({blurred})"]
+    other = SampleRule({**values, "s1": 0.2}, 0.4, 0.0, distance, drift=drift, max_drift=0.17, drift_terms=blurred)
+    assert other.failures("identity")[-1].endswith(f"the rules that fired: another person ({distance}); drifted ({blurred})")
+    assert SampleRule(values, 0.4, 0.25, distance, drift=drift, max_drift=0.17).to_dict()["fired"] == []  # passed: none

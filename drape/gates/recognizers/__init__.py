@@ -57,6 +57,25 @@ class FaceMatch:
         return "drifted" if self.drifted else "same person"
 
 
+class ControlSetError(ValueError):
+    """The control set cannot be judged as it is (a source face the recognizer does not find): bad
+    input, not a failed gate (the CLI exits 2, never 1). Names every sample at fault."""
+
+    def __init__(self, message: str, keys: list[str]):
+        super().__init__(message)
+        self.keys = keys
+
+
+def faceless_message(recognizer: str, keys: list[str], total: int) -> str:
+    """The error text for control samples whose target's face `recognizer` does not find."""
+    shown = ", ".join(keys[:10]) + (" …" if len(keys) > 10 else "")
+    return (
+        f"control set: {recognizer} finds no face in the face box of {len(keys)} of {total} control targets ({shown}); "
+        "the identity check cannot judge a sample without a source face: make the control set again "
+        "(data.synthetic.faces: portraits) or fix those samples' face_box"
+    )
+
+
 class SourceCache:
     """Descriptors of source faces by content: the gate compares every nuisance variant and the
     candidate with the same control targets, so each source face is described once."""
@@ -65,29 +84,27 @@ class SourceCache:
         self.recognizer, self.limit = recognizer, limit
         self.found: dict[str, np.ndarray | None] = {}
 
-    def describe(self, image: np.ndarray, box, key: str) -> np.ndarray:
+    def describe(self, image: np.ndarray, box, key: str) -> np.ndarray | None:
+        """The source face's descriptor, None when the recognizer finds none (`match_faces` refuses the set)."""
         digest = hashlib.sha1(np.ascontiguousarray(image).tobytes()).hexdigest() + repr([round(float(v), 2) for v in box])
         if digest not in self.found:
             if len(self.found) >= self.limit:
                 self.found.clear()
             self.found[digest] = self.recognizer.describe(image, box)
-        descriptor = self.found[digest]
-        if descriptor is None:
-            raise ValueError(
-                f"control sample {key!r}: {self.recognizer.name} finds no face in its target's face box {list(box)}; "
-                "the identity check cannot judge a sample without a source face (fix the control set or its face_box)"
-            )
-        return descriptor
+        return self.found[digest]
 
 
 def match_faces(
     recognizer: FaceRecognizer, cache: SourceCache, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]
 ) -> list[FaceMatch]:
     """Per sample, the output's face against the source's (`FaceMatch`); a source without a face is
-    an error naming the sample (`SourceCache.describe`)."""
+    a `ControlSetError` naming every such sample (bad input: no output is judged)."""
+    references = [cache.describe(source, box, key) for source, box, key in zip(sources, boxes, keys)]
+    faceless = [key for key, reference in zip(keys, references) if reference is None]
+    if faceless:
+        raise ControlSetError(faceless_message(recognizer.name, faceless, len(keys)), faceless)
     matches = []
-    for output, source, box, key in zip(outputs, sources, boxes, keys):
-        reference = cache.describe(source, box, key)
+    for output, reference, box in zip(outputs, [found for found in references if found is not None], boxes):
         seen = recognizer.describe(output, box)
         if seen is None:
             matches.append(FaceMatch(None, False))
