@@ -10,7 +10,7 @@ import drape.data
 
 PACKAGE = Path(drape.data.__file__).parent
 LAYERS = {  # a module may import its own layer or one below, never one above
-    "formats": {"shards", "manifest", "synth", "synth_draw"},
+    "formats": {"shards", "manifest", "synth", "synth_draw", "portraits"},
     "readers": {"reader", "partition", "cache"},
     "datasets": {"encode", "sources", "importers", "dataset"},
 }
