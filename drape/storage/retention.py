@@ -4,7 +4,9 @@
 policy it decides, per artifact, the object key, lifetime, storage class and how long the live
 copy stays. `execute_plan` uploads each artifact, verifies the copy by reading it back (size +
 sha256), and only then frees the live copies due at stage end; every archived file is recorded in
-an append-only JSON-lines manifest object (one object per archive call, never rewritten).
+an append-only JSON-lines manifest object (one object per archive call, never rewritten). A stage
+checkpoint's records name its frozen base, which is archived once for every run over it and lives
+as long as a checkpoint naming it (`drape.storage.bases`).
 `release_run` frees, when the run ends, what the policy kept live until then, each file checked
 against its archived copy first.
 """
@@ -182,10 +184,16 @@ def execute_plan(
     again; each call writes its own manifest object (``<prefix>-<time>-<id>.jsonl``), never
     rewriting one, and readers keep one record per key.
     """
+    from drape.storage.bases import NAMES_BASE, archive_bases  # bases.py reads this module's tags
+
     now = now or datetime.now(UTC)  # lifetimes count from here
     manifest_key = new_manifest_key(manifest_prefix, now)
     result, records = ArchiveResult(manifest_key=manifest_key), []
+    # the frozen bases the checkpoints name go first (once in the store for every run over them, verified)
+    checkpoints = [Path(a.artifact.path) for a in actions if a.artifact.kind == ArtifactKind.CHECKPOINT]
+    named, result.archived_bytes = archive_bases(store, checkpoints, run_id=run_id, stage=stage, now=now)
     for action in actions:
+        base = named.get(Path(action.artifact.path))
         for file, inner in _files(Path(action.artifact.path)):
             key = f"{action.key_prefix}/{inner}" if inner else action.key_prefix
             tags = object_tags(action.artifact, stage)
@@ -206,6 +214,7 @@ def execute_plan(
                     "storage_class": action.storage_class,
                     "archived_at": now.isoformat(),
                     "expires_at": expires,
+                    **({NAMES_BASE: base} if base else {}),
                 }
             )
             result.archived_files += 1

@@ -9,6 +9,9 @@
 3. Hand-off copies of superseded baselines (`handoff/baselines/<stage>/v<version>-<run>`, the
    weights stage jobs start from; drape/storage/handoff.py) published more than
    `baseline_grace_days` ago are deleted, on every store: they are copies of archived checkpoints.
+4. Frozen bases (`drape.storage.bases`): each base's record takes the lifetime of the archived
+   checkpoints that name it (`base_lifetimes`; never due while one is kept forever or a live
+   checkpoint names it) and the base is deleted, on every store, once that is past.
 Each change is appended as a new manifest object under ``archive/manifests/sweep/``; nothing is
 rewritten. `dry_run` reports what would change and changes nothing.
 """
@@ -22,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from drape import Outcome
 from drape.config import RetentionConfig
 from drape.layout import SWEEP_MANIFESTS, new_manifest_key, safe_key
+from drape.storage.bases import BASE_RECORD, base_lifetimes
 from drape.storage.handoff import remove_tree, superseded_handoffs
 from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest, resolve
 from drape.storage.store import ObjectStore, StorageError
@@ -44,8 +48,10 @@ def sweep(
     now: datetime | None = None,
     dry_run: bool = False,
     allow_unregistered: bool = False,
+    live_bases: set[str] | None = None,
 ) -> SweepResult:
-    """`current_baseline_runs` maps stage → run id of its current baseline (from the registry).
+    """`current_baseline_runs` maps stage → run id of its current baseline (from the registry);
+    `live_bases`: the bases live checkpoints name (`drape.storage.bases.named_bases`), never due.
 
     A stage whose archived baselines have no baseline in the registry at all stops the sweep
     before any change (a wrong `tracking.uri` shows an empty registry: superseding every baseline
@@ -54,7 +60,11 @@ def sweep(
     result, updates = SweepResult(), []
     records = read_archive_manifest(store)
     orphaned = sorted(
-        {r["stage"] for r in records if r.get("outcome") == Outcome.BASELINE and r.get("stage") not in current_baseline_runs}
+        {
+            r["stage"]
+            for r in records
+            if r.get("outcome") == Outcome.BASELINE and not r.get(BASE_RECORD) and r.get("stage") not in current_baseline_runs
+        }
     )
     if orphaned and not allow_unregistered:
         raise StorageError(
@@ -64,6 +74,8 @@ def sweep(
         )
     for record in records:
         safe_key(record.get("key"), "archive record key")  # one bad record stops the sweep before any change
+        if record.get(BASE_RECORD):  # a base lives by what names it: step 4
+            continue
         if record["outcome"] == Outcome.BASELINE and current_baseline_runs.get(record["stage"]) != record["run_id"]:
             grace = resolve(policy, record["kind"], Outcome.SUPERSEDED_BASELINE)[0] or policy.baseline_grace_days
             expires = (now + timedelta(days=grace)).isoformat()
@@ -75,6 +87,11 @@ def sweep(
             updates.append({**record, "deleted_at": now.isoformat(), "recorded_at": now.isoformat()})
             result.deleted.append(record["key"])
             result.freed_bytes += record["bytes"]
+    for update in base_lifetimes(records, updates, live_bases or set(), now):
+        updates.append(update)
+        if update.get("deleted_at"):
+            result.deleted.append(update["key"])
+            result.freed_bytes += update["bytes"]
     result.handoffs = superseded_handoffs(store, current_baseline_runs, now=now, grace_days=policy.baseline_grace_days)
     if dry_run:
         return result
