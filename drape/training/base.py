@@ -141,7 +141,7 @@ def iter_base(base_dir: Path, names: list[str]) -> Iterator[tuple[str, torch.Ten
 def load_base_into(state: Mapping[str, torch.Tensor], base_dir: Path) -> tuple[list[str], str]:
     """Copy the base's tensors into `state` (a model's state dict: views of its tensors), one tensor
     at a time, hashing each as it is read; returns (the names copied, their content hash). A tensor
-    the model does not have, or of another dtype or shape, is a ValueError naming it."""
+    the model does not have, of another dtype or shape, or holding NaN/inf, is a ValueError naming it."""
     names = sorted(base_tensor_names(base_dir))
     digest = hashlib.sha256(HASH_PREFIX)
     for name, tensor in iter_base(base_dir, names):
@@ -151,6 +151,8 @@ def load_base_into(state: Mapping[str, torch.Tensor], base_dir: Path) -> tuple[l
             raise ValueError(
                 f"{base_dir / BASE_FILE}: tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}, the model has {have}"
             )
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(f"{base_dir / BASE_FILE}: tensor {name!r} holds NaN or infinite values")
         _update(digest, name, tensor)
         target.copy_(tensor)
     return names, digest.hexdigest()

@@ -45,6 +45,7 @@ from drape.training.base import (
     skipped_init,
 )
 from drape.training.model import PIXEL_DIT, TryOnModel, class_path, resolve_class
+from drape.training.weights import check_shapes, load_folder, read_tensors, some, tensor_headers
 
 MANIFEST = "manifest.json"
 STAGE_FILE = "stage.safetensors"  # a stage checkpoint's trained tensors
@@ -224,14 +225,36 @@ def load_model(path: str | Path, *, prefer_ema: bool = False, allowed: tuple[str
         check_model_shape(config, str(config_file))
     except ValueError as error:
         raise CheckpointError(f"checkpoint {path}: {error}") from None
-    if "base" in manifest:
-        model = _assemble(Path(path), manifest, cls)
-    else:
-        model = cls.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
-    ema_file = Path(path) / "ema.safetensors"
-    if prefer_ema and ema_file.is_file():
-        model.load_state_dict(load_file(str(ema_file)), strict=False)
+    try:
+        model = _assemble(Path(path), manifest, cls) if "base" in manifest else _read_whole(Path(path), cls)
+        if prefer_ema and (Path(path) / "ema.safetensors").is_file():
+            model.load_state_dict(_read_ema(Path(path), model), strict=False)
+    except CheckpointError:
+        raise
+    except ValueError as error:  # the strict reader's refusals (drape.training.weights), naming file and tensor
+        raise CheckpointError(f"checkpoint {path}: {error}") from None
     return model
+
+
+def _read_whole(path: Path, cls: type[TryOnModel]) -> TryOnModel:
+    """A whole checkpoint's model, read strictly (`drape.training.weights.load_folder`: safetensors
+    only, every tensor of the model from the files and no other, shapes equal, every value finite)."""
+    arguments, state = load_folder(cls, path / "model", "model", dtype=None)
+    with skipped_init():  # every tensor is overwritten (checked): random initial weights would be wasted
+        model = cast(TryOnModel, cls.from_config(arguments))
+    model.load_state_dict(state, strict=True)
+    return model.eval()  # as `from_pretrained` leaves it
+
+
+def _read_ema(path: Path, model: TryOnModel) -> dict[str, torch.Tensor]:
+    """``ema.safetensors``, strictly: tensors of the model only, in its shapes, every value finite."""
+    where, entries = str(path / "ema.safetensors"), tensor_headers(path, "ema", stem="ema")
+    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    stray = set(entries) - set(shapes)
+    if stray:
+        raise ValueError(f"{where}: {len(stray)} tensor(s) are no tensor of the model ({some(stray)})")
+    check_shapes(entries, shapes, where)
+    return read_tensors(entries, entries, where, dtype=None)
 
 
 def base_of(path: str | Path, manifest: dict | None = None) -> Path | None:
@@ -278,7 +301,8 @@ def _assemble(path: Path, manifest: dict, cls: type[TryOnModel]) -> TryOnModel:
             f"checkpoint {path} names the frozen base {digest} ({path / MANIFEST}), but {base_dir / BASE_FILE} "
             f"hashes to {found}: a different or damaged base; refusing to assemble the model from it"
         )
-    stage = load_file(str(path / STAGE_FILE))
+    entries = tensor_headers(path, "stage", stem="stage")
+    stage = read_tensors(entries, entries, str(path / STAGE_FILE), dtype=None)  # every value finite
     overlap, missing = set(stage) & set(base_names), set(state) - set(stage) - set(base_names)
     if overlap or missing or set(stage) - set(state):
         odd = sorted(overlap or missing or set(stage) - set(state))[0]
