@@ -138,6 +138,11 @@ def measure(scratch: Path, runs: int) -> int:
     print_table(runs, whole_bytes, stage_bytes, base_bytes, whole_saves, stage_saves, first_save, again_save, hash_times,
                 whole_loads, stage_loads, archived, no_ema_bytes)  # fmt: skip
     print_arithmetic(whole_bytes, trained_bytes, stage_bytes, no_ema_bytes)
+    budget = 4 * whole_bytes / 4
+    print(f"4x goal on the first run over a base: at most {budget / GB:.3f} GB archived; the base alone is "
+          f"{base_bytes / GB:.3f} GB ({100 * base_bytes / budget:.0f}% of it) and four stage checkpoints "
+          f"{4 * stage_bytes / GB:.3f} GB more: {(base_bytes + 4 * stage_bytes) / GB:.3f} GB. A run on a registered base "
+          f"archives the four stage checkpoints only ({archived[1] / GB:.3f} GB measured).")  # fmt: skip
     return 0
 
 
