@@ -7,7 +7,8 @@ and EMA of the 49.57 M self-attention parameters every stage trains (`unet.*.att
 one run, for both formats (`drape.training.checkpoint.save_checkpoint` with and without `bases`):
 
 - stage checkpoint bytes (model weights + optimizer + EMA + manifest), and the base; the same
-  without EMA (a recipe with `train.ema.enabled: false`), and the byte arithmetic of the 6x goal;
+  without EMA (a recipe with `train.ema.enabled: false`) and with bf16 AdamW moments
+  (`train.checkpoint_moments: bfloat16`, lossy), and the byte arithmetic of the 6x goal;
 - archived bytes of a four-stage run with one checkpoint per stage: four whole checkpoints today
   (the archive copies files byte for byte: 4 x their bytes); four stage checkpoints archived through
   `drape.storage.retention.execute_plan` into a file:// store, once by the first run over the base
@@ -77,11 +78,18 @@ def timed(function) -> tuple[float, object]:
     return time.perf_counter() - started, value
 
 
-def save(model, names, optimizer, ema, path: Path, bases: Path | None) -> float:
+def save(model, names, optimizer, ema, path: Path, bases: Path | None, moments: torch.dtype | None = None) -> float:
     manifest = {"stage": "identity", "step": 1}
     seconds, _ = timed(
         lambda: save_checkpoint(
-            path, model=model, optimizer=optimizer, trainable_names=names, ema=ema, manifest=manifest, bases=bases
+            path,
+            model=model,
+            optimizer=optimizer,
+            trainable_names=names,
+            ema=ema,
+            manifest=manifest,
+            bases=bases,
+            moments=moments,
         )
     )
     return seconds
@@ -125,6 +133,7 @@ def measure(scratch: Path, runs: int) -> int:
     again_save = save(model, names, optimizer, ema, scratch / "live" / "run" / "step-again", bases)
     stage_saves = [save(model, names, optimizer, ema, scratch / "live" / "run" / f"step-{i}", bases) for i in range(runs)]
     save(model, names, optimizer, None, scratch / "live" / "run" / "step-no-ema", bases)
+    save(model, names, optimizer, ema, scratch / "live" / "run" / "step-bf16-moments", bases, torch.bfloat16)
     trained_bytes = sum(t.numel() * t.element_size() for n, t in model.state_dict().items() if n in set(names))
     del model, optimizer, ema
     gc.collect()
@@ -133,11 +142,12 @@ def measure(scratch: Path, runs: int) -> int:
     whole_bytes = tree_bytes(scratch / "whole" / "step-0")
     stage_bytes, base_bytes = tree_bytes(scratch / "live" / "run" / "step-0"), tree_bytes(bases)
     no_ema_bytes = tree_bytes(scratch / "live" / "run" / "step-no-ema")
+    bf16_bytes = tree_bytes(scratch / "live" / "run" / "step-bf16-moments")
     store = ObjectStore(f"file://{scratch / 'objects'}")
     archived = [archive_run(scratch, store, run_id) for run_id in ("run-first", "run-registered")]
     print_table(runs, whole_bytes, stage_bytes, base_bytes, whole_saves, stage_saves, first_save, again_save, hash_times,
-                whole_loads, stage_loads, archived, no_ema_bytes)  # fmt: skip
-    print_arithmetic(whole_bytes, trained_bytes, stage_bytes, no_ema_bytes)
+                whole_loads, stage_loads, archived, no_ema_bytes, bf16_bytes)  # fmt: skip
+    print_arithmetic(whole_bytes, trained_bytes, stage_bytes, no_ema_bytes, bf16_bytes)
     budget = 4 * whole_bytes / 4
     print(f"4x goal on the first run over a base: at most {budget / GB:.3f} GB archived; the base alone is "
           f"{base_bytes / GB:.3f} GB ({100 * base_bytes / budget:.0f}% of it) and four stage checkpoints "
@@ -160,7 +170,7 @@ def archive_run(scratch: Path, store: ObjectStore, run_id: str) -> int:
     return archived
 
 
-def print_arithmetic(whole_bytes: int, trained_bytes: int, stage_bytes: int, no_ema_bytes: int) -> None:
+def print_arithmetic(whole_bytes: int, trained_bytes: int, stage_bytes: int, no_ema_bytes: int, bf16_bytes: int) -> None:
     """Why 6x is out of reach of a lossless checkpoint that resumes with EMA, in bytes."""
     goal, copies = whole_bytes / 6, stage_bytes / trained_bytes
     print(f"\n6x goal: a stage checkpoint of at most {whole_bytes / GB:.3f} / 6 = {goal / GB:.3f} GB. The trained tensors "
@@ -174,11 +184,10 @@ def print_arithmetic(whole_bytes: int, trained_bytes: int, stage_bytes: int, no_
         f"- EMA off (train.ema.enabled: false, measured): 3 copies, {no_ema_bytes / GB:.3f} GB, "
         f"{whole_bytes / no_ema_bytes:.2f}x; lossless, but no averaged weights to gate or serve."
     )
-    bf16 = trained_bytes + 2 * trained_bytes / 2 + trained_bytes
     print(
-        f"- bf16 AdamW moments, EMA on (arithmetic, not a drape option): {bf16 / GB:.3f} GB, {whole_bytes / bf16:.2f}x; "
-        "lossy: each moment rounded to 8 significant bits (relative error up to 2^-9), so a resumed stage no longer "
-        "matches an uninterrupted one bit for bit."
+        f"- bf16 AdamW moments, EMA on (train.checkpoint_moments: bfloat16, measured): {bf16_bytes / GB:.3f} GB, "
+        f"{whole_bytes / bf16_bytes:.2f}x; lossy: each moment rounded to 8 significant bits (relative error up to "
+        "2^-9), so a resumed stage no longer matches an uninterrupted one bit for bit."
     )
 
 
@@ -188,12 +197,13 @@ def timing(label: str, whole: list[float], stage: list[float]) -> tuple:
 
 
 def print_table(runs, whole_bytes, stage_bytes, base_bytes, whole_saves, stage_saves, first_save, again_save, hash_times,
-                whole_loads, stage_loads, archived, no_ema_bytes) -> None:  # fmt: skip
+                whole_loads, stage_loads, archived, no_ema_bytes, bf16_bytes) -> None:  # fmt: skip
     median = statistics.median
     first, registered = archived
     rows = [
         ("stage checkpoint bytes", f"{whole_bytes / GB:.3f} GB", f"{stage_bytes / GB:.3f} GB", whole_bytes / stage_bytes),
         ("stage checkpoint bytes, EMA off", "-", f"{no_ema_bytes / GB:.3f} GB", whole_bytes / no_ema_bytes),
+        ("stage checkpoint bytes, bf16 moments (lossy)", "-", f"{bf16_bytes / GB:.3f} GB", whole_bytes / bf16_bytes),
         ("frozen base (once, shared)", "-", f"{base_bytes / GB:.3f} GB", None),
         ("archived bytes, 4-stage run, first over its base", f"{4 * whole_bytes / GB:.3f} GB", f"{first / GB:.3f} GB",
          4 * whole_bytes / first),

@@ -66,11 +66,18 @@ def code_version() -> str:
     return f"{drape.__version__}+{commit}" if commit else drape.__version__
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
-    tensors = {}
+def optimizer_tensors(
+    optimizer: torch.optim.Optimizer, names: list[str], moments: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """``<name>/<field>`` → the optimizer's state of each named parameter; with `moments`, its floating
+    state other than ``step`` cast to that dtype (restoring casts it back to the parameter's)."""
+    tensors, state = {}, optimizer.state_dict()["state"]
     for index, name in enumerate(names):
-        for field, value in optimizer.state_dict()["state"].get(index, {}).items():
-            tensors[f"{name}/{field}"] = torch.as_tensor(value).clone().contiguous()
+        for field, value in state.get(index, {}).items():
+            tensor = torch.as_tensor(value)
+            if moments is not None and field != "step" and tensor.is_floating_point():
+                tensor = tensor.to(moments)
+            tensors[f"{name}/{field}"] = tensor.clone().contiguous()
     return tensors
 
 
@@ -94,11 +101,13 @@ def save_checkpoint(
     manifest: dict,
     bases: str | Path | None = None,
     stage_names: list[str] | None = None,
+    moments: torch.dtype | None = None,
 ) -> Path:
     """Write a complete checkpoint at `path` atomically; returns `path`. With `bases` (a folder of
     frozen bases), a stage checkpoint: the `stage_names` tensors (default `trainable_names`) in
     ``stage.safetensors`` and every other tensor in ``<bases>/<content hash>/``, written there
-    once; without, or when the stage trains every tensor, the whole model."""
+    once; without, or when the stage trains every tensor, the whole model. `moments`: the dtype
+    AdamW's moments are stored in (`train.checkpoint_moments`; default as they are, lossless)."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
@@ -111,7 +120,9 @@ def save_checkpoint(
     else:
         manifest = {**manifest, "base": base}
     if optimizer is not None:
-        save_file(optimizer_tensors(optimizer, trainable_names), str(temporary / "optimizer.safetensors"))
+        save_file(optimizer_tensors(optimizer, trainable_names, moments), str(temporary / "optimizer.safetensors"))
+        if moments is not None:  # lossy: the manifest says so
+            manifest = {**manifest, "optimizer_moments": str(moments).removeprefix("torch.")}
     if ema is not None:
         save_file({k: v.contiguous() for k, v in ema.items()}, str(temporary / "ema.safetensors"))
     full = {**manifest, "model_class": class_path(model), "trainable": trainable_names, "code_version": code_version()}
