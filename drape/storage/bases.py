@@ -165,7 +165,9 @@ def _quiet_named(folder: Path) -> str | None:
         return None
 
 
-def archive_bases(store: ObjectStore, checkpoints: Iterable[Path], *, run_id: str, stage: str, now: datetime) -> tuple[dict[Path, str], int]:
+def archive_bases(
+    store: ObjectStore, checkpoints: Iterable[Path], *, run_id: str, stage: str, now: datetime
+) -> tuple[dict[Path, str], int]:
     """For each checkpoint folder in `checkpoints` that names a base: the base published (once,
     verified) and its archive records written (once, `record_base`). Returns checkpoint → the base
     it names, and the bytes sent (0 for a base the store holds already: the run refers to it)."""
@@ -197,11 +199,23 @@ def record_base(store: ObjectStore, base_dir: Path, *, run_id: str, stage: str, 
     records = []
     for name in (MANIFEST, BASE_FILE):
         sha256 = files.get(BASE_FILE) if name == BASE_FILE else sha256_file(base_dir / MANIFEST)
+        stored = base_key(digest, name)
         records.append(
-            {"key": base_key(digest, name), "url": store.key_url(base_key(digest, name)), "bytes": (base_dir / name).stat().st_size,
-             "sha256": sha256, "run_id": run_id, "stage": stage, "kind": str(ArtifactKind.CHECKPOINT),
-             "outcome": str(Outcome.BASELINE), "storage_class": "STANDARD", "archived_at": now.isoformat(),
-             "expires_at": None, BASE_RECORD: digest, "lifetime": LIFETIME}  # fmt: skip
+            {
+                "key": stored,
+                "url": store.key_url(stored),
+                "bytes": (base_dir / name).stat().st_size,
+                "sha256": sha256,
+                "run_id": run_id,
+                "stage": stage,
+                "kind": str(ArtifactKind.CHECKPOINT),
+                "outcome": str(Outcome.BASELINE),
+                "storage_class": "STANDARD",
+                "archived_at": now.isoformat(),
+                "expires_at": None,
+                BASE_RECORD: digest,
+                "lifetime": LIFETIME,
+            }
         )
     store.put_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode(), key)
     return True

@@ -67,9 +67,7 @@ def content_hash(tensors: Mapping[str, torch.Tensor]) -> str:
 
 def _identity(tensors: Mapping[str, torch.Tensor]) -> tuple:
     """What changes when a tensor is replaced or written in place (its storage, its version counter)."""
-    return tuple(
-        (name, _local(t).data_ptr(), _local(t)._version, t.dtype, tuple(t.shape)) for name, t in sorted(tensors.items())
-    )
+    return tuple((name, _local(t).data_ptr(), _local(t)._version, t.dtype, tuple(t.shape)) for name, t in sorted(tensors.items()))
 
 
 def cached_hash(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> str:
