@@ -171,16 +171,20 @@ def archive_bases(
     """For each checkpoint folder in `checkpoints` that names a base: the base published (once,
     verified) and its archive records written (once, `record_base`). Returns checkpoint → the base
     it names, and the bytes sent (0 for a base the store holds already: the run refers to it)."""
-    from drape.training.checkpoint import base_of
+    from drape.training.base import find_base
 
     named, sent = dict[Path, str](), 0
     for checkpoint in checkpoints:
         digest = _quiet_named(checkpoint) if checkpoint.is_dir() else None  # unreadable: archived as it is
         if digest is None:
             continue
-        if digest not in named.values():
-            base_dir = base_of(checkpoint)
-            assert base_dir is not None
+        base_dir = find_base(checkpoint, digest)
+        if base_dir is None and not store.exists(base_key(digest, MANIFEST)):
+            raise StorageError(
+                f"{checkpoint} names the frozen base {digest}, which is in no bases/ above it and not in the object "
+                f"store: nothing could reassemble it; bring the base back ({store.key_url(base_key(digest))}) first"
+            )
+        if base_dir is not None and digest not in named.values():  # else in the store: it is recorded by an archive that has it
             sent += publish_base(store, base_dir)
             record_base(store, base_dir, run_id=run_id, stage=stage, now=now)
         named[checkpoint] = digest

@@ -140,3 +140,20 @@ def test_a_base_named_by_an_unexpired_checkpoint_outlives_it_by_a_day(trained, t
 
 def _digests(store):
     return {r[BASE_RECORD] for r in read_archive_manifest(store, include_deleted=True) if r.get(BASE_RECORD)}
+
+
+def test_a_checkpoint_whose_base_is_nowhere_is_not_archived(trained, tmp_path):
+    import shutil
+
+    from drape.storage.store import StorageError
+
+    model, names = trained
+    store, live = ObjectStore(f"file://{tmp_path / 'objects'}"), tmp_path / "live"
+    stage_dir = live / "runs" / "run-1" / "identity"
+    save_checkpoint(stage_dir / "checkpoints" / "step-0000001", model=model, optimizer=None, trainable_names=names, ema=None,
+                    manifest={"step": 1}, bases=live / "bases")  # fmt: skip
+    shutil.rmtree(live / "bases")
+    actions = plan_retention(classify_stage_dir(stage_dir, "failed_candidate"), POLICY, key_root="runs/run-1/identity")
+    with pytest.raises(StorageError, match="nothing could reassemble it"):
+        execute_plan(actions, store, "archive/manifests/run-1/identity", run_id="run-1", stage="identity")
+    assert (stage_dir / "checkpoints" / "step-0000001" / STAGE_FILE).is_file() and not store.list("runs")
