@@ -200,23 +200,8 @@ def execute_plan(
             stored = store.put_file(file, key, tags=tags, storage_class=action.storage_class)
             if store.is_s3 and store.get_tags(key) != tags:  # there already (a trainer published it): retag it
                 store.restamp(key, tags, size=stored.bytes, sha256=stored.sha256, storage_class=action.storage_class)
-            expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
-            records.append(
-                {
-                    "key": key,
-                    "url": stored.url,
-                    "bytes": stored.bytes,
-                    "sha256": stored.sha256,
-                    "run_id": run_id,
-                    "stage": stage,
-                    "kind": action.artifact.kind,
-                    "outcome": action.artifact.outcome,
-                    "storage_class": action.storage_class,
-                    "archived_at": now.isoformat(),
-                    "expires_at": expires,
-                    **({NAMES_BASE: base} if base else {}),
-                }
-            )
+            record = _record(action, key, stored, run_id=run_id, stage=stage, now=now)
+            records.append({**record, NAMES_BASE: base} if base else record)
             result.archived_files += 1
             result.archived_bytes += stored.bytes
             crash_point(f"after-upload-{result.archived_files}")
@@ -233,6 +218,24 @@ def execute_plan(
             remove_tree(path)
             crash_point("after-first-free")
     return result
+
+
+def _record(action: RetentionAction, key: str, stored, *, run_id: str, stage: str, now: datetime) -> dict:
+    """The archive record of one verified object: what it is, where, and until when it lives."""
+    expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
+    return {
+        "key": key,
+        "url": stored.url,
+        "bytes": stored.bytes,
+        "sha256": stored.sha256,
+        "run_id": run_id,
+        "stage": stage,
+        "kind": action.artifact.kind,
+        "outcome": action.artifact.outcome,
+        "storage_class": action.storage_class,
+        "archived_at": now.isoformat(),
+        "expires_at": expires,
+    }
 
 
 @dataclass

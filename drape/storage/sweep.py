@@ -59,19 +59,8 @@ def sweep(
     now = now or datetime.now(UTC)
     result, updates = SweepResult(), []
     records = read_archive_manifest(store)
-    orphaned = sorted(
-        {
-            r["stage"]
-            for r in records
-            if r.get("outcome") == Outcome.BASELINE and not r.get(BASE_RECORD) and r.get("stage") not in current_baseline_runs
-        }
-    )
-    if orphaned and not allow_unregistered:
-        raise StorageError(
-            f"the archive holds baselines of stage(s) {', '.join(orphaned)} that the registry has no baseline for: "
-            "is tracking.uri the registry that promoted them? Nothing was changed; to supersede them anyway, "
-            "sweep with --allow-unregistered"
-        )
+    if not allow_unregistered:
+        _check_registered(records, current_baseline_runs)
     for record in records:
         safe_key(record.get("key"), "archive record key")  # one bad record stops the sweep before any change
         if record.get(BASE_RECORD):  # a base lives by what names it: step 4
@@ -87,11 +76,7 @@ def sweep(
             updates.append({**record, "deleted_at": now.isoformat(), "recorded_at": now.isoformat()})
             result.deleted.append(record["key"])
             result.freed_bytes += record["bytes"]
-    for update in base_lifetimes(records, updates, live_bases or set(), now):
-        updates.append(update)
-        if update.get("deleted_at"):
-            result.deleted.append(update["key"])
-            result.freed_bytes += update["bytes"]
+    _bases(records, updates, live_bases or set(), now, result)
     result.handoffs = superseded_handoffs(store, current_baseline_runs, now=now, grace_days=policy.baseline_grace_days)
     if dry_run:
         return result
@@ -113,3 +98,29 @@ def sweep(
                 sha256=update["sha256"],
             )
     return result
+
+
+def _check_registered(records: list[dict], current_baseline_runs: dict[str, str]) -> None:
+    """StorageError when archived baselines of a stage have no baseline in the registry at all."""
+    orphaned = sorted(
+        {
+            r["stage"]
+            for r in records
+            if r.get("outcome") == Outcome.BASELINE and not r.get(BASE_RECORD) and r.get("stage") not in current_baseline_runs
+        }
+    )
+    if orphaned:
+        raise StorageError(
+            f"the archive holds baselines of stage(s) {', '.join(orphaned)} that the registry has no baseline for: "
+            "is tracking.uri the registry that promoted them? Nothing was changed; to supersede them anyway, "
+            "sweep with --allow-unregistered"
+        )
+
+
+def _bases(records: list[dict], updates: list[dict], live: set[str], now: datetime, result: SweepResult) -> None:
+    """Step 4: the frozen bases' new lifetimes (`base_lifetimes`) added to `updates`, deletions to `result`."""
+    for update in base_lifetimes(records, updates, live, now):
+        updates.append(update)
+        if update.get("deleted_at"):
+            result.deleted.append(update["key"])
+            result.freed_bytes += update["bytes"]

@@ -115,7 +115,8 @@ def test_the_sweep_never_frees_a_base_an_archived_or_live_checkpoint_names(train
     assert {r["expires_at"] for r in _base_records(store, digest).values()} == {None}
     assert not any(k in result.deleted for k in base_objects)
     # nothing live names it and every archived checkpoint naming it has expired: the base goes, recorded
-    result = sweep(store, POLICY, dict.fromkeys(STAGES, "run-3"), now=after, live_bases=set())
+    later = after + timedelta(minutes=1)  # (sweeps at one instant would tie on recorded_at)
+    result = sweep(store, POLICY, dict.fromkeys(STAGES, "run-3"), now=later, live_bases=set())
     assert [k for k in result.deleted if k.startswith("bases/")] == base_objects  # its manifest first: uncommitted
     assert not any(store.exists(k) for k in base_objects)
     assert all(r["deleted_at"] for r in _base_records(store, digest).values())
