@@ -170,10 +170,11 @@ def archive_bases(
 ) -> tuple[dict[Path, str], int]:
     """For each checkpoint folder in `checkpoints` that names a base: the base published (once,
     verified) and its archive records written (once, `record_base`). Returns checkpoint → the base
-    it names, and the bytes sent (0 for a base the store holds already: the run refers to it)."""
+    it names, and the bytes of the bases recorded now: the archive that records a base counts it,
+    whoever uploaded it (0 for a base the archive holds already: the run refers to it)."""
     from drape.training.base import find_base
 
-    named, sent = dict[Path, str](), 0
+    named, recorded = dict[Path, str](), 0
     for checkpoint in checkpoints:
         digest = _quiet_named(checkpoint) if checkpoint.is_dir() else None  # unreadable: archived as it is
         if digest is None:
@@ -185,20 +186,22 @@ def archive_bases(
                 f"store: nothing could reassemble it; bring the base back ({store.key_url(base_key(digest))}) first"
             )
         if base_dir is not None and digest not in named.values():  # else in the store: it is recorded by an archive that has it
-            sent += publish_base(store, base_dir)
-            record_base(store, base_dir, run_id=run_id, stage=stage, now=now)
+            publish_base(store, base_dir)
+            recorded += record_base(store, base_dir, run_id=run_id, stage=stage, now=now)
         named[checkpoint] = digest
-    return named, sent
+    return named, recorded
 
 
-def record_base(store: ObjectStore, base_dir: Path, *, run_id: str, stage: str, now: datetime) -> bool:
+def record_base(store: ObjectStore, base_dir: Path, *, run_id: str, stage: str, now: datetime) -> int:
     """Write a published base's archive records (its manifest's first: deleting it uncommits the
-    base) unless the store has them; whether they were written. `run_id`, `stage`: the first
-    archive that named it. Its ``expires_at`` starts empty: the sweep keeps it (`base_lifetimes`)."""
+    base) unless the store has them; the bytes they record (0: there already). `run_id`, `stage`:
+    the first archive that named it. Its ``expires_at`` starts empty: the sweep keeps it
+    (`base_lifetimes`), and removes the records' object when it deletes the base (the sweep's own
+    manifest keeps the deletion), so a base published again is recorded again."""
     digest = check_digest(base_dir.name, str(base_dir))
     key = base_record_key(digest)
     if store.exists(key):
-        return False
+        return 0
     files = read_json_object(base_dir / MANIFEST, "base manifest").get("files", {})
     records = []
     for name in (MANIFEST, BASE_FILE):
@@ -222,7 +225,7 @@ def record_base(store: ObjectStore, base_dir: Path, *, run_id: str, stage: str, 
             }
         )
     store.put_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode(), key)
-    return True
+    return sum(int(record["bytes"]) for record in records)
 
 
 def base_lifetimes(records: list[dict], updates: list[dict], live: set[str], now: datetime) -> list[dict]:

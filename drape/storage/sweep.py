@@ -24,11 +24,12 @@ from datetime import UTC, datetime, timedelta
 
 from drape import Outcome
 from drape.config import RetentionConfig
-from drape.layout import SWEEP_MANIFESTS, new_manifest_key, safe_key
+from drape.layout import SWEEP_MANIFESTS, base_record_key, new_manifest_key, safe_key
 from drape.storage.bases import BASE_RECORD, base_lifetimes
 from drape.storage.handoff import remove_tree, superseded_handoffs
 from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest, resolve
 from drape.storage.store import ObjectStore, StorageError
+from drape.training.base import BASE_FILE
 
 
 @dataclass
@@ -90,6 +91,12 @@ def sweep(
         if update.get("deleted_at"):
             if store.exists(update["key"]):
                 store.fs.rm(store.path(update["key"]))
+            if (
+                update.get(BASE_RECORD)
+                and update["key"].endswith(f"/{BASE_FILE}")
+                and store.exists(base_record_key(update[BASE_RECORD]))
+            ):
+                store.fs.rm(store.path(base_record_key(update[BASE_RECORD])))  # published again, it is recorded again
         elif store.is_s3:
             store.restamp(
                 update["key"],
