@@ -137,6 +137,10 @@ def test_a_base_named_by_an_unexpired_checkpoint_outlives_it_by_a_day(trained, t
     assert base_key(digest, BASE_FILE) in result.deleted and store.exists(base_key(digest, BASE_FILE))  # dry run
     sweep(store, POLICY, {}, now=expiry + EXPIRY_MARGIN)
     assert not store.exists(base_key(digest, BASE_FILE))
+    # a later run over the same weights publishes it again: recorded again, with no end while named forever
+    _archive_run(model, names, live, store, "run-2", "baseline", now=expiry + timedelta(days=2))
+    assert store.exists(base_key(digest, BASE_FILE)) and store.exists(base_record_key(digest))
+    assert all(not r.get("deleted_at") and r["expires_at"] is None for r in _base_records(store, digest).values())
 
 
 def _digests(store):
