@@ -203,7 +203,7 @@ def record_base(store: ObjectStore, base_dir: Path, *, run_id: str, stage: str, 
     if store.exists(key):
         return 0
     files = read_json_object(base_dir / MANIFEST, "base manifest").get("files", {})
-    records = []
+    records: list[dict] = []
     for name in (MANIFEST, BASE_FILE):
         sha256 = files.get(BASE_FILE) if name == BASE_FILE else sha256_file(base_dir / MANIFEST)
         stored = base_key(digest, name)
@@ -225,7 +225,7 @@ def record_base(store: ObjectStore, base_dir: Path, *, run_id: str, stage: str, 
             }
         )
     store.put_bytes("".join(json.dumps(r, sort_keys=True) + "\n" for r in records).encode(), key)
-    return sum(int(record["bytes"]) for record in records)
+    return sum((base_dir / name).stat().st_size for name in (MANIFEST, BASE_FILE))
 
 
 def base_lifetimes(records: list[dict], updates: list[dict], live: set[str], now: datetime) -> list[dict]:

@@ -89,14 +89,7 @@ def sweep(
     store.put_bytes("".join(json.dumps(u, sort_keys=True) + "\n" for u in updates).encode(), result.manifest_key)
     for update in updates:  # the manifest says it first; then the store is made to match
         if update.get("deleted_at"):
-            if store.exists(update["key"]):
-                store.fs.rm(store.path(update["key"]))
-            if (
-                update.get(BASE_RECORD)
-                and update["key"].endswith(f"/{BASE_FILE}")
-                and store.exists(base_record_key(update[BASE_RECORD]))
-            ):
-                store.fs.rm(store.path(base_record_key(update[BASE_RECORD])))  # published again, it is recorded again
+            _delete(store, update)
         elif store.is_s3:
             store.restamp(
                 update["key"],
@@ -131,3 +124,14 @@ def _bases(records: list[dict], updates: list[dict], live: set[str], now: dateti
         if update.get("deleted_at"):
             result.deleted.append(update["key"])
             result.freed_bytes += update["bytes"]
+
+
+def _delete(store: ObjectStore, update: dict) -> None:
+    """Delete an expired object; after a base's file, its records' object too (the sweep's manifest
+    keeps the deletion): a base published again is recorded again."""
+    keys = [update["key"]]
+    if update.get(BASE_RECORD) and update["key"].endswith(f"/{BASE_FILE}"):
+        keys.append(base_record_key(update[BASE_RECORD]))
+    for key in keys:
+        if store.exists(key):
+            store.fs.rm(store.path(key))
