@@ -166,12 +166,13 @@ def _quiet_named(folder: Path) -> str | None:
 
 
 def archive_bases(
-    store: ObjectStore, checkpoints: Iterable[Path], *, run_id: str, stage: str, now: datetime
+    store: ObjectStore, checkpoints: Iterable[Path], *, run_id: str, stage: str, now: datetime, record: bool = True
 ) -> tuple[dict[Path, str], int]:
     """For each checkpoint folder in `checkpoints` that names a base: the base published (once,
     verified) and its archive records written (once, `record_base`). Returns checkpoint → the base
     it names, and the bytes of the bases recorded now: the archive that records a base counts it,
-    whoever uploaded it (0 for a base the archive holds already: the run refers to it)."""
+    whoever uploaded it (0 for a base the archive holds already: the run refers to it). Without
+    `record` (a trainer publishing a checkpoint as it saves), published only: the stage's archive records it."""
     from drape.training.base import find_base
 
     named, recorded = dict[Path, str](), 0
@@ -187,7 +188,7 @@ def archive_bases(
             )
         if base_dir is not None and digest not in named.values():  # else in the store: it is recorded by an archive that has it
             publish_base(store, base_dir)
-            recorded += record_base(store, base_dir, run_id=run_id, stage=stage, now=now)
+            recorded += record_base(store, base_dir, run_id=run_id, stage=stage, now=now) if record else 0
         named[checkpoint] = digest
     return named, recorded
 

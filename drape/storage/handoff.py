@@ -170,8 +170,9 @@ def publish_checkpoint(store: ObjectStore, path: str | Path, policy, *, run_id: 
     lifetime, storage_class = resolve(policy, artifact.kind, PUBLISHED)
     action = RetentionAction(artifact, run_key(run_id, stage, artifact.relative), lifetime, storage_class, "run_end")
     prefix = archive_manifest_prefix(run_id, stage)
-    # execute_plan sends the frozen base it names first: another node can then reassemble it
-    return execute_plan([action], store, prefix, run_id=run_id, stage=stage).archived_bytes
+    # execute_plan sends the frozen base it names first: another node can then reassemble it (the
+    # stage's archive records it, counted in the stage's archived bytes)
+    return execute_plan([action], store, prefix, run_id=run_id, stage=stage, record_bases=False).archived_bytes
 
 
 _STEP = re.compile(r"/(checkpoints|adapters)/(step-(\d+)(?:\.dcp)?)/")

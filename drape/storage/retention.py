@@ -176,6 +176,7 @@ def execute_plan(
     run_id: str,
     stage: str,
     now: datetime | None = None,
+    record_bases: bool = True,
 ) -> ArchiveResult:
     """Upload and verify every file, write a new manifest object, then free the live copies due now.
 
@@ -191,7 +192,7 @@ def execute_plan(
     result, records = ArchiveResult(manifest_key=manifest_key), []
     # the frozen bases the checkpoints name go first (once in the store for every run over them, verified)
     checkpoints = [Path(a.artifact.path) for a in actions if a.artifact.kind == ArtifactKind.CHECKPOINT]
-    named, result.archived_bytes = archive_bases(store, checkpoints, run_id=run_id, stage=stage, now=now)
+    named, result.archived_bytes = archive_bases(store, checkpoints, run_id=run_id, stage=stage, now=now, record=record_bases)
     for action in actions:
         base = named.get(Path(action.artifact.path))
         for file, inner in _files(Path(action.artifact.path)):
