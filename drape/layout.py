@@ -50,6 +50,7 @@ DATASET_MANIFEST = "manifest.json"
 RUNS_PREFIX = "runs/"
 ARCHIVE_MANIFESTS = "archive/manifests"
 SWEEP_MANIFESTS = f"{ARCHIVE_MANIFESTS}/sweep"
+BASE_MANIFESTS = f"{ARCHIVE_MANIFESTS}/bases"  # one object per frozen base: its archive records, written once
 MANUAL_RUN = "manual"
 ADAPTERS, BASES, SHOPPERS = "adapters", "bases", "shoppers"
 AUDIT_PREFIX = "privacy/audit"
@@ -203,6 +204,11 @@ def bases_dir(config, near: str | Path) -> Path:
 def base_key(digest: str, name: str = "") -> str:
     """``bases/<sha256>[/<name>]``: a frozen base in the object store (one copy for every run)."""
     return f"{BASES}/{safe_name(digest, 'base sha256')}" + (f"/{safe_name(name, 'base file')}" if name else "")
+
+
+def base_record_key(digest: str) -> str:
+    """``archive/manifests/bases/<sha256>.jsonl``: the archive records of a frozen base (written once)."""
+    return f"{BASE_MANIFESTS}/{safe_name(digest, 'base sha256')}.jsonl"
 
 
 def default_artifact_root(root: str | Path) -> str:

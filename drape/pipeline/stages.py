@@ -302,10 +302,8 @@ def _archive(config: PipelineConfig, context: RunContext, stage: str, outcome: s
     run, root, stage_dir = resources(config, context), Path(context.live_root), context.stage_dir(stage)
     live_before = tree_bytes(root)
     actions = plan_retention(classify_stage_dir(stage_dir, outcome), config.retention, key_root=run_key(context.run_id, stage))
-    # the frozen base the stage's checkpoints name goes first (once for every stage over it), verified
-    base_bytes = publish_bases(run.store, list_checkpoints(context.paths(stage).checkpoints))
+    # the frozen base the stage's checkpoints name goes first (execute_plan: once for every run over it, verified)
     result = execute_plan(actions, run.store, archive_manifest_prefix(context.run_id, stage), run_id=context.run_id, stage=stage)
-    result.archived_bytes += base_bytes
     # what the stage's trainer published and this node never held: the stage's outcome now
     done = {action.key_prefix for action in actions}
     files, sent = adopt_published(run.store, config.retention, run_id=context.run_id, stage=stage, outcome=outcome, done=done)

@@ -8,7 +8,9 @@ from drape import STAGES
 from drape.config import PipelineConfig
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, read_manifest
+from drape.layout import live_root
 from drape.ops.tracking import Tracker
+from drape.storage.bases import named_bases
 from drape.storage.store import open_store
 from drape.storage.sweep import sweep as run_sweep
 
@@ -35,7 +37,13 @@ def sweep(
         if version is not None:
             current[stage] = version.tags.get("drape.run_id", "")
     result = run_sweep(
-        open_store(config), config.retention, current, now=now, dry_run=dry_run, allow_unregistered=allow_unregistered
+        open_store(config),
+        config.retention,
+        current,
+        now=now,
+        dry_run=dry_run,
+        allow_unregistered=allow_unregistered,
+        live_bases=named_bases(live_root(config)),  # a base a live checkpoint names is never due
     )
     return {
         "dry_run": dry_run,

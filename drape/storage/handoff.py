@@ -25,7 +25,7 @@ from pathlib import Path
 from drape import ArtifactKind, Outcome
 from drape.jsonfile import parse_json_object
 from drape.layout import UnsafePathError, archive_manifest_prefix, checkpoint_step, contained, new_manifest_key, run_key
-from drape.storage.bases import fetch_bases, publish_bases
+from drape.storage.bases import fetch_bases
 from drape.storage.durable import fsync_dir, fsync_tree
 from drape.storage.retention import (
     LiveArtifact,
@@ -166,12 +166,13 @@ def publish_checkpoint(store: ObjectStore, path: str | Path, policy, *, run_id: 
         raise ValueError(f"{path}: a published checkpoint lives in one of {sorted(_FOLDERS)}")
     if not path.is_dir() or not any(p.is_file() for p in path.rglob("*")):
         raise HandoffError(f"{path}: no checkpoint files there: nothing to publish")
-    sent = publish_bases(store, [path])  # the frozen base it names first: another node can then reassemble it
     artifact = LiveArtifact(str(path), _FOLDERS[folder], PUBLISHED, f"{folder}/{path.name}")
     lifetime, storage_class = resolve(policy, artifact.kind, PUBLISHED)
     action = RetentionAction(artifact, run_key(run_id, stage, artifact.relative), lifetime, storage_class, "run_end")
     prefix = archive_manifest_prefix(run_id, stage)
-    return sent + execute_plan([action], store, prefix, run_id=run_id, stage=stage).archived_bytes
+    # execute_plan sends the frozen base it names first: another node can then reassemble it (the
+    # stage's archive records it, counted in the stage's archived bytes)
+    return execute_plan([action], store, prefix, run_id=run_id, stage=stage, record_bases=False).archived_bytes
 
 
 _STEP = re.compile(r"/(checkpoints|adapters)/(step-(\d+)(?:\.dcp)?)/")

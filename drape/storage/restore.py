@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from drape.layout import BASES, UnsafePathError, contained, run_key, safe_key
-from drape.storage.bases import fetch_bases
+from drape.storage.bases import BASE_RECORD, fetch_bases
 from drape.storage.retention import read_archive_manifest
 from drape.storage.store import ObjectStore
 from drape.training.base import BASE_FILE
@@ -18,7 +18,9 @@ def restore_stage(
     """Bring a stage's archived files back under `destination`, each verified against its record,
     and the frozen base each of its stage checkpoints names into `bases` (default
     ``<destination>/bases``) unless a ``bases/`` above it holds it already."""
-    records = [r for r in read_archive_manifest(store) if r["run_id"] == run_id and r["stage"] == stage]
+    records = [  # a base's own records: it comes back by what names it (below)
+        r for r in read_archive_manifest(store) if r["run_id"] == run_id and r["stage"] == stage and not r.get(BASE_RECORD)
+    ]
     if not records:
         raise FileNotFoundError(f"no archived artifacts for run {run_id!r} stage {stage!r} in {store!r}")
     prefix = run_key(run_id, stage) + "/"

@@ -4,7 +4,9 @@
 policy it decides, per artifact, the object key, lifetime, storage class and how long the live
 copy stays. `execute_plan` uploads each artifact, verifies the copy by reading it back (size +
 sha256), and only then frees the live copies due at stage end; every archived file is recorded in
-an append-only JSON-lines manifest object (one object per archive call, never rewritten).
+an append-only JSON-lines manifest object (one object per archive call, never rewritten). A stage
+checkpoint's records name its frozen base, which is archived once for every run over it and lives
+as long as a checkpoint naming it (`drape.storage.bases`).
 `release_run` frees, when the run ends, what the policy kept live until then, each file checked
 against its archived copy first.
 """
@@ -174,6 +176,7 @@ def execute_plan(
     run_id: str,
     stage: str,
     now: datetime | None = None,
+    record_bases: bool = True,
 ) -> ArchiveResult:
     """Upload and verify every file, write a new manifest object, then free the live copies due now.
 
@@ -182,32 +185,24 @@ def execute_plan(
     again; each call writes its own manifest object (``<prefix>-<time>-<id>.jsonl``), never
     rewriting one, and readers keep one record per key.
     """
+    from drape.storage.bases import NAMES_BASE, archive_bases  # bases.py reads this module's tags
+
     now = now or datetime.now(UTC)  # lifetimes count from here
     manifest_key = new_manifest_key(manifest_prefix, now)
     result, records = ArchiveResult(manifest_key=manifest_key), []
+    # the frozen bases the checkpoints name go first (once in the store for every run over them, verified)
+    checkpoints = [Path(a.artifact.path) for a in actions if a.artifact.kind == ArtifactKind.CHECKPOINT]
+    named, result.archived_bytes = archive_bases(store, checkpoints, run_id=run_id, stage=stage, now=now, record=record_bases)
     for action in actions:
+        base = named.get(Path(action.artifact.path))
         for file, inner in _files(Path(action.artifact.path)):
             key = f"{action.key_prefix}/{inner}" if inner else action.key_prefix
             tags = object_tags(action.artifact, stage)
             stored = store.put_file(file, key, tags=tags, storage_class=action.storage_class)
             if store.is_s3 and store.get_tags(key) != tags:  # there already (a trainer published it): retag it
                 store.restamp(key, tags, size=stored.bytes, sha256=stored.sha256, storage_class=action.storage_class)
-            expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
-            records.append(
-                {
-                    "key": key,
-                    "url": stored.url,
-                    "bytes": stored.bytes,
-                    "sha256": stored.sha256,
-                    "run_id": run_id,
-                    "stage": stage,
-                    "kind": action.artifact.kind,
-                    "outcome": action.artifact.outcome,
-                    "storage_class": action.storage_class,
-                    "archived_at": now.isoformat(),
-                    "expires_at": expires,
-                }
-            )
+            record = _record(action, key, stored, run_id=run_id, stage=stage, now=now)
+            records.append({**record, NAMES_BASE: base} if base else record)
             result.archived_files += 1
             result.archived_bytes += stored.bytes
             crash_point(f"after-upload-{result.archived_files}")
@@ -224,6 +219,24 @@ def execute_plan(
             remove_tree(path)
             crash_point("after-first-free")
     return result
+
+
+def _record(action: RetentionAction, key: str, stored, *, run_id: str, stage: str, now: datetime) -> dict:
+    """The archive record of one verified object: what it is, where, and until when it lives."""
+    expires = (now + timedelta(days=action.lifetime_days)).isoformat() if action.lifetime_days else None
+    return {
+        "key": key,
+        "url": stored.url,
+        "bytes": stored.bytes,
+        "sha256": stored.sha256,
+        "run_id": run_id,
+        "stage": stage,
+        "kind": action.artifact.kind,
+        "outcome": action.artifact.outcome,
+        "storage_class": action.storage_class,
+        "archived_at": now.isoformat(),
+        "expires_at": expires,
+    }
 
 
 @dataclass

@@ -39,8 +39,17 @@ def check_digest(value: object, where: str) -> str:
     return value
 
 
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: an FSDP2 shard (a DTensor) gathered from every rank (a collective)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def _update(digest, name: str, tensor: torch.Tensor) -> None:
-    flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+    flat = _whole(tensor).detach().to("cpu").contiguous().reshape(-1)
     nbytes = flat.numel() * flat.element_size()
     shape = ",".join(str(size) for size in tensor.shape)
     digest.update(f"{name}\0{str(tensor.dtype).removeprefix('torch.')}\0{shape}\0{nbytes}\n".encode())
@@ -58,13 +67,14 @@ def content_hash(tensors: Mapping[str, torch.Tensor]) -> str:
 
 def _identity(tensors: Mapping[str, torch.Tensor]) -> tuple:
     """What changes when a tensor is replaced or written in place (its storage, its version counter)."""
-    return tuple((name, t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for name, t in sorted(tensors.items()))
+    return tuple((name, _local(t).data_ptr(), _local(t)._version, t.dtype, tuple(t.shape)) for name, t in sorted(tensors.items()))
 
 
 def cached_hash(model: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> str:
     """`content_hash(tensors)` for tensors of `model` (its state dict's), computed once and cached on
     the model while none of them is replaced or written in place: the saves of a stage hash the
-    frozen base once (2-3 s for CatVTON's 850 M frozen parameters; benchmarks/checkpoint_size.py)."""
+    frozen base once (2-3 s for CatVTON's 850 M frozen parameters; benchmarks/checkpoint_size.py).
+    FSDP2 shards are gathered one tensor at a time: every rank calls it (the cache is alike on all)."""
     key = _identity(tensors)
     cached = model.__dict__.get("_drape_base_hash")
     if cached is not None and cached[0] == key:
@@ -129,7 +139,7 @@ def iter_base(base_dir: Path, names: list[str]) -> Iterator[tuple[str, torch.Ten
 def load_base_into(state: Mapping[str, torch.Tensor], base_dir: Path) -> tuple[list[str], str]:
     """Copy the base's tensors into `state` (a model's state dict: views of its tensors), one tensor
     at a time, hashing each as it is read; returns (the names copied, their content hash). A tensor
-    the model does not have, or of another dtype or shape, is a ValueError naming it."""
+    the model does not have, of another dtype or shape, or holding NaN/inf, is a ValueError naming it."""
     names = sorted(base_tensor_names(base_dir))
     digest = hashlib.sha256(HASH_PREFIX)
     for name, tensor in iter_base(base_dir, names):
@@ -139,6 +149,8 @@ def load_base_into(state: Mapping[str, torch.Tensor], base_dir: Path) -> tuple[l
             raise ValueError(
                 f"{base_dir / BASE_FILE}: tensor {name!r} is {tensor.dtype} {tuple(tensor.shape)}, the model has {have}"
             )
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ValueError(f"{base_dir / BASE_FILE}: tensor {name!r} holds NaN or infinite values")
         _update(digest, name, tensor)
         target.copy_(tensor)
     return names, digest.hexdigest()

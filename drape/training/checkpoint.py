@@ -45,6 +45,7 @@ from drape.training.base import (
     skipped_init,
 )
 from drape.training.model import PIXEL_DIT, TryOnModel, class_path, resolve_class
+from drape.training.weights import check_shapes, load_folder, read_tensors, some, tensor_headers
 
 MANIFEST = "manifest.json"
 STAGE_FILE = "stage.safetensors"  # a stage checkpoint's trained tensors
@@ -65,11 +66,18 @@ def code_version() -> str:
     return f"{drape.__version__}+{commit}" if commit else drape.__version__
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, torch.Tensor]:
-    tensors = {}
+def optimizer_tensors(
+    optimizer: torch.optim.Optimizer, names: list[str], moments: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """``<name>/<field>`` → the optimizer's state of each named parameter; with `moments`, its floating
+    state other than ``step`` cast to that dtype (restoring casts it back to the parameter's)."""
+    tensors, state = {}, optimizer.state_dict()["state"]
     for index, name in enumerate(names):
-        for field, value in optimizer.state_dict()["state"].get(index, {}).items():
-            tensors[f"{name}/{field}"] = torch.as_tensor(value).clone().contiguous()
+        for field, value in state.get(index, {}).items():
+            tensor = torch.as_tensor(value)
+            if moments is not None and field != "step" and tensor.is_floating_point():
+                tensor = tensor.to(moments)
+            tensors[f"{name}/{field}"] = tensor.clone().contiguous()
     return tensors
 
 
@@ -93,11 +101,13 @@ def save_checkpoint(
     manifest: dict,
     bases: str | Path | None = None,
     stage_names: list[str] | None = None,
+    moments: torch.dtype | None = None,
 ) -> Path:
     """Write a complete checkpoint at `path` atomically; returns `path`. With `bases` (a folder of
     frozen bases), a stage checkpoint: the `stage_names` tensors (default `trainable_names`) in
     ``stage.safetensors`` and every other tensor in ``<bases>/<content hash>/``, written there
-    once; without, or when the stage trains every tensor, the whole model."""
+    once; without, or when the stage trains every tensor, the whole model. `moments`: the dtype
+    AdamW's moments are stored in (`train.checkpoint_moments`; default as they are, lossless)."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
@@ -138,7 +148,9 @@ def _save(
     else:
         manifest = {**manifest, "base": base}
     if optimizer is not None:
-        save_file(optimizer_tensors(optimizer, trainable_names), str(temporary / "optimizer.safetensors"))
+        save_file(optimizer_tensors(optimizer, trainable_names, moments), str(temporary / "optimizer.safetensors"))
+        if moments is not None:  # lossy: the manifest says so
+            manifest = {**manifest, "optimizer_moments": str(moments).removeprefix("torch.")}
     if ema is not None:
         save_file({k: v.contiguous() for k, v in ema.items()}, str(temporary / "ema.safetensors"))
     full = {**manifest, "model_class": class_path(model), "trainable": trainable_names, "code_version": code_version()}
@@ -253,14 +265,36 @@ def load_model(path: str | Path, *, prefer_ema: bool = False, allowed: tuple[str
         check_model_shape(config, str(config_file))
     except ValueError as error:
         raise CheckpointError(f"checkpoint {path}: {error}") from None
-    if "base" in manifest:
-        model = _assemble(Path(path), manifest, cls)
-    else:
-        model = cls.from_pretrained(Path(path) / "model", use_safetensors=True, low_cpu_mem_usage=False)
-    ema_file = Path(path) / "ema.safetensors"
-    if prefer_ema and ema_file.is_file():
-        model.load_state_dict(load_file(str(ema_file)), strict=False)
+    try:
+        model = _assemble(Path(path), manifest, cls) if "base" in manifest else _read_whole(Path(path), cls)
+        if prefer_ema and (Path(path) / "ema.safetensors").is_file():
+            model.load_state_dict(_read_ema(Path(path), model), strict=False)
+    except CheckpointError:
+        raise
+    except ValueError as error:  # the strict reader's refusals (drape.training.weights), naming file and tensor
+        raise CheckpointError(f"checkpoint {path}: {error}") from None
     return model
+
+
+def _read_whole(path: Path, cls: type[TryOnModel]) -> TryOnModel:
+    """A whole checkpoint's model, read strictly (`drape.training.weights.load_folder`: safetensors
+    only, every tensor of the model from the files and no other, shapes equal, every value finite)."""
+    arguments, state = load_folder(cls, path / "model", "model", dtype=None)
+    with skipped_init():  # every tensor is overwritten (checked): random initial weights would be wasted
+        model = cast(TryOnModel, cls.from_config(arguments))
+    model.load_state_dict(state, strict=True)
+    return model.eval()  # as `from_pretrained` leaves it
+
+
+def _read_ema(path: Path, model: TryOnModel) -> dict[str, torch.Tensor]:
+    """``ema.safetensors``, strictly: tensors of the model only, in its shapes, every value finite."""
+    where, entries = str(path / "ema.safetensors"), tensor_headers(path, "ema", stem="ema")
+    shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
+    stray = set(entries) - set(shapes)
+    if stray:
+        raise ValueError(f"{where}: {len(stray)} tensor(s) are no tensor of the model ({some(stray)})")
+    check_shapes(entries, shapes, where)
+    return read_tensors(entries, entries, where, dtype=None)
 
 
 def base_of(path: str | Path, manifest: dict | None = None) -> Path | None:
@@ -307,7 +341,8 @@ def _assemble(path: Path, manifest: dict, cls: type[TryOnModel]) -> TryOnModel:
             f"checkpoint {path} names the frozen base {digest} ({path / MANIFEST}), but {base_dir / BASE_FILE} "
             f"hashes to {found}: a different or damaged base; refusing to assemble the model from it"
         )
-    stage = load_file(str(path / STAGE_FILE))
+    entries = tensor_headers(path, "stage", stem="stage")
+    stage = read_tensors(entries, entries, str(path / STAGE_FILE), dtype=None)  # every value finite
     overlap, missing = set(stage) & set(base_names), set(state) - set(stage) - set(base_names)
     if overlap or missing or set(stage) - set(state):
         odd = sorted(overlap or missing or set(stage) - set(state))[0]

@@ -18,6 +18,13 @@ sharded checkpoints with `torch.distributed.checkpoint` (DCP).
   crafted checkpoint cannot run code, whatever its manifest says (the sha256 manifest proves
   integrity, not origin). The checkpoint a stage ends with (the one gated, promoted, archived) is
   always safetensors + manifest.
+- A DCP checkpoint stores what trains, as a stage checkpoint does (`drape.training.checkpoint`):
+  the model tensors the optimizer updates, their optimizer state and EMA; its manifest's ``frozen``
+  names every other tensor by its content hash (`drape.training.base`: the same hash a stage
+  checkpoint's base has). Those tensors come back from where the stage started (its init
+  checkpoint, or the pretrained weights): `load_sharded` hashes the model it loads into and
+  refuses it unless the hash is the recorded one, so the model is reassembled bit for bit. A DCP
+  checkpoint without ``frozen`` (saved before) holds every tensor and loads as it did.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from drape.jsonfile import read_json_object
 from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 from drape.torchfile import load_tensors
+from drape.training.base import cached_hash, check_digest
 
 
 @dataclass(frozen=True)
@@ -142,14 +150,36 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return getattr(model, "module", model)
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: dict | None) -> dict:
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema: dict | None, *, whole: bool = False) -> dict:
+    """What a DCP checkpoint holds: the trained model tensors (those the optimizer updates; every
+    tensor with `whole`), the optimizer's state, the EMA."""
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    if not whole:
+        trained = _trained_names(optimizer_state)
+        model_state = {name: tensor for name, tensor in model_state.items() if name in trained}
     state = {"model": model_state, "optimizer": optimizer_state}
     if ema is not None:
         state["ema"] = dict(ema)
     return state
+
+
+def _trained_names(optimizer_state: dict) -> set[str]:
+    """The parameters (fully qualified names) an optimizer state dict of `get_state_dict` updates."""
+    return {name for group in optimizer_state["param_groups"] for name in group["params"]}
+
+
+def frozen_record(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """``{sha256, tensors, bytes}`` of the model's tensors the optimizer does not update (the
+    content hash of `drape.training.base`, cached on the model; under FSDP2 a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    trained = _trained_names(get_optimizer_state_dict(model, optimizer))
+    plain = unwrap(model)
+    frozen = {name: tensor for name, tensor in plain.state_dict().items() if name not in trained}
+    size = sum(tensor.numel() * tensor.element_size() for tensor in frozen.values())
+    return {"sha256": cached_hash(plain, frozen), "tensors": len(frozen), "bytes": size}
 
 
 class ShardedCheckpointer:
@@ -171,6 +201,9 @@ class ShardedCheckpointer:
         self.wait()  # one save in flight at a time
         path = Path(path)
         state = _state(model, optimizer, ema)
+        sharded = any(hasattr(t, "full_tensor") for t in unwrap(model).state_dict().values())
+        if self.context.is_main or sharded:  # rank 0 writes the manifest; FSDP2 shards are gathered by all
+            manifest = {**manifest, "frozen": frozen_record(model, optimizer)}
         if self.use_async and self.context.is_distributed:
             future = dcp.async_save(state, checkpoint_id=str(path), process_group=self.group)
             self.pending = (future, path, manifest)
@@ -309,13 +342,25 @@ def _safe_dcp(path: Path):
 def load_sharded(path: str | Path, model, optimizer, ema: dict | None) -> dict:
     """Load a verified DCP checkpoint into (possibly wrapped) model, optimizer and EMA on any world size."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import set_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
     manifest = verify_dcp(path)
-    state = _state(model, optimizer, ema)
+    frozen = manifest.get("frozen")
+    if frozen is not None:  # the trained tensors only: the rest must be the very tensors it was trained with
+        expected = check_digest(frozen.get("sha256") if isinstance(frozen, dict) else None, f"{path}/manifest.json frozen")
+        found = frozen_record(model, optimizer)["sha256"]
+        if found != expected:
+            from drape.training.checkpoint import CheckpointError
+
+            raise CheckpointError(
+                f"{path} holds the trained tensors of a model whose other tensors hash to {expected} (its manifest.json), "
+                f"but the model it would load into has {found}: not the weights the stage started from; not loading it"
+            )
+    state = _state(model, optimizer, ema, whole=frozen is None)
     reader, planner = _safe_dcp(Path(path))
     dcp.load(state, storage_reader=reader, planner=planner)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    options = StateDictOptions(strict=frozen is None)  # not strict: the frozen rest is verified above
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=options)
     if ema is not None and "ema" in state:
         for name, tensor in state["ema"].items():
             ema[name].copy_(tensor)

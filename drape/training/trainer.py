@@ -236,6 +236,7 @@ def _save_whole(path: Path, state: TrainingState, manifest: dict, saver: Checkpo
             ema=ema,
             manifest=manifest,
             bases=saver.bases,
+            moments=torch.bfloat16 if config.train.checkpoint_moments == "bfloat16" else None,
         )
     context.barrier()
     return path

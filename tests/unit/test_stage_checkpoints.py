@@ -162,3 +162,40 @@ def test_a_checkpoint_of_the_older_whole_format_still_loads(tmp_path):
     assert not (exported / STAGE_FILE).exists() and torch.equal(
         next(iter(load_model(exported).state_dict().values())), next(iter(model.state_dict().values()))
     )
+
+
+def test_bf16_moments_are_an_opt_in_that_halves_them_and_says_it_is_lossy(config, texture_data, tmp_path):
+    """`train.checkpoint_moments: bfloat16`: AdamW's moments stored in bf16 (half the bytes), the
+    manifest saying so; restored, they are the fp32 moments rounded to 8 significant bits."""
+    from drape.training.checkpoint import load_training_state
+    from drape.training.trainer import train_stage
+
+    model, names = _trained(config)
+    parameters = dict(model.named_parameters())
+    optimizer = torch.optim.AdamW([parameters[n] for n in names], lr=1e-3)
+    for name in names:
+        parameters[name].grad = torch.randn_like(parameters[name])
+    optimizer.step()
+    kept = save_checkpoint(tmp_path / "f32", model=model, optimizer=optimizer, trainable_names=names, ema=None,
+                           manifest={"step": 1})  # fmt: skip
+    halved = save_checkpoint(tmp_path / "bf16", model=model, optimizer=optimizer, trainable_names=names, ema=None,
+                             manifest={"step": 1}, moments=torch.bfloat16)  # fmt: skip
+    assert "optimizer_moments" not in read_manifest(kept) and read_manifest(halved)["optimizer_moments"] == "bfloat16"
+    stored = load_file(str(halved / "optimizer.safetensors"))
+    assert {t.dtype for k, t in stored.items() if not k.endswith("/step")} == {torch.bfloat16}
+    moments = sum(t.numel() * 4 for k, t in stored.items() if not k.endswith("/step"))
+    sizes = [(path / "optimizer.safetensors").stat().st_size for path in (kept, halved)]
+    assert sizes[0] - sizes[1] == pytest.approx(moments / 2, rel=0.01)
+    restored = torch.optim.AdamW([parameters[n] for n in names], lr=1e-3)
+    load_training_state(halved, restored, names)
+    before, after = optimizer.state_dict()["state"], restored.state_dict()["state"]
+    for index in before:
+        for field in ("exp_avg", "exp_avg_sq"):
+            exact, rounded = before[index][field], after[index][field]
+            assert rounded.dtype == torch.float32 and torch.equal(rounded, exact.to(torch.bfloat16).float())
+            assert torch.allclose(rounded, exact, rtol=2**-8, atol=0)
+    assert any(not torch.equal(after[i]["exp_avg_sq"], before[i]["exp_avg_sq"]) for i in before)  # lossy, as it says
+    # the trainer passes the recipe's choice on
+    cfg = seven_texture_steps(config, checkpoint_moments="bfloat16")
+    result = train_stage(cfg, stage="texture", data=texture_data, out_dir=tmp_path / "run", init_checkpoint=None)
+    assert read_manifest(result.checkpoint)["optimizer_moments"] == "bfloat16"
