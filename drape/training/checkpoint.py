@@ -113,7 +113,7 @@ def save_checkpoint(
     shutil.rmtree(temporary, ignore_errors=True)
     needed = _tensor_bytes(model.state_dict(), ema, optimizer.state if optimizer is not None else None)
     with whole_or_nothing(temporary, path, "a checkpoint", needed):  # a full disk: no partial copy, a clear error
-        return _save(temporary, path, model, optimizer, trainable_names, ema, manifest, bases, stage_names)
+        return _save(temporary, path, model, optimizer, trainable_names, ema, manifest, bases, stage_names, moments)
 
 
 def _tensor_bytes(*containers: object) -> int:
@@ -138,6 +138,7 @@ def _save(
     manifest: dict,
     bases: str | Path | None,
     stage_names: list[str] | None,
+    moments: torch.dtype | None,
 ) -> Path:
     base = None
     if bases is not None:
