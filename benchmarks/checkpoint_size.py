@@ -4,7 +4,7 @@ Builds CatVTON at configs/h100.yaml's shapes (SD1.5-inpainting's UNet without cr
 SD1.5's VAE: 899.23 M parameters, fp32) with random weights (`pretrained=False`: nothing is read or
 downloaded), trains nothing, but gives the optimizer and EMA the state a stage has: AdamW moments
 and EMA of the 49.57 M self-attention parameters every stage trains (`unet.*.attn1.*`). Then, in
-one run, for both formats (`drape.training.checkpoint.save_checkpoint` with and without `bases`):
+one run, for both formats (`drape.training.checkpoints.checkpoint.save_checkpoint` with and without `bases`):
 
 - stage checkpoint bytes (model weights + optimizer + EMA + manifest), and the base; the same
   without EMA (a recipe with `train.ema.enabled: false`) and with bf16 AdamW moments
@@ -44,9 +44,9 @@ sys.path.insert(0, str(REPO))
 from drape.config import RetentionConfig, load_config  # noqa: E402
 from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention  # noqa: E402
 from drape.storage.store import ObjectStore, tree_bytes  # noqa: E402
-from drape.training.base import content_hash  # noqa: E402
-from drape.training.checkpoint import load_model, save_checkpoint  # noqa: E402
-from drape.training.model import build_model, trainable_parameter_names  # noqa: E402
+from drape.training.checkpoints.base import content_hash  # noqa: E402
+from drape.training.checkpoints.checkpoint import load_model, save_checkpoint  # noqa: E402
+from drape.training.recipes.model import build_model, trainable_parameter_names  # noqa: E402
 
 GB = 1e9
 

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from drape.config import deep_merge, load_config  # noqa: E402
-from drape.config.loading import read_yaml  # noqa: E402
+from drape.config.reading.loading import read_yaml  # noqa: E402
 
 
 def run(config_path: Path, out: Path, nproc: int) -> dict:

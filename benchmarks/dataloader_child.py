@@ -49,9 +49,9 @@ def memory(spec: dict) -> dict:
     from drape.config import load_config
     from drape.data.partition import StageData
     from drape.data.reader import ShardIndex
-    from drape.training.distributed import DistContext
-    from drape.training.stage_job import StageJob
-    from drape.training.trainer import train_stage
+    from drape.training.jobs.stage_job import StageJob
+    from drape.training.loop.distributed import DistContext
+    from drape.training.loop.trainer import train_stage
 
     config = load_config(spec["config"])
     job = StageJob.manual(config, "identity", out_dir=spec["out"])
@@ -73,7 +73,7 @@ def _drape_batches(spec: dict):
     """drape's reader, created (its workers start) when this is called; a generator of (batch, wait)."""
     from drape.config import LoaderConfig
     from drape.data.partition import split_data
-    from drape.training.batches import BatchPrefetcher
+    from drape.training.loop.batches import BatchPrefetcher
 
     stage = Path(spec["dir"])
     data = split_data(stage, json.loads((stage / "manifest.json").read_text()), "identity")
@@ -163,7 +163,7 @@ def convert_litdata(spec: dict) -> dict:
 
 
 _IMPORTS = {
-    "drape": ["drape.training.batches", "drape.data.partition"],
+    "drape": ["drape.training.loop.batches", "drape.data.partition"],
     "webdataset": ["torch", "webdataset"],
     "litdata": ["litdata"],
 }
@@ -173,7 +173,7 @@ def _model_setup() -> None:
     """What a stage job does between creating its reader and its first step: build the model (that
     of configs/fitdit.yaml, 0.9 B parameters, on this CPU)."""
     from drape.config import EXAMPLE_SITE, load_config
-    from drape.training.model import build_model
+    from drape.training.recipes.model import build_model
 
     build_model(load_config(Path(__file__).resolve().parents[1] / "configs" / "fitdit.yaml", site=EXAMPLE_SITE))
 

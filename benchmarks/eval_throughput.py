@@ -8,7 +8,7 @@ steps) on the same `--samples` control samples, `--batch` at a time, with the sa
   shards, sampled, per-sample SSIM and LPIPS and both sides' Inception features (small stand-in
   feature networks: a TorchScript conv net and a random AlexNet), each batch persisted, then FID
   and KID through torchmetrics. A fresh directory each repeat (no batch reused).
-- sampling: a bare loop of `drape.training.model.sample` over the same batches already decoded
+- sampling: a bare loop of `drape.training.recipes.model.sample` over the same batches already decoded
   in memory: the floor any evaluation pays.
 - resumed: `evaluate` again over a directory that holds every batch (a finished run restarted).
 
@@ -42,7 +42,7 @@ from drape.data.dataset import build_dataset, to_model_inputs  # noqa: E402
 from drape.data.reader import ShardIndex  # noqa: E402
 from drape.eval.features import FeatureNetworks, load_inception, load_lpips  # noqa: E402
 from drape.eval.runner import build_protocol, evaluate  # noqa: E402
-from drape.training.model import build_model, sample  # noqa: E402
+from drape.training.recipes.model import build_model, sample  # noqa: E402
 from tests.unit.test_eval_metrics import write_alexnet_weights, write_tiny_inception  # noqa: E402
 
 VITON_TEST_PAIRS = 2032

@@ -5,7 +5,7 @@ Each case starts a fresh interpreter that imports what the process imports, prin
 its work is done, and exits; the time from the mark to the process's end is the exit. Side by
 side in alternation, `--runs` times each (median and range, and the ratio):
 
-- a stage job's rank (`drape.training.stage_job`: torch, diffusers, the trainer);
+- a stage job's rank (`drape.training.jobs.stage_job`: torch, diffusers, the trainer);
 - the `drape` command (`drape.cli`: every command group).
 
 And the whole of one short `drape cost --help` (start, import, work, exit), as a user runs it.
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 MARK = "work done"
 FROZEN = "from drape.ops.process import end_without_collection; end_without_collection()\n"
 CASES = {
-    "a stage job's rank (drape.training.stage_job)": "import drape.training.stage_job\n",
+    "a stage job's rank (drape.training.jobs.stage_job)": "import drape.training.jobs.stage_job\n",
     "the drape command (drape.cli)": "import drape.cli\n",
 }
 

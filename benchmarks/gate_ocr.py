@@ -1,5 +1,5 @@
 """The text check's OCR engines alone on real images: per kind, the share of samples whose output
-does not read as its source (`drape.gates.ocr.TextCheck`, similarity under 1), and each engine's
+does not read as its source (`drape.gates.checks.ocr.TextCheck`, similarity under 1), and each engine's
 time per sample. The control set and kinds are gate_real.py's: `real_control` (two portraits, a
 word printed on the chest), the wide harmless suite (what must read the same: false alarms) and
 the three text regressions (a look-alike letter, the last letter lost, one character changed:
@@ -22,8 +22,8 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.cases.real_cases import real_control
-from drape.gates.harmless import suite
-from drape.gates.ocr import shared_text_check
+from drape.gates.checks.ocr import shared_text_check
+from drape.gates.suites.harmless import suite
 
 
 def kinds(size: int, samples: int, seed: int, only: list[str]) -> tuple[dict, dict[str, tuple[bool, np.ndarray]]]:

@@ -4,7 +4,7 @@ regression it must catch; each recognizer's time per sample on this CPU.
 
 The control set is `benchmarks.cases.real_cases.real_control`: two real portraits (skimage's astronaut,
 matplotlib's Grace Hopper) framed at random, a word printed on the chest. What must pass: the wide
-harmless suite (`drape.gates.harmless.suite('wide')`: the nuisance suite, tone curves, sharpening,
+harmless suite (`drape.gates.suites.harmless.suite('wide')`: the nuisance suite, tone curves, sharpening,
 denoising, resampling, compound registrations). What must fail, per check:
 - identity: the other person's face blended in (another person), the face covered by a texture (no
   face), and two drifts of the same face (eyes set closer, lower face squashed);
@@ -40,14 +40,14 @@ from rich.console import Console
 from rich.table import Table
 
 from benchmarks.cases.real_cases import FaceScene, drift_face, erase_face, print_word, real_control, swap_face
-from drape.gates.calibration import redrawn_lower_bounds
-from drape.gates.checks import PixelFaceEmbedder, identity_scores, texture_scores
-from drape.gates.harmless import suite
-from drape.gates.ocr import shared_text_check
+from drape.gates.checks.checks import PixelFaceEmbedder, identity_scores, texture_scores
+from drape.gates.checks.ocr import shared_text_check
 from drape.gates.recognizers import RecognizerCheck, drift_values, recognizer_scores
 from drape.gates.recognizers.dlib_face import DRIFT_DISTANCE, DlibRecognizer
-from drape.gates.regressions import LOOK_ALIKE
-from drape.gates.report import bootstrap_lower_bound
+from drape.gates.suites.calibration import redrawn_lower_bounds
+from drape.gates.suites.harmless import suite
+from drape.gates.suites.regressions import LOOK_ALIKE
+from drape.gates.verdict.report import bootstrap_lower_bound
 
 CHECK_OF = {
     "dlib": "identity",

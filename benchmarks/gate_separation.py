@@ -26,12 +26,12 @@ from drape import STAGES
 from drape.config import default_config_path, load_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, load_split, to_model_inputs
-from drape.gates.report import CHECKS
 from drape.gates.run import judge, to_uint8
+from drape.gates.verdict.report import CHECKS
 from drape.pipeline import live_root
 from drape.storage.store import open_store
-from drape.training.checkpoint import load_model
-from drape.training.model import build_model, sample
+from drape.training.checkpoints.checkpoint import load_model
+from drape.training.recipes.model import build_model, sample
 
 
 def scrambled(model: torch.nn.Module) -> torch.nn.Module:

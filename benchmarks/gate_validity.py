@@ -5,14 +5,14 @@ Generates N control samples in memory per resolution, takes their targets as the
 false-alarm rate on what must pass, then measures the detection rate of what must fail against it.
 
 By default what must pass is the mild clean variants the gates were first tuned on (mild noise,
-JPEG q90) and what must fail is the corruption suite (`drape.gates.corruptions`). `--nuisance`
-calibrates instead on the wider suite a reviewer accepts (`drape.gates.nuisance`: shifts from
+JPEG q90) and what must fail is the corruption suite (`drape.gates.suites.corruptions`). `--nuisance`
+calibrates instead on the wider suite a reviewer accepts (`drape.gates.suites.nuisance`: shifts from
 0.5 to 2 px, brightness, contrast, white balance, JPEG q60/q75, resizing, blur) and adds the
-regression suite (`drape.gates.regressions`: the control sample redrawn with one attribute moved
+regression suite (`drape.gates.suites.regressions`: the control sample redrawn with one attribute moved
 a little, from a quarter step of skin tone to a hem 12% shorter).
 
 Each run measures two ways side by side on the same samples: the checks as the config has them
-(the baseline) and the aligned checks (`drape.gates.aligned`: light and registration undone
+(the baseline) and the aligned checks (`drape.gates.checks.aligned`: light and registration undone
 first), and prints one summary table (rates per resolution and method) and, with `--tables`,
 each calibration's full distribution table. Then the gate itself (`drape.gates.run.judge` with
 every threshold and change tolerance 'nuisance', measured at the gate from the nuisance suite):
@@ -48,7 +48,7 @@ from rich.table import Table
 
 from drape.config import PipelineConfig, TextureGateConfig, default_config_path, load_config
 from drape.data.dataset import synthesize_split
-from drape.gates.calibration import Row, calibrate, render_table
+from drape.gates.suites.calibration import Row, calibrate, render_table
 
 
 def _variants(config: PipelineConfig, as_configured: bool) -> dict[str, PipelineConfig]:
@@ -95,8 +95,8 @@ def _summary(results: dict[tuple[int, str], tuple[dict, list[Row]]], false_alarm
 
 def _unscored_rows(clean_suite: dict, regressions: bool) -> list[Row]:
     """The per-sample table's rows in its order, without scores: what `--verdicts-only` judges."""
-    from drape.gates import corruptions
-    from drape.gates import regressions as redrawn
+    from drape.gates.suites import corruptions
+    from drape.gates.suites import regressions as redrawn
 
     rows = []
     for check in corruptions.CORRUPTIONS:
@@ -115,8 +115,8 @@ def _subset(control: dict, size: int) -> dict:
 def _variant_outputs(row: Row, control: dict, seed: int) -> tuple[np.ndarray, int]:
     """(outputs, how many samples show it): the control targets with `row`'s variant where it shows,
     the targets themselves elsewhere (a model that regresses renders the rest as before)."""
-    from drape.gates import corruptions, regressions
-    from drape.gates.nuisance import NUISANCE
+    from drape.gates.suites import corruptions, regressions
+    from drape.gates.suites.nuisance import NUISANCE
 
     targets, meta = control["target"], control["meta"]
     if row.suite == "regression":
@@ -151,9 +151,9 @@ def _gate_verdicts(config: PipelineConfig, control: dict, rows: list[Row], size:
     tolerances 'nuisance') on the first `size` control samples, each rendered with that variant
     where it shows; first run (vs the ground truth) / against a baseline (the ground truth as a
     perfect baseline's outputs). A failing verdict names the checks that failed."""
-    from drape.gates.floor import nuisance_levels
-    from drape.gates.report import recorded
     from drape.gates.run import check_scores, judge
+    from drape.gates.verdict.floor import nuisance_levels
+    from drape.gates.verdict.report import recorded
 
     config, control = gate_config(config), _subset(control, size)
     targets = control["target"]
@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument(
         "--nuisance",
         action="store_true",
-        help="calibrate on the nuisance suite (drape.gates.nuisance) and measure the regression suite too",
+        help="calibrate on the nuisance suite (drape.gates.suites.nuisance) and measure the regression suite too",
     )
     parser.add_argument("--tables", action="store_true", help="print each calibration's full table as well")
     parser.add_argument(
@@ -233,11 +233,11 @@ def main() -> None:
     config = load_config(args.config)
     if args.seed is not None:
         config = config.model_copy(update={"seed": args.seed})
-    from drape.gates.corruptions import CLEAN
+    from drape.gates.suites.corruptions import CLEAN
 
     suite = None
     if args.nuisance:
-        from drape.gates.nuisance import NUISANCE
+        from drape.gates.suites.nuisance import NUISANCE
 
         suite = {**CLEAN, **NUISANCE}
     label = "the nuisance suite" if args.nuisance else "mild clean variants (noise, JPEG q90)"

@@ -26,8 +26,8 @@ sys.path.append(str(Path(__file__).resolve().parent))
 
 from drape.config import EXAMPLE_SITE, load_config  # noqa: E402
 from drape.data.partition import StageData  # noqa: E402
-from drape.training.distributed import init_from_env  # noqa: E402
-from drape.training.trainer import train_stage  # noqa: E402
+from drape.training.loop.distributed import init_from_env  # noqa: E402
+from drape.training.loop.trainer import train_stage  # noqa: E402
 
 
 def noise_stage(directory: Path, config, context) -> StageData:

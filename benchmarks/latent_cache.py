@@ -37,7 +37,7 @@ from drape.config import deep_merge, load_config, parse_config  # noqa: E402
 from drape.data.dataset import build_dataset  # noqa: E402
 from drape.data.encode import encode_dataset, source_config  # noqa: E402
 from drape.data.partition import split_data  # noqa: E402
-from drape.training.trainer import train_stage  # noqa: E402
+from drape.training.loop.trainer import train_stage  # noqa: E402
 
 STAGE = "identity"
 
@@ -73,7 +73,7 @@ def _config(args, root: Path, vae: Path):
 def _save_vae(config, path: Path) -> None:
     from diffusers import AutoencoderKL
 
-    from drape.training.latent import vae_config
+    from drape.training.recipes.latent import vae_config
 
     torch.manual_seed(0)
     shape = config.model.vae.model_copy(update={"path": None})  # the shape the config asks for; the path is where it goes

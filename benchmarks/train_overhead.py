@@ -1,11 +1,11 @@
 """drape's training step against a bare PyTorch loop on the same tiny model: drape's overhead.
 
-Both sides train the same model (`drape.training.model.build_model` of tests/configs/tiny.yaml,
+Both sides train the same model (`drape.training.recipes.model.build_model` of tests/configs/tiny.yaml,
 32 px, batch 16, CPU) with the same torch AdamW at the same learning rate, on the same batches
 in the same order, with the same DDPM noising and target and the same gradient clipping, so what
 differs is drape around the step:
 
-- drape: `drape.training.trainer.train_stage` as a stage job calls it, batches read and decoded
+- drape: `drape.training.loop.trainer.train_stage` as a stage job calls it, batches read and decoded
   by its prefetcher (`BatchPrefetcher`, `data.loader` workers) from local shards, the step's
   seeded draws, condition dropout, the LR schedule, loss reduction, Prometheus step metrics and
   the checkpointer's cadence check. Per-step time is the gap between its `progress` callbacks
@@ -45,11 +45,11 @@ sys.path.insert(0, str(REPO))
 from drape.config import PipelineConfig, deep_merge, load_config, parse_config  # noqa: E402
 from drape.data.dataset import build_dataset  # noqa: E402
 from drape.data.partition import StageData, split_data  # noqa: E402
-from drape.training.batches import BatchPrefetcher  # noqa: E402
-from drape.training.distributed import DistContext  # noqa: E402
-from drape.training.model import build_model  # noqa: E402
-from drape.training.objective import build_noise_scheduler  # noqa: E402
-from drape.training.trainer import train_stage  # noqa: E402
+from drape.training.loop.batches import BatchPrefetcher  # noqa: E402
+from drape.training.loop.distributed import DistContext  # noqa: E402
+from drape.training.loop.trainer import train_stage  # noqa: E402
+from drape.training.recipes.model import build_model  # noqa: E402
+from drape.training.recipes.objective import build_noise_scheduler  # noqa: E402
 
 STAGE = "identity"  # tiny.yaml trains every parameter in it: the bare loop's optimizer holds them all
 GOAL = 0.05

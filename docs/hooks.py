@@ -109,7 +109,7 @@ def config_sections(model: type[BaseModel], path: str = "") -> Iterator[tuple[st
 
 
 def _site_fields() -> tuple[str, ...]:
-    from drape.config.site import SITE_FIELDS
+    from drape.config.reading.site import SITE_FIELDS
 
     return SITE_FIELDS
 
@@ -124,9 +124,9 @@ def config_reference(root: type[BaseModel]) -> tuple[str, int, int]:
         "the field and the file.",
         "",
         "A config file may name others under `extends:` (one file or a list, relative to it): they are merged",
-        "in order, then its own keys on top (`drape/config/extends.py`). A config that names site values under",
+        "in order, then its own keys on top (`drape/config/reading/extends.py`). A config that names site values under",
         "`site:` (each `required` or `optional`) takes them from the site file `DRAPE_SITE` or `drape --site`",
-        "names (a copy of `configs/site.example.yaml`; `drape/config/site.py`). The site values: "
+        "names (a copy of `configs/site.example.yaml`; `drape/config/reading/site.py`). The site values: "
         + ", ".join(f"`{field}`" for field in _site_fields())
         + ".",
         "",

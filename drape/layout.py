@@ -4,13 +4,13 @@ Live storage, ``<paths.root>/live``::
 
     runs/<run>/<stage>/checkpoints/step-NNNNNNN        the stage's safetensors checkpoints
     runs/<run>/<stage>/checkpoints/step-NNNNNNN.dcp    sharded intermediates (torchrun)
-    runs/<run>/<stage>/adapters/step-NNNNNNN           a LoRA pass's adapter checkpoints (drape/training/lora.py)
+    runs/<run>/<stage>/adapters/step-NNNNNNN           a LoRA pass's adapter checkpoints (drape/training/recipes/lora.py)
     runs/<run>/<stage>/gate/                           outputs/, latents.safetensors, report.json, grid.png
     runs/<run>/<stage>/superseded-baseline/, baseline-download/   the replaced baseline; one fetched for the gate
     runs/<run>/<stage>/job-config.json                 a queue job's config; train-result.json its result
     runs/manual/<stage>/                               `python -m drape.train` without --out
     baselines/<stage>/                                 checkpoint/, outputs/, baseline.json (+ latents, report)
-    bases/<sha256>/                                    a frozen base stage checkpoints name (drape/training/base.py)
+    bases/<sha256>/                                    a frozen base stage checkpoints name (drape/training/checkpoints/base.py)
     shards/<dataset>/<version>/<split>/                the shard cache (`data.cache.dir` moves it)
     restored/<run>/<stage>/, models/v<version>/        `drape storage restore`; a registry version for inference
     inference/<bench>/                                 `drape bench inference`: inputs, variants, report

@@ -3,7 +3,7 @@
 The trainer lives in `drape.training`; this module only keeps the documented entry point.
 """
 
-from drape.training.stage_job import main
+from drape.training.jobs.stage_job import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

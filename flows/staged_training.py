@@ -26,7 +26,7 @@ from drape.config import default_config_path, load_config
 from tasks import stages as t
 
 if TYPE_CHECKING:  # importing this module loads no torch, diffusers or MLflow (`prefect deploy` imports it)
-    from drape.gates.report import GateReport
+    from drape.gates.verdict.report import GateReport
     from drape.pipeline import RunContext
 
 

@@ -16,8 +16,8 @@ from drape import pipeline  # its names load their modules when first used (torc
 from drape.config import PipelineConfig
 
 if TYPE_CHECKING:
-    from drape.gates.report import GateReport
-    from drape.training.trainer import TrainResult
+    from drape.gates.verdict.report import GateReport
+    from drape.training.loop.trainer import TrainResult
 
 _common: dict[str, Any] = {"cache_policy": NONE, "log_prints": True}
 
@@ -48,7 +48,7 @@ def prestage_dataset(config: PipelineConfig, stage: str, keep: list[str]) -> dic
 def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> TrainResult:
     """In this process, or (with `queue.enabled`) as a job through the GPU queue, waiting for it."""
     if not config.queue.enabled:
-        from drape.training.stage_job import progress_lines
+        from drape.training.jobs.stage_job import progress_lines
 
         return pipeline.train(config, context, stage, progress=progress_lines(stage))
     from drape import job_kind_for
@@ -98,7 +98,7 @@ def _links() -> dict[str, str]:
 
 @task(name="gate", task_run_name="gate-{stage}", timeout_seconds=3600, **_common)
 def gate(config: PipelineConfig, context: pipeline.RunContext, stage: str, checkpoint: str) -> GateReport:
-    from drape.gates import render
+    from drape.gates.verdict import render
 
     report = pipeline.gate(config, context, stage, checkpoint, webhook_url=_webhook(config), links=_links())
     create_markdown_artifact(render.markdown(report), key=f"gate-report-{stage}", description=f"{stage} gate report")

@@ -529,8 +529,8 @@ def register_untrained_baseline(config, root: Path) -> Path:
     """The config's model, untrained, registered as `drape-tryon` v1 with the alias denoise-baseline;
     the config written beside it as `config.yaml` (its path returned)."""
     from drape.ops.tracking import Tracker
-    from drape.training.checkpoint import save_checkpoint
-    from drape.training.model import build_model
+    from drape.training.checkpoints.checkpoint import save_checkpoint
+    from drape.training.recipes.model import build_model
 
     checkpoint = save_checkpoint(
         root / "checkpoint",

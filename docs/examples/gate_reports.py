@@ -9,7 +9,7 @@ functions the `staged-training` flow's tasks call (`drape.pipeline`, no Prefect)
    baseline from run 1, it fails; `reject` archives it and posts the Slack alert, here to a local
    HTTP server that captures the Block Kit message drape sent.
 
-The page shows each report as the Prefect UI's artifact shows it (`drape.gates.render.markdown`),
+The page shows each report as the Prefect UI's artifact shows it (`drape.gates.verdict.render.markdown`),
 its grid.png (worst samples first) and the Slack message. Nothing on the page is typed by hand.
 
     PYTHONPATH=. OMP_NUM_THREADS=1 .venv/bin/python docs/examples/gate_reports.py
@@ -32,8 +32,8 @@ from PIL import Image
 from drape import pipeline
 from drape.config import load_config
 from drape.config.data import height_width
-from drape.gates import render
-from drape.gates.report import GateReport
+from drape.gates.verdict import render
+from drape.gates.verdict.report import GateReport
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"

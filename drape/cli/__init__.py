@@ -4,7 +4,7 @@ Every command and option: `drape --help`, or docs/reference/cli.md, generated fr
 documentation site is built (docs/hooks.py), so no list here can fall behind it.
 
 `drape --site FILE <command>` (or DRAPE_SITE) names the site file production configs take their
-site values from (drape/config/site.py).
+site values from (drape/config/reading/site.py).
 
 One module per command group (`pipeline`, `data`, `gate`, `storage`, `queue`, `model`, `inference`,
 `shopper`, `cost`); `common` holds the

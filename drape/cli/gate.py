@@ -26,8 +26,8 @@ def gate_check(
     from drape.data.dataset import load_control_dir
     from drape.data.shards import ShardError
     from drape.gates.recognizers import ControlSetError
-    from drape.gates.render import rich_table
     from drape.gates.run import judge, read_outputs
+    from drape.gates.verdict.render import rich_table
 
     cfg = load(config)
     try:
@@ -86,15 +86,15 @@ def gate_calibrate(
     suite: str | None = typer.Option(
         None,
         help="with --nuisance: 'standard' or 'wide' (also tone curves, sharpening, denoising, resampling, compound "
-        "registrations: drape.gates.harmless); default: the config's gates.nuisance_suite",
+        "registrations: drape.gates.suites.harmless); default: the config's gates.nuisance_suite",
     ),
 ) -> None:
     """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
     threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
     gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
     thresholds a config takes."""
-    from drape.gates.calibration import calibrate, gate_thresholds, render_gate_table, render_table
     from drape.gates.recognizers import ControlSetError
+    from drape.gates.suites.calibration import calibrate, gate_thresholds, render_gate_table, render_table
 
     cfg = load(config)
     _check_rates(false_alarm, redraws)
@@ -149,9 +149,9 @@ def _calibration_inputs(cfg, control: Path | None, samples: int, outputs: Path |
 
 
 def _nuisance_suite(name: str) -> dict:
-    """The clean variants and the harmless suite `name` ('standard' or 'wide', drape.gates.harmless)."""
-    from drape.gates.corruptions import CLEAN
-    from drape.gates.harmless import suite
+    """The clean variants and the harmless suite `name` ('standard' or 'wide', drape.gates.suites.harmless)."""
+    from drape.gates.suites.corruptions import CLEAN
+    from drape.gates.suites.harmless import suite
 
     try:
         return {**CLEAN, **suite(name)}

@@ -42,8 +42,8 @@ def _top_modules(sizes: dict[str, int], frozen: tuple[str, ...]) -> str:
 def model_describe(config: Path | None = ConfigOption) -> None:
     """The model a config builds: its class, parameters in total and per stage, the queue's memory
     estimate per stage job, and what each stage trains."""
-    from drape.training.model import configured_class_path, trainable_parameter_names
-    from drape.training.sources import weight_lines
+    from drape.training.published.sources import weight_lines
+    from drape.training.recipes.model import configured_class_path, trainable_parameter_names
     from scheduler.jobs.profiles import estimate, lora_parameters, model_facts
 
     cfg = load(config)
@@ -104,8 +104,8 @@ def model_export(
 ) -> None:
     """Write a stage's result in a layout the field loads, read it back and compare it bit for bit
     before it replaces OUT: CatVTON's attention/model.safetensors, or diffusers save_pretrained folders."""
-    from drape.training.checkpoint import CheckpointError, load_model
-    from drape.training.export import export_model
+    from drape.training.checkpoints.checkpoint import CheckpointError, load_model
+    from drape.training.published.export import export_model
 
     try:
         verified = export_model(load_model(checkpoint), out, format)
@@ -130,7 +130,7 @@ def model_fit_vae(
     for smoke runs and tests where no pretrained VAE is at hand (set model.vae.path to OUT)."""
     import shutil
 
-    from drape.training.latent import fit_vae, reconstruction_error, synthetic_images, vae_config
+    from drape.training.recipes.latent import fit_vae, reconstruction_error, synthetic_images, vae_config
 
     cfg = load(config)
     if cfg.model.vae.path is not None:

@@ -116,7 +116,7 @@ def train(
     out: Path | None = typer.Option(None, help="stage directory for checkpoints"),
 ) -> None:
     """Train one stage without an orchestrator (same code path as the flow's train task)."""
-    from drape.training.stage_job import main
+    from drape.training.jobs.stage_job import main
 
     args = ["--config", str(config or default_config_path()), "--stage", stage]
     args += ["--init", str(init)] if init else []

@@ -1,7 +1,7 @@
 """The one renderer of the `drape` command's reports: the run summary, storage tables, sizes.
 
 Sizes are spelled by `drape.format_bytes` everywhere (binary units); gate reports by
-`drape.gates.render`.
+`drape.gates.verdict.render`.
 """
 
 from __future__ import annotations

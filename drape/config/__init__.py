@@ -6,9 +6,9 @@ are errors (a typo must not silently fall back to a default), and every failure 
 file, the field and the reason, e.g. ``configs/demo.yaml: train.stages.texture.steps: Input
 should be greater than 0 (got -5)``.
 
-A file may name others under `extends:` (drape.config.extends): the production configs are a base,
+A file may name others under `extends:` (drape.config.reading.extends): the production configs are a base,
 a model recipe and a cluster. The site values a config declares under `site:` (paths, endpoints,
-secret, image and node names) come from the site file $DRAPE_SITE names (drape.config.site), never
+secret, image and node names) come from the site file $DRAPE_SITE names (drape.config.reading.site), never
 from a tracked config.
 """
 
@@ -24,12 +24,12 @@ from drape.config.base import ConfigError, StrictModel, mounted
 from drape.config.cost import PLANS, CostConfig, GpuPrice
 from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.eval import EvalConfig, FidGateConfig
-from drape.config.extends import deep_merge, read_config_data
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
 from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
+from drape.config.reading.extends import deep_merge, read_config_data
+from drape.config.reading.site import EXAMPLE_SITE, SITE_ENV, SITE_FIELDS, apply_site
 from drape.config.shoppers import ShopperGateConfig, ShoppersConfig
-from drape.config.site import EXAMPLE_SITE, SITE_ENV, SITE_FIELDS, apply_site
 from drape.config.slurm import SlurmLauncherConfig
 from drape.config.storage import (
     BASELINE_LIVE_KINDS,
@@ -287,8 +287,8 @@ def parse_config(data: dict, source: str = "<config>") -> PipelineConfig:
 
 def load_config(path: str | Path, overrides: dict | None = None, *, site: str | Path | None = None) -> PipelineConfig:
     """Load and validate a YAML pipeline config: the files its `extends:` names merged under it
-    (drape.config.extends), the site values it declares taken from the site file (`site`, else
-    $DRAPE_SITE: drape.config.site), then `overrides` deep-merged on top."""
+    (drape.config.reading.extends), the site values it declares taken from the site file (`site`, else
+    $DRAPE_SITE: drape.config.reading.site), then `overrides` deep-merged on top."""
     data = read_config_data(path)
     data, source = apply_site(data, str(path), site)
     if overrides:

@@ -11,14 +11,14 @@ from drape.config.base import StageName, StrictModel, mounted
 # a check's score lies in [0, 1] where 1 is perfect: a threshold outside (0, 1] passes anything
 # (or nothing) and is refused; one value for every stage, or one per stage
 # (or "nuisance": the check's nuisance floor, measured at each gate: what accepted variations of the
-# ground truth score, drape.gates.floor; or "off": measured and reported, never judged, for a check
+# ground truth score, drape.gates.verdict.floor; or "off": measured and reported, never judged, for a check
 # that cannot separate anything where it runs, such as a 6×4 px logo at 32 px; unset still blocks)
 Bounded = Annotated[float, Field(gt=0, le=1)] | Literal["nuisance", "off"]
 Threshold = Bounded | dict[StageName, Bounded] | None
 
 
 # a change threshold: a fixed fall of the mean, or "nuisance": the largest fall the baseline's own outputs
-# show under the nuisance suite (drape.gates.floor), measured at each gate
+# show under the nuisance suite (drape.gates.verdict.floor), measured at each gate
 MaxDrop = Annotated[float, Field(ge=0, le=0.5)] | Literal["nuisance"] | None
 MAX_DROP = "change threshold vs the stage baseline's mean: a number, or 'nuisance' (measured at the gate); unset: none"
 
@@ -27,7 +27,7 @@ def _threshold_for(threshold: Threshold, stage: str) -> float | str | None:
     return threshold.get(stage) if isinstance(threshold, dict) else threshold
 
 
-ALIGNED = "drape.gates.aligned: the difference left once light and registration are undone"
+ALIGNED = "drape.gates.checks.aligned: the difference left once light and registration are undone"
 
 
 class IdentityGateConfig(StrictModel):
@@ -130,7 +130,7 @@ class TextureGateConfig(StrictModel):
     ocr: Literal["off", "rapidocr", "tesseract"] = Field(
         default="off",
         description=(
-            "rapidocr: read the logo box of the source and of the output (PP-OCR, drape.gates.ocr) beside the glyph "
+            "rapidocr: read the logo box of the source and of the output (PP-OCR, drape.gates.checks.ocr) beside the glyph "
             "check; each sample's text must read as the source's (min_text_similarity); tesseract: the same through "
             "Debian's tesseract-ocr command line"
         ),
@@ -193,8 +193,8 @@ class GatesConfig(StrictModel):
     nuisance_suite: Literal["standard", "wide"] = Field(
         default="standard",
         description=(
-            "the harmless suite the floors and tolerances are measured on: standard (drape.gates.nuisance) or wide "
-            "(and tone curves, sharpening, denoising, resampling, compound registrations: drape.gates.harmless)"
+            "the harmless suite the floors and tolerances are measured on: standard (drape.gates.suites.nuisance) or wide "
+            "(and tone curves, sharpening, denoising, resampling, compound registrations: drape.gates.suites.harmless)"
         ),
     )
     floor_margin: dict[Literal["identity", "texture", "coherence"], Annotated[float, Field(ge=0, le=0.5)]] = Field(

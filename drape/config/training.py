@@ -123,11 +123,12 @@ class DenoiserConfig(StrictModel):
 class ModelConfig(StrictModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_by_name=True, validate_by_alias=True, serialize_by_alias=True)
 
-    kind: ModelKind = Field(default="pixel-dit", description="a built-in model (drape/training/model.py BUILT_IN)")
+    kind: ModelKind = Field(default="pixel-dit", description="a built-in model (drape/training/recipes/model.py BUILT_IN)")
     class_: str | None = Field(
         default=None,
         alias="class",
-        description="'package.module:Name', a drape.training.model.TryOnModel subclass drape does not ship; replaces kind",
+        description="'package.module:Name', a drape.training.recipes.model.TryOnModel subclass drape does not ship; "
+        "replaces kind",
     )
     options: dict[str, Any] = Field(default={}, description="keyword arguments an outside model's from_drape_config reads")
     patch_size: int = Field(
@@ -173,7 +174,7 @@ class ModelConfig(StrictModel):
 
 
 class DiffusionConfig(StrictModel):
-    """The diffusion a model trains and samples with (drape/training/objective.py): DDPM noising
+    """The diffusion a model trains and samples with (drape/training/recipes/objective.py): DDPM noising
     (`prediction_type` its target, DDIM sampling) or rectified flow matching (SD3 / FitDiT: velocity
     target, logit-normal timesteps, FlowMatchEulerDiscreteScheduler sampling), and sampling guidance."""
 
@@ -246,7 +247,7 @@ class EmaConfig(StrictModel):
 
 
 class LoraConfig(StrictModel):
-    """LoRA fine-tune passes (peft, drape/training/lora.py): with `enabled`, `--mode finetune` freezes
+    """LoRA fine-tune passes (peft, drape/training/recipes/lora.py): with `enabled`, `--mode finetune` freezes
     the baseline and trains low-rank adapters on the nn.Linear layers each stage's `trainable`
     patterns select; the adapter is saved apart (a few MB) and merged into the checkpoint the gate
     and promotion read. Full runs never use it."""

@@ -38,7 +38,7 @@ from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_in
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
 from drape.data.sources import DRESSCODE_CATEGORIES, TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
 from drape.data.synth import STAGE_BIAS, Sample, generate_split
-from drape.gates.control import refuse_faceless_control
+from drape.gates.checks.control import refuse_faceless_control
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError, redact_url
 
@@ -217,7 +217,7 @@ def import_dataset(
     test_unpaired (evaluation only: never a stage). An unpaired file that is a paired one is refused
     unless `allow_paired_as_unpaired`; then the manifest names it (`source.paired_as_unpaired`).
     With `gates` judging identity through a recognizer, a control target whose face it does not
-    find refuses the dataset, naming the samples (`drape.gates.control`)."""
+    find refuses the dataset, naming the samples (`drape.gates.checks.control`)."""
     source_root = Path(source_root)
     layout = layout or detect_layout(source_root)
     pairs = list_pairs(source_root, layout, allow_paired_as_unpaired=allow_paired_as_unpaired)

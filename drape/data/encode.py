@@ -119,7 +119,7 @@ def encode_dataset(
     """Write the latent dataset of the pixel dataset `source` (its manifest) into `out_dir`; returns
     its manifest. `fetch(shard)` gives a verified local path of a source shard; a shard is freed
     (when `fetch` downloaded it) as soon as it is encoded."""
-    from drape.training.model import build_model
+    from drape.training.recipes.model import build_model
 
     out_dir, device = Path(out_dir), device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model: Any = build_model(config).to(device).eval()  # type: ignore[arg-type]  # the VAE from model.vae.path; the denoiser is unused

@@ -147,7 +147,7 @@ def make_sample(
     variation: Variation = PLAIN,
 ) -> Sample:
     """One try-on training sample at `resolution` (a side, or (height, width)); `variation` draws it
-    subtly otherwise (what `drape.gates.regressions` needs), everything else the same."""
+    subtly otherwise (what `drape.gates.suites.regressions` needs), everything else the same."""
     height, width = height_width(resolution)
     side = max(height, width)
     square = _square_sample(seed, key, identity, garment, arm_pose, photo_seed, side, variation)

@@ -45,7 +45,7 @@ LIMBS = (
 
 @dataclass(frozen=True)
 class Variation:
-    """Drawing changes that are not attributes of a garment: what `drape.gates.regressions` makes a
+    """Drawing changes that are not attributes of a garment: what `drape.gates.suites.regressions` makes a
     model get subtly wrong. The default draws the garment as it is."""
 
     logo_angle: float = 0.0  # degrees the mark is turned on its plate

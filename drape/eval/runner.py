@@ -1,6 +1,6 @@
 """Evaluate a model on a split: sample it batch by batch as the gates do, measure, persist, resume.
 
-Sampling is the gates' own (`drape.training.model.sample`: the objective's sampler and
+Sampling is the gates' own (`drape.training.recipes.model.sample`: the objective's sampler and
 `diffusion.guidance_scale`), with sample i of the split starting from noise i of the seed, so an
 image does not depend on the batch it was drawn in. Each batch's per-sample records
 (`drape.eval.metrics.batch_records`) are written to ``batch-<first sample>.npz`` (a temporary name,
@@ -24,7 +24,7 @@ from drape.data.reader import ShardIndex, to_model_inputs
 from drape.eval.features import RESIZE_DESCRIPTIONS, FeatureNetworks
 from drape.eval.metrics import batch_records, summarize
 from drape.storage.checksum import sha256_bytes
-from drape.training.model import TryOnModel, sample
+from drape.training.recipes.model import TryOnModel, sample
 
 RECORD_FIELDS = ("fake_features", "real_features", "ssim", "lpips")
 Progress = Callable[[int, int], None]

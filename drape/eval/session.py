@@ -116,9 +116,9 @@ def run_eval(
 ) -> dict:
     """Evaluate model `version` on `split` in `mode`; logs to MLflow. `networks`: default from
     `config.eval` (a test passes its own, built the same way)."""
-    from drape.training.checkpoint import load_model
-    from drape.training.model import configured_class_path
-    from drape.training.trainer import resolve_device
+    from drape.training.checkpoints.checkpoint import load_model
+    from drape.training.loop.trainer import resolve_device
+    from drape.training.recipes.model import configured_class_path
 
     stored = dataset_split(split, mode)
     resolved = resolve_version(config, version)

@@ -20,17 +20,17 @@ from safetensors.torch import save_file
 
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gates import aligned, face
-from drape.gates.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
-from drape.gates.degenerate import constant_outputs, opaque_rgb, refuse_constant
-from drape.gates.floor import Level, NuisanceLevels, nuisance_levels
-from drape.gates.ocr import shared_text_check
+from drape.gates.checks import aligned, face
+from drape.gates.checks.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
+from drape.gates.checks.degenerate import constant_outputs, opaque_rgb, refuse_constant
+from drape.gates.checks.ocr import shared_text_check
 from drape.gates.recognizers import RecognizerCheck, drift_values, recognizer_scores
-from drape.gates.report import CHECKS, CheckResult, GateReport, recorded
-from drape.gates.rules import sample_rule
-from drape.training.checkpoint import load_model
-from drape.training.model import TryOnModel, configured_class_path, sample
-from drape.training.trainer import resolve_device
+from drape.gates.verdict.floor import Level, NuisanceLevels, nuisance_levels
+from drape.gates.verdict.report import CHECKS, CheckResult, GateReport, recorded
+from drape.gates.verdict.rules import sample_rule
+from drape.training.checkpoints.checkpoint import load_model
+from drape.training.loop.trainer import resolve_device
+from drape.training.recipes.model import TryOnModel, configured_class_path, sample
 
 
 def to_uint8(images: torch.Tensor) -> np.ndarray:
@@ -80,7 +80,7 @@ def read_outputs(
     """Output PNGs named by control sample id, each `shape` (height, width) when given (else the
     first one's); a missing, unreadable, transparent or differently sized one is an error naming it,
     and so is a constant one when the set is a `reference` (baseline or clean outputs,
-    `drape.gates.degenerate`)."""
+    `drape.gates.checks.degenerate`)."""
     images: list[np.ndarray] = []
     for key in keys:
         path = Path(directory) / f"{key}.png"
@@ -208,10 +208,10 @@ def judge(
     """The GateReport for `outputs` on the control set; pure given its inputs. Value checks: identity
     and texture vs the control targets, coherence vs the baseline's outputs when given (else the
     ground truth), each against its threshold (a number, or "nuisance": the nuisance floor less
-    `gates.floor_margin`); a recognizer's per-sample rule (`drape.gates.rules`). Change checks, with
+    `gates.floor_margin`); a recognizer's per-sample rule (`drape.gates.verdict.rules`). Change checks, with
     a baseline: each mean on the ground-truth scale may not fall more than `max_drop` (a number, or
     "nuisance": the largest fall under the nuisance suite). `levels`: floors and tolerances already
-    measured. A constant output (`drape.gates.degenerate`) fails the gate whatever the scores."""
+    measured. A constant output (`drape.gates.checks.degenerate`) fails the gate whatever the scores."""
     gates = config.gates
     embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
     vs_baseline, targets = baseline_outputs is not None, control["target"]
@@ -310,8 +310,8 @@ def provenance_problems(
     stage's model renders much the same images; nothing else would tell). Reads the manifests and
     the trainable tensors only, never the whole model.
     """
-    from drape.training.checkpoint import model_tensor_names, read_manifest, read_model_tensors
-    from drape.training.model import PIXEL_DIT, resolve_class, trainable_parameter_names
+    from drape.training.checkpoints.checkpoint import model_tensor_names, read_manifest, read_model_tensors
+    from drape.training.recipes.model import PIXEL_DIT, resolve_class, trainable_parameter_names
 
     manifest, problems = read_manifest(checkpoint), []
     if manifest.get("stage") != stage:

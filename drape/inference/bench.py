@@ -165,7 +165,7 @@ def run_bench(
     progress: Progress | None = None,
 ) -> BenchReport:
     """Measure the reference, the control and every variant of `config.inference` on the captured inputs."""
-    from drape.training.trainer import resolve_device
+    from drape.training.loop.trainer import resolve_device
 
     device = resolve_device(config.train.device)
     source = resolve_model(config, model)

@@ -13,7 +13,7 @@ from drape import STAGES
 from drape.config import PipelineConfig
 from drape.jsonfile import read_json_object
 from drape.layout import LiveLayout, live_root
-from drape.training.checkpoint import CheckpointError, verify_checkpoint
+from drape.training.checkpoints.checkpoint import CheckpointError, verify_checkpoint
 
 
 class InferenceInputError(ValueError):

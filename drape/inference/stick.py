@@ -1,7 +1,7 @@
 """The measuring stick: captured inputs, a fixed seed, a warm device, one request at a time.
 
 A request is one captured input (batch 1) rendered end to end. Its denoise-only latency is the
-sampling loop alone, between `drape.training.model.sample`'s "denoise" and "decode" phases; its
+sampling loop alone, between `drape.training.recipes.model.sample`'s "denoise" and "decode" phases; its
 end-to-end latency adds conditioning, the VAE decode and the copy of the pixels to the host.
 Every time is read after a device synchronisation. Peak memory is the request's, measured in
 requests of its own after the timed ones: on a GPU `torch.cuda.max_memory_allocated` (the
@@ -26,8 +26,8 @@ import torch
 from drape.config import DiffusionConfig
 from drape.gates.run import to_uint8
 from drape.inference.variants import Prepared
-from drape.training.model import sample
-from drape.training.objective import build_objective
+from drape.training.recipes.model import sample
+from drape.training.recipes.objective import build_objective
 
 STATUS = Path("/proc/self/status")
 CLEAR_REFS = Path("/proc/self/clear_refs")

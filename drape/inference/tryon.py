@@ -88,9 +88,9 @@ def render_tryons(
 ) -> dict:
     """Render every input with the model (with a shopper's `adapter` merged in, when given); write
     ``<key>.png``, ``grid.png`` and ``tryon.json`` to `out`."""
-    from drape.training.checkpoint import load_model
-    from drape.training.model import configured_class_path
-    from drape.training.trainer import resolve_device
+    from drape.training.checkpoints.checkpoint import load_model
+    from drape.training.loop.trainer import resolve_device
+    from drape.training.recipes.model import configured_class_path
 
     device = resolve_device(config.train.device)
     source = resolve_model(config, model)

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from drape.config import VariantSpec
-from drape.training.model import TryOnModel
+from drape.training.recipes.model import TryOnModel
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 REFERENCE = "reference"

@@ -92,9 +92,9 @@ def setup(job: dict) -> Setup | dict:
     says why."""
     config: PipelineConfig = parse_config(job["config"], "inference job")
     spec = VariantSpec.model_validate(job["variant"])
-    from drape.training.checkpoint import load_model
-    from drape.training.model import configured_class_path
-    from drape.training.trainer import resolve_device
+    from drape.training.checkpoints.checkpoint import load_model
+    from drape.training.loop.trainer import resolve_device
+    from drape.training.recipes.model import configured_class_path
 
     device = resolve_device(config.train.device)
     base: dict = {"variant": spec.name, "spec": spec.model_dump(), "describe": spec.describe(), "role": job["role"]}

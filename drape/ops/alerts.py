@@ -34,8 +34,8 @@ from slack_sdk.http_retry.builtin_handlers import ServerErrorRetryHandler
 from slack_sdk.webhook import WebhookClient
 
 from drape.config import AlertsConfig
-from drape.gates.render import slack_lines
-from drape.gates.report import GateReport
+from drape.gates.verdict.render import slack_lines
+from drape.gates.verdict.report import GateReport
 from drape.secrets import has_credentials, register_secret_variable
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from drape.pipeline.run import RunContext, resources
 from drape.storage.bases import fetch_bases
 from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 from drape.storage.store import remove_tree
-from drape.training.checkpoint import verify_checkpoint
+from drape.training.checkpoints.checkpoint import verify_checkpoint
 
 
 def baseline_source(context: RunContext, stage: str) -> str | None:

@@ -3,7 +3,7 @@
 Apart (`PipelineConfig.trains_apart`, the default with the queue), the job runs on a node that
 shares nothing with the flow's but the object store: the flow publishes the job and the weights it
 starts from, and takes back the result and the candidate checkpoint, each verified
-(drape/storage/handoff.py; the trainer's side: drape/training/apart.py). On a volume every pod
+(drape/storage/handoff.py; the trainer's side: drape/training/jobs/apart.py). On a volume every pod
 mounts (`paths.shared`), the job file and the result sit in the stage folder.
 """
 
@@ -20,8 +20,8 @@ from drape.pipeline.run import RunContext, log_train_summary, resources
 from drape.pipeline.stages import resume_checkpoint, stage_job, start_checkpoint
 from drape.storage.bases import publish_bases
 from drape.storage.handoff import baseline_weights_key, fetch_checkpoint, put_tree, result_key
-from drape.training.stage_job import StageJobResult
-from drape.training.trainer import TrainResult
+from drape.training.jobs.stage_job import StageJobResult
+from drape.training.loop.trainer import TrainResult
 
 
 def train_command(config: PipelineConfig, context: RunContext, stage: str) -> list[str]:

@@ -12,7 +12,7 @@ touched; a ``snapshotted`` one is archived; a ``gated`` one is snapshotted (idem
 baseline this run already registered is not registered again) and archived; any other stage
 trains from its newest checkpoint (live, else the newest one archived for this run: a node lost,
 or a stage aborted before the run was resumed), is gated, and so on. A resumed run ends with the
-weights of an uninterrupted one: training resumes exactly (drape/training/batches.py).
+weights of an uninterrupted one: training resumes exactly (drape/training/loop/batches.py).
 """
 
 from __future__ import annotations

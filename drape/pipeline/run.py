@@ -29,7 +29,7 @@ from drape.storage.store import ObjectStore, open_store, remove_empty_dirs, tree
 
 if TYPE_CHECKING:
     from drape.cost.account import Attempt
-    from drape.training.stage_job import StageJobResult
+    from drape.training.jobs.stage_job import StageJobResult
 
 
 class GateFailed(RuntimeError):

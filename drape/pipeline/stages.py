@@ -12,8 +12,8 @@ from pathlib import Path
 from drape import Outcome, Stage, previous_stage
 from drape.config import PipelineConfig
 from drape.data.dataset import load_split
-from drape.gates.report import GateReport
 from drape.gates.run import evaluate_gate, provenance_problems
+from drape.gates.verdict.report import GateReport
 from drape.jsonfile import read_json_object
 from drape.layout import StagePaths, archive_manifest_prefix, run_key
 from drape.ops import metrics
@@ -27,16 +27,16 @@ from drape.storage.durable import fsync_dir, fsync_tree, write_synced
 from drape.storage.handoff import adopt_published
 from drape.storage.retention import classify_stage_dir, execute_plan, live_until, plan_retention
 from drape.storage.store import remove_empty_dirs, remove_tree, tree_bytes
-from drape.training.checkpoint import export_weights, list_checkpoints
-from drape.training.stage_job import StageJob
-from drape.training.trainer import TrainResult
+from drape.training.checkpoints.checkpoint import export_weights, list_checkpoints
+from drape.training.jobs.stage_job import StageJob
+from drape.training.loop.trainer import TrainResult
 
 
 def prestage(config: PipelineConfig, context: RunContext, stage: str, progress=None) -> dict:
     """Pre-stage `stage`'s shards into the shard cache, verified, keeping the control set and the
     stage before it (which may still be training); returns what was staged and evicted. When
     stages train apart (`trains_apart`), this node only gates: it stages the control set, and the
-    node training the stage before warms its own cache with `stage`'s shards (drape/training/apart.py)."""
+    node training the stage before warms its own cache with `stage`'s shards (drape/training/jobs/apart.py)."""
     split = "control" if config.trains_apart else stage
     keep = ["control", *filter(None, [previous_stage(stage)])]
     with timed(config, context, stage, "prestage") as extra:

@@ -22,10 +22,19 @@ from torch.nn import functional as F
 from drape.config import LoraConfig, PipelineConfig
 from drape.data.dataset import to_model_inputs
 from drape.shoppers import ShopperError
-from drape.training.checkpoint import CheckpointError, load_model, verify_checkpoint
-from drape.training.lora import ADAPTER_NAME, ADAPTER_WEIGHTS, LoraPass, attach, base_digest, lora_targets, merge, save_adapter
-from drape.training.model import TryOnModel, configured_class_path
-from drape.training.objective import build_objective
+from drape.training.checkpoints.checkpoint import CheckpointError, load_model, verify_checkpoint
+from drape.training.recipes.lora import (
+    ADAPTER_NAME,
+    ADAPTER_WEIGHTS,
+    LoraPass,
+    attach,
+    base_digest,
+    lora_targets,
+    merge,
+    save_adapter,
+)
+from drape.training.recipes.model import TryOnModel, configured_class_path
+from drape.training.recipes.objective import build_objective
 
 
 @dataclass
@@ -66,7 +75,7 @@ def _weighted_mse(prediction: torch.Tensor, target: torch.Tensor, weights: torch
 
 def fit(config: PipelineConfig, checkpoint: Path, photos: dict, *, progress: Callable[[int, int], None] | None = None) -> Fit:
     """Train an adapter on `photos` (stacked uint8 arrays) over the base `checkpoint`, on the config's device."""
-    from drape.training.trainer import resolve_device
+    from drape.training.loop.trainer import resolve_device
 
     shoppers, device = config.shoppers, resolve_device(config.train.device)
     model = load_base(config, checkpoint)
@@ -103,7 +112,7 @@ def fit(config: PipelineConfig, checkpoint: Path, photos: dict, *, progress: Cal
 
 
 def save(path: Path, fitted: Fit, manifest: dict) -> Path:
-    """The adapter in peft's format with its manifest, atomically (`drape.training.lora.save_adapter`)."""
+    """The adapter in peft's format with its manifest, atomically (`drape.training.recipes.lora.save_adapter`)."""
     return save_adapter(
         path, model=fitted.model, spec=fitted.spec, optimizer=None, names=fitted.names, ema=None, manifest=manifest
     )

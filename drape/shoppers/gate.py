@@ -2,7 +2,7 @@
 
 - identity: on the shopper's held-out photos (never trained on), the adapter's mean identity
   similarity must beat the base model's by `shoppers.gate.min_identity_gain`. The score is the
-  aligned identity check (`drape.gates.aligned`: face residual after registration and skin tone
+  aligned identity check (`drape.gates.checks.aligned`: face residual after registration and skin tone
   in CIELAB), which tells one person from another where the pixel embedding mostly sees that a
   face was rendered at all: on configs/demo.yaml an adapter trained on another person raised the
   embedding's similarity to the shopper by 0.03-0.07 and lowered the aligned one by 0.15-0.35.
@@ -17,10 +17,10 @@ from __future__ import annotations
 import numpy as np
 
 from drape.config import PipelineConfig
-from drape.gates.face import aligned_identity_scores
+from drape.gates.checks.face import aligned_identity_scores
 from drape.gates.run import check_scores, sample_control, to_uint8
 from drape.inference.source import subset
-from drape.training.model import TryOnModel
+from drape.training.recipes.model import TryOnModel
 
 GARMENT_CHECKS = ("texture", "coherence")
 

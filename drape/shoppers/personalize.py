@@ -84,7 +84,7 @@ def _photo_sets(config: PipelineConfig, paths: ShopperPaths) -> tuple[dict, dict
 
 
 def _fit_and_judge(config: PipelineConfig, paths: ShopperPaths, source: ResolvedModel, progress) -> tuple[dict, adapter.Fit]:
-    from drape.training.trainer import resolve_device
+    from drape.training.loop.trainer import resolve_device
 
     device = resolve_device(config.train.device)
     training, holdout = _photo_sets(config, paths)
@@ -103,7 +103,7 @@ def personalize(
     config: PipelineConfig, shopper: str, *, base: str | None = None, progress: Callable[[int, int], None] | None = None
 ) -> dict:
     """Fit, gate and keep or drop the shopper's adapter; returns (and writes) the report."""
-    from drape.training.trainer import device_name, peak_memory_gib, resolve_device
+    from drape.training.loop.trainer import device_name, peak_memory_gib, resolve_device
 
     started, paths = time.perf_counter(), shopper_paths(config, shopper)
     ledger = require_ledger(paths)

@@ -1,7 +1,7 @@
 """Frozen bases in the object store: one copy each, under ``bases/<sha256>/``, shared by every run.
 
-A stage checkpoint (`drape.training.checkpoint`) names the frozen base it was trained on by its
-content hash; the base itself (``base.safetensors`` + ``manifest.json``, `drape.training.base`)
+A stage checkpoint (`drape.training.checkpoints.checkpoint`) names the frozen base it was trained on by its
+content hash; the base itself (``base.safetensors`` + ``manifest.json``, `drape.training.checkpoints.base`)
 goes to the object store once, the first time a checkpoint that names it is published, snapshot
 or archived (`publish_bases`), and comes back next to any checkpoint fetched onto a node that
 lacks it (`fetch_bases`): a node that shares nothing but the object store can reassemble the
@@ -38,7 +38,7 @@ from drape.storage.checksum import sha256_file
 from drape.storage.durable import fsync_dir, fsync_tree
 from drape.storage.retention import TAG_KIND, TAG_OUTCOME
 from drape.storage.store import ObjectStore, StorageError
-from drape.training.base import BASE_FILE, check_digest
+from drape.training.checkpoints.base import BASE_FILE, check_digest
 
 MANIFEST = "manifest.json"
 _TAGS = {TAG_KIND: str(ArtifactKind.CHECKPOINT), TAG_OUTCOME: str(Outcome.BASELINE)}
@@ -76,7 +76,7 @@ def publish_base(store: ObjectStore, base_dir: Path) -> int:
 
 def publish_bases(store: ObjectStore, checkpoints: Iterable[str | Path]) -> int:
     """Publish the base every checkpoint in `checkpoints` names (each once); the bytes sent."""
-    from drape.training.checkpoint import base_of
+    from drape.training.checkpoints.checkpoint import base_of
 
     sent, done = 0, set()
     for checkpoint in checkpoints:
@@ -118,7 +118,7 @@ def fetch_bases(store: ObjectStore, checkpoints: Iterable[str | Path], bases: Pa
     """The base of every stage checkpoint in `checkpoints` under `bases`, fetched where missing
     (a base already above the checkpoint, in any ``bases/`` folder, is used as it is; with `bases`
     None, one that is not there is a StorageError: the caller said where none may go)."""
-    from drape.training.base import find_base
+    from drape.training.checkpoints.base import find_base
 
     found = []
     for checkpoint in checkpoints:
@@ -173,7 +173,7 @@ def archive_bases(
     it names, and the bytes of the bases recorded now: the archive that records a base counts it,
     whoever uploaded it (0 for a base the archive holds already: the run refers to it). Without
     `record` (a trainer publishing a checkpoint as it saves), published only: the stage's archive records it."""
-    from drape.training.base import find_base
+    from drape.training.checkpoints.base import find_base
 
     named, recorded = dict[Path, str](), 0
     for checkpoint in checkpoints:

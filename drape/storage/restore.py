@@ -9,7 +9,7 @@ from drape.layout import BASES, UnsafePathError, contained, run_key, safe_key
 from drape.storage.bases import BASE_RECORD, fetch_bases
 from drape.storage.retention import read_archive_manifest
 from drape.storage.store import ObjectStore
-from drape.training.base import BASE_FILE
+from drape.training.checkpoints.base import BASE_FILE
 
 
 def restore_stage(

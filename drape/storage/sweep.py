@@ -29,7 +29,7 @@ from drape.storage.bases import BASE_RECORD, base_lifetimes
 from drape.storage.handoff import remove_tree, superseded_handoffs
 from drape.storage.retention import TAG_KIND, TAG_OUTCOME, TAG_STAGE, read_archive_manifest, resolve
 from drape.storage.store import ObjectStore, StorageError
-from drape.training.base import BASE_FILE
+from drape.training.checkpoints.base import BASE_FILE
 
 
 @dataclass

@@ -57,7 +57,7 @@ class ModelFacts:
 
     sizes: tuple[tuple[str, int], ...]  # (parameter name, elements)
     frozen_prefixes: tuple[str, ...]
-    workload: Any  # drape.training.model.Workload
+    workload: Any  # drape.training.recipes.model.Workload
     linears: tuple[tuple[str, int, int], ...] = ()  # (nn.Linear module, in, out features): what LoRA can adapt
 
     @property
@@ -75,7 +75,7 @@ def model_facts(config) -> ModelFacts:
     if key not in _FACTS:
         import torch
 
-        from drape.training.model import build_model
+        from drape.training.recipes.model import build_model
 
         with torch.device("meta"):
             model = build_model(config, pretrained=False)
@@ -88,7 +88,7 @@ def model_facts(config) -> ModelFacts:
 
 def parameter_counts(config, stage: str | None) -> tuple[int, int]:
     """(all parameters, the stage's trainable ones), from the model built on the meta device."""
-    from drape.training.model import trainable_parameter_names
+    from drape.training.recipes.model import trainable_parameter_names
 
     facts = model_facts(config)
     sizes = dict(facts.sizes)
@@ -101,8 +101,8 @@ def parameter_counts(config, stage: str | None) -> tuple[int, int]:
 def lora_parameters(config, stage: str | None) -> int:
     """The adapter parameters of a LoRA pass on `stage` (None: a shopper's personalization, its
     `shoppers.trainable` patterns and rank): rank × (in + out) per nn.Linear whose weight the
-    patterns select (what `drape.training.lora.lora_targets` adapts)."""
-    from drape.training.model import trainable_parameter_names
+    patterns select (what `drape.training.recipes.lora.lora_targets` adapts)."""
+    from drape.training.recipes.model import trainable_parameter_names
 
     facts = model_facts(config)
     patterns = config.train.stages[stage].trainable if stage else config.shoppers.trainable

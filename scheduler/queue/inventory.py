@@ -1,7 +1,7 @@
 """The static fleet inventory (`queue.inventory`, and the fleet `drape queue simulate`, `drape queue
 kueue` and `drape queue sbatch` are given): a YAML file of GPU groups, read without trusting it.
 
-The file goes through the bounded loader (`drape.config.loading.read_yaml`: size and alias expansion
+The file goes through the bounded loader (`drape.config.reading.loading.read_yaml`: size and alias expansion
 bounded before anything is built), every number must be finite and within any real machine or
 fleet (`MAX_*`), names hold no control character, and every refusal is a `FleetFileError` naming
 the file, the group and the field, never a traceback.
@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from drape.config import names
-from drape.config.loading import YamlBoundError, read_yaml
+from drape.config.reading.loading import YamlBoundError, read_yaml
 from scheduler.policy import GpuState
 
 MAX_GPU_MEMORY_GIB = 4096.0  # one GPU's memory: 30× today's largest

@@ -15,8 +15,8 @@ import pytest
 import torch
 import yaml
 
-from drape.training.checkpoint import list_checkpoints, load_model
-from drape.training.distributed import verify_dcp
+from drape.training.checkpoints.checkpoint import list_checkpoints, load_model
+from drape.training.loop.distributed import verify_dcp
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -110,7 +110,7 @@ def test_two_gloo_ranks_match_one_process_and_resume_on_one(setup, two_ranks):
 
 
 def test_a_tampered_sharded_checkpoint_is_refused(setup, two_ranks):
-    from drape.training.checkpoint import CheckpointError
+    from drape.training.checkpoints.checkpoint import CheckpointError
 
     root, _, _, _ = setup
     sharded = root / "two" / "checkpoints" / "step-0000003.dcp"
@@ -148,7 +148,7 @@ def test_a_latent_model_under_fsdp2_matches_one_process_and_keeps_its_vae_whole(
         assert result["world_size"] == ranks
     one, two = _weights(outs[1]), _weights(outs[2])
     _assert_close(one, two)
-    from drape.training.model import build_model
+    from drape.training.recipes.model import build_model
 
     fresh = build_model(config).state_dict()
     assert all(torch.equal(two[name], fresh[name]) for name in fresh if name.startswith("vae."))

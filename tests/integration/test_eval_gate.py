@@ -11,8 +11,8 @@ from PIL import Image
 
 from drape.data.dataset import synthesize_split
 from drape.gates.run import evaluate_gate
-from drape.training.checkpoint import save_checkpoint
-from drape.training.model import build_model
+from drape.training.checkpoints.checkpoint import save_checkpoint
+from drape.training.recipes.model import build_model
 from tests.conftest import tiny_config
 from tests.unit.test_eval_metrics import write_tiny_inception
 

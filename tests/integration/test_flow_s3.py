@@ -16,7 +16,7 @@ from drape import STAGES
 from drape.cli import app
 from drape.storage.retention import read_archive_manifest, verify_archived
 from drape.storage.store import open_store
-from drape.training.checkpoint import list_checkpoints, load_model
+from drape.training.checkpoints.checkpoint import list_checkpoints, load_model
 from tests.conftest import tiny_config
 from tests.integration.test_staged_training import GATES, assert_live_invariant
 

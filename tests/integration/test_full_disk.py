@@ -74,8 +74,8 @@ def checkpoint_scenario(disk: str) -> dict:
     import yaml
 
     from drape.config import parse_config
-    from drape.training.checkpoint import save_checkpoint, verify_checkpoint
-    from drape.training.model import build_model
+    from drape.training.checkpoints.checkpoint import save_checkpoint, verify_checkpoint
+    from drape.training.recipes.model import build_model
     from tests.conftest import TINY
 
     model = build_model(parse_config(yaml.safe_load(TINY.read_text()), str(TINY)))  # ~212 KiB of weights

@@ -20,8 +20,8 @@ import yaml
 from drape import STAGES, pipeline
 from drape.config import load_config
 from drape.data.dataset import manifest_hash
-from drape.training.checkpoint import CheckpointError, load_model, read_manifest
-from drape.training.model import configured_class_path
+from drape.training.checkpoints.checkpoint import CheckpointError, load_model, read_manifest
+from drape.training.recipes.model import configured_class_path
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow
@@ -52,7 +52,7 @@ import torch
 from diffusers.configuration_utils import register_to_config
 from torch import nn
 
-from drape.training.model import TryOnModel, Workload
+from drape.training.recipes.model import TryOnModel, Workload
 
 
 class Block(nn.Module):
@@ -133,7 +133,7 @@ MODELS = {
 
 @pytest.fixture(scope="module")
 def stand_in_vae(tmp_path_factory):
-    from drape.training.latent import fit_vae, synthetic_images, vae_config
+    from drape.training.recipes.latent import fit_vae, synthetic_images, vae_config
 
     config = tiny_config(tmp_path_factory.mktemp("vae") / "drape", model={"kind": "latent-dit", "vae": {"latent_channels": 8}})
     vae = fit_vae(synthetic_images(config, 64), vae_config(config.model.vae, config.data.resolution), steps=200)

@@ -24,8 +24,8 @@ from drape.cli.stack import free_port
 from drape.layout import checkpoint_step
 from drape.storage.handoff import is_complete, newest_published, published, result_key
 from drape.storage.store import open_store
-from drape.training.checkpoint import load_model
-from drape.training.stage_job import StageJob
+from drape.training.checkpoints.checkpoint import load_model
+from drape.training.jobs.stage_job import StageJob
 from tests.conftest import tiny_config
 from tests.integration.nodes import Nodes
 

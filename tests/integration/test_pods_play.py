@@ -134,7 +134,7 @@ def test_a_rendered_stage_pod_trains_inside_podman(s3_bucket, tmp_path):
     config = _config(bucket, endpoint, tmp_path / "flow")
     node = tmp_path / "node"
     _weights(node / "models" / "sd15-inpainting")
-    from drape.training.stage_job import StageJob
+    from drape.training.jobs.stage_job import StageJob
 
     store = ObjectStore(f"s3://{bucket}", endpoint_url=endpoint)
     job = StageJob(config, "identity", Path("/unused"), run_id="play", handoff=True)

@@ -18,8 +18,8 @@ import yaml
 from diffusers import UNet2DConditionModel
 
 from drape import STAGES, pipeline
-from drape.training.checkpoint import read_manifest
-from drape.training.latent import fit_vae, synthetic_images, vae_config
+from drape.training.checkpoints.checkpoint import read_manifest
+from drape.training.recipes.latent import fit_vae, synthetic_images, vae_config
 from tests.conftest import PASS_ANYTHING, TINY_UNET, tiny_config
 
 pytestmark = pytest.mark.slow

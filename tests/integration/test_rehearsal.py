@@ -51,7 +51,7 @@ from drape.layout import checkpoint_step, live_root
 from drape.storage.handoff import newest_published, result_key
 from drape.storage.retention import read_archive_manifest, verify_archived
 from drape.storage.store import open_store
-from drape.training.checkpoint import load_model
+from drape.training.checkpoints.checkpoint import load_model
 from scheduler.queue.store import JobStore
 from tests.conftest import prefect_api
 from tests.integration.nodes import Nodes

@@ -42,8 +42,8 @@ from drape.layout import checkpoint_step
 from drape.ops import metrics
 from drape.storage.handoff import fetch_checkpoint, newest_published, result_key
 from drape.storage.store import open_store
-from drape.training.checkpoint import load_model
-from drape.training.stage_job import StageJob
+from drape.training.checkpoints.checkpoint import load_model
+from drape.training.jobs.stage_job import StageJob
 from scheduler.dispatch.accounting import run_attempts
 from scheduler.dispatch.dispatcher import submit_and_wait
 from scheduler.jobs.training import train_job_spec

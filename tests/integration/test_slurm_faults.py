@@ -35,7 +35,7 @@ import yaml
 from drape.storage.handoff import newest_published, result_key
 from drape.storage.progress import read_progress
 from drape.storage.store import open_store
-from drape.training.stage_job import StageJob
+from drape.training.jobs.stage_job import StageJob
 from scheduler.dispatch.dispatcher import Dispatcher, wait_for
 from scheduler.jobs.training import train_job_spec
 from scheduler.queue.store import JobStore, QueueError

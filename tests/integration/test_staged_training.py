@@ -18,7 +18,7 @@ from drape import STAGES, pipeline
 from drape.ops.tracking import Tracker
 from drape.storage.retention import read_archive_manifest, verify_archived
 from drape.storage.store import ObjectStore
-from drape.training.checkpoint import load_model, read_manifest, save_checkpoint
+from drape.training.checkpoints.checkpoint import load_model, read_manifest, save_checkpoint
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow

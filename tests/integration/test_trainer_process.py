@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from drape.training.checkpoint import list_checkpoints, load_model
+from drape.training.checkpoints.checkpoint import list_checkpoints, load_model
 from tests.conftest import tiny_config
 
 pytestmark = pytest.mark.slow

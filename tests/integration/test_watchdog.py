@@ -17,7 +17,7 @@ import pytest
 from drape.storage.handoff import result_key
 from drape.storage.progress import read_progress
 from drape.storage.store import open_store
-from drape.training.stage_job import StageJob
+from drape.training.jobs.stage_job import StageJob
 from scheduler.dispatch.dispatcher import wait_for
 from scheduler.jobs.training import train_job_spec
 from scheduler.queue.store import JobStore
@@ -30,7 +30,7 @@ STALL_SECONDS = 30.0  # above start-up to the first report (imports: 4 s idle, 2
 HANGING_TRAINER = """
 import os, sys, time
 from pathlib import Path
-from drape.training import trainer
+from drape.training.loop import trainer
 marker, hang_after, args = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 real, calls = trainer.train_step, [0]
 def step(*a, **k):
@@ -40,7 +40,7 @@ def step(*a, **k):
         time.sleep(3600)
     return real(*a, **k)
 trainer.train_step = step
-from drape.training.stage_job import main
+from drape.training.jobs.stage_job import main
 raise SystemExit(main(args))
 """
 

@@ -75,8 +75,8 @@ class Killed(Exception):
 def uninterrupted_and_resumed(cfg, data, folder):
     """The texture stage of `cfg` trained whole, and trained again killed after step 5 then resumed
     (from its step-3 checkpoint, which the test checks): the two results."""
-    from drape.training.checkpoint import list_checkpoints
-    from drape.training.trainer import train_stage
+    from drape.training.checkpoints.checkpoint import list_checkpoints
+    from drape.training.loop.trainer import train_stage
 
     full = train_stage(cfg, stage="texture", data=data, out_dir=folder / "full", init_checkpoint=None)
 

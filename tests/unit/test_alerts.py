@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from drape.config import AlertsConfig
-from drape.gates.report import CheckResult, GateReport
+from drape.gates.verdict.report import CheckResult, GateReport
 from drape.ops import alerts
 from drape.ops.alerts import AlertError, gate_message, notify_gate, post_to_slack
 from tests.conftest import SENTINEL

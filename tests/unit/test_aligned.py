@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drape.gates import aligned, face
-from drape.gates import light as lights
-from drape.gates.nuisance import NUISANCE
-from drape.gates.regressions import REGRESSIONS, render
+from drape.gates.checks import aligned, face
+from drape.gates.checks import light as lights
 from drape.gates.run import check_scores
+from drape.gates.suites.nuisance import NUISANCE
+from drape.gates.suites.regressions import REGRESSIONS, render
 from tests.conftest import tiny_config
 
 
@@ -125,7 +125,7 @@ def test_a_mark_softened_on_its_own_changes_more_than_a_whole_picture_softened_a
     mark alone (the start of a melted mark) with the sharp one."""
     from PIL import Image, ImageFilter
 
-    from drape.gates.corruptions import _edit_region
+    from drape.gates.suites.corruptions import _edit_region
 
     config, arrays = control
     target, meta = arrays["target"], arrays["meta"]

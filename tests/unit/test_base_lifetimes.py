@@ -16,9 +16,9 @@ from drape.storage.restore import restore_stage
 from drape.storage.retention import classify_stage_dir, execute_plan, plan_retention, read_archive_manifest
 from drape.storage.store import ObjectStore, tree_bytes
 from drape.storage.sweep import sweep
-from drape.training.base import BASE_FILE
-from drape.training.checkpoint import STAGE_FILE, load_model, save_checkpoint
-from drape.training.model import build_model, trainable_parameter_names
+from drape.training.checkpoints.base import BASE_FILE
+from drape.training.checkpoints.checkpoint import STAGE_FILE, load_model, save_checkpoint
+from drape.training.recipes.model import build_model, trainable_parameter_names
 
 PATTERNS = ["transformer.transformer_blocks.*.attn.*"]
 POLICY = RetentionConfig(failed_lifetime_days=7, baseline_grace_days=30)

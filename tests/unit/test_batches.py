@@ -1,4 +1,4 @@
-"""drape.training.batches: worker processes decode what a thread decodes; they fail fast, never hang."""
+"""drape.training.loop.batches: worker processes decode what a thread decodes; they fail fast, never hang."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from drape.config import LoaderConfig
 from drape.data.partition import StageData, split_data
 from drape.data.reader import ShardIndex
 from drape.data.shards import MODEL_FIELDS
-from drape.training.batches import BatchError, BatchPrefetcher
+from drape.training.loop.batches import BatchError, BatchPrefetcher
 from tests.unit.test_reader import _corrupt_member
 
 

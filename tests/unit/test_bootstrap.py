@@ -1,4 +1,4 @@
-"""The gates' bootstrap bound (drape/gates/report.py) is the one-sided percentile bootstrap of the
+"""The gates' bootstrap bound (drape/gates/verdict/report.py) is the one-sided percentile bootstrap of the
 mean that `scipy.stats.bootstrap` computes: drape keeps its four vectorized lines (a fixed seed per
 report, NaN for a no-face sample left out, and the exact statistic every calibrated threshold was
 measured with: scipy's default BCa interval would move them), checked against scipy here."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from drape.gates.report import bootstrap_lower_bound
+from drape.gates.verdict.report import bootstrap_lower_bound
 
 
 @pytest.mark.parametrize(("size", "quantile"), [(12, 0.05), (64, 0.05), (400, 0.05), (64, 0.2)])

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 
 from drape.config import ConfigError, load_config
 from drape.data.shards import LATENT_FIELDS
-from drape.training.catvton import is_cross_attention
-from drape.training.checkpoint import load_model, save_checkpoint
-from drape.training.model import build_model, build_noise_scheduler, sample, trainable_parameter_names
-from drape.training.pretrained import map_pretrained, resolve_denoiser, widen_input_channels
+from drape.training.checkpoints.checkpoint import load_model, save_checkpoint
+from drape.training.published.pretrained import map_pretrained, resolve_denoiser, widen_input_channels
+from drape.training.recipes.catvton import is_cross_attention
+from drape.training.recipes.model import build_model, build_noise_scheduler, sample, trainable_parameter_names
 from scheduler.jobs.profiles import model_facts
 from tests.conftest import TINY_UNET, random_tryon_batch, tiny_config
 

@@ -273,7 +273,7 @@ def test_gate_calibrate_prints_the_gate_thresholds_a_config_takes(tiny_dataset, 
 
 def test_the_trainer_command_line_is_unchanged():
     """`python -m drape.train`: what queue jobs, torchrun and operators call (--job: additions only)."""
-    from drape.training.stage_job import _parser
+    from drape.training.jobs.stage_job import _parser
 
     options = {option for action in _parser()._actions for option in action.option_strings}
     assert options == {

@@ -283,7 +283,7 @@ def test_tracked_production_configs_hold_no_site_values():
 
 
 def test_every_site_value_a_production_config_takes_is_declared_by_the_base_or_its_cluster():
-    from drape.config.site import declared_site_fields
+    from drape.config.reading.site import declared_site_fields
 
     for name in PRODUCTION:
         declared = declared_site_fields(read_config_data(REPO / "configs" / f"{name}.yaml"), name)
@@ -406,7 +406,7 @@ def test_a_yaml_bomb_is_refused_at_once(tmp_path, text, match):
 
 
 def test_ordinary_anchors_still_load(tmp_path):
-    from drape.config.loading import read_yaml
+    from drape.config.reading.loading import read_yaml
 
     path = tmp_path / "anchors.yaml"
     path.write_text("common: &common {lr: 0.001, steps: 5}\nidentity: *common\ntexture: *common\n")

@@ -1,4 +1,4 @@
-"""`extends:` in config files (drape/config/extends.py): overlays merge in order under the file's own
+"""`extends:` in config files (drape/config/reading/extends.py): overlays merge in order under the file's own
 keys, and every path, cycle and depth beyond the bounds is refused naming the file and the field."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from drape.config import ConfigError, load_config, read_config_data
-from drape.config.extends import MAX_EXTENDS_DEPTH, MAX_EXTENDS_FILES
+from drape.config.reading.extends import MAX_EXTENDS_DEPTH, MAX_EXTENDS_FILES
 from tests.conftest import TINY
 
 

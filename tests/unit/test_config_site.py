@@ -1,4 +1,4 @@
-"""Site values (drape/config/site.py): a production config takes the site values it declares from the
+"""Site values (drape/config/reading/site.py): a production config takes the site values it declares from the
 site file (DRAPE_SITE or `drape --site`), never from a tracked file; anything else is refused by name."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from drape.config import EXAMPLE_SITE, SITE_ENV, SITE_FIELDS, ConfigError, PipelineConfig, load_config
-from drape.config.site import read_site
+from drape.config.reading.site import read_site
 from tests.conftest import TINY
 
 REPO = Path(__file__).resolve().parents[2]

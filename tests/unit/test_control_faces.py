@@ -108,7 +108,8 @@ def test_the_nuisance_floor_is_measured_once_per_content_in_a_process(tmp_path, 
     """A run's first gates measure the floor on the same targets: the second is a lookup; other
     images, checks or settings measure again."""
     from drape.data.dataset import synthesize_split
-    from drape.gates import floor, run
+    from drape.gates import run
+    from drape.gates.verdict import floor
 
     config = tiny_config(tmp_path / "drape")
     control = synthesize_split(config, "control", 4)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from drape.data.dataset import synthesize_split
-from drape.gates.calibration import calibrate
-from drape.gates.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror, sleeve_missing
+from drape.gates.suites.calibration import calibrate
+from drape.gates.suites.corruptions import CLEAN, CORRUPTIONS, applicable, apply, logo_mirror, sleeve_missing
 from tests.conftest import tiny_config
 
 
@@ -87,7 +87,7 @@ def test_gate_thresholds_sit_under_clean_lower_bounds_and_catch_a_regression():
     """At the gate's level (bootstrap lower bound of the mean): clean outputs fall below the
     threshold in at most `false_alarm` of redrawn control sets, a regression of the mean by 0.1
     in nearly all of them."""
-    from drape.gates.calibration import Row, gate_thresholds
+    from drape.gates.suites.calibration import Row, gate_thresholds
 
     rng = np.random.default_rng(0)
     clean = np.clip(rng.normal(0.9, 0.05, 60), 0, 1)
@@ -105,7 +105,7 @@ def test_gate_thresholds_sit_under_clean_lower_bounds_and_catch_a_regression():
 
 def test_calibrating_on_a_wider_clean_suite_lowers_every_threshold(tmp_path):
     """What must pass sets the thresholds: a 2 px shift accepted means thresholds at or below its scores."""
-    from drape.gates.nuisance import NUISANCE
+    from drape.gates.suites.nuisance import NUISANCE
 
     texture = {"max_shift_pixels": 2, "mirror_penalty": 2.0, "sharpness_floor": 0.2}
     config = tiny_config(tmp_path / "drape", data={"resolution": 64}, gates={"texture": texture})

@@ -1,4 +1,4 @@
-"""Constant outputs (drape/gates/degenerate.py): one colour, near-constant or mostly one colour is
+"""Constant outputs (drape/gates/checks/degenerate.py): one colour, near-constant or mostly one colour is
 named with the measure and its bound; low contrast and flat backdrops are not constant."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from drape.data.dataset import load_control_dir
-from drape.gates.degenerate import MAX_ONE_COLOUR, MIN_LUMA_SPAN, MIN_STD, constant_outputs, constant_problem
+from drape.gates.checks.degenerate import MAX_ONE_COLOUR, MIN_LUMA_SPAN, MIN_STD, constant_outputs, constant_problem
 
 RNG = np.random.default_rng(51)
 

@@ -1,4 +1,4 @@
-"""Sharded (DCP) checkpoints of drape/training/distributed.py on one process: they load without
+"""Sharded (DCP) checkpoints of drape/training/loop/distributed.py on one process: they load without
 pickle, and a crafted `.metadata` is refused even when its manifest was rewritten to match.
 (Several gloo ranks under torchrun: tests/integration/test_distributed.py.)"""
 
@@ -10,8 +10,8 @@ import pickle
 import pytest
 import torch
 
-from drape.training.checkpoint import CheckpointError
-from drape.training.distributed import DistContext, ShardedCheckpointer, load_sharded
+from drape.training.checkpoints.checkpoint import CheckpointError
+from drape.training.loop.distributed import DistContext, ShardedCheckpointer, load_sharded
 
 
 class _Exploit:
@@ -59,7 +59,7 @@ def test_a_crafted_dcp_metadata_is_refused_even_with_a_matching_manifest(tmp_pat
 
 def _stage_model(config, seed: int = 0):
     """drape's tiny model with its attention training (an AdamW step taken), as a stage that trains part of it."""
-    from drape.training.model import build_model, trainable_parameter_names
+    from drape.training.recipes.model import build_model, trainable_parameter_names
 
     model = build_model(config.model_copy(update={"seed": config.seed + seed}))
     patterns = ["transformer.transformer_blocks.*.attn.*"]
@@ -75,8 +75,8 @@ def _stage_model(config, seed: int = 0):
 def test_a_dcp_checkpoint_holds_what_trains_and_reassembles_bit_for_bit(config, tmp_path):
     """Like a stage checkpoint: the trained tensors, their moments and EMA; the frozen rest named by
     the content hash a stage checkpoint's base has, and loading refuses a model whose rest differs."""
-    from drape.training.checkpoint import read_manifest, save_checkpoint
-    from drape.training.distributed import _safe_dcp
+    from drape.training.checkpoints.checkpoint import read_manifest, save_checkpoint
+    from drape.training.loop.distributed import _safe_dcp
 
     model, names, optimizer = _stage_model(config)
     ema = {n: t.detach().clone() + 1 for n, t in model.named_parameters() if n in names}

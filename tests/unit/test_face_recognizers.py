@@ -10,11 +10,11 @@ from PIL import Image
 
 from benchmarks.cases.real_cases import drift_face, erase_face, face_scene, swap_face
 from drape.config import GatesConfig, IdentityGateConfig
-from drape.gates.checks import build_embedder
+from drape.gates.checks.checks import build_embedder
 from drape.gates.recognizers import ControlSetError, RecognizerCheck
 from drape.gates.recognizers.arcface import ARCFACE_TEMPLATE, ArcFaceRecognizer, align_face, similarity_transform
 from drape.gates.recognizers.dlib_face import DRIFT_DISTANCE, DlibRecognizer
-from drape.gates.report import CheckResult, SampleRule
+from drape.gates.verdict.report import CheckResult, SampleRule
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,7 @@ def test_arcface_recognizer_aligns_then_embeds(arcface_model, scenes):
 
 
 def test_floors_and_tolerances_leave_no_face_outcomes_out_of_the_similarities():
-    from drape.gates.floor import floors, tolerances
+    from drape.gates.verdict.floor import floors, tolerances
 
     scored = {"blur": {"identity": np.array([np.nan] * 4)}, "jpeg": {"identity": np.array([0.9, np.nan, 0.8, 0.85])}}
     level = floors(scored)["identity"]

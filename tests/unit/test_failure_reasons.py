@@ -18,11 +18,11 @@ TORCHRUN_LOG = """\
 drape: Slurm job 12 run 0 on slurm-[00-01], rendezvous 127.0.0.1:29500
 train-identity: step 6/24 (25%)
 [rank1]: Traceback (most recent call last):
-[rank1]:   File "/repo/drape/training/stage_job.py", line 190, in _take_from_store
+[rank1]:   File "/repo/drape/training/jobs/stage_job.py", line 190, in _take_from_store
 [rank1]:     restored = align_to(store, self.run_id, self.stage, self.out_dir, chosen[0], bases=bases)
 [rank1]: FileNotFoundError: [Errno 2] No such file or directory: '/data/live/runs/r1/identity/step-000006'
 [rank0]: Traceback (most recent call last):
-[rank0]:   File "/repo/drape/training/distributed.py", line 80, in barrier
+[rank0]:   File "/repo/drape/training/loop/distributed.py", line 80, in barrier
 [rank0]: torch.distributed.DistBackendError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer
 W1205 17:40:01.000 torch/distributed/elastic/multiprocessing/api.py:900] Sending process 77 closing signal SIGTERM
 Traceback (most recent call last):

@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from drape.config import ConfigError
-from drape.gates.floor import NuisanceLevels, floors, nuisance_levels, nuisance_scores, tolerances
-from drape.gates.nuisance import NUISANCE
-from drape.gates.regressions import REGRESSIONS, render
-from drape.gates.render import check_cells
-from drape.gates.report import bootstrap_lower_bound, recorded
 from drape.gates.run import check_scores, judge
+from drape.gates.suites.nuisance import NUISANCE
+from drape.gates.suites.regressions import REGRESSIONS, render
+from drape.gates.verdict.floor import NuisanceLevels, floors, nuisance_levels, nuisance_scores, tolerances
+from drape.gates.verdict.render import check_cells
+from drape.gates.verdict.report import bootstrap_lower_bound, recorded
 from tests.conftest import tiny_config
 
 MEASURED = {"min_similarity": "nuisance", "max_drop": "nuisance"}
@@ -146,7 +146,7 @@ def test_a_threshold_above_the_floor_is_noted_not_failed(tmp_path, tiny_dataset)
     """At 32 px a 2-px shift costs the pixel embedder more than the tiny config's identity threshold
     allows: the report says so, and a perfect output still passes."""
     from drape.data.dataset import load_split
-    from drape.gates.render import markdown
+    from drape.gates.verdict.render import markdown
 
     directory, manifest, _ = tiny_dataset
     control = load_split(directory, manifest, "identity")

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from drape.data.dataset import synthesize_split
 from drape.gates.run import generate_outputs, sample_control
-from drape.training.checkpoint import save_checkpoint
-from drape.training.model import build_model, initial_noise
+from drape.training.checkpoints.checkpoint import save_checkpoint
+from drape.training.recipes.model import build_model, initial_noise
 from tests.conftest import tiny_config
 
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from drape.gates.report import CheckResult, GateReport, bootstrap_lower_bound
+from drape.gates.verdict.report import CheckResult, GateReport, bootstrap_lower_bound
 
 
 def test_bootstrap_lower_bound_matches_a_direct_resampling():
@@ -67,7 +67,7 @@ def test_an_unset_threshold_blocks_promotion_and_off_reports_without_judging():
 
 def test_a_rule_failure_names_the_rule_that_fired_drift_or_distance():
     """Issue 67: the summary said 'fail the rule dlib distance 0.600' when the drift rule fired."""
-    from drape.gates.report import SampleRule
+    from drape.gates.verdict.report import SampleRule
 
     values = {f"s{i}": 0.8 for i in range(4)}
     drift = {"s0": 0.25, "s1": 0.1, "s2": 0.1, "s3": 0.1}

@@ -7,7 +7,7 @@ import pytest
 from PIL import Image, ImageFilter
 
 from drape.data.dataset import load_split
-from drape.gates.checks import (
+from drape.gates.checks.checks import (
     OnnxFaceEmbedder,
     PixelFaceEmbedder,
     codec_view,
@@ -17,8 +17,8 @@ from drape.gates.checks import (
     patch_fidelity,
     texture_scores,
 )
-from drape.gates.report import CheckResult, GateReport
 from drape.gates.run import judge
+from drape.gates.verdict.report import CheckResult, GateReport
 
 
 @pytest.fixture(scope="module")
@@ -217,10 +217,10 @@ def test_onnx_embedder(tmp_path, control):
 def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp_path):
     import torch
 
-    from drape.gates.report import GateReport
     from drape.gates.run import provenance_problems
-    from drape.training.checkpoint import CheckpointError, model_tensor_names, read_model_tensors, save_checkpoint
-    from drape.training.model import build_model
+    from drape.gates.verdict.report import GateReport
+    from drape.training.checkpoints.checkpoint import CheckpointError, model_tensor_names, read_model_tensors, save_checkpoint
+    from drape.training.recipes.model import build_model
 
     start_model = build_model(config)
     start = save_checkpoint(
@@ -264,7 +264,7 @@ def test_provenance_refuses_an_earlier_stage_or_untrained_checkpoint(config, tmp
 
 
 def _trainable(config, model) -> list[str]:
-    from drape.training.model import trainable_parameter_names
+    from drape.training.recipes.model import trainable_parameter_names
 
     return trainable_parameter_names(config.train.stages["texture"].trainable, [n for n, _ in model.named_parameters()])
 

@@ -8,11 +8,11 @@ import torch
 from diffusers import DDIMScheduler
 
 from drape.config import ConfigError
-from drape.training.batches import step_generator
-from drape.training.distributed import DistContext
-from drape.training.model import build_model, build_noise_scheduler, initial_noise, sample, unconditional
-from drape.training.objective import build_objective
-from drape.training.step import draw_step, without_dropped
+from drape.training.loop.batches import step_generator
+from drape.training.loop.distributed import DistContext
+from drape.training.loop.step import draw_step, without_dropped
+from drape.training.recipes.model import build_model, build_noise_scheduler, initial_noise, sample, unconditional
+from drape.training.recipes.objective import build_objective
 from tests.conftest import tiny_config
 from tests.unit.test_model import _inputs
 

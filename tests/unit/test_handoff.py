@@ -1,4 +1,4 @@
-"""Hand-offs through the object store (drape/storage/handoff.py, drape/training/apart.py): trees
+"""Hand-offs through the object store (drape/storage/handoff.py, drape/training/jobs/apart.py): trees
 published whole and fetched verified, checkpoints published as saved and adopted at archive, the
 newest of a node's and the store's checkpoints, and the stage job as a store URL."""
 
@@ -23,7 +23,7 @@ from drape.storage.handoff import (
 )
 from drape.storage.retention import read_archive_manifest
 from drape.storage.store import ObjectStore, open_store
-from drape.training.apart import CheckpointPublisher, restore_newest
+from drape.training.jobs.apart import CheckpointPublisher, restore_newest
 
 POLICY = RetentionConfig(failed_lifetime_days=3, rules={"checkpoint": {"lifetime_days": 30}})
 
@@ -134,7 +134,7 @@ def test_the_publisher_uploads_in_order_off_the_loop_and_reports_a_failure(store
 
 
 def test_a_stage_job_travels_as_a_store_url(tmp_path):
-    from drape.training.stage_job import StageJob
+    from drape.training.jobs.stage_job import StageJob
     from tests.conftest import tiny_config
 
     config = tiny_config(tmp_path / "drape", queue={"enabled": True})
@@ -155,7 +155,7 @@ def test_a_stage_job_travels_as_a_store_url(tmp_path):
 def test_a_checkpoint_counts_only_once_every_node_published_its_shards(store, tmp_path):
     """Multi-node: rank 0's node publishes its shards and the manifest, the other node its own; until
     both are in, the newest whole checkpoint is the one before, and every node resumes from it."""
-    from drape.training.apart import align_to
+    from drape.training.jobs.apart import align_to
 
     node_0, node_1 = tmp_path / "node-0" / "checkpoints", tmp_path / "node-1" / "checkpoints"
     for step in (20, 40):

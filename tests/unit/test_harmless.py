@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from drape.config import GatesConfig
-from drape.gates.floor import Level
-from drape.gates.harmless import WIDER, gamma, s_curve, similarity, suite
-from drape.gates.nuisance import NUISANCE
 from drape.gates.run import _value_threshold
+from drape.gates.suites.harmless import WIDER, gamma, s_curve, similarity, suite
+from drape.gates.suites.nuisance import NUISANCE
+from drape.gates.verdict.floor import Level
 
 
 @pytest.fixture(scope="module")

@@ -114,3 +114,14 @@ def test_the_suite_starts_its_longest_modules_first():
     assert [name for name in LONGEST_FIRST if not (TESTS / name).is_file()] == []
     recipe = next(line for line in (REPO / "Makefile").read_text().splitlines() if "-m pytest -q $(if" in line)
     assert "--dist loadfile" in recipe and "--no-loadscope-reorder" in recipe, recipe
+
+
+def test_no_package_holds_more_modules_than_a_reader_can_see_at_once():
+    """A package of more than 15 modules side by side is grouped into rooms (scheduler/, drape/training,
+    drape/gates, drape/config/reading show how)."""
+    crowded = {}
+    for folder in sorted({path.parent for path in SOURCES}):
+        modules = list(folder.glob("*.py"))
+        if len(modules) > 15:
+            crowded[str(folder.relative_to(REPO))] = len(modules)
+    assert not crowded, f"packages with more than 15 modules side by side: {crowded}"

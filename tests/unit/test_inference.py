@@ -13,7 +13,7 @@ from drape.inference import quality as q
 from drape.inference import stick
 from drape.inference.report import BenchReport, overlap, variant_row
 from drape.inference.variants import prepare, reference_spec, resolved, unavailable
-from drape.training.model import build_model
+from drape.training.recipes.model import build_model
 from tests.conftest import tiny_config
 
 CPU = torch.device("cpu")

@@ -13,8 +13,8 @@ from drape.data.partition import split_data
 from drape.data.reader import ShardIndex
 from drape.data.shards import LATENT_FIELDS, ShardError, ShardWriter
 from drape.storage.store import open_store
-from drape.training.model import build_model
-from drape.training.trainer import train_stage
+from drape.training.loop.trainer import train_stage
+from drape.training.recipes.model import build_model
 from tests.conftest import tiny_config
 
 LATENT_DIT = {"kind": "latent-dit", "patch_size": 2, "garment_patch_size": 4, "vae": {"latent_channels": 4}}
@@ -26,7 +26,7 @@ def vae_dir(tmp_path_factory):
     from diffusers import AutoencoderKL
 
     from drape.config.training import VaeConfig
-    from drape.training.latent import vae_config
+    from drape.training.recipes.latent import vae_config
 
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("vae") / "vae"

@@ -1,4 +1,4 @@
-"""drape.training.lock: one live trainer per stage directory, released however the holder ends."""
+"""drape.training.jobs.lock: one live trainer per stage directory, released however the holder ends."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from drape.training.lock import StageBusy, stage_lock
+from drape.training.jobs.lock import StageBusy, stage_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HOLD = (
-    "import sys, time; from drape.training.lock import stage_lock\n"
+    "import sys, time; from drape.training.jobs.lock import stage_lock\n"
     "with stage_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)"
 )
 

@@ -1,4 +1,4 @@
-"""LoRA fine-tune passes (drape/training/lora.py): adapters apart, merged for the gate, resumable."""
+"""LoRA fine-tune passes (drape/training/recipes/lora.py): adapters apart, merged for the gate, resumable."""
 
 import json
 import shutil
@@ -11,9 +11,9 @@ from safetensors.torch import load_file
 from drape.data.partition import split_data
 from drape.layout import StagePaths, artifact_kind
 from drape.storage.retention import classify_stage_dir
-from drape.training.checkpoint import CheckpointError, base_of, list_checkpoints, load_model, read_manifest
-from drape.training.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
-from drape.training.trainer import train_stage
+from drape.training.checkpoints.checkpoint import CheckpointError, base_of, list_checkpoints, load_model, read_manifest
+from drape.training.loop.trainer import train_stage
+from drape.training.recipes.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
 from scheduler.jobs.profiles import lora_parameters
 from tests.conftest import tiny_config
 

@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from drape.training.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint, verify_checkpoint
-from drape.training.model import build_model, sample
+from drape.training.checkpoints.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint, verify_checkpoint
+from drape.training.recipes.model import build_model, sample
 from tests.conftest import tiny_config
 
 
@@ -96,7 +96,7 @@ def test_ema_weights_are_used_when_preferred(config, tmp_path):
 
 
 def test_export_weights_drops_optimizer_state(config, tmp_path):
-    from drape.training.checkpoint import export_weights
+    from drape.training.checkpoints.checkpoint import export_weights
 
     model = build_model(config)
     optimizer = torch.optim.AdamW(model.parameters())
@@ -126,7 +126,7 @@ def test_an_unknown_prediction_type_is_refused():
 
     import torch
 
-    from drape.training.model import diffusion_target
+    from drape.training.recipes.model import diffusion_target
 
     unknown = SimpleNamespace(config=SimpleNamespace(prediction_type="flow_matching"))
     with pytest.raises(ValueError, match="prediction_type 'flow_matching' is not supported"):

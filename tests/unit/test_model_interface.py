@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from drape.config import ConfigError
-from drape.training.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint
-from drape.training.model import BUILT_IN, build_model, resolve_class, sample, trainable_parameter_names
+from drape.training.checkpoints.checkpoint import CheckpointError, load_model, read_manifest, save_checkpoint
+from drape.training.recipes.model import BUILT_IN, build_model, resolve_class, sample, trainable_parameter_names
 from scheduler.jobs.profiles import ASSUMED_MFU, H100_DENSE_BF16_FLOPS, estimate, model_facts, parameter_counts, workload
 from tests.conftest import random_tryon_batch, tiny_config
 
@@ -62,7 +62,7 @@ def test_a_latent_checkpoint_loads_alone_as_its_class(kind, tmp_path):
 def test_a_vae_path_supplies_the_weights_and_the_shape(tmp_path):
     from diffusers import AutoencoderKL
 
-    from drape.training.latent import vae_config
+    from drape.training.recipes.latent import vae_config
 
     config = tiny_config(tmp_path / "drape", model=LATENT["latent-dit"])
     shape = {**vae_config(config.model.vae, 32), "latent_channels": 8, "scaling_factor": 1.5, "shift_factor": 0.1}
@@ -114,7 +114,7 @@ OUTSIDE = """
     from diffusers.configuration_utils import register_to_config
     from torch import nn
 
-    from drape.training.model import TryOnModel, Workload
+    from drape.training.recipes.model import TryOnModel, Workload
 
 
     class Tiny(TryOnModel):
@@ -175,7 +175,19 @@ def test_a_forged_manifest_cannot_name_another_class(outside, tmp_path):
     (path / "manifest.json").write_text(json.dumps({**manifest, "model_class": "subprocess:Popen"}))
     with pytest.raises(CheckpointError, match="'subprocess:Popen' is neither built in"):
         load_model(path)
-    with pytest.raises(ValueError, match="is not a drape.training.model.TryOnModel subclass"):
+    with pytest.raises(ValueError, match="is not a drape.training.recipes.model.TryOnModel subclass"):
         resolve_class("pkg.models:NotAModel", ("pkg.models:NotAModel",))
     with pytest.raises(ValueError, match="cannot import it"):
         resolve_class("pkg.nothing:Here", ("pkg.nothing:Here",))
+
+
+def test_a_checkpoint_saved_before_the_rooms_names_its_built_in_class_by_the_old_path():
+    """Checkpoints archived before drape/training was grouped into rooms name 'drape.training.pixel:…':
+    they still load as the built-in, and no other old-looking path is let in."""
+    from drape.training.recipes.model import BUILT_IN, MOVED, resolve_class
+    from drape.training.recipes.pixel import TryOnTransformer
+
+    assert resolve_class("drape.training.pixel:TryOnTransformer") is TryOnTransformer
+    assert set(MOVED.values()) == set(BUILT_IN.values())
+    with pytest.raises(ValueError, match="neither built in"):
+        resolve_class("drape.training.trainer:StageTrainer")

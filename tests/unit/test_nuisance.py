@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from drape.gates.nuisance import NUISANCE, shift
+from drape.gates.suites.nuisance import NUISANCE, shift
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ from diffusers import FlowMatchEulerDiscreteScheduler
 
 from drape.config import ConfigError
 from drape.data.partition import split_data
-from drape.training.checkpoint import load_model
-from drape.training.model import build_model, initial_noise, sample
-from drape.training.objective import DdpmObjective, FlowMatchingObjective, build_objective
-from drape.training.trainer import train_stage
+from drape.training.checkpoints.checkpoint import load_model
+from drape.training.loop.trainer import train_stage
+from drape.training.recipes.model import build_model, initial_noise, sample
+from drape.training.recipes.objective import DdpmObjective, FlowMatchingObjective, build_objective
 from tests.conftest import tiny_config
 from tests.unit.test_model import _inputs
 

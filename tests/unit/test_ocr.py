@@ -8,7 +8,7 @@ import pytest
 from PIL import Image
 
 from benchmarks.cases.real_cases import FaceScene, drift_face, print_word, real_control, swap_face, text_scene
-from drape.gates.ocr import edit_distance, normalize, read, shared_text_check, text_similarity
+from drape.gates.checks.ocr import edit_distance, normalize, read, shared_text_check, text_similarity
 from drape.gates.recognizers import RecognizerCheck
 from drape.gates.recognizers.dlib_face import DlibRecognizer
 from drape.gates.run import judge
@@ -112,7 +112,7 @@ def test_recognizer_check_is_reused_not_reloaded(real_set):
 
 
 def test_a_rule_can_also_bound_the_mean_of_what_it_judges():
-    from drape.gates.report import SampleRule
+    from drape.gates.verdict.report import SampleRule
 
     values = {f"k{i}": 0.8 for i in range(10)}
     rule = SampleRule(values, 0.75, 0.0, "ocr: 1 - NED ≥ 0.75", "no text read", "text misread", min_lower=0.9)
@@ -125,7 +125,7 @@ def test_a_rule_can_also_bound_the_mean_of_what_it_judges():
 def test_harmless_compound_change_reads_as_its_source_and_a_changed_digit_does_not():
     """Samples PP-OCR misread under a median filter, resampling and a 1 px shift before readings were
     compared on letters and digits from two crops ('$49.99' read '$4999', 'LIMITED' read '[LIMITED')."""
-    from drape.gates.harmless import suite
+    from drape.gates.suites.harmless import suite
 
     control = real_control(256, 8, seed=0)
     picked = [2, 7]
@@ -161,7 +161,7 @@ def test_words_the_compound_kind_degrades_read_as_their_source_and_their_look_al
     margin and an 8% inset ('LOKYO', 'LIMITEO', 'NIX'), read now by the recognizer alone from
     RapidOcrReader.pads as the source; the same words with one look-alike letter ('IOKYO', 'IIMITED',
     'MIKE') still misread. 4.5 s on one core (15-20 s while the shared cores ran benchmarks)."""
-    from drape.gates.harmless import suite
+    from drape.gates.suites.harmless import suite
 
     control = real_control(256, 81, seed=0)
     picked = [45, 52, 65, 73, 80]

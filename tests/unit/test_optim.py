@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from drape.config import ConfigError
-from drape.training.checkpoint import load_model
-from drape.training.objective import DdpmObjective
-from drape.training.optim import build_optimizer, check_optimizer, lr_schedule
-from drape.training.step import micro_batches
-from drape.training.trainer import train_stage
+from drape.training.checkpoints.checkpoint import load_model
+from drape.training.loop.optim import build_optimizer, check_optimizer, lr_schedule
+from drape.training.loop.step import micro_batches
+from drape.training.loop.trainer import train_stage
+from drape.training.recipes.objective import DdpmObjective
 from tests.conftest import tiny_config
 from tests.unit.conftest import seven_texture_steps, uninterrupted_and_resumed
 
@@ -143,7 +143,7 @@ def test_only_the_last_micro_batch_reduces_gradients_across_ranks():
     """DDP's `no_sync` and FSDP2's `set_requires_gradient_sync` hold the all-reduce to the last micro-batch."""
     from contextlib import contextmanager
 
-    from drape.training.step import gradient_sync
+    from drape.training.loop.step import gradient_sync
 
     events = []
 

@@ -15,7 +15,7 @@ from drape.data.partition import (
     split_data,
 )
 from drape.storage.store import ObjectStore
-from drape.training.batches import BatchPrefetcher
+from drape.training.loop.batches import BatchPrefetcher
 
 PREFIX = "datasets/synth-tryon/v1"
 

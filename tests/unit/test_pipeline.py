@@ -61,7 +61,7 @@ def test_where_each_stage_starts(dag_config, one_stage):
 
 
 def test_a_queue_job_is_one_file_read_back_unchanged(dag_config, one_stage):
-    from drape.training.stage_job import StageJob
+    from drape.training.jobs.stage_job import StageJob
 
     context, *_ = one_stage
     command = pipeline.train_command(dag_config, context, "texture")
@@ -78,7 +78,7 @@ def test_a_queue_job_is_one_file_read_back_unchanged(dag_config, one_stage):
 def test_a_flow_node_that_lost_its_disk_gets_the_live_baseline_back_from_the_registry(dag_config, one_stage):
     """The flow pod rescheduled elsewhere: the stage after identity still starts from identity's
     baseline, rebuilt from the registry version and verified; a damaged copy there is refused."""
-    from drape.training.checkpoint import CheckpointError
+    from drape.training.checkpoints.checkpoint import CheckpointError
 
     context, *_ = one_stage
     live = context.layout.baseline("identity")

@@ -1,4 +1,4 @@
-"""Strict reading of pretrained weights (drape/training/weights.py): a diffusers folder loads the
+"""Strict reading of pretrained weights (drape/training/published/weights.py): a diffusers folder loads the
 same tensors as one file, as an fp16 variant and as shards; and each way the field's files go
 wrong is refused by name before anything is built: tensors missing or foreign, NaN, a missing
 or escaping shard, a variant not asked for, pickles (never unpickled), a config beyond any
@@ -17,12 +17,12 @@ from diffusers import AutoencoderKL, UNet2DConditionModel
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
-from drape.config.extends import deep_merge
+from drape.config.reading.extends import deep_merge
 from drape.config.training import VaeConfig
-from drape.training.catvton import is_cross_attention
-from drape.training.latent import load_vae, vae_config
-from drape.training.pretrained import load_unet, resolve_denoiser
-from drape.training.weights import MAX_PARAMETERS, tensor_headers
+from drape.training.published.pretrained import load_unet, resolve_denoiser
+from drape.training.published.weights import MAX_PARAMETERS, tensor_headers
+from drape.training.recipes.catvton import is_cross_attention
+from drape.training.recipes.latent import load_vae, vae_config
 from tests.conftest import TINY, TINY_UNET
 
 TINY_VAE = {"latent_channels": 4, "block_out_channels": [8, 16], "layers_per_block": 1, "norm_num_groups": 4}

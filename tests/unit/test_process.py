@@ -41,7 +41,7 @@ def test_the_collectors_objects_are_frozen_at_exit_only_once_asked():
 
 def test_the_drape_command_and_the_stage_job_ask_for_it():
     command = "sys.argv = ['drape', 'cost', '--help']\nfrom drape.cli import main\ntry:\n    main()\nexcept SystemExit:\n    pass"
-    stage_job = "from drape.training.stage_job import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    stage_job = "from drape.training.jobs.stage_job import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
     for setup in (command, stage_job):
         lines = _run(setup)
         assert lines[-2:] == ["frozen before exit: False", "frozen at exit: True"], lines[-5:]

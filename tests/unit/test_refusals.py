@@ -12,11 +12,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from drape.config.loading import YamlBoundError, read_yaml
+from drape.config.reading.loading import YamlBoundError, read_yaml
 from drape.eval.features import load_lpips
 from drape.jsonfile import MAX_JSON_DEPTH, JsonFileError, parse_json, read_json
 from drape.torchfile import TorchFileError, load_tensors
-from drape.training.stage_job import main as train_main
+from drape.training.jobs.stage_job import main as train_main
 
 
 class _Payload:  # any class: unpickling it would run code of the file's choosing

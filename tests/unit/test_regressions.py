@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from drape.data.synth import redraw
-from drape.gates.corruptions import _box
-from drape.gates.regressions import REGRESSIONS, applicable, render
+from drape.gates.suites.corruptions import _box
+from drape.gates.suites.regressions import REGRESSIONS, applicable, render
 from tests.conftest import tiny_config
 
 RESOLUTION = 128

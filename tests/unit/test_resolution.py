@@ -14,8 +14,8 @@ from drape.data.importers import _Letterbox
 from drape.data.partition import split_data
 from drape.data.synth import make_garment, make_identity, make_sample, photo_seed, redraw
 from drape.gates.run import evaluate_gate
-from drape.training.model import build_model, sample
-from drape.training.trainer import train_stage
+from drape.training.loop.trainer import train_stage
+from drape.training.recipes.model import build_model, sample
 from scheduler.jobs.profiles import shape_key
 from tests.conftest import tiny_config
 from tests.unit.test_importers import make_viton_hd

@@ -19,7 +19,7 @@ from drape.pipeline.resume import (
     save_context,
     save_progress,
 )
-from drape.training.checkpoint import load_model
+from drape.training.checkpoints.checkpoint import load_model
 
 
 def test_a_run_records_its_context_and_its_stages_progress(dag_config, one_stage):

@@ -1,4 +1,4 @@
-"""Stage checkpoints (drape/training/checkpoint.py, drape/training/base.py, drape/storage/bases.py):
+"""Stage checkpoints (drape/training/checkpoints/checkpoint.py, drape/training/checkpoints/base.py, drape/storage/bases.py):
 the stage's tensors plus a frozen base named by its content hash reassemble the model bit for bit;
 a base whose content is not the one named is refused naming both hashes and the files; a model
 that trains everything, and a checkpoint in the older whole format, load as whole models; resuming
@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from drape.storage.bases import fetch_bases, prune_live_bases, publish_bases
 from drape.storage.store import ObjectStore
-from drape.training.base import BASE_FILE, content_hash
-from drape.training.checkpoint import (
+from drape.training.checkpoints.base import BASE_FILE, content_hash
+from drape.training.checkpoints.checkpoint import (
     STAGE_FILE,
     CheckpointError,
     load_model,
@@ -23,7 +23,7 @@ from drape.training.checkpoint import (
     read_model_tensors,
     save_checkpoint,
 )
-from drape.training.model import build_model, trainable_parameter_names
+from drape.training.recipes.model import build_model, trainable_parameter_names
 from tests.unit.conftest import seven_texture_steps, uninterrupted_and_resumed
 
 PATTERNS = ["transformer.transformer_blocks.*.attn.*"]
@@ -107,7 +107,7 @@ def test_resuming_from_stage_checkpoints_gives_the_weights_of_whole_checkpoints(
     cfg = seven_texture_steps(config)
     staged_full, staged_resumed = uninterrupted_and_resumed(cfg, texture_data, tmp_path / "staged")
     assert "base" in read_manifest(staged_resumed.checkpoint)
-    import drape.training.trainer as trainer
+    import drape.training.loop.trainer as trainer
 
     monkeypatch.setattr(trainer, "bases_dir", lambda config, near: None)  # the reference: whole checkpoints, as before
     whole_full, whole_resumed = uninterrupted_and_resumed(cfg, texture_data, tmp_path / "whole")
@@ -150,7 +150,7 @@ def test_a_checkpoint_of_the_older_whole_format_still_loads(tmp_path):
     from pathlib import Path
 
     from drape.storage.bases import named_base
-    from drape.training.checkpoint import export_weights
+    from drape.training.checkpoints.checkpoint import export_weights
 
     old = Path(__file__).parents[1] / "assets" / "demo-base"
     assert "base" not in read_manifest(old) and named_base(old) is None
@@ -167,8 +167,8 @@ def test_a_checkpoint_of_the_older_whole_format_still_loads(tmp_path):
 def test_bf16_moments_are_an_opt_in_that_halves_them_and_says_it_is_lossy(config, texture_data, tmp_path):
     """`train.checkpoint_moments: bfloat16`: AdamW's moments stored in bf16 (half the bytes), the
     manifest saying so; restored, they are the fp32 moments rounded to 8 significant bits."""
-    from drape.training.checkpoint import load_training_state
-    from drape.training.trainer import train_stage
+    from drape.training.checkpoints.checkpoint import load_training_state
+    from drape.training.loop.trainer import train_stage
 
     model, names = _trained(config)
     parameters = dict(model.named_parameters())

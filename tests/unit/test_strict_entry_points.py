@@ -1,5 +1,5 @@
 """Every path that builds a model from a drape checkpoint reads it strictly (`load_model` through
-drape/training/weights.py): a checkpoint whose manifest matches its files (rewritten along with them,
+drape/training/published/weights.py): a checkpoint whose manifest matches its files (rewritten along with them,
 as a bug or an attacker would) but whose weights lack a tensor, hold a NaN, or are a pickle, is refused
 at training init, the gate, eval, inference and `drape model export`, naming the tensor or the
 pickle, and the pickle is never opened."""
@@ -13,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from drape.storage.checksum import sha256_file
-from drape.training.checkpoint import CheckpointError, save_checkpoint
-from drape.training.model import build_model
+from drape.training.checkpoints.checkpoint import CheckpointError, save_checkpoint
+from drape.training.recipes.model import build_model
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -64,8 +64,8 @@ def _expected(damage: str, victim: str) -> str:
 
 
 def _training_init(config, checkpoint, tmp_path):
-    from drape.training.distributed import DistContext
-    from drape.training.state import prepare_training
+    from drape.training.checkpoints.state import prepare_training
+    from drape.training.loop.distributed import DistContext
 
     prepare_training(config, "texture", tmp_path / "stage", checkpoint, DistContext())
 
@@ -115,8 +115,8 @@ def test_every_entry_point_refuses_a_missing_tensor_a_nan_and_a_pickle(config, t
 
 
 def test_a_stage_checkpoint_with_a_nan_in_its_base_or_stage_tensors_is_refused(config, tmp_path):
-    from drape.training.checkpoint import STAGE_FILE, load_model
-    from drape.training.model import trainable_parameter_names
+    from drape.training.checkpoints.checkpoint import STAGE_FILE, load_model
+    from drape.training.recipes.model import trainable_parameter_names
 
     model = build_model(config)
     names = trainable_parameter_names(

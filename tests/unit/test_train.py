@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from drape.training.checkpoint import load_model
-from drape.training.trainer import train_stage
+from drape.training.checkpoints.checkpoint import load_model
+from drape.training.loop.trainer import train_stage
 from tests.unit.conftest import seven_texture_steps, uninterrupted_and_resumed
 
 

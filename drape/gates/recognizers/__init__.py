@@ -124,7 +124,7 @@ def drift_values(matches: list[FaceMatch]) -> np.ndarray:
 
 def recognizer_scores(matches: list[FaceMatch]) -> np.ndarray:
     """The identity check's per-sample values: each similarity clipped to [0, 1], NaN where no
-    face was found (`drape.gates.report` counts those apart, never as a low score)."""
+    face was found (`drape.gates.verdict.report` counts those apart, never as a low score)."""
     return np.array([np.nan if match.similarity is None else float(np.clip(match.similarity, 0.0, 1.0)) for match in matches])
 
 

@@ -1,5 +1,5 @@
 """Tesseract as the gates' second OCR engine (`gates.texture.ocr: tesseract`), behind the same
-interface as PP-OCR (`drape.gates.ocr.TextReader`).
+interface as PP-OCR (`drape.gates.checks.ocr.TextReader`).
 
 Debian's `tesseract-ocr` (5.x, LSTM, with the English model) is called through its command line:
 every crop of a batch is written as a PNG into a temporary folder, one list file names them, and
@@ -31,7 +31,7 @@ class TesseractReader:
     """One line of text per crop through the `tesseract` command line (English LSTM model)."""
 
     name = "tesseract"
-    # crops read (shares of the box's height, drape.gates.ocr.crop): inset first, as Tesseract reads a
+    # crops read (shares of the box's height, drape.gates.checks.ocr.crop): inset first, as Tesseract reads a
     # plate's edge beside a word as a letter ('|', '1'), then with a small margin, then inset less
     pads = (-0.08, 0.05, -0.03)
 

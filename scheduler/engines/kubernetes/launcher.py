@@ -31,7 +31,7 @@ def checked_kubeconfig() -> None:
 
     import yaml
 
-    from drape.config.loading import YamlBoundError, read_yaml
+    from drape.config.reading.loading import YamlBoundError, read_yaml
 
     for name in (os.environ.get("KUBECONFIG") or str(Path.home() / ".kube" / "config")).split(os.pathsep):
         if name and Path(name).is_file():
