@@ -114,7 +114,7 @@ _SBATCH_OPTIONS = {  # the options drape writes, each value's grammar
     "output": lambda value, where: _path(value, where),
 }
 _SBATCH_FLAGS = re.compile(
-    r"--(nodes|ntasks-per-node|cpus-per-task|time|mem-per-gpu)=\d+G?|--signal=B:USR1@\d+|"
+    r"--(nodes|ntasks-per-node|cpus-per-task|time)=\d+|--(mem|mem-per-gpu)=\d+[MG]?|--signal=B:USR1@\d+|"
     r"--open-mode=append|--export=ALL|--requeue|--no-requeue"
 )
 

@@ -167,3 +167,14 @@ def test_a_fleet_file_whose_node_names_slurm_or_kubernetes_would_misread_is_refu
 def test_a_config_field_check_says_what_was_expected():
     with pytest.raises(ValidationError, match="expected a Slurm name"):
         SlurmLauncherConfig(partition="gpu; rm -rf /")
+
+
+@pytest.mark.parametrize("mib", [1, 1800, 2048, 81920, 1_048_575])
+def test_every_memory_request_the_slurm_engine_writes_parses_back(mib):
+    """--mem and --mem-per-gpu as the engine sizes them (MiB, or GiB when whole) pass the parse-back
+    check that every rendered script meets (a size in M was refused: every fitted job failed)."""
+    from scheduler.engines.slurm.launcher import _size
+
+    names.sbatch_directives(f"#SBATCH --mem-per-gpu={_size(mib)}\n#SBATCH --mem={_size(mib)}", "job t")
+    with pytest.raises(names.NameRefused):
+        names.sbatch_directives(f"#SBATCH --mem-per-gpu={_size(mib)}T", "job t")
