@@ -97,6 +97,15 @@ def label_value(value: object, where: str = "a label value") -> str:
     return _check(LABEL_NAME, value, where, "a label value: empty, or ≤ 63 of letters, digits and - _ . (alphanumeric ends)")
 
 
+def product_label(model: str, products: Mapping[str, str]) -> str:
+    """The node label value of GPU `model`'s product: `products` (queue.kubernetes.products) where it
+    lists the model, else the value NVIDIA's GPU feature discovery gives ``nvidia.com/gpu.product``
+    (the product name with each space as '-': DCGM's "NVIDIA H100 80GB HBM3" is
+    "NVIDIA-H100-80GB-HBM3"), checked as a label value."""
+    value = products.get(model) or re.sub(r"\s+", "-", model.strip())
+    return label_value(value, f"the product label of GPU model {model!r} (queue.kubernetes.products)")
+
+
 def labels(mapping: Mapping[str, Any] | None, where: str) -> None:
     """Every key and value of a label map (also a nodeSelector's); NameRefused naming the first bad one."""
     for key, value in (mapping or {}).items():

@@ -135,8 +135,8 @@ def test_a_kubernetes_job_with_a_hostile_namespace_label_or_node_is_refused_wher
 
 def test_kueue_objects_refuse_a_namespace_or_label_value_kubernetes_would():
     fleet = _gpus(model="H100;x/y")
-    with pytest.raises(KueueError, match="ResourceFlavor .*nodeLabels.*expected a label value"):
-        kueue_objects(flavors_from_fleet(fleet, "nvidia.com/gpu.product", {}), namespace="drape")
+    with pytest.raises(names.NameRefused, match="product label of GPU model 'H100;x/y'.*expected a label value"):
+        flavors_from_fleet(fleet, "nvidia.com/gpu.product", {})
     flavors = flavors_from_fleet(_gpus(), "nvidia.com/gpu.product", {})
     with pytest.raises(KueueError, match="'drape/../kube-system': expected"):
         kueue_objects(flavors, namespace="drape/../kube-system")
@@ -178,3 +178,12 @@ def test_every_memory_request_the_slurm_engine_writes_parses_back(mib):
     names.sbatch_directives(f"#SBATCH --mem-per-gpu={_size(mib)}\n#SBATCH --mem={_size(mib)}", "job t")
     with pytest.raises(names.NameRefused):
         names.sbatch_directives(f"#SBATCH --mem-per-gpu={_size(mib)}T", "job t")
+
+
+def test_a_gpu_model_dcgm_names_with_spaces_selects_the_product_label_gpu_feature_discovery_sets():
+    """DCGM's modelName has spaces; NVIDIA's GPU feature discovery labels the node with them as '-':
+    the node selector must use that value (the raw name was refused, and no job landed on a DCGM fleet)."""
+    assert names.product_label("NVIDIA H100 80GB HBM3", {}) == "NVIDIA-H100-80GB-HBM3"
+    assert names.product_label("H100-80GB", {"H100-80GB": "NVIDIA-H100-80GB-HBM3"}) == "NVIDIA-H100-80GB-HBM3"
+    with pytest.raises(names.NameRefused, match="queue.kubernetes.products"):
+        names.product_label("H100;rm -rf /", {})

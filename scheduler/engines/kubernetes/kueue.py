@@ -81,7 +81,7 @@ def flavors_from_fleet(gpus: list[GpuState], product_label: str, products: dict[
                 model,
                 min(g.total_gib for g in members),
                 _resource(model),
-                {product_label: products.get(base, base)},
+                {product_label: names.product_label(base, products)},
                 len(members),
             )
         )

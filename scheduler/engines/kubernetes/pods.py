@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from drape.config import names
 from scheduler.engines.kubernetes.devices import Binding
 
 
@@ -157,7 +158,9 @@ def affinity(job: dict, model: str, settings, nodes: list[str]):
     models = scheduling_of(job.get("labels")).models
     requirements = []
     if models:
-        products = sorted({settings.products.get(model, model)} | {p for m, p in settings.products.items() if allows(models, m)})
+        products = sorted(
+            {names.product_label(model, settings.products)} | {p for m, p in settings.products.items() if allows(models, m)}
+        )
         requirements.append(client.V1NodeSelectorRequirement(key=settings.product_label, operator="In", values=products))
     if settings.node_label and nodes:
         requirements.append(client.V1NodeSelectorRequirement(key=settings.node_label, operator="In", values=nodes))
@@ -245,7 +248,7 @@ def pod_spec(
             seccomp_profile=client.V1SeccompProfile(type="RuntimeDefault"),
         ),
         containers=[container],
-        node_selector={settings.product_label: settings.products.get(placement.model, placement.model)},
+        node_selector={settings.product_label: names.product_label(placement.model, settings.products)},
         affinity=affinity(job, placement.model, settings, placement.nodes),
         tolerations=[client.V1Toleration(**t) for t in settings.tolerations],
         volumes=found,
