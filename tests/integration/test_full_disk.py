@@ -23,7 +23,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="mount namespaces need root")
+
+@pytest.fixture(autouse=True)
+def _mount_namespaces():
+    """Small filesystems are mounted in a mount namespace of their own: root and unshare, which the
+    suite's machines have (`make services`); a machine without them fails here, never skips."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.fail("the full-disk tests mount small filesystems in a mount namespace: they need root and unshare")
 
 
 def _in_small_disk(tmp_path: Path, scenario: str, size_kib: int, *args: object) -> dict:
