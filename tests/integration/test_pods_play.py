@@ -75,10 +75,12 @@ def _config(bucket: str, endpoint: str, flow: Path):
         "queue": {"url": f"sqlite:///{flow}/queue.db"},  # the flow's side: the queue's estimate reads profiles here
         "data": {
             "source": "synthetic",
-            "resolution": [64, 48],
+            # h100.yaml's dlib identity gate refuses a control set whose faces dlib cannot find
+            # (drape.gates.checks.control): packaged portraits, at a size dlib reads them
+            "resolution": [128, 96],
             "control_samples": 4,
             "shard_max_samples": 8,
-            "synthetic": {"samples_per_stage": dict.fromkeys(steps, 8)},
+            "synthetic": {"samples_per_stage": dict.fromkeys(steps, 8), "faces": "portraits"},
             "cache": {"budget_bytes": 2**30},
             "loader": {"workers": 0},
         },

@@ -164,3 +164,15 @@ def test_an_imported_control_set_without_faces_is_refused_naming_its_samples(tmp
         import_dataset(source, tmp_path / "refused", max_samples=3, gates=GatesConfig(**DLIB), **kwargs)
     assert len(error.value.keys) == 4 and not (tmp_path / "refused" / "manifest.json").exists()
     assert import_dataset(source, tmp_path / "plain", max_samples=3, **kwargs)["splits"]["control"]
+
+
+def test_python_m_drape_train_exits_2_naming_the_faceless_samples(tmp_path, capsys):
+    """The queue's command (`python -m drape.train`) building a faceless control set: bad input, exit 2
+    with a `drape: error:` line the queue's failure reason reads, never a traceback and exit 1."""
+    from drape.training.jobs.stage_job import main
+
+    path = tmp_path / "dlib.yaml"
+    path.write_text(yaml.safe_dump(_config(tmp_path, "drawn").model_dump(mode="json")))
+    assert main(["--config", str(path), "--stage", "identity"]) == 2
+    error = capsys.readouterr().err
+    assert "drape: error: train-identity: control set: dlib finds no face" in error and "control-0000" in error

@@ -31,6 +31,7 @@ from drape.config import ConfigError, PipelineConfig, load_config, parse_config
 from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash
 from drape.data.partition import StageData, load_stage_data, resolve_partitions
+from drape.gates.recognizers import ControlSetError
 from drape.jsonfile import parse_json, read_json
 from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, checkpoint_step, live_root
 from drape.ops.metrics import push_metrics
@@ -376,6 +377,9 @@ def main(argv: list[str] | None = None) -> int:
             torch.distributed.destroy_process_group()
         print(f"train-{job.stage}: {stopped}; exiting", file=sys.stderr, flush=True)
         return stop.EXIT_STOPPED
+    except ControlSetError as error:  # bad input (a control set the gate cannot judge): exit 2, no traceback
+        print(f"drape: error: train-{job.stage}: {error}", file=sys.stderr, flush=True)
+        return 2
     if context.is_distributed:
         torch.distributed.destroy_process_group()
     # every rank pushes its own series (data-wait and step time per rank), in a group of its own
