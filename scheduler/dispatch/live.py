@@ -75,7 +75,7 @@ class LivePlanner:
             self._apply(self.planner, rows)
         except (KeyError, ValueError):  # a state the planner cannot follow: read everything
             return self.rebuild(gpus, key)
-        except Exception:
+        except BaseException:  # anything else, an interrupt too: marked, then raised
             self.stale = True  # half applied: the next cycle reads everything
             raise
         self.cursor = cursor
