@@ -20,22 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
-# each portrait's face box in the full picture (dlib's HOG detection of it)
-FACE_BOXES = {"astronaut": (175.0, 76.0, 265.0, 166.0), "hopper": (161.0, 137.0, 376.0, 352.0)}
-
-
-def portrait(name: str) -> np.ndarray:
-    """The full portrait, RGB uint8: 'astronaut' (skimage) or 'hopper' (matplotlib)."""
-    if name == "astronaut":
-        from skimage import data
-
-        return np.ascontiguousarray(data.astronaut())
-    if name == "hopper":
-        from matplotlib import cbook
-
-        with Image.open(str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))) as image:
-            return np.asarray(image.convert("RGB"))
-    raise ValueError(f"portrait {name!r}: expected 'astronaut' or 'hopper'")
+from drape.data.portraits import FACE_BOXES, portrait  # noqa: F401  (re-exported: the packaged portraits, read once)
 
 
 def texture(name: str, size: int, rng: np.random.Generator) -> np.ndarray:
