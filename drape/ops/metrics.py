@@ -10,6 +10,7 @@ reported and never fails the work it describes.
 from __future__ import annotations
 
 import sys
+import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, pushadd_to_gateway
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -104,6 +105,15 @@ PRESTAGED_BYTES = Gauge(
 )
 PRESTAGE_DOWNLOADED = Gauge(
     "drape_prestage_downloaded_bytes", "Bytes pre-staging downloaded for the stage", RUN_STAGE, registry=REGISTRY
+)
+
+# --- the services a run talks to (`drape/ops/outage.py`) ------------------------------------------
+SERVICE_OUTAGES = Counter(
+    "drape_service_outages",
+    "Outages of a service drape met mid-run (mlflow, queue_database, pushgateway, prefect): waited out "
+    "(outcome recovered) or longer than its wait budget (exhausted)",
+    ["service", "outcome"],
+    registry=REGISTRY,
 )
 
 # --- the inference measuring stick (`drape bench inference`), pushed grouped by bench ----------------
@@ -253,15 +263,70 @@ def serve_metrics(port: int) -> str:
     return f"http://0.0.0.0:{port}/metrics"
 
 
+class _Gateway:
+    """What one process pushed to one Pushgateway (url, job): the groups, in order, and since when it
+    has been unreachable. A Pushgateway that restarts without a persistence file comes back empty,
+    so after an outage every group this process pushed is sent again, with the series' values now."""
+
+    MAX_GROUPS = 512  # a run pushes a group per stage (a queue job per rank): far fewer
+
+    def __init__(self) -> None:
+        self.groups: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
+        self.down_since: float | None = None
+
+    def remember(self, grouping: dict[str, str]) -> None:
+        key = tuple(sorted(grouping.items()))
+        self.groups.pop(key, None)
+        self.groups[key] = dict(grouping)
+        while len(self.groups) > self.MAX_GROUPS:
+            self.groups.pop(next(iter(self.groups)))
+
+
+_GATEWAYS: dict[tuple[str, str], _Gateway] = {}
+
+
 def push_metrics(config, grouping: dict[str, str]) -> bool:
-    """Push the series labelled `grouping` to the configured Pushgateway; False when none or it failed."""
+    """Push the series labelled `grouping` to the configured Pushgateway; False when none or it failed.
+    A push that fails is held: the next push that gets through (or `flush_metrics`) sends it and every
+    group pushed before, for a Pushgateway that restarted lost them (`_Gateway`)."""
     url = config.metrics.pushgateway_url
     if not url:
         return False
+    gateway = _GATEWAYS.setdefault((url, config.metrics.job), _Gateway())
+    gateway.remember(grouping)
+    return _send(config, gateway, [grouping] if gateway.down_since is None else list(gateway.groups.values()))
+
+
+def flush_metrics(config) -> bool:
+    """Send again what pushes held while the Pushgateway was down (a run's close calls it); True when
+    nothing is held any more."""
+    gateway = _GATEWAYS.get((config.metrics.pushgateway_url or "", config.metrics.job))
+    if gateway is None or gateway.down_since is None:
+        return True
+    return _send(config, gateway, list(gateway.groups.values()))
+
+
+def _send(config, gateway: _Gateway, groups: list[dict[str, str]]) -> bool:
+    url, shown = config.metrics.pushgateway_url, redact_url(config.metrics.pushgateway_url)
     try:
-        # POST (pushadd): replaces only these metric names in the group, so the trainer's and the flow's pushes coexist
-        pushadd_to_gateway(url, job=config.metrics.job, registry=series_for(grouping), grouping_key=grouping, timeout=10)
-    except OSError as error:  # unreachable or refused: say so, keep training
-        print(f"drape: metrics push to {redact_url(url)} failed ({error}); continuing", file=sys.stderr)
+        for grouping in groups:
+            # POST (pushadd): replaces only these metric names in the group, so the trainer's and the flow's pushes coexist
+            pushadd_to_gateway(url, job=config.metrics.job, registry=series_for(grouping), grouping_key=grouping, timeout=10)
+    except OSError as error:  # unreachable or refused: say so, hold the groups, keep training
+        if gateway.down_since is None:
+            gateway.down_since = time.monotonic()
+            print(
+                f"drape: metrics push to {shown} failed ({error}); the Pushgateway is down: holding the series, "
+                "sent again once it answers; continuing",
+                file=sys.stderr,
+            )
         return False
+    if gateway.down_since is not None:
+        print(
+            f"drape: the Pushgateway at {shown} answered again after {time.monotonic() - gateway.down_since:.1f} s of "
+            f"outage; sent again the {len(groups)} groups of series this process pushed",
+            file=sys.stderr,
+        )
+        SERVICE_OUTAGES.labels(service="pushgateway", outcome="recovered").inc()
+        gateway.down_since = None
     return True

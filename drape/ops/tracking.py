@@ -12,6 +12,7 @@ from pathlib import Path
 
 from drape import STAGES
 from drape.config import PipelineConfig
+from drape.ops.outage import refused_or_dropped, within_budget
 from drape.secrets import redact
 
 # plain text: the MLflow UI renders descriptions as Markdown, where "<stage>" would be read as an HTML tag
@@ -49,6 +50,44 @@ def _quiet_mlflow(max_wait: float) -> None:
             os.environ[name] = _SET_BY_DRAPE[name] = value
 
 
+def _refused(error: BaseException) -> bool:
+    """Nothing reached the server: the connection refused, or a proxy's 502/503 (the server behind it
+    down). A create call is retried only then; after a reset it may have been done once already."""
+    text = str(error).lower()
+    return any(word in text for word in ("connection refused", "bad gateway", "service unavailable", "too many 50"))
+
+
+class PatientClient:
+    """An MLflow client whose calls wait out a tracking server's restart within
+    `tracking.max_wait_seconds` (`drape.ops.outage`): reads, logs, tags and artifact uploads after a
+    refused or dropped connection; creations (a run, a model version) only when nothing reached the
+    server, so a restart never makes a second run or version."""
+
+    def __init__(self, client, shown: str, max_wait: float):
+        self._client, self._shown, self._max_wait = client, shown, max_wait
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+        transient = _refused if name.startswith("create_") else refused_or_dropped
+
+        def call(*args, **kwargs):
+            return self.patiently(lambda: attribute(*args, **kwargs), transient)
+
+        return call
+
+    def patiently(self, call, transient=refused_or_dropped):
+        return within_budget(
+            call,
+            service="mlflow",
+            shown=self._shown,
+            budget=self._max_wait,
+            field="tracking.max_wait_seconds",
+            is_transient=transient,
+        )
+
+
 class Tracker:
     """Thin wrapper over `MlflowClient` bound to one experiment."""
 
@@ -60,6 +99,8 @@ class Tracker:
         if self.uri.startswith("sqlite:///"):
             Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        if self.uri.startswith(("http://", "https://")):  # a server that may restart mid-run
+            self.client = PatientClient(self.client, redact(self.uri), config.tracking.max_wait_seconds)
         name = experiment or config.tracking.experiment
         found = self.client.get_experiment_by_name(name)
         if found is None:
@@ -177,4 +218,8 @@ class Tracker:
         from mlflow.artifacts import download_artifacts
 
         Path(destination).mkdir(parents=True, exist_ok=True)
-        return Path(download_artifacts(artifact_uri=artifact_uri, dst_path=str(destination), tracking_uri=self.uri))
+
+        def fetch() -> str:
+            return download_artifacts(artifact_uri=artifact_uri, dst_path=str(destination), tracking_uri=self.uri)
+
+        return Path(self.client.patiently(fetch) if isinstance(self.client, PatientClient) else fetch())

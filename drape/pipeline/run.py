@@ -216,6 +216,7 @@ def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
     mark_closed(run.store, context.run_id, status)
     timeline.record_close(run.store, context.run_id, status)
     remove_empty_dirs(run_dir)
+    metrics.flush_metrics(config)  # what pushes held while the Pushgateway was down, sent again
     with _RESOURCES_LOCK:
         _RESOURCES.pop(context.run_id, None)
     return released.to_dict()

@@ -43,6 +43,7 @@ EXPECTED = {
     "drape_queue_dispatch_cycle_seconds": ("histogram", []),
     "drape_queue_dispatch_errors": ("counter", []),
     "drape_queue_fleet_source": ("gauge", ["source"]),
+    "drape_service_outages": ("counter", ["service", "outcome"]),
 }
 
 

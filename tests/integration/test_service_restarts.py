@@ -1,0 +1,159 @@
+"""Services killed and started again mid-run (issue 68): the Pushgateway, the MLflow server and the
+queue's PostgreSQL, each this module's own (the session's shared ones stay up for the other tests),
+restarted on the same port with what it had persisted. For each, what drape was doing goes through
+once the service is back: nothing lost, nothing done twice, and the operator sees the outage (a
+warning naming the service and its URL, another when it answers again, drape_service_outages_total).
+The object store's restarts are in test_restarts.py; Prefect's client budget in test_prefect_budget.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from drape.ops import metrics
+from tests.conftest import _free_port, _start_service, _stop, tiny_config, wait_until
+
+
+def _outages(service: str) -> float:
+    return metrics.SERVICE_OUTAGES.labels(service=service, outcome="recovered")._value.get()
+
+
+def _in_background(action) -> threading.Thread:
+    thread = threading.Thread(target=action, daemon=True)
+    thread.start()
+    return thread
+
+
+# --- the Pushgateway --------------------------------------------------------------------------------
+class Pushgateway:
+    """A prometheus-pushgateway in memory only, as Debian runs it without a persistence file: a
+    restart comes back empty."""
+
+    def __init__(self):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        argv = ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{self.port}", "--persistence.file="]
+        self.process = _start_service(argv, f"{self.url}/-/ready", "prometheus-pushgateway")
+
+    def stop(self) -> None:
+        _stop(self.process)
+
+    def steps(self, run: str) -> dict[str, float]:
+        text = urllib.request.urlopen(f"{self.url}/metrics", timeout=5).read().decode()
+        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        return {s.labels["stage"]: s.value for s in samples if s.name == "drape_train_steps" and s.labels.get("run") == run}
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    gateway = Pushgateway()
+    yield gateway
+    gateway.stop()
+
+
+def test_a_pushgateway_restart_loses_no_series(gateway, config, capsys):
+    cfg = config.model_copy(update={"metrics": config.metrics.model_copy(update={"pushgateway_url": gateway.url})})
+    run, before = "restart-push", _outages("pushgateway")
+    metrics.TRAIN_STEPS.labels(run=run, stage="identity").set(10)
+    assert metrics.push_metrics(cfg, {"run": run, "stage": "identity"})
+    gateway.stop()  # in memory only: what it held is gone
+    metrics.TRAIN_STEPS.labels(run=run, stage="texture").set(20)
+    assert metrics.push_metrics(cfg, {"run": run, "stage": "texture"}) is False  # held, the stage goes on
+    assert metrics.flush_metrics(cfg) is False  # still down: still held
+    gateway.start()
+    assert gateway.steps(run) == {}  # the restart lost the identity group
+    assert metrics.flush_metrics(cfg)  # the run's close
+    assert gateway.steps(run) == {"identity": 10.0, "texture": 20.0}
+    metrics.TRAIN_STEPS.labels(run=run, stage="geometry").set(30)
+    assert metrics.push_metrics(cfg, {"run": run, "stage": "geometry"})
+    assert gateway.steps(run) == {"identity": 10.0, "texture": 20.0, "geometry": 30.0}
+    said = capsys.readouterr().err
+    assert f"metrics push to {gateway.url}" in said and "holding the series" in said
+    assert f"the Pushgateway at {gateway.url} answered again after" in said
+    assert _outages("pushgateway") == before + 1
+
+
+# --- the MLflow server ------------------------------------------------------------------------------
+class MlflowServer:
+    """`mlflow server` (SQLite backend, artifacts served over HTTP) that can be killed and started
+    again on the same port with the same database and artifacts."""
+
+    def __init__(self, root: Path):
+        self.root, self.port = root, _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.start()
+
+    def start(self) -> None:
+        mlflow = str(Path(sys.executable).with_name("mlflow"))
+        argv = [mlflow, "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        argv += ["--backend-store-uri", f"sqlite:///{self.root}/mlflow.db", "--artifacts-destination", str(self.root / "art")]
+        env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+        with open(self.root / "server.log", "ab") as log:
+            self.process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=log, env=env, start_new_session=True)
+        wait_until(self._healthy, 90, f"mlflow server on {self.url}", every=0.3)
+
+    def _healthy(self) -> bool:
+        if self.process.poll() is not None:
+            pytest.fail(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+        try:
+            return urllib.request.urlopen(f"{self.url}/health", timeout=2).status == 200
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL the server and its workers: a crash, nothing flushed."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def mlflow_server_restartable(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow-restart"))
+    yield server
+    server.kill()
+
+
+def test_an_mlflow_restart_mid_snapshot_is_waited_out_and_nothing_is_lost_or_doubled(
+    mlflow_server_restartable, tmp_path, caplog
+):
+    from drape.ops.tracking import Tracker
+
+    server = mlflow_server_restartable
+    caplog.set_level(logging.WARNING, logger="drape.outage")
+    config = tiny_config(tmp_path / "drape", tracking={"uri": server.url, "max_wait_seconds": 60})
+    tracker, before = Tracker(config), _outages("mlflow")
+    run = tracker.start_run("identity")
+    tracker.log_metrics(run, {"identity/loss": 1.0}, 1)
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"weights" * 100)
+    server.kill()
+    restart = _in_background(server.start)
+    # what a stage's snapshot does, the server down when it begins
+    tracker.log_metrics(run, {"identity/loss": 0.5}, 2)
+    source = tracker.log_artifacts(run, checkpoint, "snapshot/checkpoint")
+    version = tracker.register_baseline(run, source, "identity", {"drape.stage": "identity"})
+    restart.join(timeout=90)
+    assert version == "1" and tracker.aliases() == {"identity-baseline": "1"}
+    client = tracker.client
+    assert [m.value for m in client.get_metric_history(run, "identity/loss")] == [1.0, 0.5]
+    assert len(client.search_runs([tracker.experiment_id])) == 1  # no run made twice
+    assert len(client.search_model_versions(f"name='{tracker.model_name}'")) == 1  # no version made twice
+    assert [a.path for a in client.list_artifacts(run, "snapshot/checkpoint")] == ["snapshot/checkpoint/model.safetensors"]
+    downloaded = tracker.download(source, tmp_path / "back")
+    assert (downloaded / "model.safetensors").read_bytes() == b"weights" * 100
+    assert f"mlflow at {server.url} unreachable" in caplog.text and "answered again after" in caplog.text
+    assert _outages("mlflow") >= before + 1
