@@ -324,6 +324,14 @@ class QueueConfig(StrictModel):
         default=1, ge=1, le=20, description="runs of a job that fails before it stays failed (stage jobs resume: retry them)"
     )
     poll_seconds: float = Field(default=1.0, gt=0, description="seconds between a dispatcher's cycles (and a waiter's polls)")
+    max_wait_seconds: float = Field(
+        default=60.0,
+        ge=1,
+        le=3600,
+        description="the longest the queue's database may stay unreachable (a PostgreSQL restart or failover) before "
+        "a flow waiting on its job fails with an error naming it; the wait is logged and counted "
+        "(drape_service_outages_total), a dispatcher keeps cycling whatever the outage",
+    )
     cpu_slot_gib: float = Field(default=16.0, gt=0, description="memory of the one slot a machine without GPUs offers")
     dispatch_in_process: bool = Field(default=True, description="the submitting task dispatches too (no separate dispatcher)")
     job_environment: list[str] = Field(

@@ -29,6 +29,7 @@ from scheduler.engines import build_launcher, claimed_view, spans_nodes
 from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
 from scheduler.policy.baselines import SPANS_ITSELF, get_policy
 from scheduler.policy.gangs import fits_across_nodes, spanning
+from scheduler.queue.outage import patiently, shown_url, submit_patiently, unreachable
 from scheduler.queue.store import JobSpec, JobStore, QueueError
 
 
@@ -109,6 +110,7 @@ class Dispatcher:
         self.landed: dict[str, float] = {}  # job id → when to ask where its pods landed next (inf: checked)
         self.watchdog = Watchdog(config, self.store, self.launcher, self.id)
         self._said: str = ""
+        self._shown = f"the queue database {shown_url(self.store.url)}"
 
     def cycle(self, now: float | None = None) -> CycleReport:
         started_at = time.perf_counter()
@@ -323,13 +325,20 @@ class Dispatcher:
         # during a cycle then walks only what the cycles make (gc.freeze, as long-running servers do)
         gc.collect()
         gc.freeze()
-        cycles, failures = 0, 0
+        cycles, failures, down_since = 0, 0, None
         while not (stop and stop()) and (max_cycles is None or cycles < max_cycles):
             try:
                 report = self.cycle()
                 failures = 0
+                if down_since is not None:
+                    print(f"queue: dispatcher {self.id}: {self._shown} answered again after {time.monotonic() - down_since:.1f} s")
+                    metrics.SERVICE_OUTAGES.labels(service="queue_database", outcome="recovered").inc()
+                    down_since = None
             except Exception as error:  # noqa: BLE001 - one bad cycle must not end the dispatcher
                 failures += 1
+                if unreachable(error):  # a restart: the jobs run on, their leases are renewed once it answers
+                    down_since = time.monotonic() if down_since is None else down_since
+                    error = QueueError(f"{self._shown} unreachable: {str(error).splitlines()[0][:300]}")
                 print(f"queue: dispatcher {self.id}: cycle failed ({failures} in a row): {type(error).__name__}: {error}")
                 metrics.DISPATCH_ERRORS.inc()
                 time.sleep(min(self.config.queue.poll_seconds * 2**failures, 30.0))
@@ -345,15 +354,15 @@ def submit_and_wait(
 ) -> dict:
     """Submit `spec`, wait for it to end (dispatching in-process if configured); returns the job row.
     Raises QueueError naming the job when it fails, is cancelled or exceeds `timeout_s`."""
-    store = JobStore(config.queue_url)
-    view = fleet_view(config, store)
+    store = patiently(lambda: JobStore(config.queue_url), config.queue_url, config.queue.max_wait_seconds)
+    view = patiently(lambda: fleet_view(config, store), config.queue_url, config.queue.max_wait_seconds)
     if (
         view.gpus
         and view.source != "ledger"
         and (reason := unplaceable(spec.gpus, spec.mem_gib, view.gpus, across_nodes=spans_nodes(config)))
     ):
         raise QueueError(f"job {spec.kind} ({spec.stage or 'no stage'}) refused: {reason}")
-    job_id = store.submit(spec)
+    job_id = submit_patiently(store, spec, config.queue.max_wait_seconds)
     print(f"queue: submitted {job_id} ({spec.kind}, {spec.gpus}×{spec.mem_gib:.1f} GiB)")
     return wait_for(config, store, job_id, on_line=on_line, timeout_s=timeout_s)
 
@@ -373,9 +382,10 @@ def wait_for(
     dispatcher = Dispatcher(config, store) if config.queue.dispatch_in_process else None
     log_path = queue_dir(config) / "logs" / f"{job_id}.log"
     offset, deadline = 0, None if timeout_s is None else time.monotonic() + timeout_s
+    url, budget = store.url, config.queue.max_wait_seconds  # the database restarting: waited out (outage.py)
     while True:
         if dispatcher is not None:
-            report = dispatcher.cycle()
+            report = patiently(dispatcher.cycle, url, budget)
             if job_id in report.started:
                 print(f"queue: {job_id} started on {store.get(job_id)['assigned']}")
         if on_line and log_path.is_file():
@@ -386,7 +396,7 @@ def wait_for(
             for line in chunk[:complete].decode(errors="replace").splitlines():
                 on_line(line)
             offset += complete
-        job = store.get(job_id)
+        job = patiently(lambda: store.get(job_id), url, budget)
         if job["state"] == "succeeded":
             return job
         if job["state"] in ("failed", "cancelled"):

@@ -266,7 +266,7 @@ def open_engine(url: str) -> Engine:
         metadata.create_all(engine)
         _upgrade(engine)
     except OperationalError as error:
-        raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from None
+        raise QueueError(f"queue database {shown} unreachable or unusable: {error.orig}") from error  # outage.py reads it
     return engine
 
 

@@ -157,3 +157,93 @@ def test_an_mlflow_restart_mid_snapshot_is_waited_out_and_nothing_is_lost_or_dou
     assert (downloaded / "model.safetensors").read_bytes() == b"weights" * 100
     assert f"mlflow at {server.url} unreachable" in caplog.text and "answered again after" in caplog.text
     assert _outages("mlflow") >= before + 1
+
+
+# --- the queue's PostgreSQL -------------------------------------------------------------------------
+class Postgres:
+    """A throwaway PostgreSQL (as conftest's `postgres_url`) that can crash and start again on its port."""
+
+    def __init__(self):
+        import glob
+        import shutil
+        import tempfile
+
+        bins = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        if not bins:
+            pytest.fail("PostgreSQL is not installed; `make services` installs it (apt-get install postgresql)")
+        self.bindir, self.port = Path(bins[-1]).parent, _free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="drape-pg-restart-"))  # postgres must reach it
+        self.as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_postgres:
+            shutil.chown(self.directory, "postgres")
+        self._run("initdb", "-D", str(self.directory / "data"), "-U", "drape", "--auth=trust")
+        self.start()
+        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "drape", "queue")
+        self.url = f"postgresql+psycopg://drape@127.0.0.1:{self.port}/queue"
+
+    def _run(self, program: str, *args: str) -> None:
+        subprocess.run([*self.as_postgres, str(self.bindir / program), *args], check=True, capture_output=True, timeout=120)
+
+    def _ctl(self, *args: str) -> None:
+        self._run("pg_ctl", "-D", str(self.directory / "data"), *args)
+
+    def start(self) -> None:
+        options = f"-h 127.0.0.1 -p {self.port} -k {self.directory}"
+        self._ctl("-l", str(self.directory / "log"), "-w", "-o", options, "start")
+
+    def crash(self) -> None:
+        """Stop at once, without a checkpoint (the next start recovers from the WAL), every session cut."""
+        self._ctl("-m", "immediate", "stop")
+
+    def remove(self) -> None:
+        import shutil
+
+        subprocess.run([*self.as_postgres, str(self.bindir / "pg_ctl"), "-D", str(self.directory / "data"), "-m", "fast",
+                        "stop"], capture_output=True, timeout=120)  # fmt: skip
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def queue_postgres():
+    server = Postgres()
+    yield server
+    server.remove()
+
+
+FLEET = {"groups": [{"model": "H100-80GB", "memory_gib": 80, "nodes": 1, "gpus_per_node": 2, "node_prefix": "h100"}]}
+
+
+def test_a_queue_database_restart_under_waiting_flows_runs_each_job_once(queue_postgres, tmp_path, caplog):
+    import yaml
+
+    from scheduler.dispatch.dispatcher import submit_and_wait
+    from scheduler.queue.store import JobSpec, JobStore
+
+    caplog.set_level(logging.WARNING, logger="drape.outage")
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
+    queue = {"url": queue_postgres.url, "fleet": "static", "inventory": str(tmp_path / "fleet.yaml"), "poll_seconds": 0.1}
+    config = tiny_config(tmp_path / "drape", queue={**queue, "max_wait_seconds": 60})
+    before, done, markers = _outages("queue_database"), {}, {name: tmp_path / f"{name}.ran" for name in ("first", "second")}
+
+    def flow(name: str) -> None:  # what the train task does: submit its job and wait for it, dispatching
+        program = f"import time; open({str(markers[name])!r}, 'a').write('ran\\n'); time.sleep(1.5)"
+        spec = JobSpec(kind="gate-eval", command=[sys.executable, "-c", program], mem_gib=30, duration_s=2)
+        done[name] = submit_and_wait(config, spec)
+
+    first = _in_background(lambda: flow("first"))
+    wait_until(markers["first"].exists, 60, "the first job to start")
+    queue_postgres.crash()  # the first job runs on; its flow's next poll meets the outage
+    second = _in_background(lambda: flow("second"))  # submitted while the database is down
+    said = f"queue_database at postgresql+psycopg://***@127.0.0.1:{queue_postgres.port}/queue unreachable"  # no user
+    wait_until(lambda: caplog.text.count(said) >= 2, 30, "both flows to meet the outage")
+    queue_postgres.start()
+    first.join(timeout=90)
+    second.join(timeout=90)
+    assert {name: job["state"] for name, job in done.items()} == {"first": "succeeded", "second": "succeeded"}
+    assert all(marker.read_text() == "ran\n" for marker in markers.values())  # each ran once
+    store = JobStore(config.queue_url)
+    assert len(store.jobs()) == 2 and all(job["attempts"] == 1 for job in store.jobs())  # none submitted twice
+    events = [(event["job_id"], event["event"]) for event in store.allocation_events()]
+    assert sorted(events) == sorted((job["id"], event) for job in done.values() for event in ("claim", "release"))
+    assert "answered again after" in caplog.text
+    assert _outages("queue_database") >= before + 2
