@@ -21,14 +21,19 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | 
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")  # cold first start
     if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
-    load(config_path)  # fail fast with a readable message before Prefect starts
+    cfg = load(config_path)  # fail fast with a readable message before Prefect starts
     from drape.gates.recognizers import ControlSetError
     from drape.pipeline import GateFailed, ResumeError
+    from flows.budget import PrefectUnavailable, client_budget
     from flows.staged_training import staged_training
 
     started = time.perf_counter()
     try:
-        summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name, resume=resume)
+        with client_budget(cfg.orchestration.max_wait_seconds):
+            summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name, resume=resume)
+    except PrefectUnavailable as error:  # a service down, not bad input: exit 1, one line, no traceback
+        console.print(f"[red bold]drape: error:[/red bold] {escape(str(error))}")
+        raise typer.Exit(1) from None
     except GateFailed as error:
         console.print(f"[red bold]run stopped:[/red bold] {escape(str(error))}")
         raise typer.Exit(1) from None

@@ -26,7 +26,14 @@ from drape.config.data import CacheConfig, DataConfig, LoaderConfig
 from drape.config.eval import EvalConfig, FidGateConfig
 from drape.config.gates import CoherenceGateConfig, GatesConfig, IdentityGateConfig, TextureGateConfig, Threshold
 from drape.config.inference import InferenceConfig, QualityConfig, VariantSpec
-from drape.config.ops import AlertsConfig, KubernetesLauncherConfig, MetricsConfig, QueueConfig, TrackingConfig
+from drape.config.ops import (
+    AlertsConfig,
+    KubernetesLauncherConfig,
+    MetricsConfig,
+    OrchestrationConfig,
+    QueueConfig,
+    TrackingConfig,
+)
 from drape.config.reading.extends import deep_merge, read_config_data
 from drape.config.reading.site import EXAMPLE_SITE, SITE_ENV, SITE_FIELDS, apply_site
 from drape.config.shoppers import ShopperGateConfig, ShoppersConfig
@@ -78,6 +85,7 @@ __all__ = [
     "LoraConfig",
     "MetricsConfig",
     "ModelConfig",
+    "OrchestrationConfig",
     "OutcomeRule",
     "PLANS",
     "PathsConfig",
@@ -131,6 +139,9 @@ class PipelineConfig(StrictModel):
     paths: PathsConfig = Field(default=PathsConfig(), description="where live storage is on the flow's and trainers' disks")
     storage: StorageConfig = Field(default=StorageConfig(), description="the object store every artifact goes to")
     tracking: TrackingConfig = Field(default=TrackingConfig(), description="MLflow: runs, params, metrics and the registry")
+    orchestration: OrchestrationConfig = Field(
+        default=OrchestrationConfig(), description="Prefect: the API flow runs report to, within one wait budget"
+    )
     data: DataConfig = Field(default=DataConfig(), description="the dataset, its shards, the node's cache and the loader")
     model: ModelConfig = Field(default=ModelConfig(), description="the try-on model trained (a built-in kind or a class)")
     diffusion: DiffusionConfig = Field(default=DiffusionConfig(), description="the diffusion objective and the sampler")

@@ -34,6 +34,17 @@ class TrackingConfig(StrictModel):
     )
 
 
+class OrchestrationConfig(StrictModel):
+    max_wait_seconds: float = Field(
+        default=60.0,
+        ge=10,
+        le=3600,
+        description="the longest one Prefect API request may take, connect, read and the client's retries together "
+        "(drape sets PREFECT_API_REQUEST_TIMEOUT and PREFECT_CLIENT_MAX_RETRIES to fit it unless the environment "
+        "sets them; flows/budget.py); past it, an error naming the API URL",
+    )
+
+
 class AlertsConfig(StrictModel):
     slack_webhook_env: str = Field(
         default="DRAPE_SLACK_WEBHOOK_URL",

@@ -1,0 +1,45 @@
+"""Prefect's client within `orchestration.max_wait_seconds` (issue 68): an API that accepts TCP and
+never answers held a flow's start 428.6 s with Prefect's defaults; within the budget it is a
+PrefectUnavailable naming the API URL, never its credentials."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from drape.config import load_config
+from flows.budget import PrefectUnavailable, backoff_seconds, client_budget, prefect_bounds
+from tests.conftest import silent_endpoint
+
+
+def test_the_default_budget_is_at_most_a_minute_and_the_attempts_fit_it():
+    budget = load_config("configs/demo.yaml").orchestration.max_wait_seconds
+    bounds = prefect_bounds(budget)
+    timeout, retries = int(bounds["PREFECT_API_REQUEST_TIMEOUT"]), int(bounds["PREFECT_CLIENT_MAX_RETRIES"])
+    assert budget <= 60 and retries >= 2  # still carries a run through a restart of a few seconds
+    assert (retries + 1) * timeout + backoff_seconds(retries) <= budget
+    assert 6 * 60 + backoff_seconds(5) > 400  # Prefect's defaults: 6 attempts of 60 s and backoff
+    assert prefect_bounds(10) == {"PREFECT_API_REQUEST_TIMEOUT": "10", "PREFECT_CLIENT_MAX_RETRIES": "0"}
+
+
+def test_a_silent_prefect_api_is_a_clear_error_within_the_budget(monkeypatch):
+    from prefect import flow
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    for name in ("PREFECT_API_REQUEST_TIMEOUT", "PREFECT_CLIENT_MAX_RETRIES"):
+        monkeypatch.delenv(name, raising=False)
+    endpoint = silent_endpoint(monkeypatch).replace("http://", "http://drape:hunter2@") + "/api"
+
+    @flow
+    def nothing() -> int:
+        return 1
+
+    started = time.monotonic()
+    with temporary_settings(updates={PREFECT_API_URL: endpoint}), pytest.raises(PrefectUnavailable) as raised:
+        with client_budget(10):
+            nothing()
+    assert time.monotonic() - started <= 10 + 5  # the budget, and slack for a loaded machine (the defaults: 428.6 s)
+    message = str(raised.value)
+    assert "did not answer within orchestration.max_wait_seconds 10 s" in message
+    assert endpoint.split("@")[1] in message and "hunter2" not in message
