@@ -11,6 +11,7 @@ it has connected (Prefect retries a refused connection only after a first succes
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,8 +34,8 @@ def backoff_seconds(retries: int) -> float:
 
 def prefect_bounds(max_wait: float) -> dict[str, str]:
     """PREFECT_API_REQUEST_TIMEOUT and PREFECT_CLIENT_MAX_RETRIES whose attempts and backoff fit
-    `max_wait` seconds together: the most retries (up to 3) that leave each attempt 5 s or more."""
-    for retries in (3, 2, 1):
+    `max_wait` seconds together: the most retries (up to 6) that leave each attempt 5 s or more (3 at 60 s, 5 at 120 s)."""
+    for retries in (6, 5, 4, 3, 2, 1):
         timeout = int((max_wait - backoff_seconds(retries)) // (retries + 1))
         if timeout >= SHORTEST_TIMEOUT_SECONDS:
             return {"PREFECT_API_REQUEST_TIMEOUT": str(timeout), "PREFECT_CLIENT_MAX_RETRIES": str(retries)}
@@ -49,18 +50,58 @@ def client_budget(max_wait: float) -> Iterator[None]:
 
     settings = {"PREFECT_API_REQUEST_TIMEOUT": PREFECT_API_REQUEST_TIMEOUT, "PREFECT_CLIENT_MAX_RETRIES": PREFECT_CLIENT_MAX_RETRIES}
     updates = {settings[name]: value for name, value in prefect_bounds(max_wait).items() if name not in os.environ}
-    with temporary_settings(updates=updates):
-        api = PREFECT_API_URL.value() or "Prefect's own temporary server"
+    with temporary_settings(updates=updates), _retries_said(max_wait) as said:
+        api = said.api = redact(PREFECT_API_URL.value() or "Prefect's own temporary server")
         try:
             yield
         except (RuntimeError, httpx.TransportError) as error:
             if not _unanswered(error):
                 raise
             raise PrefectUnavailable(
-                f"the Prefect API at {redact(api)} did not answer within orchestration.max_wait_seconds {max_wait:g} s "
+                f"the Prefect API at {api} did not answer within orchestration.max_wait_seconds {max_wait:g} s "
                 f"({type(error).__name__}: {redact(str(error).splitlines()[0] if str(error) else '')[:200]}); check "
                 "PREFECT_API_URL and the server, then run again"
             ) from None
+
+
+class _RetrySaid(logging.Filter):
+    """Prefect's client says each retry at DEBUG; the operator sees them as warnings that name the
+    API and the budget (a server restarting mid-run), and none of the client's other debug lines."""
+
+    def __init__(self, max_wait: float, shown_below: int):
+        super().__init__()
+        self.max_wait, self.shown_below, self.api = max_wait, shown_below, ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= self.shown_below:
+            return True
+        message = record.getMessage()
+        if "Another attempt will be made" not in message:
+            return False
+        cause = f" ({record.exc_info[1].__class__.__name__})" if record.exc_info and record.exc_info[1] else ""
+        record.msg, record.args, record.exc_info, record.exc_text = (
+            f"the Prefect API at {self.api} did not answer{cause}; waiting, within orchestration.max_wait_seconds "
+            f"{self.max_wait:g} s: {message}",
+            None,
+            None,
+            None,
+        )
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+@contextmanager
+def _retries_said(max_wait: float) -> Iterator[_RetrySaid]:
+    client_log = logging.getLogger("prefect.client")
+    level = client_log.level
+    said = _RetrySaid(max_wait, client_log.getEffectiveLevel())
+    client_log.addFilter(said)
+    client_log.setLevel(logging.DEBUG)
+    try:
+        yield said
+    finally:
+        client_log.removeFilter(said)
+        client_log.setLevel(level)
 
 
 def _unanswered(error: BaseException) -> bool:

@@ -247,3 +247,67 @@ def test_a_queue_database_restart_under_waiting_flows_runs_each_job_once(queue_p
     assert sorted(events) == sorted((job["id"], event) for job in done.values() for event in ("claim", "release"))
     assert "answered again after" in caplog.text
     assert _outages("queue_database") >= before + 2
+
+
+# --- the Prefect server -----------------------------------------------------------------------------
+FLOW = """
+import sys, time
+from pathlib import Path
+from prefect import flow, task
+from flows.budget import client_budget
+
+marks = Path(sys.argv[1])
+
+@task
+def step(number: int) -> int:
+    with open(marks / "steps", "a") as steps:
+        steps.write(f"{number}\\n")
+    while number == 2 and not (marks / "go").exists():  # the test restarts the server meanwhile
+        time.sleep(0.1)
+    return number
+
+@flow(name="restart-probe")
+def probe() -> list[int]:
+    return [step(number) for number in range(1, 5)]
+
+with client_budget(float(sys.argv[2])):
+    print("steps", probe())
+"""
+
+
+@pytest.mark.slow
+def test_a_prefect_server_restart_mid_flow_is_waited_out_and_each_task_runs_once(tmp_path):
+    from drape.cli.stack import Stack, free_port
+    from tests.conftest import prefect_api
+
+    stack, marks = Stack(tmp_path / "prefect", free_port()), tmp_path / "marks"
+    marks.mkdir()
+    stack.start_server()
+    try:
+        # orchestration.max_wait_seconds 90: 4 retries, 2 + 4 + 8 + 16 s apart (60 s: 3, 14 s in all)
+        run = subprocess.Popen([sys.executable, "-c", FLOW, str(marks), "90"], env=stack.env(), text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+        wait_until(lambda: "2\n" in _read(marks / "steps"), 120, "the flow's second task to start")
+        os.killpg(stack.processes["server"].pid, signal.SIGKILL)  # a crash: the flow's task is mid-run
+        stack.processes["server"].wait(timeout=10)
+        (marks / "go").touch()  # the task ends while the server is down: its state waits for the server
+        stack.start_server()
+        said, _ = run.communicate(timeout=120)
+        assert run.returncode == 0, said[-3000:]
+        assert "steps [1, 2, 3, 4]" in said and _read(marks / "steps") == "1\n2\n3\n4\n"  # each task ran once
+        assert f"the Prefect API at {stack.api_url} did not answer" in said  # the operator sees the outage
+        flows = prefect_api(stack.api_url, "/flow_runs/filter", {"flow_runs": {"name": {"like_": ""}}})
+        assert [flow["state_type"] for flow in flows] == ["COMPLETED"]  # one flow run, completed
+
+        def completed_tasks() -> list:  # the server records task runs from the events the flow sent, a little later
+            tasks = prefect_api(stack.api_url, "/task_runs/filter", {})
+            return tasks if [task["state_type"] for task in tasks].count("COMPLETED") >= 4 else []
+
+        tasks = wait_until(completed_tasks, 60, "the four task runs recorded as completed")
+        assert len(tasks) == 4 and all(task["name"].startswith("step-") for task in tasks)  # none ran twice
+    finally:
+        os.killpg(stack.processes["server"].pid, signal.SIGKILL)
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
