@@ -48,7 +48,7 @@ def client_budget(max_wait: float) -> Iterator[None]:
     import httpx
     from prefect.settings import PREFECT_API_REQUEST_TIMEOUT, PREFECT_API_URL, PREFECT_CLIENT_MAX_RETRIES, temporary_settings
 
-    settings = {"PREFECT_API_REQUEST_TIMEOUT": PREFECT_API_REQUEST_TIMEOUT, "PREFECT_CLIENT_MAX_RETRIES": PREFECT_CLIENT_MAX_RETRIES}
+    settings = dict(zip(BOUNDS, (PREFECT_API_REQUEST_TIMEOUT, PREFECT_CLIENT_MAX_RETRIES), strict=True))
     updates = {settings[name]: value for name, value in prefect_bounds(max_wait).items() if name not in os.environ}
     with temporary_settings(updates=updates), _retries_said(max_wait) as said, _events_reconnect(max_wait):
         api = said.api = redact(PREFECT_API_URL.value() or "Prefect's own temporary server")

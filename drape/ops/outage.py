@@ -65,8 +65,14 @@ def within_budget(
             now = clock()
             if began is None:
                 began = now
-                LOG.warning("%s at %s unreachable (%s); waiting up to %g s (%s) for it to come back",
-                            service, shown, _brief(error), budget, field)  # fmt: skip
+                LOG.warning(
+                    "%s at %s unreachable (%s); waiting up to %g s (%s) for it to come back",
+                    service,
+                    shown,
+                    _brief(error),
+                    budget,
+                    field,
+                )
             if now - began + pause > budget:
                 metrics.SERVICE_OUTAGES.labels(service=service, outcome="exhausted").inc()
                 raise error_type(

@@ -331,7 +331,8 @@ class Dispatcher:
                 report = self.cycle()
                 failures = 0
                 if down_since is not None:
-                    print(f"queue: dispatcher {self.id}: {self._shown} answered again after {time.monotonic() - down_since:.1f} s")
+                    back = time.monotonic() - down_since
+                    print(f"queue: dispatcher {self.id}: {self._shown} answered again after {back:.1f} s")
                     metrics.SERVICE_OUTAGES.labels(service="queue_database", outcome="recovered").inc()
                     down_since = None
             except Exception as error:  # noqa: BLE001 - one bad cycle must not end the dispatcher

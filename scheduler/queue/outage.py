@@ -31,8 +31,10 @@ def unreachable(error: BaseException) -> bool:
         error = error.__cause__
     if not isinstance(error, (OperationalError, DBAPIError)):
         return False
-    return bool(getattr(error, "connection_invalidated", False)) or refused_or_dropped(error) or any(
-        words in str(error).lower() for words in RESTARTING
+    return (
+        bool(getattr(error, "connection_invalidated", False))
+        or refused_or_dropped(error)
+        or any(words in str(error).lower() for words in RESTARTING)
     )
 
 
