@@ -34,10 +34,25 @@ def refused_or_dropped(error: BaseException) -> bool:
     """True for an error that says the service is not there right now: the connection refused,
     reset or closed by the peer, or a proxy's 502/503/504 (the service behind it restarting)."""
     text = f"{type(error).__name__} {error}".lower()
-    words = ("connection refused", "connectionrefused", "connection reset", "remotedisconnected", "connection aborted")
-    words += ("server closed the connection", "closed the connection unexpectedly", "bad gateway", "service unavailable")
-    words += ("gateway timeout", "too many 502", "too many 503", "too many 504", "newconnectionerror")
-    return any(word in text for word in words)
+    return any(word in text for word in TRANSIENT_WORDS)
+
+
+TRANSIENT_WORDS = (
+    "connection refused",
+    "connectionrefused",
+    "connection reset",
+    "remotedisconnected",
+    "connection aborted",
+    "server closed the connection",
+    "closed the connection unexpectedly",
+    "bad gateway",
+    "service unavailable",
+    "gateway timeout",
+    "too many 502",
+    "too many 503",
+    "too many 504",
+    "newconnectionerror",
+)
 
 
 def within_budget(

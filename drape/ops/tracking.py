@@ -98,9 +98,10 @@ class Tracker:
         self.uri, self.model_name = config.tracking_uri, config.tracking.registered_model
         if self.uri.startswith("sqlite:///"):
             Path(self.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        self.client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        client = MlflowClient(tracking_uri=self.uri, registry_uri=self.uri)
+        self.client: MlflowClient | PatientClient = client
         if self.uri.startswith(("http://", "https://")):  # a server that may restart mid-run
-            self.client = PatientClient(self.client, redact(self.uri), config.tracking.max_wait_seconds)
+            self.client = PatientClient(client, redact(self.uri), config.tracking.max_wait_seconds)
         name = experiment or config.tracking.experiment
         found = self.client.get_experiment_by_name(name)
         if found is None:

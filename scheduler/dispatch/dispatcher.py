@@ -29,7 +29,7 @@ from scheduler.engines import build_launcher, claimed_view, spans_nodes
 from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
 from scheduler.policy.baselines import SPANS_ITSELF, get_policy
 from scheduler.policy.gangs import fits_across_nodes, spanning
-from scheduler.queue.outage import patiently, shown_url, submit_patiently, unreachable
+from scheduler.queue.outage import DatabaseWatch, patiently, submit_patiently
 from scheduler.queue.store import JobSpec, JobStore, QueueError
 
 
@@ -110,7 +110,6 @@ class Dispatcher:
         self.landed: dict[str, float] = {}  # job id → when to ask where its pods landed next (inf: checked)
         self.watchdog = Watchdog(config, self.store, self.launcher, self.id)
         self._said: str = ""
-        self._shown = f"the queue database {shown_url(self.store.url)}"
 
     def cycle(self, now: float | None = None) -> CycleReport:
         started_at = time.perf_counter()
@@ -325,21 +324,15 @@ class Dispatcher:
         # during a cycle then walks only what the cycles make (gc.freeze, as long-running servers do)
         gc.collect()
         gc.freeze()
-        cycles, failures, down_since = 0, 0, None
+        cycles, failures, database = 0, 0, DatabaseWatch(self.store.url)
         while not (stop and stop()) and (max_cycles is None or cycles < max_cycles):
             try:
                 report = self.cycle()
                 failures = 0
-                if down_since is not None:
-                    back = time.monotonic() - down_since
-                    print(f"queue: dispatcher {self.id}: {self._shown} answered again after {back:.1f} s")
-                    metrics.SERVICE_OUTAGES.labels(service="queue_database", outcome="recovered").inc()
-                    down_since = None
+                database.answered(f"queue: dispatcher {self.id}")
             except Exception as error:  # noqa: BLE001 - one bad cycle must not end the dispatcher
                 failures += 1
-                if unreachable(error):  # a restart: the jobs run on, their leases are renewed once it answers
-                    down_since = time.monotonic() if down_since is None else down_since
-                    error = QueueError(f"{self._shown} unreachable: {str(error).splitlines()[0][:300]}")
+                error = database.failed(error)  # a restart: the jobs run on, their leases renewed once it answers
                 print(f"queue: dispatcher {self.id}: cycle failed ({failures} in a row): {type(error).__name__}: {error}")
                 metrics.DISPATCH_ERRORS.inc()
                 time.sleep(min(self.config.queue.poll_seconds * 2**failures, 30.0))
@@ -357,12 +350,9 @@ def submit_and_wait(
     Raises QueueError naming the job when it fails, is cancelled or exceeds `timeout_s`."""
     store = patiently(lambda: JobStore(config.queue_url), config.queue_url, config.queue.max_wait_seconds)
     view = patiently(lambda: fleet_view(config, store), config.queue_url, config.queue.max_wait_seconds)
-    if (
-        view.gpus
-        and view.source != "ledger"
-        and (reason := unplaceable(spec.gpus, spec.mem_gib, view.gpus, across_nodes=spans_nodes(config)))
-    ):
-        raise QueueError(f"job {spec.kind} ({spec.stage or 'no stage'}) refused: {reason}")
+    if view.gpus and view.source != "ledger":
+        if reason := unplaceable(spec.gpus, spec.mem_gib, view.gpus, across_nodes=spans_nodes(config)):
+            raise QueueError(f"job {spec.kind} ({spec.stage or 'no stage'}) refused: {reason}")
     job_id = submit_patiently(store, spec, config.queue.max_wait_seconds)
     print(f"queue: submitted {job_id} ({spec.kind}, {spec.gpus}×{spec.mem_gib:.1f} GiB)")
     return wait_for(config, store, job_id, on_line=on_line, timeout_s=timeout_s)

@@ -10,18 +10,25 @@ database (never its password) and counted, and one longer than the budget is a Q
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
+from drape.ops import metrics
 from drape.ops.outage import refused_or_dropped, within_budget
 from scheduler.queue.schema import QueueError
 
 T = TypeVar("T")
-RESTARTING = ("terminating connection due to administrator command", "the database system is shutting down")
-RESTARTING += ("the database system is starting up", "the database system is in recovery mode", "connection failed")
+RESTARTING = (
+    "terminating connection due to administrator command",
+    "the database system is shutting down",
+    "the database system is starting up",
+    "the database system is in recovery mode",
+    "connection failed",
+)
 
 
 def unreachable(error: BaseException) -> bool:
@@ -54,6 +61,26 @@ def patiently(call: Callable[[], T], url: str, max_wait: float) -> T:
         is_transient=unreachable,
         error_type=QueueError,
     )
+
+
+class DatabaseWatch:
+    """What a dispatcher's loop says about the queue's database between its cycles: an error that
+    says it is unreachable as a QueueError naming it, and when it answers again, after how long."""
+
+    def __init__(self, url: str):
+        self.shown, self.down_since = f"the queue database {shown_url(url)}", None  # type: float | None
+
+    def failed(self, error: Exception) -> Exception:
+        if not unreachable(error):
+            return error
+        self.down_since = time.monotonic() if self.down_since is None else self.down_since
+        return QueueError(f"{self.shown} unreachable: {str(error).splitlines()[0][:300]}")
+
+    def answered(self, who: str) -> None:
+        if self.down_since is not None:
+            back, self.down_since = time.monotonic() - self.down_since, None
+            metrics.SERVICE_OUTAGES.labels(service="queue_database", outcome="recovered").inc()
+            print(f"{who}: {self.shown} answered again after {back:.1f} s")
 
 
 def submit_patiently(store, spec, max_wait: float) -> str:

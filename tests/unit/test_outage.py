@@ -101,3 +101,26 @@ def test_the_error_shows_no_secret():
     with pytest.raises(ServiceUnavailable) as raised:
         within_budget(call, service="probe", shown="db:5432", budget=0.1, field="f", sleep=lambda _: None)
     assert "hunter2" not in str(raised.value)
+
+
+def test_a_dispatchers_loop_names_an_unreachable_queue_database_and_says_when_it_is_back(capsys):
+    from sqlalchemy.exc import OperationalError
+
+    from scheduler.queue.outage import DatabaseWatch, unreachable
+    from scheduler.queue.schema import QueueError
+
+    before = metrics.SERVICE_OUTAGES.labels(service="queue_database", outcome="recovered")._value.get()
+    watch = DatabaseWatch("postgresql+psycopg://drape:hunter2@db:5432/queue")
+    refused = OperationalError("SELECT 1", {}, Exception('connection to server at "db", port 5432 failed: Connection refused'))
+    assert unreachable(refused) and not unreachable(OperationalError("SELECT", {}, Exception("syntax error at or near")))
+    said = watch.failed(refused)
+    assert isinstance(said, QueueError) and "the queue database postgresql+psycopg://drape:***@db:5432/queue unreachable" in str(
+        said
+    )
+    other = ValueError("a bug")
+    assert watch.failed(other) is other  # not an outage: the loop shows it as it is
+    watch.answered("queue: dispatcher d1")
+    assert "queue: dispatcher d1: the queue database" in capsys.readouterr().out
+    assert metrics.SERVICE_OUTAGES.labels(service="queue_database", outcome="recovered")._value.get() == before + 1
+    watch.answered("queue: dispatcher d1")  # said once per outage
+    assert capsys.readouterr().out == ""
