@@ -68,7 +68,8 @@ class DatabaseWatch:
     says it is unreachable as a QueueError naming it, and when it answers again, after how long."""
 
     def __init__(self, url: str):
-        self.shown, self.down_since = f"the queue database {shown_url(url)}", None  # type: float | None
+        self.shown = f"the queue database {shown_url(url)}"
+        self.down_since: float | None = None
 
     def failed(self, error: Exception) -> Exception:
         if not unreachable(error):
