@@ -43,6 +43,7 @@ LONGEST_FIRST = (
     "integration/test_slurm.py",
     "integration/test_slurm_faults.py",
     "integration/test_watchdog.py",
+    "integration/test_service_restarts.py",  # three servers started twice each: long, mostly waiting on them
     # then the modules that mostly wait (bounded timeouts, retry backoff, signals: a core idle for
     # 35-90% of their time), while the other worker's long multi-process modules can use that
     # core; run last, they left it idle (test_trust_more, whose waits are now in test_process,
