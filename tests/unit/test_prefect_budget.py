@@ -43,3 +43,25 @@ def test_a_silent_prefect_api_is_a_clear_error_within_the_budget(monkeypatch):
     message = str(raised.value)
     assert "did not answer within orchestration.max_wait_seconds 10 s" in message
     assert endpoint.split("@")[1] in message and "hunter2" not in message
+
+
+def test_drape_run_against_a_silent_prefect_api_exits_1_with_one_line_naming_it(tmp_path, monkeypatch):
+    import yaml
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+    from tests.conftest import tiny_config
+
+    for name in ("PREFECT_API_REQUEST_TIMEOUT", "PREFECT_CLIENT_MAX_RETRIES"):
+        monkeypatch.delenv(name, raising=False)
+    endpoint = silent_endpoint(monkeypatch) + "/api"
+    path = tmp_path / "config.yaml"
+    config = tiny_config(tmp_path / "drape", orchestration={"max_wait_seconds": 10})
+    path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True)))
+    started = time.monotonic()
+    with temporary_settings(updates={PREFECT_API_URL: endpoint}):
+        result = CliRunner().invoke(app, ["run", "--config", str(path)])
+    assert time.monotonic() - started < 90  # the flow's imports and the budget (Prefect's defaults: 428.6 s)
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"the Prefect API at {endpoint} did not answer within" in " ".join(result.output.split())
