@@ -110,7 +110,7 @@ PRESTAGE_DOWNLOADED = Gauge(
 # --- the services a run talks to (`drape/ops/outage.py`) ------------------------------------------
 SERVICE_OUTAGES = Counter(
     "drape_service_outages",
-    "Outages of a service drape met mid-run (mlflow, queue_database, pushgateway, prefect): waited out "
+    "Outages of a service drape met mid-run (mlflow, queue_database, pushgateway): waited out "
     "(outcome recovered) or longer than its wait budget (exhausted)",
     ["service", "outcome"],
     registry=REGISTRY,

@@ -54,7 +54,9 @@ def _refused(error: BaseException) -> bool:
     """Nothing reached the server: the connection refused, or a proxy's 502/503 (the server behind it
     down). A create call is retried only then; after a reset it may have been done once already."""
     text = str(error).lower()
-    return any(word in text for word in ("connection refused", "bad gateway", "service unavailable", "too many 50"))
+    return any(
+        word in text for word in ("connection refused", "bad gateway", "service unavailable", "too many 502", "too many 503")
+    )
 
 
 class PatientClient:
