@@ -121,10 +121,10 @@ def choose_stops(
             options.append(((left, count, lost, node), found[1]))
     options.sort()
     if not options and config.span_nodes:
-        found = _span_stops(job, pool, by_node, occupants, now)
-        if found is not None and config.gang_stops_rehome and homed is not None:
-            return found if homed(_victims(found, occupants), {pool.gpus[uuid].node for uuid in found[0]}) else None
-        return found
+        spanned = _span_stops(job, pool, by_node, occupants, now)
+        if spanned is not None and config.gang_stops_rehome and homed is not None:
+            return spanned if homed(_victims(spanned, occupants), {pool.gpus[uuid].node for uuid in spanned[0]}) else None
+        return spanned
     if homed is not None:
         for (*_, node), choice in options[:HOMED_LOOK]:
             if homed(_victims(choice, occupants), (node,)):
