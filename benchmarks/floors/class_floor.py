@@ -121,10 +121,13 @@ def _leximin(order: list[str], refuses, relaxed: float, precision_s: float) -> d
 
 
 def _bisect(refuses: Callable[[float], bool], upper: float, precision_s: float) -> tuple[float, float]:
-    """(the largest wait found refused, or 0; the least found admitted), within `precision_s`."""
+    """(the largest wait found refused, or 0; the least found admitted), within `precision_s`;
+    `upper` is admitted. From 1 h doubling first: the week's floors are hours, `upper` weeks."""
     if not refuses(0.0):
         return 0.0, 0.0
-    lo, hi = 0.0, upper
+    lo, hi = 0.0, min(upper, 3600.0)
+    while hi < upper and refuses(hi):
+        lo, hi = hi, min(2 * hi, upper)
     while hi - lo > precision_s:
         middle = (lo + hi) / 2
         lo, hi = (middle, hi) if refuses(middle) else (lo, middle)
