@@ -12,7 +12,9 @@ submit + duration + W_c): the GPUs any multi-GPU job may use are interchangeable
 interrupted and moved at no cost and needs its GPU count at a time at most, and the work that
 cannot end by its deadline (a max flow, `wide_floor.shortfall`) must fit in the budget. Every
 schedule any policy makes (its single-GPU mean delay within `mean_delay_s`) is a point of R with
-its class max waits, so a point R refuses is a wait vector no policy achieves.
+its class max waits, so a point R refuses is a wait vector no policy achieves. A job's wait is
+end - submit - duration, as in `wide_floor.py`: for a job never stopped, its wait to start (the
+simulator's figure); a stopped job's first start may come sooner.
 
 The floors are R's leximin point: the vector whose largest wait is least, then its next, and so
 on, found level by level. At each level the classes not yet fixed share one wait, bisected to
