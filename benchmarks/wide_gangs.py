@@ -126,18 +126,22 @@ def gang_weeks(seed: int) -> list[tuple[str, list[TraceJob], list[GpuState]]]:
 SHORT_BONUS = 20.0  # short_job_bonus beside rehome: a short single-GPU job ranks before any stopped service
 
 
-def policies(bound_h: float, span: bool) -> list[tuple[str, str, PolicyConfig]]:
+POLICIES = ("rehome", "bound", "none", "fifo-easy", "fifo-backfill")  # `--policies`
+
+
+def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> list[tuple[str, str, PolicyConfig]]:
     """drape with the bound, its stops kept to jobs that restart at once and short jobs first (the
-    candidate default); with the bound as before; without it; the two references."""
+    candidate default); with the bound as before; without it; the two references (those in `only`)."""
     bound = bound_h * 3600
     rehome = PolicyConfig(gang_max_wait_s=bound, gang_stops_rehome=True, short_job_bonus=SHORT_BONUS, span_nodes=span)
-    return [
+    every = [
         (f"drape, bound {bound_h:g} h, rehome", "drape", rehome),
         (f"drape, bound {bound_h:g} h", "drape", PolicyConfig(gang_max_wait_s=bound, span_nodes=span)),
         ("drape, no bound", "drape", PolicyConfig(span_nodes=span)),
         ("fifo-easy", "fifo-easy", PolicyConfig(span_nodes=span)),
         ("fifo-backfill", "fifo-backfill", PolicyConfig(span_nodes=span)),
     ]
+    return [entry for name, entry in zip(POLICIES, every, strict=True) if name in only]
 
 
 Floors = dict[str, tuple[float, float]]  # class → (any policy, 1-GPU mean delay <= 5 min)
@@ -163,7 +167,9 @@ def _h(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
-def table(name: str, trace: list[TraceJob], gpus: list[GpuState], bound_h: float, span: bool) -> list[list[str]]:
+def table(
+    name: str, trace: list[TraceJob], gpus: list[GpuState], bound_h: float, span: bool, only: tuple[str, ...] = POLICIES
+) -> list[list[str]]:
     """One workload: a row per policy, per width class its mean / max wait, beside the floors; the
     goals; returns its rows of the per-seed summary (`summary`)."""
     classes = [c for c in CLASSES if any(job_class(j.gpus) == c for j in trace)]
@@ -177,7 +183,7 @@ def table(name: str, trace: list[TraceJob], gpus: list[GpuState], bound_h: float
         cells = [f"- / {_h(floors[c][index])}" if c in floors else "-" for c in classes]
         print(f"| {label} | - | " + " | ".join(cells) + f" | - | - |  <!-- floors {time.perf_counter() - started:.0f} s -->")
     results, work_h = {}, sum(j.gpus * j.duration_s for j in trace) / 3600
-    for label, policy, config in policies(bound_h, span):
+    for label, policy, config in policies(bound_h, span, only):
         started = time.perf_counter()
         result = simulate(trace, gpus, policy, config)
         results[label] = result
@@ -186,7 +192,7 @@ def table(name: str, trace: list[TraceJob], gpus: list[GpuState], bound_h: float
             f"| {label} | {result.of_bound:.3f} | {' | '.join(cells)} | {100 * result.lost_gpu_h / work_h:.2f}% "
             f"| {result.preemptions} |  <!-- {time.perf_counter() - started:.0f} s -->"
         )
-    for label in list(results)[:2]:
+    for label in [label for label in results if label.startswith("drape, bound")]:
         _goals(results, floors, classes, work_h, label)
     return _summary_rows(name, offered, results, floors, classes, work_h)
 
@@ -198,7 +204,7 @@ def goal_s(floors: Floors, name: str) -> float:
 
 
 def _goals(results: dict[str, SimResult], floors: Floors, classes: list[str], work_h: float, label: str) -> None:
-    drape, easy = results[label], results["fifo-easy"]
+    drape, easy = results[label], results.get("fifo-easy")
     said = []
     for c in classes:
         if c == "1" or c not in drape.class_waits:
@@ -210,7 +216,7 @@ def _goals(results: dict[str, SimResult], floors: Floors, classes: list[str], wo
     lost = drape.lost_gpu_h / work_h
     said.append(f"work lost {100 * lost:.2f}% {'met' if lost <= GOAL_LOST else 'NOT met'}")
     wide = [c for c in classes if c not in ("1", "2-4")]
-    if wide:
+    if wide and easy is not None:
         ours = max(drape.class_waits.get(c, {}).get("max_s", 0.0) for c in wide)
         theirs = max(easy.class_waits.get(c, {}).get("max_s", 0.0) for c in wide)
         said.append(f"wide-gang max {_h(ours)} vs fifo-easy {_h(theirs)} {'met' if ours < theirs else 'NOT met'}")
@@ -234,9 +240,9 @@ def _summary_rows(name, offered, results, floors, classes, work_h) -> list[list[
     return rows + [[name, f"{offered:.2f}", "work lost", "-", "<= 1%", *lost]]
 
 
-def summary(rows: list[list[str]], bound_h: float) -> None:
+def summary(rows: list[list[str]], bound_h: float, only: tuple[str, ...] = POLICIES) -> None:
     """The per-seed, per-width-class table against the floors (issue 66's closing note)."""
-    labels = [label for label, *_ in policies(bound_h, True)]
+    labels = [label for label, *_ in policies(bound_h, True, only)]
     print("\n## Per seed and width class: max wait (mean) against the floors\n")
     print("floor: any policy / policies whose 1-GPU jobs' mean delay <= 5 min (`benchmarks/floors/class_floor.py`)\n")
     print("| week | offered load | class | floor | goal | " + " | ".join(labels) + " |")
@@ -287,7 +293,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bound-hours", type=float, default=3.0, help="drape's gang_max_wait_s, in hours")
     parser.add_argument("--parts", default="wide,gang,sharing", help="which workloads: wide, gang, sharing")
     parser.add_argument("--wide-load", type=float, default=0.85, help="the wide-gang week's GPU-hours over the fleet's week's")
+    parser.add_argument("--policies", default=",".join(POLICIES), help=f"which of {', '.join(POLICIES)}")
     args = parser.parse_args(argv)
+    only = tuple(name for name in args.policies.split(",") if name)
+    if unknown := set(only) - set(POLICIES):
+        parser.error(f"--policies: unknown {sorted(unknown)}; expected some of {', '.join(POLICIES)}")
     if not (math.isfinite(args.wide_load) and 0 < args.wide_load <= 2):
         parser.error(f"--wide-load: expected a number in (0, 2], got {args.wide_load}")
     low, _, high = args.seeds.partition("-")
@@ -300,15 +310,15 @@ def main(argv: list[str] | None = None) -> None:
         if "wide" in parts:
             gpus = fleet([("h", "H100-80GB", 80.0, 16)])
             week = wide_week(args.wide_load, len(gpus), seed)
-            rows += table(f"wide-gang week {args.wide_load:g}, seed {seed}", week, gpus, args.bound_hours, span=True)
+            rows += table(f"wide-gang week {args.wide_load:g}, seed {seed}", week, gpus, args.bound_hours, True, only)
         if "gang" in parts:
             for name, trace, gpus in gang_weeks(seed):
-                rows += table(f"gang week {name}, seed {seed}", trace, gpus, args.bound_hours, span=False)
+                rows += table(f"gang week {name}, seed {seed}", trace, gpus, args.bound_hours, False, only)
         if "sharing" in parts:
             for small in (False, True):
                 sharing(seed, small)
     if rows:
-        summary(rows, args.bound_hours)
+        summary(rows, args.bound_hours, only)
     load = os.getloadavg()
     took = time.perf_counter() - started
     print(f"\n{took:.0f} s in all; machine load (1, 5, 15 min) at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

@@ -45,7 +45,10 @@ def test_every_policy_waits_at_least_the_floor_over_the_classes_and_the_summary_
             assert max(w["max_s"] for c, w in waits.items() if c != "1") > top - 1e-6, label
 
 
-def test_the_wide_load_is_checked():
-    with pytest.raises(SystemExit) as stopped:
-        wide_gangs.main(["--wide-load", "nan", "--parts", ""])
-    assert stopped.value.code == 2
+def test_the_wide_load_and_the_policies_are_checked():
+    for bad in (["--wide-load", "nan"], ["--policies", "rehome,fifo"]):
+        with pytest.raises(SystemExit) as stopped:
+            wide_gangs.main([*bad, "--parts", ""])
+        assert stopped.value.code == 2
+    chosen = [label for label, *_ in wide_gangs.policies(3, True, ("rehome", "none"))]
+    assert chosen == ["drape, bound 3 h, rehome", "drape, no bound"]
