@@ -24,6 +24,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from scheduler.policy.state import GpuState, allows
@@ -75,11 +76,17 @@ def feasible(jobs: list[tuple[float, float, int]], nodes: int, wait_s: float) ->
     return shortfall(jobs, wait_s, lambda lo, hi: nodes * (hi - lo)) == 0
 
 
-def shortfall(jobs: list[tuple[float, float, int]], wait_s: float, capacity, scale: int = 1) -> int:
+def shortfall(jobs: list[tuple[float, float, int]], wait_s: float | Sequence[float], capacity, scale: int = 1) -> int:
     """The node-seconds x `scale` of `jobs`' work (submit, duration, nodes needed) that cannot be
     done by submit + duration + `wait_s` when the nodes, interrupting and moving jobs freely, offer
-    `capacity(lo, hi)` node-seconds x `scale` between whole seconds lo and hi (0: every job can)."""
-    windows = [(math.floor(s), math.ceil(s + d + wait_s), math.floor(d) * k * scale, k) for s, d, k in jobs]
+    `capacity(lo, hi)` node-seconds x `scale` between whole seconds lo and hi (0: every job can).
+    `wait_s`: one wait for every job, or one per job (in `jobs`' order)."""
+    waits = [wait_s] * len(jobs) if isinstance(wait_s, int | float) else list(wait_s)
+    if len(waits) != len(jobs):
+        raise ValueError(f"shortfall: {len(waits)} waits for {len(jobs)} jobs")
+    windows = [
+        (math.floor(s), math.ceil(s + d + w), math.floor(d) * k * scale, k) for (s, d, k), w in zip(jobs, waits, strict=True)
+    ]
     points = sorted({t for start, end, *_ in windows for t in (start, end)})
     spans = list(zip(points, points[1:], strict=False))
     source, sink, first = 0, 1, 2

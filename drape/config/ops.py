@@ -302,6 +302,12 @@ class QueueConfig(StrictModel):
         description="a job is stopped for a multi-GPU job past gang_max_wait_seconds only while it was preempted (or "
         "moved) fewer times than this, so no job is stopped over and over",
     )
+    gang_stops_rehome: bool = Field(
+        default=False,
+        description="a multi-GPU job past gang_max_wait_seconds stops only jobs that can all start again at once off its "
+        "nodes, so single-GPU jobs keep their room and the bound does not make them wait (benchmarks/wide_gangs.py); "
+        "false: the cheapest node, whether or not they can",
+    )
     short_job_bonus: float = Field(
         default=0.0,
         ge=0,

@@ -41,7 +41,7 @@ single-GPU jobs keep room, measured no better and are not kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -95,13 +95,13 @@ def choose_stops(
     now: float,
     config: PolicyConfig,
     stopped: set[str],
-    homed: Callable[[list[RunningJob], str], bool] | None = None,
+    homed: Callable[[list[RunningJob], Collection[str]], bool] | None = None,
 ) -> Choice | None:
     """(GPUs for `job`, running jobs to stop) on the cheapest node (the module docstring), or None.
     `occupants(uuid)`: the running jobs on a GPU as the pass sees them; `stopped`: jobs this pass
-    already stops (a GPU holding one is not taken again); `homed(victims, node)`: whether they can
-    all start again at once off `node` (such nodes come first, of the `HOMED_LOOK` cheapest: a
-    bounded look, as each look reads the fleet's free room)."""
+    already stops (a GPU holding one is not taken again); `homed(victims, nodes)`: whether they can
+    all start again at once off `nodes` (such nodes come first, of the `HOMED_LOOK` cheapest: a
+    bounded look, as each look reads the fleet's free room; with `gang_stops_rehome`, only such)."""
     by_node: dict[str, list[str]] = {}
     for uuid, gpu in pool.gpus.items():
         if gpu.total_gib < job.mem_gib or not pool.fits_any(job, uuid):
@@ -121,12 +121,22 @@ def choose_stops(
             options.append(((left, count, lost, node), found[1]))
     options.sort()
     if not options and config.span_nodes:
-        return _span_stops(job, pool, by_node, occupants, now)
+        spanned = _span_stops(job, pool, by_node, occupants, now)
+        if spanned is not None and config.gang_stops_rehome and homed is not None:
+            return spanned if homed(_victims(spanned, occupants), {pool.gpus[uuid].node for uuid in spanned[0]}) else None
+        return spanned
     if homed is not None:
         for (*_, node), choice in options[:HOMED_LOOK]:
-            if homed(list({o.id: o for uuid in choice[0] for o in occupants(uuid)}.values()), node):
+            if homed(_victims(choice, occupants), (node,)):
                 return choice
+        if config.gang_stops_rehome:
+            return None
     return options[0][1] if options else None
+
+
+def _victims(choice: Choice, occupants: Callable[[str], list[RunningJob]]) -> list[RunningJob]:
+    """The running jobs on the GPUs of `choice` (each once)."""
+    return list({o.id: o for uuid in choice[0] for o in occupants(uuid)}.values())
 
 
 def _span_stops(

@@ -33,7 +33,7 @@ week (mean 253 against 199 min).
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
 from scheduler.policy.checkpoints import choose_stops, overdue
@@ -109,8 +109,8 @@ class Preemptor:
                 by_node.setdefault(gpu.node, []).append((len(occupants), gpu.allocated_gib, gpu.uuid))
         return by_node
 
-    def _rehome(self, victims: list[RunningJob], pool: Pool, node: str) -> bool:
-        """Whether every victim can start again at once off `node`: on an idle GPU, else beside other
+    def _rehome(self, victims: list[RunningJob], pool: Pool, nodes: Collection[str]) -> bool:
+        """Whether every victim can start again at once off `nodes`: on an idle GPU, else beside other
         jobs where memory allows (the jobs a gang job stops for its bound, `stop`)."""
         room = {uuid: pool.gpus[uuid].total_gib for _, uuid in pool.idle}
         room.update((uuid, free) for free, uuid in pool.shared)
@@ -119,7 +119,7 @@ class Preemptor:
             fitting = [
                 (free, uuid)
                 for uuid, free in room.items()
-                if free >= victim.mem_gib and pool.gpus[uuid].node != node and pool.fits_any(probe, uuid)
+                if free >= victim.mem_gib and pool.gpus[uuid].node not in nodes and pool.fits_any(probe, uuid)
             ]
             if not fitting:
                 return False
@@ -194,8 +194,8 @@ class Preemptor:
         if shape in self.stop_hopeless:
             return None
 
-        def homed(victims: list[RunningJob], node: str) -> bool:
-            return all(len(o.gpus) == 1 for o in victims) and self._rehome(victims, pool, node)
+        def homed(victims: list[RunningJob], nodes: Collection[str]) -> bool:
+            return all(len(o.gpus) == 1 for o in victims) and self._rehome(victims, pool, nodes)
 
         found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped, homed)
         if found is None:

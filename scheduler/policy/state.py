@@ -37,6 +37,10 @@ class PolicyConfig:
     # a job that may run on any GPU model keeps off the models waiting constrained jobs need, and
     # long unconstrained jobs move off them while such a job waits (`scheduler/policy/scarcity.py`)
     avoid_scarce: bool = True
+    # a gang job past `gang_max_wait_s` stops only jobs that can all start again at once off its
+    # nodes (`scheduler/policy/checkpoints.py`): single-GPU jobs keep their room, so the bound does
+    # not make them wait (False: the cheapest node, whether or not they can)
+    gang_stops_rehome: bool = False
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s

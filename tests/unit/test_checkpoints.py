@@ -99,6 +99,26 @@ def test_an_overdue_gang_job_stops_first_where_its_victims_restart_at_once_then_
     assert placement.evicts == ("a0", "a1")  # both restart at once beside c's jobs; the fine-tune could not
     (placement,) = both([gang()], gpus, running)
     assert placement.evicts == ("w",)  # nowhere to restart either way: one job stopped, not two (though it loses more)
+    rehome = dataclasses.replace(BOUNDED, gang_stops_rehome=True)
+    (placement,) = both([gang()], gpus + room, running + beside, rehome)
+    assert placement.evicts == ("a0", "a1")  # they restart at once: stopped as before
+    assert both([gang()], gpus, running, rehome) == []  # nowhere to restart: it waits on rather than stop them
+
+
+def test_with_rehome_a_gang_spanning_nodes_stops_only_jobs_that_all_restart_at_once():
+    """A 4-GPU gang on an engine that spans nodes, over nodes a and b (two GPUs each, a 30-GiB
+    single-GPU job on each GPU); node c's two GPUs run 10-GiB jobs of the gang's priority."""
+    gpus, running = full_fleet()
+    room = [GpuState(f"c/gpu{i}", "c", "H100", 80.0, allocated_gib=10.0, jobs=1, shares=1.0) for i in range(2)]
+    beside = [RunningJob(f"c{i}", (f"c/gpu{i}",), 10.0, NOW + 36000, 5, True, started_s=NOW - 10) for i in range(2)]
+    wide = JobRequest("gang", 5, NOW - 2 * 3600, 4, 70.0, 3600.0)
+    spans = dataclasses.replace(BOUNDED, span_nodes=True)
+    rehome = dataclasses.replace(spans, gang_stops_rehome=True)
+    (placement,) = both([wide], gpus + room, running + beside, rehome)
+    assert placement.evicts == ("a0", "a1", "b0", "b1")  # two 30-GiB jobs beside each 10-GiB one on c
+    assert both([wide], gpus + room[:1], running + beside[:1], rehome) == []  # room for two of the four only
+    (placement,) = both([wide], gpus + room[:1], running + beside[:1], spans)
+    assert placement.evicts == ("a0", "a1", "b0", "b1")  # without rehome: stopped all the same
 
 
 def test_of_equal_nodes_it_stops_the_jobs_with_least_work_left():
@@ -180,9 +200,12 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
     from drape.config.ops import QueueConfig
     from scheduler.dispatch.fleet import policy_config
 
-    queue = QueueConfig(gang_max_wait_seconds=10800, short_job_bonus=6, short_job_seconds=1800, gang_max_preemptions=10)
+    queue = QueueConfig(
+        gang_max_wait_seconds=10800, short_job_bonus=6, short_job_seconds=1800, gang_max_preemptions=10, gang_stops_rehome=True
+    )
     policy = policy_config(SimpleNamespace(queue=queue))
     assert (policy.short_job_bonus, policy.short_job_s, policy.gang_max_preemptions) == (6.0, 1800.0, 10)
+    assert policy.gang_stops_rehome and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_rehome
     assert (policy_config(SimpleNamespace(queue=QueueConfig())).short_job_bonus, PolicyConfig().short_job_bonus) == (0.0, 0.0)
     short = JobRequest("short", 3, NOW, 1, 50.0, 1800.0)
     assert effective_priority(short, NOW, policy) == 9.0

@@ -1,0 +1,54 @@
+"""benchmarks/wide_gangs.py at unit-test size: a small week on two nodes, every policy beside the class floors."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from benchmarks import wide_gangs
+from scheduler.sim import TraceJob
+
+
+def _small_week(seed: int) -> list[TraceJob]:
+    """1-16-GPU jobs over two hours on 16 GPUs: enough to make gangs wait."""
+    rng, jobs = random.Random(seed), []
+    for index in range(24):
+        gpus = rng.choice((1, 1, 1, 2, 4, 8, 16))
+        duration = rng.uniform(600, 3600) if gpus > 1 else rng.uniform(300, 7200)
+        jobs.append(
+            TraceJob(f"j{index:02d}", rng.uniform(0, 7200), duration, 70.0 if gpus > 1 else 30.0, gpus, 5 if gpus > 1 else 3, "x")
+        )
+    return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
+
+
+def test_every_policy_waits_at_least_the_floor_over_the_classes_and_the_summary_has_each_class(capsys):
+    gpus = wide_gangs.fleet([("h", "H100-80GB", 80.0, 2)])
+    for seed in (3,):
+        trace = _small_week(seed)
+        floors = wide_gangs.floors_of(trace, gpus, span=True, precision_s=1.0)
+        rows = wide_gangs.table(f"small, seed {seed}", trace, gpus, bound_h=0.5, span=True)
+        printed = capsys.readouterr().out
+        assert "floor, 1-GPU mean delay <= 5 min" in printed and "against the goals" in printed
+        for anyhow, beside in floors.values():
+            assert 0.0 <= anyhow <= beside  # keeping the 1-GPU jobs only adds work
+        # the max over the classes of any policy's max wait is at least the largest floor for any policy
+        # (level 1 of class_floor.py: unconditional), in the simulator's own replay
+        top = max(anyhow for anyhow, _ in floors.values())
+        for row in rows:
+            if row[2] not in ("1 (mean)", "work lost"):
+                assert row[3].startswith(f"{floors[row[2]][0] / 3600:.1f} h /")
+        classes = {row[2] for row in rows}
+        assert {"1 (mean)", "work lost"} <= classes and len(rows[0]) == 5 + len(wide_gangs.policies(0.5, True))
+        for label, policy, config in wide_gangs.policies(0.5, True):
+            waits = wide_gangs.simulate(trace, gpus, policy, config).class_waits
+            assert max(w["max_s"] for c, w in waits.items() if c != "1") > top - 1e-6, label
+
+
+def test_the_wide_load_and_the_policies_are_checked():
+    for bad in (["--wide-load", "nan"], ["--policies", "rehome,fifo"]):
+        with pytest.raises(SystemExit) as stopped:
+            wide_gangs.main([*bad, "--parts", ""])
+        assert stopped.value.code == 2
+    chosen = [label for label, *_ in wide_gangs.policies(3, True, ("rehome", "none"))]
+    assert chosen == ["drape, bound 3 h, rehome", "drape, no bound"]
