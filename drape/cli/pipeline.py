@@ -24,15 +24,16 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | 
     load(config_path)  # fail fast with a readable message before Prefect starts
     from drape.gates.recognizers import ControlSetError
     from drape.pipeline import GateFailed, ResumeError
+    from drape.storage.lease import LeaseLost, RunHeld
     from flows.staged_training import staged_training
 
     started = time.perf_counter()
     try:
         summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name, resume=resume)
-    except GateFailed as error:
+    except (GateFailed, LeaseLost) as error:
         console.print(f"[red bold]run stopped:[/red bold] {escape(str(error))}")
         raise typer.Exit(1) from None
-    except (ResumeError, ControlSetError) as error:  # input errors: exit 2 (a failed gate is 1)
+    except (ResumeError, ControlSetError, RunHeld) as error:  # input errors: exit 2 (a failed gate is 1)
         fail(str(error))
     print_summary(summary, time.perf_counter() - started)
 
