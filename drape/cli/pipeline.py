@@ -21,7 +21,9 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | 
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")  # cold first start
     if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
-    load(config_path)  # fail fast with a readable message before Prefect starts
+    config = load(config_path)  # fail fast with a readable message before Prefect starts
+    if resume:
+        _refuse_if_driven(config, resume)
     from drape.gates.recognizers import ControlSetError
     from drape.pipeline import GateFailed, ResumeError
     from drape.storage.lease import LeaseLost, RunHeld
@@ -36,6 +38,24 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | 
     except (ResumeError, ControlSetError, RunHeld) as error:  # input errors: exit 2 (a failed gate is 1)
         fail(str(error))
     print_summary(summary, time.perf_counter() - started)
+
+
+def _refuse_if_driven(config, run_id: str) -> None:
+    """Exit 2 before Prefect starts when another live process drives the run (its lease); the flow's
+    start takes the lease itself, so two starts at the same moment are still decided there."""
+    from drape.layout import safe_name
+    from drape.storage.lease import refusal
+    from drape.storage.network import StorageError
+    from drape.storage.store import open_store
+
+    try:
+        held = refusal(open_store(config), safe_name(run_id, "--resume run id"))
+    except ValueError as error:
+        fail(str(error))
+    except StorageError:
+        return  # the store unreachable a moment: the flow's start, with its retries, decides
+    if held is not None:
+        fail(str(held))
 
 
 def demo(run_name: str | None = typer.Option(None, help="flow run name")) -> None:

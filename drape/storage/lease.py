@@ -346,6 +346,15 @@ def acquire(
     return lease
 
 
+def refusal(store: ObjectStore, run_id: str, clock: Clock = time.time) -> RunHeld | None:
+    """The RunHeld a start of `run_id` would meet now (another live process drives it), else None: a
+    front end's check before it starts anything; `acquire` still decides."""
+    found = _Backend(store, lease_key(run_id)).read()
+    if found is None or _takeover(found[0], Holder.here(None), clock()) is not None:
+        return None
+    return _held(run_id, found[0], clock())
+
+
 def _takeover(record: dict, here: Holder, now: float) -> str | None:
     """Why the lease in `record` may be taken by `here`, or None when its holder may still be alive."""
     holder, expires_at = _holder(record), _expiry(record)
