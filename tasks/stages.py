@@ -61,8 +61,9 @@ def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> T
 
         return pipeline.train(config, context, stage, progress=progress_lines(stage))
     from drape import job_kind_for
-    from scheduler.dispatch.dispatcher import live_job, submit_and_wait, wait_for
+    from scheduler.dispatch.dispatcher import submit_and_wait, wait_for
     from scheduler.jobs.training import train_job_spec
+    from scheduler.queue.once import live_job
     from scheduler.queue.store import JobStore
 
     store = JobStore(config.queue_url)

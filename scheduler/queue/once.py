@@ -38,3 +38,11 @@ def live_twin(connection, kind: str, stage: str | None, labels: dict[str, str], 
         if json.loads(stored or "{}").get("run") == run:
             return job_id
     return None
+
+
+def live_job(store, kind: str, stage: str, run_id: str) -> dict | None:
+    """The queued or running job of `run_id`'s `stage` (a flow that died left it behind), if any."""
+    for job in store.jobs(states=("queued", "running")):
+        if job["kind"] == kind and job["stage"] == stage and json.loads(job["labels"] or "{}").get("run") == run_id:
+            return job
+    return None
