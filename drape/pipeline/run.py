@@ -21,6 +21,7 @@ from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, read_manifest
 from drape.layout import LiveLayout, StagePaths, live_root, run_key
 from drape.ops import metrics
+from drape.ops.logsink import tolerate_full_disks
 from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
 from drape.pipeline.resume import ResumeError, load_context, mark_closed, save_context
@@ -147,6 +148,7 @@ def start_run(
 ) -> RunContext:
     """Create the run (dataset ready in the object store, MLflow runs open, control set staged),
     or with `resume`, reopen that run where it was (`drape.pipeline.resume`)."""
+    tolerate_full_disks()  # a flow run a worker started logs to the worker's file: a full disk must not end the run
     store, tracker = open_store(config), Tracker(config)
     if resume:
         context = _reopen(config, store, tracker, resume, parse_mode(mode), flow_run_id)
