@@ -74,11 +74,11 @@ def _retried_run(config) -> str | None:
     return run_of_flow_run(open_store(config), flow_run.id)
 
 
-def _release_lease(_flow, run, _state) -> None:
+def _release_lease(flow, flow_run, state) -> None:  # noqa: ARG001 - Prefect's hook signature, by name
     """A failed or crashed flow run gives up its run's lease, so the run can be resumed at once."""
     from drape.pipeline import release_flow_run_leases
 
-    release_flow_run_leases(str(run.id))
+    release_flow_run_leases(str(flow_run.id))
 
 
 @flow(
