@@ -286,7 +286,7 @@ class RunLease:
                 return True
         except FileNotFoundError:
             pass  # the run's folder is gone: lost, below
-        except (StorageError, OSError) as error:  # the store down a moment: try again next beat
+        except Exception as error:  # noqa: BLE001 - the store down a moment, whatever its client raises: next beat
             if self.clock() > self.expires_at and not self._said_expired:
                 self._said_expired = True
                 print(f"drape: run {self.run_id}: its lease expired unrenewed ({error})", file=sys.stderr)

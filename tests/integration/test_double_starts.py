@@ -79,9 +79,10 @@ def test_s3_conditional_writes_refuse_a_second_create_and_a_stale_renewal(s3_buc
     store.fs.rm(store.path(lease_key("run-s3")))
 
 
-def _race(url: str, endpoint: str, start: float, results) -> None:
+def _race(url: str, endpoint: str, ready, go, results) -> None:
     store = ObjectStore(url, endpoint_url=endpoint, region="us-east-1")
-    time.sleep(max(start - time.time(), 0))
+    ready.put(os.getpid())
+    go.wait(timeout=120)  # every racer imported and connected: they start together
     try:
         acquire(store, "run-race", seconds=30, flow_run_id=f"flow-{os.getpid()}")
         results.put("won")
@@ -90,18 +91,25 @@ def _race(url: str, endpoint: str, start: float, results) -> None:
         results.put("refused")
 
 
-def test_of_four_processes_starting_one_run_on_s3_exactly_one_drives_it(s3_bucket):
-    bucket, endpoint = s3_bucket
+def _all_at_once(target, *args) -> list:
+    """Four processes of `target(*args, ready, go, results)` released together; what each put in results."""
     context = multiprocessing.get_context("spawn")
-    results, start = context.Queue(), time.time() + 4.0
-    url = f"s3://{bucket}/objects"
-    racers = [context.Process(target=_race, args=(url, endpoint, start, results)) for _ in range(4)]
+    ready, go, results = context.Queue(), context.Event(), context.Queue()
+    racers = [context.Process(target=target, args=(*args, ready, go, results)) for _ in range(4)]
     for racer in racers:
         racer.start()
-    outcomes = sorted(results.get(timeout=120) for _ in racers)
+    for _ in racers:
+        ready.get(timeout=240)
+    go.set()
+    outcomes = [results.get(timeout=120) for _ in racers]
     for racer in racers:
         racer.join(timeout=60)
-    assert outcomes == ["refused", "refused", "refused", "won"]
+    return outcomes
+
+
+def test_of_four_processes_starting_one_run_on_s3_exactly_one_drives_it(s3_bucket):
+    bucket, endpoint = s3_bucket
+    assert sorted(_all_at_once(_race, f"s3://{bucket}/objects", endpoint)) == ["refused", "refused", "refused", "won"]
 
 
 # --- drape run --resume while the run is driven --------------------------------------------------
@@ -182,19 +190,18 @@ def test_a_holder_killed_on_another_node_is_waited_out_then_taken(tmp_path, caps
 
 
 # --- the queue's own dedupe ------------------------------------------------------------------------
-def _submit(url: str, start: float, results) -> None:
-    from scheduler.jobs.training import train_job_spec
+def _submit(url: str, spec, ready, go, results) -> None:
     from scheduler.queue.store import JobStore
 
-    config = tiny_config(Path(os.environ["DRAPE_TEST_ROOT"]))
-    spec = train_job_spec(config, stage="texture", mode="full", run_id="run-q", command=["true"])
     store = JobStore(url)
-    time.sleep(max(start - time.time(), 0))
+    ready.put(os.getpid())
+    go.wait(timeout=120)
     results.put(store.submit(spec))
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgresql"])
-def test_a_runs_stage_job_submitted_by_four_processes_at_once_is_queued_once(request, tmp_path, monkeypatch, database):
+def test_a_runs_stage_job_submitted_by_four_processes_at_once_is_queued_once(request, tmp_path, database):
+    from scheduler.jobs.training import train_job_spec
     from scheduler.queue.store import JobStore
 
     url = f"sqlite:///{tmp_path}/queue.db"
@@ -206,14 +213,6 @@ def test_a_runs_stage_job_submitted_by_four_processes_at_once_is_queued_once(req
             connection.execute(sqlalchemy.text(f"CREATE DATABASE {name}"))
         url = server.rsplit("/", 1)[0] + f"/{name}"
     JobStore(url)  # the tables, before the racers
-    monkeypatch.setenv("DRAPE_TEST_ROOT", str(tmp_path / "drape"))
-    context = multiprocessing.get_context("spawn")
-    results, start = context.Queue(), time.time() + 4.0
-    racers = [context.Process(target=_submit, args=(url, start, results)) for _ in range(4)]
-    for racer in racers:
-        racer.start()
-    ids = {results.get(timeout=120) for _ in racers}
-    for racer in racers:
-        racer.join(timeout=60)
-    store = JobStore(url)
-    assert len(ids) == 1 and [job["id"] for job in store.jobs()] == list(ids)
+    spec = train_job_spec(tiny_config(tmp_path / "drape"), stage="texture", mode="full", run_id="run-q", command=["true"])
+    ids = set(_all_at_once(_submit, url, spec))
+    assert len(ids) == 1 and [job["id"] for job in JobStore(url).jobs()] == list(ids)
