@@ -74,7 +74,20 @@ def _retried_run(config) -> str | None:
     return run_of_flow_run(open_store(config), flow_run.id)
 
 
-@flow(name="staged-training", flow_run_name=_flow_run_name, log_prints=True)
+def _release_lease(flow, flow_run, state) -> None:  # noqa: ARG001 - Prefect's hook signature, by name
+    """A failed or crashed flow run gives up its run's lease, so the run can be resumed at once."""
+    from drape.pipeline import release_flow_run_leases
+
+    release_flow_run_leases(str(flow_run.id))
+
+
+@flow(
+    name="staged-training",
+    flow_run_name=_flow_run_name,
+    log_prints=True,
+    on_failure=[_release_lease],
+    on_crashed=[_release_lease],
+)
 def staged_training(
     config_path: str = str(default_config_path()), mode: str = "full", run_name: str | None = None, resume: str | None = None
 ) -> dict:

@@ -22,7 +22,16 @@ if TYPE_CHECKING:
 _common: dict[str, Any] = {"cache_policy": NONE, "log_prints": True}
 
 
-@task(name="start-run", retries=2, retry_delay_seconds=5, timeout_seconds=1800, **_common)
+def _not_refused(_task, _task_run, state) -> bool:
+    """Retry a start that failed on the way, never a refusal: a run another process drives (its
+    lease), or one that cannot be resumed; a retry would only say the same thing later."""
+    from drape.storage.lease import RunHeld
+
+    error = state.result(raise_on_failure=False)
+    return not isinstance(error, pipeline.ResumeError | RunHeld)
+
+
+@task(name="start-run", retries=2, retry_delay_seconds=5, retry_condition_fn=_not_refused, timeout_seconds=1800, **_common)
 def start_run(
     config: PipelineConfig, run_name: str | None, mode: str, resume: str | None = None, flow_run_id: str | None = None
 ) -> pipeline.RunContext:
@@ -52,8 +61,9 @@ def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> T
 
         return pipeline.train(config, context, stage, progress=progress_lines(stage))
     from drape import job_kind_for
-    from scheduler.dispatch.dispatcher import live_job, submit_and_wait, wait_for
+    from scheduler.dispatch.dispatcher import submit_and_wait, wait_for
     from scheduler.jobs.training import train_job_spec
+    from scheduler.queue.once import live_job
     from scheduler.queue.store import JobStore
 
     store = JobStore(config.queue_url)

@@ -23,6 +23,7 @@ from drape.cli import cost, data, gate, inference, model, pipeline, queue, shopp
 from drape.cli import eval as evaluation
 from drape.cli.common import Typer
 from drape.config import SITE_ENV
+from drape.ops.logsink import tolerate_full_disks
 from drape.ops.process import end_without_collection, stop_children_on_termination
 
 app = Typer(help="drape: staged, gated, storage-aware training of try-on diffusion models.", no_args_is_help=True)
@@ -60,5 +61,6 @@ app.add_typer(cost.app, name="cost")
 def main() -> None:
     """The `drape` console command."""
     end_without_collection()
+    tolerate_full_disks()  # `drape queue dispatch` or `drape run` logging to a full disk goes on (drape/ops/logsink.py)
     stop_children_on_termination()  # a service manager's SIGTERM stops children as Ctrl-C does
     sys.exit(app())

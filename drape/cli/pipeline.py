@@ -21,25 +21,46 @@ def _run_flow(config_path: Path, mode: str, run_name: str | None, resume: str | 
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "60")  # cold first start
     if os.environ.get("PREFECT_HOME"):  # Prefect's server cannot open its database in a missing folder
         Path(os.environ["PREFECT_HOME"]).expanduser().mkdir(parents=True, exist_ok=True)
-    cfg = load(config_path)  # fail fast with a readable message before Prefect starts
+    config = load(config_path)  # fail fast with a readable message before Prefect starts
+    if resume:
+        _refuse_if_driven(config, resume)
     from drape.gates.recognizers import ControlSetError
     from drape.pipeline import GateFailed, ResumeError
+    from drape.storage.lease import LeaseLost, RunHeld
     from flows.budget import PrefectUnavailable, client_budget
     from flows.staged_training import staged_training
 
     started = time.perf_counter()
     try:
-        with client_budget(cfg.orchestration.max_wait_seconds):
+        with client_budget(config.orchestration.max_wait_seconds):
             summary = staged_training(config_path=str(config_path), mode=mode, run_name=run_name, resume=resume)
     except PrefectUnavailable as error:  # a service down, not bad input: exit 1, one line, no traceback
         console.print(f"[red bold]drape: error:[/red bold] {escape(str(error))}")
         raise typer.Exit(1) from None
-    except GateFailed as error:
+    except (GateFailed, LeaseLost) as error:
         console.print(f"[red bold]run stopped:[/red bold] {escape(str(error))}")
         raise typer.Exit(1) from None
-    except (ResumeError, ControlSetError) as error:  # input errors: exit 2 (a failed gate is 1)
+    except (ResumeError, ControlSetError, RunHeld) as error:  # input errors: exit 2 (a failed gate is 1)
         fail(str(error))
     print_summary(summary, time.perf_counter() - started)
+
+
+def _refuse_if_driven(config, run_id: str) -> None:
+    """Exit 2 before Prefect starts when another live process drives the run (its lease); the flow's
+    start takes the lease itself, so two starts at the same moment are still decided there."""
+    from drape.layout import safe_name
+    from drape.storage.lease import refusal
+    from drape.storage.network import StorageError
+    from drape.storage.store import open_store
+
+    try:
+        held = refusal(open_store(config), safe_name(run_id, "--resume run id"))
+    except ValueError as error:
+        fail(str(error))
+    except StorageError:
+        return  # the store unreachable a moment: the flow's start, with its retries, decides
+    if held is not None:
+        fail(str(held))
 
 
 def demo(run_name: str | None = typer.Option(None, help="flow run name")) -> None:

@@ -35,6 +35,15 @@ class StorageConfig(StrictModel):
         "accepts and never answers is a clear error after at most this long (the attempts are cut to fit it)",
     )
 
+    run_lease_seconds: float = Field(
+        default=60.0,
+        ge=3,
+        le=3600,
+        description="how long a run's lease (runs/<run>/lease.json) outlives its last renewal: the process driving a "
+        "run renews it every third of this; a second start of the run is refused until it expires, or at once when "
+        "its holder's process is gone from this host",
+    )
+
     @model_validator(mode="after")
     def _one_attempt_fits(self) -> StorageConfig:
         if self.connect_timeout_seconds + self.read_timeout_seconds > self.max_wait_seconds:

@@ -209,6 +209,12 @@ DISPATCH_CYCLE = Histogram(
 DISPATCH_ERRORS = Counter(
     "drape_queue_dispatch_errors", "Dispatch cycles that failed (logged; the dispatcher goes on)", registry=REGISTRY
 )
+QUEUE_DISPATCHER_SILENT = Gauge(
+    "drape_queue_dispatcher_silent_seconds",
+    "How long a waiting flow's queued job has seen no dispatcher cycle (0: one cycles); pushed by the flow",
+    ["run", "stage"],
+    registry=REGISTRY,
+)
 FLEET_SOURCE = Gauge(
     "drape_queue_fleet_source",
     "1 for the source of the fleet view in use (prometheus, ledger, static, local, slurm)",

@@ -26,7 +26,15 @@ if TYPE_CHECKING:
     from drape.layout import live_root
     from drape.pipeline.queue_job import finish_train, train_command, warm_node
     from drape.pipeline.resume import ResumeError, run_of_flow_run
-    from drape.pipeline.run import GateFailed, RunContext, close_run, resources, start_run, summarize
+    from drape.pipeline.run import (
+        GateFailed,
+        RunContext,
+        close_run,
+        release_flow_run_leases,
+        resources,
+        start_run,
+        summarize,
+    )
     from drape.pipeline.stages import (
         abort,
         archive,
@@ -50,7 +58,10 @@ _WHERE = {
     "live_root": "drape.layout",
     **dict.fromkeys(("finish_train", "train_command", "warm_node"), "drape.pipeline.queue_job"),
     **dict.fromkeys(("ResumeError", "run_of_flow_run"), "drape.pipeline.resume"),
-    **dict.fromkeys(("GateFailed", "RunContext", "close_run", "resources", "start_run", "summarize"), "drape.pipeline.run"),
+    **dict.fromkeys(
+        ("GateFailed", "RunContext", "close_run", "release_flow_run_leases", "resources", "start_run", "summarize"),
+        "drape.pipeline.run",
+    ),
     **dict.fromkeys(
         (
             "abort",
@@ -97,6 +108,7 @@ __all__ = [
     "prestage",
     "prestage_dataset",
     "reject",
+    "release_flow_run_leases",
     "resources",
     "snapshot",
     "stage_job",

@@ -21,9 +21,11 @@ from drape.data.cache import ShardCache
 from drape.data.dataset import dataset_prefix, ensure_dataset, manifest_hash, read_manifest
 from drape.layout import LiveLayout, StagePaths, live_root, run_key
 from drape.ops import metrics
+from drape.ops.logsink import tolerate_full_disks
 from drape.ops.metrics import push_metrics
 from drape.ops.tracking import Tracker
 from drape.pipeline.resume import ResumeError, load_context, mark_closed, save_context
+from drape.storage.lease import RunLease, acquire
 from drape.storage.retention import release_run
 from drape.storage.store import ObjectStore, open_store, remove_empty_dirs, tree_bytes
 
@@ -74,12 +76,16 @@ class RunResources:
 
 _RESOURCES: dict[str, RunResources] = {}
 _RESOURCES_LOCK = threading.Lock()
+_LEASES: dict[str, RunLease] = {}  # run id → the lease this process drives it under (`drape.storage.lease`)
 
 
 def resources(config: PipelineConfig, context: RunContext) -> RunResources:
     """The run's store, tracker and shard cache: those `start_run` opened, or (in another process, or
-    after `close_run` dropped them) built once from the config and the dataset manifest."""
+    after `close_run` dropped them) built once from the config and the dataset manifest. Raises
+    LeaseLost once another process took over the run's lease: this one touches the run no more."""
     with _RESOURCES_LOCK:
+        if (lease := _LEASES.get(context.run_id)) is not None:
+            lease.check()
         if context.run_id not in _RESOURCES:
             store = open_store(config)
             manifest = read_manifest(store, context.dataset_prefix)
@@ -142,15 +148,18 @@ def start_run(
 ) -> RunContext:
     """Create the run (dataset ready in the object store, MLflow runs open, control set staged),
     or with `resume`, reopen that run where it was (`drape.pipeline.resume`)."""
+    tolerate_full_disks()  # a flow run a worker started logs to the worker's file: a full disk must not end the run
     store, tracker = open_store(config), Tracker(config)
     if resume:
-        context = _reopen(config, store, tracker, resume, parse_mode(mode))
+        context = _reopen(config, store, tracker, resume, parse_mode(mode), flow_run_id)
         manifest = read_manifest(store, context.dataset_prefix)
         if manifest is None or manifest_hash(manifest) != context.data_manifest_hash:
+            release_lease(resume)
             raise ResumeError(f"run {resume}: its dataset {context.dataset_prefix} is gone or changed since the run started")
     else:
         manifest = ensure_dataset(config, store, progress)
         context = _new_run(config, tracker, run_name, parse_mode(mode), manifest)
+        _take_lease(config, store, context.run_id, flow_run_id)  # before run.json: nobody resumes it meanwhile
         save_context(store, context, config.name, flow_run_id)
     timeline.record_open(store, context.run_id)
     cache = ShardCache.from_config(config, store, context.dataset_prefix, manifest)
@@ -182,10 +191,37 @@ def _new_run(config: PipelineConfig, tracker: Tracker, run_name: str | None, mod
     )
 
 
-def _reopen(config: PipelineConfig, store: ObjectStore, tracker: Tracker, run_id: str, mode: Mode) -> RunContext:
+def _take_lease(config: PipelineConfig, store: ObjectStore, run_id: str, flow_run_id: str | None) -> None:
+    """Drive `run_id` under its lease from now on; raises RunHeld when another live process drives it."""
+    lease = acquire(store, run_id, seconds=config.storage.run_lease_seconds, flow_run_id=flow_run_id)
+    with _RESOURCES_LOCK:
+        _LEASES[run_id] = lease
+
+
+def release_lease(run_id: str) -> None:
+    """Give up this process's lease on `run_id` (if it holds one): the run can be resumed at once."""
+    with _RESOURCES_LOCK:
+        lease = _LEASES.pop(run_id, None)
+    if lease is not None:
+        lease.release()
+
+
+def release_flow_run_leases(flow_run_id: str) -> list[str]:
+    """Release the leases a flow run took (its failure or crash hook); the run ids released."""
+    with _RESOURCES_LOCK:
+        runs = [run_id for run_id, lease in _LEASES.items() if lease.holder.flow_run == flow_run_id]
+    for run_id in runs:
+        release_lease(run_id)
+    return runs
+
+
+def _reopen(
+    config: PipelineConfig, store: ObjectStore, tracker: Tracker, run_id: str, mode: Mode, flow_run_id: str | None
+) -> RunContext:
     saved = load_context(store, run_id, config.name, RunContext)
     if saved.mode != mode:
         raise ResumeError(f"run {run_id} is a {saved.mode} run, not {mode}; resume it with --mode {saved.mode}")
+    _take_lease(config, store, run_id, flow_run_id)  # a second start of the run stops here, before MLflow is touched
     context = replace(saved, mode=parse_mode(saved.mode), live_root=str(live_root(config)), resumed=True)
     for mlflow_run in [context.mlflow_run_id, *context.stage_run_ids.values()]:
         tracker.reopen_run(mlflow_run)
@@ -219,6 +255,7 @@ def close_run(config: PipelineConfig, context: RunContext, status: str) -> dict:
     metrics.flush_metrics(config)  # what pushes held while the Pushgateway was down, sent again
     with _RESOURCES_LOCK:
         _RESOURCES.pop(context.run_id, None)
+    release_lease(context.run_id)
     return released.to_dict()
 
 

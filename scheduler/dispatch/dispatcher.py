@@ -10,7 +10,6 @@ relaying the job's log lines.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import socket
 import time
@@ -24,6 +23,7 @@ from drape.ops import metrics
 from scheduler.dispatch.drift import check_landings
 from scheduler.dispatch.fleet import FleetView, fleet_view, policy_config, unshared
 from scheduler.dispatch.live import LivePlanner
+from scheduler.dispatch.silence import DispatcherWatch
 from scheduler.dispatch.watchdog import Watchdog
 from scheduler.engines import build_launcher, claimed_view, spans_nodes
 from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
@@ -358,19 +358,12 @@ def submit_and_wait(
     return wait_for(config, store, job_id, on_line=on_line, timeout_s=timeout_s)
 
 
-def live_job(store: JobStore, kind: str, stage: str, run_id: str) -> dict | None:
-    """The queued or running job of `run_id`'s `stage` (a flow that died left it behind), if any."""
-    for job in store.jobs(states=("queued", "running")):
-        if job["kind"] == kind and job["stage"] == stage and json.loads(job["labels"] or "{}").get("run") == run_id:
-            return job
-    return None
-
-
 def wait_for(
     config, store: JobStore, job_id: str, *, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None
 ) -> dict:
     """Wait for job `job_id` to end (dispatching in-process if configured), relaying its log lines."""
     dispatcher = Dispatcher(config, store) if config.queue.dispatch_in_process else None
+    watch = DispatcherWatch(config, store, job_id) if dispatcher is None else None  # silence.py
     log_path = queue_dir(config) / "logs" / f"{job_id}.log"
     offset, deadline = 0, None if timeout_s is None else time.monotonic() + timeout_s
     url, budget = store.url, config.queue.max_wait_seconds  # the database restarting: waited out (outage.py)
@@ -388,6 +381,8 @@ def wait_for(
                 on_line(line)
             offset += complete
         job = patiently(lambda: store.get(job_id), url, budget)
+        if watch is not None:
+            watch.check(job)
         if job["state"] == "succeeded":
             return job
         if job["state"] in ("failed", "cancelled"):

@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import time
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
-from scheduler.queue.schema import jobs_table
+from scheduler.queue.schema import dispatchers_table, jobs_table
+
+FORGET_DISPATCHERS_AFTER_S = 7 * 24 * 3600.0  # a dispatcher not seen for a week leaves the table
 
 
 class LeaseMixin:
@@ -29,6 +31,7 @@ class LeaseMixin:
         raise NotImplementedError
 
     def heartbeat(self, dispatcher: str, lease_seconds: float, now: float | None = None) -> None:
+        """Renew the leases of `dispatcher`'s running jobs, and note that it cycled (`dispatcher_seen`)."""
         now = time.time() if now is None else now
         with self.engine.begin() as connection:
             connection.execute(
@@ -36,6 +39,15 @@ class LeaseMixin:
                 .where(and_(jobs_table.c.dispatcher == dispatcher, jobs_table.c.state == "running"))
                 .values(lease_expires_s=now + lease_seconds)
             )
+            seen = update(dispatchers_table).where(dispatchers_table.c.id == dispatcher).values(seen_s=now)
+            if connection.execute(seen).rowcount == 0:  # its first cycle (ids are per process: nobody races it)
+                connection.execute(insert(dispatchers_table).values(id=dispatcher, seen_s=now))
+                connection.execute(delete(dispatchers_table).where(dispatchers_table.c.seen_s < now - FORGET_DISPATCHERS_AFTER_S))
+
+    def dispatcher_seen(self) -> float | None:
+        """When any dispatcher last cycled (None: none ever did on this database)."""
+        with self.engine.connect() as connection:
+            return connection.execute(select(func.max(dispatchers_table.c.seen_s))).scalar()
 
     def stale(self, now: float | None = None) -> list[dict]:
         """Running jobs whose dispatcher's lease expired, as read now (the rows `adopt` and `requeue` check)."""

@@ -104,6 +104,12 @@ allocation_log = Table(
     Column("at_s", Float, nullable=False),
     Index("allocation_log_gpu_at", "gpu_uuid", "at_s"),  # who held a GPU since when (`claims.shared_since`)
 )
+dispatchers_table = Table(  # each dispatcher's last cycle: a waiting flow tells "no dispatcher" from "no GPU"
+    "dispatchers",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("seen_s", Float, nullable=False),
+)
 measurements_table = Table(
     "measurements",
     metadata,

@@ -29,6 +29,7 @@ from sqlalchemy import (
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
 from scheduler.queue.claims import locked_ledger, shared_since, versions_of
 from scheduler.queue.leases import LeaseMixin
+from scheduler.queue.once import live_twin
 from scheduler.queue.schema import (
     KINDS,
     STATES,
@@ -92,7 +93,10 @@ class JobStore(LeaseMixin):
         if not math.isfinite(spec.duration_s) or spec.duration_s < 0:
             raise QueueError(f"job duration_s must be a finite number >= 0, got {spec.duration_s}")
         job_id = spec.id or f"{spec.kind}-{uuid.uuid4().hex[:10]}"
-        with self.engine.begin() as connection:
+        with self.engine.begin() as connection:  # a run's stage job already live: its id, nothing inserted (once.py)
+            if (twin := live_twin(connection, spec.kind, spec.stage, spec.labels, self.is_sqlite)) is not None:
+                print(f"queue: {spec.stage} of run {spec.labels['run']} is already job {twin}: not queued twice")
+                return twin
             connection.execute(
                 insert(jobs_table).values(
                     id=job_id,

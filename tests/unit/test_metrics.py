@@ -42,6 +42,7 @@ EXPECTED = {
     "drape_gpu_memory_capacity_gib": ("gauge", ["gpu", "node", "model"]),
     "drape_queue_dispatch_cycle_seconds": ("histogram", []),
     "drape_queue_dispatch_errors": ("counter", []),
+    "drape_queue_dispatcher_silent_seconds": ("gauge", ["run", "stage"]),
     "drape_queue_fleet_source": ("gauge", ["source"]),
     "drape_service_outages": ("counter", ["service", "outcome"]),
 }

@@ -34,6 +34,7 @@ from drape.data.partition import StageData, load_stage_data, resolve_partitions
 from drape.gates.recognizers import ControlSetError
 from drape.jsonfile import parse_json, read_json
 from drape.layout import MANUAL_RUN, LiveLayout, bases_dir, checkpoint_step, live_root
+from drape.ops.logsink import tolerate_full_disks
 from drape.ops.metrics import push_metrics
 from drape.ops.process import end_without_collection
 from drape.secrets import redact
@@ -365,6 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     memory to `--result` and to $DRAPE_JOB_RESULT. Under torchrun every rank runs this.
     """
     end_without_collection()
+    tolerate_full_disks()  # a full disk under the job's log drops and counts lines, never ends the job
     parser = _parser()
     args = parser.parse_args(argv)
     job = job_from_args(args, parser)
