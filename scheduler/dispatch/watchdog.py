@@ -12,8 +12,12 @@ jobs (a stage, and a `run` label), the watchdog:
 1. reads the job's report (at most every `check_every` seconds per job: a small GET, bounded);
 2. counts progress on the dispatcher's own clock: a report that changed since it last looked
    (another step, or a new run's first report) restarts the count, and so does the job's launch
-   as this dispatcher first saw it, so the job gets `queue.stall_timeout_seconds` to start up;
-3. once no change was seen for `queue.stall_timeout_seconds`: cancels the job through its engine
+   as this dispatcher first saw it. Until the trainer reports a step (a report of steps other than
+   the one read first, which may be an earlier run's last), the job is starting up: it gets
+   `queue.stall_startup_seconds` (when set, else the stall timeout) for imports and first loads
+   (the trainer reports its start before it fetches its checkpoint and data, and builds its model);
+3. once no change was seen for `queue.stall_timeout_seconds` (`stall_startup_seconds` while it
+   starts up): cancels the job through its engine
    and finishes it as failed with the reason; the queue then runs it again (within
    `queue.max_attempts`), and a stage job resumes from the newest checkpoint in the store.
 The trainer's own clock (the report's time) is shown, never trusted for the decision.
@@ -35,6 +39,9 @@ class _Seen:
     since: float  # when the dispatcher last saw progress (or first saw the job)
     report: Progress | None = None
     checked: float = float("-inf")
+    first: Progress | None = None  # the report read first after the launch: perhaps an earlier run's
+    read: bool = False
+    started: bool = False  # a step reported, other than `first`: the trainer is past its start-up
 
 
 class Watchdog:
@@ -44,6 +51,7 @@ class Watchdog:
         self.config, self.store, self.launcher, self.dispatcher_id = config, store, launcher, dispatcher_id
         # stage jobs report only when run apart (through the store); with `paths.shared` they do not
         self.timeout = config.queue.stall_timeout_seconds if config.trains_apart else None
+        self.startup = (config.queue.stall_startup_seconds or self.timeout) if self.timeout else None
         self.check_every = min(self.timeout / 4, 60.0) if self.timeout else 0.0
         self._objects = objects or (lambda: open_store(config))
         self._store: ObjectStore | None = None
@@ -74,10 +82,18 @@ class Watchdog:
         if self._store is None:
             self._store = self._objects()
         report = read_progress(self._store, run_id, stage)
+        if not seen.read:
+            seen.read, seen.first = True, report
+        elif report is not None and report.total > 0 and report != seen.first:
+            seen.started = True
         if report is not None and report != seen.report:
             seen.report, seen.since = report, now
-        assert self.timeout is not None
-        return now - seen.since > self.timeout
+        return now - seen.since > self._limit(seen)
+
+    def _limit(self, seen: _Seen) -> float:
+        limit = self.timeout if seen.started else self.startup
+        assert limit is not None
+        return limit
 
     def _end(self, job_id: str, handle: str, now: float) -> None:
         seen = self.seen.pop(job_id)
@@ -89,8 +105,9 @@ class Watchdog:
             told = f"it reported its start at {at}, and no step since"
         else:
             told = f"its last report: step {last.step}/{last.total} at {at}"
+        field = "stall_timeout_seconds" if seen.started or self.startup == self.timeout else "stall_startup_seconds"
         reason = (
-            f"no progress for {now - seen.since:.0f} s (queue.stall_timeout_seconds: {self.timeout:g}; {told}): "
+            f"no progress for {now - seen.since:.0f} s (queue.{field}: {self._limit(seen):g}; {told}): "
             "cancelled as hung, to run again from its last checkpoint"
         )
         self.launcher.cancel(job_id, handle)

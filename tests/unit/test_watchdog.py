@@ -75,6 +75,45 @@ def test_a_job_that_keeps_reporting_runs_on(watched):
     assert engine.cancelled == []
 
 
+def test_a_start_up_gets_stall_startup_seconds_and_steps_then_the_stall_timeout(tmp_path):
+    config = tiny_config(
+        tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_startup_seconds": 60}
+    )
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    ProgressReporter(objects, "r1", "identity")(6, 12, force=True)  # what the hung run before it left
+    mine = {"stage-1": "pid:1"}
+    assert watchdog.check(mine, 0.0) == []  # the launch: an earlier run's report is no step of this one
+    assert watchdog.check(mine, 50.0) == []  # 50 s: past the stall timeout, within the start-up
+    report = ProgressReporter(objects, "r1", "identity")
+    report(0, 0, force=True)  # its start: before the checkpoint's fetch and the model's build
+    assert watchdog.check(mine, 55.0) == [] and watchdog.check(mine, 110.0) == []  # still starting up: 55 s
+    report(1, 12, force=True)  # its first step: started; from now on 10 s without a change is a stall
+    assert watchdog.check(mine, 113.0) == [] and watchdog.check(mine, 122.0) == []
+    assert engine.cancelled == []
+    assert watchdog.check(mine, 125.0) == ["stage-1"]
+    assert queue.finished[0][1]["message"].startswith("no progress for 12 s (queue.stall_timeout_seconds: 10; its last ")
+
+
+def test_a_job_that_never_starts_is_cancelled_after_stall_startup_seconds_saying_so(tmp_path):
+    config = tiny_config(
+        tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_startup_seconds": 60}
+    )
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    mine = {"stage-1": "pid:1"}
+    assert watchdog.check(mine, 0.0) == []
+    ProgressReporter(objects, "r1", "identity")(0, 0, force=True)  # its start, and then nothing
+    assert watchdog.check(mine, 5.0) == [] and watchdog.check(mine, 65.0) == []
+    assert watchdog.check(mine, 68.0) == ["stage-1"] and engine.cancelled == [("stage-1", "pid:1")]
+    message = queue.finished[0][1]["message"]
+    assert message.startswith("no progress for 63 s (queue.stall_startup_seconds: 60; it reported its start at "), message
+
+
 def test_no_watchdog_where_stage_jobs_do_not_report(tmp_path):
     shared = tiny_config(tmp_path / "a", paths={"shared": True}, queue={"enabled": True, "stall_timeout_seconds": 10})
     off = tiny_config(tmp_path / "b", queue={"enabled": True, "stall_timeout_seconds": None})
