@@ -31,6 +31,8 @@ import yaml  # noqa: E402
 from drape.config import deep_merge, parse_config  # noqa: E402
 
 TESTS = Path(__file__).parent
+# per-file wall, CPU and sleep seconds when DRAPE_TEST_TIMES names a folder (tests/timing.py)
+pytest_plugins = ("tests.timing",)
 TINY = TESTS / "configs" / "tiny.yaml"
 
 # Modules that run for minutes, longest first. `make test` hands whole modules to its workers

@@ -1,7 +1,7 @@
 """Where the suite's time goes, per test file: wall seconds, CPU seconds and seconds slept.
 
-A pytest plugin, off unless asked for: ``DRAPE_TEST_TIMES=<folder> pytest -p tests.timing ...``
-(`make test-times` does it for the whole suite). Each pytest process (each xdist worker) writes
+A pytest plugin (tests/conftest.py loads it), off unless asked for: ``DRAPE_TEST_TIMES=<folder>
+make test`` or ``DRAPE_TEST_TIMES=<folder> pytest ...``. Each pytest process that ran tests (each xdist worker) writes
 ``<folder>/<worker>.json``: per file, the wall time of its tests with their fixtures' setup and
 teardown, the CPU time of this process and of the children it waited for (Slurm's daemons, a
 job's torchrun, a service stopped at the end of a module), the seconds the test process's main
@@ -60,6 +60,8 @@ class _Times:
         entry["end"] = time.monotonic()
 
     def pytest_sessionfinish(self, session):
+        if not self.files:  # xdist's controller: its workers ran the tests
+            return
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.folder.mkdir(parents=True, exist_ok=True)
         out = {name: {k: round(v, 2) for k, v in entry.items()} for name, entry in self.files.items()}
@@ -78,7 +80,7 @@ def report(folder: Path) -> str:
     """The table of `folder`'s worker files: per file (slowest first), then per worker and the estimate."""
     workers = {path.stem: json.loads(path.read_text()) for path in sorted(folder.glob("*.json"))}
     if not workers:
-        raise SystemExit(f"{folder}: no <worker>.json files (run pytest with {ENV}={folder} -p tests.timing)")
+        raise SystemExit(f"{folder}: no <worker>.json files (run pytest with {ENV}={folder})")
     rows = [(name, worker, entry) for worker, files in workers.items() for name, entry in files.items()]
     rows.sort(key=lambda row: -row[2]["wall_s"])
     lines = [f"{'file':58} {'worker':6} {'tests':>5} {'wall s':>8} {'CPU s':>8} {'slept s':>8} {'idle %':>6}"]
@@ -95,7 +97,9 @@ def report(folder: Path) -> str:
         cpu = sum(entry["cpu_s"] for entry in files.values())
         span = max(e["end"] for e in files.values()) - min(e["start"] for e in files.values())
         busiest = max(busiest, span)
-        lines.append(f"worker {worker}: {len(files)} files, wall {wall:.1f} s (first start to last end {span:.1f} s), CPU {cpu:.1f} s")
+        lines.append(
+            f"worker {worker}: {len(files)} files, wall {wall:.1f} s (first start to last end {span:.1f} s), CPU {cpu:.1f} s"
+        )
     total_wall = sum(entry["wall_s"] for _, _, entry in rows)
     lines.append(
         f"all workers: wall {total_wall:.1f} s, CPU {sum(e['cpu_s'] for _, _, e in rows):.1f} s; "

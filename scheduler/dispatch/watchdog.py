@@ -12,12 +12,13 @@ jobs (a stage, and a `run` label), the watchdog:
 1. reads the job's report (at most every `check_every` seconds per job: a small GET, bounded);
 2. counts progress on the dispatcher's own clock: a report that changed since it last looked
    (another step, or a new run's first report) restarts the count, and so does the job's launch
-   as this dispatcher first saw it. Until the trainer reports a step (a report of steps other than
-   the one read first, which may be an earlier run's last), the job is starting up: it gets
-   `queue.stall_startup_seconds` (when set, else the stall timeout) for imports and first loads
-   (the trainer reports its start before it fetches its checkpoint and data, and builds its model);
-3. once no change was seen for `queue.stall_timeout_seconds` (`stall_startup_seconds` while it
-   starts up): cancels the job through its engine
+   as this dispatcher first saw it. Outside its training steps a job gets
+   `queue.stall_grace_seconds` (when set, else the stall timeout): until the trainer reports a
+   step (a report other than the one read first, which may be an earlier run's last; the trainer
+   reports its start before it fetches its checkpoint and data and builds its model, and always
+   reports its first step), and after it reports its last (the final checkpoint and result);
+3. once no change was seen for `queue.stall_timeout_seconds` (`stall_grace_seconds` outside the
+   steps): cancels the job through its engine
    and finishes it as failed with the reason; the queue then runs it again (within
    `queue.max_attempts`), and a stage job resumes from the newest checkpoint in the store.
 The trainer's own clock (the report's time) is shown, never trusted for the decision.
@@ -51,7 +52,7 @@ class Watchdog:
         self.config, self.store, self.launcher, self.dispatcher_id = config, store, launcher, dispatcher_id
         # stage jobs report only when run apart (through the store); with `paths.shared` they do not
         self.timeout = config.queue.stall_timeout_seconds if config.trains_apart else None
-        self.startup = (config.queue.stall_startup_seconds or self.timeout) if self.timeout else None
+        self.grace = (config.queue.stall_grace_seconds or self.timeout) if self.timeout else None
         self.check_every = min(self.timeout / 4, 60.0) if self.timeout else 0.0
         self._objects = objects or (lambda: open_store(config))
         self._store: ObjectStore | None = None
@@ -90,8 +91,12 @@ class Watchdog:
             seen.report, seen.since = report, now
         return now - seen.since > self._limit(seen)
 
+    def _stepping(self, seen: _Seen) -> bool:
+        """Between the job's first reported step and its last: the stall timeout's part."""
+        return seen.started and seen.report is not None and seen.report.step < seen.report.total
+
     def _limit(self, seen: _Seen) -> float:
-        limit = self.timeout if seen.started else self.startup
+        limit = self.timeout if self._stepping(seen) else self.grace
         assert limit is not None
         return limit
 
@@ -105,7 +110,7 @@ class Watchdog:
             told = f"it reported its start at {at}, and no step since"
         else:
             told = f"its last report: step {last.step}/{last.total} at {at}"
-        field = "stall_timeout_seconds" if seen.started or self.startup == self.timeout else "stall_startup_seconds"
+        field = "stall_timeout_seconds" if self._stepping(seen) or self.grace == self.timeout else "stall_grace_seconds"
         reason = (
             f"no progress for {now - seen.since:.0f} s (queue.{field}: {self._limit(seen):g}; {told}): "
             "cancelled as hung, to run again from its last checkpoint"

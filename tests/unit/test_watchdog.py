@@ -75,10 +75,8 @@ def test_a_job_that_keeps_reporting_runs_on(watched):
     assert engine.cancelled == []
 
 
-def test_a_start_up_gets_stall_startup_seconds_and_steps_then_the_stall_timeout(tmp_path):
-    config = tiny_config(
-        tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_startup_seconds": 60}
-    )
+def test_a_start_up_gets_stall_grace_seconds_and_steps_then_the_stall_timeout(tmp_path):
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
     objects = ObjectStore(f"file://{tmp_path / 'objects'}")
     rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
     queue, engine = FakeQueue(rows), FakeEngine()
@@ -97,10 +95,8 @@ def test_a_start_up_gets_stall_startup_seconds_and_steps_then_the_stall_timeout(
     assert queue.finished[0][1]["message"].startswith("no progress for 12 s (queue.stall_timeout_seconds: 10; its last ")
 
 
-def test_a_job_that_never_starts_is_cancelled_after_stall_startup_seconds_saying_so(tmp_path):
-    config = tiny_config(
-        tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_startup_seconds": 60}
-    )
+def test_a_job_that_never_starts_is_cancelled_after_stall_grace_seconds_saying_so(tmp_path):
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
     objects = ObjectStore(f"file://{tmp_path / 'objects'}")
     rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
     queue, engine = FakeQueue(rows), FakeEngine()
@@ -111,7 +107,25 @@ def test_a_job_that_never_starts_is_cancelled_after_stall_startup_seconds_saying
     assert watchdog.check(mine, 5.0) == [] and watchdog.check(mine, 65.0) == []
     assert watchdog.check(mine, 68.0) == ["stage-1"] and engine.cancelled == [("stage-1", "pid:1")]
     message = queue.finished[0][1]["message"]
-    assert message.startswith("no progress for 63 s (queue.stall_startup_seconds: 60; it reported its start at "), message
+    assert message.startswith("no progress for 63 s (queue.stall_grace_seconds: 60; it reported its start at "), message
+
+
+def test_after_its_last_step_a_job_gets_stall_grace_seconds_to_finish(tmp_path):
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    mine, report = {"stage-1": "pid:1"}, ProgressReporter(objects, "r1", "identity", interval=0.0)
+    assert watchdog.check(mine, 0.0) == []
+    report(0, 0)
+    assert watchdog.check(mine, 3.0) == []
+    report(11, 12)
+    assert watchdog.check(mine, 6.0) == []  # stepping: 10 s from here would be a stall
+    report(12, 12)  # the last step: then the final checkpoint and the result, outside the steps
+    assert watchdog.check(mine, 9.0) == [] and watchdog.check(mine, 65.0) == [] and engine.cancelled == []
+    assert watchdog.check(mine, 70.0) == ["stage-1"]
+    assert queue.finished[0][1]["message"].startswith("no progress for 61 s (queue.stall_grace_seconds: 60; its last ")
 
 
 def test_no_watchdog_where_stage_jobs_do_not_report(tmp_path):
@@ -150,6 +164,12 @@ def test_a_report_reads_back_and_a_failed_write_is_skipped(tmp_path):
     assert (back.step, back.total, back.run) == (3, 12, "7.0")
     report(4, 12)  # within the interval: not written
     assert read_progress(objects, "r1", "identity").step == 3
+    fresh = ProgressReporter(objects, "r1", "identity")
+    fresh(0, 0, force=True)
+    fresh(5, 12)  # its first step, within the interval: written (the start-up is over)
+    assert read_progress(objects, "r1", "identity").step == 5
+    fresh(6, 12)  # the next, within the interval: not written
+    assert read_progress(objects, "r1", "identity").step == 5
     report(12, 12)  # the last step: always written
     assert read_progress(objects, "r1", "identity").step == 12
     broken = ProgressReporter(ObjectStore(f"file://{tmp_path / 'broken'}"), "r1", "identity")
