@@ -45,6 +45,9 @@ LONGEST_FIRST = (
     "integration/test_slurm.py",
     "integration/test_slurm_faults.py",
     "integration/test_watchdog.py",
+    "integration/test_slurm_fleet.py",  # ~95 s, then the root-only disk and restart modules (~60-90 s each)
+    "integration/test_full_disk.py",
+    "integration/test_restarts.py",
     # then the modules that mostly wait (bounded timeouts, retry backoff, signals: a core idle for
     # 35-90% of their time), while the other worker's long multi-process modules can use that
     # core; run last, they left it idle (test_trust_more, whose waits are now in test_process,
