@@ -72,6 +72,16 @@ class ProgressReporter:
         self.stepped = self.stepped or total > 0
 
 
+def clear_progress(store: ObjectStore, run_id: str, stage: str, rank: int = 0) -> None:
+    """Overwrite rank `rank`'s report with one of no step (what the queue's watchdog does to the report of
+    a run it cancelled): the next run's start-up is then not mistaken for steps. A failed write is skipped."""
+    report = Progress(0, 0, time.time(), rank, "cleared")
+    try:
+        store.put_bytes(json.dumps(report.to_dict()).encode(), progress_key(run_id, stage, rank))
+    except (StorageError, OSError):
+        pass
+
+
 def read_progress(store: ObjectStore, run_id: str, stage: str, rank: int = 0) -> Progress | None:
     """Rank `rank`'s last report of the stage, checked (see the module docstring); None when there is
     none or it is not a valid report."""

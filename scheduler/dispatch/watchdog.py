@@ -14,9 +14,11 @@ jobs (a stage, and a `run` label), the watchdog:
    (another step, or a new run's first report) restarts the count, and so does the job's launch
    as this dispatcher first saw it. Outside its training steps a job gets
    `queue.stall_grace_seconds` (when set, else the stall timeout): until the trainer reports a
-   step (a report other than the one read first, which may be an earlier run's last; the trainer
-   reports its start before it fetches its checkpoint and data and builds its model, and always
-   reports its first step), and after it reports its last (the final checkpoint and result);
+   step (it reports its start before it fetches its checkpoint and data and builds its model, and
+   always reports its first step), and after it reports its last (the final checkpoint and
+   result). The report of a run the watchdog cancels is cleared, so its retry's start-up is not
+   taken for steps; a report of steps an earlier run left otherwise (a crash) is: the stall timeout
+   then counts from the launch, as it did before the grace;
 3. once no change was seen for `queue.stall_timeout_seconds` (`stall_grace_seconds` outside the
    steps): cancels the job through its engine
    and finishes it as failed with the reason; the queue then runs it again (within
@@ -31,7 +33,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from drape.storage.progress import Progress, read_progress
+from drape.storage.progress import Progress, clear_progress, read_progress
 from drape.storage.store import ObjectStore, open_store
 
 
@@ -40,9 +42,6 @@ class _Seen:
     since: float  # when the dispatcher last saw progress (or first saw the job)
     report: Progress | None = None
     checked: float = float("-inf")
-    first: Progress | None = None  # the report read first after the launch: perhaps an earlier run's
-    read: bool = False
-    started: bool = False  # a step reported, other than `first`: the trainer is past its start-up
 
 
 class Watchdog:
@@ -74,26 +73,26 @@ class Watchdog:
                 continue
             if self._stalled(job_id, str(run_id), str(row["stage"]), now):
                 self._end(job_id, mine.pop(job_id), now)
+                clear_progress(self._objects_store(), str(run_id), str(row["stage"]))
                 ended.append(job_id)
         return ended
 
     def _stalled(self, job_id: str, run_id: str, stage: str, now: float) -> bool:
         seen = self.seen[job_id]
         seen.checked = now
-        if self._store is None:
-            self._store = self._objects()
-        report = read_progress(self._store, run_id, stage)
-        if not seen.read:
-            seen.read, seen.first = True, report
-        elif report is not None and report.total > 0 and report != seen.first:
-            seen.started = True
+        report = read_progress(self._objects_store(), run_id, stage)
         if report is not None and report != seen.report:
             seen.report, seen.since = report, now
         return now - seen.since > self._limit(seen)
 
+    def _objects_store(self) -> ObjectStore:
+        if self._store is None:
+            self._store = self._objects()
+        return self._store
+
     def _stepping(self, seen: _Seen) -> bool:
         """Between the job's first reported step and its last: the stall timeout's part."""
-        return seen.started and seen.report is not None and seen.report.step < seen.report.total
+        return seen.report is not None and 0 < seen.report.total and seen.report.step < seen.report.total
 
     def _limit(self, seen: _Seen) -> float:
         limit = self.timeout if self._stepping(seen) else self.grace

@@ -75,24 +75,40 @@ def test_a_job_that_keeps_reporting_runs_on(watched):
     assert engine.cancelled == []
 
 
-def test_a_start_up_gets_stall_grace_seconds_and_steps_then_the_stall_timeout(tmp_path):
+def test_a_retry_s_start_up_gets_stall_grace_seconds_and_its_steps_the_stall_timeout(tmp_path):
     config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
     objects = ObjectStore(f"file://{tmp_path / 'objects'}")
     rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
     queue, engine = FakeQueue(rows), FakeEngine()
     watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
-    ProgressReporter(objects, "r1", "identity")(6, 12, force=True)  # what the hung run before it left
+    ProgressReporter(objects, "r1", "identity")(6, 12, force=True)  # a run that then hangs at step 6
     mine = {"stage-1": "pid:1"}
-    assert watchdog.check(mine, 0.0) == []  # the launch: an earlier run's report is no step of this one
-    assert watchdog.check(mine, 50.0) == []  # 50 s: past the stall timeout, within the start-up
+    assert watchdog.check(mine, 0.0) == []  # a step report: stepping, so 10 s without a change is a stall
+    assert watchdog.check(mine, 9.0) == [] and watchdog.check(mine, 12.0) == ["stage-1"]
+    assert read_progress(objects, "r1", "identity").total == 0  # the hung run's report cleared for its retry
+    rows["stage-1"]["state"], mine = "running", {"stage-1": "pid:2"}  # the retry, launched
+    assert watchdog.check(mine, 20.0) == [] and watchdog.check(mine, 75.0) == []  # 55 s of start-up: within 60 s
     report = ProgressReporter(objects, "r1", "identity")
     report(0, 0, force=True)  # its start: before the checkpoint's fetch and the model's build
-    assert watchdog.check(mine, 55.0) == [] and watchdog.check(mine, 110.0) == []  # still starting up: 55 s
-    report(1, 12, force=True)  # its first step: started; from now on 10 s without a change is a stall
-    assert watchdog.check(mine, 113.0) == [] and watchdog.check(mine, 122.0) == []
-    assert engine.cancelled == []
-    assert watchdog.check(mine, 125.0) == ["stage-1"]
-    assert queue.finished[0][1]["message"].startswith("no progress for 12 s (queue.stall_timeout_seconds: 10; its last ")
+    assert watchdog.check(mine, 78.0) == [] and watchdog.check(mine, 135.0) == []  # still starting up: 57 s
+    report(5, 12, force=True)  # its first step (resumed from step 4): from now on 10 s without a change is a stall
+    assert watchdog.check(mine, 138.0) == [] and watchdog.check(mine, 147.0) == []
+    assert len(engine.cancelled) == 1
+    assert watchdog.check(mine, 150.0) == ["stage-1"] and engine.cancelled[-1] == ("stage-1", "pid:2")
+    assert queue.finished[-1][1]["message"].startswith("no progress for 12 s (queue.stall_timeout_seconds: 10; its last ")
+
+
+def test_an_adopted_job_s_step_report_counts_as_steps(tmp_path):
+    """A dispatcher that adopts a running job reads its step report first: the stall timeout, not the grace."""
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    ProgressReporter(objects, "r1", "identity")(1, 12, force=True)
+    watchdog = Watchdog(config, queue, engine, "d2", objects=lambda: objects)
+    mine = {"stage-1": "slurm:3:drape-stage-1-a1"}
+    assert watchdog.check(mine, 0.0) == [] and watchdog.check(mine, 9.0) == []
+    assert watchdog.check(mine, 12.0) == ["stage-1"]
 
 
 def test_a_job_that_never_starts_is_cancelled_after_stall_grace_seconds_saying_so(tmp_path):
