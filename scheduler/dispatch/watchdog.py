@@ -5,9 +5,9 @@ An engine answers "is it running?", not "is it getting anywhere?": a rank blocke
 whose peer is gone, a trainer stopped by the kernel, or a Slurm job whose steps were killed while
 its slurmd came back before `SlurmdTimeout` (Slurm keeps it RUNNING with no process) all look like
 a job that runs. The trainer of a stage job run apart reports its step through the object store
-(drape/storage/progress.py: once at start, then at most every `stall_timeout / 4` seconds as steps
-complete). Each cycle, for the jobs this dispatcher watches (`Dispatcher.mine`) that are stage
-jobs (a stage, and a `run` label), the watchdog:
+(drape/storage/progress.py: once at start, after its first step, then at most every
+`stall_timeout / 4` seconds as steps complete, and after its last). Each cycle, for the jobs this
+dispatcher watches (`Dispatcher.mine`) that are stage jobs (a stage, and a `run` label), the watchdog:
 
 1. reads the job's report (at most every `check_every` seconds per job: a small GET, bounded);
 2. counts progress on the dispatcher's own clock: a report that changed since it last looked
@@ -20,8 +20,8 @@ jobs (a stage, and a `run` label), the watchdog:
    taken for steps; a report of steps an earlier run left otherwise (a crash) is: the stall timeout
    then counts from the launch, as it did before the grace;
 3. once no change was seen for `queue.stall_timeout_seconds` (`stall_grace_seconds` outside the
-   steps): cancels the job through its engine
-   and finishes it as failed with the reason; the queue then runs it again (within
+   steps): cancels the job through its engine and finishes it as failed with the reason; the
+   queue then runs it again (within
    `queue.max_attempts`), and a stage job resumes from the newest checkpoint in the store.
 The trainer's own clock (the report's time) is shown, never trusted for the decision.
 """
