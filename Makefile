@@ -113,7 +113,9 @@ TEST_WORKERS ?= 2
 # the whole test suite, after `make services`; TEST_WORKERS=2 pytest-xdist workers (0: one process)
 # Two workers (one per core on a 2-core machine), each given whole modules, the longest first
 # (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder, or xdist orders modules by their count
-# of tests and the one-test rehearsal starts last).
+# of tests and the one-test rehearsal starts last). DRAPE_TEST_TIMES=<folder> writes each worker's
+# per-file wall, CPU and sleep seconds there, which `$(BIN)/python -m tests.timing <folder>` tabulates
+# with the estimate of the suite's time (tests/timing.py; benchmarks/README.md, "The test suite").
 test: $(STAMP) services
 	mkdir -p "$(PREFECT_HOME)"
 	$(BIN)/python -m pytest -q $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)

@@ -31,6 +31,8 @@ import yaml  # noqa: E402
 from drape.config import deep_merge, parse_config  # noqa: E402
 
 TESTS = Path(__file__).parent
+# per-file wall, CPU and sleep seconds when DRAPE_TEST_TIMES names a folder (tests/timing.py)
+pytest_plugins = ("tests.timing",)
 TINY = TESTS / "configs" / "tiny.yaml"
 
 # Modules that run for minutes, longest first. `make test` hands whole modules to its workers
@@ -44,6 +46,9 @@ LONGEST_FIRST = (
     "integration/test_slurm_faults.py",
     "integration/test_watchdog.py",
     "integration/test_service_restarts.py",  # three servers started twice each: long, mostly waiting on them
+    "integration/test_slurm_fleet.py",  # ~95 s, then the root-only disk and restart modules (~60-90 s each)
+    "integration/test_full_disk.py",
+    "integration/test_restarts.py",
     # then the modules that mostly wait (bounded timeouts, retry backoff, signals: a core idle for
     # 35-90% of their time), while the other worker's long multi-process modules can use that
     # core; run last, they left it idle (test_trust_more, whose waits are now in test_process,

@@ -367,7 +367,18 @@ class QueueConfig(StrictModel):
         allow_inf_nan=False,
         description="a running stage job whose trainer reports no new step for this long (counted from its launch "
         "or its last report, through the object store) is cancelled and retried from its last checkpoint "
-        "(scheduler/dispatch/watchdog.py); it must exceed the job's start-up to its first step; null: never",
+        "(scheduler/dispatch/watchdog.py); it must exceed the job's start-up to its first step unless "
+        "stall_grace_seconds is set; null: never",
+    )
+    stall_grace_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=7 * 24 * 3600.0,
+        allow_inf_nan=False,
+        description="the time a stage job gets without a new report outside its training steps: from its launch "
+        "until its trainer reports a first step (fetching the checkpoint and data, building the model), and "
+        "after its last step (the final checkpoint and result); stall_timeout_seconds applies between the two, "
+        "so it can be shorter than a start-up; null: stall_timeout_seconds throughout",
     )
     kubernetes: KubernetesLauncherConfig = Field(
         default=KubernetesLauncherConfig(), description="the Kubernetes engine (launcher: kubernetes)"

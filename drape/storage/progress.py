@@ -3,8 +3,8 @@
 A trainer that hangs (a rank blocked in a collective whose peer is gone, a node's job steps killed
 while Slurm still counts the job RUNNING) looks to its engine like a job that runs. So a stage job
 run apart writes a small report, ``runs/<run>/<stage>/progress/rank-<r>.json`` with its step and
-wall time, when it starts and then at most every `interval` seconds as steps complete
-(`ProgressReporter`); the dispatcher's watchdog (scheduler/dispatch/watchdog.py) cancels and
+wall time, when it starts, after its first step, then at most every `interval` seconds as steps
+complete, and after its last (`ProgressReporter`); the dispatcher's watchdog (scheduler/dispatch/watchdog.py) cancels and
 retries a job whose report stops changing. Rank 0 reports: every step ends in an all-reduce of the
 loss over every rank, so rank 0's step is every rank's, and a stuck rank stops rank 0 too.
 
@@ -45,8 +45,9 @@ class Progress:
 
 
 class ProgressReporter:
-    """Writes this rank's `Progress` to the store: at once (the job started), then after a step when
-    `interval` seconds have passed since the last write, and after the last step. A write that fails is skipped, never raised:
+    """Writes this rank's `Progress` to the store: at once (the job started), after its first step
+    (its start-up is over: the watchdog's limit changes), then after a step when `interval` seconds
+    have passed since the last write, and after the last step. A write that fails is skipped, never raised:
     a missed report costs at most a retry, a raised one would end the training."""
 
     def __init__(self, store: ObjectStore, run_id: str, stage: str, *, rank: int = 0, interval: float = 10.0, run: str = ""):
@@ -54,10 +55,12 @@ class ProgressReporter:
         self.interval = interval
         self.written_at = -math.inf
         self.failures = 0
+        self.stepped = False  # a step written: the next ones wait for `interval`
 
     def __call__(self, done: int, total: int, *, force: bool = False) -> None:
         now = time.monotonic()
-        if not force and done < total and now - self.written_at < self.interval:  # the last step: always
+        first_step = total > 0 and not self.stepped
+        if not force and not first_step and done < total and now - self.written_at < self.interval:  # the last: always
             return
         report = Progress(int(done), int(total), time.time(), self.rank, self.run)
         try:
@@ -66,6 +69,17 @@ class ProgressReporter:
             self.failures += 1
             return
         self.written_at = now
+        self.stepped = self.stepped or total > 0
+
+
+def clear_progress(store: ObjectStore, run_id: str, stage: str, rank: int = 0) -> None:
+    """Overwrite rank `rank`'s report with one of no step (what the queue's watchdog does to the report of
+    a run it cancelled): the next run's start-up is then not mistaken for steps. A failed write is skipped."""
+    report = Progress(0, 0, time.time(), rank, "cleared")
+    try:
+        store.put_bytes(json.dumps(report.to_dict()).encode(), progress_key(run_id, stage, rank))
+    except (StorageError, OSError):
+        pass
 
 
 def read_progress(store: ObjectStore, run_id: str, stage: str, rank: int = 0) -> Progress | None:

@@ -183,6 +183,8 @@ def test_a_model_goes_through_the_four_stages_and_their_gates(
     config, path = model_config(tmp_path, name, stand_in_vae)
     summary = staged_training(config_path=str(path), run_name=name)
     rows = summary["stages"]
+    bounds = {row["stage"]: {c: round(r["value"], 4) for c, r in row["checks"].items()} for row in rows}
+    print(f"{name}: gate lower bounds with OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}: {bounds}")
     assert [row["stage"] for row in rows] == list(STAGES)
     assert all(row["verdict"] == "pass" for row in rows), [(r["stage"], r["checks"]) for r in rows]
     assert all(row["steps"] == STEPS[row["stage"]] for row in rows)

@@ -41,13 +41,12 @@ from scheduler.jobs.training import train_job_spec
 from scheduler.queue.store import JobStore, QueueError
 from tests.conftest import tiny_config, wait_until
 from tests.integration.slurm_cluster import NODES, SlurmCluster, slurm_installed
-from tests.integration.test_watchdog import HANGING_TRAINER
+from tests.integration.test_watchdog import GRACE_SECONDS, HANGING_TRAINER, STALL_SECONDS
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 STEPS, EVERY = 12, 4
 JOB_TIMEOUT = 300.0
-STALL_SECONDS = 30.0  # above start-up to the trainer's first report (imports: 4 s idle, 20 s at a load of 8 on 2 cores)
 
 
 @pytest.fixture(scope="module")
@@ -201,7 +200,16 @@ def test_a_two_node_job_on_a_shared_root_has_one_node_do_the_stage_folder_work(c
 def test_hung_job_steps_with_slurmd_alive_are_cancelled_and_retried_from_the_checkpoint(cluster, tmp_path):
     """The trainer's step hangs after step 6 (it sleeps: the job step alive, slurmd alive, Slurm says RUNNING)."""
     slurm, bucket, endpoint = cluster
-    config = _config(tmp_path, bucket, endpoint, gpus=1, per_node=2, max_attempts=2, stall_timeout_seconds=STALL_SECONDS)
+    config = _config(
+        tmp_path,
+        bucket,
+        endpoint,
+        gpus=1,
+        per_node=2,
+        max_attempts=2,
+        stall_timeout_seconds=STALL_SECONDS,
+        stall_grace_seconds=GRACE_SECONDS,
+    )
     store, objects = JobStore(config.queue_url), open_store(config)
     script, marker = tmp_path / "hanging_trainer.py", tmp_path / "hung.pid"
     script.write_text(textwrap.dedent(HANGING_TRAINER))

@@ -75,6 +75,75 @@ def test_a_job_that_keeps_reporting_runs_on(watched):
     assert engine.cancelled == []
 
 
+def test_a_retry_s_start_up_gets_stall_grace_seconds_and_its_steps_the_stall_timeout(tmp_path):
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    ProgressReporter(objects, "r1", "identity")(6, 12, force=True)  # a run that then hangs at step 6
+    mine = {"stage-1": "pid:1"}
+    assert watchdog.check(mine, 0.0) == []  # a step report: stepping, so 10 s without a change is a stall
+    assert watchdog.check(mine, 9.0) == [] and watchdog.check(mine, 12.0) == ["stage-1"]
+    assert read_progress(objects, "r1", "identity").total == 0  # the hung run's report cleared for its retry
+    rows["stage-1"]["state"], mine = "running", {"stage-1": "pid:2"}  # the retry, launched
+    assert watchdog.check(mine, 20.0) == [] and watchdog.check(mine, 75.0) == []  # 55 s of start-up: within 60 s
+    report = ProgressReporter(objects, "r1", "identity")
+    report(0, 0, force=True)  # its start: before the checkpoint's fetch and the model's build
+    assert watchdog.check(mine, 78.0) == [] and watchdog.check(mine, 135.0) == []  # still starting up: 57 s
+    report(5, 12, force=True)  # its first step (resumed from step 4): from now on 10 s without a change is a stall
+    assert watchdog.check(mine, 138.0) == [] and watchdog.check(mine, 147.0) == []
+    assert len(engine.cancelled) == 1
+    assert watchdog.check(mine, 150.0) == ["stage-1"] and engine.cancelled[-1] == ("stage-1", "pid:2")
+    assert queue.finished[-1][1]["message"].startswith("no progress for 12 s (queue.stall_timeout_seconds: 10; its last ")
+
+
+def test_an_adopted_job_s_step_report_counts_as_steps(tmp_path):
+    """A dispatcher that adopts a running job reads its step report first: the stall timeout, not the grace."""
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    ProgressReporter(objects, "r1", "identity")(1, 12, force=True)
+    watchdog = Watchdog(config, queue, engine, "d2", objects=lambda: objects)
+    mine = {"stage-1": "slurm:3:drape-stage-1-a1"}
+    assert watchdog.check(mine, 0.0) == [] and watchdog.check(mine, 9.0) == []
+    assert watchdog.check(mine, 12.0) == ["stage-1"]
+
+
+def test_a_job_that_never_starts_is_cancelled_after_stall_grace_seconds_saying_so(tmp_path):
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    mine = {"stage-1": "pid:1"}
+    assert watchdog.check(mine, 0.0) == []
+    ProgressReporter(objects, "r1", "identity")(0, 0, force=True)  # its start, and then nothing
+    assert watchdog.check(mine, 5.0) == [] and watchdog.check(mine, 65.0) == []
+    assert watchdog.check(mine, 68.0) == ["stage-1"] and engine.cancelled == [("stage-1", "pid:1")]
+    message = queue.finished[0][1]["message"]
+    assert message.startswith("no progress for 63 s (queue.stall_grace_seconds: 60; it reported its start at "), message
+
+
+def test_after_its_last_step_a_job_gets_stall_grace_seconds_to_finish(tmp_path):
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    mine, report = {"stage-1": "pid:1"}, ProgressReporter(objects, "r1", "identity", interval=0.0)
+    assert watchdog.check(mine, 0.0) == []
+    report(0, 0)
+    assert watchdog.check(mine, 3.0) == []
+    report(11, 12)
+    assert watchdog.check(mine, 6.0) == []  # stepping: 10 s from here would be a stall
+    report(12, 12)  # the last step: then the final checkpoint and the result, outside the steps
+    assert watchdog.check(mine, 9.0) == [] and watchdog.check(mine, 65.0) == [] and engine.cancelled == []
+    assert watchdog.check(mine, 70.0) == ["stage-1"]
+    assert queue.finished[0][1]["message"].startswith("no progress for 61 s (queue.stall_grace_seconds: 60; its last ")
+
+
 def test_no_watchdog_where_stage_jobs_do_not_report(tmp_path):
     shared = tiny_config(tmp_path / "a", paths={"shared": True}, queue={"enabled": True, "stall_timeout_seconds": 10})
     off = tiny_config(tmp_path / "b", queue={"enabled": True, "stall_timeout_seconds": None})
@@ -111,6 +180,12 @@ def test_a_report_reads_back_and_a_failed_write_is_skipped(tmp_path):
     assert (back.step, back.total, back.run) == (3, 12, "7.0")
     report(4, 12)  # within the interval: not written
     assert read_progress(objects, "r1", "identity").step == 3
+    fresh = ProgressReporter(objects, "r1", "identity")
+    fresh(0, 0, force=True)
+    fresh(5, 12)  # its first step, within the interval: written (the start-up is over)
+    assert read_progress(objects, "r1", "identity").step == 5
+    fresh(6, 12)  # the next, within the interval: not written
+    assert read_progress(objects, "r1", "identity").step == 5
     report(12, 12)  # the last step: always written
     assert read_progress(objects, "r1", "identity").step == 12
     broken = ProgressReporter(ObjectStore(f"file://{tmp_path / 'broken'}"), "r1", "identity")
