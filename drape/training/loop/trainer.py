@@ -210,6 +210,7 @@ def _save_merged(path: Path, state: TrainingState, manifest: dict, saver: Checkp
             manifest={**manifest, "lora": {**state.lora.describe(), "adapter": f"{ADAPTERS}/{path.name}"}},
             bases=saver.bases,
             stage_names=trainable_parameter_names(patterns, [n for n, _ in plain.named_parameters()], plain.frozen_prefixes),
+            compress=saver.config.train.checkpoint_compression == "planes",
         )
     context.barrier()
     return path
@@ -237,6 +238,7 @@ def _save_whole(path: Path, state: TrainingState, manifest: dict, saver: Checkpo
             manifest=manifest,
             bases=saver.bases,
             moments=torch.bfloat16 if config.train.checkpoint_moments == "bfloat16" else None,
+            compress=config.train.checkpoint_compression == "planes",
         )
     context.barrier()
     return path
