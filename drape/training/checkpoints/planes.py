@@ -29,6 +29,7 @@ import mmap
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -90,7 +91,7 @@ def _split(data: memoryview, width: int) -> list[bytes]:
     if width == 1:
         return [bytes(data)]
     kind = np.uint32 if width == 4 else np.uint16
-    values = np.frombuffer(data, dtype=kind)
+    values: Any = np.frombuffer(data, dtype=kind)
     rotated = (values << kind(1)) | (values >> kind(8 * width - 1))
     grid = rotated.view(np.uint8).reshape(-1, width)
     return [grid[:, k].tobytes() for k in range(width)]
@@ -104,7 +105,7 @@ def _join(planes: list[bytes], width: int) -> bytes:
     grid = np.empty((len(planes[0]), width), dtype=np.uint8)
     for k, plane in enumerate(planes):
         grid[:, k] = np.frombuffer(plane, dtype=np.uint8)
-    values = grid.view(kind).reshape(-1)
+    values: Any = grid.view(kind).reshape(-1)
     return ((values >> kind(1)) | (values << kind(8 * width - 1))).tobytes()
 
 
