@@ -52,7 +52,8 @@ from drape.training.checkpoints.base import (
     write_base,
 )
 from drape.training.checkpoints.planes import SUFFIX
-from drape.training.checkpoints.stored import PACKED, has_file, pack_files, read_file, stored_names
+from drape.training.checkpoints.stored import PACKED, has_file, optimizer_tensors, pack_files, read_file, stored_names
+from drape.training.checkpoints.stored import load_training_state as load_training_state  # callers import it from here
 from drape.training.published.weights import load_folder, some
 from drape.training.recipes.model import PIXEL_DIT, TryOnModel, class_path, resolve_class
 
@@ -72,31 +73,6 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         commit = ""
     return f"{drape.__version__}+{commit}" if commit else drape.__version__
-
-
-def optimizer_tensors(
-    optimizer: torch.optim.Optimizer, names: list[str], moments: torch.dtype | None = None
-) -> dict[str, torch.Tensor]:
-    """``<name>/<field>`` → the optimizer's state of each named parameter; with `moments`, its floating
-    state other than ``step`` cast to that dtype (restoring casts it back to the parameter's)."""
-    tensors, state = {}, optimizer.state_dict()["state"]
-    for index, name in enumerate(names):
-        for field, value in state.get(index, {}).items():
-            tensor = torch.as_tensor(value)
-            if moments is not None and field != "step" and tensor.is_floating_point():
-                tensor = tensor.to(moments)
-            tensors[f"{name}/{field}"] = tensor.clone().contiguous()
-    return tensors
-
-
-def _restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
-    state = optimizer.state_dict()
-    state["state"] = {}
-    for index, name in enumerate(names):
-        fields = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.split("/", 1)[0] == name}
-        if fields:
-            state["state"][index] = fields
-    optimizer.load_state_dict(state)
 
 
 def save_checkpoint(
@@ -414,16 +390,6 @@ def read_model_tensors(path: str | Path, names: list[str]) -> dict[str, torch.Te
             f"({len(missing)} of {len(wanted)} asked for are missing)"
         )
     return tensors
-
-
-def load_training_state(path: str | Path, optimizer: torch.optim.Optimizer, trainable_names: list[str]) -> dict | None:
-    """Restore optimizer moments in place; returns EMA tensors if the checkpoint has them (either
-    file as it is or packed)."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    if has_file(path, "optimizer.safetensors", manifest):
-        _restore_optimizer(optimizer, trainable_names, read_file(path, "optimizer.safetensors", manifest, strict=False))
-    return read_file(path, "ema.safetensors", manifest, strict=False) if has_file(path, "ema.safetensors", manifest) else None
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:

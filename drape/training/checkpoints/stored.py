@@ -6,6 +6,7 @@ With `train.checkpoint_compression: planes` a checkpoint keeps ``stage.safetenso
 maps each name to the raw file's size and sha256 (and ``files``, as for every file, holds the
 packed file's sha256). Readers ask for the name and get the safetensors file's tensors either way,
 bit for bit what was saved: a packed file is unpacked, bounded and checked against ``packed``.
+The optimizer's state goes through here too (`optimizer_tensors`, `load_training_state`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from pathlib import Path
 
 import torch
 
+from drape.jsonfile import read_json_object
+from drape.training.checkpoints.base import MANIFEST
 from drape.training.checkpoints.planes import SUFFIX, PlanesError, load_packed, pack_file
 from drape.training.published.weights import read_tensors, tensor_headers
 
@@ -78,3 +81,39 @@ def read_file(directory: Path, name: str, manifest: dict, *, strict: bool = True
             bad = int((~torch.isfinite(tensor)).sum())
             raise ValueError(f"{where}: {key} in {name} holds {bad:,} NaN or infinite value(s)")
     return tensors
+
+
+def optimizer_tensors(
+    optimizer: torch.optim.Optimizer, names: list[str], moments: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """``<name>/<field>`` → the optimizer's state of each named parameter; with `moments`, its floating
+    state other than ``step`` cast to that dtype (restoring casts it back to the parameter's)."""
+    tensors, state = {}, optimizer.state_dict()["state"]
+    for index, name in enumerate(names):
+        for field, value in state.get(index, {}).items():
+            tensor = torch.as_tensor(value)
+            if moments is not None and field != "step" and tensor.is_floating_point():
+                tensor = tensor.to(moments)
+            tensors[f"{name}/{field}"] = tensor.clone().contiguous()
+    return tensors
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
+    """Put `tensors` (`optimizer_tensors`' layout) back as `optimizer`'s state."""
+    state = optimizer.state_dict()
+    state["state"] = {}
+    for index, name in enumerate(names):
+        fields = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.split("/", 1)[0] == name}
+        if fields:
+            state["state"][index] = fields
+    optimizer.load_state_dict(state)
+
+
+def load_training_state(path: str | Path, optimizer: torch.optim.Optimizer, trainable_names: list[str]) -> dict | None:
+    """Restore optimizer moments in place; returns EMA tensors if the checkpoint has them (either
+    file as it is or packed)."""
+    path = Path(path)
+    manifest = read_json_object(path / MANIFEST, "checkpoint manifest") if (path / MANIFEST).is_file() else {}
+    if has_file(path, "optimizer.safetensors", manifest):
+        restore_optimizer(optimizer, trainable_names, read_file(path, "optimizer.safetensors", manifest, strict=False))
+    return read_file(path, "ema.safetensors", manifest, strict=False) if has_file(path, "ema.safetensors", manifest) else None
