@@ -318,6 +318,14 @@ class TrainConfig(StrictModel):
             "resumed from it no longer matches an uninterrupted one bit for bit (DCP intermediates keep float32)"
         ),
     )
+    checkpoint_compression: Literal["planes", "none"] = Field(
+        default="planes",
+        description=(
+            "how a safetensors checkpoint keeps its stage, optimizer and EMA files: planes packs each losslessly in "
+            "byte planes (zstd, as ZipNN: CatVTON's stage checkpoint 0.79 → 0.66 GB), read back and verified bit for "
+            "bit before the checkpoint is published; none keeps plain safetensors files"
+        ),
+    )
     data_partitions: int | None = Field(
         default=None,
         gt=0,

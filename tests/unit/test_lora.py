@@ -12,6 +12,7 @@ from drape.data.partition import split_data
 from drape.layout import StagePaths, artifact_kind
 from drape.storage.retention import classify_stage_dir
 from drape.training.checkpoints.checkpoint import CheckpointError, base_of, list_checkpoints, load_model, read_manifest
+from drape.training.checkpoints.stored import read_file
 from drape.training.loop.trainer import train_stage
 from drape.training.recipes.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
 from scheduler.jobs.profiles import lora_parameters
@@ -103,7 +104,8 @@ def test_a_killed_lora_pass_resumes_from_its_adapter_to_the_same_weights(config,
         b = load_model(resumed.checkpoint, prefer_ema=prefer_ema).state_dict()
         for name in a:
             assert torch.equal(a[name], b[name]), name
-    ema = load_file(str(tmp_path / "full" / "checkpoints" / "step-0000007" / "ema.safetensors"))
+    merged = tmp_path / "full" / "checkpoints" / "step-0000007"  # its EMA as stored (packed by default), read back
+    ema = read_file(merged, "ema.safetensors", read_manifest(merged))
     assert set(ema) == {f"{t}.weight" for t in read_manifest(full.checkpoint)["lora"]["targets"]}
 
 

@@ -15,10 +15,15 @@ checkpoint that looks whole. The weights come in one of two forms (docs/storage.
 - a *whole checkpoint* (every tensor trains, or the caller named no bases; also every checkpoint
   written before stage checkpoints existed, which loads as it always did): ``model/``, diffusers
   `save_pretrained` (config.json + safetensors).
+
+With `compress` (`train.checkpoint_compression: planes`), ``stage.safetensors``, ``optimizer.safetensors``
+and ``ema.safetensors`` are kept packed in byte planes (`drape.training.checkpoints.stored`: lossless,
+each verified before the checkpoint is published, unpacked and checked against the manifest on read).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -27,7 +32,7 @@ from pathlib import Path
 from typing import cast
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 import drape
 from drape.config.base import check_model_shape
@@ -46,7 +51,10 @@ from drape.training.checkpoints.base import (
     skipped_init,
     write_base,
 )
-from drape.training.published.weights import check_shapes, load_folder, read_tensors, some, tensor_headers
+from drape.training.checkpoints.planes import SUFFIX
+from drape.training.checkpoints.stored import PACKED, has_file, optimizer_tensors, pack_files, read_file, stored_names
+from drape.training.checkpoints.stored import load_training_state as load_training_state  # callers import it from here
+from drape.training.published.weights import load_folder, some
 from drape.training.recipes.model import PIXEL_DIT, TryOnModel, class_path, resolve_class
 
 STAGE_FILE = "stage.safetensors"  # a stage checkpoint's trained tensors
@@ -67,31 +75,6 @@ def code_version() -> str:
     return f"{drape.__version__}+{commit}" if commit else drape.__version__
 
 
-def optimizer_tensors(
-    optimizer: torch.optim.Optimizer, names: list[str], moments: torch.dtype | None = None
-) -> dict[str, torch.Tensor]:
-    """``<name>/<field>`` → the optimizer's state of each named parameter; with `moments`, its floating
-    state other than ``step`` cast to that dtype (restoring casts it back to the parameter's)."""
-    tensors, state = {}, optimizer.state_dict()["state"]
-    for index, name in enumerate(names):
-        for field, value in state.get(index, {}).items():
-            tensor = torch.as_tensor(value)
-            if moments is not None and field != "step" and tensor.is_floating_point():
-                tensor = tensor.to(moments)
-            tensors[f"{name}/{field}"] = tensor.clone().contiguous()
-    return tensors
-
-
-def _restore_optimizer(optimizer: torch.optim.Optimizer, names: list[str], tensors: dict[str, torch.Tensor]) -> None:
-    state = optimizer.state_dict()
-    state["state"] = {}
-    for index, name in enumerate(names):
-        fields = {key.split("/", 1)[1]: value for key, value in tensors.items() if key.split("/", 1)[0] == name}
-        if fields:
-            state["state"][index] = fields
-    optimizer.load_state_dict(state)
-
-
 def save_checkpoint(
     path: str | Path,
     *,
@@ -103,18 +86,22 @@ def save_checkpoint(
     bases: str | Path | None = None,
     stage_names: list[str] | None = None,
     moments: torch.dtype | None = None,
+    compress: bool = False,
 ) -> Path:
     """Write a complete checkpoint at `path` atomically; returns `path`. With `bases` (a folder of
     frozen bases), a stage checkpoint: the `stage_names` tensors (default `trainable_names`) in
     ``stage.safetensors`` and every other tensor in ``<bases>/<content hash>/``, written there
     once; without, or when the stage trains every tensor, the whole model. `moments`: the dtype
-    AdamW's moments are stored in (`train.checkpoint_moments`; default as they are, lossless)."""
+    AdamW's moments are stored in (`train.checkpoint_moments`; default as they are, lossless). `compress`:
+    the stage, optimizer and EMA files packed in byte planes (`train.checkpoint_compression`; lossless)."""
     path = Path(path)
     temporary = path.with_name(f".{path.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
     needed = _tensor_bytes(model.state_dict(), ema, optimizer.state if optimizer is not None else None)
     with whole_or_nothing(temporary, path, "a checkpoint", needed):  # a full disk: no partial copy, a clear error
-        return _save(temporary, path, model, optimizer, trainable_names, ema, manifest, bases, stage_names, moments)
+        manifest = {key: value for key, value in manifest.items() if key != PACKED}  # a carried-over record no longer holds
+        _save(temporary, model, optimizer, trainable_names, ema, manifest, bases, stage_names, moments)
+        return publish(temporary, path, _full_manifest(temporary, model, trainable_names, manifest, compress))
 
 
 def _tensor_bytes(*containers: object) -> int:
@@ -131,7 +118,6 @@ def _tensor_bytes(*containers: object) -> int:
 
 def _save(
     temporary: Path,
-    path: Path,
     model: TryOnModel,
     optimizer: torch.optim.Optimizer | None,
     trainable_names: list[str],
@@ -140,23 +126,28 @@ def _save(
     bases: str | Path | None,
     stage_names: list[str] | None,
     moments: torch.dtype | None,
-) -> Path:
+) -> None:
+    """Write the checkpoint's files into `temporary`; `manifest` gains what they are (in place)."""
     base = None
     if bases is not None:
         base = _save_stage_weights(temporary, model, stage_names or trainable_names, Path(bases))
     if base is None:  # whole: a `base` record carried over from the manifest of a stage checkpoint no longer holds
         model.save_pretrained(temporary / "model", safe_serialization=True)
-        manifest = {key: value for key, value in manifest.items() if key != "base"}
+        manifest.pop("base", None)
     else:
-        manifest = {**manifest, "base": base}
+        manifest["base"] = base
     if optimizer is not None:
         save_file(optimizer_tensors(optimizer, trainable_names, moments), str(temporary / "optimizer.safetensors"))
         if moments is not None:  # lossy: the manifest says so
-            manifest = {**manifest, "optimizer_moments": str(moments).removeprefix("torch.")}
+            manifest["optimizer_moments"] = str(moments).removeprefix("torch.")
     if ema is not None:
         save_file({k: v.contiguous() for k, v in ema.items()}, str(temporary / "ema.safetensors"))
-    full = {**manifest, "model_class": class_path(model), "trainable": trainable_names, "code_version": code_version()}
-    return publish(temporary, path, full)
+
+
+def _full_manifest(temporary: Path, model: TryOnModel, trainable_names: list[str], manifest: dict, compress: bool) -> dict:
+    """The manifest `publish` seals: the caller's, what the files are, and (`compress`) the packed files' records."""
+    packed = {PACKED: pack_files(temporary)} if compress else {}  # each read back and verified before its raw file goes
+    return {**manifest, **packed, "model_class": class_path(model), "trainable": trainable_names, "code_version": code_version()}
 
 
 def _save_stage_weights(temporary: Path, model: TryOnModel, stage_names: list[str], bases: Path) -> dict | None:
@@ -203,10 +194,11 @@ def export_weights(source: str | Path, destination: str | Path) -> Path:
     temporary = destination.with_name(f".{destination.name}.tmp")
     shutil.rmtree(temporary, ignore_errors=True)
     shutil.copytree(source / "model", temporary / "model")
-    if (source / STAGE_FILE).is_file():  # a stage checkpoint: the base stays where it is, named by its hash
-        shutil.copy2(source / STAGE_FILE, temporary / STAGE_FILE)
-    if (source / "ema.safetensors").is_file():
-        shutil.copy2(source / "ema.safetensors", temporary / "ema.safetensors")
+    kept = (STAGE_FILE, "ema.safetensors")  # a stage checkpoint's base stays where it is, named by its hash
+    for stored in (file for name in kept for file in stored_names(source, name, manifest)):
+        shutil.copy2(source / stored, temporary / stored)  # as stored: a packed file stays packed
+    packed = {name: record for name, record in manifest.get(PACKED, {}).items() if name in kept}
+    manifest = {key: value for key, value in manifest.items() if key != PACKED} | ({PACKED: packed} if packed else {})
     return publish(temporary, destination, {**manifest, "exported_from": source.name, "optimizer_state": False})
 
 
@@ -249,8 +241,8 @@ def load_model(path: str | Path, *, prefer_ema: bool = False, allowed: tuple[str
         raise CheckpointError(f"checkpoint {path}: {error}") from None
     try:
         model = _assemble(Path(path), manifest, cls) if "base" in manifest else _read_whole(Path(path), cls)
-        if prefer_ema and (Path(path) / "ema.safetensors").is_file():
-            model.load_state_dict(_read_ema(Path(path), model), strict=False)
+        if prefer_ema and has_file(Path(path), "ema.safetensors", manifest):
+            model.load_state_dict(_read_ema(Path(path), model, manifest), strict=False)
     except CheckpointError:
         raise
     except ValueError as error:  # the strict reader's refusals (drape.training.published.weights), naming file and tensor
@@ -268,15 +260,18 @@ def _read_whole(path: Path, cls: type[TryOnModel]) -> TryOnModel:
     return model.eval()  # as `from_pretrained` leaves it
 
 
-def _read_ema(path: Path, model: TryOnModel) -> dict[str, torch.Tensor]:
+def _read_ema(path: Path, model: TryOnModel, manifest: dict) -> dict[str, torch.Tensor]:
     """``ema.safetensors``, strictly: tensors of the model only, in its shapes, every value finite."""
-    where, entries = str(path / "ema.safetensors"), tensor_headers(path, "ema", stem="ema")
+    where, tensors = str(path / "ema.safetensors"), read_file(path, "ema.safetensors", manifest)
     shapes = {name: tensor.shape for name, tensor in model.state_dict().items()}
-    stray = set(entries) - set(shapes)
+    stray = set(tensors) - set(shapes)
     if stray:
         raise ValueError(f"{where}: {len(stray)} tensor(s) are no tensor of the model ({some(stray)})")
-    check_shapes(entries, shapes, where)
-    return read_tensors(entries, entries, where, dtype=None)
+    for name, tensor in tensors.items():
+        if tensor.shape != shapes[name]:
+            shape = tuple(shapes[name])
+            raise ValueError(f"{where}: {name} in ema.safetensors has shape {tuple(tensor.shape)}, the model {shape}")
+    return tensors
 
 
 def base_of(path: str | Path, manifest: dict | None = None) -> Path | None:
@@ -323,8 +318,7 @@ def _assemble(path: Path, manifest: dict, cls: type[TryOnModel]) -> TryOnModel:
             f"checkpoint {path} names the frozen base {digest} ({path / MANIFEST}), but {base_dir / BASE_FILE} "
             f"hashes to {found}: a different or damaged base; refusing to assemble the model from it"
         )
-    entries = tensor_headers(path, "stage", stem="stage")
-    stage = read_tensors(entries, entries, str(path / STAGE_FILE), dtype=None)  # every value finite
+    stage = read_file(path, STAGE_FILE, manifest)  # every value finite; a packed file unpacked and verified
     overlap, missing = set(stage) & set(base_names), set(state) - set(stage) - set(base_names)
     if overlap or missing or set(stage) - set(state):
         odd = sorted(overlap or missing or set(stage) - set(state))[0]
@@ -338,24 +332,43 @@ def _assemble(path: Path, manifest: dict, cls: type[TryOnModel]) -> TryOnModel:
     return model
 
 
-def _weight_files(path: str | Path) -> list[Path]:
-    if (Path(path) / STAGE_FILE).is_file():
-        base = base_of(path)
-        return [Path(path) / STAGE_FILE] + ([base / BASE_FILE] if base is not None else [])
-    files = sorted((Path(path) / "model").glob("*.safetensors"))
+def _weight_files(path: Path) -> list[Path]:
+    """The files holding a checkpoint's model tensors: a stage checkpoint's (as stored) and its base's, or a whole one's."""
+    manifest = read_manifest(path) if (path / MANIFEST).is_file() else {}
+    if has_file(path, STAGE_FILE, manifest):
+        base = base_of(path, manifest)
+        return [path / stored_names(path, STAGE_FILE, manifest)[0]] + ([base / BASE_FILE] if base is not None else [])
+    files = sorted((path / "model").glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"checkpoint {path}: no model/*.safetensors weights")
     return files
 
 
-def model_tensor_names(path: str | Path) -> list[str]:
-    """Names of a checkpoint's model tensors, from the safetensors headers alone (a stage
-    checkpoint's and its base's)."""
+class _Unpacked:
+    """A packed stage file's tensors, unpacked and verified, read as `safe_open` reads a file."""
+
+    def __init__(self, path: Path) -> None:
+        self.tensors = read_file(path, STAGE_FILE, read_manifest(path), strict=False)
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def get_tensor(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+
+def _open(path: Path, file: Path):
     from safetensors import safe_open
 
+    return contextlib.nullcontext(_Unpacked(path)) if file.name.endswith(SUFFIX) else safe_open(str(file), framework="pt")
+
+
+def model_tensor_names(path: str | Path) -> list[str]:
+    """Names of a checkpoint's model tensors, from the safetensors headers alone (a stage
+    checkpoint's and its base's; a packed stage file is unpacked)."""
     names = []
-    for file in _weight_files(path):
-        with safe_open(str(file), framework="pt") as handle:
+    for file in _weight_files(Path(path)):
+        with _open(Path(path), file) as handle:
             names.extend(handle.keys())
     return names
 
@@ -365,11 +378,9 @@ def read_model_tensors(path: str | Path, names: list[str]) -> dict[str, torch.Te
     checkpoint's, then its base's) without building the model (a stage's trainable slice of a
     multi-GB model is a small read). Unverified: callers that use the weights load them with
     `load_model`, which checks every sha256 and the base's content hash."""
-    from safetensors import safe_open
-
     wanted, tensors = set(names), dict[str, torch.Tensor]()
-    for file in _weight_files(path):
-        with safe_open(str(file), framework="pt") as handle:
+    for file in _weight_files(Path(path)):
+        with _open(Path(path), file) as handle:
             for key in (wanted - set(tensors)).intersection(handle.keys()):
                 tensors[key] = handle.get_tensor(key)
     missing = wanted - set(tensors)
@@ -379,14 +390,6 @@ def read_model_tensors(path: str | Path, names: list[str]) -> dict[str, torch.Te
             f"({len(missing)} of {len(wanted)} asked for are missing)"
         )
     return tensors
-
-
-def load_training_state(path: str | Path, optimizer: torch.optim.Optimizer, trainable_names: list[str]) -> dict | None:
-    """Restore optimizer moments in place; returns EMA tensors if the checkpoint has them."""
-    path = Path(path)
-    if (path / "optimizer.safetensors").is_file():
-        _restore_optimizer(optimizer, trainable_names, load_file(str(path / "optimizer.safetensors")))
-    return load_file(str(path / "ema.safetensors")) if (path / "ema.safetensors").is_file() else None
 
 
 def list_checkpoints(directory: str | Path) -> list[Path]:

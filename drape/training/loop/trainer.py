@@ -3,11 +3,10 @@
 Every source of randomness in a step (batch indices, noise, timesteps, condition dropout) comes
 from a generator seeded by (seed, stage, step) (`drape.training.loop.batches`), and the learning rate
 is a function of the step (`drape.training.loop.optim`), so a run killed mid-stage and resumed from its
-newest checkpoint ends with exactly the weights of an uninterrupted run. One step, its
-micro-batches and its loss are `drape.training.loop.step`. Batches are
-decoded ahead by worker processes (`BatchPrefetcher`); the time the loop blocks on it is the
-data-wait that gets logged. The loop asks and the components decide: `Checkpointer` owns when and how to save,
-`StepMetrics` when to log.
+newest checkpoint ends with exactly the weights of an uninterrupted run. One step, its micro-batches and its
+loss are `drape.training.loop.step`. Batches are decoded ahead by worker processes (`BatchPrefetcher`); the time
+the loop blocks on it is the data-wait that gets logged. The loop asks and the components decide: `Checkpointer`
+owns when and how to save (and how a checkpoint is stored: `train.checkpoint_compression`), `StepMetrics` when to log.
 
 `drape.training.jobs.stage_job` runs a stage end to end (data, then this); `python -m drape.train`
 is its command line.
@@ -196,8 +195,7 @@ def _save_merged(path: Path, state: TrainingState, manifest: dict, saver: Checkp
     trains after it) and writes an ordinary checkpoint, which names the adapter it came from. Its
     stage tensors are those the stage trains in a full pass, so it shares the full pass's base."""
     assert state.lora is not None
-    context = saver.context
-    if context.is_main:
+    if saver.context.is_main:
         plain = cast(TryOnModel, unwrap(state.model))
         ema = merge(plain, state.ema)
         patterns = saver.config.train.stages[str(saver.manifest["stage"])].trainable
@@ -210,8 +208,9 @@ def _save_merged(path: Path, state: TrainingState, manifest: dict, saver: Checkp
             manifest={**manifest, "lora": {**state.lora.describe(), "adapter": f"{ADAPTERS}/{path.name}"}},
             bases=saver.bases,
             stage_names=trainable_parameter_names(patterns, [n for n, _ in plain.named_parameters()], plain.frozen_prefixes),
+            compress=saver.config.train.checkpoint_compression == "planes",
         )
-    context.barrier()
+    saver.context.barrier()
     return path
 
 
@@ -237,6 +236,7 @@ def _save_whole(path: Path, state: TrainingState, manifest: dict, saver: Checkpo
             manifest=manifest,
             bases=saver.bases,
             moments=torch.bfloat16 if config.train.checkpoint_moments == "bfloat16" else None,
+            compress=config.train.checkpoint_compression == "planes",
         )
     context.barrier()
     return path
