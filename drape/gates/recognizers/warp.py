@@ -14,9 +14,9 @@ blurred by `BLUR` px. Each `PATCH`² patch of the source on a grid (`STEP`) is f
 by normalised cross-correlation within `REACH` px (invariant to a patch's brightness and contrast:
 a gamma or a white balance changes neither), to a fraction of a pixel (a parabola through the
 peak). Patches without structure in two directions (a cheek, a plain forehead: the smaller
-eigenvalue of their structure tensor under `TEXTURE` of the face's median) cannot say where they
-went and are left out, as are patches whose search reaches outside the frame or into its outer
-`FRAME` px (a shifted picture shows black there). One similarity transform (shift, scale, turn) is
+eigenvalue of their structure tensor under `TEXTURE` of the face's median, or `MIN_STRUCTURE`)
+cannot say where they went and are left out, as are patches whose search reaches outside the
+frame or into its outer `FRAME` px (a shifted picture shows black there). One similarity transform (shift, scale, turn) is
 fitted to the displacements by least squares and undone by cropping the output where it moved, and
 the patches are matched again about their own place (a correlation peak's parabola is biased at half
 a pixel, by an amount that depends on the patch); what a second similarity fit leaves is the face's
@@ -36,7 +36,9 @@ from drape.gates.recognizers import box_region
 
 FACE_SIDE, PAD, BLUR = 96, 0.12, 1.0  # the face box resampled to 96 px wide, grown by 12%, blurred by 1 px
 PATCH, STEP, REACH = 16, 6, 12  # patches of 16 px every 6 px, each searched within 12 px (12.5% of the face)
-TEXTURE, FRAME = 0.25, 3  # a patch needs structure of a quarter of the face's median; the frame's outer 3 px are not judged
+# a patch needs structure of a quarter of the face's median and at least MIN_STRUCTURE (a mean squared
+# gradient of 0.5 levels² per px²; real faces' medians are 12-37 at 128 px); the frame's outer 3 px are not judged
+TEXTURE, MIN_STRUCTURE, FRAME = 0.25, 0.5, 3
 _LUMA = np.array([0.299, 0.587, 0.114])
 
 
@@ -175,7 +177,7 @@ def face_warp(output: np.ndarray, source: np.ndarray, box) -> float:
     structure = _structure(source_plane, corners)
     kept = _inside(source.shape, box, corners)
     if kept.any():
-        kept &= structure >= TEXTURE * float(np.median(structure[kept]))
+        kept &= structure >= max(TEXTURE * float(np.median(structure[kept])), MIN_STRUCTURE)
     if int(kept.sum()) < 6:
         return float("nan")
     corners, centres = corners[kept], corners[kept] + PATCH / 2
