@@ -7,7 +7,8 @@ and the kinds it lacks: JPEG q90, gamma 0.9 and 1.1, a stronger unsharp mask, a 
 JPEG q75), the smallest any regression gives (the lower face squashed 10%, the eyes set 10% closer,
 another person's face), and the margin between them; then per way the samples it separates, the
 smallest and median margin, the ratio of the weakest regression to the strongest harmless change
-over all samples, and where a single limit can sit (the gap); and the time per face (median).
+over all samples, and where a single limit can sit (the gap); per kind the largest (harmless) or
+smallest (regression) drift over the samples; and the time per face (median).
 
     .venv/bin/python benchmarks/drift_margins.py --resolution 256 --samples 16
 """
@@ -103,6 +104,13 @@ def run(size: int, samples: int, seed: int, console: Console) -> None:
             cells += [f"{high[index]:.4f}", high_kind[index], f"{low[index]:.4f}", low_kind[index], _signed(margin)]
         table.add_row(*cells)
     console.print(table)
+    by_kind = Table(title=f"per kind at {size} px: the largest drift over the samples (harmless), the smallest (regressions)")
+    for column in ("kind", "regression", *values):
+        by_kind.add_column(column, justify="left" if column == "kind" else "right")
+    for name, (bad, _) in found.items():
+        reduce = np.nanmin if bad else np.nanmax
+        by_kind.add_row(name, "yes" if bad else "", *(f"{reduce(values[way][name]):.4f}" for way in values))
+    console.print(by_kind)
     summary = Table(title=f"summary at {size} px (margins: the weakest regression less the strongest harmless change)")
     for column in ("way", "samples separated", "min margin", "median margin", "max harmless", "min regression", "gap", "ratio"):
         summary.add_column(column, justify="right")
