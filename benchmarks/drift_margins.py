@@ -10,7 +10,7 @@ smallest and median margin, the ratio of the weakest regression to the strongest
 over all samples, and where a single limit can sit (the gap); per kind the largest (harmless) or
 smallest (regression) drift over the samples; and the time per face (median).
 
-    .venv/bin/python benchmarks/drift_margins.py --resolution 256 --samples 16
+    .venv/bin/python benchmarks/drift_margins.py --resolution 256 --samples 16 [--no-baseline]
 """
 
 from __future__ import annotations
@@ -45,16 +45,18 @@ def kinds(control: dict, seed: int) -> dict[str, tuple[bool, np.ndarray]]:
     return found
 
 
-def measure(control: dict, found: dict, dlib: RecognizerCheck, timing: dict) -> dict[str, dict[str, np.ndarray]]:
+def measure(control: dict, found: dict, dlib: RecognizerCheck | None, timing: dict) -> dict[str, dict[str, np.ndarray]]:
     """{way: {kind: per-sample drift}}: 'warp' (share of the face width) and 'descriptor' (dlib distance
     of the blurred faces; NaN where dlib finds no face or calls it another person)."""
     targets, keys = control["target"], control["keys"]
     boxes = [m["face_box"] for m in control["meta"]]
-    out: dict[str, dict[str, np.ndarray]] = {"warp": {}, "descriptor": {}}
+    out: dict[str, dict[str, np.ndarray]] = {"warp": {}, "descriptor": {}} if dlib else {"warp": {}}
     for name, (_, outputs) in found.items():
         started = time.perf_counter()
         out["warp"][name] = face_warps(outputs, targets, boxes)
         timing.setdefault("warp", []).append((time.perf_counter() - started) / len(outputs))
+        if dlib is None:
+            continue
         started = time.perf_counter()
         matches = dlib.matches(outputs, targets, boxes, keys)
         # another person (dlib's distance rule) or no face: as far as the descriptor drift goes
@@ -79,12 +81,13 @@ def per_sample(values: dict[str, np.ndarray], found: dict) -> tuple[np.ndarray, 
     return high[top, columns], [harmless[k] for k in top], low[bottom, columns], [regressions[k] for k in bottom]
 
 
-def run(size: int, samples: int, seed: int, console: Console) -> None:
+def run(size: int, samples: int, seed: int, console: Console, baseline: bool = True) -> None:
     control = real_control(size, samples, seed)
     found = kinds(control, seed)
     timing: dict[str, list[float]] = {}
     started = time.perf_counter()
-    values = measure(control, found, RecognizerCheck(DlibRecognizer(max_drift=DRIFT_DISTANCE)), timing)
+    dlib = RecognizerCheck(DlibRecognizer(max_drift=DRIFT_DISTANCE)) if baseline else None
+    values = measure(control, found, dlib, timing)
     console.print(
         f"{size} px, {samples} samples, {sum(1 for bad, _ in found.values() if not bad)} harmless kinds, "
         f"{len(REGRESSIONS)} regressions: {time.perf_counter() - started:.0f} s",
@@ -128,13 +131,11 @@ def run(size: int, samples: int, seed: int, console: Console) -> None:
             f"{ratio:.2f}x",
         )
     console.print(summary)
-    ratio = np.median(timing["descriptor"]) / np.median(timing["warp"])
-    console.print(
-        "time per face, median over kinds: "
-        + ", ".join(f"{way} {np.median(spent) * 1000:.1f} ms" for way, spent in timing.items())
-        + f" (descriptor: dlib's detection, landmarks and both descriptors; descriptor / warp {ratio:.2f}x)",
-        highlight=False,
-    )
+    times = ", ".join(f"{way} {np.median(spent) * 1000:.1f} ms" for way, spent in timing.items())
+    if "descriptor" in timing:
+        ratio = np.median(timing["descriptor"]) / np.median(timing["warp"])
+        times += f" (descriptor: dlib's detection, landmarks and both descriptors; descriptor / warp {ratio:.2f}x)"
+    console.print(f"time per face, median over kinds: {times}", highlight=False)
 
 
 def _signed(value: float) -> str:
@@ -146,10 +147,11 @@ def main() -> None:
     parser.add_argument("--resolution", type=int, nargs="+", default=[256])
     parser.add_argument("--samples", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-baseline", action="store_true", help="the warp alone (dlib's descriptors cost ~5x as much)")
     args = parser.parse_args()
     console = Console(width=260)
     for size in args.resolution:
-        run(size, args.samples, args.seed, console)
+        run(size, args.samples, args.seed, console, baseline=not args.no_baseline)
 
 
 if __name__ == "__main__":
