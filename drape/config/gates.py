@@ -70,7 +70,20 @@ class IdentityGateConfig(StrictModel):
         lt=2,
         description=(
             "dlib: per sample, the largest distance of the descriptors of the source's and the output's faces "
-            "blurred by 2 px, for the same person (a face drifted: eyes set closer, a squashed jaw); None: not judged"
+            "blurred by 2 px, for the same person (a face drifted: eyes set closer, a squashed jaw); None: not judged. "
+            "It does not separate per sample (a median filter moves it as far as a 10% squash of the lower face): "
+            "prefer max_warp"
+        ),
+    )
+    max_warp: float | None = Field(
+        default=None,
+        gt=0,
+        le=0.5,
+        description=(
+            "dlib and arcface: per sample, the largest local change of the face's geometry for the same person: how far "
+            "a part of the face moved against the rest once one shift, scale and turn is undone, as a share of the face "
+            "box's width (drape.gates.recognizers.warp: a squashed jaw, eyes moved); None: not judged. Its value depends "
+            "on the face's size in pixels: docs/recognizers.md has the measured margins at 128 and 256 px"
         ),
     )
     max_mismatch_share: float = Field(
@@ -95,6 +108,12 @@ class IdentityGateConfig(StrictModel):
             raise ValueError(f"same_person is a recognizer's rule (embedder dlib or arcface), not {self.embedder!r}'s")
         if self.max_drift is not None and self.embedder != "dlib":
             raise ValueError(f"max_drift is dlib's drift rule (embedder dlib), not {self.embedder!r}'s")
+        if self.max_warp is not None and self.embedder not in ("dlib", "arcface"):
+            raise ValueError(f"max_warp is a recognizer's drift rule (embedder dlib or arcface), not {self.embedder!r}'s")
+        if self.max_warp is not None and self.max_drift is not None:
+            raise ValueError(
+                "max_warp and max_drift are two drift rules: set one (max_warp separates per sample; max_drift does not)"
+            )
         if self.same_person is not None and not (
             0 < self.same_person < 2 if self.embedder == "dlib" else -1 < self.same_person < 1
         ):

@@ -105,6 +105,7 @@ def build_embedder(config: GatesConfig) -> FaceEmbedder | RecognizerCheck:
             same_person=identity.same_person,
             detector=identity.detector,
             max_drift=identity.max_drift,
+            max_warp=identity.max_warp,
         )
     if config.identity.embedder == "onnx":
         return OnnxFaceEmbedder(config.identity.onnx_model_path or "")  # the config requires a path for 'onnx'

@@ -144,22 +144,47 @@ def box_region(box, shape: tuple[int, ...], pad: float) -> tuple[int, int, int, 
 
 class RecognizerCheck:
     """The identity check through a recognizer: per-sample similarities (NaN: no face found in
-    the output), each source face described once (`SourceCache`)."""
+    the output), each source face described once (`SourceCache`). With `max_warp`, the drift rule
+    is the face's local geometry (`drape.gates.recognizers.warp.face_warp`, a share of the face
+    box's width) instead of the recognizer's own (dlib's `max_drift`)."""
 
-    def __init__(self, recognizer: FaceRecognizer):
+    def __init__(self, recognizer: FaceRecognizer, *, max_warp: float | None = None):
         self.recognizer, self.cache = recognizer, SourceCache(recognizer)
         self.name = recognizer.name
+        self.max_warp = max_warp
 
     def matches(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> list[FaceMatch]:
-        return match_faces(self.recognizer, self.cache, outputs, sources, boxes, keys)
+        found = match_faces(self.recognizer, self.cache, outputs, sources, boxes, keys)
+        if self.max_warp is None:
+            return found
+        from drape.gates.recognizers.warp import face_warp
+
+        limit, matches = self.max_warp, []
+        for match, output, source, box in zip(found, outputs, sources, boxes):
+            # only a face that is there and the same person can have drifted (NaN: too little structure to judge)
+            warp = face_warp(output, source, box) if match.same else None
+            drifted = warp is not None and bool(warp > limit)
+            matches.append(FaceMatch(match.similarity, match.same, warp, drifted))
+        return matches
+
+    @property
+    def drift_limit(self) -> float | None:
+        """The drift rule's limit, in its own terms (`max_warp`, or the recognizer's `max_drift`); None: not judged."""
+        return self.max_warp if self.max_warp is not None else getattr(self.recognizer, "max_drift", None)
+
+    def drift_terms(self) -> str:
+        """The drift rule as the gate states it when it fires."""
+        if self.max_warp is not None:
+            return f"local geometry: a part of the face moved > {self.max_warp:.4f} of the face width against the rest"
+        return self.recognizer.drift_terms() if self.judges_drift else ""  # type: ignore[attr-defined]
 
     def scores(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> np.ndarray:
         return recognizer_scores(self.matches(outputs, sources, boxes, keys))
 
     @property
     def judges_drift(self) -> bool:
-        """The recognizer measures drift of the same face and a limit is set (`max_drift`)."""
-        return getattr(self.recognizer, "max_drift", None) is not None
+        """A drift limit is set: `max_warp`, or the recognizer's own (`max_drift`)."""
+        return self.drift_limit is not None
 
 
 def build_recognizer(
@@ -170,14 +195,17 @@ def build_recognizer(
     same_person: float | None = None,
     detector: str = "dlib",
     max_drift: float | None = None,
+    max_warp: float | None = None,
 ):
     """The configured recognizer (`gates.identity.embedder` 'dlib' or 'arcface'), its same-person
     rule in its own terms (`same_person`; default dlib's 0.6 distance, ArcFace's 0.28 cosine) and
-    dlib's drift limit (`max_drift`, a distance of blurred faces' descriptors; None: not judged)."""
+    its drift rule: the face's local geometry (`max_warp`, a share of the face width) or dlib's
+    descriptor drift (`max_drift`, a distance of blurred faces' descriptors); None: not judged."""
     if embedder == "dlib":
         from drape.gates.recognizers.dlib_face import SAME_PERSON_DISTANCE, DlibRecognizer
 
-        return RecognizerCheck(DlibRecognizer(model_dir, same_distance=same_person or SAME_PERSON_DISTANCE, max_drift=max_drift))
+        recognizer = DlibRecognizer(model_dir, same_distance=same_person or SAME_PERSON_DISTANCE, max_drift=max_drift)
+        return RecognizerCheck(recognizer, max_warp=max_warp)
     if embedder == "arcface":
         from drape.gates.recognizers.arcface import SAME_PERSON_COSINE, ArcFaceRecognizer
 
@@ -187,6 +215,7 @@ def build_recognizer(
                 same_cosine=SAME_PERSON_COSINE if same_person is None else same_person,
                 landmarks_dir=model_dir,
                 detector=detector,
-            )
+            ),
+            max_warp=max_warp,
         )
     raise ValueError(f"gates.identity.embedder {embedder!r}: expected 'dlib' or 'arcface' for a recognizer")

@@ -103,6 +103,24 @@ WIDER: dict[str, Corruption] = {
 }
 
 
+# The harmless kinds the wide suite lacks that a per-sample drift rule (`gates.identity.max_warp`) and the
+# aligned checks were found failing or were to be shown passing (issue 67): a mild JPEG, gamma 0.9 and 1.1,
+# a stronger unsharp mask than the wide suite's, a whole-pixel shift then JPEG q75
+DRIFT_EXTRA: dict[str, Corruption] = {
+    "jpeg q90": jpeg(90),
+    "gamma 0.9": gamma(0.9),
+    "gamma 1.1": gamma(1.1),
+    "sharpen r2 100%": sharpen(2.0, 100),
+    "shift 1 px + jpeg q75": chain(shift(1, 0), jpeg(75)),
+}
+
+
+def drift_suite() -> dict[str, Corruption]:
+    """The harmless kinds a per-sample drift rule is measured on (benchmarks/drift_margins.py): the
+    wide suite and `DRIFT_EXTRA`. Not a gate's floor suite: the gate's floors stay on `suite`."""
+    return {**suite("wide"), **DRIFT_EXTRA}
+
+
 def suite(name: str) -> dict[str, Corruption]:
     """The harmless suite a gate measures its floors on: 'standard' (`NUISANCE`) or 'wide' (and `WIDER`)."""
     if name == "standard":

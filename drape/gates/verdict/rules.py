@@ -20,7 +20,8 @@ def sample_rule(
     drift: np.ndarray | None = None,
 ) -> dict:
     """The CheckResult fields of `check`'s per-sample rule, if a recognizer judges it (else none);
-    `drift`: per sample, dlib's drift distance of the same face, when `gates.identity.max_drift` is set."""
+    `drift`: per sample, the drift of the same face, when a drift rule is set (`gates.identity.max_warp`:
+    the face's local geometry; `max_drift`: dlib's blurred descriptors)."""
     if check == "identity":
         return _recognizer_rule(gates, embedder, keys, values, drift)
     if check == "texture":
@@ -30,7 +31,8 @@ def sample_rule(
 
 def _recognizer_rule(gates: GatesConfig, embedder, keys: list[str], values: np.ndarray, drift: np.ndarray | None) -> dict:
     """The CheckResult fields of a recognizer's per-sample rule (identity through dlib or arcface):
-    no face found, another person, and with a drift limit a drifted face of the same person."""
+    no face found, another person, and with a drift limit a drifted face of the same person, in the
+    drift rule's own terms (so the gate names the rule that fired: the distance rule or the drift rule)."""
     if not isinstance(embedder, RecognizerCheck):
         return {}
     recognizer = embedder.recognizer
@@ -41,8 +43,8 @@ def _recognizer_rule(gates: GatesConfig, embedder, keys: list[str], values: np.n
         gates.identity.max_mismatch_share,
         recognizer.in_own_terms(recognizer.same_person),
         drift=dict(zip(keys, drift.tolist())) if judged and drift is not None else None,
-        max_drift=getattr(recognizer, "max_drift", None) if judged else None,
-        drift_terms=recognizer.drift_terms() if judged else "",  # type: ignore[attr-defined]
+        max_drift=embedder.drift_limit if judged else None,
+        drift_terms=embedder.drift_terms() if judged else "",
     )
     return {"rule": rule}
 
