@@ -82,7 +82,7 @@ def world(tmp_path_factory, moto_server):
     from tests.unit.test_importers import make_viton_hd
 
     root = tmp_path_factory.mktemp("guide")
-    make_viton_hd(root / "VITON-HD", pairs=16, test=4)
+    make_viton_hd(root / "VITON-HD", pairs=16, test=6)
     write_weights(root / "models")
     boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(Bucket="guide-artifacts")
     return root, {
@@ -113,7 +113,7 @@ def cluster_variables(root: Path, world_vars: dict, cluster: str) -> dict[str, s
         "GRES_TYPE": "gpu",  # the test cluster's gres is untyped (gpu:2)
         "GPU_GIB": "16",
         "PROMETHEUS_URL": "http://prometheus.monitoring:9090",
-        "IMAGE": "ghcr.io/drape-ai/drape:0.1.0",
+        "IMAGE": "registry.example.internal/drape:0.1.0-guide",  # not the default: the Job must carry the site's
     }
 
 
@@ -195,7 +195,8 @@ def check_the_slurm_run(variables: dict[str, str], outputs: dict[str, str]) -> N
         manifest = json.loads(store.read_bytes(f"{dataset_prefix(config.data.name, version)}/manifest.json"))
         assert manifest, version
     shard = output_of(outputs, "drape data shard")
-    assert re.search(r"test_paired\s+│\s+1\s+│\s+4\b", shard) and re.search(r"test_unpaired\s+│\s+1\s+│\s+4\b", shard), shard
+    for split, samples in (("control", 4), ("test_paired", 6), ("test_unpaired", 6)):  # control: data.control_samples
+        assert re.search(rf"{split}\s+│\s+1\s+│\s+{samples}\b", shard), shard
     assert "every key mapped onto the UNet's 16 self-attention modules" in output_of(outputs, "drape model describe")
     sbatch = Path(variables["WORK"], "identity.sbatch").read_text()
     assert "#SBATCH --partition=gpu" in sbatch and "#SBATCH --gres=gpu:" in sbatch and "--nodelist=slurm-0" in sbatch
@@ -231,4 +232,4 @@ def test_the_guide_on_kubernetes(world):
         kubernetes_validate.validate(obj, "1.33", strict=True)
     (pod,) = [o["spec"]["template"]["spec"] for o in job if o["kind"] == "Job"]
     assert pod["containers"][0]["image"] == variables["IMAGE"]
-    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "8"
