@@ -18,7 +18,8 @@ from typer._click.exceptions import UsageError
 from drape.cli import app
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
-MARK = re.compile(r"<!-- guide: (variables|run|run slurm|run kubernetes|illustration: (?P<why>[^>]*\S)) -->\n```bash\n(?P<code>.*?)\n```", re.S)
+KINDS = r"variables|run|run slurm|run kubernetes|illustration: (?P<why>[^>]*\S)"
+MARK = re.compile(rf"<!-- guide: ({KINDS}) -->\n```bash\n(?P<code>.*?)\n```", re.S)
 FENCE = re.compile(r"^```", re.M)
 SHELL_STOPS = {">", ">>", "|", "&&", "||", ";", "2>&1"}
 
@@ -39,7 +40,8 @@ def guide_blocks(text: str | None = None) -> list[Block]:
         blocks.append(Block(kind, match.group("code"), match.group("why") or ""))
     fences = len(FENCE.findall(text)) // 2
     if fences != len(blocks):
-        raise ValueError(f"{GUIDE}: {fences} fenced blocks, {len(blocks)} of them marked `<!-- guide: … -->` right above a ```bash fence")
+        marked = f"{len(blocks)} of them marked `<!-- guide: … -->` right above a ```bash fence"
+        raise ValueError(f"{GUIDE}: {fences} fenced blocks, {marked}")
     return blocks
 
 
