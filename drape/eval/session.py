@@ -59,6 +59,19 @@ def open_split(config: PipelineConfig, split: str) -> tuple[ShardIndex, dict]:
     return ShardIndex([cache.dataset_dir / shard["path"] for shard in manifest["splits"][split]]), manifest
 
 
+def source_manifest(config: PipelineConfig, manifest: dict) -> dict:
+    """The manifest that says what a dataset was made from: its own, or for a latent version
+    (`drape data encode`, kind "latents") the pixel version's it was encoded from, so a VITON-HD
+    import evaluated through its latents is still VITON-HD to the protocol."""
+    from drape.data.encode import LATENTS, source_config
+
+    if manifest.get("kind") != LATENTS:
+        return manifest
+    from drape.storage.store import open_store
+
+    return read_manifest(open_store(config), dataset_prefix(source_config(config))) or manifest
+
+
 def dataset_source(manifest: dict) -> str:
     """What a dataset was made from, as the protocol names it: 'VITON-HD', 'DressCode (<its
     categories>)', 'synthetic', or 'unknown' (a latent version, or a manifest that does not say);
@@ -132,7 +145,7 @@ def run_eval(
         protocol = build_protocol(
             config,
             dataset=dataset,
-            source=dataset_source(manifest),
+            source=dataset_source(source_manifest(config, manifest)),
             split=stored,
             mode=mode,
             num_samples=total,

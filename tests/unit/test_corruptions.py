@@ -69,6 +69,21 @@ def test_mirroring_a_symmetric_mark_or_unsleeving_a_dress_is_not_counted():
     assert applicable(sleeve_missing, meta).tolist() == [False, True]
 
 
+def test_an_imported_sample_without_the_generators_meta_is_corrupted_and_counted_by_what_is_known():
+    """VITON-HD's samples carry no drawn garment and OpenPose's keypoint names (drape.data.importers):
+    `drape gate calibrate --control` on an imported control set stopped with KeyError 'garment', then
+    'shoulder_l'. A print of unknown symmetry counts as mirrored; unknown sleeves are not counted."""
+    meta = [{"keypoints": {"r_shoulder": (4.0, 6.0)}, "face_box": [2, 0, 10, 6]}, {"face_box": [2, 0, 10, 6]}]
+    assert applicable(logo_mirror, meta).tolist() == [True, True]
+    assert applicable(sleeve_missing, meta).tolist() == [False, False]
+    images = np.full((2, 16, 12, 3), 200, dtype=np.uint8)
+    images[:, :6] = 90  # the face, whose colour the bare arm takes
+    masks = np.full((2, 16, 12), 255, dtype=np.uint8)
+    corrupted = sleeve_missing(images, meta, np.random.default_rng(0), masks)
+    assert (corrupted[0] != images[0]).any()  # below and outside OpenPose's right shoulder (the image's left)
+    assert (corrupted[1] == images[1]).all()  # no shoulder: left as it is
+
+
 def test_a_missing_sleeve_shows_the_bare_arm(suite):
     """The sleeve's pixels take the person's skin colour (read from the face), not the background."""
     control, _, _ = suite

@@ -82,8 +82,11 @@ def calibrate(
         for name, scores in clean_scores.items():
             rows.append(Row(check, name, False, scores[check], float(np.mean(scores[check] < threshold))))
         for name, corruption in CORRUPTIONS[check].items():
+            counted = applicable(corruption, control["meta"])
+            if not counted.any():  # e.g. no imported sample says it has a sleeve to lose: nothing to measure
+                continue
             corrupted = apply(corruption, clean, control["meta"], masks, seed)
-            score = _scores(config, control, corrupted, reference)[check][applicable(corruption, control["meta"])]
+            score = _scores(config, control, corrupted, reference)[check][counted]
             rows.append(Row(check, name, True, score, float(np.mean(score < threshold))))
         if regressions:
             rows.extend(_regression_rows(config, control, check, threshold, reference))

@@ -199,7 +199,13 @@ def sleeve_missing(images, meta, rng, masks=None):
     (dresses) have none to lose: see `applicable`."""
     out = images.copy()
     for i, (image, mask) in enumerate(zip(images, masks)):
-        (sx, sy) = meta[i]["keypoints"]["shoulder_l"]
+        points = meta[i].get("keypoints", {})
+        # the shoulder on the image's left: the generator's `shoulder_l`, or OpenPose's `r_shoulder`
+        # (the person's right, facing the camera) in an imported sample
+        shoulder = points.get("shoulder_l") or points.get("r_shoulder")
+        if shoulder is None:
+            continue  # no shoulder to cut below: the sample stays as it is (and `applicable` skips it)
+        (sx, sy) = shoulder
         ys, xs = np.mgrid[0 : mask.shape[0], 0 : mask.shape[1]]
         sleeve = (mask > 127) & (xs < sx + 1) & (ys > sy - 2)
         out[i][sleeve] = _skin(image, meta[i])
@@ -231,11 +237,13 @@ SLEEVED = {"tee", "long_sleeve"}  # drape.data.synth draws dresses sleeveless
 
 def applicable(corruption: Corruption, meta: list[dict]) -> np.ndarray:
     """Which samples a corruption really damages (a mirrored 'A' is still an 'A'; a sleeveless dress
-    has no sleeve to lose)."""
+    has no sleeve to lose). An imported sample (VITON-HD, DressCode) has no drawn garment in its meta:
+    its print is taken as not mirror-symmetric (a real print rarely is), and its sleeves as unknown, so
+    the sleeve corruption is not counted on it."""
     if corruption is logo_mirror:
-        return np.array([m["garment"]["logo"] not in MIRROR_SYMMETRIC for m in meta])
+        return np.array([m.get("garment", {}).get("logo") not in MIRROR_SYMMETRIC for m in meta])
     if corruption is sleeve_missing:
-        return np.array([m["garment"]["category"] in SLEEVED for m in meta])
+        return np.array([m.get("garment", {}).get("category") in SLEEVED for m in meta])
     return np.ones(len(meta), dtype=bool)
 
 
