@@ -40,6 +40,7 @@ TINY = TESTS / "configs" / "tiny.yaml"
 # begins one near the end. (Without --no-loadscope-reorder xdist sends modules with the most tests
 # first, and the one-test rehearsal ran last, alone, while the other worker idled.)
 LONGEST_FIRST = (
+    "integration/test_guide.py",  # the guide's commands: a four-stage run on Slurm and eval (~6 min)
     "integration/test_rehearsal.py",
     "integration/test_models.py",
     "integration/test_slurm.py",
@@ -49,6 +50,9 @@ LONGEST_FIRST = (
     "integration/test_slurm_fleet.py",  # ~95 s, then the root-only disk and restart modules (~60-90 s each)
     "integration/test_full_disk.py",
     "integration/test_restarts.py",
+    "integration/test_dispatcher_down.py",
+    "integration/test_double_starts.py",
+    "integration/test_full_disk_logs.py",
     # then the modules that mostly wait (bounded timeouts, retry backoff, signals: a core idle for
     # 35-90% of their time), while the other worker's long multi-process modules can use that
     # core; run last, they left it idle (test_trust_more, whose waits are now in test_process,
