@@ -88,16 +88,28 @@ def gate_calibrate(
         help="with --nuisance: 'standard' or 'wide' (also tone curves, sharpening, denoising, resampling, compound "
         "registrations: drape.gates.suites.harmless); default: the config's gates.nuisance_suite",
     ),
+    drift_margin: float = typer.Option(
+        0.02, help="dlib: gates.identity.max_drift is the largest harmless drift of a sample plus this"
+    ),
+    text_margin: float = typer.Option(
+        0.05, help="OCR: gates.texture.min_text_lower is the lowest harmless lower bound of the text similarity less this"
+    ),
+    write: Path | None = typer.Option(
+        None,
+        help="write the calibrated values as a config that extends --config (a new file; its thresholds 'nuisance' "
+        "or 'off' stay as they are)",
+    ),
 ) -> None:
     """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
     threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
     gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
     thresholds a config takes."""
     from drape.gates.recognizers import ControlSetError
-    from drape.gates.suites.calibration import calibrate, gate_thresholds, render_gate_table, render_table
+    from drape.gates.suites.calibration import calibrate, gate_thresholds, render_gate_table, render_table, rule_settings
 
     cfg = load(config)
     _check_rates(false_alarm, redraws)
+    _check_margins(drift_margin, text_margin, write, config)
     arrays, clean, reference = _calibration_inputs(cfg, control, samples, outputs, baseline_outputs)
     try:
         thresholds, rows = calibrate(
@@ -123,6 +135,26 @@ def gate_calibrate(
     )
     console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured, title=title))
     _print_config_lines(gate, stage, false_alarm, vs_baseline=baseline_outputs is not None)
+    rules = rule_settings(cfg, rows, drift_margin=drift_margin, text_margin=text_margin)
+    resolution = "x".join(map(str, arrays["target"].shape[1:3]))
+    for setting in rules:  # the per-sample rules at this control set's resolution
+        console.print(f"{setting.line()} ({resolution} px)")
+    if write is not None and config is not None:
+        from drape.gates.suites.calibration import write_calibrated
+
+        try:
+            write_calibrated(write, config, cfg, gate, rules, vs_baseline=baseline_outputs is not None, note=title)
+        except ValueError as error:
+            fail(f"input error: {error}")
+        console.print(f"wrote {write}")
+
+
+def _check_margins(drift_margin: float, text_margin: float, write: Path | None, config: Path | None) -> None:
+    for name, value in (("--drift-margin", drift_margin), ("--text-margin", text_margin)):
+        if not 0 <= value <= 0.5:  # NaN fails both comparisons
+            fail(f"{name} must be a number in [0, 0.5], got {value}")
+    if write is not None and config is None:
+        fail("--write needs --config: the calibrated config extends it")
 
 
 def _check_rates(false_alarm: float, redraws: int) -> None:
