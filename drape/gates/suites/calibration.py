@@ -273,23 +273,28 @@ def _floor(value: float) -> float:
     return float(np.floor(round(value * 100, 6)) / 100)
 
 
+def _ruled(rows: list[Row], check: str, aimed: bool) -> list[tuple[Row, np.ndarray]]:
+    """(row, its rule values) of `check`'s rows (aimed corruptions or harmless ones) that measured
+    the rule on some sample."""
+    return [
+        (r, r.rule) for r in rows if r.check == check and r.aimed == aimed and r.rule is not None and np.isfinite(r.rule).any()
+    ]
+
+
 def drift_setting(rows: list[Row], *, same_similarity: float, margin: float) -> RuleSetting | None:
     """`gates.identity.max_drift`: the largest per-sample drift of the same face under the harmless
     variants, plus `margin` (rounded up to 2 decimals); None when no row measured drift. `weakest`:
     the smallest drift of an identity corruption's sample that the same-person rule still calls
     the same person (a drift only the drift rule can catch)."""
-    harmless = [(float(np.nanmax(r.rule)), r.outputs) for r in rows if r.check == "identity" and not r.aimed and _has(r.rule)]
+    harmless = [(float(np.nanmax(drift)), r.outputs) for r, drift in _ruled(rows, "identity", False)]
     if not harmless:
         return None
     level, variant = max(harmless)
-    aimed = [
-        (float(np.min(r.rule[keep])), r.outputs)
-        for r in rows
-        if r.check == "identity"
-        and r.aimed
-        and _has(r.rule)
-        and (keep := np.isfinite(r.rule) & (r.scores >= same_similarity)).any()
-    ]
+    aimed = []
+    for r, drift in _ruled(rows, "identity", True):
+        keep = np.isfinite(drift) & (r.scores >= same_similarity)
+        if keep.any():
+            aimed.append((float(np.min(drift[keep])), r.outputs))
     return RuleSetting("gates.identity.max_drift", _ceil(level + margin), level, variant, margin, min(aimed) if aimed else None)
 
 
@@ -299,28 +304,15 @@ def text_settings(rows: list[Row], *, min_similarity: float, margin: float) -> l
     (the largest share of samples misread, read otherwise than the target, under a harmless
     variant, rounded up); `weakest`: the aimed corruption read most like the target. Empty when
     no row read text (OCR off, or no mark read in any target)."""
-    harmless = [r for r in rows if r.check == "texture" and not r.aimed and _has(r.rule)]
+    harmless, aimed = _ruled(rows, "texture", False), _ruled(rows, "texture", True)
     if not harmless:
         return []
-    aimed = [r for r in rows if r.check == "texture" and r.aimed and _has(r.rule)]
-    lowers = [(bootstrap_lower_bound(r.rule), r.outputs) for r in harmless]
-    shares = [(_misread(r.rule, min_similarity), r.outputs) for r in harmless]
-    level, variant = min(lowers)
-    lower = RuleSetting(
-        "gates.texture.min_text_lower",
-        max(_floor(level - margin), 0.01),
-        level,
-        variant,
-        margin,
-        max(((bootstrap_lower_bound(r.rule), r.outputs) for r in aimed), default=None),
-    )
-    share, share_variant = max(shares)
-    caught = min(((_misread(r.rule, min_similarity), r.outputs) for r in aimed), default=None)
+    level, variant = min((bootstrap_lower_bound(text), r.outputs) for r, text in harmless)
+    nearest = max(((bootstrap_lower_bound(text), r.outputs) for r, text in aimed), default=None)
+    lower = RuleSetting("gates.texture.min_text_lower", max(_floor(level - margin), 0.01), level, variant, margin, nearest)
+    share, share_variant = max((_misread(text, min_similarity), r.outputs) for r, text in harmless)
+    caught = min(((_misread(text, min_similarity), r.outputs) for r, text in aimed), default=None)
     return [lower, RuleSetting("gates.texture.max_misread_share", _ceil(share), share, share_variant, 0.0, caught)]
-
-
-def _has(values: np.ndarray | None) -> bool:
-    return values is not None and bool(np.isfinite(values).any())
 
 
 def _misread(values: np.ndarray, min_similarity: float) -> float:
