@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -88,31 +89,28 @@ def gate_calibrate(
         help="with --nuisance: 'standard' or 'wide' (also tone curves, sharpening, denoising, resampling, compound "
         "registrations: drape.gates.suites.harmless); default: the config's gates.nuisance_suite",
     ),
+    drift_margin: float = typer.Option(0.02, help="dlib: max_drift is the largest harmless drift of a sample plus this"),
+    text_margin: float = typer.Option(0.05, help="OCR: min_text_lower is the lowest harmless lower bound less this"),
+    write: Path | None = typer.Option(None, help="write the calibrated values as a new config that extends --config"),
 ) -> None:
-    """Per-check score distributions on clean outputs and a corruption suite, and the per-sample
-    threshold that gives FALSE_ALARM, with each corruption's detection rate; then the same at the
-    gate's level (the bootstrap lower bound of the mean, over redrawn control sets): the value
-    thresholds a config takes."""
+    """Per-check score distributions on clean outputs and a corruption suite, the per-sample
+    threshold that gives FALSE_ALARM and each corruption's detection rate; the same at the gate's
+    level (the bootstrap lower bound, over redrawn control sets): the value thresholds a config
+    takes; and what a recognizer's per-sample rules need at this resolution (--write: as a config)."""
     from drape.gates.recognizers import ControlSetError
-    from drape.gates.suites.calibration import calibrate, gate_thresholds, render_gate_table, render_table
+    from drape.gates.suites.calibration import calibrate, gate_thresholds, render_gate_table, render_table, rule_settings
 
     cfg = load(config)
-    _check_rates(false_alarm, redraws)
+    _check_rates(false_alarm, redraws, drift_margin, text_margin, write, config)
     arrays, clean, reference = _calibration_inputs(cfg, control, samples, outputs, baseline_outputs)
+    clean_suite = _nuisance_suite(suite or cfg.gates.nuisance_suite) if nuisance else None
+    regressions = nuisance and control is None and outputs is None  # redrawn targets: synthesized sets only
+    options: dict[str, Any] = {"false_alarm": false_alarm, "clean_suite": clean_suite, "regressions": regressions}
     try:
-        thresholds, rows = calibrate(
-            cfg,
-            arrays,
-            clean_outputs=clean,
-            reference_outputs=reference,
-            false_alarm=false_alarm,
-            clean_suite=_nuisance_suite(suite or cfg.gates.nuisance_suite) if nuisance else None,
-            regressions=nuisance and control is None and outputs is None,  # redrawn targets: synthesized sets only
-        )
+        thresholds, rows = calibrate(cfg, arrays, clean_outputs=clean, reference_outputs=reference, **options)
     except ControlSetError as error:  # the control set cannot be judged: bad input
         fail(f"input error: {error}")
-    source = f"outputs in {outputs}" if outputs else "control targets"
-    versus = f"baseline outputs in {baseline_outputs}" if baseline_outputs else "the ground truth"
+    source, versus = outputs and f"outputs in {outputs}" or "control targets", baseline_outputs or "the ground truth"
     title = f"per sample: {len(arrays['keys'])} samples, clean = {source}, coherence vs {versus}"
     console.print(render_table(thresholds, rows, false_alarm=false_alarm, title=title))
     gate, gate_rows = gate_thresholds(rows, false_alarm=false_alarm, redraws=redraws)
@@ -123,13 +121,36 @@ def gate_calibrate(
     )
     console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured, title=title))
     _print_config_lines(gate, stage, false_alarm, vs_baseline=baseline_outputs is not None)
+    rules = rule_settings(cfg, rows, drift_margin=drift_margin, text_margin=text_margin)
+    _rules(rules, arrays["target"].shape[1:3], write, config, cfg, gate, vs_baseline=baseline_outputs is not None, note=title)
 
 
-def _check_rates(false_alarm: float, redraws: int) -> None:
+def _rules(rules: list, shape, write: Path | None, config_path: Path | None, cfg, gate: dict, *, vs_baseline: bool, note: str):
+    """Print the per-sample rules' settings at this resolution; with `write`, the calibrated config
+    there (`write_calibrated`), or an input error (exit 2) naming why not."""
+    from drape.gates.suites.calibration import write_calibrated
+
+    for setting in rules:
+        console.print(f"{setting.line()} ({'x'.join(map(str, shape))} px)")
+    if write is None or config_path is None:
+        return
+    try:
+        write_calibrated(write, config_path, cfg, gate, rules, vs_baseline=vs_baseline, note=note)
+    except ValueError as error:
+        fail(f"input error: {error}")
+    console.print(f"wrote {write}")
+
+
+def _check_rates(false_alarm: float, redraws: int, drift_margin: float, text_margin: float, write, config) -> None:
     if not 0 < false_alarm < 0.5:
         fail(f"--false-alarm must be in (0, 0.5), got {false_alarm}")
     if redraws < 20:
         fail(f"--redraws must be at least 20, got {redraws}")
+    for name, value in (("--drift-margin", drift_margin), ("--text-margin", text_margin)):
+        if not 0 <= value <= 0.5:  # NaN fails both comparisons
+            fail(f"{name} must be a number in [0, 0.5], got {value}")
+    if write is not None and config is None:
+        fail("--write needs --config: the calibrated config extends it")
 
 
 def _calibration_inputs(cfg, control: Path | None, samples: int, outputs: Path | None, baseline_outputs: Path | None):

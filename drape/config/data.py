@@ -72,6 +72,14 @@ class SyntheticConfig(StrictModel):
         ),
     )
 
+    marks: Literal["letters", "prices"] = Field(
+        default="letters",
+        description=(
+            "letters: one or two capitals on each garment's logo plate; prices: a price tag ('$49', drape.data.synth."
+            "PRICE_TEXTS) on a wider plate, which PP-OCR reads at 128 px (gates.texture.ocr: a changed price is a misread)"
+        ),
+    )
+
     @model_validator(mode="after")
     def _every_stage_has_samples(self) -> SyntheticConfig:
         missing = [stage for stage in STAGES if self.samples_per_stage.get(stage, 0) <= 0]

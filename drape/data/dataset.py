@@ -124,6 +124,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
                 num_garments=data.synthetic.num_garments,
                 resolution=data.resolution,
                 faces=data.synthetic.faces,
+                marks=data.synthetic.marks,
             ):
                 yield split, sample
 
@@ -134,6 +135,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
         "num_identities": data.synthetic.num_identities,
         "num_garments": data.synthetic.num_garments,
         **({"faces": data.synthetic.faces} if data.synthetic.faces != "drawn" else {}),
+        **({"marks": data.synthetic.marks} if data.synthetic.marks != "letters" else {}),
     }
     rule = {
         "rule": "generated per split",
@@ -317,6 +319,7 @@ def synthesize_split(config: PipelineConfig, split: str, num_samples: int) -> di
         num_garments=data.synthetic.num_garments,
         resolution=data.resolution,
         faces=data.synthetic.faces,
+        marks=data.synthetic.marks,
     )
     return stack_samples(
         {"key": s.key, "meta": s.meta, **{f: np.asarray(getattr(s, f)) for f in IMAGE_FIELDS}} for s in generated

@@ -48,6 +48,10 @@ PATTERNS = ("solid", "stripes", "checks", "dots")
 ARM_POSES = ("down", "out", "crossed", "raised")
 FACES = ("drawn", "portraits")  # data.synthetic.faces
 LOGO_TEXTS = ("A", "K", "Z", "M", "R", "OK", "ZX", "DR", "W", "Q")
+# data.synthetic.marks 'prices': a price tag's text (synth_draw draws a '$' mark on a wider plate, so
+# PP-OCR reads it at 128 px; a changed price is a regression the OCR check must catch)
+PRICE_TEXTS = ("$19", "$24", "$35", "$49", "$58", "$62", "$76", "$83", "$97")
+MARKS = {"letters": LOGO_TEXTS, "prices": PRICE_TEXTS}  # data.synthetic.marks
 # Stage emphasis: which patterns and arm poses each stage's samples draw from.
 STAGE_BIAS: dict[str, dict[str, tuple[str, ...]]] = {
     "identity": {"patterns": ("solid",), "poses": ARM_POSES},
@@ -117,8 +121,11 @@ def make_identity(seed: int, identity_id: int, faces: str = "drawn") -> Identity
     )
 
 
-def make_garment(seed: int, garment_id: int) -> Garment:
-    """The fixed attributes of one catalog garment."""
+def make_garment(seed: int, garment_id: int, marks: str = "letters") -> Garment:
+    """The fixed attributes of one catalog garment; `marks` ('letters' or 'prices', `MARKS`) is what
+    its logo plate says."""
+    if marks not in MARKS:
+        raise ValueError(f"data.synthetic.marks {marks!r}: expected one of {', '.join(MARKS)}")
     rng = _rng(seed, 2, garment_id)
     colour = pick(rng, GARMENT_COLOURS)
     others = [c for c in GARMENT_COLOURS if c != colour]
@@ -128,7 +135,7 @@ def make_garment(seed: int, garment_id: int) -> Garment:
         colour,
         pick(rng, others),
         pick(rng, PATTERNS),
-        pick(rng, LOGO_TEXTS),
+        pick(rng, MARKS[marks]),
         pick(rng, [c for c in others if sum(abs(a - b) for a, b in zip(c, colour)) > 200] or others),
     )
 
@@ -281,13 +288,15 @@ def generate_split(
     num_garments: int,
     resolution: Resolution,
     faces: str = "drawn",
+    marks: str = "letters",
 ):
     """Yield `num_samples` samples for a stage (or 'control'), biased by STAGE_BIAS[split]; `faces`:
-    'drawn' (default) or 'portraits' (real faces, `make_identity`)."""
+    'drawn' (default) or 'portraits' (real faces, `make_identity`); `marks`: 'letters' (default) or
+    'prices' (`make_garment`)."""
     bias = STAGE_BIAS[split]
     split_index = list(STAGE_BIAS).index(split)
     rng = _rng(seed, 4, split_index)
-    garments = [make_garment(seed, g) for g in range(num_garments)]
+    garments = [make_garment(seed, g, marks) for g in range(num_garments)]
     eligible = [g for g in garments if g.pattern in bias["patterns"]] or garments
     for index in range(num_samples):
         identity = make_identity(seed, int(rng.integers(num_identities)), faces)

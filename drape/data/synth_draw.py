@@ -57,6 +57,9 @@ class Variation:
 
 
 PLAIN = Variation()
+# the logo plate as shares of the torso texture's width and height: a letter mark, and a price tag
+# ('$…', data.synthetic.marks 'prices'), wider so three glyphs stand about as tall as one letter
+LETTER_PLATE, PRICE_PLATE = (0.56, 0.36), (0.84, 0.34)
 
 
 def pick(rng: np.random.Generator, options):
@@ -88,12 +91,27 @@ def garment_texture(
     return image, box
 
 
+def _fitted_font(draw: ImageDraw.ImageDraw, text: str, plate_w: int, plate_h: int, *, fit: bool):
+    """The default font at 90% of the plate's height; with `fit` (a price tag), smaller where the
+    text would not fit 92% of the plate's width (letter marks are drawn as they always were)."""
+    size = max(int(plate_h * 0.9), 6)
+    font = ImageFont.load_default(size=size)
+    left, _, right, _ = draw.textbbox((0, 0), text, font=font)
+    if fit and right - left > plate_w * 0.92:
+        font = ImageFont.load_default(size=max(int(size * plate_w * 0.92 / (right - left)), 6))
+    return font
+
+
 def _draw_logo(
     image: Image.Image, garment: Garment, width: int, height: int, variation: Variation = PLAIN
 ) -> tuple[int, int, int, int]:
     """Draw the logo on a plate in the chest area; returns its box (x0, y0, x1, y1). A turned or
     partly lost mark (`variation`) is drawn on the plate alone, then pasted: it stays on the plate."""
-    plate_w, plate_h = int(width * 0.56), int(height * 0.36)
+    price = garment.logo.startswith("$")
+    share_w, share_h = PRICE_PLATE if price else LETTER_PLATE
+    plate_w, plate_h = int(width * share_w), int(height * share_h)
+    # a price's strokes a twentieth of the plate's height: thinner, so '$', 8 and 9 stay open
+    stroke = max(round(plate_h / 20), 1) if price else max(plate_h // 14, 1)
     x0, y0 = (width - plate_w) // 2, int(height * 0.14)
     plate = tuple(255 - c for c in garment.logo_colour) if garment.pattern != "solid" else garment.colour
     altered = variation.logo_angle != 0 or variation.logo_erased > 0
@@ -101,7 +119,7 @@ def _draw_logo(
     ox, oy = (0, 0) if altered else (x0, y0)
     draw = ImageDraw.Draw(canvas)
     draw.rectangle([ox, oy, ox + plate_w, oy + plate_h], fill=plate)
-    font = ImageFont.load_default(size=max(int(plate_h * 0.9), 6))
+    font = _fitted_font(draw, garment.logo, plate_w, plate_h, fit=price)
     left, top, right, bottom = draw.textbbox((0, 0), garment.logo, font=font)
     tx = ox + (plate_w - (right - left)) // 2 - left
     ty = oy + (plate_h - (bottom - top)) // 2 - top
@@ -110,7 +128,7 @@ def _draw_logo(
         garment.logo,
         fill=garment.logo_colour,
         font=font,
-        stroke_width=max(plate_h // 14, 1),
+        stroke_width=stroke,
         stroke_fill=garment.logo_colour,
     )
     if altered:

@@ -43,6 +43,9 @@ EXPECTED_COMMANDS = {
         "redraws",
         "nuisance",
         "suite",
+        "drift_margin",
+        "text_margin",
+        "write",
     ],
     "queue submit": [
         "kind",

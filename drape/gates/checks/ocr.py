@@ -123,8 +123,8 @@ class RapidOcrReader:
 
 
 class TextCheck:
-    """Per-sample text similarity of output vs source logo readings (NaN: the source reads no text),
-    each source read once (by content).
+    """Per-sample text similarity of output vs source logo readings (NaN: the source's mark is not
+    `legible`: no text, or crops that read it differently), each source read once (by content).
 
     Source and output are read from the same crops (`pads`: by default the reader's, else
     `READ_PADS`), each crop's output reading compared with the source's reading of that crop, and
@@ -154,7 +154,7 @@ class TextCheck:
 
     def scores(self, outputs: np.ndarray, sources: np.ndarray, boxes: list, keys: list[str]) -> np.ndarray:
         expected = [self._source(source, box) for source, box in zip(sources, boxes)]
-        judged = [i for i, texts in enumerate(expected) if any(texts)]
+        judged = [i for i, texts in enumerate(expected) if legible(texts)]
         found: dict[int, list[tuple[float, str, str]]] = {i: [] for i in judged}  # (similarity, source, output) per crop
         majority = len(self.pads) // 2 + 1
         for index, pad in enumerate(self.pads):
@@ -173,6 +173,14 @@ class TextCheck:
             self.last_reads[key] = median[1:] if median[1] or median[2] else found[i][0][1:]
             values.append(median[0])
         return np.array(values, dtype=np.float64)
+
+
+def legible(readings: tuple[str, ...]) -> bool:
+    """A source mark the check can judge: every crop of it reads the same text, and some text. A
+    mark an arm covers, the hem cuts or the resolution leaves too small reads differently from crop
+    to crop ('$62' under a crossed arm: 'a?', 'a)', 'ca?'); there is no reading to hold the output
+    to, and judging it would fail good outputs at random."""
+    return bool(readings) and bool(readings[0]) and len(set(readings)) == 1
 
 
 ENGINES = ("rapidocr", "tesseract")

@@ -17,13 +17,15 @@ the redraws, and how often each corruption falls below it. Config thresholds com
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from drape.config import PipelineConfig
+from drape.gates.checks.checks import build_embedder
 from drape.gates.run import check_scores
 from drape.gates.suites.corruptions import CLEAN, CORRUPTIONS, Corruption, applicable, apply
-from drape.gates.verdict.report import bootstrap_lower_bound, recorded
+from drape.gates.verdict.report import CHECKS, bootstrap_lower_bound, recorded
 
 
 @dataclass
@@ -34,16 +36,51 @@ class Row:
     scores: np.ndarray
     rate: float  # detection rate for corruptions, false-alarm rate for clean variants
     suite: str = ""  # "regression" for drape.gates.suites.regressions rows
+    # the check's per-sample rule values on these outputs (`RULES`: dlib's drift for identity, OCR's
+    # text similarity for texture; None: the check has no such rule here)
+    rule: np.ndarray | None = None
 
     def percentiles(self) -> tuple[float, float, float]:
         low, middle, high = np.percentile(self.scores, [1, 50, 99])
         return float(low), float(middle), float(high)
 
 
-def _scores(config: PipelineConfig, control: dict, outputs: np.ndarray, reference: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-sample values of every check, as a gate report records them (6 decimals); coherence is
-    judged against `reference`."""
-    return {name: recorded(values) for name, values in check_scores(config, control, outputs, reference).items()}
+RULES = {"identity": "drift", "texture": "text"}  # a check's per-sample rule values, as check_scores names them
+
+
+def _scores(
+    config: PipelineConfig, control: dict, outputs: np.ndarray, reference: np.ndarray, checks=CHECKS, embedder=None
+) -> dict[str, np.ndarray]:
+    """Per-sample values of `checks` (and their rules' values), as a gate report records them (6
+    decimals); coherence is judged against `reference`. `embedder`: built once by the caller (a
+    recognizer describes each source face once, not once per variant)."""
+    found = check_scores(config, control, outputs, reference, checks=checks, embedder=embedder)
+    return {name: recorded(values) for name, values in found.items()}
+
+
+def _suite_scores(config, control, clean, reference, suite: dict[str, Corruption], seed: int, embedder) -> dict:
+    """{variant: {check: scores}} of the clean outputs under `suite`; the variants of the gate's own
+    nuisance suite come from `drape.gates.verdict.floor.nuisance_scores`, which remembers them by content:
+    a gate in this process that measures its floor on the same references reads them, not scores them again."""
+    from drape.gates.suites.harmless import suite as harmless_suite
+    from drape.gates.verdict.floor import nuisance_scores
+
+    scored: dict[str, dict[str, np.ndarray]] = {}
+    for name in ("standard", "wide"):
+        variants = harmless_suite(name)
+        if all(suite.get(variant) is corruption for variant, corruption in variants.items()):
+            named = config.model_copy(update={"gates": config.gates.model_copy(update={"nuisance_suite": name})})
+            scored = nuisance_scores(named, control, clean, reference, seed=seed, embedder=embedder)
+    for name, variant in suite.items():
+        if name not in scored:
+            scored[name] = _scores(
+                config,
+                control,
+                apply(variant, clean, control["meta"], control["garment_mask"], seed),
+                reference,
+                embedder=embedder,
+            )
+    return {name: scored[name] for name in suite}
 
 
 def calibrate(
@@ -68,10 +105,8 @@ def calibrate(
     clean = control["target"] if clean_outputs is None else clean_outputs
     reference = control["target"] if reference_outputs is None else reference_outputs
     masks = control["garment_mask"]
-    clean_scores = {
-        name: _scores(config, control, apply(variant, clean, control["meta"], masks, seed), reference)
-        for name, variant in (CLEAN if clean_suite is None else clean_suite).items()
-    }
+    embedder = build_embedder(config.gates) if config.gates.identity.method == "embedding" else None
+    clean_scores = _suite_scores(config, control, clean, reference, CLEAN if clean_suite is None else clean_suite, seed, embedder)
     # the strictest clean variant sets the threshold, so every variant stays within `false_alarm`
     thresholds = {
         check: min(float(np.quantile(s[check], false_alarm, method="inverted_cdf")) for s in clean_scores.values())
@@ -79,15 +114,17 @@ def calibrate(
     }
     rows = []
     for check, threshold in thresholds.items():
+        rule = RULES.get(check, "")
         for name, scores in clean_scores.items():
-            rows.append(Row(check, name, False, scores[check], float(np.mean(scores[check] < threshold))))
+            rows.append(Row(check, name, False, scores[check], float(np.mean(scores[check] < threshold)), rule=scores.get(rule)))
         for name, corruption in CORRUPTIONS[check].items():
             counted = applicable(corruption, control["meta"])
             if not counted.any():  # e.g. no imported sample says it has a sleeve to lose: nothing to measure
                 continue
             corrupted = apply(corruption, clean, control["meta"], masks, seed)
-            score = _scores(config, control, corrupted, reference)[check][counted]
-            rows.append(Row(check, name, True, score, float(np.mean(score < threshold))))
+            scored = _scores(config, control, corrupted, reference, (check,), embedder)  # only the check it is aimed at
+            picked = scored[rule][counted] if rule in scored else None
+            rows.append(Row(check, name, True, scored[check][counted], float(np.mean(scored[check][counted] < threshold)), rule=picked))
         if regressions:
             rows.extend(_regression_rows(config, control, check, threshold, reference))
     return thresholds, rows
@@ -209,3 +246,152 @@ def render_table(thresholds: dict[str, float], rows: list[Row], *, false_alarm: 
             "met" if met else "[red]missed[/red]",
         )
     return table
+
+
+@dataclass(frozen=True)
+class RuleSetting:
+    """What one per-sample rule needs on this control set, at its resolution: `value` for config key
+    `key`, from the harmless `level` (set by `variant`) and the stated `margin`; `weakest` is the
+    nearest aimed corruption (its value and name: the margin left to what the rule must catch)."""
+
+    key: str
+    value: float
+    level: float
+    variant: str
+    margin: float
+    weakest: tuple[float, str] | None
+
+    def line(self) -> str:
+        """The config line, with where the value came from."""
+        caught = f"; nearest corruption {self.weakest[1]} {self.weakest[0]:.3f}" if self.weakest else ""
+        return f"{self.key}: {self.value:.2f}   # harmless {self.level:.3f} ({self.variant}), margin {self.margin:g}{caught}"
+
+
+def _ceil(value: float) -> float:
+    return float(np.ceil(round(value * 100, 6)) / 100)
+
+
+def _floor(value: float) -> float:
+    return float(np.floor(round(value * 100, 6)) / 100)
+
+
+def _ruled(rows: list[Row], check: str, aimed: bool) -> list[tuple[Row, np.ndarray]]:
+    """(row, its rule values) of `check`'s rows (aimed corruptions or harmless ones) that measured
+    the rule on some sample."""
+    return [
+        (r, r.rule) for r in rows if r.check == check and r.aimed == aimed and r.rule is not None and np.isfinite(r.rule).any()
+    ]
+
+
+def drift_setting(rows: list[Row], *, same_similarity: float, margin: float) -> RuleSetting | None:
+    """`gates.identity.max_drift`: the largest per-sample drift of the same face under the harmless
+    variants, plus `margin` (rounded up to 2 decimals); None when no row measured drift. `weakest`:
+    the smallest drift of an identity corruption's sample that the same-person rule still calls
+    the same person (a drift only the drift rule can catch)."""
+    harmless = [(float(np.nanmax(drift)), r.outputs) for r, drift in _ruled(rows, "identity", False)]
+    if not harmless:
+        return None
+    level, variant = max(harmless)
+    aimed = []
+    for r, drift in _ruled(rows, "identity", True):
+        keep = np.isfinite(drift) & (r.scores >= same_similarity)
+        if keep.any():
+            aimed.append((float(np.min(drift[keep])), r.outputs))
+    return RuleSetting("gates.identity.max_drift", _ceil(level + margin), level, variant, margin, min(aimed) if aimed else None)
+
+
+def text_settings(rows: list[Row], *, min_similarity: float, margin: float) -> list[RuleSetting]:
+    """`gates.texture.min_text_lower` (the lowest bootstrap lower bound of the mean text similarity
+    under the harmless variants, less `margin`, rounded down) and `gates.texture.max_misread_share`
+    (the largest share of samples misread, read otherwise than the target, under a harmless
+    variant, rounded up); `weakest`: the aimed corruption read most like the target. Empty when
+    no row read text (OCR off, or no mark read in any target)."""
+    harmless, aimed = _ruled(rows, "texture", False), _ruled(rows, "texture", True)
+    if not harmless:
+        return []
+    level, variant = min((bootstrap_lower_bound(text), r.outputs) for r, text in harmless)
+    nearest = max(((bootstrap_lower_bound(text), r.outputs) for r, text in aimed), default=None)
+    lower = RuleSetting("gates.texture.min_text_lower", max(_floor(level - margin), 0.01), level, variant, margin, nearest)
+    share, share_variant = max((_misread(text, min_similarity), r.outputs) for r, text in harmless)
+    caught = min(((_misread(text, min_similarity), r.outputs) for r, text in aimed), default=None)
+    return [lower, RuleSetting("gates.texture.max_misread_share", _ceil(share), share, share_variant, 0.0, caught)]
+
+
+def _misread(values: np.ndarray, min_similarity: float) -> float:
+    """The share of judged samples (a target whose mark reads as text) read otherwise than the target."""
+    judged = values[np.isfinite(values)]
+    return float(np.mean(judged < min_similarity - 1e-9)) if len(judged) else 0.0
+
+
+def rule_settings(config: PipelineConfig, rows: list[Row], *, drift_margin: float, text_margin: float) -> list[RuleSetting]:
+    """The per-sample rules' settings (`drift_setting`, `text_settings`) these rows call for under
+    `config`'s recognizer rules (dlib's same-person distance, OCR's per-sample similarity)."""
+    identity, texture = config.gates.identity, config.gates.texture
+    settings = []
+    if identity.embedder == "dlib" and identity.max_drift is not None:
+        same = 1.0 - (identity.same_person or 0.6)
+        found = drift_setting(rows, same_similarity=same, margin=drift_margin)
+        settings += [found] if found else []
+    if texture.ocr != "off":
+        settings += text_settings(rows, min_similarity=texture.min_text_similarity, margin=text_margin)
+    return settings
+
+
+VALUE_KEYS = {
+    "identity": ("identity", "min_similarity"),
+    "texture": ("texture", "min_fidelity"),
+    "coherence": ("coherence", "min_score"),
+}
+
+
+def calibrated_overlay(
+    config_path: Path, config: PipelineConfig, gate: dict[str, float], rules: list[RuleSetting], *, vs_baseline: bool
+) -> dict:
+    """The config that extends `config_path` with the calibrated values: each value threshold
+    (rounded down to 2 decimals) unless the config's is 'nuisance' or 'off' (measured at each gate,
+    or not judged), and the per-sample rules' settings."""
+    gates: dict[str, dict] = {}
+    for check, value in gate.items():
+        section, key = VALUE_KEYS[check]
+        key = "min_score_vs_baseline" if vs_baseline and check == "coherence" else key
+        if getattr(getattr(config.gates, section), key) not in ("nuisance", "off"):
+            gates.setdefault(section, {})[key] = _floor(value)
+    for setting in rules:
+        _, section, key = setting.key.split(".")
+        gates.setdefault(section, {})[key] = setting.value
+    return {"extends": str(Path(config_path).resolve()), "gates": gates}
+
+
+def write_calibrated(
+    path: Path,
+    config_path: Path,
+    config: PipelineConfig,
+    gate: dict[str, float],
+    rules: list[RuleSetting],
+    *,
+    vs_baseline: bool,
+    note: str,
+) -> None:
+    """Write `calibrated_overlay` to `path` (a new file): to a temporary name, loaded back as a
+    config (every value validated), then renamed; ValueError if `path` exists or does not load."""
+    import os
+    import tempfile
+
+    import yaml
+
+    from drape.config import load_config
+
+    path = Path(path)
+    if path.exists():
+        raise ValueError(f"--write {path}: the file exists; name a new one")
+    overlay = calibrated_overlay(config_path, config, gate, rules, vs_baseline=vs_baseline)
+    header = "".join(f"# {line}\n" for line in [f"drape gate calibrate: {note}", *(s.line() for s in rules)])
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".yaml", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as stream:
+            stream.write(header + yaml.safe_dump(overlay, sort_keys=False))
+        load_config(temporary)  # the calibrated config must load: bounds, extends and every field
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

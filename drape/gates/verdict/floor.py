@@ -79,9 +79,30 @@ def _content_key(config: PipelineConfig, control: dict, images: np.ndarray, refe
     digest = hashlib.sha256()
     for array in (images, reference, control["target"]):
         digest.update(repr(array.shape).encode() + np.ascontiguousarray(array).tobytes())
-    fields = [control["keys"], control["meta"], config.gates.model_dump(mode="json"), sorted(checks), seed]
+    fields = [control["keys"], control["meta"], scoring_settings(config), sorted(checks), seed]
     digest.update(json.dumps(fields, sort_keys=True, default=str).encode())
     return digest.hexdigest()
+
+
+# gates settings that decide verdicts, never a score: a config that differs from another only in these
+# (a calibrated overlay, `drape gate calibrate --write`) reads the scores the other measured
+JUDGING_ONLY = {
+    "identity": ("min_similarity", "min_similarity_vs_baseline", "max_drop", "max_mismatch_share", "same_person"),
+    "texture": ("min_fidelity", "max_drop", "min_text_similarity", "max_misread_share", "min_text_lower"),
+    "coherence": ("min_score", "min_score_vs_baseline", "max_drop"),
+    "": ("floor_margin", "grid_samples", "batch_size", "sample_seed", "nuisance_floor"),
+}
+
+
+def scoring_settings(config: PipelineConfig) -> dict:
+    """The gates settings a check's scores depend on: all but `JUDGING_ONLY`; of `max_drift`, only
+    whether it is set (dlib then describes the blurred face too; the limit itself judges)."""
+    settings = config.gates.model_dump(mode="json")
+    for section, names in JUDGING_ONLY.items():
+        for name in names:
+            (settings[section] if section else settings).pop(name, None)
+    settings["identity"]["max_drift"] = settings["identity"].get("max_drift") is not None
+    return settings
 
 
 def _measure(config, control, images, coherence_reference, checks, seed, embedder) -> dict[str, dict[str, np.ndarray]]:
