@@ -124,7 +124,9 @@ def calibrate(
             corrupted = apply(corruption, clean, control["meta"], masks, seed)
             scored = _scores(config, control, corrupted, reference, (check,), embedder)  # only the check it is aimed at
             picked = scored[rule][counted] if rule in scored else None
-            rows.append(Row(check, name, True, scored[check][counted], float(np.mean(scored[check][counted] < threshold)), rule=picked))
+            rows.append(
+                Row(check, name, True, scored[check][counted], float(np.mean(scored[check][counted] < threshold)), rule=picked)
+            )
         if regressions:
             rows.extend(_regression_rows(config, control, check, threshold, reference))
     return thresholds, rows
