@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from urllib.error import HTTPError
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, pushadd_to_gateway
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -314,10 +315,23 @@ def flush_metrics(config) -> bool:
 
 def _send(config, gateway: _Gateway, groups: list[dict[str, str]]) -> bool:
     url, shown = config.metrics.pushgateway_url, redact_url(config.metrics.pushgateway_url)
+    refused = False
     try:
         for grouping in groups:
-            # POST (pushadd): replaces only these metric names in the group, so the trainer's and the flow's pushes coexist
-            pushadd_to_gateway(url, job=config.metrics.job, registry=series_for(grouping), grouping_key=grouping, timeout=10)
+            try:
+                # POST (pushadd): replaces only these metric names in the group, so the trainer's and the flow's pushes coexist
+                pushadd_to_gateway(url, job=config.metrics.job, registry=series_for(grouping), grouping_key=grouping, timeout=10)
+            except HTTPError as error:
+                if error.code >= 500:  # a proxy or the gateway failing: an outage, held below
+                    raise
+                # the gateway answered and refused these series (e.g. inconsistent with a group's): not an
+                # outage, and never sent again, or every later push would fail on it
+                refused = True
+                gateway.groups.pop(tuple(sorted(grouping.items())), None)
+                print(
+                    f"drape: the Pushgateway at {shown} refused the series of {grouping} ({error.code}: {error.reason})",
+                    file=sys.stderr,
+                )
     except OSError as error:  # unreachable or refused: say so, hold the groups, keep training
         if gateway.down_since is None:
             gateway.down_since = time.monotonic()
@@ -335,4 +349,4 @@ def _send(config, gateway: _Gateway, groups: list[dict[str, str]]) -> bool:
         )
         SERVICE_OUTAGES.labels(service="pushgateway", outcome="recovered").inc()
         gateway.down_since = None
-    return True
+    return not refused

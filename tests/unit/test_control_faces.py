@@ -106,7 +106,8 @@ def test_gate_check_exits_2_not_1_on_a_control_set_dlib_cannot_read(tiny_dataset
 
 def test_the_nuisance_floor_is_measured_once_per_content_in_a_process(tmp_path, monkeypatch):
     """A run's first gates measure the floor on the same targets: the second is a lookup; other
-    images, checks or settings measure again."""
+    images, checks or seeds measure again; settings that only sample or judge (a calibrated overlay's)
+    do not."""
     from drape.data.dataset import synthesize_split
     from drape.gates import run
     from drape.gates.verdict import floor
@@ -116,6 +117,7 @@ def test_the_nuisance_floor_is_measured_once_per_content_in_a_process(tmp_path, 
     calls = []
     real = run.check_scores
     monkeypatch.setattr(run, "check_scores", lambda *args, **kwargs: calls.append(1) or real(*args, **kwargs))
+    monkeypatch.setattr(floor, "_MEASURED", {})  # not what earlier tests in this process measured on the same targets
     targets = control["target"]
     first = floor.nuisance_scores(config, control, targets, targets)
     variants = len(calls)
@@ -124,8 +126,9 @@ def test_the_nuisance_floor_is_measured_once_per_content_in_a_process(tmp_path, 
     assert len(calls) == variants and again is first  # same content: not measured again
     floor.nuisance_scores(config, control, 255 - targets, targets)
     floor.nuisance_scores(config, control, targets, targets, checks=("identity",))
-    other = config.model_copy(update={"gates": config.gates.model_copy(update={"sample_seed": 7})})
-    floor.nuisance_scores(other, control, targets, targets)
+    floor.nuisance_scores(config, control, targets, targets, seed=7)  # other redraws of the suite's variants
+    calibrated = config.model_copy(update={"gates": config.gates.model_copy(update={"sample_seed": 7, "batch_size": 3})})
+    assert floor.nuisance_scores(calibrated, control, targets, targets) is first  # settings that only sample or judge
     assert len(calls) == 4 * variants
 
 
@@ -147,7 +150,7 @@ def test_the_rehearsal_gate_config_carries_the_production_gate_section():
         if isinstance(settings, dict) and check != "floor_margin":
             kept = {key: value for key, value in settings.items() if (check, key) not in calibrated}
             assert {key: rehearsal[check][key] for key in kept} == kept, check
-        elif check != "grid_samples":  # how many rows the grid picture shows: not a verdict's setting
+        elif check not in ("grid_samples", "batch_size"):  # the grid's rows, the sampling batch: not a verdict's settings
             assert rehearsal[check] == settings, check
     config = load_config(repo / "configs" / "rehearsal-gate.yaml")
     assert config.data.synthetic.faces == "portraits" and config.gates.identity.embedder == "dlib"

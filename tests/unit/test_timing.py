@@ -18,7 +18,8 @@ def test_a_run_writes_each_file_s_wall_cpu_and_sleep_and_nothing_without_the_var
         "import time\n\ndef test_sleeps():\n    time.sleep(0.3)\n\ndef test_spins():\n"
         "    end = time.process_time() + 0.2\n    while time.process_time() < end:\n        pass\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DRAPE_TEST_TIMES": str(tmp_path / "times")}
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}  # `make test`'s worker names
+    env |= {"PYTHONPATH": str(REPO), "DRAPE_TEST_TIMES": str(tmp_path / "times")}
     argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "tests.timing", "-p", "no:cacheprovider"]
     done = subprocess.run([*argv, "test_waits.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
