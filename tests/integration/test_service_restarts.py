@@ -34,6 +34,19 @@ def _in_background(action) -> threading.Thread:
     return thread
 
 
+def _said(logger: logging.Logger, words: str) -> threading.Event:
+    """An event set once `logger` logs a line holding `words`."""
+    event = threading.Event()
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            if words in record.getMessage():
+                event.set()
+
+    logger.addHandler(Heard(logging.WARNING))
+    return event
+
+
 # --- the Pushgateway --------------------------------------------------------------------------------
 class Pushgateway:
     """A prometheus-pushgateway in memory only, as Debian runs it without a persistence file: a
@@ -139,7 +152,10 @@ def test_an_mlflow_restart_mid_snapshot_is_waited_out_and_nothing_is_lost_or_dou
     checkpoint.mkdir()
     (checkpoint / "model.safetensors").write_bytes(b"weights" * 100)
     server.kill()
-    restart = _in_background(server.start)
+    # the server comes back once drape has seen it gone: a restart shorter than MLflow's own few quick
+    # retries (a quiet machine restarts it in about 5 s) would never reach drape's wait
+    seen = _said(logging.getLogger("drape.outage"), "unreachable")
+    restart = _in_background(lambda: seen.wait(timeout=60) and server.start())
     # what a stage's snapshot does, the server down when it begins
     tracker.log_metrics(run, {"identity/loss": 0.5}, 2)
     source = tracker.log_artifacts(run, checkpoint, "snapshot/checkpoint")
