@@ -65,3 +65,26 @@ def test_drape_run_against_a_silent_prefect_api_exits_1_with_one_line_naming_it(
     assert time.monotonic() - started < 90  # the flow's imports and the budget (Prefect's defaults: 428.6 s)
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert f"the Prefect API at {endpoint} did not answer within" in " ".join(result.output.split())
+
+
+def test_flows_a_worker_starts_get_the_default_budget():
+    """A flow run a worker starts (`prefect deployment run`) never passes through `drape run`'s
+    `client_budget`: every pool's environment carries the bounds of the default budget."""
+    import json
+    from pathlib import Path
+
+    import yaml
+
+    from drape.config import OrchestrationConfig
+    from flows.budget import prefect_bounds
+
+    repo = Path(__file__).resolve().parents[2]
+    bounds = prefect_bounds(OrchestrationConfig().max_wait_seconds)
+    deployments = yaml.safe_load((repo / "deployments" / "prefect.yaml").read_text())["deployments"]
+    template = json.loads((repo / "deployments" / "gpu-k8s-job-template.json").read_text())
+    container = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["containers"][0]
+    assert bounds.items() <= {variable["name"]: variable["value"] for variable in container["env"]}.items()
+    for deployment in deployments:
+        pool = deployment["work_pool"]
+        if pool["name"] != "gpu-k8s":  # the process pools: the deployment's job variables
+            assert bounds.items() <= pool["job_variables"]["env"].items(), deployment["name"]
