@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -149,8 +150,8 @@ def tiny_dataset(tmp_path_factory):
     return root / "shards", manifest, cfg
 
 
-@pytest.fixture
-def slack_webhook():
+@contextlib.contextmanager
+def slack_stand_in():
     """A local HTTP server standing in for Slack: (base URL, received payloads).
 
     ``/ok/...`` answers 200; ``/seq/429,500,200/...`` answers those codes in turn (429 with
@@ -176,8 +177,17 @@ def slack_webhook():
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", received
-    server.shutdown()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", received
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture
+def slack_webhook():
+    """`slack_stand_in` for one test: (base URL, received payloads)."""
+    with slack_stand_in() as served:
+        yield served
 
 
 @pytest.fixture(scope="session")

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import io
 import json
-import threading
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -37,7 +35,7 @@ from drape.config import deep_merge
 from drape.data.portraits import PORTRAITS
 from drape.data.synth import garment_of, identity_of, redraw
 from drape.gates import run as gate_run
-from tests.conftest import _seed_mlflow
+from tests.conftest import _seed_mlflow, slack_stand_in
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -94,22 +92,9 @@ def judged_as(monkeypatch, render) -> None:
 
 @pytest.fixture(scope="module")
 def slack():
-    """A Slack stand-in for the module (tests/conftest.py's `slack_webhook` is per test): (URL, payloads)."""
-    received: list[dict] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):
-            received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-            self.send_response(200)
-            self.end_headers()
-
-        def log_message(self, *args):
-            pass
-
-    server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", received
-    server.shutdown()
+    """Slack's stand-in for the whole module (`slack_webhook` is per test): (URL, payloads)."""
+    with slack_stand_in() as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
