@@ -79,13 +79,18 @@ def logging_scenario(disk: str, mode: str, stderr_apart: bool) -> dict:
 
 
 def _run(tmp_path: Path, mode: str, stderr_apart: bool) -> dict:
-    disk = tmp_path / "disk"
+    return _on_a_full_disk(tmp_path / "disk", "logging_scenario", mode, stderr_apart)
+
+
+def _on_a_full_disk(disk: Path, scenario: str, *args) -> dict:
+    """`scenario(disk, *args)` of this module in a mount namespace of its own, `disk` a 64 KiB tmpfs there."""
     disk.mkdir()
+    arguments = ", ".join(repr(value) for value in (str(disk), *args))
     code = (
         "import json, subprocess, sys; "
         f"subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', {str(disk)!r}], check=True); "
-        "from tests.integration.test_full_disk_logs import logging_scenario as run; "
-        f"print(json.dumps(run({str(disk)!r}, {mode!r}, {stderr_apart!r})))"
+        f"from tests.integration.test_full_disk_logs import {scenario} as run; "
+        f"print(json.dumps(run({arguments})))"
     )
     done = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", code],
@@ -154,23 +159,7 @@ def entry_point_scenario(disk: str) -> dict:
 
 def test_a_stage_jobs_entry_point_on_a_full_log_disk_ends_0_with_one_line_on_stderr(tmp_path):
     disk = tmp_path / "disk"
-    disk.mkdir()
-    code = (
-        "import json, subprocess, sys; "
-        f"subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64k', 'tmpfs', {str(disk)!r}], check=True); "
-        "from tests.integration.test_full_disk_logs import entry_point_scenario as run; "
-        f"print(json.dumps(run({str(disk)!r})))"
-    )
-    done = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", code],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen = _on_a_full_disk(disk, "entry_point_scenario")
     assert seen["code"] == 0, seen["stderr"]  # before: exit 120, "Exception ignored ... No space left on device"
     assert seen["stderr"].startswith(f"drape: {disk / 'job.log'} is full (ENOSPC): "), seen["stderr"]
     assert seen["stderr"].count("\n") == 1 and "Traceback" not in seen["stderr"]
