@@ -185,8 +185,7 @@ def check_the_slurm_run(variables: dict[str, str], outputs: dict[str, str]) -> N
     from drape.layout import dataset_prefix
     from drape.storage.store import open_store
 
-    os.environ["DRAPE_SITE"] = variables["DRAPE_SITE"]
-    config = load_config(variables["CONFIG"])
+    config = load_config(variables["CONFIG"], site=variables["DRAPE_SITE"])  # not os.environ: later tests read it
     assert (config.data.name, config.data.latents_of, config.data.version) == ("tryon-prod", "v1", "v1-sd15vae")
     assert config.queue.launcher == "slurm" and config.queue.fleet == "slurm"
     assert config.model.denoiser.path.endswith("CatVTON/mix-48k-1024")
