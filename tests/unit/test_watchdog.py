@@ -46,6 +46,16 @@ def watched(tmp_path):
     return Watchdog(config, queue, engine, "d1", objects=lambda: objects), queue, engine, objects
 
 
+def _graced(tmp_path, dispatcher: str):
+    """A watchdog with a 10 s stall timeout and a 60 s grace over one running stage job of run r1:
+    (watchdog, queue, engine, objects, rows)."""
+    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
+    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
+    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
+    queue, engine = FakeQueue(rows), FakeEngine()
+    return Watchdog(config, queue, engine, dispatcher, objects=lambda: objects), queue, engine, objects, rows
+
+
 def test_a_job_whose_report_stops_changing_is_cancelled_after_the_timeout_and_only_then(watched):
     watchdog, queue, engine, objects = watched
     mine = {"stage-1": "pid:1", "bench-1": "pid:2"}
@@ -76,11 +86,7 @@ def test_a_job_that_keeps_reporting_runs_on(watched):
 
 
 def test_a_retry_s_start_up_gets_stall_grace_seconds_and_its_steps_the_stall_timeout(tmp_path):
-    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
-    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
-    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
-    queue, engine = FakeQueue(rows), FakeEngine()
-    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    watchdog, queue, engine, objects, rows = _graced(tmp_path, "d1")
     ProgressReporter(objects, "r1", "identity")(6, 12, force=True)  # a run that then hangs at step 6
     mine = {"stage-1": "pid:1"}
     assert watchdog.check(mine, 0.0) == []  # a step report: stepping, so 10 s without a change is a stall
@@ -100,23 +106,15 @@ def test_a_retry_s_start_up_gets_stall_grace_seconds_and_its_steps_the_stall_tim
 
 def test_an_adopted_job_s_step_report_counts_as_steps(tmp_path):
     """A dispatcher that adopts a running job reads its step report first: the stall timeout, not the grace."""
-    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
-    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
-    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
-    queue, engine = FakeQueue(rows), FakeEngine()
+    watchdog, queue, engine, objects, rows = _graced(tmp_path, "d2")
     ProgressReporter(objects, "r1", "identity")(1, 12, force=True)
-    watchdog = Watchdog(config, queue, engine, "d2", objects=lambda: objects)
     mine = {"stage-1": "slurm:3:drape-stage-1-a1"}
     assert watchdog.check(mine, 0.0) == [] and watchdog.check(mine, 9.0) == []
     assert watchdog.check(mine, 12.0) == ["stage-1"]
 
 
 def test_a_job_that_never_starts_is_cancelled_after_stall_grace_seconds_saying_so(tmp_path):
-    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
-    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
-    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
-    queue, engine = FakeQueue(rows), FakeEngine()
-    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    watchdog, queue, engine, objects, rows = _graced(tmp_path, "d1")
     mine = {"stage-1": "pid:1"}
     assert watchdog.check(mine, 0.0) == []
     ProgressReporter(objects, "r1", "identity")(0, 0, force=True)  # its start, and then nothing
@@ -127,11 +125,7 @@ def test_a_job_that_never_starts_is_cancelled_after_stall_grace_seconds_saying_s
 
 
 def test_after_its_last_step_a_job_gets_stall_grace_seconds_to_finish(tmp_path):
-    config = tiny_config(tmp_path / "drape", queue={"enabled": True, "stall_timeout_seconds": 10, "stall_grace_seconds": 60})
-    objects = ObjectStore(f"file://{tmp_path / 'objects'}")
-    rows = {"stage-1": {"state": "running", "stage": "identity", "labels": json.dumps({"run": "r1"})}}
-    queue, engine = FakeQueue(rows), FakeEngine()
-    watchdog = Watchdog(config, queue, engine, "d1", objects=lambda: objects)
+    watchdog, queue, engine, objects, rows = _graced(tmp_path, "d1")
     mine, report = {"stage-1": "pid:1"}, ProgressReporter(objects, "r1", "identity", interval=0.0)
     assert watchdog.check(mine, 0.0) == []
     report(0, 0)
