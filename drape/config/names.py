@@ -35,6 +35,7 @@ NODE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 SLURM_JOB_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
 DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+NODE_EXPECTED = "a host name: letters, digits and . _ -, starting and ending alphanumeric, ≤ 63"
 LABEL_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9]")
 
 
@@ -62,7 +63,7 @@ def slurm_name(value: object, where: str = "a Slurm name") -> str:
 
 def node_name(value: object, where: str = "a node name") -> str:
     """`value` as a node's name (Slurm's NodeName, Kubernetes' kubernetes.io/hostname); NameRefused otherwise."""
-    return _check(NODE_NAME, value, where, "a host name: letters, digits and . _ -, starting and ending alphanumeric, ≤ 63")
+    return _check(NODE_NAME, value, where, NODE_EXPECTED)
 
 
 def slurm_job_name(value: object, where: str = "a Slurm job name") -> str:

@@ -10,7 +10,6 @@ the file, the group and the field, never a traceback.
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 import yaml
@@ -23,7 +22,6 @@ MAX_GPU_MEMORY_GIB = 4096.0  # one GPU's memory: 30× today's largest
 MAX_GPUS_PER_NODE = 64
 MAX_NODES_PER_GROUP = 10_000
 MAX_FLEET_GPUS = 100_000  # the simulator models every GPU: a fleet past this is a typo, not a plan
-NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}")  # what a node name may hold: nothing a shell or path reads
 
 
 class FleetFileError(ValueError):
@@ -71,17 +69,17 @@ def load_fleet(path: str | Path) -> list[GpuState]:
 
 def _node_names(group: dict, nodes: int, prefix: str, at: str) -> list[str]:
     """The group's node names: `node_names` checked (as many as `nodes`, each a node name), else `<prefix>-NN`."""
-    names = group.get("node_names")
-    if names is None:
+    listed = group.get("node_names")
+    if listed is None:
         return [f"{prefix}-{node:02d}" for node in range(nodes)]
-    if not isinstance(names, list) or len(names) != nodes:
+    if not isinstance(listed, list) or len(listed) != nodes:
         raise FleetFileError(f"{at}: node_names must list {nodes} name(s), one per node")
-    bad = [name for name in names if not (isinstance(name, str) and NODE_NAME.fullmatch(name))]
-    if bad:
-        raise FleetFileError(f"{at}: node_names holds {str(bad[0])[:40]!r}: expected letters, digits and _ . + - (at most 128)")
-    if len(set(names)) != len(names):
+    bad = [name for name in listed if not (isinstance(name, str) and names.NODE_NAME.fullmatch(name))]
+    if bad:  # the grammar sbatch's --nodelist and Kubernetes' node affinity are written with (drape/config/names.py)
+        raise FleetFileError(f"{at}: node_names holds {str(bad[0])[:40]!r}: expected {names.NODE_EXPECTED}")
+    if len(set(listed)) != len(listed):
         raise FleetFileError(f"{at}: node_names lists a node twice")
-    return names
+    return listed
 
 
 def _fleet_group(group: object, at: str) -> tuple[str, float, int, int, str]:

@@ -103,7 +103,7 @@ def test_gres_strings_give_typed_gpu_counts(gres, gpus):
 @pytest.mark.parametrize(
     ("line", "match"),
     [
-        (A100.replace("NodeName=gpu-a100-r07n03", "NodeName=gpu;rm"), r"NodeName='gpu;rm' is not a Slurm node name"),
+        (A100.replace("NodeName=gpu-a100-r07n03", "NodeName=gpu;rm"), r"NodeName='gpu;rm' is not a node name drape can place on"),
         (A100.replace("CPUEfctv=6", "CPUEfctv=-6"), r"gpu-a100-r07n03: CPUEfctv='-6' is not a whole number"),
         (A100.replace("RealMemory=6000", "RealMemory=1e99"), r"RealMemory='1e99' is not a whole number"),
         (A100.replace("RealMemory=6000", "RealMemory=999999999999"), r"RealMemory='999999999999' is not a whole number in"),
@@ -255,3 +255,43 @@ def test_the_sbatch_preview_of_a_slurm_fleet_off_the_cluster_says_so_and_exits_2
     result = CliRunner().invoke(app, ["queue", "sbatch", "--config", str(path)])
     assert result.exit_code == 2 and "Traceback" not in result.output, result.output
     assert "could not be asked" in result.output and "Unable to contact slurm controller" in result.output
+
+
+@pytest.mark.parametrize(
+    ("name", "placeable"),
+    [
+        ("gpu-a100-r07n03", True),
+        ("ip-10-0-1-23.ec2.internal", True),  # an EKS node
+        ("Node_01.rack2", True),
+        ("n" * 63, True),
+        ("n" * 64, False),  # over the kubernetes.io/hostname label's 63
+        ("gpu+1", False),
+        ("node-", False),
+        ("-node", False),
+        ("gpu;rm", False),
+    ],
+)
+def test_a_node_name_is_held_to_one_grammar_by_the_fleet_file_slurm_s_reading_and_the_launcher(tmp_path, name, placeable):
+    """The fleet file, `scontrol show node` and the launcher's placement (drape/config/names.py) accept the
+    same node names: a node the queue could plan on is never refused when its job is placed."""
+    import yaml
+
+    from drape.config import names
+    from scheduler.queue.inventory import FleetFileError, load_fleet
+
+    path = tmp_path / "fleet.yaml"
+    path.write_text(
+        yaml.safe_dump({"groups": [{"model": "a100", "memory_gib": 40, "nodes": 1, "gpus_per_node": 2, "node_names": [name]}]})
+    )
+    outcomes = []
+    for read in (
+        lambda: load_fleet(path),
+        lambda: parse_node(A100.replace("NodeName=gpu-a100-r07n03", f"NodeName={name}")),
+        lambda: names.node_name(name, "placed node"),
+    ):
+        try:
+            read()
+            outcomes.append(True)
+        except (FleetFileError, SlurmParseError, names.NameRefused):
+            outcomes.append(False)
+    assert outcomes == [placeable] * 3

@@ -24,14 +24,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from drape.config import names
 from scheduler.policy import GpuState
-from scheduler.queue.inventory import MAX_GPU_MEMORY_GIB, MAX_GPUS_PER_NODE, MAX_NODES_PER_GROUP, NODE_NAME
+from scheduler.queue.inventory import MAX_GPU_MEMORY_GIB, MAX_GPUS_PER_NODE, MAX_NODES_PER_GROUP
 
 MAX_CPUS_PER_NODE = 16_384
 MAX_MEMORY_MIB = 64 * 2**20  # 64 TiB: beyond any node
 MAX_LINE = 16_384
 UNTYPED = "gpu"  # the gpu_memory_gib key of GPUs whose gres names no type (gpu:4)
-_NAME = NODE_NAME
+_NAME = names.SLURM_NAME  # partitions, features, gres types (drape/config/names.py)
 USABLE_BASES = {"IDLE", "MIXED", "ALLOCATED"}
 BLOCKING_FLAGS = {
     "DRAIN", "DRAINING", "DRAINED", "DOWN", "FAIL", "FAILING", "MAINT", "NOT_RESPONDING", "NO_RESPOND", "RESERVED",
@@ -127,8 +128,8 @@ def parse_node(line: str) -> SlurmNode:
         raise SlurmParseError(f"a node line of {len(line)} characters (at most {MAX_LINE})")
     shown = fields(line)
     name = shown.get("NodeName", "")
-    if not _NAME.fullmatch(name):
-        raise SlurmParseError(f"scontrol show node: NodeName={name[:40]!r} is not a Slurm node name")
+    if not names.NODE_NAME.fullmatch(name):  # the grammar the fleet file and the launcher hold node names to
+        raise SlurmParseError(f"scontrol show node: NodeName={name[:40]!r} is not a node name drape can place on")
     at = f"Slurm node {name}"
     cpus = _whole(shown, "CPUEfctv" if "CPUEfctv" in shown else "CPUTot", MAX_CPUS_PER_NODE, at)
     memory = _whole(shown, "RealMemory", MAX_MEMORY_MIB, at) - _whole(shown, "MemSpecLimit", MAX_MEMORY_MIB, at, "0")
@@ -144,7 +145,7 @@ def parse_node(line: str) -> SlurmNode:
         _names(shown.get("AvailableFeatures", ""), at, "AvailableFeatures"),
         _names(shown.get("Partitions", ""), at, "Partitions"),
         state,
-        address if _NAME.fullmatch(address) else "",
+        address if names.NODE_NAME.fullmatch(address) else "",
     )
 
 
