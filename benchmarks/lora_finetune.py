@@ -35,8 +35,8 @@ from drape.data.partition import split_data  # noqa: E402
 from drape.gates.run import evaluate_gate  # noqa: E402
 from drape.layout import checkpoint_dirs  # noqa: E402
 from drape.training.checkpoints.checkpoint import load_model, read_manifest  # noqa: E402
+from drape.training.checkpoints.lora import lora_targets  # noqa: E402
 from drape.training.loop.trainer import train_stage  # noqa: E402
-from drape.training.recipes.lora import lora_targets  # noqa: E402
 
 
 def _tree_bytes(path: Path) -> int:

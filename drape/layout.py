@@ -4,7 +4,7 @@ Live storage, ``<paths.root>/live``::
 
     runs/<run>/<stage>/checkpoints/step-NNNNNNN        the stage's safetensors checkpoints
     runs/<run>/<stage>/checkpoints/step-NNNNNNN.dcp    sharded intermediates (torchrun)
-    runs/<run>/<stage>/adapters/step-NNNNNNN           a LoRA pass's adapter checkpoints (drape/training/recipes/lora.py)
+    runs/<run>/<stage>/adapters/step-NNNNNNN           a LoRA pass's adapter checkpoints (drape/training/checkpoints/lora.py)
     runs/<run>/<stage>/gate/                           outputs/, latents.safetensors, report.json, grid.png
     runs/<run>/<stage>/superseded-baseline/, baseline-download/   the replaced baseline; one fetched for the gate
     runs/<run>/<stage>/job-config.json                 a queue job's config; train-result.json its result

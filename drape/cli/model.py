@@ -42,8 +42,8 @@ def _top_modules(sizes: dict[str, int], frozen: tuple[str, ...]) -> str:
 def model_describe(config: Path | None = ConfigOption) -> None:
     """The model a config builds: its class, parameters in total and per stage, the queue's memory
     estimate per stage job, and what each stage trains."""
-    from drape.training.published.sources import weight_lines
     from drape.training.recipes.model import configured_class_path, trainable_parameter_names
+    from drape.training.recipes.sources import weight_lines
     from scheduler.jobs.profiles import estimate, lora_parameters, model_facts
 
     cfg = load(config)
@@ -105,7 +105,7 @@ def model_export(
     """Write a stage's result in a layout the field loads, read it back and compare it bit for bit
     before it replaces OUT: CatVTON's attention/model.safetensors, or diffusers save_pretrained folders."""
     from drape.training.checkpoints.checkpoint import CheckpointError, load_model
-    from drape.training.published.export import export_model
+    from drape.training.checkpoints.export import export_model
 
     try:
         verified = export_model(load_model(checkpoint), out, format)

@@ -247,7 +247,7 @@ class EmaConfig(StrictModel):
 
 
 class LoraConfig(StrictModel):
-    """LoRA fine-tune passes (peft, drape/training/recipes/lora.py): with `enabled`, `--mode finetune` freezes
+    """LoRA fine-tune passes (peft, drape/training/checkpoints/lora.py): with `enabled`, `--mode finetune` freezes
     the baseline and trains low-rank adapters on the nn.Linear layers each stage's `trainable`
     patterns select; the adapter is saved apart (a few MB) and merged into the checkpoint the gate
     and promotion read. Full runs never use it."""

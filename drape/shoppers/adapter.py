@@ -23,7 +23,7 @@ from drape.config import LoraConfig, PipelineConfig
 from drape.data.dataset import to_model_inputs
 from drape.shoppers import ShopperError
 from drape.training.checkpoints.checkpoint import CheckpointError, load_model, verify_checkpoint
-from drape.training.recipes.lora import (
+from drape.training.checkpoints.lora import (
     ADAPTER_NAME,
     ADAPTER_WEIGHTS,
     LoraPass,
@@ -112,7 +112,7 @@ def fit(config: PipelineConfig, checkpoint: Path, photos: dict, *, progress: Cal
 
 
 def save(path: Path, fitted: Fit, manifest: dict) -> Path:
-    """The adapter in peft's format with its manifest, atomically (`drape.training.recipes.lora.save_adapter`)."""
+    """The adapter in peft's format with its manifest, atomically (`drape.training.checkpoints.lora.save_adapter`)."""
     return save_adapter(
         path, model=fitted.model, spec=fitted.spec, optimizer=None, names=fitted.names, ema=None, manifest=manifest
     )

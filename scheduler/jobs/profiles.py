@@ -101,7 +101,7 @@ def parameter_counts(config, stage: str | None) -> tuple[int, int]:
 def lora_parameters(config, stage: str | None) -> int:
     """The adapter parameters of a LoRA pass on `stage` (None: a shopper's personalization, its
     `shoppers.trainable` patterns and rank): rank × (in + out) per nn.Linear whose weight the
-    patterns select (what `drape.training.recipes.lora.lora_targets` adapts)."""
+    patterns select (what `drape.training.checkpoints.lora.lora_targets` adapts)."""
     from drape.training.recipes.model import trainable_parameter_names
 
     facts = model_facts(config)

@@ -1,4 +1,4 @@
-"""CatVTON's released weights (drape/training/published/catvton_release.py, drape/training/published/export.py): the
+"""CatVTON's released weights (drape/training/published/catvton_release.py, drape/training/checkpoints/export.py): the
 attention-only file CatVTON's own code saves and loads maps key for key onto the recipe's UNet
 (checked against a reference built the way CatVTON's pipeline builds it), loads through
 `model.denoiser.path` and `drape train --init`, is refused by name when it does not fit, and a
@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from drape.training.checkpoints.checkpoint import save_checkpoint
-from drape.training.checkpoints.state import _start_model
+from drape.training.loop.state import _start_model
 from drape.training.published.catvton_release import RELEASE_FILE, release_names
 from drape.training.recipes.catvton import SD15_INPAINTING_UNET, remove_cross_attention
 from drape.training.recipes.model import build_model

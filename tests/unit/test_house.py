@@ -1,6 +1,7 @@
 """House rules the layout depends on: small modules and functions, imports that run one way
 (`flows → tasks → drape`, `tasks → scheduler → drape`; only drape/cli may reach the flows and the queue),
-and the scheduler's rooms, each reaching only the rooms below it."""
+the scheduler's rooms, each reaching only the rooms below it, and drape/training's rooms, each reaching only
+the rooms before it."""
 
 from __future__ import annotations
 
@@ -103,6 +104,23 @@ def test_the_scheduler_is_in_rooms_each_reaching_only_the_rooms_below():
             if room == "policy":
                 outside = {name.split(".")[0] for name in _modules(path)} - POLICY_MAY_IMPORT - {"scheduler"}
                 assert not outside, f"{path.relative_to(REPO)} imports {sorted(outside)}: policy/ is pure decisions"
+
+
+# drape/training's rooms in order (drape/training/__init__.py): each imports only the rooms before it
+TRAINING_ROOMS = ("published", "recipes", "checkpoints", "loop", "jobs")
+
+
+def test_training_is_in_rooms_each_reaching_only_the_rooms_before_it():
+    training = REPO / "drape" / "training"
+    rooms = {path.name for path in training.iterdir() if path.is_dir() and path.name != "__pycache__"}
+    assert rooms == set(TRAINING_ROOMS), f"drape/training holds rooms {sorted(rooms)}; the house lists {TRAINING_ROOMS}"
+    assert sorted(path.name for path in training.glob("*.py")) == ["__init__.py"], "drape/training itself holds only rooms"
+    for index, room in enumerate(TRAINING_ROOMS):
+        allowed = set(TRAINING_ROOMS[: index + 1])
+        for path in (training / room).rglob("*.py"):
+            reached = {name.split(".")[2] for name in _modules(path) if name.startswith("drape.training.")}
+            assert "drape.training" not in _modules(path), f"{path.relative_to(REPO)}: import from a room, not drape.training"
+            assert reached <= allowed, f"{path.relative_to(REPO)} reaches room(s) {sorted(reached - allowed)} after {room}/"
 
 
 def test_the_suite_starts_its_longest_modules_first():

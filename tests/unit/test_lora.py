@@ -1,4 +1,4 @@
-"""LoRA fine-tune passes (drape/training/recipes/lora.py): adapters apart, merged for the gate, resumable."""
+"""LoRA fine-tune passes (drape/training/checkpoints/lora.py): adapters apart, merged for the gate, resumable."""
 
 import json
 import shutil
@@ -12,9 +12,9 @@ from drape.data.partition import split_data
 from drape.layout import StagePaths, artifact_kind
 from drape.storage.retention import classify_stage_dir
 from drape.training.checkpoints.checkpoint import CheckpointError, base_of, list_checkpoints, load_model, read_manifest
+from drape.training.checkpoints.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
 from drape.training.checkpoints.stored import read_file
 from drape.training.loop.trainer import train_stage
-from drape.training.recipes.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, newest_adapter
 from scheduler.jobs.profiles import lora_parameters
 from tests.conftest import tiny_config
 

@@ -1,4 +1,4 @@
-"""drape/training/jobs/stop.py: SIGTERM and SIGUSR1 ask the trainer to checkpoint and stop; helpers it
+"""drape/training/loop/stop.py: SIGTERM and SIGUSR1 ask the trainer to checkpoint and stop; helpers it
 forks (data loader workers) still end on SIGTERM. Run in a child interpreter: the handlers are process-wide."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = """
 import os, signal, time
 from types import SimpleNamespace
-from drape.training.jobs import stop
+from drape.training.loop import stop
 
 one = SimpleNamespace(is_distributed=False)
 assert not stop.requested(one)                      # not installed: never asks (the flow's in-process trainer)

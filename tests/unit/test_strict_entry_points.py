@@ -64,8 +64,8 @@ def _expected(damage: str, victim: str) -> str:
 
 
 def _training_init(config, checkpoint, tmp_path):
-    from drape.training.checkpoints.state import prepare_training
     from drape.training.loop.distributed import DistContext
+    from drape.training.loop.state import prepare_training
 
     prepare_training(config, "texture", tmp_path / "stage", checkpoint, DistContext())
 

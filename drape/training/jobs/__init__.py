@@ -1,2 +1,2 @@
 """A stage as a job: StageJob (the one way a stage trains), a node apart that shares only the object
-store, the one-trainer-per-stage lock, and stopping by signal."""
+store, and the one-trainer-per-stage lock."""

@@ -25,7 +25,7 @@ from drape.layout import checkpoint_dirs, checkpoint_order, checkpoint_step
 from drape.storage.bases import fetch_bases
 from drape.storage.handoff import fetch_checkpoint, get_tree, newest_published, publish_checkpoint
 from drape.storage.store import ObjectStore, remove_tree
-from drape.training.checkpoints.state import resume_point
+from drape.training.loop.state import resume_point
 
 
 class CheckpointPublisher:

@@ -42,11 +42,11 @@ from drape.storage.durable import publish_json
 from drape.storage.handoff import job_key, newest_published, result_key
 from drape.storage.progress import ProgressReporter
 from drape.storage.store import ObjectStore, open_store, remove_tree
-from drape.training.checkpoints.state import resume_point
-from drape.training.jobs import stop
 from drape.training.jobs.apart import CheckpointPublisher, NextStageWarmer, align_to, fetch_init, restore_newest
 from drape.training.jobs.lock import stage_lock
+from drape.training.loop import stop
 from drape.training.loop.distributed import DistContext, disk_leader, init_from_env
+from drape.training.loop.state import resume_point
 from drape.training.loop.trainer import TrainResult, peak_memory_gib, resolve_device, train_stage
 
 JOB_SCHEMA = "drape.stage_job/v1"
@@ -371,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     job = job_from_args(args, parser)
     context = init_from_env(job.config.train.device)  # torchrun: joins the process group; else one process
-    stop.install()  # SIGTERM / SIGUSR1: checkpoint, publish, exit EXIT_STOPPED (drape/training/jobs/stop.py)
+    stop.install()  # SIGTERM / SIGUSR1: checkpoint, publish, exit EXIT_STOPPED (drape/training/loop/stop.py)
     try:
         result = job.run(context=context, progress=progress_lines(job.stage))
     except stop.StopRequested as stopped:

@@ -25,8 +25,8 @@ from torch.nn import functional as F
 
 from drape.config import PipelineConfig, TrainConfig
 from drape.data.dataset import to_model_inputs
-from drape.training.checkpoints.state import TrainingState
 from drape.training.loop.distributed import DistContext, unwrap
+from drape.training.loop.state import TrainingState
 from drape.training.recipes.model import TryOnModel, unconditional
 from drape.training.recipes.objective import Objective
 

@@ -28,13 +28,13 @@ from drape.data.partition import StageData, resolve_partitions
 from drape.layout import ADAPTERS, StagePaths, bases_dir, checkpoint_name
 from drape.ops.metrics import DATA_WAIT, STEP_SECONDS
 from drape.training.checkpoints.checkpoint import read_manifest, save_checkpoint
-from drape.training.checkpoints.state import TrainingState, prepare_training, resume_step
-from drape.training.jobs import stop
+from drape.training.checkpoints.lora import is_lora_pass, merge, save_adapter
+from drape.training.loop import stop
 from drape.training.loop.batches import BatchPrefetcher
 from drape.training.loop.distributed import DistContext, ShardedCheckpointer, full_model_state, unwrap
 from drape.training.loop.optim import check_optimizer, lr_schedule
+from drape.training.loop.state import TrainingState, prepare_training, resume_step
 from drape.training.loop.step import train_step
-from drape.training.recipes.lora import is_lora_pass, merge, save_adapter
 from drape.training.recipes.model import TryOnModel, build_model, trainable_parameter_names
 from drape.training.recipes.objective import build_objective
 
@@ -294,7 +294,7 @@ def train_stage(
     on_saved: Callable[[Path], None] | None = None,
 ) -> TrainResult:
     """Train `stage` on `data`, checkpointing under `out_dir`/checkpoints (a LoRA fine-tune pass:
-    adapters under `out_dir`/adapters, the merged model at the end, `drape.training.recipes.lora`).
+    adapters under `out_dir`/adapters, the merged model at the end, `drape.training.checkpoints.lora`).
 
     `data` is this rank's `StageData` (`load_stage_data`, or `split_data` for a split on disk).
     Starts from `init_checkpoint` (or fresh weights), or resumes from the newest checkpoint

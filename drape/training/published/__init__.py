@@ -1,2 +1,2 @@
-"""Weights in the field's layouts: strict reading of diffusers folders (weights.py), pretrained
-denoisers and their key maps, CatVTON's attention-only release, export, and where a config's weights come from."""
+"""Weights in the field's layouts, read strictly: diffusers folders (weights.py), pretrained denoisers and
+their key maps, and CatVTON's attention-only release. Imports no other training room."""

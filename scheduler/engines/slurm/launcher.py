@@ -16,7 +16,7 @@ rendezvous at the first node of the allocation (``scontrol show hostnames`` → 
 ``scontrol show node``), that node hosting the store (``is_host=$((SLURM_NODEID == 0))``), and
 ``DRAPE_NODE`` set to the Slurm node's name. ``--requeue`` and ``--signal=B:USR1@<s>``: on USR1 the
 batch shell sends SIGTERM to the step (the trainer saves a checkpoint, publishes it and exits, see
-drape/training/jobs/stop.py), then requeues the job only when the trainer said, for this run
+drape/training/loop/stop.py), then requeues the job only when the trainer said, for this run
 (``DRAPE_RUN_MARK``), that a checkpoint newer than the run's start is whole in the store; else it
 says why not and the job fails (never a requeue loop of runs that each meet the signal before
 their first save); on SIGTERM (scancel, preemption) it only passes it on. The job's environment is the dispatcher's filtered one

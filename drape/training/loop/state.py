@@ -3,7 +3,7 @@
 A stage resumes from the newest checkpoint in its ``checkpoints/`` (sharded or whole), else starts
 from the checkpoint it was given (the previous stage's baseline, or CatVTON's released attention
 weights over the config's base UNet) or fresh weights. A LoRA
-fine-tune pass (`drape.training.recipes.lora`) trains adapters on a frozen base instead, and resumes from
+fine-tune pass (`drape.training.checkpoints.lora`) trains adapters on a frozen base instead, and resumes from
 its newest adapter checkpoint in ``adapters/``.
 """
 
@@ -19,10 +19,18 @@ from drape import stage_index
 from drape.config import PipelineConfig
 from drape.layout import StagePaths, checkpoint_step, is_sharded_checkpoint
 from drape.training.checkpoints.checkpoint import list_checkpoints, load_model, load_training_state
+from drape.training.checkpoints.lora import (
+    LoraPass,
+    adapter_step,
+    attach,
+    base_digest,
+    load_adapter,
+    lora_targets,
+    newest_adapter,
+)
 from drape.training.loop.distributed import DistContext, load_sharded, unwrap, wrap_model
 from drape.training.loop.optim import build_optimizer
 from drape.training.published.catvton_release import is_release, load_release
-from drape.training.recipes.lora import LoraPass, adapter_step, attach, base_digest, load_adapter, lora_targets, newest_adapter
 from drape.training.recipes.model import TryOnModel, build_model, configured_class_path, trainable_parameter_names
 
 
@@ -105,7 +113,7 @@ def prepare_training(
 ) -> TrainingState:
     """Model, optimizer and EMA for `stage`, resumed from the newest checkpoint in `stage_dir`
     (sharded or whole), else started from `init_checkpoint` or fresh weights. With `lora`, adapters
-    on `init_checkpoint` (`drape.training.recipes.lora`) unless the pass already wrote its merged checkpoint."""
+    on `init_checkpoint` (`drape.training.checkpoints.lora`) unless the pass already wrote its merged checkpoint."""
     paths, train = StagePaths(Path(stage_dir)), config.train
     resume_from = resume_point(paths.checkpoints)
     if lora and resume_from is None:
