@@ -240,9 +240,15 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
     from scheduler.dispatch.fleet import policy_config
 
     queue = QueueConfig(
-        gang_max_wait_seconds=10800, short_job_bonus=6, short_job_seconds=1800, gang_max_preemptions=10, gang_stops_rehome=True
+        gang_max_wait_seconds=10800,
+        short_job_bonus=6,
+        short_job_seconds=1800,
+        gang_max_preemptions=10,
+        gang_stops_rehome=True,
+        gang_stops_longer=4,
     )
     policy = policy_config(SimpleNamespace(queue=queue))
+    assert policy.gang_stops_longer == 4.0 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_longer is None
     assert (policy.short_job_bonus, policy.short_job_s, policy.gang_max_preemptions) == (6.0, 1800.0, 10)
     assert policy.gang_stops_rehome and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_rehome
     assert (policy_config(SimpleNamespace(queue=QueueConfig())).short_job_bonus, PolicyConfig().short_job_bonus) == (0.0, 0.0)
@@ -251,7 +257,14 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
     for field, bad in (("short_job_bonus", -1), ("short_job_bonus", 101), ("short_job_bonus", float("nan"))):
         with pytest.raises(ValidationError, match=field):
             QueueConfig(**{field: bad})
-    for field, bad in (("short_job_seconds", -1), ("short_job_seconds", 8 * 86400.0), ("gang_max_preemptions", 101)):
+    for field, bad in (
+        ("short_job_seconds", -1),
+        ("short_job_seconds", 8 * 86400.0),
+        ("gang_max_preemptions", 101),
+        ("gang_stops_longer", 0.5),
+        ("gang_stops_longer", -1),
+        ("gang_stops_longer", float("inf")),
+    ):
         with pytest.raises(ValidationError, match=field):
             QueueConfig(**{field: bad})
 
