@@ -261,6 +261,15 @@ class QueueConfig(StrictModel):
         "nodes, so single-GPU jobs keep their room and the bound does not make them wait (benchmarks/wide_gangs.py); "
         "false: the cheapest node, whether or not they can",
     )
+    gang_stops_longer: float = Field(
+        default=0.0,
+        ge=0,
+        le=1000,
+        description="a multi-GPU job past gang_max_wait_seconds may also stop a running multi-GPU job of its own "
+        "priority whose work left is at least this many times its own run (shortest work first among equals; the "
+        "stopped job can never stop it back), so a short gang is not held for days behind a long one "
+        "(benchmarks/wide_gangs.py); 0: jobs of one priority never stop each other; else at least 1",
+    )
     short_job_bonus: float = Field(
         default=0.0,
         ge=0,
@@ -344,6 +353,15 @@ class QueueConfig(StrictModel):
             raise ValueError(
                 "queue.launcher 'slurm' gives jobs whole GPUs (--gres=gpu:N): set queue.max_jobs_per_gpu to 1, so the "
                 f"queue never places two jobs on one GPU that Slurm would then refuse (got {self.max_jobs_per_gpu})"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gang_stops_longer(self) -> QueueConfig:
+        if 0 < self.gang_stops_longer < 1:
+            raise ValueError(
+                "queue.gang_stops_longer: expected 0 (off) or a ratio of at least 1 (a job stops only one with at least "
+                f"that many times its run left, so it can never be stopped back), got {self.gang_stops_longer}"
             )
         return self
 

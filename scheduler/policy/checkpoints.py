@@ -16,6 +16,14 @@ node. A running job may be stopped when:
   benchmark: at the moment each seed's longest-waiting 8-GPU job had waited 4 h, every gang job
   holding a node had been submitted before it (27 of 27 seeds that had one waiting then; one
   8-GPU shape and priority per week, and a gang shape's queue is first-come-first-served).
+  With `PolicyConfig.gang_stops_longer` (r), a multi-GPU job of the same priority is stoppable
+  too when its work left is at least r times the waiting job's run: shortest work first among
+  equals. One stopped by it can never stop its stopper back (its run is at least r times the
+  other's work left), so nodes do not go back and forth. Why: on the wide week's seed 2
+  (`benchmarks/wide_gangs.py`) a 64-GPU job of 2.9 h arrived 2 h after a 64-GPU job of 63.9 h;
+  the long one took half the fleet, single-GPU services at the preemption cap held a GPU or two
+  on most of the other nodes, and the short one waited 61-87 h, until the long one ended, under
+  every policy (the class floor, whose relaxation lets jobs pause at no cost, is 4.3 h).
 
 A stopped job waits again from its requeue: its aging, and for a multi-GPU job its
 `gang_max_wait_s`, count from then (`JobRequest.queued_s`), so a resumed day-long service does
@@ -60,9 +68,24 @@ def overdue(job: JobRequest, now: float, config: PolicyConfig) -> bool:
     return bound is not None and job.gpus > 1 and now - queued_at(job) >= bound
 
 
-def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig) -> bool:
-    """Whether waiting gang job `by` may stop running `victim` (see the module docstring)."""
-    return victim.preemptible and victim.preempted < config.gang_max_preemptions and victim.priority < by.priority
+def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig, now: float | None = None) -> bool:
+    """Whether waiting gang job `by` may stop running `victim` at `now` (see the module docstring;
+    without `now`, only jobs of lower priority)."""
+    if not (victim.preemptible and victim.preempted < config.gang_max_preemptions):
+        return False
+    return victim.priority < by.priority or (now is not None and longer(victim, by, config, now))
+
+
+def longer(victim: RunningJob, by: JobRequest, config: PolicyConfig, now: float) -> bool:
+    """Whether `victim` is a multi-GPU job of `by`'s priority with at least `gang_stops_longer`
+    times `by`'s run left (`by` may stop it: shortest work first among equals)."""
+    ratio = config.gang_stops_longer
+    return (
+        ratio is not None
+        and victim.priority == by.priority
+        and len(victim.gpus) > 1
+        and victim.expected_end_s - now >= ratio * max(by.duration_s, 0.0)
+    )
 
 
 def lost_s(victim: RunningJob, now: float) -> float:
@@ -111,7 +134,7 @@ def choose_stops(
             continue
         if gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib:
             continue
-        if all(o.id not in stopped and stoppable(o, job, config) for o in here):
+        if all(o.id not in stopped and stoppable(o, job, config, now) for o in here):
             by_node.setdefault(gpu.node, []).append(uuid)
     options = []
     for node, uuids in by_node.items():

@@ -41,6 +41,10 @@ class PolicyConfig:
     # nodes (`scheduler/policy/checkpoints.py`): single-GPU jobs keep their room, so the bound does
     # not make them wait (False: the cheapest node, whether or not they can)
     gang_stops_rehome: bool = False
+    # a gang job past `gang_max_wait_s` may also stop a running multi-GPU job of its own priority whose
+    # work left is at least this many times its own run (shortest work first among equals:
+    # `scheduler/policy/checkpoints.py`; None: jobs of one priority never stop each other)
+    gang_stops_longer: float | None = None
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
@@ -50,6 +54,9 @@ class PolicyConfig:
             raise ValueError(f"PolicyConfig.short_job_bonus must be in [0, 100], got {self.short_job_bonus!r}")
         if not (math.isfinite(self.short_job_s) and 0 <= self.short_job_s <= MAX_GANG_WAIT_S):
             raise ValueError(f"PolicyConfig.short_job_s must be in [0, {MAX_GANG_WAIT_S:g}] s, got {self.short_job_s!r}")
+        ratio = self.gang_stops_longer
+        if ratio is not None and not (math.isfinite(ratio) and 1 <= ratio <= 1000):
+            raise ValueError(f"PolicyConfig.gang_stops_longer must be None or in [1, 1000], got {ratio!r}")
         if not 0 <= self.gang_max_preemptions <= 100:
             raise ValueError(f"PolicyConfig.gang_max_preemptions must be in [0, 100], got {self.gang_max_preemptions!r}")
 

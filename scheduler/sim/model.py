@@ -67,6 +67,10 @@ class SimResult:
     max_requeue_wait_s: float = 0.0  # the longest a preempted job waited to start again
     # class → mean and max of (finish − first start) / duration: what sharing (and preemption) slowed it
     class_stretch: dict[str, dict[str, float]] = field(default_factory=dict)
+    # class → jobs, mean, p95, max of finish − submit − duration (s): the wait the class floors bound
+    # (`benchmarks/floors/class_floor.py`), counting a stopped job's time off its GPUs, its lost work and
+    # any slowdown from sharing, where `class_waits` counts the wait to its first start only
+    class_delays: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def of_bound(self) -> float:
@@ -181,6 +185,7 @@ def sim_result(
             for name in CLASSES
             if (values := [v for c, v in tally.stretch if c == name])
         },
+        waits_by_class(tally.delays),
     )
 
 
@@ -198,6 +203,7 @@ class Tally:
     placed_on: dict[str, int] = field(default_factory=dict)
     started_at: dict[str, float] = field(default_factory=dict)  # first starts
     stretch: list[tuple[str, float]] = field(default_factory=list)  # (class, (finish − first start) / duration)
+    delays: list[tuple[str, float]] = field(default_factory=list)  # (class, finish − submit − duration)
 
     def started(self, job: TraceJob, request: JobRequest, gpus: tuple[str, ...], models: dict, clock: float) -> None:
         """A start at `clock` (`models`: uuid → GPU): its wait, class and model, or a requeue's wait."""
@@ -213,6 +219,7 @@ class Tally:
 
     def finished(self, job: TraceJob, clock: float) -> None:
         self.stretch.append((job_class(job.gpus), (clock - self.started_at.pop(job.job_id)) / max(job.duration_s, 1e-9)))
+        self.delays.append((job_class(job.gpus), clock - job.submit_s - job.duration_s))
 
 
 def request_of(job: TraceJob) -> JobRequest:

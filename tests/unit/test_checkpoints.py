@@ -76,6 +76,42 @@ def test_what_an_overdue_gang_job_never_stops():
     assert both([gang()], gpus[2:], younger) == []
 
 
+def test_with_longer_a_gang_job_stops_one_of_its_priority_with_that_many_times_its_run_left():
+    """Node b runs a 2-GPU job of the gang's priority with 10 h left; the waiting gang runs 1 h."""
+    gpus, _ = full_fleet()
+    held = [RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 5, False, started_s=NOW - 300)]
+    longer = dataclasses.replace(BOUNDED, gang_stops_longer=4.0)
+    (placement,) = both([gang()], gpus[2:], held, longer)
+    assert placement.evicts == ("w",)  # 10 h left >= 4 x 1 h: shortest work first among equals
+    assert both([gang()], gpus[2:], held, dataclasses.replace(BOUNDED, gang_stops_longer=20.0)) == []  # 10 h < 20 x 1 h
+    assert both([gang(submit=NOW - 1800)], gpus[2:], held, longer) == []  # not waited the bound yet
+    assert both([gang(priority=6)], gpus[2:], held, longer)[0].evicts == ("w",)  # lower priority: stopped as before
+    tired = [dataclasses.replace(held[0], preempted=4)]
+    assert both([gang()], gpus[2:], tired, longer) == []  # the stop cap holds for equals too
+    # the job it stopped, requeued with its 10 h and overdue in turn, never stops it back (1 h left < 4 x 10 h)
+    stopped = JobRequest("w", 5, NOW - 2 * 3600, 2, 30.0, 36000.0)
+    short = [RunningJob("gang", ("b/gpu0", "b/gpu1"), 70.0, NOW + 3600, 5, False, started_s=NOW - 60)]
+    assert both([stopped], gpus[2:], short, longer) == []
+    single = [RunningJob("s", ("b/gpu0",), 30.0, NOW + 36000, 5, True, started_s=NOW - 300)]
+    assert both([gang()], gpus[2:3], single, longer) == []  # equals are stopped only when they are gang jobs
+
+
+def test_with_rehome_and_longer_a_stopped_equal_need_not_restart_at_once():
+    """A 4-GPU gang spanning nodes a and b: a 2-GPU job of its priority with 10 h left on a, two
+    single-GPU jobs on b that restart at once on c's idle 40-GiB GPUs (too small for the gang; without
+    c, nowhere)."""
+    gpus, running = full_fleet()
+    held = [RunningJob("w", ("a/gpu0", "a/gpu1"), 30.0, NOW + 36000, 5, False, started_s=NOW - 300)]
+    singles = [r for r in running if r.id.startswith("b")]
+    room = [GpuState(f"c/gpu{i}", "c", "A100", 40.0) for i in range(2)]
+    wide = JobRequest("gang", 5, NOW - 2 * 3600, 4, 70.0, 3600.0)
+    rehome = dataclasses.replace(BOUNDED, span_nodes=True, gang_stops_rehome=True, gang_stops_longer=4.0)
+    gpus = [dataclasses.replace(g, jobs=1, allocated_gib=30.0, exclusive=g.node == "a") for g in gpus]
+    (placement,) = both([wide], gpus + room, held + singles, rehome)
+    assert set(placement.evicts) == {"w", "b0", "b1"} and set(placement.gpus) == {g.uuid for g in gpus}
+    assert both([wide], gpus, held + singles, rehome) == []  # b's single-GPU jobs could not restart at once
+
+
 def test_an_overdue_gang_job_stops_first_where_its_victims_restart_at_once_then_the_fewest():
     """Node a: two single-GPU jobs (300 s to lose each); node b: one 2-GPU fine-tune (500 s a GPU); node c
     runs a job of the gang's priority on one GPU and a single-GPU job on the other, so it is never
@@ -150,6 +186,9 @@ def test_the_bound_is_checked_at_load():
             PolicyConfig(short_job_bonus=bad)
     with pytest.raises(ValueError, match="short_job_s"):
         PolicyConfig(short_job_s=float("inf"))
+    for bad in (0.5, float("inf"), float("nan"), 5000.0):
+        with pytest.raises(ValueError, match="gang_stops_longer"):
+            PolicyConfig(gang_stops_longer=bad)
 
 
 def test_a_job_declares_whether_it_may_be_stopped_and_how_often_it_checkpoints():
@@ -201,9 +240,15 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
     from scheduler.dispatch.fleet import policy_config
 
     queue = QueueConfig(
-        gang_max_wait_seconds=10800, short_job_bonus=6, short_job_seconds=1800, gang_max_preemptions=10, gang_stops_rehome=True
+        gang_max_wait_seconds=10800,
+        short_job_bonus=6,
+        short_job_seconds=1800,
+        gang_max_preemptions=10,
+        gang_stops_rehome=True,
+        gang_stops_longer=4,
     )
     policy = policy_config(SimpleNamespace(queue=queue))
+    assert policy.gang_stops_longer == 4.0 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_longer is None
     assert (policy.short_job_bonus, policy.short_job_s, policy.gang_max_preemptions) == (6.0, 1800.0, 10)
     assert policy.gang_stops_rehome and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_rehome
     assert (policy_config(SimpleNamespace(queue=QueueConfig())).short_job_bonus, PolicyConfig().short_job_bonus) == (0.0, 0.0)
@@ -212,7 +257,14 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
     for field, bad in (("short_job_bonus", -1), ("short_job_bonus", 101), ("short_job_bonus", float("nan"))):
         with pytest.raises(ValidationError, match=field):
             QueueConfig(**{field: bad})
-    for field, bad in (("short_job_seconds", -1), ("short_job_seconds", 8 * 86400.0), ("gang_max_preemptions", 101)):
+    for field, bad in (
+        ("short_job_seconds", -1),
+        ("short_job_seconds", 8 * 86400.0),
+        ("gang_max_preemptions", 101),
+        ("gang_stops_longer", 0.5),
+        ("gang_stops_longer", -1),
+        ("gang_stops_longer", float("inf")),
+    ):
         with pytest.raises(ValidationError, match=field):
             QueueConfig(**{field: bad})
 

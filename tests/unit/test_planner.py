@@ -105,6 +105,10 @@ CONFIGS = {
     # gangs across nodes (k nodes × g GPUs: `scheduler/policy/gangs.py`), their waits bounded
     "spanning": PolicyConfig(span_nodes=True),
     "spanning, bounded": PolicyConfig(span_nodes=True, gang_max_wait_s=3600.0, gang_max_preemptions=4),
+    # stops kept to jobs that restart at once, but gang jobs of the waiting one's priority with 2x its run left
+    "spanning, rehome, longer": PolicyConfig(
+        span_nodes=True, gang_max_wait_s=3600.0, gang_stops_rehome=True, gang_stops_longer=2.0, short_job_bonus=20.0
+    ),
 }
 
 
@@ -120,6 +124,7 @@ CONFIGS = {
         ("mixed", "bounded, short jobs first"),
         ("wide", "spanning"),
         ("wide", "spanning, bounded"),
+        ("wide", "spanning, rehome, longer"),
         ("mixed", "spanning, bounded"),
         ("scarce", "default"),
     ],
@@ -152,6 +157,9 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
             assert any(widths[job] <= 8 for job, *_ in across)
         else:  # an overdue gang wider than a node stops jobs on several nodes
             assert any(evicted and widths[job] > 8 for job, _, evicted in across)
+    if config == "spanning, rehome, longer":  # a gang job stopped a running gang job of its priority (every gang's)
+        widths = {j.job_id: j.gpus for j in trace}
+        assert any(widths[job] > 1 and any(widths[v] > 1 for v in evicted) for _, job, _, evicted in before)
     if case == "scarce":  # long services moved off T4s to A10s while T4-only jobs waited
         where: dict[str, tuple[str, ...]] = {}
         rescued = 0

@@ -131,6 +131,31 @@ def test_a_starving_gang_job_preempts_and_the_work_lost_is_counted(tmp_path):
         load_trace(bad)
 
 
+def test_a_short_gang_stops_a_long_one_of_its_priority_and_the_delay_counts_the_time_off(tmp_path):
+    """One node of two GPUs: a 10-h 2-GPU job from t=0, a 1000-s one of its priority from t=100. With
+    `gang_stops_longer` the short one, overdue at 3700 s, stops the long one (its 100 s since the last
+    checkpoint and a restart lost); the long one's wait to first start stays 0, its delay (finish −
+    submit − duration) counts the time off and the work lost."""
+    from scheduler.policy import PolicyConfig
+    from scheduler.sim import RESTART_S
+
+    (tmp_path / "f.yaml").write_text("groups:\n  - {model: H100, memory_gib: 80, nodes: 1, gpus_per_node: 2}\n")
+    fleet = load_fleet(tmp_path / "f.yaml")
+    trace = [TraceJob("long", 0, 36000, 70, 2, 5, "stage"), TraceJob("short", 100, 1000, 70, 2, 5, "stage")]
+    bounded = PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0)
+    result = simulate(trace, fleet, "drape", replace(bounded, gang_stops_longer=4.0))
+    assert result.preemptions == 1
+    assert result.class_waits["2-4"]["max_s"] == pytest.approx(3600) and result.class_waits["2-4"]["mean_s"] == pytest.approx(
+        1800
+    )
+    long_delay = 1000 + 100 + RESTART_S  # the short job's run, its work since the checkpoint at 3600 s, a restart
+    assert result.class_delays["2-4"]["mean_s"] == pytest.approx((3600 + long_delay) / 2)
+    assert result.class_delays["2-4"]["max_s"] == pytest.approx(3600)
+    before = simulate(trace, fleet, "drape", bounded)  # jobs of one priority never stop each other: until the long one ends
+    assert before.preemptions == 0 and before.class_waits["2-4"]["max_s"] == pytest.approx(35900)
+    assert before.class_delays["2-4"] == before.class_waits["2-4"]  # never stopped: the delay is the wait
+
+
 def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
     """`--config`: the queue's settings (the engine, gang_max_wait_seconds) are the policy's. On Slurm a
     gang wider than a node spans nodes; without the config it can never be placed (exit 2, named)."""
