@@ -3,7 +3,7 @@
 Each slurmd runs in a mount namespace of its own (tests/integration/nodes.py) with its own
 directory bound over drape's live root, so the job steps on n1 and on n2 share no disk: the
 object store (a moto S3 server over HTTP) is all they share with each other and with the flow.
-Every stage job is 2 nodes × 2 gloo ranks: sbatch → srun → torchrun with a c10d rendezvous at the
+A stage job is 2 nodes × 2 gloo ranks (test 3: × 1): sbatch → srun → torchrun with a c10d rendezvous at the
 allocation's first node. The queue (SQLite) and its dispatcher are drape's; Slurm runs the job
 where drape placed it (--nodelist, --gres=gpu:2).
 
@@ -11,9 +11,9 @@ where drape placed it (--nodelist, --gres=gpu:2).
 2. USR1 (what --signal=B:USR1@N sends before the time limit) to the batch script: the trainer
    checkpoints and exits, the job is requeued, resumes, and ends with test 1's weights (trained
    again here when test 1 did not run first in this process);
-3. one node's slurmd and steps are killed mid-job: Slurm (told --requeue) requeues the job, which
-   runs again once the node is back (its disk empty) and resumes from the store; the queue job is
-   submitted once and its two runs never overlap;
+3. one node's slurmd and steps are killed mid-job (a job of one rank on each node): Slurm (told
+   --requeue) requeues the job, which runs again once the node is back (its disk empty) and resumes
+   from the store; the queue job is submitted once and its two runs never overlap;
 4. the dispatcher is SIGKILLed and a new one adopts the running Slurm job (one sbatch in all);
 5. a job whose memory profile fits no node is refused at submit, with why; and a fleet that says
    a node has more GPUs than Slurm's gres is refused at launch, naming both counts.
@@ -252,6 +252,9 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same
 
 def test_a_node_killed_mid_job_is_requeued_and_resumes_never_running_twice(cluster, tmp_path):
     config, slurm, nodes = cluster
+    # one rank on each node (2 trainers a run, not 4): a node's loss is the subject; tests 1 and 2 run 2 × 2
+    one_per_node = config.queue.model_copy(update={"inventory": _fleet(tmp_path / "one-per-node.yaml", gpus_per_node=1)})
+    config = config.model_copy(update={"train": config.train.model_copy(update={"gpus": 2}), "queue": one_per_node})
     store, objects = JobStore(config.queue_url), open_store(config)
     job_id = store.submit(_submit(config, "lost"))
     from scheduler.dispatch.dispatcher import Dispatcher, wait_for

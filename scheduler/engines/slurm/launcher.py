@@ -11,7 +11,7 @@ Slurm either runs the job where drape put it or says no, and never silently else
   `queue.slurm.pending_timeout_seconds` is cancelled and fails with Slurm's reason.
 GPUs are whole (`queue.max_jobs_per_gpu` is 1 with this engine): Slurm's gres gives no fractions.
 
-The script (`batch_script`): ``srun`` one task per node, each execs torchrun with an explicit c10d
+The script (`batch_script`, its shell in script.py): ``srun`` one task per node, each execs torchrun with an explicit c10d
 rendezvous at the first node of the allocation (``scontrol show hostnames`` → its NodeAddr from
 ``scontrol show node``), that node hosting the store (``is_host=$((SLURM_NODEID == 0))``), and
 ``DRAPE_NODE`` set to the Slurm node's name. ``--requeue`` and ``--signal=B:USR1@<s>``: on USR1 the
@@ -26,7 +26,10 @@ Handles are ``slurm:<job id>:<job name>``; the name is ``drape-<queue job id>-a<
 comment ``drape:<queue job id>``. A launch first looks for a job of that name (a dispatcher that
 died between sbatch and recording the handle): it adopts it instead of submitting it twice.
 Finished runs and their GPU-hours come from ``sacct`` (`usage`), into the cost report
-(scheduler/dispatch/accounting.py) and the metric ``drape_engine_job_gpu_hours``.
+(scheduler/dispatch/accounting.py) and the metric ``drape_engine_job_gpu_hours``. A job is taken
+for ended only on slurmctld's word (``scontrol`` knows it ended, or no longer knows it): a
+controller that does not answer (busy under load, restarting) says nothing, and the job is asked
+about again next cycle, never failed or requeued to run a second time beside itself.
 """
 
 from __future__ import annotations
@@ -41,12 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from drape.config import names
-from scheduler.engines import Outcome, exit_message, is_python, job_environment, torchrun_program
+from scheduler.engines import Outcome, exit_message, job_environment
 from scheduler.engines.reasons import failure_message, read_tail
 from scheduler.engines.slurm.fleet import SlurmUnreachable, read_nodes, read_partitions
 from scheduler.engines.slurm.nodes import UNTYPED, SlurmNode, fields
 from scheduler.engines.slurm.requests import FitError, Fitted, fit
 from scheduler.engines.slurm.sacct import SlurmRun, _requested_gpus, parse_runs, run_gpu_hours
+from scheduler.engines.slurm.script import BODY, task_command
 from scheduler.policy import GpuState
 
 RUNNING = {"RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED", "STOPPED"}
@@ -54,8 +58,15 @@ WAITING_TURN = {"None", "Priority", "Resources", "BeginTime", "Dependency", "Job
 SLURM_VARIABLES = ("SLURM_CONF",)  # what the Slurm clients (sbatch here, scontrol in the script) need to find the cluster
 
 
+UNKNOWN_JOB = "Invalid job id specified"  # scontrol's words for a job it does not (or no longer) know
+
+
 class SlurmError(RuntimeError):
     pass
+
+
+class SlurmUnanswered(SlurmError):
+    """slurmctld did not answer (busy, restarting): nothing is known about the job."""
 
 
 @dataclass(frozen=True)
@@ -124,64 +135,6 @@ def _directives(job: dict, request: SlurmRequest, settings, log_path: Path, fitt
     return [f"#SBATCH {line}" for line in lines]
 
 
-def _task_command(job: dict, request: SlurmRequest, settings) -> str:
-    """The shell each srun task runs: torchrun across the allocation for a torchrun job, else the command."""
-    command = json.loads(job["command"])
-    ranks = max(request.gpus_per_node, 1)
-    if json.loads(job.get("labels") or "{}").get("launch") != "torchrun" or (ranks == 1 and len(request.nodes) == 1):
-        return 'export DRAPE_NODE="$SLURMD_NODENAME"; exec ' + shlex.join(command)
-    runner = [command[0], "-m", "torch.distributed.run"] if is_python(command[0]) else ["torchrun"]
-    fixed = [*runner, f"--nnodes={len(request.nodes)}", f"--nproc-per-node={ranks}", "--rdzv-backend=c10d"]
-    timeout = settings.rendezvous_timeout_seconds
-    conf = f'"--rdzv-conf=is_host=$((SLURM_NODEID == 0)),join_timeout={timeout},read_timeout={timeout}"'
-    rendezvous = '"--rdzv-endpoint=$DRAPE_RDZV_ENDPOINT" "--rdzv-id=$DRAPE_RDZV_ID"'
-    program = shlex.join(torchrun_program(command))
-    return f'export DRAPE_NODE="$SLURMD_NODENAME"; exec {shlex.join(fixed)} {rendezvous} {conf} {program}'
-
-
-_BODY = """set -uo pipefail
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-head_addr=$(scontrol show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
-# each run of a requeued job its own port: the store of the run before may still hold the last one
-export DRAPE_RDZV_ENDPOINT="${{head_addr:-$head_node}}:$(( {port} + ${{SLURM_RESTART_COUNT:-0}} % 16 ))"
-export DRAPE_RDZV_ID="$SLURM_JOB_ID-${{SLURM_RESTART_COUNT:-0}}"
-export DRAPE_RUN_MARK="$SLURM_JOB_ID.${{SLURM_RESTART_COUNT:-0}}"  # the trainer names this run when it has published
-log={log}
-echo "drape: Slurm job $SLURM_JOB_ID run ${{SLURM_RESTART_COUNT:-0}} on $SLURM_JOB_NODELIST, rendezvous $DRAPE_RDZV_ENDPOINT"
-stopping="" stopped_at="" srun_pid=""
-stop() {{  # $1: USR1 (the time limit or an operator: checkpoint, exit, requeue) or TERM (scancel, preemption)
-  stopping="$1" stopped_at="$SECONDS"
-  echo "drape: $1: asking the trainer to save a checkpoint and exit"
-  # the step may not exist yet (srun still starting it): then srun itself passes the signal on
-  scancel --signal=TERM "$SLURM_JOB_ID.0" 2>/dev/null || {{ [ -n "$srun_pid" ] && kill -TERM "$srun_pid" 2>/dev/null; }}
-}}
-trap 'stop USR1' USR1
-trap 'stop TERM' TERM
-# one task on each node of the allocation, said outright: a step Slurm would lay out otherwise fails
-srun --kill-on-bad-exit=1 --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 bash -c {task} &
-srun_pid=$!
-status=0
-while :; do  # a trapped signal ends `wait` early: wait again until srun is gone
-  if wait "$srun_pid"; then status=0; break; else status=$?; fi
-  kill -0 "$srun_pid" 2>/dev/null || break
-done
-if [ "$stopping" = USR1 ] && [ "$status" != 0 ]; then
-  # requeue only on the trainer's word, for this run, that a checkpoint newer than the run's start is in
-  # the store: else the next run would start where this one did and meet the same signal (a requeue loop)
-  published=$(grep -F "drape: published during run $DRAPE_RUN_MARK: " "$log" 2>/dev/null | tail -n 1)
-  if [ -n "$published" ]; then
-    echo "drape: requeueing job $SLURM_JOB_ID; its next run resumes from its ${{published#*"$DRAPE_RUN_MARK: "}}"
-    scontrol requeue "$SLURM_JOB_ID"
-  else
-    echo "drape: error: USR1 came ${{stopped_at}} s into run $DRAPE_RUN_MARK, before the trainer published a checkpoint" \\
-      "newer than the run's start: not requeued (its next run would meet the same signal before saving);" \\
-      "the time limit must exceed start-up to the first checkpoint plus --signal's margin (docs/slurm.md)"
-  fi
-fi
-exit "$status"
-"""
-
-
 def batch_script(
     job: dict,
     gpus: list[GpuState],
@@ -211,8 +164,8 @@ def batch_script(
         f"# drape queue job {job['id']} ({job.get('kind', '')}, stage {job.get('stage') or '-'}): scheduler/engines/slurm",
         *(f"# {note}" for note in fitted.notes),
     ]
-    task = shlex.quote(_task_command(job, request, settings))
-    body = _BODY.format(port=settings.rendezvous_port, task=task, log=shlex.quote(str(log_path)))
+    task = shlex.quote(task_command(job, request, settings))
+    body = BODY.format(port=settings.rendezvous_port, task=task, log=shlex.quote(str(log_path)))
     script = "\n".join([*header, *_directives(job, request, settings, log_path, fitted), *exports, *settings.setup, body])
     names.sbatch_directives(script, f"job {job['id']}")
     return script
@@ -300,14 +253,28 @@ class SlurmLauncher:
         return (parts[1], parts[2]) if len(parts) == 3 and parts[0] == "slurm" and parts[1].isdigit() else None
 
     def _show(self, slurm_id: str) -> dict[str, str] | None:
-        out = self._run("scontrol", "show", "job", "-o", slurm_id, check=False)
-        return fields(out) if out.startswith("JobId=") else None
+        """The job as slurmctld has it; None when slurmctld says it does not know it (ended MinJobAge ago);
+        SlurmUnanswered when it did not say (a timeout, no controller): never taken for a job gone."""
+        try:
+            out = self._run("scontrol", "show", "job", "-o", slurm_id)
+        except SlurmError as error:
+            if UNKNOWN_JOB in str(error):
+                return None
+            raise SlurmUnanswered(f"scontrol show job {slurm_id}: {error}") from None
+        if not out.startswith("JobId="):
+            raise SlurmUnanswered(f"scontrol show job {slurm_id} answered {out[:200]!r}")
+        return fields(out)
 
     def sees(self, handle: str | None) -> bool:
+        """Whether Slurm has (or had) the job; a job slurmctld did not answer about is seen: adopted and
+        asked again, never requeued while it may run on."""
         parsed = self._parse(handle)
         if parsed is None:
             return False
-        shown = self._show(parsed[0])
+        try:
+            shown = self._show(parsed[0])
+        except SlurmUnanswered:
+            return True
         if shown is not None:
             return shown.get("JobName") == parsed[1]
         return any(run.name == parsed[1] for run in self.usage([parsed[0]]))
@@ -316,7 +283,11 @@ class SlurmLauncher:
         parsed = self._parse(handle)
         if parsed is None:
             return Outcome(-1, f"{handle} is not a Slurm job handle")
-        shown = self._show(parsed[0])
+        try:
+            shown = self._show(parsed[0])
+        except SlurmUnanswered as error:
+            print(f"queue: {job_id}: Slurm did not answer ({str(error)[:300]}); asked again next cycle")
+            return None
         if shown is None:
             runs = [run for run in self.usage([parsed[0]]) if run.name == parsed[1]]
             if not runs:
