@@ -102,8 +102,8 @@ def test_an_object_store_restart_within_the_budget_is_waited_out_and_nothing_is_
         f"s3://{bucket}/run", endpoint_url=proxy.url, connect_timeout=1, read_timeout=2, max_wait=20, retry_attempts=1
     )
     caplog.set_level(logging.WARNING, logger="drape.storage")
-    # an outage of 1.5 s from 0.3 s on, met by 40 puts 0.02 s apart (0.8 s and their own time): longer
-    # than botocore's own retry (one, `retry_attempts=1`, within 1 s), so drape's wait is what carries it
+    # an outage of 1.5 s from 0.3 s on, met by 40 puts 0.02 s apart (0.8 s and their own time); one
+    # botocore attempt a request (`retry_attempts=1`), so drape's wait is what carries them through it
     restart = _restart_for(proxy, 1.5)
     started = time.monotonic()
     for number in range(40):
