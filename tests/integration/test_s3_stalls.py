@@ -4,7 +4,8 @@ Through the fault proxy in front of the moto server, each way drape reads or wri
 as a restore does, an object read whole as a manifest is, a ranged read as the shard cache
 pre-stages, a listing, an upload's answer) ends within its bound (storage.read_timeout_seconds ×
 storage.retry_attempts, plus backoff) in a StorageError naming the endpoint, never an unnamed
-timeout or s3fs's IndexError, and never quoting the secret key. About 25 s in all.
+timeout or s3fs's IndexError, and never quoting the secret key. Each test waits out two attempts of
+0.5 s (`TIMEOUT_S`; 1 s each before, about 25 s in all).
 """
 
 from __future__ import annotations
