@@ -176,7 +176,8 @@ def slack_stand_in():
             pass
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # shutdown() waits for serve_forever's next poll: 0.05 s, not its default 0.5 s at each test's end
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}", received
     finally:
@@ -494,8 +495,9 @@ def postgres_url():
         timeout=60,
     )
     yield f"postgresql+psycopg://drape@127.0.0.1:{port}/queue"
+    # immediate: a throwaway database needs no shutdown checkpoint (fast's took seconds after the queue tests)
     subprocess.run(
-        [*as_postgres, str(bindir / "pg_ctl"), "-D", str(directory / "data"), "-m", "fast", "stop"],
+        [*as_postgres, str(bindir / "pg_ctl"), "-D", str(directory / "data"), "-m", "immediate", "stop"],
         capture_output=True,
         timeout=120,
     )

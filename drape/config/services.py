@@ -33,7 +33,7 @@ class TrackingConfig(StrictModel):
 class OrchestrationConfig(StrictModel):
     max_wait_seconds: float = Field(
         default=60.0,
-        ge=10,
+        ge=2,
         le=3600,
         description="the longest one Prefect API request may take, connect, read and the client's retries together "
         "(drape sets PREFECT_API_REQUEST_TIMEOUT and PREFECT_CLIENT_MAX_RETRIES to fit it unless the environment "

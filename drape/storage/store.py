@@ -72,8 +72,10 @@ class ObjectStore:
         if self.url.startswith("s3://"):
             client = {k: v for k, v in (("endpoint_url", endpoint_url), ("region_name", region)) if v}
             # botocore's standard retry mode: 500, 502-504, 503 SlowDown, throttling, connection
-            # resets and timeouts, with exponential backoff and jitter
-            retries = {"max_attempts": self.retry_attempts, "mode": "standard"}
+            # resets and timeouts, with exponential backoff and jitter. total_max_attempts counts every
+            # attempt (botocore's max_attempts counts retries after the first: one attempt more than
+            # max_wait was computed for, which a silent endpoint spent past the budget)
+            retries = {"total_max_attempts": self.retry_attempts, "mode": "standard"}
             options = {
                 "client_kwargs": client,
                 "config_kwargs": {"retries": retries, "connect_timeout": connect_timeout, "read_timeout": read_timeout},

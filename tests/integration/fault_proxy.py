@@ -125,7 +125,8 @@ class FaultProxy:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_port}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        # close() waits for serve_forever's next poll: 0.05 s, not its default 0.5 s
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
 
     def send(self, out, data: bytes, chunk: int = 256 << 10) -> None:
         """Write `data`, holding all connections together to `bandwidth` bytes per second."""

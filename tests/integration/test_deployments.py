@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from drape.cli.stack import GPU_TEMPLATE, PREFECT_FILE, Stack, free_port
-from tests.conftest import prefect_api, tiny_config
+from tests.conftest import prefect_api, tiny_config, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -110,18 +110,18 @@ def _a_deployment_run_through_the_worker(stack: Stack, config, config_path) -> N
     said = stack.prefect("deployment", "run", "prestage-dataset/demo", "--params", parameters, timeout=60)
     run_id = re.search(r"UUID: ([0-9a-f-]{36})", said.stdout)
     assert run_id, said.stdout[-2000:]
-    deadline, flow_run = time.monotonic() + 180, {}
-    while time.monotonic() < deadline:
+
+    def ended() -> dict | None:
         flow_run = json.loads(urllib.request.urlopen(f"{stack.api_url}/flow_runs/{run_id.group(1)}", timeout=10).read())
-        if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        time.sleep(1)
+        return flow_run if flow_run["state"]["type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED") else None
+
+    flow_run = wait_until(ended, 180, "the deployment's flow run to end", every=0.2)
     assert flow_run["state"]["type"] == "COMPLETED", flow_run["state"]
 
 
 def test_deploy_and_run_a_flow_run_through_a_worker(tmp_path, monkeypatch):
     started = time.monotonic()
-    monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker asks for scheduled runs every 2 s, not 10
+    monkeypatch.setenv("PREFECT_WORKER_QUERY_SECONDS", "0.5")  # the worker asks for scheduled runs every 0.5 s, not 10
     config = tiny_config(tmp_path / "drape")
     config_path = tmp_path / "tiny.yaml"
     config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))

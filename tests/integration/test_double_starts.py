@@ -79,29 +79,31 @@ def test_s3_conditional_writes_refuse_a_second_create_and_a_stale_renewal(s3_buc
     store.fs.rm(store.path(lease_key("run-s3")))
 
 
-def _race(url: str, endpoint: str, ready, go, results) -> None:
+def _race(url: str, endpoint: str, ready, go, results, answered) -> None:
     store = ObjectStore(url, endpoint_url=endpoint, region="us-east-1")
     ready.put(os.getpid())
     go.wait(timeout=120)  # every racer imported and connected: they start together
     try:
         acquire(store, "run-race", seconds=30, flow_run_id=f"flow-{os.getpid()}")
         results.put("won")
-        time.sleep(1.0)
+        answered.wait(timeout=120)  # alive, holding the lease, until every racer has tried
     except RunHeld:
         results.put("refused")
 
 
 def _all_at_once(target, *args) -> list:
-    """Four processes of `target(*args, ready, go, results)` released together; what each put in results."""
+    """Four processes of `target(*args, ready, go, results, answered)` released together; what each
+    put in results (`answered` is set once all four have)."""
     context = multiprocessing.get_context("spawn")
-    ready, go, results = context.Queue(), context.Event(), context.Queue()
-    racers = [context.Process(target=target, args=(*args, ready, go, results)) for _ in range(4)]
+    ready, go, results, answered = context.Queue(), context.Event(), context.Queue(), context.Event()
+    racers = [context.Process(target=target, args=(*args, ready, go, results, answered)) for _ in range(4)]
     for racer in racers:
         racer.start()
     for _ in racers:
         ready.get(timeout=240)
     go.set()
     outcomes = [results.get(timeout=120) for _ in racers]
+    answered.set()
     for racer in racers:
         racer.join(timeout=60)
     return outcomes
@@ -169,7 +171,7 @@ def test_a_holder_killed_on_another_node_is_waited_out_then_taken(tmp_path, caps
     url = f"file://{tmp_path / 'objects'}"
     store = ObjectStore(url)
     node_b = ["unshare", "--uts", "sh", "-c", 'hostname node-b && exec "$@"', "node-b"]
-    holder = _holder(url, "run-nodes", 4, prefix=tuple(node_b))
+    holder = _holder(url, "run-nodes", 2, prefix=tuple(node_b))  # a lease of 2 s: the wait below
     with pytest.raises(RunHeld, match=f"pid {holder.pid} on node-b"):
         acquire(store, "run-nodes", seconds=30)
     _kill(holder)  # the node lost: nothing here can see that its process is gone
@@ -190,7 +192,7 @@ def test_a_holder_killed_on_another_node_is_waited_out_then_taken(tmp_path, caps
 
 
 # --- the queue's own dedupe ------------------------------------------------------------------------
-def _submit(url: str, spec, ready, go, results) -> None:
+def _submit(url: str, spec, ready, go, results, answered) -> None:
     from scheduler.queue.store import JobStore
 
     store = JobStore(url)

@@ -5,7 +5,6 @@ then the storage commands operators use on that run."""
 from __future__ import annotations
 
 import json
-import os
 
 import boto3
 import pytest
@@ -46,13 +45,10 @@ def s3_run(prefect_harness, moto_server, tmp_path_factory):
     )
     path = root / "s3.yaml"
     path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
-    saved = {name: os.environ.get(name) for name in SECRET_ENV}
-    os.environ.update(dict.fromkeys(SECRET_ENV, SENTINEL))
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # the module's fixture: undone when the run returns
+        for name in SECRET_ENV:
+            patch.setenv(name, SENTINEL)
         return config, path, staged_training(config_path=str(path), run_name="s3")
-    finally:
-        for name, value in saved.items():
-            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
 
 
 def test_no_secret_reaches_a_report_param_artifact_or_archived_object(s3_run, moto_server):

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from scheduler.queue.store import JobSpec, JobStore
-from tests.conftest import tiny_config
+from tests.conftest import tiny_config, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -57,6 +57,12 @@ def _config_file(tmp_path, **queue):
 def _dispatchers(path, count, seconds, mode="drain"):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     return [subprocess.Popen([sys.executable, "-c", DISPATCH, str(path), str(seconds), mode], env=env) for _ in range(count)]
+
+
+def _until(go, starts) -> str:
+    """A job that says it started, runs until the test creates `go` (a wait on the event, not a fixed
+    sleep the test must outlast), then exits 3."""
+    return f"echo started >> {starts}; while [ ! -e {go} ]; do sleep 0.05; done; exit 3"
 
 
 def _dispatch_until_done(dispatcher, store, job_id: str, timeout: float, pause: float) -> dict:
@@ -204,19 +210,17 @@ def test_a_restarted_dispatcher_adopts_the_job_its_predecessor_launched(tmp_path
     pid and start time) once the lease lapses, reaps it with its exit status, and never launches it
     again: one start in the job's log, one claim in the allocation log."""
     config, path = _config_file(tmp_path, lease_seconds=2.0)
-    starts = tmp_path / "starts"
+    starts, go = tmp_path / "starts", tmp_path / "go"
     store = JobStore(config.queue_url)
-    job_id = store.submit(
-        JobSpec(kind="finetune", mem_gib=20, duration_s=60, command=["sh", "-c", f"echo started >> {starts}; sleep 6; exit 3"])
-    )
+    job_id = store.submit(JobSpec(kind="finetune", mem_gib=20, duration_s=60, command=["sh", "-c", _until(go, starts)]))
     (first,) = _dispatchers(path, 1, 60, mode="forever")
-    deadline = time.monotonic() + 60
-    while store.get(job_id)["state"] != "running" or not starts.exists():
-        assert time.monotonic() < deadline
-        time.sleep(0.1)
+    wait_until(lambda: store.get(job_id)["state"] == "running" and starts.exists(), 60, "the job to start")
+    predecessor = store.get(job_id)["dispatcher"]
     first.send_signal(signal.SIGKILL)
     first.wait()
     (second,) = _dispatchers(path, 1, 60)
+    wait_until(lambda: store.get(job_id)["dispatcher"] != predecessor, 60, "the next dispatcher to adopt the job")
+    go.touch()  # adopted while it runs: now it may end
     assert second.wait(timeout=90) == 0
     job = store.get(job_id)
     assert job["state"] == "failed" and job["exit_code"] == 3 and job["attempts"] == 1, job  # its own status, reaped
@@ -234,10 +238,8 @@ def test_a_job_started_by_a_dispatcher_that_died_before_recording_it_is_found_no
 
     config, _ = _config_file(tmp_path, lease_seconds=2.0)
     store = JobStore(config.queue_url)
-    starts = tmp_path / "starts"
-    job_id = store.submit(
-        JobSpec(kind="finetune", mem_gib=20, duration_s=60, command=["sh", "-c", f"echo started >> {starts}; sleep 2; exit 3"])
-    )
+    starts, go = tmp_path / "starts", tmp_path / "go"
+    job_id = store.submit(JobSpec(kind="finetune", mem_gib=20, duration_s=60, command=["sh", "-c", _until(go, starts)]))
     dispatcher = Dispatcher(config, store, launcher=LocalLauncher(tmp_path / "logs"))
     plan = dispatcher.plan(store.pending(), dispatcher.fleet().gpus, [], 0.0, dispatcher.policy)
     ((placement, row),) = store.claim_rows(plan, "died-after-launch", 2.0, 4, now=time.time())
@@ -245,7 +247,8 @@ def test_a_job_started_by_a_dispatcher_that_died_before_recording_it_is_found_no
     assert store.get(job_id)["handle"] is None
     report = dispatcher.cycle(now=time.time() + 10.0)
     assert report.adopted == [job_id] and not report.requeued and store.get(job_id)["handle"].startswith("pid:")
-    job = _dispatch_until_done(dispatcher, store, job_id, timeout=30, pause=0.1)
+    go.touch()
+    job = _dispatch_until_done(dispatcher, store, job_id, timeout=30, pause=0.05)
     assert job["state"] == "failed" and job["exit_code"] == 3 and job["attempts"] == 1, job
     assert starts.read_text().splitlines() == ["started"]
     assert LocalLauncher(tmp_path / "logs").find_job(job_id) is None  # ended: nothing left to find

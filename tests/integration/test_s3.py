@@ -191,10 +191,11 @@ def test_s3_faults_are_retried_with_backoff(s3_bucket, tmp_path):
     from tests.integration.fault_proxy import FaultProxy
 
     bucket, endpoint = s3_bucket
-    proxy = FaultProxy(endpoint, {2: "slowdown", 4: "internal", 6: "reset", 8: "stall"}, period=9, stall_seconds=1.5)
+    # a stall of 1 s past a read timeout of 0.5 s: each stall costs the client half a second, not 1 s
+    proxy = FaultProxy(endpoint, {2: "slowdown", 4: "internal", 6: "reset", 8: "stall"}, period=9, stall_seconds=1.0)
     try:
         store = ObjectStore(
-            f"s3://{bucket}/faulty", endpoint_url=proxy.url, multipart_chunk_bytes=5 * 2**20, retry_attempts=10, read_timeout=1.0
+            f"s3://{bucket}/faulty", endpoint_url=proxy.url, multipart_chunk_bytes=5 * 2**20, retry_attempts=10, read_timeout=0.5
         )
         stored = []
         for index, size in enumerate((1000, 300_000, 11 * 2**20)):

@@ -4,7 +4,8 @@ Through the fault proxy in front of the moto server, each way drape reads or wri
 as a restore does, an object read whole as a manifest is, a ranged read as the shard cache
 pre-stages, a listing, an upload's answer) ends within its bound (storage.read_timeout_seconds ×
 storage.retry_attempts, plus backoff) in a StorageError naming the endpoint, never an unnamed
-timeout or s3fs's IndexError, and never quoting the secret key. About 25 s in all.
+timeout or s3fs's IndexError, and never quoting the secret key. Each test waits out two attempts of
+0.5 s (`TIMEOUT_S`; 1 s each before, about 25 s in all).
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from tests.integration.fault_proxy import FaultProxy
 pytestmark = pytest.mark.slow
 
 SECRET = "stall-secret-key-51b"  # the AWS secret in the environment: no error may quote it
-BOUND_S = 12.0  # 2 attempts × (1 s connect + 1 s read), botocore's backoff, moto's own latency
+# timeouts of 0.5 s (the stall is the wait each test spends: 2 attempts of it), not 1 s
+TIMEOUT_S = 0.5
+BOUND_S = 10.0  # 2 attempts × (0.5 s connect + 0.5 s read), botocore's backoff, moto's own latency
 
 
 def _object_get(method: str, path: str) -> bool:
@@ -47,7 +50,11 @@ def stalled(s3_bucket, tmp_path, monkeypatch):
     def make(when):
         proxies.append(FaultProxy(endpoint, body_stall=when, stall_seconds=60))
         store = ObjectStore(
-            f"s3://{bucket}/drape", endpoint_url=proxies[-1].url, connect_timeout=1, read_timeout=1, retry_attempts=2
+            f"s3://{bucket}/drape",
+            endpoint_url=proxies[-1].url,
+            connect_timeout=TIMEOUT_S,
+            read_timeout=TIMEOUT_S,
+            retry_attempts=2,
         )
         return store, proxies[-1]
 
@@ -63,7 +70,7 @@ def _fails_named_within_bound(call, proxy) -> str:
     elapsed, message = time.monotonic() - started, str(error.value)
     assert elapsed < BOUND_S, f"{elapsed:.1f} s: {message}"
     assert f"the endpoint {proxy.url} did not answer in time, or stalled mid-response" in message
-    assert "read_timeout_seconds 1, 2 attempt(s)" in message and SECRET not in message
+    assert f"read_timeout_seconds {TIMEOUT_S:g}, 2 attempt(s)" in message and SECRET not in message
     assert proxy.faults["body_stall"] >= 1, proxy.faults  # the stall was hit mid-body, not some other failure
     return message
 
@@ -113,7 +120,13 @@ def test_the_shard_cache_prestaging_through_a_stall_fails_named(s3_bucket, tmp_p
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
     proxy = FaultProxy(endpoint, body_stall=lambda method, path: method == "GET" and path.endswith(".tar"), stall_seconds=60)
     try:
-        store = ObjectStore(f"s3://{bucket}/drape", endpoint_url=proxy.url, connect_timeout=1, read_timeout=1, retry_attempts=2)
+        store = ObjectStore(
+            f"s3://{bucket}/drape",
+            endpoint_url=proxy.url,
+            connect_timeout=TIMEOUT_S,
+            read_timeout=TIMEOUT_S,
+            retry_attempts=2,
+        )
         cache = ShardCache(tmp_path / "cache", store, prefix, manifest, budget_bytes=1 << 30, concurrency=1)
         started = time.monotonic()
         with pytest.raises(CacheError) as error:

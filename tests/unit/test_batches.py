@@ -123,10 +123,10 @@ class _Stuck(_TwoSamples):
 
 def test_a_read_that_never_returns_is_an_error_after_the_timeout():
     before = {p.pid for p in multiprocessing.active_children()}
-    prefetcher = _prefetcher(StageData({0: _Stuck()}, [2]), timeout_seconds=1.5)
+    prefetcher = _prefetcher(StageData({0: _Stuck()}, [2]), timeout_seconds=0.5)
     started = time.monotonic()
     with pytest.raises(
-        BatchError, match=r"stage texture, step 0: no batch after 1.5 s \(data.loader.timeout_seconds\): is a read stuck"
+        BatchError, match=r"stage texture, step 0: no batch after 0.5 s \(data.loader.timeout_seconds\): is a read stuck"
     ):
         prefetcher.next()
     assert time.monotonic() - started < 10

@@ -21,6 +21,7 @@ def test_the_default_budget_is_at_most_a_minute_and_the_attempts_fit_it():
     assert (retries + 1) * timeout + backoff_seconds(retries) <= budget
     assert 6 * 60 + backoff_seconds(5) > 400  # Prefect's defaults: 6 attempts of 60 s and backoff
     assert prefect_bounds(10) == {"PREFECT_API_REQUEST_TIMEOUT": "10", "PREFECT_CLIENT_MAX_RETRIES": "0"}
+    assert prefect_bounds(3) == {"PREFECT_API_REQUEST_TIMEOUT": "3", "PREFECT_CLIENT_MAX_RETRIES": "0"}  # the tests' budget
 
 
 def test_a_silent_prefect_api_is_a_clear_error_within_the_budget(monkeypatch):
@@ -35,13 +36,13 @@ def test_a_silent_prefect_api_is_a_clear_error_within_the_budget(monkeypatch):
     def nothing() -> int:
         return 1
 
-    started = time.monotonic()
+    started = time.monotonic()  # a budget of 3 s: the wait the test spends is the budget
     with temporary_settings(updates={PREFECT_API_URL: endpoint}), pytest.raises(PrefectUnavailable) as raised:
-        with client_budget(10):
+        with client_budget(3):
             nothing()
-    assert time.monotonic() - started <= 10 + 5  # the budget, and slack for a loaded machine (the defaults: 428.6 s)
+    assert time.monotonic() - started <= 3 + 5  # the budget, and slack for a loaded machine (the defaults: 428.6 s)
     message = str(raised.value)
-    assert "did not answer within orchestration.max_wait_seconds 10 s" in message
+    assert "did not answer within orchestration.max_wait_seconds 3 s" in message
     assert endpoint.split("@")[1] in message and "hunter2" not in message
 
 
@@ -57,7 +58,7 @@ def test_drape_run_against_a_silent_prefect_api_exits_1_with_one_line_naming_it(
         monkeypatch.delenv(name, raising=False)
     endpoint = silent_endpoint(monkeypatch) + "/api"
     path = tmp_path / "config.yaml"
-    config = tiny_config(tmp_path / "drape", orchestration={"max_wait_seconds": 10})
+    config = tiny_config(tmp_path / "drape", orchestration={"max_wait_seconds": 3})  # the wait the test spends
     path.write_text(yaml.safe_dump(config.model_dump(mode="json", by_alias=True)))
     started = time.monotonic()
     with temporary_settings(updates={PREFECT_API_URL: endpoint}):

@@ -54,20 +54,44 @@ def test_object_store_keys_cannot_leave_the_store(tmp_path):
 
 def test_an_endpoint_that_accepts_and_never_answers_fails_within_its_bound(monkeypatch):
     endpoint = silent_endpoint(monkeypatch)
-    store = ObjectStore("s3://silent/x", endpoint_url=endpoint, connect_timeout=1, read_timeout=1, retry_attempts=2)
+    # timeouts of 0.2 s: the endpoint accepts at once and never answers, so only the bound is waited for
+    store = ObjectStore("s3://silent/x", endpoint_url=endpoint, connect_timeout=0.2, read_timeout=0.2, retry_attempts=2)
     started = time.monotonic()
     with pytest.raises(Exception, match="timeout"):
         store.read_bytes("datasets/a/v1/manifest.json")
-    assert time.monotonic() - started < 15  # 2 attempts × 1 s, backoff, no s3fs retries on top
+    assert time.monotonic() - started < 10  # 2 attempts × 0.2 s, backoff, no s3fs retries on top
     with pytest.raises(StorageError, match="must not carry credentials"):
         ObjectStore("s3://AKIA:secret-key@silent/x")
 
 
 def test_a_silent_endpoint_is_a_storage_error_naming_it_and_the_bound(monkeypatch):
     endpoint = silent_endpoint(monkeypatch)
-    store = ObjectStore("s3://silent/x", endpoint_url=endpoint, connect_timeout=0.5, read_timeout=0.5, retry_attempts=1)
+    store = ObjectStore("s3://silent/x", endpoint_url=endpoint, connect_timeout=0.2, read_timeout=0.2, retry_attempts=1)
     for call in (lambda: store.exists("a/b"), lambda: store.list("a"), lambda: store.put_bytes(b"x", "a/b")):
         started = time.monotonic()
-        with pytest.raises(StorageError, match=rf"endpoint {endpoint} did not answer.*read_timeout_seconds 0.5"):
+        with pytest.raises(StorageError, match=rf"endpoint {endpoint} did not answer.*read_timeout_seconds 0.2"):
             call()
         assert time.monotonic() - started < 10
+
+
+def test_retry_attempts_counts_every_attempt_botocore_makes(monkeypatch):
+    """storage.retry_attempts is the attempts of a request in all (what max_wait is computed for):
+    botocore's `max_attempts` counted the retries after the first, one attempt (and its backoff) more."""
+    import socket
+    import threading
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
+    server, accepted = socket.socket(), []
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    threading.Thread(target=lambda: [accepted.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
+    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    for attempts in (1, 2):
+        store = ObjectStore(
+            "s3://silent/x", endpoint_url=endpoint, connect_timeout=0.2, read_timeout=0.2, retry_attempts=attempts
+        )
+        before = len(accepted)
+        with pytest.raises(StorageError, match=f"{attempts} attempt"):
+            store.read_bytes("a/b")
+        assert len(accepted) - before == attempts  # one connection an attempt: botocore never reuses a timed-out one
