@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 from diffusers import DDIMScheduler, DDPMScheduler, FlowMatchEulerDiscreteScheduler
-from diffusers.training_utils import compute_density_for_timestep_sampling, compute_snr
 
 from drape.config import DiffusionConfig
 
@@ -48,6 +47,9 @@ class DdpmObjective:
     def min_snr_weights(self, timesteps: torch.Tensor, gamma: float) -> torch.Tensor:
         """Per-sample Min-SNR-γ weights of the MSE on this objective's target: min(SNR, γ) for x0,
         divided by SNR for epsilon and by SNR + 1 for v (diffusers' train_text_to_image.py)."""
+        # imported when used: diffusers.training_utils costs ~3 s of CPU in every process that imports it
+        from diffusers.training_utils import compute_snr
+
         snr = compute_snr(self.scheduler, timesteps)
         weights = torch.clamp(snr, max=gamma)
         kind = self.scheduler.config.prediction_type
@@ -71,9 +73,10 @@ class FlowMatchingObjective:
 
     def draw_timesteps(self, count: int, generator: torch.Generator) -> torch.Tensor:
         """`count` model timesteps t × num_train_timesteps, t logit-normal in (0, 1)."""
-        t = compute_density_for_timestep_sampling(
-            "logit_normal", count, self.diffusion.logit_mean, self.diffusion.logit_std, generator=generator
-        )
+        # diffusers' compute_density_for_timestep_sampling("logit_normal", ...): the same draw, without
+        # importing diffusers.training_utils (~3 s of CPU in every trainer process)
+        normal = torch.normal(self.diffusion.logit_mean, self.diffusion.logit_std, size=(count,), generator=generator)
+        t = torch.sigmoid(normal)
         return t * self.diffusion.num_train_timesteps
 
     def timesteps_at(self, fraction: float, count: int) -> torch.Tensor:
