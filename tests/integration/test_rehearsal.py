@@ -67,12 +67,16 @@ def _fleet(path: Path, nodes: tuple[str, ...]) -> None:
     path.write_text(yaml.safe_dump({"groups": groups}))
 
 
-def _until(predicate, timeout: float, what: str, every: float = 0.2):
+def _until(predicate, timeout: float, what: str, every: float = 0.2, flow: subprocess.Popen | None = None):
+    """`predicate`'s first true value, polled every `every` s; fails after `timeout` s, or at once
+    when `flow` (the watcher of the flow run that should make it happen) has ended."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
+        if flow is not None and flow.poll() is not None:
+            pytest.fail(f"rehearsal: the flow run ended before {what}:\n{flow.communicate()[0][-4000:]}")
         if time.monotonic() > deadline:
             pytest.fail(f"rehearsal: {what} did not happen within {timeout:.0f} s")
         time.sleep(every)
@@ -96,6 +100,18 @@ def _pids(**env: str | set[str]) -> list[int]:
             if all(environ.get(name) in ({value} if isinstance(value, str) else value) for name, value in env.items()):
                 found.append(int(entry.name))
     return found
+
+
+def _kill(pids: list[int]) -> list[int]:
+    """SIGKILL each of `pids`; returns those that were still there."""
+    killed = []
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        except ProcessLookupError:
+            pass
+    return killed
 
 
 class Rehearsal:
@@ -177,7 +193,7 @@ def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushga
     import boto3
     import sqlalchemy
 
-    from drape.cli.stack import Stack, free_port
+    from drape.cli.stack import PREFECT_FILE, Stack, free_port
 
     root = tmp_path_factory.mktemp("rehearsal")
     fleet = root / "fleet.yaml"
@@ -212,17 +228,19 @@ def rehearsal(tmp_path_factory, moto_server, postgres_url, mlflow_server, pushga
     rehearsal = Rehearsal(root, config_path, stack, env, nodes)
     try:
         stack.start_server()
-        stack.create_pools()
-        stack.deploy()
+        # the one pool and deployment it runs (test_deployments.py deploys them all): each `prefect`
+        # command is an interpreter start, and `deploy --all` loads every flow's entry point
+        stack.prefect("work-pool", "create", "local", "--type", "process", "--overwrite")
+        stack.prefect("deploy", "--name", "staged-training/rehearsal", "--prefect-file", str(PREFECT_FILE))
         stack.start_worker("local", prefix=nodes.command("flow"))  # its flow runs: on the flow's node
         rehearsal.start_dispatcher()
         yield rehearsal
     finally:
         if rehearsal.dispatcher is not None:
             os.killpg(rehearsal.dispatcher.pid, signal.SIGKILL)
-        stack.stop()
-        for pid in _pids(DRAPE_JOB_ID={job["id"] for job in rehearsal.store.jobs()}):  # nothing a job
-            os.kill(pid, signal.SIGKILL)  # started outlives the rehearsal (its jobs: not another test's)
+        stack.stop(grace=5)  # a throwaway server and worker: their graceful stop held teardown 20 s
+        # nothing a job started outlives the rehearsal (its jobs: not another test's)
+        _kill(_pids(DRAPE_JOB_ID={job["id"] for job in rehearsal.store.jobs()}))
         nodes.close()
         if saved is None:
             os.environ.pop("PREFECT_WORKER_QUERY_SECONDS", None)
@@ -319,9 +337,11 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     # 2. the node training stage 2 lost whole, and the flow's process with it ------------------
     started = time.monotonic()
     second_flow = rehearsal.deployment_run("run_name=rehearsal-2")
-    second = _until(lambda: next(iter(set(_run_ids(rehearsal)) - {first}), None), 300, "run 2 starting")
-    job = _until(lambda: rehearsal.running_job(second, "texture"), 300, "stage 2's job running")
-    _until(lambda: rehearsal.checkpoint(second, "texture", 20), 300, "stage 2's first sharded checkpoint published")
+    second = _until(lambda: next(iter(set(_run_ids(rehearsal)) - {first}), None), 300, "run 2 starting", flow=second_flow)
+    job = _until(lambda: rehearsal.running_job(second, "texture"), 300, "stage 2's job running", flow=second_flow)
+    _until(
+        lambda: rehearsal.checkpoint(second, "texture", 20), 300, "stage 2's first sharded checkpoint published", flow=second_flow
+    )
     lost = rehearsal.node_of(job)
     survivor = next(node for node in TRAINERS if node != lost)
     _fleet(Path(rehearsal.config.queue.inventory or ""), (survivor,))  # the node leaves the fleet (DCGM: no series)
@@ -330,23 +350,27 @@ def test_the_production_path_survives_kills_and_resumes_to_the_same_weights(rehe
     for pid in flow_pids:
         os.kill(pid, signal.SIGKILL)
     assert rehearsal.nodes.kill(lost)  # every process on it, then its disk
+    assert not rehearsal.jobs(second, "geometry")
+    # resumed at once: the killed flow's lease is taken over (its holder provably dead), no wait for
+    # its watcher, which sees the flow run crash meanwhile
+    resumed = rehearsal.deployment_run(f"resume={second}", "run_name=rehearsal-2-resumed")
     try:
-        second_flow.communicate(timeout=120)  # the watcher sees the flow run crash
+        second_flow.communicate(timeout=120)
     except subprocess.TimeoutExpired:
         second_flow.kill()
         second_flow.communicate()
-    assert not rehearsal.jobs(second, "geometry")
-    resumed = rehearsal.deployment_run(f"resume={second}", "run_name=rehearsal-2-resumed")
 
     # 3. one rank of stage 3's job killed ------------------------------------------------------
-    geometry = _until(lambda: rehearsal.running_job(second, "geometry"), 600, "stage 3's job running")
-    _until(lambda: rehearsal.checkpoint(second, "geometry", 20), 300, "stage 3's first sharded checkpoint")
-    rank_one = _until(lambda: _pids(DRAPE_JOB_ID=geometry["id"], RANK="1"), 60, "stage 3's rank 1")
-    for pid in rank_one:  # rank 1 and the decoding worker it forked
-        os.kill(pid, signal.SIGKILL)
+    geometry = _until(lambda: rehearsal.running_job(second, "geometry"), 600, "stage 3's job running", flow=resumed)
+    # rank 1 found while it starts: the kill must land between the first checkpoint and the last
+    # step (40 steps, seconds), and a scan of every process's environment takes seconds on a busy machine
+    rank_one = _until(lambda: _pids(DRAPE_JOB_ID=geometry["id"], RANK="1"), 60, "stage 3's rank 1", flow=resumed)
+    _until(lambda: rehearsal.checkpoint(second, "geometry", 20), 300, "stage 3's first sharded checkpoint", flow=resumed)
+    assert _kill(rank_one), "rehearsal: stage 3's rank 1 ended before it could be killed"
+    _kill(_pids(DRAPE_JOB_ID=geometry["id"], RANK="1"))  # the decoding worker rank 1 forked, if it outlived it
 
     # 4. the dispatcher killed during stage 4's job, then started again --------------------------
-    denoise = _until(lambda: rehearsal.running_job(second, "denoise"), 600, "stage 4's job running")
+    denoise = _until(lambda: rehearsal.running_job(second, "denoise"), 600, "stage 4's job running", flow=resumed)
     assert rehearsal.dispatcher is not None
     os.killpg(rehearsal.dispatcher.pid, signal.SIGKILL)
     rehearsal.dispatcher.wait()
