@@ -205,3 +205,26 @@ def test_the_sweep_deletes_superseded_baselines_hand_offs_after_the_grace(store,
     assert store.list(old) == []
     for kept in (current, other_stage):
         get_tree(store, kept, tmp_path / "fetched" / kept.replace("/", "_"))  # whole and verified
+
+
+def test_the_checkpoint_a_job_ends_on_is_published_even_when_this_run_saved_nothing(store, tmp_path):
+    """A retry that resumed from the last step's checkpoint its killed run saved but never published
+    trains no step: closing the publisher with that checkpoint as `final` publishes it, and only when
+    the store does not record it yet."""
+    directory = tmp_path / "checkpoints"
+    saved_by_the_killed_run = _checkpoint(directory, 60)
+
+    def records() -> int:
+        return len(read_archive_manifest(store, archive_manifest_prefix("r4")))
+
+    retry = CheckpointPublisher(store, POLICY, run_id="r4", stage="texture")
+    assert newest_published(store, "r4", "texture") is None
+    assert retry.close(final=saved_by_the_killed_run) > 0
+    assert newest_published(store, "r4", "texture") == "step-0000060"
+    once = records()
+    assert once > 0
+    recorded = CheckpointPublisher(store, POLICY, run_id="r4", stage="texture")
+    assert recorded.close(final=saved_by_the_killed_run) == 0 and records() == once  # in the store: not sent again
+    queued = CheckpointPublisher(store, POLICY, run_id="r4", stage="texture")
+    queued(_checkpoint(directory, 80))
+    assert queued.close(final=directory / "step-0000080") > 0 and records() == 2 * once  # the queued upload, not a second

@@ -23,7 +23,7 @@ from drape import next_stage
 from drape.jsonfile import read_json_object
 from drape.layout import checkpoint_dirs, checkpoint_order, checkpoint_step
 from drape.storage.bases import fetch_bases
-from drape.storage.handoff import fetch_checkpoint, get_tree, newest_published, publish_checkpoint
+from drape.storage.handoff import fetch_checkpoint, get_tree, newest_published, publish_checkpoint, published
 from drape.storage.store import ObjectStore, remove_tree
 from drape.training.loop.state import resume_point
 
@@ -46,8 +46,11 @@ class CheckpointPublisher:
         self.seconds += time.perf_counter() - started
         return sent
 
-    def close(self, *, raise_errors: bool = True) -> int:
-        """Wait for every upload; the bytes sent. The first failure is raised (unless told not to)."""
+    def close(self, *, raise_errors: bool = True, final: Path | None = None) -> int:
+        """Wait for every upload; the bytes sent. The first failure is raised (unless told not to).
+        `final`, the checkpoint the job ends on, is published too when this node's part of it is not
+        in the store yet: a retry that resumed from a last-step checkpoint its killed run saved but
+        never published trains no step and saves nothing, and the pipeline fetches it from the store."""
         self.pool.shutdown(wait=True)
         sent, failure = 0, None
         for future in self.futures:
@@ -56,9 +59,26 @@ class CheckpointPublisher:
                 sent += future.result()
             elif failure is None:
                 failure = error
+        if failure is None and final is not None and not self._recorded(Path(final)):
+            try:
+                sent += self._publish(Path(final))
+            except Exception as error:  # noqa: BLE001 (said as a publishing failure below)
+                failure = error
         if failure is not None and raise_errors:
             raise RuntimeError(f"stage {self.stage}: a checkpoint could not be published to {self.store!r}: {failure}")
         return sent
+
+    def _recorded(self, path: Path) -> bool:
+        """Whether the store records every file of this node's copy of checkpoint `path` that its manifest lists."""
+        if path.parent.name != "checkpoints":
+            return True  # the starting weights (init/), never trained on: not the stage's to publish
+        try:
+            listed = read_json_object(path / "manifest.json", "checkpoint manifest").get("files", {})
+        except (OSError, ValueError, AttributeError):
+            return True  # no manifest here: not a checkpoint this node can publish whole
+        here = {name for name in (listed if isinstance(listed, dict) else {}) if (path / name).is_file()} | {"manifest.json"}
+        records = published(self.store, self.run_id, self.stage, path.parent.name).get(path.name, [])
+        return here <= {record["key"].split(f"/{path.name}/", 1)[1] for record in records}
 
 
 def fetch_init(store: ObjectStore, key: str, stage_dir: Path, *, bases: Path | None = None) -> Path:

@@ -200,7 +200,7 @@ class StageJob:
                     publisher.close(raise_errors=False)  # what was saved is published: a retry resumes from it
                 raise
             if publisher is not None:
-                publisher.close()
+                publisher.close(final=Path(result.checkpoint))
         job_result = StageJobResult(
             result,
             cache.read_wait_seconds - read_wait_before,
