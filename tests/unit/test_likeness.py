@@ -139,7 +139,10 @@ def test_one_offset_tells_a_contrast_change_from_an_offset_on_a_dark_background(
     picture = np.array([40.0, 30.0, 25.0]) + noise.permute(1, 2, 0).numpy()
     mask = np.zeros((128, 96), np.uint8)
     mask[40:100, 25:75] = 255
-    picture[mask > 127] = [150.0, 60.0, 70.0]
+    rows, columns = np.mgrid[0:128, 0:96]
+    dots = (rows % 6 < 3) & (columns % 6 < 3)  # a bright dotted print, far above anything outside the mask
+    garment = np.where(dots[..., None], [230.0, 200.0, 120.0], [150.0, 60.0, 70.0])
+    picture[mask > 127] = garment[mask > 127]
     picture = np.clip(picture, 0, 255).round().astype(np.uint8)
     rest = lights.outside(picture.shape, [(40, 5, 56, 25)], mask)
     brighter = NUISANCE["contrast +5%"](picture[None], [{}], np.random.default_rng(0))[0]
