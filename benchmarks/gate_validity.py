@@ -11,25 +11,23 @@ calibrates instead on the wider suite a reviewer accepts (`drape.gates.suites.nu
 regression suite (`drape.gates.suites.regressions`: the control sample redrawn with one attribute moved
 a little, from a quarter step of skin tone to a hem 12% shorter).
 
-Each run measures two ways side by side on the same samples: the checks as the config has them
-(the baseline) and the aligned checks (`drape.gates.checks.aligned`: light and registration undone
-first), and prints one summary table (rates per resolution and method) and, with `--tables`,
-each calibration's full distribution table. Then the gate itself (`drape.gates.run.judge` with
-every threshold and change tolerance 'nuisance', measured at the gate from the nuisance suite):
-its verdict on a control set of the config's size made of each variant, in a first run and
-against a perfect baseline.
+Each run measures the checks as the config has them, side by side per resolution on the same
+samples, and prints one summary table (rates per resolution) and, with `--tables`, each
+calibration's full distribution table. (It measured the opt-in aligned checks beside them until
+they were removed: docs/gates.md, "Telling a regression from noise", has their last figures.) Then
+the gate itself (`drape.gates.run.judge` with every threshold and change tolerance 'nuisance',
+measured at the gate from the nuisance suite): its verdict on a control set of the config's size
+made of each variant, in a first run and against a perfect baseline.
 
     .venv/bin/python benchmarks/gate_validity.py [--config configs/demo.yaml] [--samples 120] \\
-        [--resolution 64 128 256] [--nuisance] [--tables] [--seed 1] [--no-verdicts | --verdicts-only] \\
-        [--method before|aligned] [--real]
+        [--resolution 64 128 256] [--nuisance] [--tables] [--seed 1] [--no-verdicts | --verdicts-only] [--real]
 
 `--real`: the real recognizers (dlib, PP-OCR) beside the pixel embedder and the glyph check, on real
 photographs under the wide harmless suite and real regressions (benchmarks/gate_real.py).
 
 `--seed` draws the control set with another generator seed than the config's: samples the checks
 were not tuned on (held apart); `--no-verdicts` stops after the per-sample table; `--verdicts-only`
-skips it (the gate measures its own floors, so the verdicts do not depend on it); `--method` runs
-one of the two ways only.
+skips it (the gate measures its own floors, so the verdicts do not depend on it).
 
 At the demo's 64 px a face is 11×14 pixels and a logo letter about 6×4: the production config
 runs at 1024 px. The correlation texture check is measured with its default melted and mirrored
@@ -59,17 +57,7 @@ def _variants(config: PipelineConfig, as_configured: bool) -> dict[str, Pipeline
             update={"mirror_penalty": defaults.mirror_penalty, "sharpness_floor": defaults.sharpness_floor}
         )
         gates = gates.model_copy(update={"texture": texture})
-    aligned = gates.model_copy(
-        update={
-            "identity": gates.identity.model_copy(update={"method": "aligned"}),
-            "texture": gates.texture.model_copy(update={"method": "aligned"}),
-            "coherence": gates.coherence.model_copy(update={"method": "aligned"}),
-        }
-    )
-    return {
-        "before": config.model_copy(update={"gates": gates}),
-        "aligned": config.model_copy(update={"gates": aligned}),
-    }
+    return {"configured": config.model_copy(update={"gates": gates})}
 
 
 def _summary(results: dict[tuple[int, str], tuple[dict, list[Row]]], false_alarm: float, title: str) -> Table:
@@ -221,7 +209,6 @@ def main() -> None:
     )
     parser.add_argument("--no-verdicts", action="store_true", help="per-sample detection only, no gate verdicts")
     parser.add_argument("--verdicts-only", action="store_true", help="the gate verdicts only, no per-sample table")
-    parser.add_argument("--method", choices=("before", "aligned"), default=None, help="one method only (default: both)")
     parser.add_argument(
         "--real", action="store_true", help="the real recognizers on real images instead (benchmarks/gate_real.py)"
     )
@@ -249,8 +236,6 @@ def main() -> None:
         sized = config.model_copy(update={"data": config.data.model_copy(update={"resolution": resolution})})
         control = controls[resolution] = synthesize_split(sized, "control", args.samples)
         for method, variant in _variants(sized, args.as_configured).items():
-            if args.method not in (None, method):
-                continue
             configs[(resolution, method)] = variant
             if args.verdicts_only:
                 results[(resolution, method)] = {}, _unscored_rows(suite or CLEAN, args.nuisance)

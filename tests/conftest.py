@@ -74,7 +74,7 @@ LONGEST_FIRST = (
     "integration/test_distributed.py",
     "integration/test_dashboards.py",
     "integration/test_deployments.py",
-    "unit/test_aligned.py",
+    "unit/test_likeness.py",
     "integration/test_serve_signals.py",
     "unit/test_floor.py",
     "integration/test_trainer_process.py",

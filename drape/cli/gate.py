@@ -90,6 +90,7 @@ def gate_calibrate(
         "registrations: drape.gates.suites.harmless); default: the config's gates.nuisance_suite",
     ),
     drift_margin: float = typer.Option(0.02, help="dlib: max_drift is the largest harmless drift of a sample plus this"),
+    warp_margin: float = typer.Option(0.001, help="max_warp (local geometry) is the largest harmless warp of a sample plus this"),
     text_margin: float = typer.Option(0.05, help="OCR: min_text_lower is the lowest harmless lower bound less this"),
     write: Path | None = typer.Option(None, help="write the calibrated values as a new config that extends --config"),
 ) -> None:
@@ -98,10 +99,11 @@ def gate_calibrate(
     level (the bootstrap lower bound, over redrawn control sets): the value thresholds a config
     takes; and what a recognizer's per-sample rules need at this resolution (--write: as a config)."""
     from drape.gates.recognizers import ControlSetError
-    from drape.gates.suites.calibration import calibrate, gate_thresholds, render_gate_table, render_table, rule_settings
+    from drape.gates.suites.calibrated import rule_settings
+    from drape.gates.suites.calibration import calibrate, gate_thresholds, render_gate_table, render_table
 
     cfg = load(config)
-    _check_rates(false_alarm, redraws, drift_margin, text_margin, write, config)
+    _check_rates(false_alarm, redraws, (drift_margin, warp_margin, text_margin), write, config)
     arrays, clean, reference = _calibration_inputs(cfg, control, samples, outputs, baseline_outputs)
     clean_suite = _nuisance_suite(suite or cfg.gates.nuisance_suite) if nuisance else None
     regressions = nuisance and control is None and outputs is None  # redrawn targets: synthesized sets only
@@ -121,14 +123,14 @@ def gate_calibrate(
     )
     console.print(render_gate_table(gate, gate_rows, false_alarm=false_alarm, configured=configured, title=title))
     _print_config_lines(gate, stage, false_alarm, vs_baseline=baseline_outputs is not None)
-    rules = rule_settings(cfg, rows, drift_margin=drift_margin, text_margin=text_margin)
+    rules = rule_settings(cfg, rows, drift_margin=drift_margin, text_margin=text_margin, warp_margin=warp_margin)
     _rules(rules, arrays["target"].shape[1:3], write, config, cfg, gate, vs_baseline=baseline_outputs is not None, note=title)
 
 
 def _rules(rules: list, shape, write: Path | None, config_path: Path | None, cfg, gate: dict, *, vs_baseline: bool, note: str):
     """Print the per-sample rules' settings at this resolution; with `write`, the calibrated config
     there (`write_calibrated`), or an input error (exit 2) naming why not."""
-    from drape.gates.suites.calibration import write_calibrated
+    from drape.gates.suites.calibrated import write_calibrated
 
     for setting in rules:
         console.print(f"{setting.line()} ({'x'.join(map(str, shape))} px)")
@@ -141,14 +143,14 @@ def _rules(rules: list, shape, write: Path | None, config_path: Path | None, cfg
     console.print(f"wrote {write}")
 
 
-def _check_rates(false_alarm: float, redraws: int, drift_margin: float, text_margin: float, write, config) -> None:
+def _check_rates(false_alarm: float, redraws: int, margins: tuple[float, float, float], write, config) -> None:
     if not 0 < false_alarm < 0.5:
         fail(f"--false-alarm must be in (0, 0.5), got {false_alarm}")
     if redraws < 20:
         fail(f"--redraws must be at least 20, got {redraws}")
-    for name, value in (("--drift-margin", drift_margin), ("--text-margin", text_margin)):
-        if not 0 <= value <= 0.5:  # NaN fails both comparisons
-            fail(f"{name} must be a number in [0, 0.5], got {value}")
+    for name, value in zip(("--drift-margin", "--warp-margin", "--text-margin"), margins):
+        if not 0 < value <= 0.5:  # NaN fails both comparisons; 0 would put a rule exactly on a harmless kind
+            fail(f"{name} must be a number in (0, 0.5] (a rule at zero margin passes a harmless kind by a hair), got {value}")
     if write is not None and config is None:
         fail("--write needs --config: the calibrated config extends it")
 

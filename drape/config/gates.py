@@ -27,12 +27,16 @@ def _threshold_for(threshold: Threshold, stage: str) -> float | str | None:
     return threshold.get(stage) if isinstance(threshold, dict) else threshold
 
 
-ALIGNED = "drape.gates.checks.aligned: the difference left once light and registration are undone"
+# Each check has one method. The opt-in 'aligned' methods (the difference left once light and
+# registration are undone) were removed: they failed harmless tone curves, sharpening and a shift +
+# re-encoding at every resolution measured (docs/gates.md, "Telling a regression from noise"). A
+# config that still names one is refused at load, naming the field and the one method allowed.
+REMOVED = "; 'aligned' was removed (docs/gates.md: the real recognizers with max_warp replace it)"
 
 
 class IdentityGateConfig(StrictModel):
-    method: Literal["embedding", "aligned"] = Field(
-        default="embedding", description=f"embedding: cosine of face embeddings (`embedder`); aligned: {ALIGNED}"
+    method: Literal["embedding"] = Field(
+        default="embedding", description=f"embedding: the face's similarity through `embedder`, the one method{REMOVED}"
     )
     embedder: Literal["pixel", "onnx", "dlib", "arcface"] = Field(
         default="pixel",
@@ -97,7 +101,6 @@ class IdentityGateConfig(StrictModel):
         description="the threshold on the mean identity similarity: one value, one per stage, or 'nuisance' (the floor "
         "measured at the gate); unset: not configured, which blocks promotion",
     )
-    max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
     max_drop: MaxDrop = Field(default=0.05, description=MAX_DROP)
 
     @model_validator(mode="after")
@@ -125,13 +128,13 @@ class IdentityGateConfig(StrictModel):
     @property
     def is_recognizer(self) -> bool:
         """A face recognizer (detection, landmarks, alignment): dlib or arcface."""
-        return self.method == "embedding" and self.embedder in ("dlib", "arcface")
+        return self.embedder in ("dlib", "arcface")
 
 
 class TextureGateConfig(StrictModel):
-    method: Literal["correlation", "aligned"] = Field(
+    method: Literal["correlation"] = Field(
         default="correlation",
-        description=f"correlation: normalised cross-correlation with the mirror and sharpness terms; aligned: {ALIGNED}",
+        description=f"correlation: normalised cross-correlation with the mirror and sharpness terms, the one method{REMOVED}",
     )
     min_fidelity: Threshold = Field(
         default=None,
@@ -167,10 +170,9 @@ class TextureGateConfig(StrictModel):
 
 
 class CoherenceGateConfig(StrictModel):
-    method: Literal["structure", "aligned"] = Field(
-        default="structure", description=f"structure: edge maps, pooled layout, worst block; aligned: {ALIGNED}"
+    method: Literal["structure"] = Field(
+        default="structure", description=f"structure: edge maps, pooled layout, worst block, the one method{REMOVED}"
     )
-    max_shift_pixels: float = Field(default=2.5, ge=0, description="aligned: the registration searched, in pixels")
     min_score: Threshold = Field(default=None, description="vs the ground truth (a stage's first run, no baseline)")
     min_score_vs_baseline: Threshold = Field(
         default=None,

@@ -20,7 +20,6 @@ from safetensors.torch import save_file
 
 from drape.config import PipelineConfig
 from drape.data.dataset import to_model_inputs
-from drape.gates.checks import aligned, face
 from drape.gates.checks.checks import FaceEmbedder, build_embedder, coherence_scores, identity_scores, texture_scores
 from drape.gates.checks.degenerate import constant_outputs, opaque_rgb, refuse_constant
 from drape.gates.checks.ocr import shared_text_check
@@ -151,9 +150,7 @@ def check_scores(
     meta, gates = control["meta"], config.gates
     faces, logos, targets = [m["face_box"] for m in meta], [m["logo_box"] for m in meta], control["target"]
     values = {}
-    if "identity" in checks and gates.identity.method == "aligned":
-        values["identity"] = face.aligned_identity_scores(outputs, targets, faces, gates.identity.max_shift_pixels)
-    elif "identity" in checks:
+    if "identity" in checks:
         embedder = embedder or build_embedder(gates)
         if isinstance(embedder, RecognizerCheck):  # NaN: no face found in the output (report.py counts it apart)
             matches = embedder.matches(outputs, targets, faces, list(control["keys"]))
@@ -163,9 +160,7 @@ def check_scores(
         else:
             values["identity"] = identity_scores(outputs, targets, faces, embedder)
     texture = gates.texture
-    if "texture" in checks and texture.method == "aligned":
-        values["texture"] = aligned.aligned_texture_scores(outputs, targets, logos, faces, texture.max_shift_pixels)
-    elif "texture" in checks:
+    if "texture" in checks:
         values["texture"] = texture_scores(
             outputs,
             targets,
@@ -176,11 +171,7 @@ def check_scores(
         )
     if "texture" in checks and texture.ocr != "off":  # beside the glyph check: its own per-sample rule (judge)
         values["text"] = shared_text_check(texture.ocr).scores(outputs, targets, logos, list(control["keys"]))
-    if "coherence" in checks and reference is not None and gates.coherence.method == "aligned":
-        values["coherence"] = aligned.aligned_coherence_scores(
-            outputs, reference, faces, control["mask"], gates.coherence.max_shift_pixels
-        )
-    elif "coherence" in checks and reference is not None:
+    if "coherence" in checks and reference is not None:
         values["coherence"] = coherence_scores(outputs, reference, control["mask"])
     return values
 
@@ -213,7 +204,7 @@ def judge(
     "nuisance": the largest fall under the nuisance suite). `levels`: floors and tolerances already
     measured. A constant output (`drape.gates.checks.degenerate`) fails the gate whatever the scores."""
     gates = config.gates
-    embedder = build_embedder(gates) if gates.identity.method == "embedding" else None
+    embedder = build_embedder(gates)
     vs_baseline, targets = baseline_outputs is not None, control["target"]
 
     def scores(images: np.ndarray, reference: np.ndarray, checks: Collection[str] = CHECKS) -> dict[str, np.ndarray]:

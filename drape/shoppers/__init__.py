@@ -9,6 +9,8 @@ layers, trained once from a few of their photos and reused for all of their try-
 - `adapter`: the LoRA fit, and base + adapter for rendering.
 - `gate`: the personalization gate (held-out photos: identity must beat the base; the control
   set's garments must not drop).
+- `likeness`: the face measure the gate compares base and adapter with (a measure of improvement,
+  not a threshold).
 - `personalize`: the job (`python -m drape.shoppers.personalize JOB.json`).
 - `forget` and `places`: erase every copy, verify, write an audit record.
 

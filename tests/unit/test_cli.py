@@ -44,6 +44,7 @@ EXPECTED_COMMANDS = {
         "nuisance",
         "suite",
         "drift_margin",
+        "warp_margin",
         "text_margin",
         "write",
     ],

@@ -10,14 +10,14 @@ import pytest
 import yaml
 
 from drape.gates.checks.ocr import TextCheck, legible
-from drape.gates.suites.calibration import (
-    Row,
+from drape.gates.suites.calibrated import (
     calibrated_overlay,
     drift_setting,
     rule_settings,
     text_settings,
     write_calibrated,
 )
+from drape.gates.suites.calibration import Row
 from tests.conftest import tiny_config
 
 
@@ -42,6 +42,27 @@ def test_max_drift_is_the_largest_harmless_drift_plus_the_margin_rounded_up():
         "nearest corruption face geometry warp 0.310"
     )
     assert drift_setting([_row("identity", "jpeg q90", False, [0.8], None)], same_similarity=0.4, margin=0.02) is None
+
+
+WARP_ROWS = [
+    _row("identity", "jpeg q90", False, [0.8, 0.8, 0.8], [0.0012, 0.0009, np.nan]),
+    _row("identity", "denoise + resampled 0.8 + shift 1 px", False, [0.7, 0.8, 0.8], [0.0064, 0.0089, 0.0052]),
+    _row("identity", "face geometry warp", True, [0.45, 0.2, 0.6], [0.0300, 0.0010, 0.0250]),
+]
+
+
+def test_max_warp_is_the_largest_harmless_warp_plus_its_margin_to_four_decimals(tmp_path):
+    """The face-warp rule is calibrated like dlib's drift, in its own units (a share of the face width):
+    the largest harmless warp plus `--warp-margin`, rounded up to 4 decimals (2 would make 0.0099 a
+    limit of 0.01 or 0.00)."""
+    dlib = tiny_config(tmp_path / "drape", gates={"identity": {"embedder": "dlib", "max_warp": 0.01}})
+    (setting,) = rule_settings(dlib, WARP_ROWS, drift_margin=0.02, text_margin=0.05, warp_margin=0.001)
+    assert (setting.key, setting.value, setting.level) == ("gates.identity.max_warp", 0.0099, 0.0089)
+    assert setting.weakest == (0.0250, "face geometry warp")  # the warped face dlib still calls the same person
+    assert setting.line() == (
+        "gates.identity.max_warp: 0.0099   # harmless 0.00890 (denoise + resampled 0.8 + shift 1 px), margin 0.001; "
+        "nearest corruption face geometry warp 0.02500"
+    )
 
 
 def test_text_rules_are_the_lowest_harmless_lower_bound_less_the_margin_and_the_largest_misread_share():

@@ -1,2 +1,2 @@
-"""The checks a gate measures per control sample: identity, texture (OCR), cloth coherence, the aligned
-comparison and the light it undoes, and the outputs refused before any threshold."""
+"""The checks a gate measures per control sample: identity, texture (OCR), cloth coherence, the
+control set's own checks, and the outputs refused before any threshold."""

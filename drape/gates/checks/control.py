@@ -17,7 +17,7 @@ from drape.gates.recognizers import ControlSetError, RecognizerCheck, faceless_m
 
 def judges_faces(gates: GatesConfig | None) -> bool:
     """The identity check runs through a recognizer: its sources need faces it finds."""
-    return gates is not None and gates.identity.method == "embedding" and gates.identity.embedder in ("dlib", "arcface")
+    return gates is not None and gates.identity.is_recognizer
 
 
 def _rgb(image) -> np.ndarray:

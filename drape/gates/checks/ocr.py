@@ -2,7 +2,7 @@
 score the two readings by normalized edit distance (the metric text-rendering papers report,
 AnyText's NED: 1 less the Levenshtein distance over the longer string's length).
 
-The glyph check (`drape.gates.checks.checks.texture_scores`, `drape.gates.checks.aligned`) compares strokes; a
+The glyph check (`drape.gates.checks.checks.texture_scores`) compares strokes; a
 letter swapped for one of similar shape ("SALE" → "SAIE") or a changed price keeps most strokes
 in place. Reading the text catches what the strokes hide. Per sample the rule is "the output
 reads as the source does" (a similarity of 1 by default, `gates.texture.min_text_similarity`); a

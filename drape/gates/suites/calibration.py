@@ -17,7 +17,6 @@ the redraws, and how often each corruption falls below it. Config thresholds com
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
@@ -105,7 +104,7 @@ def calibrate(
     clean = control["target"] if clean_outputs is None else clean_outputs
     reference = control["target"] if reference_outputs is None else reference_outputs
     masks = control["garment_mask"]
-    embedder = build_embedder(config.gates) if config.gates.identity.method == "embedding" else None
+    embedder = build_embedder(config.gates)
     clean_scores = _suite_scores(config, control, clean, reference, CLEAN if clean_suite is None else clean_suite, seed, embedder)
     # the strictest clean variant sets the threshold, so every variant stays within `false_alarm`
     thresholds = {
@@ -248,152 +247,3 @@ def render_table(thresholds: dict[str, float], rows: list[Row], *, false_alarm: 
             "met" if met else "[red]missed[/red]",
         )
     return table
-
-
-@dataclass(frozen=True)
-class RuleSetting:
-    """What one per-sample rule needs on this control set, at its resolution: `value` for config key
-    `key`, from the harmless `level` (set by `variant`) and the stated `margin`; `weakest` is the
-    nearest aimed corruption (its value and name: the margin left to what the rule must catch)."""
-
-    key: str
-    value: float
-    level: float
-    variant: str
-    margin: float
-    weakest: tuple[float, str] | None
-
-    def line(self) -> str:
-        """The config line, with where the value came from."""
-        caught = f"; nearest corruption {self.weakest[1]} {self.weakest[0]:.3f}" if self.weakest else ""
-        return f"{self.key}: {self.value:.2f}   # harmless {self.level:.3f} ({self.variant}), margin {self.margin:g}{caught}"
-
-
-def _ceil(value: float) -> float:
-    return float(np.ceil(round(value * 100, 6)) / 100)
-
-
-def _floor(value: float) -> float:
-    return float(np.floor(round(value * 100, 6)) / 100)
-
-
-def _ruled(rows: list[Row], check: str, aimed: bool) -> list[tuple[Row, np.ndarray]]:
-    """(row, its rule values) of `check`'s rows (aimed corruptions or harmless ones) that measured
-    the rule on some sample."""
-    return [
-        (r, r.rule) for r in rows if r.check == check and r.aimed == aimed and r.rule is not None and np.isfinite(r.rule).any()
-    ]
-
-
-def drift_setting(rows: list[Row], *, same_similarity: float, margin: float) -> RuleSetting | None:
-    """`gates.identity.max_drift`: the largest per-sample drift of the same face under the harmless
-    variants, plus `margin` (rounded up to 2 decimals); None when no row measured drift. `weakest`:
-    the smallest drift of an identity corruption's sample that the same-person rule still calls
-    the same person (a drift only the drift rule can catch)."""
-    harmless = [(float(np.nanmax(drift)), r.outputs) for r, drift in _ruled(rows, "identity", False)]
-    if not harmless:
-        return None
-    level, variant = max(harmless)
-    aimed = []
-    for r, drift in _ruled(rows, "identity", True):
-        keep = np.isfinite(drift) & (r.scores >= same_similarity)
-        if keep.any():
-            aimed.append((float(np.min(drift[keep])), r.outputs))
-    return RuleSetting("gates.identity.max_drift", _ceil(level + margin), level, variant, margin, min(aimed) if aimed else None)
-
-
-def text_settings(rows: list[Row], *, min_similarity: float, margin: float) -> list[RuleSetting]:
-    """`gates.texture.min_text_lower` (the lowest bootstrap lower bound of the mean text similarity
-    under the harmless variants, less `margin`, rounded down) and `gates.texture.max_misread_share`
-    (the largest share of samples misread, read otherwise than the target, under a harmless
-    variant, rounded up); `weakest`: the aimed corruption read most like the target. Empty when
-    no row read text (OCR off, or no mark read in any target)."""
-    harmless, aimed = _ruled(rows, "texture", False), _ruled(rows, "texture", True)
-    if not harmless:
-        return []
-    level, variant = min((bootstrap_lower_bound(text), r.outputs) for r, text in harmless)
-    nearest = max(((bootstrap_lower_bound(text), r.outputs) for r, text in aimed), default=None)
-    lower = RuleSetting("gates.texture.min_text_lower", max(_floor(level - margin), 0.01), level, variant, margin, nearest)
-    share, share_variant = max((_misread(text, min_similarity), r.outputs) for r, text in harmless)
-    caught = min(((_misread(text, min_similarity), r.outputs) for r, text in aimed), default=None)
-    return [lower, RuleSetting("gates.texture.max_misread_share", _ceil(share), share, share_variant, 0.0, caught)]
-
-
-def _misread(values: np.ndarray, min_similarity: float) -> float:
-    """The share of judged samples (a target whose mark reads as text) read otherwise than the target."""
-    judged = values[np.isfinite(values)]
-    return float(np.mean(judged < min_similarity - 1e-9)) if len(judged) else 0.0
-
-
-def rule_settings(config: PipelineConfig, rows: list[Row], *, drift_margin: float, text_margin: float) -> list[RuleSetting]:
-    """The per-sample rules' settings (`drift_setting`, `text_settings`) these rows call for under
-    `config`'s recognizer rules (dlib's same-person distance, OCR's per-sample similarity)."""
-    identity, texture = config.gates.identity, config.gates.texture
-    settings = []
-    if identity.embedder == "dlib" and identity.max_drift is not None:
-        same = 1.0 - (identity.same_person or 0.6)
-        found = drift_setting(rows, same_similarity=same, margin=drift_margin)
-        settings += [found] if found else []
-    if texture.ocr != "off":
-        settings += text_settings(rows, min_similarity=texture.min_text_similarity, margin=text_margin)
-    return settings
-
-
-VALUE_KEYS = {
-    "identity": ("identity", "min_similarity"),
-    "texture": ("texture", "min_fidelity"),
-    "coherence": ("coherence", "min_score"),
-}
-
-
-def calibrated_overlay(
-    config_path: Path, config: PipelineConfig, gate: dict[str, float], rules: list[RuleSetting], *, vs_baseline: bool
-) -> dict:
-    """The config that extends `config_path` with the calibrated values: each value threshold
-    (rounded down to 2 decimals) unless the config's is 'nuisance' or 'off' (measured at each gate,
-    or not judged), and the per-sample rules' settings."""
-    gates: dict[str, dict] = {}
-    for check, value in gate.items():
-        section, key = VALUE_KEYS[check]
-        key = "min_score_vs_baseline" if vs_baseline and check == "coherence" else key
-        if getattr(getattr(config.gates, section), key) not in ("nuisance", "off"):
-            gates.setdefault(section, {})[key] = _floor(value)
-    for setting in rules:
-        _, section, key = setting.key.split(".")
-        gates.setdefault(section, {})[key] = setting.value
-    return {"extends": str(Path(config_path).resolve()), "gates": gates}
-
-
-def write_calibrated(
-    path: Path,
-    config_path: Path,
-    config: PipelineConfig,
-    gate: dict[str, float],
-    rules: list[RuleSetting],
-    *,
-    vs_baseline: bool,
-    note: str,
-) -> None:
-    """Write `calibrated_overlay` to `path` (a new file): to a temporary name, loaded back as a
-    config (every value validated), then renamed; ValueError if `path` exists or does not load."""
-    import os
-    import tempfile
-
-    import yaml
-
-    from drape.config import load_config
-
-    path = Path(path)
-    if path.exists():
-        raise ValueError(f"--write {path}: the file exists; name a new one")
-    overlay = calibrated_overlay(config_path, config, gate, rules, vs_baseline=vs_baseline)
-    header = "".join(f"# {line}\n" for line in [f"drape gate calibrate: {note}", *(s.line() for s in rules)])
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".yaml", dir=path.parent)
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(header + yaml.safe_dump(overlay, sort_keys=False))
-        load_config(temporary)  # the calibrated config must load: bounds, extends and every field
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

@@ -103,21 +103,3 @@ NUISANCE: dict[str, Corruption] = {
     "resized 0.75": resized(0.75),
     "blur 0.5 px": blur(0.5),
 }
-
-
-# What an accepted delivery path may do to a whole picture, searched by the aligned face check like
-# the light and the registration (`drape.gates.checks.aligned.reencoded`): re-encoding at ordinary JPEG
-# qualities and a resampling round trip. The values are deliberately not the suite's own (q60, q75,
-# q90; 0.75), so the suite stays a fair test of them. Qualities every 5: two encodings 15 apart
-# quantise a face's chroma differently enough that at 128 px q75 read a skin-tone change of 2.2 ΔE
-# against the nearest of q55/70/85, 1.3 against the nearest of these (a quarter step of tone is 2.5+).
-CODEC_QUALITIES = (52, 57, 62, 67, 72, 77, 82, 87, 92)
-RESAMPLING = (0.7, 0.8, 0.9)
-
-
-def delivered(image: np.ndarray) -> list[np.ndarray]:
-    """`image` (uint8 H×W×3) re-encoded at each of `CODEC_QUALITIES` and resampled at each of
-    `RESAMPLING` and back, as uint8 pictures of the same size."""
-    batch = image[None]
-    paths = [jpeg(quality) for quality in CODEC_QUALITIES] + [resized(factor) for factor in RESAMPLING]
-    return [path(batch, [{}], np.random.default_rng(0))[0] for path in paths]

@@ -95,13 +95,15 @@ JUDGING_ONLY = {
 
 
 def scoring_settings(config: PipelineConfig) -> dict:
-    """The gates settings a check's scores depend on: all but `JUDGING_ONLY`; of `max_drift`, only
-    whether it is set (dlib then describes the blurred face too; the limit itself judges)."""
+    """The gates settings a check's scores depend on: all but `JUDGING_ONLY`; of the drift rules
+    (`max_drift`, `max_warp`), only whether each is set (the drift is then measured; the limit itself
+    judges: a calibrated overlay that moves it reads the scores the config it extends measured)."""
     settings = config.gates.model_dump(mode="json")
     for section, names in JUDGING_ONLY.items():
         for name in names:
             (settings[section] if section else settings).pop(name, None)
-    settings["identity"]["max_drift"] = settings["identity"].get("max_drift") is not None
+    for rule in ("max_drift", "max_warp"):
+        settings["identity"][rule] = settings["identity"].get(rule) is not None
     return settings
 
 

@@ -199,6 +199,20 @@ class CheckResult:
             f"under '{self.floor_variant}' would fail it"
         )
 
+    def at_threshold(self) -> str:
+        """A warning when a lower bound that passed sits exactly at its threshold (zero margin: a
+        threshold 'nuisance' without `gates.floor_margin` is the floor, which the harmless variant that
+        set it reaches exactly; a hair worse fails); empty otherwise. The per-sample rule's lower bound
+        (OCR's `min_text_lower`) likewise."""
+        found = []
+        if self.value_passed and self.threshold is not None and abs(self.lower - self.threshold) <= 1e-9:
+            found.append(f"lower bound {self.lower:.4f} is exactly the threshold ({self.threshold_source})")
+        rule = self.rule
+        if rule is not None and rule.min_lower is not None and rule.values and rule.lower_passed:
+            if abs(rule.lower - rule.min_lower) <= 1e-9:
+                found.append(f"{rule.terms}: lower bound {rule.lower:.4f} is exactly its minimum")
+        return f"{self.name}: passed at zero margin: {'; '.join(found)}" if found else ""
+
     def aggregates(self) -> dict[str, float]:
         """The aggregates metrics carry: ``lower`` (bootstrap 5th percentile), ``mean``, ``min``."""
         return {"lower": self.lower, "mean": self.mean, "min": self.minimum}
@@ -282,8 +296,10 @@ class GateReport:
         return [*self.provenance, *(line for check in self.checks.values() for line in check.failures())]
 
     def notes(self) -> list[str]:
-        """Warnings that do not fail the gate: thresholds above their nuisance floor."""
-        return [note for check in self.checks.values() if (note := check.note())]
+        """Warnings that do not fail the gate: thresholds above their nuisance floor, then lower bounds
+        that passed exactly at their threshold (zero margin)."""
+        above = [note for check in self.checks.values() if (note := check.note())]
+        return above + [note for check in self.checks.values() if (note := check.at_threshold())]
 
     def to_dict(self) -> dict:
         return {

@@ -1,5 +1,5 @@
-"""The light a check undoes before it compares: what the rest of a picture says a global change of
-brightness, contrast and white balance did to it (`drape.gates.checks.aligned`).
+"""The light the likeness measure undoes before it compares: what the rest of a picture says a global
+change of brightness, contrast and white balance did to it (`drape.shoppers.likeness.face`).
 
 Each channel of the output is fitted as gain × reference + offset on 4×4 blocks where the model
 should have changed nothing, robustly; where that rest cannot tell lights apart (a background of one

@@ -1,7 +1,15 @@
-"""The face's aligned check (`gates.identity.method: aligned`): what is left of a face once the
-light, the registration and the delivery path are undone (`drape.gates.checks.aligned`), read two ways:
-the largest windowed residual (a nose, a jaw, eyes that moved) and the skin tone's change in
-L*a*b* over the face's flat skin (a tone no delivery path explains).
+"""The likeness measure: how much of a shopper's face an output keeps, for the personalization gate
+(`drape.shoppers.gate`), which asks whether an adapter holds the shopper *better than the base model*
+on the same held-out photos, never whether one output passes a fixed threshold.
+
+What is left of a face once the light (`drape.shoppers.likeness.light`), the registration and the
+delivery path (`drape.shoppers.likeness.registration`) are undone, read two ways: the largest windowed
+residual (a nose, a jaw, eyes that moved) and the skin tone's change in L*a*b* over the face's flat
+skin (a tone no delivery path explains). It was the gates' opt-in `gates.identity.method: aligned`;
+as a gate it failed harmless tone curves, sharpening and a shift + re-encoding (docs/gates.md,
+"Telling a regression from noise"), so the gates dropped it. Compared between two models on the same
+photos, seeds and delivery, what those harmless kinds do to it cancels; it still tells one person from
+another where the pixel embedding mostly sees that a face was rendered at all (docs/personalization.md).
 """
 
 from __future__ import annotations
@@ -10,9 +18,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from drape.gates.checks.aligned import _FACE_PAD, _blur, _change, _region, align
 from drape.gates.checks.checks import lab as _lab
-from drape.gates.checks.light import outside, plausible_lights
+from drape.shoppers.likeness.light import outside, plausible_lights
+from drape.shoppers.likeness.registration import FACE_PAD, _blur, _region, align_versions, change
 
 # What counts as a full unit of change, per term: the same multiple (11.5×) of their 99th
 # percentiles on the nuisance suite at 128 px (residual 0.0142, tone ΔE 1.85; measured with
@@ -20,9 +28,10 @@ from drape.gates.checks.light import outside, plausible_lights
 # of its nuisance floor and neither hides the other: a quarter step of skin tone (ΔE 2.5-5) and a
 # nose 6% longer (a residual of 0.016-0.05) both show.
 FACE_UNIT, TONE_UNIT = 0.163, 21.3
+MAX_SHIFT = 2.5  # the registration searched, in pixels (the gates' old `identity.max_shift_pixels` default)
 
 
-def face_ellipse(shape: tuple[int, ...], box, pad: float = _FACE_PAD, share: float = 0.8) -> torch.Tensor:
+def face_ellipse(shape: tuple[int, ...], box, pad: float = FACE_PAD, share: float = 0.8) -> torch.Tensor:
     """bool (h, w) over `align`'s region of `box` (padded by `pad`): the ellipse inscribed in the box,
     scaled by `share`, where a face's own skin is (not the hair or a background of a similar colour)."""
     x0, y0, x1, y1 = _region(box, pad, shape)
@@ -70,20 +79,16 @@ def tone_difference(
     return float(np.linalg.norm(np.median(change, axis=0)))
 
 
-def face_change(output: np.ndarray, source: np.ndarray, box, max_shift: float = 2.5) -> tuple[float, float] | None:
-    """(aligned residual, skin-tone ΔE) of the face in `box`, against the source relit, registered
-    (on both pictures blurred by 1 px) and delivered (`drape.gates.suites.nuisance.delivered`) as the
-    output is closest to; None when the box is empty. Only the face searches delivery paths: a
-    resampled mark is as soft as a melted one."""
+def face_change(output: np.ndarray, source: np.ndarray, box, max_shift: float = MAX_SHIFT) -> tuple[float, float] | None:
+    """(residual, skin-tone ΔE) of the face in `box`, against the source relit, registered
+    (on both pictures blurred by 1 px) and delivered (`drape.shoppers.likeness.registration.delivered`) as the
+    output is closest to; None when the box is empty."""
     # every light the rest of the picture cannot tell apart, none among them (under JPEG q60 a light
     # face's fit found a green gain of 0.974, and its tone read 2.59 ΔE relit against 1.18 with the
     # light left alone)
     lights = plausible_lights(output, source, outside(output.shape, [box]))
-    every = [
-        align(output, source, box, light, max_shift=max_shift, pad=_FACE_PAD, every=True, reencode=True, registration_blur=1.0)
-        for light in lights
-    ]
-    if every[0] is None:
+    every = [found for light in lights if (found := align_versions(output, source, box, light, max_shift=max_shift))]
+    if not every:  # an empty box: no light gives a region
         return None
     seen, versions = every[0][0], [version for _, found in every for version in found]
     # the tone change no delivery path explains: the least against any version of the reference
@@ -91,12 +96,13 @@ def face_change(output: np.ndarray, source: np.ndarray, box, max_shift: float = 
     tone = min(tone_difference(seen, version, where=where) for version in versions)
     # likewise the residual: the least against any version (the closest in squared error can leave a
     # larger worst window: a blur matches a resampled face's mean error, not its edges)
-    return min(_change((seen, version)) for version in versions), tone
+    return min(change(seen, version) for version in versions), tone
 
 
-def aligned_identity_scores(outputs: np.ndarray, sources: np.ndarray, face_boxes: list, max_shift: float = 2.5) -> np.ndarray:
-    """Per sample, 1 less the larger of the face's aligned residual (in units of `FACE_UNIT`) and its
-    skin-tone ΔE (in units of `TONE_UNIT`), floored at 0: 1 is the source's face under another light."""
+def likeness_scores(outputs: np.ndarray, sources: np.ndarray, face_boxes: list, max_shift: float = MAX_SHIFT) -> np.ndarray:
+    """Per sample, 1 less the larger of the face's residual (in units of `FACE_UNIT`) and its
+    skin-tone ΔE (in units of `TONE_UNIT`), floored at 0: 1 is the source's face under another light.
+    `max_shift`: the registration searched, in pixels (default 2.5)."""
     scores = []
     for output, source, box in zip(outputs, sources, face_boxes):
         terms = face_change(output, source, box, max_shift)
