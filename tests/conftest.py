@@ -222,12 +222,13 @@ def moto_server():
     _stop(process)
 
 
-def silent_endpoint(monkeypatch) -> str:
+def silent_endpoint(monkeypatch, held: list | None = None) -> str:
     """An HTTP endpoint on 127.0.0.1 that accepts connections and never answers (with made-up AWS
-    credentials set): what a hung object store looks like to a client."""
+    credentials set): what a hung object store looks like to a client. Each accepted connection is
+    appended to `held` (a list the caller may pass to count them)."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
-    server, held = socket.socket(), []
+    server, held = socket.socket(), ([] if held is None else held)
     server.bind(("127.0.0.1", 0))
     server.listen(16)
     threading.Thread(target=lambda: [held.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()

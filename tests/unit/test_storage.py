@@ -77,16 +77,8 @@ def test_a_silent_endpoint_is_a_storage_error_naming_it_and_the_bound(monkeypatc
 def test_retry_attempts_counts_every_attempt_botocore_makes(monkeypatch):
     """storage.retry_attempts is the attempts of a request in all (what max_wait is computed for):
     botocore's `max_attempts` counted the retries after the first, one attempt (and its backoff) more."""
-    import socket
-    import threading
-
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "y")
-    server, accepted = socket.socket(), []
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    threading.Thread(target=lambda: [accepted.append(server.accept()) for _ in iter(int, 1)], daemon=True).start()
-    endpoint = f"http://127.0.0.1:{server.getsockname()[1]}"
+    accepted: list = []
+    endpoint = silent_endpoint(monkeypatch, accepted)
     for attempts in (1, 2):
         store = ObjectStore(
             "s3://silent/x", endpoint_url=endpoint, connect_timeout=0.2, read_timeout=0.2, retry_attempts=attempts
