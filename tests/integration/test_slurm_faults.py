@@ -101,6 +101,9 @@ def _config(root: Path, bucket: str, endpoint: str, *, gpus: int, per_node: int,
             "inventory": str(root / "fleet.yaml"),
             "max_jobs_per_gpu": 1,
             "poll_seconds": 0.3,
+            # a test that cycles its own Dispatcher, then waits with `wait_for` (another dispatcher), has
+            # the job adopted once the first one's lease expires: 4 s, not the default 60 s of idle wait
+            "lease_seconds": 4,
             "max_attempts": 1,
             "slurm": {
                 "accounting": "jobcomp",
