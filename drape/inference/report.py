@@ -42,6 +42,14 @@ def _overlaps(result: dict, alone_s: float) -> dict[str, float]:
     return {n: overlap(alone_s, s, int(n)) for n, s in together.items() if n.isdigit()}
 
 
+def _peak_ratio(peaks: list[int] | None, base_peaks: list[int] | None) -> float | None:
+    """The variant's median peak over the reference's; None where either is unmeasured or the
+    reference's is 0 (a tiny model's request on the CPU can grow the resident set by nothing)."""
+    if not peaks or not base_peaks or statistics.median(base_peaks) <= 0:
+        return None
+    return statistics.median(peaks) / statistics.median(base_peaks)
+
+
 def variant_row(name: str, result: dict, reference: dict, quality: Quality | None, reasons: list[str]) -> dict:
     """One run's row: timings, memory, concurrency, quality and the verdict (the reference is the yardstick)."""
     row = {
@@ -67,7 +75,7 @@ def variant_row(name: str, result: dict, reference: dict, quality: Quality | Non
         speedup=statistics.median(base["denoise_s"]) / statistics.median(denoise),
         paired=base is not reference,
         peak_bytes=int(statistics.median(peaks)) if peaks else None,
-        peak_ratio=statistics.median(peaks) / statistics.median(base_peaks) if peaks and base_peaks else None,
+        peak_ratio=_peak_ratio(peaks, base_peaks),
         overlap=_overlaps(result, statistics.median(total)),
         together_note=(result.get("together_s") or {}).get("skipped"),
         density=result.get("density"),

@@ -104,6 +104,19 @@ def test_speed_ups_are_taken_in_turns_and_the_fastest_approved_variant_is_recomm
     assert skipped["approved"] is False and "fp8: skipped: needs CUDA" in report.markdown()
 
 
+def test_a_reference_whose_requests_grew_no_memory_has_no_peak_ratio_and_the_table_still_prints():
+    """On the CPU a tiny model's request can grow the resident set by nothing (its tensors fit the
+    heap it already held): the suite once failed with ZeroDivisionError in `drape bench inference`."""
+    reference = _result("reference", 0.100, peak_bytes=[0, 0, 0])
+    variant = variant_row("bf16", _result("variant", 0.050), reference, q.Quality(1.0), [])
+    assert variant["peak_ratio"] is None and variant["peak_bytes"] == 1000 and variant["speedup"] == pytest.approx(2.0)
+    row = variant_row("reference", reference, reference, q.Quality(1.0), [])
+    assert row["peak_ratio"] is None and row["peak_bytes"] == 0
+    assert "bf16" in _report([row, variant]).markdown()
+    measured = variant_row("bf16", _result("variant", 0.050, peak_bytes=[500]), _result("reference", 0.1), None, [])
+    assert measured["peak_ratio"] == pytest.approx(0.5)
+
+
 @pytest.fixture(scope="module")
 def prepared_tiny(tmp_path_factory):
     config = tiny_config(tmp_path_factory.mktemp("stick"))
