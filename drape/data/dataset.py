@@ -37,7 +37,7 @@ from drape.data.partition import check_sample_count, check_split_samples
 from drape.data.reader import ShardIndex, read_shard, stack_samples, to_model_inputs  # noqa: F401 - re-exported
 from drape.data.shards import IMAGE_FIELDS, ShardWriter, verify_shard
 from drape.data.sources import DRESSCODE_CATEGORIES, TEST_PAIRED, TEST_UNPAIRED, TRAIN, detect_layout, list_pairs, split_counts
-from drape.data.synth import STAGE_BIAS, Sample, generate_split
+from drape.data.synth import Sample, generate_split, stage_bias
 from drape.gates.checks.control import refuse_faceless_control
 from drape.storage.checksum import sha256_bytes, sha256_file
 from drape.storage.store import ObjectStore, StorageError, redact_url
@@ -140,7 +140,7 @@ def build_dataset(config: PipelineConfig, out_dir: str | Path, progress: Callabl
     rule = {
         "rule": "generated per split",
         **{
-            split: {"samples": count, **{k: list(v) for k, v in STAGE_BIAS[split].items()}}
+            split: {"samples": count, **{k: list(v) for k, v in stage_bias(split, data.synthetic.marks).items()}}
             for split, count in _split_sizes(config).items()
         },
     }

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -165,6 +166,11 @@ def test_calibration_sets_the_per_sample_rules_for_this_resolution(runs):
     assert "min_score" in calibrated["coherence"]
     output = runs["calibration"]["output"]
     assert "gates.identity.max_warp:" in output and "margin 0.001" in output and "(256x192 px)" in output
+    # the misread share lets one harmless misread more pass than the worst harmless variant made, and
+    # still fails the changed price on every tag
+    assert re.search(
+        r"gates\.texture\.max_misread_share: [0-9.]+\s+# harmless .*? margin 1\s+misread\s+of\s+6\s+judged", output, re.S
+    ), output
 
 
 def test_a_good_run_passes_all_four_production_gates(runs):
@@ -184,7 +190,8 @@ def test_a_regressed_run_stops_at_the_first_gate_each_regression_named_by_its_ru
     assert f"(one person at ≤ 0.60)): {', '.join(keys[:3])}" in message
     assert "identity: drifted in 3 of 6 outputs (local geometry: a part of the face moved > " in message
     assert f"of the face width against the rest): {', '.join(keys[3:])}" in message
-    assert "texture: text misread in 3 of 3 outputs" in message, message
+    misread = re.search(r"texture: text misread in (\d) of (\d) outputs", message)
+    assert misread and misread[1] == misread[2] and int(misread[2]) >= 5, message  # every judged tag (6 of 6 here)
     assert len(result["alerts"]) == 1
     alert = _alert_text(result["alerts"][0])
     assert "the rules that fired: another person (dlib distance" in alert and "; drifted (local geometry" in alert

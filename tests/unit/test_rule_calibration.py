@@ -74,9 +74,32 @@ def test_text_rules_are_the_lowest_harmless_lower_bound_less_the_margin_and_the_
     lower, share = text_settings(rows, min_similarity=1.0, margin=0.05)
     assert lower.key == "gates.texture.min_text_lower" and lower.variant == "jpeg q60"
     assert lower.value == pytest.approx(np.floor((lower.level - 0.05) * 100) / 100) and lower.level < 1.0
-    assert (share.key, share.value, share.variant) == ("gates.texture.max_misread_share", 0.25, "jpeg q60")
+    # one of four misread under jpeg q60, and one misread more passes: 2 of 4
+    assert (share.key, share.value, share.level, share.variant) == ("gates.texture.max_misread_share", 0.5, 0.25, "jpeg q60")
     assert share.weakest == (1.0, "logo replaced by another")  # every judged sample of it misread
+    assert share.line() == (
+        "gates.texture.max_misread_share: 0.50   # harmless 0.250 (jpeg q60), margin 1 misread of 4 judged; "
+        "nearest corruption logo replaced by another 1.000"
+    )
     assert text_settings([_row("texture", "jpeg q90", False, [0.9], [np.nan])], min_similarity=1.0, margin=0.05) == []
+
+
+def test_the_misread_share_keeps_a_margin_of_one_misread_and_names_what_it_lets_pass():
+    rows = [
+        _row("texture", "jpeg q60", False, [0.9] * 4, [1, 0.5, 1, 1]),  # one of four misread
+        _row("texture", "logo elastic warp", True, [0.5] * 4, [0, 0.5, 1, 1]),  # two of four: by chance
+        _row("texture", "logo replaced by another", True, [0.2] * 4, [0.0] * 4),
+    ]
+    _, share = text_settings(rows, min_similarity=1.0, margin=0.05)
+    assert (share.value, share.margin, share.weakest) == (0.5, 0.25, (1.0, "logo replaced by another"))
+    assert "margin 1 misread of 4 judged (lets pass what it stopped at 1 of 4: logo elastic warp 0.500)" in share.line()
+    six = [_row("texture", "white balance warm", False, [0.9] * 6, [1, 0.5, 1, 1, 1, 1]), rows[2]]
+    _, share = text_settings(six, min_similarity=1.0, margin=0.05)
+    assert share.value == 0.34 and share.line().count("margin 1 misread of 6 judged;") == 1  # 2 of 6 pass, 3 of 6 fail
+    # none misread under any harmless kind: one of six may (0.17), a changed text on every tag may not
+    clean = [_row("texture", "jpeg q60", False, [0.9] * 6, [1.0] * 6), rows[2]]
+    _, share = text_settings(clean, min_similarity=1.0, margin=0.05)
+    assert (share.value, share.level, share.weakest) == (0.17, 0.0, (1.0, "logo replaced by another")), share
 
 
 def test_rule_settings_follow_the_configured_recognizers(tmp_path):
@@ -105,7 +128,7 @@ def test_the_calibrated_config_extends_its_source_and_keeps_nuisance_thresholds(
     from drape.config import load_config
 
     loaded = load_config(written)
-    assert loaded.gates.texture.max_misread_share == 0.25 and loaded.gates.identity.min_similarity == "nuisance"
+    assert loaded.gates.texture.max_misread_share == 0.5 and loaded.gates.identity.min_similarity == "nuisance"
     assert written.read_text().startswith("# drape gate calibrate: test\n# gates.texture.min_text_lower:")
     with pytest.raises(ValueError, match="the file exists"):
         write_calibrated(written, source, config, gate, settings, vs_baseline=False, note="test")
