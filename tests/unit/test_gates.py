@@ -15,6 +15,7 @@ from drape.gates.checks.checks import (
     handedness,
     identity_scores,
     patch_fidelity,
+    shifted_fidelities,
     texture_scores,
 )
 from drape.gates.run import judge
@@ -148,6 +149,23 @@ def test_patch_fidelity_catches_a_mirrored_mark():
     mark[8:10, 2:9] = 255
     assert patch_fidelity(mark, mark) == pytest.approx(1.0)
     assert patch_fidelity(mark[:, ::-1], mark) < 0.5
+
+
+def test_the_shift_search_scores_each_window_as_patch_fidelity_does():
+    """`shifted_fidelities` (three correlations) against `patch_fidelity` called on each window, as
+    texture_scores searched before: on a codec view of noise with a flat corner and a mark."""
+    rng = np.random.default_rng(3)
+    image = rng.integers(0, 256, (30, 34, 3)).astype(np.uint8)
+    image[:12, :14] = 90  # flat: every window inside it scores 0
+    region, reference = codec_view(image), codec_view(image)[9:19, 11:22]
+    values = shifted_fidelities(region, reference)
+    assert values.shape == (30 - 10 + 1, 34 - 11 + 1)
+    expected = [
+        [patch_fidelity(region[r : r + 10, c : c + 11], reference) for c in range(values.shape[1])]
+        for r in range(values.shape[0])
+    ]
+    assert np.abs(values - np.array(expected)).max() < 1e-9
+    assert values[9, 11] == pytest.approx(1.0) and values[0, 0] == 0.0 and int(np.argmax(values)) == 9 * values.shape[1] + 11
 
 
 def test_coherence_structure_not_pixels(control):
