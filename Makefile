@@ -109,9 +109,11 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/drape serve
 
-TEST_WORKERS ?= 2
-# the whole test suite, after `make services`; TEST_WORKERS=2 pytest-xdist workers (0: one process)
-# Two workers (one per core on a 2-core machine), each given whole modules, the longest first
+TEST_WORKERS ?= 3
+# the whole test suite, after `make services`; TEST_WORKERS=3 pytest-xdist workers (0: one process)
+# Three workers on a 2-core machine: with two, the cores sat idle 26% of a run (the Slurm, service
+# and pod modules wait on daemons), and three took 849 s and 840 s where two took 959 s
+# (benchmarks/README.md, "The test suite"). Each is given whole modules, the longest first
 # (tests/conftest.py's LONGEST_FIRST; --no-loadscope-reorder, or xdist orders modules by their count
 # of tests and the one-test rehearsal starts last). DRAPE_TEST_TIMES=<folder> writes each worker's
 # per-file wall, CPU and sleep seconds there, which `$(BIN)/python -m tests.timing <folder>` tabulates
