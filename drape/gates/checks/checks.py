@@ -168,6 +168,12 @@ def shifted_fidelities(region: np.ndarray, reference: np.ndarray) -> np.ndarray:
     return np.divide(product, scale, out=np.zeros_like(product), where=scale > 0)
 
 
+def _window(region: np.ndarray, values: np.ndarray, flat: int, reference: np.ndarray) -> np.ndarray:
+    """The window of `region` whose fidelity is `values.flat[flat]` (`shifted_fidelities`)."""
+    row, column = divmod(flat, values.shape[1])
+    return region[row : row + reference.shape[0], column : column + reference.shape[1]]
+
+
 def codec_view(image: np.ndarray) -> np.ndarray:
     """The image as codecs keep it: YCbCr with chroma box-smoothed 2×2 (JPEG and video keep chroma
     at half resolution, so chroma detail finer than that says nothing about the model)."""
@@ -244,20 +250,16 @@ def texture_scores(
         region = seen[top:bottom, left:right]
         values = shifted_fidelities(region, reference)
 
-        def at(flat: int) -> np.ndarray:
-            row, column = divmod(flat, values.shape[1])
-            return region[row : row + y1 - y0, column : column + x1 - x0]
-
         first = int(np.argmax(values))  # the first best in row order, as a search by rows would keep
         best = float(values.flat[first])
         if best <= -1.0:  # nothing above -1: no window
             scores.append(0.0)
             continue
-        window, aligned = at(first), None
+        window, aligned = _window(region, values, first, reference), None
         if mirrored is not None:
             either = np.maximum(values, shifted_fidelities(region, mirrored))
             chosen = int(np.argmax(either))
-            aligned = at(chosen) if either.flat[chosen] > -1.0 else None
+            aligned = _window(region, values, chosen, reference) if either.flat[chosen] > -1.0 else None
         score = best
         if mirrored is not None and aligned is not None:  # aligned: no window matched the mark or its mirror above -1
             score -= mirror_penalty * max(0.0, -handedness(aligned, reference, mirrored))
