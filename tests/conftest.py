@@ -407,6 +407,28 @@ def wait_for_series(url: str, expr: str, timeout: float = 30.0) -> list[dict]:
         time.sleep(0.5)
 
 
+def quiet_ports(runs: int = 1) -> int:
+    """The first of `runs` ports in a row, free now, below the kernel's ephemeral range
+    (net.ipv4.ip_local_port_range): there any outgoing connection or `bind(0)` of the other tests
+    may take one meanwhile. For a port a test must bind again later: a Slurm job's rendezvous
+    (a requeued run's is `port + restart % 16`: one failed with EADDRINUSE on `free_port() + 1`), a
+    relay that restarts on its port (one failed to listen again: an outgoing connection held it)."""
+    import random
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, low - runs)
+        try:
+            with contextlib.ExitStack() as held:
+                for port in range(base, base + runs):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {runs} free ports in a row between 20000 and {low}")
+
+
 def wait_until(predicate, timeout: float, what: str, every: float = 0.2):
     """Call `predicate` every `every` seconds until it returns something true, and return that; after
     `timeout` seconds fail the test saying what it waited for. A wait bounded by its condition, never

@@ -19,13 +19,16 @@ import time
 import pytest
 
 from drape.storage.store import ObjectStore, StorageError
+from tests.conftest import quiet_ports
 
 
 class Relay:
     """A TCP relay on 127.0.0.1 to `upstream` (host, port) that can be taken down and brought back."""
 
     def __init__(self, upstream: tuple[str, int]):
-        self.upstream, self.port, self.open = upstream, 0, []
+        # below the ephemeral range: while the relay is down, an outgoing connection could take an
+        # ephemeral port as its own and `up()` could not listen on it again (EADDRINUSE, seen once)
+        self.upstream, self.port, self.open = upstream, quiet_ports(), []
         self.lock = threading.Lock()
         self.up()
 

@@ -21,13 +21,10 @@ where drape placed it (--nodelist, --gres=gpu:2).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -48,7 +45,7 @@ from scheduler.dispatch.accounting import run_attempts
 from scheduler.dispatch.dispatcher import submit_and_wait
 from scheduler.jobs.training import train_job_spec
 from scheduler.queue.store import JobSpec, JobStore, QueueError
-from tests.conftest import tiny_config, wait_until
+from tests.conftest import quiet_ports, tiny_config, wait_until
 from tests.integration.nodes import Nodes
 from tests.integration.slurm_cluster import NODES, SlurmCluster, slurm_installed
 
@@ -127,7 +124,7 @@ def _config(root: Path, bucket: str, endpoint: str, inventory: str, **queue):
             "max_attempts": 2,
             "slurm": {
                 "accounting": "jobcomp",
-                "rendezvous_port": _rendezvous_ports(),
+                "rendezvous_port": quiet_ports(16),  # a requeued run takes port + restart % 16
                 "cpus_per_gpu": 1,
                 "time_limit_minutes": 30,
                 "signal_seconds": 120,
@@ -136,25 +133,6 @@ def _config(root: Path, bucket: str, endpoint: str, inventory: str, **queue):
             **queue,
         },
     )
-
-
-def _rendezvous_ports(runs: int = 16) -> int:
-    """A rendezvous port whose next `runs` (a requeued run's, `port + restart % 16`) are free now,
-    below the kernel's ephemeral range: there any outgoing connection or `bind(0)` of the other
-    tests may take one meanwhile (a requeued run once failed with EADDRINUSE on `free_port() + 1`)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, low - runs)
-        try:
-            with contextlib.ExitStack() as held:
-                for port in range(base, base + runs):
-                    sock = held.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no {runs} free ports in a row between 20000 and {low}")
 
 
 def _submit(config, run_id: str) -> JobSpec:

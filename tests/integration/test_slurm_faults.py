@@ -18,11 +18,8 @@ the module. Each test states what main did:
 
 from __future__ import annotations
 
-import contextlib
 import json
-import random
 import shutil
-import socket
 import tempfile
 import textwrap
 import time
@@ -39,7 +36,7 @@ from drape.training.jobs.stage_job import StageJob
 from scheduler.dispatch.dispatcher import Dispatcher, wait_for
 from scheduler.jobs.training import train_job_spec
 from scheduler.queue.store import JobStore, QueueError
-from tests.conftest import tiny_config, wait_until
+from tests.conftest import quiet_ports, tiny_config, wait_until
 from tests.integration.slurm_cluster import NODES, SlurmCluster, slurm_installed
 from tests.integration.test_watchdog import GRACE_SECONDS, HANGING_TRAINER, STALL_SECONDS
 
@@ -107,7 +104,7 @@ def _config(root: Path, bucket: str, endpoint: str, *, gpus: int, per_node: int,
             "max_attempts": 1,
             "slurm": {
                 "accounting": "jobcomp",
-                "rendezvous_port": _free_port_run(),
+                "rendezvous_port": quiet_ports(16),
                 "cpus_per_gpu": 1,
                 "time_limit_minutes": 30,
                 "signal_seconds": 120,
@@ -116,21 +113,6 @@ def _config(root: Path, bucket: str, endpoint: str, *, gpus: int, per_node: int,
             **queue,
         },
     )
-
-
-def _free_port_run(runs: int = 16) -> int:
-    """A port whose next `runs` are free now, below the ephemeral range (as test_slurm.py's)."""
-    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    for _ in range(200):
-        base = random.randrange(20000, low - runs)
-        try:
-            with contextlib.ExitStack() as held:
-                for port in range(base, base + runs):
-                    held.enter_context(socket.socket()).bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError(f"no {runs} free ports in a row between 20000 and {low}")
 
 
 def _submit(config, run_id: str, **job) -> str:
