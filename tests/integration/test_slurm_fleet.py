@@ -42,10 +42,10 @@ from scheduler.dispatch.accounting import run_attempts
 from scheduler.dispatch.dispatcher import Dispatcher, submit_and_wait
 from scheduler.dispatch.fleet import fleet_view
 from scheduler.queue.store import JobSpec, JobStore
-from tests.conftest import tiny_config, wait_until
+from tests.conftest import quiet_ports, tiny_config, wait_until
 from tests.integration.nodes import Nodes
 from tests.integration.slurm_cluster import SITE, SlurmCluster, slurm_installed
-from tests.integration.test_slurm import REPO, STEPS, _rendezvous_ports, _submit, _weights
+from tests.integration.test_slurm import REPO, STEPS, _submit, _weights
 
 pytestmark = pytest.mark.slow
 A100 = ("gpu-a100-r07n03", "gpu-a100-r07n04")
@@ -77,7 +77,7 @@ def _config(root: Path, bucket: str = "unused", endpoint: str | None = None, **s
             "slurm": {
                 "gpu_memory_gib": {"a100": 16, "h100": 80},
                 "accounting": "jobcomp",
-                "rendezvous_port": _rendezvous_ports(),
+                "rendezvous_port": quiet_ports(16),
                 "cpus_per_gpu": 1,
                 "time_limit_minutes": 60,
                 "signal_seconds": 120,
