@@ -94,29 +94,23 @@ def text_settings(rows: list[Row], *, min_similarity: float, margin: float) -> l
     level, variant = min((bootstrap_lower_bound(text), r.outputs) for r, text in harmless)
     nearest = max(((bootstrap_lower_bound(text), r.outputs) for r, text in aimed), default=None)
     lower = RuleSetting("gates.texture.min_text_lower", max(_floor(level - margin), 0.01), level, variant, margin, nearest)
+    # every harmless row judged some mark (`_ruled` keeps rows with a finite rule value): judged >= 1
     (misread, judged), share_variant = max(
-        ((_misreads(text, min_similarity), r.outputs) for r, text in harmless), key=lambda m: m[0][0] / max(m[0][1], 1)
+        ((_misreads(text, min_similarity), r.outputs) for r, text in harmless), key=lambda m: m[0][0] / m[0][1]
     )
     shares = [(_misread(text, min_similarity), r.outputs) for r, text in aimed]
-    extra = MISREAD_MARGIN if judged else 0
-    value = _ceil(min((misread + extra) / judged, 1.0)) if judged else 0.0
+    value = _ceil(min((misread + MISREAD_MARGIN) / judged, 1.0))
     # the margin may let pass a corruption that misreads a few tags by chance (an elastic warp PP-OCR
     # misreads on 1 of 6): said, as the glyph check (`min_fidelity`) is the one that stops those
-    released = sorted(s for s in shares if _ceil(misread / judged) < s[0] <= value) if judged else []
+    released = sorted(s for s in shares if _ceil(misread / judged) < s[0] <= value)
     caught = min((s for s in shares if s[0] > value), default=None)
-    said = f"{extra} misread of {judged} judged" + (
-        f" (lets pass what it stopped at {misread} of {judged}: "
-        + ", ".join(f"{name} {found:.3f}" for found, name in released)
-        + ")"
-        if released
-        else ""
-    )
-    share = misread / max(judged, 1)
+    said = f"{MISREAD_MARGIN} misread of {judged} judged"
+    if released:
+        said += f" (lets pass what it stopped at {misread} of {judged}: " + ", ".join(f"{n} {v:.3f}" for v, n in released) + ")"
+    share, margin_share = misread / judged, MISREAD_MARGIN / judged
     return [
         lower,
-        RuleSetting(
-            "gates.texture.max_misread_share", value, share, share_variant, extra / max(judged, 1), caught, margin_text=said
-        ),
+        RuleSetting("gates.texture.max_misread_share", value, share, share_variant, margin_share, caught, margin_text=said),
     ]
 
 
