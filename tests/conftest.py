@@ -412,7 +412,7 @@ def quiet_ports(runs: int = 1) -> int:
     (net.ipv4.ip_local_port_range): there any outgoing connection or `bind(0)` of the other tests
     may take one meanwhile. For a port a test must bind again later: a Slurm job's rendezvous
     (a requeued run's is `port + restart % 16`: one failed with EADDRINUSE on `free_port() + 1`), a
-    relay that restarts on its port (one failed to listen again: an outgoing connection held it)."""
+    relay that restarts on its port."""
     import random
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])

@@ -26,8 +26,7 @@ class Relay:
     """A TCP relay on 127.0.0.1 to `upstream` (host, port) that can be taken down and brought back."""
 
     def __init__(self, upstream: tuple[str, int]):
-        # below the ephemeral range: while the relay is down, an outgoing connection could take an
-        # ephemeral port as its own and `up()` could not listen on it again (EADDRINUSE, seen once)
+        # below the ephemeral range, so that no outgoing connection takes the port while the relay is down
         self.upstream, self.port, self.open = upstream, quiet_ports(), []
         self.lock = threading.Lock()
         self.up()
@@ -45,11 +44,14 @@ class Relay:
         threading.Thread(target=self._accept, args=(self.server,), daemon=True).start()
 
     def down(self) -> None:
-        self.server.close()
+        # shut down before closing: close() alone does not wake a thread blocked in accept() or recv(),
+        # and the socket it holds lives on (the listener went on accepting, and `up()` failed with
+        # EADDRINUSE when no connection came to wake it in the outage)
+        _end(self.server)
         with self.lock:
-            for connection in self.open:
-                connection.close()
-            self.open.clear()
+            taken, self.open = self.open, []
+        for connection in taken:
+            _end(connection)
 
     def _accept(self, server: socket.socket) -> None:
         while True:
@@ -59,6 +61,10 @@ class Relay:
                 return  # taken down
             upstream = socket.create_connection(self.upstream)
             with self.lock:
+                if server.fileno() == -1:  # taken down while this one was being accepted
+                    _end(client)
+                    _end(upstream)
+                    return
                 self.open += [client, upstream]
             for source, target in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
@@ -76,6 +82,14 @@ class Relay:
                     end.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+
+def _end(connection: socket.socket) -> None:
+    try:
+        connection.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected, or the other end already left
+    connection.close()
 
 
 @pytest.fixture
@@ -97,6 +111,22 @@ def _restart_for(relay: Relay, seconds: float, after: float = 0.3) -> threading.
     thread = threading.Thread(target=restart, daemon=True)
     thread.start()
     return thread
+
+
+def test_the_relay_refuses_while_down_and_listens_again_on_its_port():
+    """The fault itself: were `down()` to leave the listener alive (close() does not wake a blocked
+    accept()), the tests below would meet no outage and `up()` could fail with EADDRINUSE."""
+    with socket.create_server(("127.0.0.1", 0)) as upstream:
+        relay = Relay(upstream.getsockname()[:2])
+        try:
+            for _ in range(5):
+                relay.down()
+                with pytest.raises(ConnectionRefusedError):
+                    socket.create_connection(("127.0.0.1", relay.port), timeout=2).close()
+                relay.up()
+                socket.create_connection(("127.0.0.1", relay.port), timeout=2).close()
+        finally:
+            relay.down()
 
 
 def test_an_object_store_restart_within_the_budget_is_waited_out_and_nothing_is_lost(relay, caplog):
