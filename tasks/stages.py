@@ -63,14 +63,20 @@ def train(config: PipelineConfig, context: pipeline.RunContext, stage: str) -> T
     from drape import job_kind_for
     from scheduler.dispatch.dispatcher import submit_and_wait, wait_for
     from scheduler.jobs.training import train_job_spec
-    from scheduler.queue.once import live_job
+    from scheduler.queue.once import live_job, succeeded_job
     from scheduler.queue.store import JobStore
 
     store = JobStore(config.queue_url)
-    left = live_job(store, job_kind_for(context.mode), stage, context.run_id) if context.resumed else None
+    kind = job_kind_for(context.mode)
+    left = live_job(store, kind, stage, context.run_id) if context.resumed else None
     if left is not None:  # the job the run's interrupted flow submitted runs on: wait for it, never a second
         print(f"train-{stage}: waiting for {left['id']} ({left['state']}), submitted before the run was resumed")
         wait_for(config, store, left["id"], on_line=_relay(stage))
+        return pipeline.finish_train(config, context, stage)
+    done = succeeded_job(store, kind, stage, context.run_id) if context.resumed else None
+    if done is not None and pipeline.train_result_ready(config, context, stage):
+        # it ended while the run was down (the queue retried it): a second job would only resume from its last step
+        print(f"train-{stage}: {done['id']} succeeded before the run was resumed; taking its result")
         return pipeline.finish_train(config, context, stage)
     command = pipeline.train_command(config, context, stage)
     spec = train_job_spec(config, stage=stage, mode=context.mode, run_id=context.run_id, command=command)

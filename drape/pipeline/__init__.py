@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from drape.layout import live_root
-    from drape.pipeline.queue_job import finish_train, train_command, warm_node
+    from drape.pipeline.queue_job import finish_train, train_command, train_result_ready, warm_node
     from drape.pipeline.resume import ResumeError, run_of_flow_run
     from drape.pipeline.run import (
         GateFailed,
@@ -56,7 +56,7 @@ if TYPE_CHECKING:
 # not wait on them; a flow run loads them when its first task runs.
 _WHERE = {
     "live_root": "drape.layout",
-    **dict.fromkeys(("finish_train", "train_command", "warm_node"), "drape.pipeline.queue_job"),
+    **dict.fromkeys(("finish_train", "train_command", "train_result_ready", "warm_node"), "drape.pipeline.queue_job"),
     **dict.fromkeys(("ResumeError", "run_of_flow_run"), "drape.pipeline.resume"),
     **dict.fromkeys(
         ("GateFailed", "RunContext", "close_run", "release_flow_run_leases", "resources", "start_run", "summarize"),
@@ -119,5 +119,6 @@ __all__ = [
     "sweep",
     "train",
     "train_command",
+    "train_result_ready",
     "warm_node",
 ]

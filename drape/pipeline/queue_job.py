@@ -79,6 +79,14 @@ def finish_train(config: PipelineConfig, context: RunContext, stage: str) -> Tra
     return result.train
 
 
+def train_result_ready(config: PipelineConfig, context: RunContext, stage: str) -> bool:
+    """Whether the stage's queue job left the result `finish_train` takes (in the object store apart,
+    else in the stage folder, until `finish_train` took it)."""
+    if config.trains_apart:
+        return resources(config, context).store.exists(result_key(context.run_id, stage))
+    return context.paths(stage).train_result.is_file()
+
+
 def _fetch_result(config: PipelineConfig, context: RunContext, stage: str) -> StageJobResult:
     store = resources(config, context).store
     key = result_key(context.run_id, stage)

@@ -42,7 +42,18 @@ def live_twin(connection, kind: str, stage: str | None, labels: dict[str, str], 
 
 def live_job(store, kind: str, stage: str, run_id: str) -> dict | None:
     """The queued or running job of `run_id`'s `stage` (a flow that died left it behind), if any."""
-    for job in store.jobs(states=("queued", "running")):
+    return _newest(store, kind, stage, run_id, ("queued", "running"))
+
+
+def succeeded_job(store, kind: str, stage: str, run_id: str) -> dict | None:
+    """The newest job of `run_id`'s `stage` that succeeded (its retry may have ended while the run's
+    flow was down: a resumed run takes its result rather than train the stage again), if any."""
+    return _newest(store, kind, stage, run_id, ("succeeded",))
+
+
+def _newest(store, kind: str, stage: str, run_id: str, states: tuple[str, ...]) -> dict | None:
+    found = None
+    for job in store.jobs(states=states):  # oldest submit first
         if job["kind"] == kind and job["stage"] == stage and json.loads(job["labels"] or "{}").get("run") == run_id:
-            return job
-    return None
+            found = job
+    return found
