@@ -21,7 +21,9 @@ Three workloads, each replayed through the same `Planner` the dispatcher runs:
    services, short jobs and 4-GPU jobs on 8 A10 nodes; the same on a fleet of 16 GiB GPUs only
    (T4 and 16 GiB V100s). Synthetic: the issue's sharing trace is not in this repository.
 
-Policies: "rehome-longer" and "longer" (`gang_stops_longer` 4: an overdue gang job also stops a
+Policies: "whole-longer" and "whole", the bound on a gang job's whole wait (`gang_bound_whole_wait`:
+its waits before each requeue count too), with and without `gang_stops_longer` 4; "rehome-longer"
+and "longer" (`gang_stops_longer` 4: an overdue gang job also stops a
 running gang job of its priority with 4x its run left), each beside rehome and the bound as
 before; drape with the bound `--bound-hours` on gang waits whose stops keep to jobs that restart
 at once, short single-GPU jobs first (`gang_stops_rehome`, `short_job_bonus` 20: "rehome"); drape
@@ -132,17 +134,31 @@ SHORT_BONUS = 20.0  # short_job_bonus beside rehome: a short single-GPU job rank
 
 
 LONGER = 4.0  # gang_stops_longer beside the bound: a gang job stops one of its priority with 4x its run left
-POLICIES = ("rehome-longer", "longer", "rehome", "bound", "none", "fifo-easy", "fifo-backfill")  # `--policies`
+POLICIES = (  # `--policies`
+    "whole-longer",
+    "whole",
+    "rehome-longer",
+    "longer",
+    "rehome",
+    "bound",
+    "none",
+    "fifo-easy",
+    "fifo-backfill",
+)
 
 
 def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> list[tuple[str, str, PolicyConfig]]:
-    """drape with the bound, its stops kept to jobs that restart at once and short jobs first, and
+    """drape with the bound on a gang job's whole wait (`gang_bound_whole_wait`), with `LONGER` and
+    alone; drape with the bound, its stops kept to jobs that restart at once and short jobs first, and
     also stopping gang jobs of its priority with `LONGER` x its run left; the bound with that alone;
     rehome as before; the bound as before; no bound; the two references (those in `only`)."""
     bound = bound_h * 3600
     rehome = PolicyConfig(gang_max_wait_s=bound, gang_stops_rehome=True, short_job_bonus=SHORT_BONUS, span_nodes=span)
     bounded = PolicyConfig(gang_max_wait_s=bound, span_nodes=span)
+    whole = replace(bounded, gang_bound_whole_wait=True)
     every = [
+        (f"drape, bound {bound_h:g} h on the whole wait, longer", "drape", replace(whole, gang_stops_longer=LONGER)),
+        (f"drape, bound {bound_h:g} h on the whole wait", "drape", whole),
         (f"drape, bound {bound_h:g} h, rehome, longer", "drape", replace(rehome, gang_stops_longer=LONGER)),
         (f"drape, bound {bound_h:g} h, longer", "drape", replace(bounded, gang_stops_longer=LONGER)),
         (f"drape, bound {bound_h:g} h, rehome", "drape", rehome),

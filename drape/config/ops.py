@@ -270,6 +270,12 @@ class QueueConfig(StrictModel):
         "stopped job can never stop it back), so a short gang is not held for days behind a long one "
         "(benchmarks/wide_gangs.py); 0: jobs of one priority never stop each other; else at least 1",
     )
+    gang_bound_whole_wait: bool = Field(
+        default=False,
+        description="gang_max_wait_seconds bounds a multi-GPU job's whole wait: the waits before each of its requeues "
+        "count too, so a gang job stopped after it had waited its bound is overdue again at once "
+        "(scheduler/policy/checkpoints.py, benchmarks/wide_gangs.py); false: the bound counts from its last requeue",
+    )
     short_job_bonus: float = Field(
         default=0.0,
         ge=0,

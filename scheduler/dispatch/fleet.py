@@ -201,6 +201,7 @@ def policy_config(config) -> PolicyConfig:
         gang_max_preemptions=queue.gang_max_preemptions,
         gang_stops_rehome=queue.gang_stops_rehome,
         gang_stops_longer=queue.gang_stops_longer or None,
+        gang_bound_whole_wait=queue.gang_bound_whole_wait,
         short_job_bonus=queue.short_job_bonus,
         short_job_s=queue.short_job_seconds,
         span_nodes=queue.launcher in SPANS_NODES,  # gangs across nodes where the engine starts one so

@@ -39,7 +39,16 @@ from scheduler.policy.pool import Pool
 from scheduler.policy.preemption import Preemptor, preempt, spread, starves
 from scheduler.policy.reservation import Reservation, earlier, reserve_span, reserve_walk
 from scheduler.policy.scarcity import rescue, scarce_kinds
-from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, queued_at, static_priority
+from scheduler.policy.state import (
+    GpuState,
+    JobRequest,
+    Placement,
+    PolicyConfig,
+    RunningJob,
+    bound_start,
+    queued_at,
+    static_priority,
+)
 from scheduler.policy.victims import Victims
 
 
@@ -81,7 +90,7 @@ class Planner:
         self.order.add(self._key(job))
         self.queues.setdefault(_shape(job), SortedList()).add(self._key(job))
         if job.gpus > 1:
-            self.gang_submits.add((queued_at(job), job.id))
+            self.gang_submits.add((self._waits_from(job), job.id))
         self.shapes[(job.gpus, job.mem_gib)] += 1
         self.constrained[job.models] += 1
 
@@ -98,7 +107,13 @@ class Planner:
         self.order.update(key for shape_keys in keys.values() for key in shape_keys)
         for shape, shape_keys in keys.items():
             self.queues.setdefault(shape, SortedList()).update(shape_keys)
-        self.gang_submits.update((queued_at(job), job.id) for job in jobs if job.gpus > 1)
+        self.gang_submits.update((self._waits_from(job), job.id) for job in jobs if job.gpus > 1)
+
+    def _waits_from(self, job: JobRequest) -> float:
+        """The earliest a gang job's limits count from (its requeue; for the bound, with
+        `gang_bound_whole_wait`, less its earlier waits): the longest-waiting one decides whether a
+        pass looks for jobs to preempt."""
+        return min(queued_at(job), bound_start(job, self.config))
 
     def withdraw(self, job_id: str) -> JobRequest:
         job = self.pending.pop(job_id)
@@ -108,7 +123,7 @@ class Planner:
         if not queue:
             del self.queues[_shape(job)]
         if job.gpus > 1:
-            self.gang_submits.remove((queued_at(job), job.id))
+            self.gang_submits.remove((self._waits_from(job), job.id))
         self._count((job.gpus, job.mem_gib), -1)
         self._constrained(job.models, -1)
         return job

@@ -45,6 +45,10 @@ class PolicyConfig:
     # work left is at least this many times its own run (shortest work first among equals:
     # `scheduler/policy/checkpoints.py`; None: jobs of one priority never stop each other)
     gang_stops_longer: float | None = None
+    # `gang_max_wait_s` bounds a multi-GPU job's whole wait: its waits before each requeue count too
+    # (`JobRequest.waited_s`), so a stopped gang job that had waited its bound is overdue again at
+    # once (False: its bound counts from its last requeue; `scheduler/policy/checkpoints.py`)
+    gang_bound_whole_wait: bool = False
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
@@ -81,6 +85,9 @@ class JobRequest:
     # when it last joined the queue, if not at its submit: a preempted job's requeue. Aging and the
     # gang bound (`gang_max_wait_s`) count from it (`queued_at`)
     queued_s: float | None = None
+    # what it waited before its last requeue (from each submit or requeue to the start after it): the
+    # gang bound counts it with `PolicyConfig.gang_bound_whole_wait`
+    waited_s: float = 0.0
 
 
 def allows(models: tuple[str, ...], model: str) -> bool:
@@ -152,6 +159,18 @@ def queued_at(job: JobRequest) -> float:
     before every job that has not started once (measured in `benchmarks/gang_bound.py`)."""
     # never before the submit: a label read from the store cannot buy a job aging it did not wait
     return job.submit_s if job.queued_s is None else max(job.submit_s, job.queued_s)
+
+
+def bound_start(job: JobRequest, config: PolicyConfig) -> float:
+    """When `job`'s gang bound (`gang_max_wait_s`) started counting: its last requeue, less its
+    earlier waits with `gang_bound_whole_wait` (so possibly before its requeue)."""
+    return queued_at(job) - (job.waited_s if config.gang_bound_whole_wait else 0.0)
+
+
+def requeued_waited(job: JobRequest, started_s: float) -> float:
+    """What `job` (as it last started, at `started_s`) has waited in all once it is stopped and
+    requeued: its earlier waits and the one that ended at that start (`JobRequest.waited_s`)."""
+    return job.waited_s + max(started_s - queued_at(job), 0.0)
 
 
 def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> float:

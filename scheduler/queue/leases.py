@@ -17,7 +17,8 @@ import time
 from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
-from scheduler.queue.schema import dispatchers_table, jobs_table
+from scheduler.policy.state import requeued_waited
+from scheduler.queue.schema import REQUEST_COLUMNS, dispatchers_table, job_request, jobs_table
 
 FORGET_DISPATCHERS_AFTER_S = 7 * 24 * 3600.0  # a dispatcher not seen for a week leaves the table
 
@@ -108,6 +109,9 @@ class LeaseMixin:
                 return None
             labels = json.loads(job["labels"] or "{}")
             labels["preempted"] = str(int(labels.get("preempted", 0) or 0) + 1)
+            # what it waited before this start, for a gang bound that counts the whole wait
+            request = job_request(tuple(job[name] for name in REQUEST_COLUMNS))
+            labels["waited_s"] = f"{requeued_waited(request, job['start_s'] or now):.3f}"
             labels["requeued_s"] = f"{now:.3f}"  # aging counts from here (`scheduler/policy/state.py` `queued_at`)
             why = "moved off a crowded GPU to an idle one" if by == job_id else f"preempted for {by}"
             message = f"{why}; queued again, resumes from its last checkpoint"

@@ -184,6 +184,7 @@ class Scheduling:
     preemptible: bool = True
     checkpoint_every_s: float = CHECKPOINT_EVERY_S
     requeued_s: float | None = None  # when it was last preempted back to the queue
+    waited_s: float = 0.0  # what it waited before its last requeue (`JobRequest.waited_s`)
 
 
 SCHEDULING_KEYS = (
@@ -195,6 +196,7 @@ SCHEDULING_KEYS = (
     "preemptible",
     "checkpoint_every_s",
     "requeued_s",
+    "waited_s",
 )
 UNCONSTRAINED = Scheduling()  # shared: most jobs carry no scheduling fields
 
@@ -212,6 +214,7 @@ def scheduling_of(labels: str | None) -> Scheduling:
     except (TypeError, ValueError):  # labels are input: a bad value schedules as if absent
         share, preempted, every = 1.0, 0, CHECKPOINT_EVERY_S
     requeued = _requeued_s(found.get("requeued_s"))
+    waited = _requeued_s(found.get("waited_s")) or 0.0  # the same bounds: a finite, non-negative number of seconds
     return Scheduling(
         tuple(m for m in str(found.get("gpu_models", "")).split("|") if m),
         str(found.get("exclusive", "")).lower() == "true",
@@ -221,6 +224,7 @@ def scheduling_of(labels: str | None) -> Scheduling:
         str(found.get("preemptible", "true")).lower() != "false",
         every,
         requeued,
+        waited,
     )
 
 
@@ -326,6 +330,9 @@ UPGRADE_INDEXES = (  # (table, index, columns) an earlier drape's database may l
 )
 
 
+REQUEST_COLUMNS = ("id", "priority", "submit_s", "gpus", "mem_gib", "duration_s", "labels")  # `job_request`'s row
+
+
 def job_request(row) -> JobRequest:
     """A queued job's row (id, priority, submit_s, gpus, mem_gib, duration_s, labels) as the policy sees it.
     Read by position: a dispatch cycle converts every queued job, and a row's attribute access costs
@@ -347,6 +354,7 @@ def job_request(row) -> JobRequest:
         how.preemptible and not how.exclusive,
         how.checkpoint_every_s,
         how.requeued_s,
+        how.waited_s,
     )
 
 

@@ -32,6 +32,7 @@ from scheduler.queue.leases import LeaseMixin
 from scheduler.queue.once import live_twin
 from scheduler.queue.schema import (
     KINDS,
+    REQUEST_COLUMNS,
     STATES,
     JobSpec,
     QueueError,
@@ -151,7 +152,7 @@ class JobStore(LeaseMixin):
 
     def pending(self) -> list[JobRequest]:
         """Queued jobs as the policy sees them; the GPU models a job allows travel in its labels."""
-        columns = [jobs_table.c[name] for name in ("id", "priority", "submit_s", "gpus", "mem_gib", "duration_s", "labels")]
+        columns = [jobs_table.c[name] for name in REQUEST_COLUMNS]
         with self.engine.connect() as connection:
             rows = connection.execute(select(*columns).where(jobs_table.c.state == "queued")).all()
         return self._pending(rows)

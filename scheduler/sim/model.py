@@ -30,6 +30,7 @@ import statistics
 from dataclasses import dataclass, field, replace
 
 from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, RunningJob, allowed
+from scheduler.policy.state import requeued_waited
 from scheduler.sim.traces import TraceError, TraceJob
 
 CONTENTION_OVERLAP = 0.07
@@ -151,7 +152,10 @@ def preempt_job(job_id: str, running: dict[str, dict], gpus: dict[str, GpuState]
     request: JobRequest = record["request"]
     done = request.duration_s - record["remaining"]
     lost = done % request.checkpoint_every_s + RESTART_S
-    again = replace(request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1, queued_s=clock)
+    waited = requeued_waited(request, record["started"])
+    again = replace(
+        request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1, queued_s=clock, waited_s=waited
+    )
     return again, lost * len(record["gpus"])
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from sortedcontainers import SortedList
 
 from scheduler.policy.planner import Planner
-from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, queued_at
+from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, bound_start, queued_at, requeued_waited
 from scheduler.sim.model import RESTART_S, Tally, check_fits, pace, request_of, sim_result
 from scheduler.sim.traces import TraceError
 
@@ -64,8 +64,13 @@ class _Replay:
 
     def _wakes(self, request: JobRequest) -> list[float]:
         """When waiting multi-GPU `request` may first preempt: to move jobs, and to stop them."""
-        limits = (self.config.preempt_after_s, self.config.gang_max_wait_s)
-        return [queued_at(request) + limit for limit in limits if request.gpus > 1 and limit is not None]
+        if request.gpus <= 1:
+            return []
+        starts = (
+            (self.config.preempt_after_s, queued_at(request)),
+            (self.config.gang_max_wait_s, bound_start(request, self.config)),
+        )
+        return [start + limit for limit, start in starts if limit is not None]
 
     def next_wake(self, clock: float) -> float:
         position = self.wakes.bisect_right((clock, "\uffff"))
@@ -201,9 +206,11 @@ def _apply(placements: list[Placement], state: _Replay, by_id: dict, clock: floa
     evicted = False
     for placement in placements:
         for victim in placement.evicts:
+            began = state.planner.running[victim].started_s
             gpus, left, request = state.stop(victim, clock)
             lost = (request.duration_s - left) % request.checkpoint_every_s + RESTART_S
-            again = replace(request, duration_s=left + lost, preempted=request.preempted + 1, queued_s=clock)
+            waited = requeued_waited(request, began)
+            again = replace(request, duration_s=left + lost, preempted=request.preempted + 1, queued_s=clock, waited_s=waited)
             state.submit(again)
             tally.preemptions, tally.lost_gpu_s, evicted = tally.preemptions + 1, tally.lost_gpu_s + lost * len(gpus), True
             tally.preempted_at[victim] = clock

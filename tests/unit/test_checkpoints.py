@@ -246,8 +246,10 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
         gang_max_preemptions=10,
         gang_stops_rehome=True,
         gang_stops_longer=4,
+        gang_bound_whole_wait=True,
     )
     policy = policy_config(SimpleNamespace(queue=queue))
+    assert policy.gang_bound_whole_wait and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_bound_whole_wait
     assert policy.gang_stops_longer == 4.0 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_longer is None
     assert (policy.short_job_bonus, policy.short_job_s, policy.gang_max_preemptions) == (6.0, 1800.0, 10)
     assert policy.gang_stops_rehome and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_rehome
@@ -287,6 +289,14 @@ def test_a_stopped_job_ages_from_its_requeue_and_a_stopped_gang_waits_its_bound_
     gpus, running = full_fleet()
     assert both([gang(queued_s=NOW - 600)], gpus, running) == []  # requeued 10 min ago: not overdue again yet
     assert [p.job_id for p in both([gang(queued_s=NOW - 3600)], gpus, running)] == ["gang"]
+    # the bound on the whole wait: 50 min before its last start and 10 min since its requeue are its hour
+    whole, waited = (
+        dataclasses.replace(BOUNDED, gang_bound_whole_wait=True),
+        dataclasses.replace(gang(queued_s=NOW - 600), waited_s=3000.0),
+    )
+    assert both([waited], gpus, running) == []  # counted from the requeue, as before
+    assert [p.job_id for p in both([waited], gpus, running, whole)] == ["gang"]
+    assert both([dataclasses.replace(waited, waited_s=2999.0)], gpus, running, whole) == []
 
 
 def test_the_requeue_time_is_read_from_the_labels_and_a_bad_one_is_ignored():
@@ -296,3 +306,22 @@ def test_the_requeue_time_is_read_from_the_labels_and_a_bad_one_is_ignored():
     for bad in ("soon", "nan", "inf", "-5", None):
         labels = json.dumps({"preempted": "1", "requeued_s": bad})
         assert job_request((*row[:6], labels)).queued_s is None, bad
+        assert job_request((*row[:6], json.dumps({"preempted": "1", "waited_s": bad}))).waited_s == 0.0, bad
+    assert job_request((*row[:6], json.dumps({"preempted": "1", "waited_s": "1800.5"}))).waited_s == 1800.5
+
+
+def test_a_preempted_job_keeps_what_it_waited_before_its_start_in_its_labels(tmp_path):
+    """~0.1 s. The store's preemption adds the wait that ended at the job's start (from its submit,
+    or its last requeue) to `waited_s`, which the gang bound counts with `gang_bound_whole_wait`."""
+    from scheduler.policy import Placement
+    from scheduler.queue.schema import JobSpec
+    from scheduler.queue.store import JobStore
+
+    store = JobStore(f"sqlite:///{tmp_path}/queue.db")
+    store.register_gpus([GpuState("n/gpu0", "n", "H100", 80.0), GpuState("n/gpu1", "n", "H100", 80.0)])
+    job = store.submit(JobSpec(kind="stage-training", command=["true"], mem_gib=70, duration_s=3600, gpus=2), now=1000.0)
+    for start, stop, waited in ((1600.0, 2000.0, 600.0), (2900.0, 3000.0, 600.0 + 900.0)):
+        assert store.claim(Placement(job, ("n/gpu0", "n/gpu1"), 70.0), "d", 60, 4, now=start)
+        store.preempt(job, "other", now=stop)
+        (request,) = store.pending()
+        assert (request.waited_s, request.queued_s) == (waited, stop)

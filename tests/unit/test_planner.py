@@ -4,6 +4,7 @@ compared placement by placement (job, GPUs, evictions, time) and measure by meas
 
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,11 @@ CONFIGS = {
     # gangs across nodes (k nodes × g GPUs: `scheduler/policy/gangs.py`), their waits bounded
     "spanning": PolicyConfig(span_nodes=True),
     "spanning, bounded": PolicyConfig(span_nodes=True, gang_max_wait_s=3600.0, gang_max_preemptions=4),
+    # the bound on a gang job's whole wait: a stopped gang job's earlier waits count (`JobRequest.waited_s`;
+    # gang jobs are stopped by those of a higher priority, or of theirs with `gang_stops_longer`)
+    "spanning, longer, whole wait": PolicyConfig(
+        span_nodes=True, gang_max_wait_s=3600.0, gang_max_preemptions=4, gang_stops_longer=2.0, gang_bound_whole_wait=True
+    ),
     # stops kept to jobs that restart at once, but gang jobs of the waiting one's priority with 2x its run left
     "spanning, rehome, longer": PolicyConfig(
         span_nodes=True, gang_max_wait_s=3600.0, gang_stops_rehome=True, gang_stops_longer=2.0, short_job_bonus=20.0
@@ -124,6 +130,7 @@ CONFIGS = {
         ("mixed", "bounded, short jobs first"),
         ("wide", "spanning"),
         ("wide", "spanning, bounded"),
+        ("wide", "spanning, longer, whole wait"),
         ("wide", "spanning, rehome, longer"),
         ("mixed", "spanning, bounded"),
         ("scarce", "default"),
@@ -157,6 +164,10 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
             assert any(widths[job] <= 8 for job, *_ in across)
         else:  # an overdue gang wider than a node stops jobs on several nodes
             assert any(evicted and widths[job] > 8 for job, _, evicted in across)
+    if config == "spanning, longer, whole wait":  # it changes what runs: stopped gang jobs' earlier waits count
+        plain: list = []
+        simulate(trace, fleet, "drape", replace(CONFIGS[config], gang_bound_whole_wait=False), record=plain)
+        assert plain != after
     if config == "spanning, rehome, longer":  # a gang job stopped a running gang job of its priority (every gang's)
         widths = {j.job_id: j.gpus for j in trace}
         assert any(widths[job] > 1 and any(widths[v] > 1 for v in evicted) for _, job, _, evicted in before)

@@ -186,3 +186,29 @@ def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
     assert "30.0 / 30.0 / 30.0 min (1 jobs)" in bounded_wait  # it stopped services once it waited 1800 s
     assert "| 0 | 4 | 0.2 GPU-h |" in bounded.output  # 4 services on n1 stopped, n2 idle: 2 nodes × 8 GPUs
     assert "(1 jobs)" in patient_wait and "30.0 / 30.0" not in patient_wait
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["planner", "plan_drape"])
+def test_with_the_whole_wait_a_gang_job_stopped_after_its_bound_is_overdue_again_at_once(tmp_path, reference):
+    """One node of four GPUs held by four 1-GPU services (priority 3, 100 h, 30 GiB: two share a GPU).
+    Gang A (priority 5, 2 GPUs, 2 h) waits its 1-h bound and stops two services, which restart beside
+    the other two; gang B (priority 6, 2 GPUs, 10 h), overdue an hour after its submit, stops A (the
+    least work left). Counted from its requeue, A waits its bound again before it stops the four
+    services on the other two GPUs; counted whole (`gang_bound_whole_wait`), it had waited its hour
+    already and stops them at once."""
+    from scheduler.policy import PolicyConfig
+
+    (tmp_path / "f.yaml").write_text("groups:\n  - {model: H100, memory_gib: 80, nodes: 1, gpus_per_node: 4}\n")
+    fleet = load_fleet(tmp_path / "f.yaml")
+    services = [TraceJob(f"s{n}", 0, 360000, 30, 1, 3, "service") for n in range(4)]
+    trace = [*services, TraceJob("A", 10, 7200, 70, 2, 5, "stage"), TraceJob("B", 3700, 36000, 70, 2, 6, "stage")]
+    bounded = PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0)
+    starts = {}
+    for whole in (False, True):
+        record: list = []
+        simulate(trace, fleet, "drape", replace(bounded, gang_bound_whole_wait=whole), reference=reference, record=record)
+        starts[whole] = [(round(clock, 3), tuple(sorted(evicted))) for clock, job, _, evicted in record if job == "A"]
+    assert starts[False][0] == starts[True][0] == (3610.0, ("s0", "s1"))  # its bound from its submit: two services stopped
+    four = ("s0", "s1", "s2", "s3")
+    assert starts[True][1] == (7300.0, four)  # B stopped it at 7300, and it stops the services at once
+    assert starts[False][1] == (7300.0 + 3600.0, four)  # its bound again from the requeue
