@@ -163,8 +163,12 @@ def queued_at(job: JobRequest) -> float:
 
 def bound_start(job: JobRequest, config: PolicyConfig) -> float:
     """When `job`'s gang bound (`gang_max_wait_s`) started counting: its last requeue, less its
-    earlier waits with `gang_bound_whole_wait` (so possibly before its requeue)."""
-    return queued_at(job) - (job.waited_s if config.gang_bound_whole_wait else 0.0)
+    earlier waits with `gang_bound_whole_wait` (so possibly before its requeue, never before its
+    submit: a label read from the store cannot buy a wait the job did not have)."""
+    if not config.gang_bound_whole_wait:
+        return queued_at(job)
+    since = queued_at(job)
+    return since - min(max(job.waited_s, 0.0), since - job.submit_s)
 
 
 def requeued_waited(job: JobRequest, started_s: float) -> float:

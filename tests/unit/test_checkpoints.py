@@ -297,6 +297,9 @@ def test_a_stopped_job_ages_from_its_requeue_and_a_stopped_gang_waits_its_bound_
     assert both([waited], gpus, running) == []  # counted from the requeue, as before
     assert [p.job_id for p in both([waited], gpus, running, whole)] == ["gang"]
     assert both([dataclasses.replace(waited, waited_s=2999.0)], gpus, running, whole) == []
+    # never before its submit: a stored label of days cannot make a job submitted 20 min ago overdue
+    recent = JobRequest("gang", 5, NOW - 1200, 2, 70.0, 3600.0, queued_s=NOW - 600, waited_s=86400.0)
+    assert both([recent], gpus, running, whole) == []
 
 
 def test_the_requeue_time_is_read_from_the_labels_and_a_bad_one_is_ignored():
