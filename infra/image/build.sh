@@ -44,8 +44,11 @@ if ! compgen -G "$WHEELS/torch-2.13.0+cpu-*.whl" >/dev/null; then
 else
 	torch_index=(--build-arg TORCH_INDEX_URL=)
 fi
+# what its drape was installed from: the pod test refuses an image built from another tree
+source_digest=$(python3 infra/image/source_digest.py)
 start=$SECONDS
 podman build --quiet --layers --build-arg VARIANT=debian --build-arg DEBIAN_BASE="$BASE" "${torch_index[@]}" \
+	--label drape.source="$source_digest" \
 	--build-context wheels="$WHEELS" --secret id=ca,src="$CA_BUNDLE" -t "$IMAGE" . >/dev/null
 echo "image $IMAGE (podman build): $((SECONDS - start)) s"
 echo "image size: $(podman image inspect --format '{{.Size}}' "$IMAGE") bytes"

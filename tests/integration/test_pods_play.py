@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import runpy
 import shutil
 import subprocess
 import time
@@ -52,6 +53,12 @@ def _needs_podman() -> None:
         pytest.skip("podman kube play of a pod with hostPath volumes runs as root here")
     if _podman("image", "exists", IMAGE, check=False).returncode != 0:
         pytest.skip(f"no image {IMAGE}: build it with `make image-test` (infra/image/build.sh)")
+    built = _podman("image", "inspect", "--format", '{{index .Labels "drape.source"}}', IMAGE).stdout.strip()
+    here = runpy.run_path(str(REPO / "infra" / "image" / "source_digest.py"))["source_digest"](REPO)
+    assert built == here, (
+        f"image {IMAGE} was built from another tree (its drape.source label {built or 'missing'}, this tree's {here}): "
+        "rebuild it with infra/image/build.sh (layers cached: seconds to a few minutes)"
+    )
 
 
 def _weights(models: Path) -> None:
