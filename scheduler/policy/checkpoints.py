@@ -30,9 +30,11 @@ A stopped job waits again from its requeue: its aging, and for a multi-GPU job i
 not rank by days of aging before the short jobs that never started. With
 `PolicyConfig.gang_bound_whole_wait` the bound counts a gang job's waits before its requeues too
 (`JobRequest.waited_s`): a gang job stopped after it had waited its bound is overdue again at
-once. Why: the goals are on a job's delay (finish - submit - run), and a stopped gang job that
-waited its bound again from the requeue was the largest delay of the 2-4, 5-8 and 9-16 classes
-under the bound on the wide week (`benchmarks/wide_gangs.py`; aging still counts from the requeue).
+once. Why: the goals are on a job's delay (finish - submit - run), and on the wide week
+(`benchmarks/wide_gangs.py`) the 2-4 class's max delay under the bound was 1.5-3.4 times its max
+wait to first start (18.9 h against 5.5 h), as were wider classes' with `gang_stops_longer`: the
+time stopped gang jobs spent off their GPUs, waiting the bound again from the requeue. Aging still
+counts from the requeue.
 
 The cost of stopping a job is its work since its last checkpoint, estimated as the time since
 it started modulo its `checkpoint_every_s`, times its GPUs. Of the nodes with enough GPUs that
