@@ -32,7 +32,7 @@ from drape.data import synth_draw  # noqa: E402
 from drape.data.synth import generate_split  # noqa: E402
 from drape.gates.checks.ocr import TextCheck, legible, shared_text_check  # noqa: E402
 from drape.gates.suites import corruptions  # noqa: E402
-from drape.gates.suites.calibrated import _misreads  # noqa: E402
+from drape.gates.suites.calibrated import misreads  # noqa: E402
 from drape.gates.suites.harmless import suite  # noqa: E402
 
 AIMED = {
@@ -52,7 +52,7 @@ def _resolution(text: str) -> int | tuple[int, int]:
 
 def _misread(check: TextCheck, outputs, targets, boxes) -> int:
     """Tags read otherwise than their target, counted as calibration counts them (similarity under 1)."""
-    return _misreads(check.scores(outputs, targets, boxes, [f"s{i}" for i in range(len(targets))]), 1.0)[0]
+    return misreads(check.scores(outputs, targets, boxes, [f"s{i}" for i in range(len(targets))]), 1.0)[0]
 
 
 def measure(check: TextCheck, stroke: int, resolution, samples: int, seeds: int) -> dict:

@@ -46,7 +46,6 @@ from scheduler.policy.state import (
     PolicyConfig,
     RunningJob,
     bound_start,
-    queued_at,
     static_priority,
 )
 from scheduler.policy.victims import Victims
@@ -110,10 +109,10 @@ class Planner:
         self.gang_submits.update((self._waits_from(job), job.id) for job in jobs if job.gpus > 1)
 
     def _waits_from(self, job: JobRequest) -> float:
-        """The earliest a gang job's limits count from (its requeue; for the bound, with
-        `gang_bound_whole_wait`, less its earlier waits): the longest-waiting one decides whether a
-        pass looks for jobs to preempt."""
-        return min(queued_at(job), bound_start(job, self.config))
+        """The earliest a gang job's limits count from: `bound_start`, never after its requeue (from
+        which `preempt_after_s` counts). The longest-waiting one decides whether a pass looks for
+        jobs to preempt."""
+        return bound_start(job, self.config)
 
     def withdraw(self, job_id: str) -> JobRequest:
         job = self.pending.pop(job_id)

@@ -149,14 +149,23 @@ def preempt_job(job_id: str, running: dict[str, dict], gpus: dict[str, GpuState]
     costs: the work since its last checkpoint (every `checkpoint_every_s` of progress) and a restart."""
     record = running.pop(job_id)
     release_job(record, gpus)
-    request: JobRequest = record["request"]
-    done = request.duration_s - record["remaining"]
-    lost = done % request.checkpoint_every_s + RESTART_S
-    waited = requeued_waited(request, record["started"])
-    again = replace(
-        request, duration_s=record["remaining"] + lost, preempted=request.preempted + 1, queued_s=clock, waited_s=waited
-    )
+    again, lost = requeued(record["request"], record["remaining"], record["started"], clock)
     return again, lost * len(record["gpus"])
+
+
+def requeued(request: JobRequest, left: float, started: float, clock: float) -> tuple[JobRequest, float]:
+    """`request` (as it started at `started`, with `left` seconds of work to do) stopped at `clock`
+    and queued again, and the seconds of work its stop costs: the work since its last checkpoint
+    (every `checkpoint_every_s` of progress) and a restart. Both replays requeue with it."""
+    lost = (request.duration_s - left) % request.checkpoint_every_s + RESTART_S
+    again = replace(
+        request,
+        duration_s=left + lost,
+        preempted=request.preempted + 1,
+        queued_s=clock,
+        waited_s=requeued_waited(request, started),
+    )
+    return again, lost
 
 
 def sim_result(

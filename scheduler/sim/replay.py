@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
 from scheduler.policy.planner import Planner
-from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, bound_start, queued_at, requeued_waited
-from scheduler.sim.model import RESTART_S, Tally, check_fits, pace, request_of, sim_result
+from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, bound_start, queued_at
+from scheduler.sim.model import Tally, check_fits, pace, request_of, requeued, sim_result
 from scheduler.sim.traces import TraceError
 
 Record = list[tuple[float, str, tuple[str, ...], tuple[str, ...]]]  # (time, job, GPUs, evicted jobs)
@@ -208,9 +208,7 @@ def _apply(placements: list[Placement], state: _Replay, by_id: dict, clock: floa
         for victim in placement.evicts:
             began = state.planner.running[victim].started_s
             gpus, left, request = state.stop(victim, clock)
-            lost = (request.duration_s - left) % request.checkpoint_every_s + RESTART_S
-            waited = requeued_waited(request, began)
-            again = replace(request, duration_s=left + lost, preempted=request.preempted + 1, queued_s=clock, waited_s=waited)
+            again, lost = requeued(request, left, began, clock)
             state.submit(again)
             tally.preemptions, tally.lost_gpu_s, evicted = tally.preemptions + 1, tally.lost_gpu_s + lost * len(gpus), True
             tally.preempted_at[victim] = clock

@@ -96,7 +96,7 @@ def text_settings(rows: list[Row], *, min_similarity: float, margin: float) -> l
     lower = RuleSetting("gates.texture.min_text_lower", max(_floor(level - margin), 0.01), level, variant, margin, nearest)
     # every harmless row judged some mark (`_ruled` keeps rows with a finite rule value): judged >= 1
     (misread, judged), share_variant = max(
-        ((_misreads(text, min_similarity), r.outputs) for r, text in harmless), key=lambda m: m[0][0] / m[0][1]
+        ((misreads(text, min_similarity), r.outputs) for r, text in harmless), key=lambda m: m[0][0] / m[0][1]
     )
     shares = [(_misread(text, min_similarity), r.outputs) for r, text in aimed]
     value = _ceil(min((misread + MISREAD_MARGIN) / judged, 1.0))
@@ -129,7 +129,7 @@ def _same_similarity(identity) -> float:
     return SAME_PERSON_COSINE if identity.same_person is None else identity.same_person
 
 
-def _misreads(values: np.ndarray, min_similarity: float) -> tuple[int, int]:
+def misreads(values: np.ndarray, min_similarity: float) -> tuple[int, int]:
     """(samples read otherwise than the target, judged samples: a target whose mark reads as text)."""
     judged = values[np.isfinite(values)]
     return int(np.sum(judged < min_similarity - 1e-9)), len(judged)
@@ -137,7 +137,7 @@ def _misreads(values: np.ndarray, min_similarity: float) -> tuple[int, int]:
 
 def _misread(values: np.ndarray, min_similarity: float) -> float:
     """The share of judged samples read otherwise than the target."""
-    misread, judged = _misreads(values, min_similarity)
+    misread, judged = misreads(values, min_similarity)
     return misread / judged if judged else 0.0
 
 
