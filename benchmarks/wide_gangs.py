@@ -21,10 +21,13 @@ Three workloads, each replayed through the same `Planner` the dispatcher runs:
    services, short jobs and 4-GPU jobs on 8 A10 nodes; the same on a fleet of 16 GiB GPUs only
    (T4 and 16 GiB V100s). Synthetic: the issue's sharing trace is not in this repository.
 
-Policies: "whole-longer" and "whole", the bound on a gang job's whole wait (`gang_bound_whole_wait`:
-its waits before each requeue count too), with and without `gang_stops_longer` 4; "rehome-longer"
-and "longer" (`gang_stops_longer` 4: an overdue gang job also stops a
-running gang job of its priority with 4x its run left), each beside rehome and the bound as
+Policies: "backlog", the bound (2 h, not `--bound-hours`) risen to 0.5 x the queue's backlog while
+that is longer (`gang_bound_backlog`: the waiting GPU-seconds over the fleet's GPUs), on the whole
+wait, short single-GPU jobs first, `gang_stops_longer` 2 and 8 stops a job (the setting of
+`benchmarks/policy_sweep.py`'s grid that met the most goals); "whole-longer" and "whole", the
+bound on a gang job's whole wait (`gang_bound_whole_wait`: its waits before each requeue count
+too), with and without `gang_stops_longer` 4; "rehome-longer" and "longer" (`gang_stops_longer`
+4: an overdue gang job also stops a running gang job of its priority with 4x its run left), each beside rehome and the bound as
 before; drape with the bound `--bound-hours` on gang waits whose stops keep to jobs that restart
 at once, short single-GPU jobs first (`gang_stops_rehome`, `short_job_bonus` 20: "rehome"); drape
 with the bound as before (checkpoint preemption on the cheapest node); drape without the bound;
@@ -134,7 +137,11 @@ SHORT_BONUS = 20.0  # short_job_bonus beside rehome: a short single-GPU job rank
 
 
 LONGER = 4.0  # gang_stops_longer beside the bound: a gang job stops one of its priority with 4x its run left
+# "backlog": the frontier's top of `benchmarks/policy_sweep.py` (the most goals met): the bound 2 h, risen
+# to 0.5 x the queue's backlog (`gang_bound_backlog`), on the whole wait, short jobs first, longer 2, 8 stops
+BACKLOG_BOUND_H, BACKLOG = 2.0, 0.5
 POLICIES = (  # `--policies`
+    "backlog",
     "whole-longer",
     "whole",
     "rehome-longer",
@@ -156,7 +163,19 @@ def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> li
     rehome = PolicyConfig(gang_max_wait_s=bound, gang_stops_rehome=True, short_job_bonus=SHORT_BONUS, span_nodes=span)
     bounded = PolicyConfig(gang_max_wait_s=bound, span_nodes=span)
     whole = replace(bounded, gang_bound_whole_wait=True)
+    risen = replace(
+        whole,
+        gang_max_wait_s=BACKLOG_BOUND_H * 3600,
+        gang_bound_backlog=BACKLOG,
+        short_job_bonus=SHORT_BONUS,
+        gang_stops_longer=2.0,
+    )
     every = [
+        (
+            f"drape, bound {BACKLOG_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, longer 2, 8 stops",
+            "drape",
+            replace(risen, gang_max_preemptions=8),
+        ),
         (f"drape, bound {bound_h:g} h on the whole wait, longer", "drape", replace(whole, gang_stops_longer=LONGER)),
         (f"drape, bound {bound_h:g} h on the whole wait", "drape", whole),
         (f"drape, bound {bound_h:g} h, rehome, longer", "drape", replace(rehome, gang_stops_longer=LONGER)),

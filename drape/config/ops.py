@@ -276,6 +276,15 @@ class QueueConfig(StrictModel):
         "count too, so a gang job stopped after it had waited its bound is overdue again at once "
         "(scheduler/policy/checkpoints.py, benchmarks/wide_gangs.py); false: the bound counts from its last requeue",
     )
+    gang_bound_backlog: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="gang_max_wait_seconds rises to this many times the queue's backlog while that is longer: the "
+        "GPU-seconds of work waiting over the fleet's GPUs, the time the whole fleet needs to run what waits. At a "
+        "peak gang jobs then wait their share before they stop others, and single-GPU jobs keep starting "
+        "(scheduler/policy/checkpoints.py, benchmarks/policy_sweep.py); 0: the bound as set",
+    )
     short_job_bonus: float = Field(
         default=0.0,
         ge=0,

@@ -202,6 +202,7 @@ def policy_config(config) -> PolicyConfig:
         gang_stops_rehome=queue.gang_stops_rehome,
         gang_stops_longer=queue.gang_stops_longer or None,
         gang_bound_whole_wait=queue.gang_bound_whole_wait,
+        gang_bound_backlog=queue.gang_bound_backlog,
         short_job_bonus=queue.short_job_bonus,
         short_job_s=queue.short_job_seconds,
         span_nodes=queue.launcher in SPANS_NODES,  # gangs across nodes where the engine starts one so

@@ -36,6 +36,18 @@ wait to first start (18.9 h against 5.5 h), as were wider classes' with `gang_st
 time stopped gang jobs spent off their GPUs, waiting the bound again from the requeue. Aging still
 counts from the requeue.
 
+With `PolicyConfig.gang_bound_backlog` k the bound rises to k times the queue's backlog while
+that is longer: the GPU-seconds of work waiting over the fleet's GPUs, the time the whole fleet
+needs to run what waits (`gang_bound`). Why: at a peak every job must wait, and a bound fixed
+below the peak's wait lets overdue gang jobs take the whole fleet while the single-GPU queue
+grows by hundreds (the wide week's seed 1, hours 23-40: every GPU held by gang jobs, 760
+single-GPU jobs waiting). Raised with the backlog, the bound lets gang jobs wait their share
+of a peak, and the single-GPU jobs keep starting: on the wide and gang weeks
+(`benchmarks/policy_sweep.py`) its setting with the most goals met 44 of 63 with the worst week's
+1-GPU mean wait at 28 min (k = 0.5 beside `short_job_bonus`), the fixed bound's 43 at 79 min;
+no setting of either met every goal. The backlog counts every waiting job's expected run, so a
+queue that declares long runs waits longer before gangs stop others.
+
 The cost of stopping a job is its work since its last checkpoint, estimated as the time since
 it started modulo its `checkpoint_every_s`, times its GPUs. Of the nodes with enough GPUs that
 are idle or hold only such jobs, the gang job takes, first among those whose stopped jobs can all
@@ -60,19 +72,40 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from scheduler.policy.state import JobRequest, PolicyConfig, RunningJob, bound_start
+from scheduler.policy.state import MAX_GANG_WAIT_S, JobRequest, PolicyConfig, RunningJob, bound_start
 
 if TYPE_CHECKING:
     from scheduler.policy.pool import Pool
 
 Choice = tuple[tuple[str, ...], tuple[str, ...]]  # (GPUs for the waiting job, jobs to stop)
 HOMED_LOOK = 32  # of the cheapest nodes, how many are checked for whether their jobs restart at once
+WORK_UNIT = 1000  # the backlog sums work in 1/WORK_UNIT GPU-seconds, as integers: one total in any order
 
 
-def overdue(job: JobRequest, now: float, config: PolicyConfig) -> bool:
-    """Whether multi-GPU `job` has waited past `gang_max_wait_s` (and so may stop running jobs): since
-    its last requeue, or in all with `gang_bound_whole_wait`."""
-    bound = config.gang_max_wait_s
+def work_of(job: JobRequest) -> int:
+    """`job`'s part of the backlog: its GPUs times its expected run, in 1/`WORK_UNIT` GPU-seconds."""
+    return round(job.gpus * job.duration_s * WORK_UNIT)
+
+
+def backlog_s(work: int, gpus: int) -> float:
+    """The queue's backlog: `work` (summed `work_of` the waiting jobs) over the fleet's `gpus`, the
+    seconds the whole fleet would need to run what waits."""
+    return work / WORK_UNIT / gpus if gpus > 0 else 0.0
+
+
+def gang_bound(config: PolicyConfig, backlog: float) -> float | None:
+    """The wait after which a gang job may stop running jobs: `gang_max_wait_s`, raised with
+    `gang_bound_backlog` k to k x `backlog` (s) while that is longer, at most `MAX_GANG_WAIT_S`."""
+    bound, k = config.gang_max_wait_s, config.gang_bound_backlog
+    if bound is None or not k:
+        return bound
+    return min(max(bound, k * backlog), MAX_GANG_WAIT_S)
+
+
+def overdue(job: JobRequest, now: float, config: PolicyConfig, backlog: float = 0.0) -> bool:
+    """Whether multi-GPU `job` has waited past its bound (`gang_bound` at the queue's `backlog`, s),
+    and so may stop running jobs: since its last requeue, or in all with `gang_bound_whole_wait`."""
+    bound = gang_bound(config, backlog)
     return bound is not None and job.gpus > 1 and now - bound_start(job, config) >= bound
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from scheduler.policy.checkpoints import overdue
+from scheduler.policy.checkpoints import backlog_s, gang_bound, overdue, work_of
 from scheduler.policy.clearing import Clearing
 from scheduler.policy.fragmentation import widths_of_shapes
 from scheduler.policy.pool import Pool
@@ -66,6 +66,7 @@ class Planner:
         self.order = SortedList()  # (−static priority, submit, id): the policy's order at any now
         self.queues: dict[tuple, SortedList] = {}  # the same, per job shape (gang jobs: per priority too)
         self.gang_submits = SortedList()  # (since when queued, id) of waiting multi-GPU jobs
+        self.work = 0  # the waiting jobs' work (`checkpoints.work_of`): the backlog the gang bound may rise with
         self.running: dict[str, RunningJob] = {}
         self.alone: dict[str, tuple[float, bool]] = {}  # job → (declared share, runs alone)
         self.on_gpu: dict[str, list[RunningJob]] = {}
@@ -92,6 +93,7 @@ class Planner:
             self.gang_submits.add((self._waits_from(job), job.id))
         self.shapes[(job.gpus, job.mem_gib)] += 1
         self.constrained[job.models] += 1
+        self.work += work_of(job)
 
     def submit_many(self, jobs: list[JobRequest]) -> None:
         """`submit` each of `jobs` (a whole queue read at once): each order sorted once, not job by job."""
@@ -103,10 +105,26 @@ class Planner:
             keys.setdefault(_shape(job), []).append(self._key(job))
             self.shapes[(job.gpus, job.mem_gib)] += 1
             self.constrained[job.models] += 1
+            self.work += work_of(job)
         self.order.update(key for shape_keys in keys.values() for key in shape_keys)
         for shape, shape_keys in keys.items():
             self.queues.setdefault(shape, SortedList()).update(shape_keys)
         self.gang_submits.update((self._waits_from(job), job.id) for job in jobs if job.gpus > 1)
+
+    def backlog(self) -> float:
+        """The queue's backlog (s): the waiting jobs' work over the fleet's GPUs (`checkpoints.backlog_s`)."""
+        return backlog_s(self.work, len(self.gpus))
+
+    def next_overdue(self, after: float) -> float:
+        """The first time past `after` a waiting gang job becomes overdue, the backlog as it stands (it
+        changes only when the queue does, and a pass follows each change); inf when none will."""
+        bound = gang_bound(self.config, self.backlog())
+        if bound is None:
+            return float("inf")
+        for since, _ in self.gang_submits.islice(self.gang_submits.bisect_left((after - bound,))):
+            if since + bound > after:
+                return since + bound
+        return float("inf")
 
     def _waits_from(self, job: JobRequest) -> float:
         """The earliest a gang job's limits count from: `bound_start`, never after its requeue (from
@@ -125,6 +143,7 @@ class Planner:
             self.gang_submits.remove((self._waits_from(job), job.id))
         self._count((job.gpus, job.mem_gib), -1)
         self._constrained(job.models, -1)
+        self.work -= work_of(job)
         return job
 
     def start(self, placement: Placement, now: float) -> RunningJob:
@@ -246,9 +265,11 @@ class Planner:
         shape whose job found nothing is left (its later jobs would find nothing either), so a
         pass looks at the jobs it places and one more per shape, not at the whole queue."""
         waited = now - self.gang_submits[0][0] if self.gang_submits else -1.0  # the longest a gang job waits
-        limits = (self.config.preempt_after_s, self.config.gang_max_wait_s)
+        backlog = self.backlog()
+        limits = (self.config.preempt_after_s, gang_bound(self.config, backlog))
         starving = any(limit is not None and waited >= limit for limit in limits)
-        step = _Pass(now, Preemptor([], self.config, on_gpu=self.on_gpu, victims=self.victims) if starving else None)
+        preemptor = Preemptor([], self.config, on_gpu=self.on_gpu, victims=self.victims, backlog=backlog) if starving else None
+        step = _Pass(now, preemptor)
         heap = []
         for shape, queue in self.queues.items():
             jobs = iter(queue)
@@ -283,7 +304,9 @@ class Planner:
             step.dead.add(shape)
             if job.gpus == 1 and job.models and config.avoid_scarce:
                 step.blocked.append(job)  # a constrained job: an unconstrained one may move off its GPUs
-            starving = step.preemptor is not None and (starves(job, now, config) or overdue(job, now, config))
+            starving = step.preemptor is not None and (
+                starves(job, now, config) or overdue(job, now, config, step.preemptor.backlog)
+            )
             if starving and (taken := preempt(step.preemptor, job, pool, now)):  # type: ignore[arg-type]
                 pool.empty(taken[0])
                 pool.take(taken[0], job)
@@ -349,7 +372,7 @@ def _hopeless(job: JobRequest, step: _Pass) -> bool:
     if preemptor is None:
         return True
     moves = not starves(job, step.now, preemptor.config) or key in preemptor.hopeless
-    return moves and (not overdue(job, step.now, preemptor.config) or key in preemptor.stop_hopeless)
+    return moves and (not overdue(job, step.now, preemptor.config, preemptor.backlog) or key in preemptor.stop_hopeless)
 
 
 _NOWHERE = Reservation(float("inf"), frozenset())  # a head that fits nowhere, as things stand

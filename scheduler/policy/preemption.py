@@ -61,7 +61,7 @@ def preempt(preemptor: Preemptor, job: JobRequest, pool: Pool, now: float) -> tu
     checkpoints (when it is overdue); None when neither finds a node."""
     if starves(job, now, preemptor.config) and (taken := preemptor.choose(job, pool)):
         return taken
-    if overdue(job, now, preemptor.config):
+    if overdue(job, now, preemptor.config, preemptor.backlog):
         return preemptor.stop(job, pool, now)
     return None
 
@@ -75,10 +75,12 @@ class Preemptor:
         config: PolicyConfig,
         on_gpu: dict[str, list[RunningJob]] | None = None,
         victims: Victims | None = None,
+        backlog: float = 0.0,
     ):
         """`on_gpu`: the running jobs by GPU, when the caller keeps them (it is read, never changed);
-        `victims`: its index of the nodes to preempt on (`scheduler/policy/victims.py`), kept with them."""
-        self.config, self.victims = config, victims
+        `victims`: its index of the nodes to preempt on (`scheduler/policy/victims.py`), kept with them;
+        `backlog`: the queue's backlog (s) the gang bound rises with (`checkpoints.gang_bound`)."""
+        self.config, self.victims, self.backlog = config, victims, backlog
         self.hopeless: set[tuple] = set()
         self.stop_hopeless: set[tuple] = set()  # shapes `stop` found no node for in this pass
         self.stopped: set[str] = set()  # jobs `stop` stops in this pass

@@ -49,6 +49,11 @@ class PolicyConfig:
     # (`JobRequest.waited_s`), so a stopped gang job that had waited its bound is overdue again at
     # once (False: its bound counts from its last requeue; `scheduler/policy/checkpoints.py`)
     gang_bound_whole_wait: bool = False
+    # with `gang_max_wait_s`, a gang job's bound rises to this many times the queue's backlog (the
+    # GPU-seconds of work waiting over the fleet's GPUs: how long the whole fleet needs to run what
+    # waits; `scheduler/policy/checkpoints.py`: `gang_bound`). While the queue is long, gang jobs
+    # wait longer before they stop others, and the jobs they would stop keep moving (0: the bound as set)
+    gang_bound_backlog: float = 0.0
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
@@ -61,6 +66,8 @@ class PolicyConfig:
         ratio = self.gang_stops_longer
         if ratio is not None and not (math.isfinite(ratio) and 1 <= ratio <= 1000):
             raise ValueError(f"PolicyConfig.gang_stops_longer must be None or in [1, 1000], got {ratio!r}")
+        if not (math.isfinite(self.gang_bound_backlog) and 0 <= self.gang_bound_backlog <= 10):
+            raise ValueError(f"PolicyConfig.gang_bound_backlog must be in [0, 10], got {self.gang_bound_backlog!r}")
         if not 0 <= self.gang_max_preemptions <= 100:
             raise ValueError(f"PolicyConfig.gang_max_preemptions must be in [0, 100], got {self.gang_max_preemptions!r}")
 

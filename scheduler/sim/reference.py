@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, queued_at
 from scheduler.policy.baselines import SPANS_ITSELF, get_policy
+from scheduler.policy.checkpoints import backlog_s, gang_bound, work_of
 from scheduler.policy.gangs import spanning
+from scheduler.policy.state import bound_start
 from scheduler.sim.model import (
     SimResult,
     Tally,
@@ -22,6 +24,21 @@ from scheduler.sim.model import (
     start_job,
 )
 from scheduler.sim.traces import TraceError, TraceJob
+
+
+def _wake(pending: dict[str, JobRequest], gpus: int, clock: float, config: PolicyConfig) -> float:
+    """The next time past `clock` a waiting gang job may preempt: to move jobs (`preempt_after_s` from
+    its requeue), to stop them (its gang bound from `bound_start`, risen with the backlog as it stands)."""
+    bound = gang_bound(config, backlog_s(sum(work_of(j) for j in pending.values()), gpus))
+    times = []
+    for job in pending.values():
+        if job.gpus > 1:
+            times += [
+                at + limit
+                for limit, at in ((config.preempt_after_s, queued_at(job)), (bound, bound_start(job, config)))
+                if limit is not None
+            ]
+    return min((t for t in times if t > clock), default=float("inf"))
 
 
 def _apply(
@@ -79,9 +96,7 @@ def simulate(
         # 1. advance the clock to the next finish or arrival, progressing running jobs at their shared rates
         rates = {jid: 1.0 if r["shared"] else min(pace(gpus[u]) for u in r["gpus"]) for jid, r in running.items()}
         next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
-        limits = (config.preempt_after_s, config.gang_max_wait_s) if policy == "drape" else ()
-        starving = [queued_at(j) + limit for j in pending.values() for limit in limits if limit is not None and j.gpus > 1]
-        wake = min((t for t in starving if t > clock), default=float("inf"))  # a waiting gang job may preempt then
+        wake = _wake(pending, len(gpus), clock, config) if policy == "drape" else float("inf")
         upcoming = min(next_finish, wake, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):
             raise TraceError(f"policy {policy} can never place {sorted(pending)[:3]} on this fleet")

@@ -73,8 +73,11 @@ class _Replay:
         return [start + limit for limit, start in starts if limit is not None]
 
     def next_wake(self, clock: float) -> float:
+        """The next time past `clock` a waiting gang job may preempt: its limits as set, and with
+        `gang_bound_backlog` its bound as the backlog now stands (`Planner.next_overdue`)."""
         position = self.wakes.bisect_right((clock, "\uffff"))
-        return self.wakes[position][0] if position < len(self.wakes) else float("inf")
+        wake = self.wakes[position][0] if position < len(self.wakes) else float("inf")
+        return min(wake, self.planner.next_overdue(clock)) if self.config.gang_bound_backlog else wake
 
     def next_finish(self) -> float:
         while self.finishes:

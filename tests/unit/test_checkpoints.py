@@ -189,6 +189,34 @@ def test_the_bound_is_checked_at_load():
     for bad in (0.5, float("inf"), float("nan"), 5000.0):
         with pytest.raises(ValueError, match="gang_stops_longer"):
             PolicyConfig(gang_stops_longer=bad)
+    for bad in (-0.1, float("inf"), float("nan"), 10.5):
+        with pytest.raises(ValueError, match="gang_bound_backlog"):
+            PolicyConfig(gang_bound_backlog=bad)
+
+
+def test_with_the_backlog_the_bound_rises_to_k_times_the_waiting_work_over_the_fleet():
+    """~0.01 s. `gang_bound_backlog` k: the bound is max(gang_max_wait_s, k x backlog), at most a week;
+    the backlog is the waiting jobs' GPU-seconds over the fleet's GPUs, the same sum in any order."""
+    from scheduler.policy.checkpoints import MAX_GANG_WAIT_S, backlog_s, gang_bound, work_of
+
+    rising = dataclasses.replace(BOUNDED, gang_bound_backlog=0.5)
+    assert gang_bound(BOUNDED, 50_000.0) == 3600.0  # off: the bound as set, whatever waits
+    assert gang_bound(rising, 5_000.0) == 3600.0 and gang_bound(rising, 10_000.0) == 5000.0
+    assert gang_bound(rising, 1e9) == MAX_GANG_WAIT_S and gang_bound(PolicyConfig(gang_bound_backlog=1.0), 1e6) is None
+    jobs = [JobRequest(f"j{n}", 3, 0.0, gpus, 30.0, run) for n, (gpus, run) in enumerate([(1, 0.1), (8, 3600.3), (2, 1e5 / 3)])]
+    assert sum(map(work_of, jobs)) == sum(map(work_of, reversed(jobs))) == 100 + 28_802_400 + 66_666_667
+    assert backlog_s(sum(map(work_of, jobs)), 4) == pytest.approx((0.1 + 8 * 3600.3 + 2e5 / 3) / 4, abs=1e-3)
+    assert backlog_s(5, 0) == 0.0
+    # a gang job waiting 2 h (`gang`) beside a queue of 40,000 GPU-s on the four GPUs: backlog
+    # (40,000 + 2 x 3,600) / 4 = 11,800 s; with k = 1 that is its bound, and it is not overdue yet.
+    # Beside half that queue the bound is 6,800 s, and at 7,200 s it is
+    gpus, running = full_fleet()
+    queue = [JobRequest(f"w{n}", 3, NOW - 60, 1, 80.0, 10_000.0) for n in range(4)]
+    whole = dataclasses.replace(BOUNDED, gang_bound_backlog=1.0)
+    assert [p.job_id for p in both([gang(), *queue], gpus, running)] == ["gang"]  # the bound as set: 1 h
+    assert both([gang(), *queue], gpus, running, whole) == []
+    assert [p.job_id for p in both([gang(), *queue[:2]], gpus, running, whole)] == ["gang"]
+    assert both([gang(submit=NOW - 6799), *queue[:2]], gpus, running, whole) == []
 
 
 def test_a_job_declares_whether_it_may_be_stopped_and_how_often_it_checkpoints():
@@ -247,8 +275,10 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
         gang_stops_rehome=True,
         gang_stops_longer=4,
         gang_bound_whole_wait=True,
+        gang_bound_backlog=0.5,
     )
     policy = policy_config(SimpleNamespace(queue=queue))
+    assert policy.gang_bound_backlog == 0.5 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_bound_backlog == 0
     assert policy.gang_bound_whole_wait and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_bound_whole_wait
     assert policy.gang_stops_longer == 4.0 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_longer is None
     assert (policy.short_job_bonus, policy.short_job_s, policy.gang_max_preemptions) == (6.0, 1800.0, 10)
@@ -266,6 +296,9 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
         ("gang_stops_longer", 0.5),
         ("gang_stops_longer", -1),
         ("gang_stops_longer", float("inf")),
+        ("gang_bound_backlog", -0.1),
+        ("gang_bound_backlog", 11),
+        ("gang_bound_backlog", float("nan")),
     ):
         with pytest.raises(ValidationError, match=field):
             QueueConfig(**{field: bad})

@@ -111,6 +111,10 @@ CONFIGS = {
     "spanning, longer, whole wait": PolicyConfig(
         span_nodes=True, gang_max_wait_s=3600.0, gang_max_preemptions=4, gang_stops_longer=2.0, gang_bound_whole_wait=True
     ),
+    # the bound risen with the queue's backlog (`gang_bound_backlog`), short single-GPU jobs first
+    "spanning, backlog": PolicyConfig(
+        span_nodes=True, gang_max_wait_s=1800.0, gang_max_preemptions=8, gang_bound_backlog=0.5, short_job_bonus=20.0
+    ),
     # stops kept to jobs that restart at once, but gang jobs of the waiting one's priority with 2x its run left
     "spanning, rehome, longer": PolicyConfig(
         span_nodes=True, gang_max_wait_s=3600.0, gang_stops_rehome=True, gang_stops_longer=2.0, short_job_bonus=20.0
@@ -131,6 +135,7 @@ CONFIGS = {
         ("wide", "spanning"),
         ("wide", "spanning, bounded"),
         ("wide", "spanning, longer, whole wait"),
+        ("wide", "spanning, backlog"),
         ("wide", "spanning, rehome, longer"),
         ("mixed", "spanning, bounded"),
         ("scarce", "default"),
@@ -168,6 +173,10 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
         plain: list = []
         simulate(trace, fleet, "drape", replace(CONFIGS[config], gang_bound_whole_wait=False), record=plain)
         assert plain != after
+    if config == "spanning, backlog":  # it changes what runs: gang jobs stop others later while the queue is long
+        fixed: list = []
+        simulate(trace, fleet, "drape", replace(CONFIGS[config], gang_bound_backlog=0.0), record=fixed)
+        assert fixed != after
     if config == "spanning, rehome, longer":  # a gang job stopped a running gang job of its priority (every gang's)
         widths = {j.job_id: j.gpus for j in trace}
         assert any(widths[job] > 1 and any(widths[v] > 1 for v in evicted) for _, job, _, evicted in before)

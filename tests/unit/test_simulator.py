@@ -212,3 +212,26 @@ def test_with_the_whole_wait_a_gang_job_stopped_after_its_bound_is_overdue_again
     four = ("s0", "s1", "s2", "s3")
     assert starts[True][1] == (7300.0, four)  # B stopped it at 7300, and it stops the services at once
     assert starts[False][1] == (7300.0 + 3600.0, four)  # its bound again from the requeue
+
+
+@pytest.mark.parametrize("reference", [False, True], ids=["planner", "plan_drape"])
+def test_with_the_backlog_a_gang_job_stops_others_when_its_risen_bound_runs_out(tmp_path, reference):
+    """One node of four GPUs held by four 1-GPU services (100 h, 70 GiB: one to a GPU), four more
+    waiting (10 h each), and gang A (2 GPUs, 2 h) submitted at 10 s with a 1-h bound. Alone it stops
+    two services at 3,610 s. With `gang_bound_backlog` 0.25 its bound is a quarter of the backlog,
+    (4 x 36,000 + 2 x 7,200) / 4 = 39,600 s: 9,900 s, and it stops them at 9,910 s, when nothing
+    else happens (the replay wakes for the risen bound, not only for the bound as set)."""
+    from scheduler.policy import PolicyConfig
+
+    (tmp_path / "f.yaml").write_text("groups:\n  - {model: H100, memory_gib: 80, nodes: 1, gpus_per_node: 4}\n")
+    fleet = load_fleet(tmp_path / "f.yaml")
+    services = [TraceJob(f"s{n}", 0, 360000, 70, 1, 3, "service") for n in range(4)]
+    waiting = [TraceJob(f"w{n}", 5, 36000, 70, 1, 3, "eval") for n in range(4)]
+    trace = [*services, *waiting, TraceJob("A", 10, 7200, 70, 2, 5, "stage")]
+    bounded = PolicyConfig(preempt_after_s=None, gang_max_wait_s=3600.0)
+    starts = {}
+    for k in (0.0, 0.25):
+        record: list = []
+        simulate(trace, fleet, "drape", replace(bounded, gang_bound_backlog=k), reference=reference, record=record)
+        starts[k] = [(round(clock, 3), len(evicted)) for clock, job, _, evicted in record if job == "A"]
+    assert starts[0.0] == [(3610.0, 2)] and starts[0.25] == [(9910.0, 2)]

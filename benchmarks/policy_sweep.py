@@ -1,0 +1,243 @@
+"""The gang bound's settings against issue 66's goals, every combination on every week (`--parts`).
+
+`benchmarks/wide_gangs.py` judges a few chosen policies; this replays a grid of them to show
+whether any setting of the knobs meets the goals together, and which trade-offs are on offer.
+Each combination keeps the bound on a gang job's whole wait (`gang_bound_whole_wait`) and sets:
+the bound `gang_max_wait_s` (`--bound-hours`), the short single-GPU jobs' rank `short_job_bonus`
+(`--bonus`) and which single-GPU jobs it lifts (`short_job_s`, `--short-hours`), the bound risen
+with the queue's backlog `gang_bound_backlog` (`--backlog`),
+`gang_stops_longer` (`--longer`, "off": jobs of one priority never stop each other) and
+`gang_max_preemptions` (`--caps`: how often one job may be stopped for an overdue gang).
+
+Weeks: the wide-gang week (`wide_gangs.wide_week`, 128 H100 across nodes) per seed and the three
+single-node gang weeks (`wide_gangs.gang_weeks`), with `wide_gangs`'s floors (computed once per
+week) and goals: each multi-GPU class's max delay <= max(1.25 x its floor beside a 5-min 1-GPU
+mean, 1 h); the widest classes' max delay below `fifo-easy`'s on that week; the 1-GPU mean wait
+<= 5 min; work lost <= 1% of the week's GPU-hours. Printed per combination and week: the goals
+met of those asked, the 1-GPU mean wait and beside it the 1-GPU mean delay (finish - submit -
+run: it counts a stopped job's time off its GPUs, which the wait to first start leaves out), the
+work lost. Then the frontier (the combinations no other beats on both the goals met and the
+worst 1-GPU mean wait) and whether any combination met every goal on every week.
+
+    .venv/bin/python benchmarks/policy_sweep.py [--seeds 1-3] [--parts wide,gang]
+        [--bound-hours 1,3,6] [--backlog 0,0.5] [--bonus 0,20] [--short-hours 1] [--longer off,2]
+        [--caps 4,16] [--workers 2]   # the default grid: 48 combinations, ~10 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import wide_gangs  # noqa: E402
+from scheduler.policy import GpuState, PolicyConfig  # noqa: E402
+from scheduler.sim import SimResult, TraceJob, simulate  # noqa: E402
+from scheduler.sim.model import CLASSES, job_class  # noqa: E402
+
+NARROW = ("1", "2-4")  # the classes the "below fifo-easy" goal leaves out (as `wide_gangs` does)
+
+
+@dataclass(frozen=True)
+class Week:
+    name: str
+    trace: list[TraceJob]
+    gpus: list[GpuState]
+    span: bool  # an engine that starts a job across nodes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    met: int  # goals met ...
+    asked: int  # ... of those asked on this week
+    one_wait_s: float  # the 1-GPU mean wait to first start
+    one_delay_s: float  # the 1-GPU mean delay (finish - submit - run)
+    lost: float  # work lost, a share of the week's GPU-hours
+    missed: tuple[str, ...]  # the goals missed, named
+
+
+def grid(
+    bounds_h: list[float],
+    bonuses: list[float],
+    longer: list[float | None],
+    caps: list[int],
+    shorts_h: list[float] | None = None,
+    backlogs: list[float] | None = None,
+) -> list[tuple[str, PolicyConfig]]:
+    """Every combination, labelled by its settings (the bound on the whole wait in each). `shorts_h`:
+    `short_job_s` values, hours (which single-GPU jobs the bonus lifts; one combination without it);
+    `backlogs`: `gang_bound_backlog` values (the bound risen to k x the queue's backlog; 0: as set)."""
+    combos, shorts_h, backlogs = [], shorts_h or [1.0], backlogs or [0.0]
+    for backlog, bound, bonus, short, ratio, cap in itertools.product(backlogs, bounds_h, bonuses, shorts_h, longer, caps):
+        if not bonus and short != shorts_h[0]:
+            continue  # no bonus: which jobs it would lift changes nothing
+        config = PolicyConfig(
+            gang_max_wait_s=bound * 3600,
+            gang_bound_backlog=backlog,
+            gang_bound_whole_wait=True,
+            short_job_bonus=bonus,
+            short_job_s=short * 3600,
+            gang_stops_longer=ratio,
+            gang_max_preemptions=cap,
+        )
+        lifted = f" (1-GPU jobs up to {short:g} h)" if bonus and len(shorts_h) > 1 else ""
+        risen = f" or {backlog:g} x backlog" if backlog else ""
+        label = (
+            f"bound {bound:g} h{risen}, bonus {bonus:g}{lifted}, longer {'off' if ratio is None else f'{ratio:g}'}, {cap} stops"
+        )
+        combos.append((label, config))
+    return combos
+
+
+def weeks(seeds: list[int], parts: set[str]) -> list[Week]:
+    """The wide-gang week of each seed and its gang weeks (those in `parts`)."""
+    found = []
+    for seed in seeds:
+        if "wide" in parts:
+            gpus = wide_gangs.fleet([("h", "H100-80GB", 80.0, 16)])
+            found.append(Week(f"wide, seed {seed}", wide_gangs.wide_week(0.85, len(gpus), seed), gpus, True))
+        if "gang" in parts:
+            found += [Week(f"{name}, seed {seed}", trace, gpus, False) for name, trace, gpus in wide_gangs.gang_weeks(seed)]
+    return found
+
+
+def judge(result: SimResult, week: Week, floors: wide_gangs.Floors, easy: SimResult) -> Verdict:
+    """`result` against issue 66's goals on `week` (module docstring)."""
+    missed, asked = [], 0
+    classes = [c for c in CLASSES if c != "1" and any(job_class(j.gpus) == c for j in week.trace)]
+    for name in classes:
+        asked += 1
+        if result.class_delays.get(name, {}).get("max_s", 0.0) > wide_gangs.goal_s(floors, name):
+            missed.append(name)
+    wide = [c for c in classes if c not in NARROW]
+    if wide:
+        asked += 1
+        ours = max(result.class_delays.get(c, {}).get("max_s", 0.0) for c in wide)
+        if ours >= max(easy.class_delays.get(c, {}).get("max_s", 0.0) for c in wide):
+            missed.append("below fifo-easy")
+    one_wait = result.class_waits.get("1", {}).get("mean_s", 0.0)
+    lost = result.lost_gpu_h / (sum(j.gpus * j.duration_s for j in week.trace) / 3600)
+    for name, miss in (("1-GPU mean", one_wait > wide_gangs.GOAL_1_MEAN_S), ("lost", lost > wide_gangs.GOAL_LOST)):
+        asked += 1
+        if miss:
+            missed.append(name)
+    one_delay = result.class_delays.get("1", {}).get("mean_s", 0.0)
+    return Verdict(asked - len(missed), asked, one_wait, one_delay, lost, tuple(missed))
+
+
+def _replay(week: Week, combos: list[tuple[str, PolicyConfig]]) -> tuple[str, list[Verdict], float]:
+    """One week: its floors, `fifo-easy`, then every combination (a worker's share of the sweep)."""
+    started = time.perf_counter()
+    floors = wide_gangs.floors_of(week.trace, week.gpus, week.span)
+    easy = simulate(week.trace, week.gpus, "fifo-easy", PolicyConfig(span_nodes=week.span))
+    verdicts = [
+        judge(simulate(week.trace, week.gpus, "drape", replace(config, span_nodes=week.span)), week, floors, easy)
+        for _, config in combos
+    ]
+    return week.name, verdicts, time.perf_counter() - started
+
+
+def frontier(totals: dict[str, tuple[int, float]]) -> list[str]:
+    """The labels no other beats on both (goals met, more is better) and (worst 1-GPU mean wait)."""
+    return [
+        label
+        for label, (met, worst) in totals.items()
+        if not any(m >= met and w <= worst and (m, w) != (met, worst) for m, w in totals.values())
+    ]
+
+
+def report(combos: list[tuple[str, PolicyConfig]], found: dict[str, list[Verdict]]) -> None:
+    """The table (a row per combination, a column per week), the frontier and the verdict."""
+    names = list(found)
+    print("| combination | " + " | ".join(names) + " | goals met | worst 1-GPU mean wait |")
+    print("|---|" + "---|" * (len(names) + 2))
+    totals: dict[str, tuple[int, float]] = {}
+    for index, (label, _) in enumerate(combos):
+        row = [found[name][index] for name in names]
+        met, asked, worst = sum(v.met for v in row), sum(v.asked for v in row), max(v.one_wait_s for v in row)
+        totals[label] = (met, worst)
+        cells = [f"{v.met}/{v.asked}; {v.one_wait_s / 60:.0f} ({v.one_delay_s / 60:.0f}) min; {100 * v.lost:.2f}%" for v in row]
+        print(f"| {label} | " + " | ".join(cells) + f" | {met}/{asked} | {worst / 60:.1f} min |")
+    print("\nEach cell: goals met / asked; the 1-GPU mean wait (mean delay) in minutes; work lost.")
+    print("\n## The frontier (no combination meets more goals with a lower worst 1-GPU mean wait)\n")
+    index_of = {label: index for index, (label, _) in enumerate(combos)}
+    for label in sorted(frontier(totals), key=lambda label: -totals[label][0]):
+        met, worst = totals[label]
+        misses = sorted({m for name in names for m in found[name][index_of[label]].missed})
+        print(f"- {label}: {met} goals met, worst 1-GPU mean wait {worst / 60:.1f} min; missed: {', '.join(misses) or 'none'}")
+    every = [label for label, index in index_of.items() if all(not found[name][index].missed for name in names)]
+    print(f"\nEvery goal on every week: {', '.join(every) if every else 'met by no combination'}")
+
+
+def _floats(text: str, what: str, low: float, high: float, off: bool = False) -> list:
+    values: list = []
+    for part in text.split(","):
+        if off and part == "off":
+            values.append(None)
+            continue
+        try:
+            value = float(part)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"{what}: expected numbers in [{low:g}, {high:g}]{' or off' if off else ''}, got {part!r}")
+        values.append(value)
+    return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="1-3", help="seeds: 1-3 or 1,4")
+    parser.add_argument("--parts", default="wide,gang", help="which weeks: wide, gang")
+    parser.add_argument("--bound-hours", default="1,3,6", help="gang_max_wait_s values, hours")
+    parser.add_argument("--bonus", default="0,20", help="short_job_bonus values")
+    parser.add_argument("--longer", default="off,2", help="gang_stops_longer values (off: none)")
+    parser.add_argument("--caps", default="4,16", help="gang_max_preemptions values")
+    parser.add_argument("--backlog", default="0,0.5", help="gang_bound_backlog values (0: the bound as set)")
+    parser.add_argument("--short-hours", default="1", help="short_job_s values, hours: the 1-GPU jobs the bonus lifts")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (a week each)")
+    args = parser.parse_args(argv)
+    try:
+        combos = grid(
+            _floats(args.bound_hours, "--bound-hours", 0.1, 48),
+            _floats(args.bonus, "--bonus", 0, 100),
+            _floats(args.longer, "--longer", 1, 1000, off=True),
+            [int(c) for c in _floats(args.caps, "--caps", 0, 100)],
+            _floats(args.short_hours, "--short-hours", 0, 96),
+            _floats(args.backlog, "--backlog", 0, 10),
+        )
+    except ValueError as bad:
+        parser.error(str(bad))
+    parts = set(args.parts.split(",")) - {""}
+    if unknown := parts - {"wide", "gang"}:
+        parser.error(f"--parts: unknown {sorted(unknown)}; expected some of wide, gang")
+    if not 1 <= args.workers <= 64:
+        parser.error(f"--workers: expected 1 to 64, got {args.workers}")
+    low, _, high = args.seeds.partition("-")
+    seeds = list(range(int(low), int(high) + 1)) if high else [int(s) for s in args.seeds.split(",")]
+    load = os.getloadavg()
+    print(f"machine load (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
+    started, chosen = time.perf_counter(), weeks(seeds, parts)
+    print(f"{len(combos)} combinations on {len(chosen)} weeks, {args.workers} workers\n")
+    found: dict[str, list[Verdict]] = {}
+    with ProcessPoolExecutor(args.workers) as pool:
+        for name, verdicts, took in pool.map(_replay, chosen, [combos] * len(chosen)):
+            found[name] = verdicts
+            print(f"{name}: {took:.0f} s", file=sys.stderr, flush=True)
+    if found:
+        report(combos, found)
+    load = os.getloadavg()
+    took = time.perf_counter() - started
+    print(f"\n{took:.0f} s in all; machine load (1, 5, 15 min) at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+
+
+if __name__ == "__main__":
+    main()

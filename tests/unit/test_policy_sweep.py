@@ -1,0 +1,88 @@
+"""benchmarks/policy_sweep.py at unit-test size: the grid, the judging against the goals, the frontier."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import policy_sweep, wide_gangs
+from scheduler.sim import SimResult, TraceJob, simulate
+from tests.unit.test_wide_gangs import _small_week
+
+
+def test_the_grid_has_every_combination_with_the_bound_on_the_whole_wait():
+    combos = policy_sweep.grid([2.0, 3.0], [0.0, 20.0], [None, 2.0, 4.0], [4, 16])
+    assert len(combos) == 24 and len({label for label, _ in combos}) == 24
+    label, config = combos[-1]
+    assert label == "bound 3 h, bonus 20, longer 4, 16 stops"
+    assert config.gang_max_wait_s == 3 * 3600 and config.gang_bound_whole_wait
+    assert (config.short_job_bonus, config.gang_stops_longer, config.gang_max_preemptions) == (20.0, 4.0, 16)
+    assert combos[0][1].gang_stops_longer is None and "longer off" in combos[0][0]
+    lifted = policy_sweep.grid([3.0], [0.0, 20.0], [None], [4], [1.0, 96.0])
+    assert [label for label, _ in lifted] == [  # without the bonus, which jobs it lifts changes nothing
+        "bound 3 h, bonus 0, longer off, 4 stops",
+        "bound 3 h, bonus 20 (1-GPU jobs up to 1 h), longer off, 4 stops",
+        "bound 3 h, bonus 20 (1-GPU jobs up to 96 h), longer off, 4 stops",
+    ]
+    assert [config.short_job_s for _, config in lifted] == [3600.0, 3600.0, 96 * 3600.0]
+    risen = policy_sweep.grid([1.0], [20.0], [2.0], [8], backlogs=[0.0, 0.5])
+    assert [label for label, _ in risen] == [
+        "bound 1 h, bonus 20, longer 2, 8 stops",
+        "bound 1 h or 0.5 x backlog, bonus 20, longer 2, 8 stops",
+    ]
+    assert [config.gang_bound_backlog for _, config in risen] == [0.0, 0.5]
+
+
+def _result(delays: dict[str, float], one_wait_s: float, lost_gpu_h: float = 0.0) -> SimResult:
+    classes = {c: {"jobs": 1, "mean_s": d, "p95_s": d, "max_s": d} for c, d in delays.items()}
+    waits = {"1": {"jobs": 1, "mean_s": one_wait_s, "p95_s": 0.0, "max_s": 0.0}}
+    return SimResult("drape", 2, 16, 0.5, 0.5, 0.0, 0.0, 0, 0.0, 1.0, {}, waits, lost_gpu_h=lost_gpu_h, class_delays=classes)
+
+
+def test_judge_names_each_goal_missed_and_counts_those_asked():
+    trace = [TraceJob("a", 0.0, 3600.0, 70.0, 1, 3, "x"), TraceJob("b", 0.0, 3600.0, 70.0, 8, 5, "x")]
+    week = policy_sweep.Week("w", trace, wide_gangs.fleet([("h", "H100-80GB", 80.0, 1)]), False)
+    floors = {"5-8": (3600.0, 4 * 3600.0)}  # goal: 1.25 x 4 h = 5 h
+    easy = _result({"5-8": 6 * 3600.0}, 0.0)
+    good = policy_sweep.judge(_result({"5-8": 5 * 3600.0}, 300.0, 0.09), week, floors, easy)
+    assert (good.met, good.asked, good.missed) == (4, 4, ())  # 5-8, below fifo-easy, 1-GPU mean, lost
+    bad = policy_sweep.judge(_result({"5-8": 5 * 3600.0 + 1}, 301.0, 0.11), week, floors, _result({"5-8": 5 * 3600.0}, 0.0))
+    assert (bad.met, bad.asked) == (0, 4)
+    assert bad.missed == ("5-8", "below fifo-easy", "1-GPU mean", "lost")  # 0.11 GPU-h of 9 is 1.2%
+
+
+def test_the_frontier_keeps_only_combinations_nothing_beats_on_both():
+    totals = {"a": (10, 600.0), "b": (12, 900.0), "c": (9, 900.0), "d": (10, 600.0), "e": (8, 60.0)}
+    assert policy_sweep.frontier(totals) == ["a", "b", "d", "e"]  # c: a meets more with less wait
+
+
+def test_a_small_sweep_judges_each_combination_as_a_replay_does(capsys):
+    trace = _small_week(3)
+    week = policy_sweep.Week("small", trace, wide_gangs.fleet([("h", "H100-80GB", 80.0, 2)]), True)
+    combos = policy_sweep.grid([0.5], [0.0], [None, 2.0], [4])
+    name, verdicts, _ = policy_sweep._replay(week, combos)
+    assert name == "small" and len(verdicts) == 2
+    for (_, config), verdict in zip(combos, verdicts, strict=True):
+        again = simulate(trace, week.gpus, "drape", config.__class__(**{**config.__dict__, "span_nodes": True}))
+        assert verdict.one_wait_s == pytest.approx(again.class_waits["1"]["mean_s"])
+        assert 0 <= verdict.met <= verdict.asked == len(verdict.missed) + verdict.met
+    policy_sweep.report(combos, {name: verdicts})
+    printed = capsys.readouterr().out
+    assert "bound 0.5 h, bonus 0, longer 2, 4 stops" in printed and "Every goal on every week:" in printed
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--bonus", "nan"],
+        ["--backlog", "11"],
+        ["--longer", "0.5"],
+        ["--caps", "x"],
+        ["--parts", "wide,sharing"],
+        ["--workers", "0"],
+    ],
+)
+def test_bad_arguments_are_refused_naming_the_option(bad, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        policy_sweep.main([*bad, "--seeds", "1"])
+    assert stopped.value.code == 2
+    assert bad[0] in capsys.readouterr().err
