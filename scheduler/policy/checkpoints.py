@@ -80,11 +80,14 @@ if TYPE_CHECKING:
 Choice = tuple[tuple[str, ...], tuple[str, ...]]  # (GPUs for the waiting job, jobs to stop)
 HOMED_LOOK = 32  # of the cheapest nodes, how many are checked for whether their jobs restart at once
 WORK_UNIT = 1000  # the backlog sums work in 1/WORK_UNIT GPU-seconds, as integers: one total in any order
+MAX_RUN_S = 365 * 86400.0  # a declared run longer than a year counts as a year in the backlog
 
 
 def work_of(job: JobRequest) -> int:
-    """`job`'s part of the backlog: its GPUs times its expected run, in 1/`WORK_UNIT` GPU-seconds."""
-    return round(job.gpus * job.duration_s * WORK_UNIT)
+    """`job`'s part of the backlog: its GPUs times its expected run, in 1/`WORK_UNIT` GPU-seconds. The
+    run is read from the queue, so it is bounded: not a number counts as 0, past `MAX_RUN_S` as that."""
+    run = job.duration_s if job.duration_s == job.duration_s else 0.0
+    return round(max(job.gpus, 0) * min(max(run, 0.0), MAX_RUN_S) * WORK_UNIT)
 
 
 def backlog_s(work: int, gpus: int) -> float:

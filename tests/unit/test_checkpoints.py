@@ -207,6 +207,13 @@ def test_with_the_backlog_the_bound_rises_to_k_times_the_waiting_work_over_the_f
     assert sum(map(work_of, jobs)) == sum(map(work_of, reversed(jobs))) == 100 + 28_802_400 + 66_666_667
     assert backlog_s(sum(map(work_of, jobs)), 4) == pytest.approx((0.1 + 8 * 3600.3 + 2e5 / 3) / 4, abs=1e-3)
     assert backlog_s(5, 0) == 0.0
+    # a run read from the queue is bounded: huge or infinite counts as a year, not a number as nothing
+    year = 2 * 365 * 86400 * 1000
+    for run, work in ((1e308, year), (float("inf"), year), (float("nan"), 0), (-5.0, 0)):
+        assert work_of(JobRequest("x", 3, 0.0, 2, 30.0, run)) == work, run
+    planner = Planner([GpuState("x/gpu0", "x", "H100", 80.0)], dataclasses.replace(BOUNDED, gang_bound_backlog=1.0))
+    planner.submit(JobRequest("huge", 3, 0.0, 1, 30.0, 1e308))
+    assert planner.backlog() == 365 * 86400 and planner.next_overdue(0.0) == float("inf")  # no gang job waits
     # a gang job waiting 2 h (`gang`) beside a queue of 40,000 GPU-s on the four GPUs: backlog
     # (40,000 + 2 x 3,600) / 4 = 11,800 s; with k = 1 that is its bound, and it is not overdue yet.
     # Beside half that queue the bound is 6,800 s, and at 7,200 s it is
