@@ -102,7 +102,7 @@ def weeks(seeds: list[int], parts: set[str]) -> list[Week]:
     found = []
     for seed in seeds:
         if "wide" in parts:
-            gpus = wide_gangs.fleet([("h", "H100-80GB", 80.0, 16)])
+            gpus = wide_gangs.wide_fleet()
             found.append(Week(f"wide, seed {seed}", wide_gangs.wide_week(0.85, len(gpus), seed), gpus, True))
         if "gang" in parts:
             found += [Week(f"{name}, seed {seed}", trace, gpus, False) for name, trace, gpus in wide_gangs.gang_weeks(seed)]

@@ -106,6 +106,11 @@ def fleet(groups: list[tuple[str, str, float, int]]) -> list[GpuState]:
     ]
 
 
+def wide_fleet() -> list[GpuState]:
+    """The wide-gang week's fleet: 128 H100 (16 nodes x 8)."""
+    return fleet([("h", "H100-80GB", 80.0, 16)])
+
+
 def sharing_week(seed: int, small: bool) -> tuple[list[TraceJob], list[GpuState]]:
     """The sharing week (module docstring); `small`: every GPU 16 GiB (T4 and V100-16GB)."""
     gpus = fleet([("t", "T4-16GB", 16.0, 2), ("a", "V100-16GB" if small else "A10-24GB", 16.0 if small else 24.0, 8)])
@@ -169,12 +174,13 @@ def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> li
         gang_bound_backlog=BACKLOG,
         short_job_bonus=SHORT_BONUS,
         gang_stops_longer=2.0,
+        gang_max_preemptions=8,
     )
     every = [
         (
             f"drape, bound {BACKLOG_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, longer 2, 8 stops",
             "drape",
-            replace(risen, gang_max_preemptions=8),
+            risen,
         ),
         (f"drape, bound {bound_h:g} h on the whole wait, longer", "drape", replace(whole, gang_stops_longer=LONGER)),
         (f"drape, bound {bound_h:g} h on the whole wait", "drape", whole),
@@ -370,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     started, rows = time.perf_counter(), []
     for seed in seeds:
         if "wide" in parts:
-            gpus = fleet([("h", "H100-80GB", 80.0, 16)])
+            gpus = wide_fleet()
             week = wide_week(args.wide_load, len(gpus), seed)
             rows += table(f"wide-gang week {args.wide_load:g}, seed {seed}", week, gpus, args.bound_hours, True, only)
         if "gang" in parts:

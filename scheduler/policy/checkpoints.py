@@ -40,7 +40,7 @@ With `PolicyConfig.gang_bound_backlog` k the bound rises to k times the queue's 
 that is longer: the GPU-seconds of work waiting over the fleet's GPUs, the time the whole fleet
 needs to run what waits (`gang_bound`). Why: at a peak every job must wait, and a bound fixed
 below the peak's wait lets overdue gang jobs take the whole fleet while the single-GPU queue
-grows by hundreds (the wide week's seed 1, hours 23-40: every GPU held by gang jobs, 760
+grows by hundreds (the wide week's seed 1, hours 23-40: every GPU held by gang jobs, 798
 single-GPU jobs waiting). Raised with the backlog, the bound lets gang jobs wait their share
 of a peak, and the single-GPU jobs keep starting: on the wide and gang weeks
 (`benchmarks/policy_sweep.py`) its setting with the most goals met 44 of 63 with the worst week's
@@ -68,7 +68,7 @@ single-GPU jobs keep room, measured no better and are not kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -94,6 +94,12 @@ def backlog_s(work: int, gpus: int) -> float:
     """The queue's backlog: `work` (summed `work_of` the waiting jobs) over the fleet's `gpus`, the
     seconds the whole fleet would need to run what waits."""
     return work / WORK_UNIT / gpus if gpus > 0 else 0.0
+
+
+def backlog_of(jobs: Iterable[JobRequest], gpus: int, config: PolicyConfig) -> float:
+    """The backlog (s) of waiting `jobs` on `gpus` GPUs, for callers that keep no running sum (the
+    `Planner` keeps one); 0 without `gang_bound_backlog`, which alone reads it."""
+    return backlog_s(sum(map(work_of, jobs)), gpus) if config.gang_bound_backlog else 0.0
 
 
 def gang_bound(config: PolicyConfig, backlog: float) -> float | None:

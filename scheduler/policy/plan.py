@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from scheduler.policy.checkpoints import backlog_s, overdue, work_of
+from scheduler.policy.checkpoints import backlog_of, overdue
 from scheduler.policy.fragmentation import widths_by_size
 from scheduler.policy.pool import Pool
 from scheduler.policy.preemption import Preemptor, preempt, spread, starves
@@ -102,7 +102,7 @@ def plan_drape(
     placements: list[Placement] = []
     reservation: Reservation | None = None
     blocked = False
-    backlog = backlog_s(sum(work_of(j) for j in pending), len(gpus))
+    backlog = backlog_of(pending, len(gpus), config)
     starving = any(starves(j, now, config) or overdue(j, now, config, backlog) for j in order)
     preemptor = Preemptor(running, config, backlog=backlog) if starving else None
     for job in order:

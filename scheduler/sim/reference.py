@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, queued_at
 from scheduler.policy.baselines import SPANS_ITSELF, get_policy
-from scheduler.policy.checkpoints import backlog_s, gang_bound, work_of
+from scheduler.policy.checkpoints import backlog_of, gang_bound
 from scheduler.policy.gangs import spanning
 from scheduler.policy.state import bound_start
 from scheduler.sim.model import (
@@ -29,7 +29,7 @@ from scheduler.sim.traces import TraceError, TraceJob
 def _wake(pending: dict[str, JobRequest], gpus: int, clock: float, config: PolicyConfig) -> float:
     """The next time past `clock` a waiting gang job may preempt: to move jobs (`preempt_after_s` from
     its requeue), to stop them (its gang bound from `bound_start`, risen with the backlog as it stands)."""
-    bound = gang_bound(config, backlog_s(sum(work_of(j) for j in pending.values()), gpus))
+    bound = gang_bound(config, backlog_of(pending.values(), gpus, config))
     times = []
     for job in pending.values():
         if job.gpus > 1:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from benchmarks import policy_sweep, wide_gangs
@@ -62,7 +64,7 @@ def test_a_small_sweep_judges_each_combination_as_a_replay_does(capsys):
     name, verdicts, _ = policy_sweep._replay(week, combos)
     assert name == "small" and len(verdicts) == 2
     for (_, config), verdict in zip(combos, verdicts, strict=True):
-        again = simulate(trace, week.gpus, "drape", config.__class__(**{**config.__dict__, "span_nodes": True}))
+        again = simulate(trace, week.gpus, "drape", replace(config, span_nodes=True))
         assert verdict.one_wait_s == pytest.approx(again.class_waits["1"]["mean_s"])
         assert 0 <= verdict.met <= verdict.asked == len(verdict.missed) + verdict.met
     policy_sweep.report(combos, {name: verdicts})
