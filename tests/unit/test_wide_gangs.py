@@ -7,7 +7,7 @@ import random
 import pytest
 
 from benchmarks import wide_gangs
-from scheduler.sim import TraceJob
+from scheduler.sim import SimResult, TraceJob
 
 
 def _small_week(seed: int) -> list[TraceJob]:
@@ -52,3 +52,26 @@ def test_the_wide_load_and_the_policies_are_checked():
         assert stopped.value.code == 2
     chosen = [label for label, *_ in wide_gangs.policies(3, True, ("rehome", "none"))]
     assert chosen == ["drape, bound 3 h, rehome", "drape, no bound"]
+
+
+def _shared(policy: str, of_bound: float, of_shortest: float, starved: int) -> SimResult:
+    """A sharing week's result: `of_bound` of a bound of 1, `of_shortest` of a 100-h shortest makespan."""
+    makespan = 100 * 3600 / of_shortest
+    return SimResult(policy, 10, 8, of_bound, 0.5, 0.0, 0.0, starved, makespan, 1.0, {}, shortest_s=100 * 3600)
+
+
+@pytest.mark.parametrize(
+    ("drape", "reference", "met"),
+    [
+        ((0.90, 1.000, 52), (1.000, 1.000, 1387), True),  # packed: under the busy-GPU bound, at the shortest makespan
+        ((0.83, 0.914, 333), (0.835, 0.835, 1604), False),  # ahead of the reference, under 0.93
+        ((0.95, 0.950, 40), (0.97, 0.970, 900), False),  # behind the reference's share
+        ((0.95, 0.950, 901), (0.95, 0.950, 900), False),  # more starved
+    ],
+)
+def test_the_sharing_goals_are_judged_on_the_shortest_makespan(drape, reference, met, capsys):
+    found = {"drape": _shared("drape", *drape), "fifo-backfill": _shared("fifo-backfill", *reference)}
+    assert wide_gangs.sharing_verdict(found) is met
+    out = capsys.readouterr().out
+    assert f"{drape[1]:.3f} of the shortest makespan ({drape[0]:.3f} of the busy-GPU bound)" in out
+    assert ("not behind" in out) is (drape[1] >= reference[1] and drape[2] <= reference[2])
