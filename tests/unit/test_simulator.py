@@ -8,8 +8,10 @@ import yaml
 from typer.testing import CliRunner
 
 from drape.cli import app
+from scheduler.policy import GpuState
 from scheduler.queue.inventory import load_fleet
 from scheduler.sim import TraceError, TraceJob, load_trace, offered_load_bound, simulate
+from scheduler.sim.model import shortest_makespan
 
 FLEET = "groups:\n  - {model: H100-80GB, memory_gib: 80, nodes: 1, gpus_per_node: 1}\n"
 
@@ -60,6 +62,21 @@ def test_starvation_and_bound_on_a_small_trace(tmp_path):
     assert fifo.starved > 0 and drape.starved == 0
     assert fifo.placements_by_model == {"H100-80GB": 8} and set(drape.placements_by_model) == {"H100-80GB", "L40S-48GB"}
     assert offered_load_bound(trace, 4) == pytest.approx(8 * 4000 / (4 * max(70 + 4000, 8000)))
+
+
+def test_the_shortest_makespan_counts_what_a_pool_of_gpu_kinds_must_run_alone():
+    """~0.01 s. One T4 beside three A10s: four 1,000-s jobs that may run only on the T4 need 4,000 s
+    whatever the A10s do (the fleet's bound alone says 1,000 s); work submitted late counts from
+    its submit; a job whose memory only the A10s hold is in their pool, not the T4's."""
+    gpus = [GpuState("t/gpu0", "t", "T4", 16.0)] + [GpuState(f"a/gpu{i}", "a", "A10", 24.0) for i in range(3)]
+    pinned = [TraceJob(f"t{i}", 0.0, 1000.0, 12.0, 1, 3, "inference", ("T4",)) for i in range(4)]  # one at a time
+    assert shortest_makespan(pinned, gpus) == pytest.approx(4000.0)
+    result = simulate(pinned, gpus, "drape")
+    assert result.makespan_s == pytest.approx(4000.0) and result.of_shortest == pytest.approx(1.0)
+    late = [TraceJob(f"l{i}", 5000.0, 1000.0, 20.0, 1, 3, "train") for i in range(6)]  # 20 GiB: A10s only
+    assert shortest_makespan(pinned + late, gpus) == pytest.approx(5000.0 + 6 * 1000.0 / 3)
+    shared = [replace(j, share=0.25) for j in pinned]  # a quarter of the T4 each: they fit on it together
+    assert shortest_makespan(shared, gpus) == pytest.approx(1000.0)
 
 
 def test_bad_trace_and_impossible_jobs_are_named(tmp_path):
