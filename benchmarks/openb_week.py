@@ -81,6 +81,7 @@ NODE_COLUMNS = ("sn", "gpu", "model")
 MAX_POD_GPUS = 8  # the trace's pods ask 0-8 GPUs: one node's
 MAX_TIME_S = 10 * 366 * 86400.0
 MAX_FILE_BYTES = 64 * 2**20
+MAX_WEEK_JOBS = 2_000_000  # a week that would hold more (a large fleet of short jobs) is refused, not built
 POLICIES = {  # `--policies`: name → (policy, its config)
     "drape": ("drape", PolicyConfig()),
     "scarcity-off": ("drape", PolicyConfig(avoid_scarce=False)),
@@ -131,6 +132,14 @@ def _rows(path: Path, columns: tuple[str, ...]) -> list[tuple[int, dict]]:
         raise OpenbError(f"{path}: not a CSV ({error})") from None
 
 
+def _count(row: dict, field: str, at: str, high: int) -> int:
+    """`row[field]` as a whole number in [0, high]."""
+    value = _number(row, field, at, 0, high)
+    if not value.is_integer():
+        raise OpenbError(f"{at}: {field} must be a whole number in [0, {high}], got {row[field].strip()[:40]!r}")
+    return int(value)
+
+
 def _number(row: dict, field: str, at: str, low: float, high: float, blank: float | None = None) -> float:
     """`row[field]` as a finite number in [low, high] (`blank` for an empty cell, if allowed)."""
     text = (row.get(field) or "").strip()
@@ -158,7 +167,7 @@ def read_pods(path: str | Path) -> tuple[list[Pod], dict[str, int]]:
     for line, row in _rows(path, POD_COLUMNS):
         at = f"{path}:{line}"
         name, qos = _text(row, "name", at), _text(row, "qos", at)
-        gpus = int(_number(row, "num_gpu", at, 0, MAX_POD_GPUS))
+        gpus = _count(row, "num_gpu", at, MAX_POD_GPUS)
         milli = _number(row, "gpu_milli", at, 0, 1000, blank=0.0)
         models = tuple(m for m in _text(row, "gpu_spec", at).split("|") if m and m.lower() != "nan")
         scheduled = _number(row, "scheduled_time", at, 0, MAX_TIME_S, blank=-1.0)
@@ -186,7 +195,7 @@ def read_nodes(path: str | Path) -> list[Node]:
     for line, row in _rows(path, NODE_COLUMNS):
         at = f"{path}:{line}"
         name, model = _text(row, "sn", at), _text(row, "model", at)
-        gpus = int(_number(row, "gpu", at, 0, 64))
+        gpus = _count(row, "gpu", at, 64)
         if gpus == 0:
             continue
         if not NODE_NAME.fullmatch(name):
@@ -227,6 +236,8 @@ def build_week(pods: list[Pod], gpus: list[GpuState], rng: random.Random, load: 
         raise OpenbError("no pod may run on the fleet's GPU models")
     hours, jobs = load * len(gpus) * WEEK_S / 3600, list[TraceJob]()
     while hours > 0:
+        if len(jobs) >= MAX_WEEK_JOBS:
+            raise OpenbError(f"the week would hold more than {MAX_WEEK_JOBS:,} jobs on {len(gpus)} GPUs; raise --scale")
         pod = rng.choice(runnable)
         run = min(max(pod.run_s, 60.0), cap_s)
         submit = rng.uniform(0, WEEK_S * 6 / 7)

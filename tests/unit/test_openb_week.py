@@ -64,6 +64,7 @@ def test_pods_that_ran_on_gpus_are_read_with_what_they_asked(tmp_path):
     [
         ("x,1,1,9,1000,,LS,Running,0,10,0\n", r"pods.csv:2: num_gpu must be a number in \[0, 8\], got '9'"),
         ("x,1,1,inf,1000,,LS,Running,0,10,0\n", r"pods.csv:2: num_gpu must be a number in \[0, 8\], got 'inf'"),
+        ("x,1,1,1.5,1000,,LS,Running,0,10,0\n", r"pods.csv:2: num_gpu must be a whole number in \[0, 8\], got '1.5'"),
         ("x,1,1,1,1000,,LS,Running,0,nan,0\n", r"pods.csv:2: deletion_time must be a number"),
         ("x,1,1,1,0,,LS,Running,0,10,0\n", r"pods.csv:2: gpu_milli of a 1-GPU pod must be in \(0, 1000\]"),
         ("x,1,1,1,1500,,LS,Running,0,10,0\n", r"pods.csv:2: gpu_milli must be a number in \[0, 1000\]"),
@@ -124,7 +125,7 @@ def test_the_fleet_keeps_every_model_and_its_nodes_gpu_counts(tmp_path):
         build_fleet(nodes, 2, random.Random(1), {"P100": 16.0, "G2": 32.0, "V100M16": 16.0}, small=False)
 
 
-def test_the_week_offers_its_load_of_jobs_the_fleet_can_run(tmp_path):
+def test_the_week_offers_its_load_of_jobs_the_fleet_can_run(tmp_path, monkeypatch):
     pods_path, nodes_path = _write(tmp_path)
     pods, _ = read_pods(pods_path)
     gpus = [
@@ -140,6 +141,9 @@ def test_the_week_offers_its_load_of_jobs_the_fleet_can_run(tmp_path):
     shares = {round(j.peak_mem_gib / j.share, 6) for j in trace}
     assert shares == {16.0}  # a job's memory is its share of the smallest GPU
     assert [j.submit_s for j in trace] == sorted(j.submit_s for j in trace)
+    monkeypatch.setattr(openb_week, "MAX_WEEK_JOBS", 10)
+    with pytest.raises(OpenbError, match="the week would hold more than 10 jobs on 23 GPUs; raise --scale"):
+        build_week(pods, gpus, random.Random(3), 0.5, 4 * 86400)
     with pytest.raises(OpenbError, match="no pod may run on the fleet's GPU models"):
         build_week([p for p in pods if p.models == ("V100M16", "V100M32")], gpus, random.Random(3), 0.5, 86400)
 
