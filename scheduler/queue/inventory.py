@@ -97,8 +97,9 @@ def _fleet_group(group: object, at: str) -> tuple[str, float, int, int, str]:
     prefix = group.get("node_prefix", str(model).lower().replace(" ", "-"))
     if not isinstance(model, str) or not model or not isinstance(prefix, str) or has_control(model) or has_control(prefix):
         raise FleetFileError(f"{at}: model and node_prefix must be non-empty names without control characters")
-    try:  # its nodes' names reach sbatch's --nodelist and Kubernetes' node affinity
-        names.node_name(f"{prefix}-00", f"{at}: node_prefix {prefix!r} makes node")
+    try:  # its nodes' names reach sbatch's --nodelist and Kubernetes' node affinity (`node_names`: checked as listed)
+        if group.get("node_names") is None:
+            names.node_name(f"{prefix}-00", f"{at}: node_prefix {prefix!r} makes node")
     except names.NameRefused as error:
         raise FleetFileError(str(error)) from None
     if not (math.isfinite(memory) and 0 < memory <= MAX_GPU_MEMORY_GIB):

@@ -162,6 +162,16 @@ def test_a_fleet_file_whose_node_names_slurm_or_kubernetes_would_misread_is_refu
         fleet.write_text(yaml.safe_dump({"groups": [group]}))
         with pytest.raises(FleetFileError, match="groups\\[0\\]: node_prefix"):
             load_fleet(fleet)
+    # a model no node name could be made from needs node_names, which are then what is checked
+    group = {"model": "A100 (80GB): SXM4", "memory_gib": 80, "nodes": 2, "gpus_per_node": 1}
+    fleet.write_text(yaml.safe_dump({"groups": [group]}))
+    with pytest.raises(FleetFileError, match="groups\\[0\\]: node_prefix 'a100-\\(80gb\\):-sxm4' makes node"):
+        load_fleet(fleet)
+    fleet.write_text(yaml.safe_dump({"groups": [{**group, "node_names": ["r7n3", "r7n4"]}]}))
+    assert [(g.node, g.model) for g in load_fleet(fleet)] == [("r7n3", "A100 (80GB): SXM4"), ("r7n4", "A100 (80GB): SXM4")]
+    fleet.write_text(yaml.safe_dump({"groups": [{**group, "node_names": ["r7n3", "r7 n4"]}]}))
+    with pytest.raises(FleetFileError, match="node_names holds 'r7 n4'"):
+        load_fleet(fleet)
 
 
 def test_a_config_field_check_says_what_was_expected():

@@ -8,6 +8,7 @@ import pytest
 
 from benchmarks import openb_week
 from benchmarks.openb_week import OpenbError, build_fleet, build_week, read_nodes, read_pods, write_week
+from scheduler.policy import GpuState
 from scheduler.queue.inventory import load_fleet
 from scheduler.sim import load_trace
 
@@ -152,6 +153,7 @@ def test_the_written_week_reads_back_for_drape_queue_simulate(tmp_path):
     pods_path, nodes_path = _write(tmp_path)
     pods, _ = read_pods(pods_path)
     gpus = build_fleet(read_nodes(nodes_path), 1, random.Random(2), openb_week.MEMORY_GIB, False)
+    gpus += [GpuState("odd-0/gpu0", "odd-0", "G9: {x}, #1", 24.0)]  # a model name in YAML's syntax
     trace = build_week(pods, gpus, random.Random(2), 0.3, 86400)
     write_week(trace, gpus, tmp_path / "week")
     assert sorted(p.name for p in (tmp_path / "week").iterdir()) == ["fleet.yaml", "trace.csv"]  # no partial file left
