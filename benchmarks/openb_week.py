@@ -71,6 +71,7 @@ from drape.config.names import NODE_EXPECTED, NODE_NAME  # noqa: E402
 from scheduler.policy import GpuState, PolicyConfig, allows  # noqa: E402
 from scheduler.queue.inventory import has_control  # noqa: E402
 from scheduler.sim import SimResult, TraceJob, simulate  # noqa: E402
+from scheduler.sim.export import write_trace  # noqa: E402
 
 WEEK_S = 7 * 24 * 3600.0
 SMALLEST_GIB = 16.0  # the smallest GPU in the trace's cluster: a job's memory is its share of it
@@ -249,24 +250,27 @@ def build_week(pods: list[Pod], gpus: list[GpuState], rng: random.Random, load: 
 
 
 def write_week(trace: list[TraceJob], gpus: list[GpuState], folder: Path) -> None:
-    """`trace.csv` and `fleet.yaml` in `folder` for `drape queue simulate`, each written whole to a
-    temporary name, then renamed (names from the trace are quoted by the CSV and YAML writers)."""
+    """`trace.csv` (`scheduler.sim.export.write_trace`) and `fleet.yaml` in `folder` for `drape queue
+    simulate`, each written whole to a temporary name, then renamed (names from the trace are quoted by
+    the CSV and YAML writers)."""
     folder.mkdir(parents=True, exist_ok=True)
-    columns = ["job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind", "gpu_models", "share"]
-    rows = [
+    write_trace(
         [
-            j.job_id,
-            f"{j.submit_s:.1f}",
-            f"{j.duration_s:.1f}",
-            j.peak_mem_gib,
-            j.gpus,
-            j.priority,
-            j.kind,
-            "|".join(j.models),
-            j.share,
-        ]
-        for j in trace
-    ]
+            {
+                "job_id": j.job_id,
+                "submit_s": f"{j.submit_s:.1f}",
+                "duration_s": f"{j.duration_s:.1f}",
+                "peak_mem_gib": str(j.peak_mem_gib),
+                "gpus": str(j.gpus),
+                "priority": str(j.priority),
+                "kind": j.kind,
+                "gpu_models": "|".join(j.models),
+                "share": str(j.share),
+            }
+            for j in trace
+        ],
+        folder / "trace.csv",
+    )
     groups: dict[tuple[str, float, int], list[str]] = {}
     per_node = Counter(gpu.node for gpu in gpus)
     for gpu in gpus:
@@ -279,15 +283,10 @@ def write_week(trace: list[TraceJob], gpus: list[GpuState], folder: Path) -> Non
             for (model, gib, per), names in groups.items()
         ]
     }
-    trace_part, fleet_part = folder / ".trace.csv.partial", folder / ".fleet.yaml.partial"
-    with open(trace_part, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(columns)
-        writer.writerows(rows)
+    fleet_part = folder / ".fleet.yaml.partial"
     fleet_part.write_text(
         "# built by benchmarks/openb_week.py from the openb node list\n" + yaml.safe_dump(fleet, sort_keys=False)
     )
-    os.replace(trace_part, folder / "trace.csv")
     os.replace(fleet_part, folder / "fleet.yaml")
 
 

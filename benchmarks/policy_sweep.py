@@ -56,12 +56,16 @@ class Week:
 
 @dataclass(frozen=True)
 class Verdict:
-    met: int  # goals met ...
-    asked: int  # ... of those asked on this week
+    asked: int  # goals asked on this week
     one_wait_s: float  # the 1-GPU mean wait to first start
     one_delay_s: float  # the 1-GPU mean delay (finish - submit - run)
     lost: float  # work lost, a share of the week's GPU-hours
     missed: tuple[str, ...]  # the goals missed, named
+
+    @property
+    def met(self) -> int:
+        """The goals met of those asked."""
+        return self.asked - len(self.missed)
 
 
 def grid(
@@ -130,7 +134,7 @@ def judge(result: SimResult, week: Week, floors: wide_gangs.Floors, easy: SimRes
         if miss:
             missed.append(name)
     one_delay = result.class_delays.get("1", {}).get("mean_s", 0.0)
-    return Verdict(asked - len(missed), asked, one_wait, one_delay, lost, tuple(missed))
+    return Verdict(asked, one_wait, one_delay, lost, tuple(missed))
 
 
 def _replay(week: Week, combos: list[tuple[str, PolicyConfig]]) -> tuple[str, list[Verdict], float]:

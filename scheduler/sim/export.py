@@ -62,12 +62,18 @@ def trace_rows(store, since_s: float | None = None) -> list[dict[str, str]]:
 
 def export_trace(store, path: str | Path, since_s: float | None = None) -> int:
     """Write `trace_rows` to `path` as CSV (a temporary name first, then renamed); the number of jobs."""
-    path = Path(path)
     rows = trace_rows(store, since_s)
+    write_trace(rows, path)
+    return len(rows)
+
+
+def write_trace(rows: list[dict[str, str]], path: str | Path) -> None:
+    """Trace `rows` (columns `COLUMNS`; one left out takes the simulator's default) to `path` as CSV,
+    a temporary name first, then renamed."""
+    path = Path(path)
     partial = path.with_name(f".{path.name}.partial")
     with open(partial, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
     os.replace(partial, path)
-    return len(rows)

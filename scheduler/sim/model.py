@@ -117,17 +117,18 @@ def shortest_makespan(trace: list[TraceJob], gpus: list[GpuState]) -> float:
     def pool(job: TraceJob) -> frozenset[tuple[str, float]]:
         return frozenset(k for k in kinds if k[1] >= job.peak_mem_gib and allows(job.models, k[0]))
 
-    pools = [pool(j) for j in trace]
+    latest_first = sorted(trace, key=lambda j: -j.submit_s)  # each bound reads the jobs in this order
+    pools = [pool(j) for j in latest_first]
     work: dict[frozenset[tuple[str, float]], float] = {}
-    for job, of in zip(trace, pools, strict=True):
+    for job, of in zip(latest_first, pools, strict=True):
         work[of] = work.get(of, 0.0) + _work(job)
     best = max(j.submit_s + j.duration_s for j in trace) - start
     for limited in sorted(work, key=lambda of: (-work[of], sorted(of)))[:MAX_POOLS]:
         size = sum(kinds[k] for k in limited)
         if size:
-            jobs = [j for j, of in zip(trace, pools, strict=True) if of <= limited]
+            jobs = [j for j, of in zip(latest_first, pools, strict=True) if of <= limited]
             best = max(best, _fluid(jobs, size, start))
-    return max(best, _fluid(trace, len(gpus), start))
+    return max(best, _fluid(latest_first, len(gpus), start))
 
 
 def _work(job: TraceJob) -> float:
@@ -135,10 +136,11 @@ def _work(job: TraceJob) -> float:
     return job.duration_s * job.gpus * (job.share if job.gpus == 1 else 1.0)
 
 
-def _fluid(jobs: list[TraceJob], gpus: int, start: float) -> float:
-    """The latest (submit - `start`) + the work submitted from then on over `gpus` GPUs."""
+def _fluid(latest_first: list[TraceJob], gpus: int, start: float) -> float:
+    """The latest (submit - `start`) + the work submitted from then on over `gpus` GPUs, of jobs
+    given latest submit first."""
     done, latest = 0.0, 0.0
-    for job in sorted(jobs, key=lambda j: -j.submit_s):
+    for job in latest_first:
         done += _work(job)
         latest = max(latest, job.submit_s - start + done / gpus)
     return latest
