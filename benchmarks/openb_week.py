@@ -56,10 +56,11 @@ import csv
 import math
 import os
 import random
+import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -83,9 +84,12 @@ MAX_POD_GPUS = 8  # the trace's pods ask 0-8 GPUs: one node's
 MAX_TIME_S = 10 * 366 * 86400.0
 MAX_FILE_BYTES = 64 * 2**20
 MAX_WEEK_JOBS = 2_000_000  # a week that would hold more (a large fleet of short jobs) is refused, not built
+JITTER_S = 60.0  # `--replays`: each replay after the first moves every submit by up to this, either way
+MAX_REPLAYS = 25
 POLICIES = {  # `--policies`: name → (policy, its config)
     "drape": ("drape", PolicyConfig()),
     "scarcity-off": ("drape", PolicyConfig(avoid_scarce=False)),
+    "rescue-gangs": ("drape", PolicyConfig(rescue_gangs=True)),
     "backlog": policies(3.0, False, ("backlog",))[0][1:],
     "fifo-backfill": ("fifo-backfill", PolicyConfig()),
     "fifo-easy": ("fifo-easy", PolicyConfig()),
@@ -295,8 +299,27 @@ def _wait(result: SimResult, cls: str) -> str:
     return f"{waits['mean_s'] / 60:.1f} min / {waits['max_s'] / 3600:.1f} h" if waits else "-"
 
 
-def replay(trace: list[TraceJob], gpus: list[GpuState], names: list[str]) -> dict[str, SimResult]:
-    """Each policy in `names` replays the week, printed as a table row."""
+def jittered(trace: list[TraceJob], seed: int, replay: int) -> list[TraceJob]:
+    """`trace` with each submit moved by up to `JITTER_S` either way (never before 0), drawn by
+    (`seed`, `replay`): an equally likely week, for `--replays`."""
+    rng = random.Random(f"openb-jitter/{seed}/{replay}")
+    moved = [replace(j, submit_s=max(0.0, j.submit_s + rng.uniform(-JITTER_S, JITTER_S))) for j in trace]
+    return sorted(moved, key=lambda j: (j.submit_s, j.job_id))
+
+
+@dataclass(frozen=True)
+class Median:
+    """What the sharing verdict reads, as the medians over a week's replays."""
+
+    of_shortest: float
+    of_bound: float
+    starved: float
+
+
+def replay(weeks: list[list[TraceJob]], gpus: list[GpuState], names: list[str]) -> dict[str, Median]:
+    """Each policy in `names` replays each of `weeks` (the week, then its `jittered` copies), printed
+    as a table row: medians (the range when there are several), the waits of the replay whose share
+    of the shortest makespan is the median, placements off-model summed over the replays."""
     print(
         "| policy | of bound | of shortest makespan | starved (> 1 h) | 1-GPU mean / max wait "
         "| multi-GPU mean / max wait | constrained mean wait | off-model |"
@@ -305,17 +328,28 @@ def replay(trace: list[TraceJob], gpus: list[GpuState], names: list[str]) -> dic
     found = {}
     for name in names:
         policy, config = POLICIES[name]
-        record: list = []
-        result = simulate(trace, gpus, policy, config, record=record)
-        first: dict[str, float] = {}
-        for at, job, *_ in record:
-            first.setdefault(job, at)
-        pinned = [first[j.job_id] - j.submit_s for j in trace if j.models and j.job_id in first]
+        results, pinned = [], []
+        for week in weeks:
+            record: list = []
+            results.append(simulate(week, gpus, policy, config, record=record))
+            first: dict[str, float] = {}
+            for at, job, *_ in record:
+                first.setdefault(job, at)
+            waits = [first[j.job_id] - j.submit_s for j in week if j.models and j.job_id in first]
+            pinned.append(sum(waits) / max(len(waits), 1))
+        order = sorted(range(len(results)), key=lambda i: results[i].of_shortest)
+        middle = order[len(order) // 2]
+        shares, starved = [r.of_shortest for r in results], [r.starved for r in results]
+        median = Median(statistics.median(shares), statistics.median(r.of_bound for r in results), statistics.median(starved))
+        spread = len(results) > 1
+        share = f"{median.of_shortest:.3f}" + (f" [{min(shares):.3f}-{max(shares):.3f}]" if spread else "")
+        count = f"{median.starved:g}" + (f" [{min(starved)}-{max(starved)}]" if spread else "")
+        chosen = results[middle]
         print(
-            f"| {name} | {result.of_bound:.3f} | {result.of_shortest:.3f} | {result.starved} | {_wait(result, '1')} "
-            f"| {_multi(result)} | {sum(pinned) / max(len(pinned), 1) / 60:.1f} min | {result.violations} |"
+            f"| {name} | {median.of_bound:.3f} | {share} | {count} | {_wait(chosen, '1')} | {_multi(chosen)} "
+            f"| {pinned[middle] / 60:.1f} min | {sum(r.violations for r in results)} |"
         )
-        found[name] = result
+        found[name] = median
     return found
 
 
@@ -358,9 +392,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="append", default=[], metavar="MODEL=GiB", help="a GPU model's memory")
     parser.add_argument("--policies", default="drape,backlog,fifo-backfill", help=f"of {', '.join(POLICIES)}")
     parser.add_argument("--write", type=Path, help="leave each week's trace.csv and fleet.yaml under this folder")
+    parser.add_argument(
+        "--replays",
+        type=int,
+        default=1,
+        help=f"replay each week this many times, each after the first with every submit moved by up to {JITTER_S:g} s; "
+        "the table gives medians and ranges",
+    )
     args = parser.parse_args(argv)
     if not (1 <= args.scale <= 10_000 and 0 < args.load <= 2 and 0 < args.cap_days <= 30):
         raise SystemExit("--scale must be in [1, 10000], --load in (0, 2], --cap-days in (0, 30]")
+    if not 1 <= args.replays <= MAX_REPLAYS:
+        raise SystemExit(f"--replays must be in [1, {MAX_REPLAYS}], got {args.replays}")
     names = [name for name in args.policies.split(",") if name]
     if any(name not in POLICIES for name in names) or not {"drape", "fifo-backfill"} <= set(names):
         raise SystemExit(
@@ -388,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n### {fleet_name} fleet, seed {seed}: {len(trace)} jobs on {len(gpus)} GPUs: {kinds}\n")
             if args.write:
                 write_week(trace, gpus, args.write / f"{fleet_name}-seed{seed}")
-            met += sharing_verdict(replay(trace, gpus, names))
+            weeks_ = [trace] + [jittered(trace, seed, k) for k in range(1, args.replays)]
+            met += sharing_verdict(replay(weeks_, gpus, names))
             weeks += 1
     print(
         f"\n# drape met the goals on {met} of {weeks} weeks; {time.time() - started:.0f} s, load average {os.getloadavg()[0]:.2f}"

@@ -58,8 +58,10 @@ import os
 import random
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -353,7 +355,20 @@ def sharing(seed: int, small: bool) -> None:
     sharing_verdict(found)
 
 
-def sharing_verdict(found: dict[str, SimResult]) -> bool:
+class Shares(Protocol):
+    """What the sharing verdict reads: a `SimResult`, or medians over replays (`openb_week.Median`)."""
+
+    @property
+    def of_shortest(self) -> float: ...
+
+    @property
+    def of_bound(self) -> float: ...
+
+    @property
+    def starved(self) -> float: ...
+
+
+def sharing_verdict(found: Mapping[str, Shares]) -> bool:
     """Whether drape met the sharing week's goals (printed): >= 0.93 of the bound, never behind
     `fifo-backfill` (neither a lower share nor more starved jobs). The share is of the shortest
     makespan (`SimResult.of_shortest`): a policy packing shared jobs onto fewer GPUs serves the same
@@ -364,7 +379,7 @@ def sharing_verdict(found: dict[str, SimResult]) -> bool:
     print(
         f"\ndrape: {drape.of_shortest:.3f} of the shortest makespan ({drape.of_bound:.3f} of the busy-GPU bound), "
         f"{'met' if share_ok else 'NOT met'} (>= 0.93); against fifo-backfill ({reference.of_shortest:.3f}, "
-        f"{reference.starved} starved): {drape.starved} starved, {'not behind' if beside else 'BEHIND'}"
+        f"{reference.starved:g} starved): {drape.starved:g} starved, {'not behind' if beside else 'BEHIND'}"
     )
     return share_ok and beside
 

@@ -298,6 +298,13 @@ class QueueConfig(StrictModel):
         le=7 * 24 * 3600,
         description="the longest expected run (s) of a single-GPU job that short_job_bonus ranks higher",
     )
+    rescue_gangs: bool = Field(
+        default=False,
+        description="a multi-GPU job that may run only on given GPU models and has waited preempt_after_seconds moves "
+        "long unconstrained jobs (by checkpoint preemption, to idle GPUs of models no waiting job needs) off the node of "
+        "those models that then clears within spread_after_seconds (scheduler/policy/scarcity.py). Off by default: on "
+        "benchmarks/openb_week.py it ends two weeks with scarce G3 nodes sooner and one with a scarce V100 node later",
+    )
     placement: Literal["fullest-node", "fragmentation"] = Field(
         default="fullest-node",
         description="the node for a job among those that fit: the fullest (fewest idle GPUs; a multi-GPU job: fewest "

@@ -205,6 +205,7 @@ def policy_config(config) -> PolicyConfig:
         gang_bound_backlog=queue.gang_bound_backlog,
         short_job_bonus=queue.short_job_bonus,
         short_job_s=queue.short_job_seconds,
+        rescue_gangs=queue.rescue_gangs,
         span_nodes=queue.launcher in SPANS_NODES,  # gangs across nodes where the engine starts one so
     )
 

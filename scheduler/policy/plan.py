@@ -97,7 +97,7 @@ def plan_drape(
     pool = Pool(state, config, widths=widths, now=now, ends=clear_at)
     if config.avoid_scarce:
         pool.avoid = scarce_kinds([j.models for j in pending], _kinds(gpus))
-    stuck: dict[tuple, JobRequest] = {}  # per shape, the first constrained single-GPU job that found no GPU
+    stuck: dict[tuple, JobRequest] = {}  # per shape, the first constrained job that found no GPUs
     order = sorted(pending, key=lambda j: (-effective_priority(j, now, config), j.submit_s, j.id))
     placements: list[Placement] = []
     reservation: Reservation | None = None
@@ -118,8 +118,8 @@ def plan_drape(
             placements.append(Placement(job.id, taken[0], job.mem_gib, taken[1]))
             continue
         if choice is None:
-            if job.gpus == 1 and job.models and config.avoid_scarce:
-                stuck.setdefault((job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node), job)
+            if job.models and config.avoid_scarce:
+                stuck.setdefault((job.gpus, job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node), job)
             if not config.backfill:
                 break
             if not blocked:
@@ -137,7 +137,7 @@ def plan_drape(
                 continue
         pool.take(choice, job)
         placements.append(Placement(job.id, choice, job.mem_gib))
-    moves = _rescue(list(stuck.values()), pool, state, running, reservation, now)
+    moves = _rescue(list(stuck.values()), pool, state, running, reservation, placements, now)
     return placements + moves + _spread(pool, pending, placements, running, reservation, now, config)
 
 
@@ -151,6 +151,7 @@ def _rescue(
     state: dict[str, GpuState],
     running: list[RunningJob],
     reservation: Reservation | None,
+    placements: list[Placement],
     now: float,
 ) -> list[Placement]:
     """Moves of long unconstrained jobs off the GPUs waiting constrained jobs need (`scarcity.py`)."""
@@ -166,7 +167,8 @@ def _rescue(
         return [uuid for uuid in ordered if pool._kind_ok(job, (state[uuid].model, state[uuid].total_gib))]
 
     exclude = reservation.gpus if reservation is not None else frozenset()
-    return rescue(blocked, pool, gpus_of, lambda uuid: on_gpu.get(uuid, []), now, exclude)
+    evicted = frozenset(victim for p in placements for victim in p.evicts)
+    return rescue(blocked, pool, gpus_of, lambda uuid: on_gpu.get(uuid, []), now, exclude, evicted)
 
 
 def _spread(

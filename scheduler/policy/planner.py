@@ -244,12 +244,14 @@ class Planner:
         pool.avoid = scarce_kinds(self.constrained, self.of_kind) if config.avoid_scarce else frozenset()
         try:
             placements, reservation, blocked = self._place(now)
-            moves = self._rescue(blocked, reservation, now)
+            moves = self._rescue(blocked, reservation, placements, now)
             return placements + moves + self._spread(placements, reservation, now)
         finally:
             pool.rollback()
 
-    def _rescue(self, blocked: list[JobRequest], reservation: Reservation | None, now: float) -> list[Placement]:
+    def _rescue(
+        self, blocked: list[JobRequest], reservation: Reservation | None, placements: list[Placement], now: float
+    ) -> list[Placement]:
         """Moves of long unconstrained jobs off the GPUs waiting constrained jobs need (`scarcity.py`)."""
         if not blocked or not self.pool.avoid:
             return []
@@ -258,7 +260,8 @@ class Planner:
             return [uuid for kind, uuids in self.of_kind.items() if self.pool._kind_ok(job, kind) for uuid in uuids]
 
         exclude = reservation.gpus if reservation is not None else frozenset()
-        return rescue(blocked, self.pool, gpus_of, lambda uuid: self.on_gpu.get(uuid, []), now, exclude)
+        evicted = frozenset(victim for p in placements for victim in p.evicts)
+        return rescue(blocked, self.pool, gpus_of, lambda uuid: self.on_gpu.get(uuid, []), now, exclude, evicted)
 
     def _place(self, now: float) -> tuple[list[Placement], Reservation | None, list[JobRequest]]:
         """`plan_drape`'s loop over the waiting jobs in order, one queue per shape merged by key: a
@@ -285,7 +288,7 @@ class Planner:
                 heapq.heapreplace(heap, (following, shape, jobs))
             else:
                 heapq.heappop(heap)
-        return step.placements, (None if step.reservation is _NOWHERE else step.reservation), step.blocked
+        return step.placements, (None if step.reservation is _NOWHERE else step.reservation), list(step.blocked.values())
 
     def _decide(self, job: JobRequest, step: _Pass) -> int:
         """One job of the pass, as `plan_drape`'s loop body: place it (or not); what to do next."""
@@ -302,8 +305,8 @@ class Planner:
         choice = None if shape in step.dead else pool.best_fit(job)
         if choice is None:
             step.dead.add(shape)
-            if job.gpus == 1 and job.models and config.avoid_scarce:
-                step.blocked.append(job)  # a constrained job: an unconstrained one may move off its GPUs
+            if job.models and config.avoid_scarce:
+                step.blocked.setdefault(shape, job)  # a constrained job: unconstrained ones may move off its GPUs
             starving = step.preemptor is not None and (
                 starves(job, now, config) or overdue(job, now, config, step.preemptor.backlog)
             )
@@ -389,4 +392,4 @@ class _Pass:
     reservation: Reservation | None = None
     dead: set[tuple] = field(default_factory=set)  # shapes (and shapes off the reservation) that found nothing
     held: dict[tuple, int] = field(default_factory=dict)  # shapes that fit only on reserved GPUs, as of pool change n
-    blocked: list[JobRequest] = field(default_factory=list)  # constrained single-GPU jobs that found no GPU
+    blocked: dict[tuple, JobRequest] = field(default_factory=dict)  # per shape, the first constrained job that found no GPUs

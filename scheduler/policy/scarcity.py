@@ -17,7 +17,13 @@ GPUs of other models (issue 66). Two rules, by the queue's demand as it stands, 
   work since its last checkpoint and a restart), moves to an idle GPU of a kind no constrained job
   needs, by checkpoint preemption (the same move as spreading: it restarts at once, never waits).
   Of such jobs, the one that loses the least work first, then the one expected to run longest.
-  One move per waiting constrained shape a pass; the freed GPU is the constrained job's next pass.
+  One move per waiting constrained shape a pass; the freed GPU is the constrained job's next pass;
+- with `PolicyConfig.rescue_gangs` (off), a constrained multi-GPU job that has waited
+  `preempt_after_s` clears a node the same way: of the nodes with enough GPUs it may use, the one
+  that would clear soonest if its long unconstrained jobs left, when that is within
+  `spread_after_s`; they all move in one pass. On `benchmarks/openb_week.py` it ends the weeks
+  whose 8-GPU jobs may run only on two G3 nodes sooner, and one whose 4-GPU jobs need the one
+  V100 node later (benchmarks/README.md), so it stays off.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from scheduler.policy.checkpoints import lost_s
-from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed, allows
+from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, allowed, allows, queued_at
 
 Kind = tuple[str, float]  # (GPU model, total GiB)
 
@@ -57,14 +63,20 @@ def rescue(
     occupants: Callable[[str], list[RunningJob]],
     now: float,
     exclude: frozenset[str] = frozenset(),
+    evicted: frozenset[str] = frozenset(),
 ) -> list[Placement]:
     """Moves of unconstrained jobs off the GPUs `blocked` constrained jobs may use (the module
     docstring). `gpus_of(job)`: the GPUs of the kinds a job may run on; `occupants(uuid)`: the running
-    jobs on a GPU; `exclude`: GPUs not to move onto (a waiting gang job's reservation)."""
-    config, moves, moved = pool.config, [], set()
+    jobs on a GPU as the pass began; `exclude`: GPUs not to move onto (a waiting gang job's
+    reservation); `evicted`: jobs the pass already stops (never moved as well)."""
+    config, moves, moved = pool.config, [], set(evicted)
     for job in blocked:
         if not pool.idle:
             break
+        if job.gpus > 1:
+            if config.rescue_gangs:
+                moves += _clear_for_gang(job, pool, gpus_of, occupants, now, exclude, moved)
+            continue
         options = []
         for uuid in gpus_of(job):
             gpu: GpuState = pool.gpus[uuid]
@@ -87,3 +99,64 @@ def rescue(
             moves.append(Placement(victim.id, target, victim.mem_gib, (victim.id,)))
             break
     return moves
+
+
+def _clear_for_gang(
+    job: JobRequest,
+    pool,
+    gpus_of: Callable[[JobRequest], Iterable[str]],
+    occupants: Callable[[str], list[RunningJob]],
+    now: float,
+    exclude: frozenset[str],
+    moved: set[str],
+) -> list[Placement]:
+    """Moves that clear a node for waiting constrained gang job `job` (`PolicyConfig.rescue_gangs`):
+    of the nodes with `job.gpus` GPUs it may use, the one whose GPUs would clear soonest if the
+    movable jobs alone on them (`movable`) left, if that is within `spread_after_s`; those of its
+    movable jobs that would still run then move to idle GPUs of a kind no constrained job needs,
+    the least work lost first. None while the job has waited less than `preempt_after_s` (it may
+    start soon as things stand)."""
+    config = pool.config
+    if config.preempt_after_s is None or now - queued_at(job) < config.preempt_after_s:
+        return []
+    by_node: dict[str, list[str]] = {}
+    for uuid in gpus_of(job):
+        gpu: GpuState = pool.gpus[uuid]
+        if gpu.total_gib >= job.mem_gib and allowed(job, gpu.model):
+            by_node.setdefault(gpu.node, []).append(uuid)
+    horizon = now + (config.spread_after_s if config.spread_after_s is not None else float("inf"))
+    best: tuple[float, str, list] | None = None
+    for node, uuids in sorted(by_node.items()):
+        if len(uuids) < job.gpus:
+            continue
+        clears = sorted(_clears(uuid, pool, occupants(uuid), now, moved) for uuid in uuids)[: job.gpus]
+        when = clears[-1][0]
+        movers = [(lost_s(r, now), -r.expected_end_s, uuid, r) for _, uuid, r in clears if r and r.expected_end_s > when]
+        if movers and when <= horizon and (best is None or when < best[0]):
+            best = (when, node, movers)
+    if best is None:
+        return []
+    moves = []
+    off = exclude | frozenset(by_node[best[1]])
+    for _, _, uuid, victim in sorted(best[2], key=lambda option: option[:3]):
+        left = max(victim.expected_end_s - now, 0.0)
+        probe = JobRequest(victim.id, victim.priority, 0.0, 1, victim.mem_gib, left, share=victim.share)
+        target = pool.best_fit(probe, exclude=off, colocate=False)
+        if target is None or (pool.gpus[target[0]].model, pool.gpus[target[0]].total_gib) in pool.avoid:
+            break  # no idle GPU of a kind nobody needs
+        pool.leave(uuid, probe)
+        pool.take(target, probe)
+        moved.add(victim.id)
+        moves.append(Placement(victim.id, target, victim.mem_gib, (victim.id,)))
+    return moves
+
+
+def _clears(uuid: str, pool, here: list[RunningJob], now: float, moved: set[str]) -> tuple[float, str, RunningJob | None]:
+    """When GPU `uuid` would clear if its job moved, and that job (a movable job alone on it, not
+    moved yet: now), else when its last job ends, and None."""
+    gpu: GpuState = pool.gpus[uuid]
+    config = pool.config
+    unseen = gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib
+    if len(here) == 1 and gpu.jobs == 1 and not unseen and here[0].id not in moved and movable(here[0], now, config):
+        return (now, uuid, here[0])
+    return (max([now, *(r.expected_end_s for r in here)]), uuid, None)

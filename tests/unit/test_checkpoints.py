@@ -267,8 +267,8 @@ def test_a_job_that_may_not_be_stopped_is_not_moved_either():
 
 
 def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
-    """~0.01 s. `queue.short_job_bonus`, `short_job_seconds` and `gang_max_preemptions` reach the
-    policy; out of bounds they fail at load, naming the field."""
+    """~0.01 s. `queue.short_job_bonus`, `short_job_seconds`, `gang_max_preemptions` and the gang
+    options (`rescue_gangs` among them) reach the policy; out of bounds they fail at load, naming the field."""
     from pydantic import ValidationError
 
     from drape.config.ops import QueueConfig
@@ -283,8 +283,10 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
         gang_stops_longer=4,
         gang_bound_whole_wait=True,
         gang_bound_backlog=0.5,
+        rescue_gangs=True,
     )
     policy = policy_config(SimpleNamespace(queue=queue))
+    assert policy.rescue_gangs and not policy_config(SimpleNamespace(queue=QueueConfig())).rescue_gangs
     assert policy.gang_bound_backlog == 0.5 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_bound_backlog == 0
     assert policy.gang_bound_whole_wait and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_bound_whole_wait
     assert policy.gang_stops_longer == 4.0 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_stops_longer is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -175,8 +176,34 @@ def test_a_small_week_replays_every_policy_and_is_judged(tmp_path, capsys):
     assert "| drape | " in out and "| fifo-backfill | " in out and "drape met the goals on" in out
     assert out.startswith("# openb: 5 GPU pods that ran (2 naming GPU models)") and "\nNone\n" not in out
     assert "of the shortest makespan" in out and (tmp_path / "out" / "small-seed1" / "trace.csv").is_file()
-    for bad in (["--policies", "drape"], ["--policies", "drape,fifo-backfill,nope"], ["--scale", "0"], ["--memory", "G2=lots"]):
+    bad_flags = (["--policies", "drape"], ["--policies", "drape,fifo-backfill,nope"], ["--scale", "0"], ["--memory", "G2=lots"])
+    for bad in (*bad_flags, ["--replays", "0"], ["--replays", "26"]):
         with pytest.raises(SystemExit):
             openb_week.main(argv + bad)
     with pytest.raises(SystemExit, match="openb_week: .*file not found"):
         openb_week.main(["--pods", str(tmp_path / "absent.csv"), "--nodes", str(nodes_path)])
+
+
+def test_replays_move_each_submit_a_little_and_the_table_gives_medians_and_ranges(tmp_path, capsys):
+    """~2 s. A replay after the first is the same week with each submit moved by up to `JITTER_S`;
+    with --replays the table gives each policy's median and its range over them."""
+    pods_path, nodes_path = _write(tmp_path)
+    pods, _ = read_pods(pods_path)
+    gpus = build_fleet(read_nodes(nodes_path), 1, random.Random(4), openb_week.MEMORY_GIB, True)
+    trace = build_week(pods, gpus, random.Random(4), 0.3, 86400)
+    moved = openb_week.jittered(trace, 4, 1)
+    assert moved == openb_week.jittered(trace, 4, 1) != openb_week.jittered(trace, 4, 2)  # drawn by (seed, replay)
+    before = {j.job_id: j for j in trace}
+    assert sorted(before) == sorted(j.job_id for j in moved) and [j.submit_s for j in moved] == sorted(j.submit_s for j in moved)
+    for job in moved:
+        assert abs(job.submit_s - before[job.job_id].submit_s) <= openb_week.JITTER_S and job.submit_s >= 0
+        assert job == replace(before[job.job_id], submit_s=job.submit_s)  # nothing else changed
+    argv = ["--pods", str(pods_path), "--nodes", str(nodes_path), "--seeds", "4", "--scale", "1", "--load", "0.3"]
+    argv += ["--fleets", "small", "--cap-days", "0.5", "--policies", "drape,fifo-backfill", "--replays", "3"]
+    assert openb_week.main(argv) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("| drape |", "| fifo-backfill |"))]
+    assert len(rows) == 2
+    for row in rows:
+        share, starved = row.split(" | ")[2:4]
+        low, high = (float(x) for x in share.split("[")[1].rstrip("]").split("-"))
+        assert low <= float(share.split(" ")[0]) <= high and "[" in starved, row

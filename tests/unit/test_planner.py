@@ -48,15 +48,17 @@ def gang_days(gpus: int, days: float, mix, seed: int, constrained: bool = False)
     return sorted(jobs, key=lambda j: (j.submit_s, j.job_id))
 
 
-def scarce_days(days: float, seed: int, load: float = 0.8) -> list[TraceJob]:
+def scarce_days(days: float, seed: int, load: float = 0.8, pinned_trains: bool = False) -> list[TraceJob]:
     """A sharing week on `scarce_fleet`: a sixth of the GPU-hours in jobs that run only on T4s (the
-    smallest GPUs, which unconstrained small jobs would take first), long services, gates, 4-GPU jobs."""
+    smallest GPUs, which unconstrained small jobs would take first), long services, gates, 4-GPU jobs
+    (`pinned_trains`: a third of their GPU-hours in jobs that run only on T4s too)."""
     rng, jobs = random.Random(seed), []
     mix = (
         ("service", 1, 0.40, 24.0, (4, 12), ()),
         ("t4-inference", 1, 0.15, 1.0, (6, 14), ("T4",)),
         ("gate", 1, 0.15, 0.5, (4, 14), ()),
-        ("train", 4, 0.30, 4.0, (14, 22), ()),
+        ("train", 4, 0.20 if pinned_trains else 0.30, 4.0, (14, 22), ()),
+        ("t4-train", 4, 0.10 if pinned_trains else 0.0, 2.0, (6, 14), ("T4",)),
     )
     for kind, width, share, mean_h, mem, models in mix:
         hours = load * 32 * days * 24 * share
@@ -95,6 +97,7 @@ CASES = {
     "fine-tunes": lambda: (gang_days(24, 3, FINETUNE, 9), nodes(3)),
     "wide": lambda: (gang_days(48, 3, WIDE, 11), nodes(6)),
     "scarce": lambda: (scarce_days(2, 3), scarce_fleet()),
+    "scarce gangs": lambda: (scarce_days(2, 3, pinned_trains=True), scarce_fleet()),
 }
 CONFIGS = {
     "default": PolicyConfig(),
@@ -119,6 +122,8 @@ CONFIGS = {
     "spanning, rehome, longer": PolicyConfig(
         span_nodes=True, gang_max_wait_s=3600.0, gang_stops_rehome=True, gang_stops_longer=2.0, short_job_bonus=20.0
     ),
+    # constrained gang jobs move long unconstrained jobs off the node they wait for (`scarcity.py`)
+    "rescue gangs": PolicyConfig(rescue_gangs=True),
 }
 
 
@@ -139,6 +144,7 @@ CONFIGS = {
         ("wide", "spanning, rehome, longer"),
         ("mixed", "spanning, bounded"),
         ("scarce", "default"),
+        ("scarce gangs", "rescue gangs"),
     ],
 )
 def test_the_planner_places_every_job_as_plan_drape_does(case, config):
@@ -180,19 +186,28 @@ def test_the_planner_places_every_job_as_plan_drape_does(case, config):
     if config == "spanning, rehome, longer":  # a gang job stopped a running gang job of its priority (every gang's)
         widths = {j.job_id: j.gpus for j in trace}
         assert any(widths[job] > 1 and any(widths[v] > 1 for v in evicted) for _, job, _, evicted in before)
+    if config == "rescue gangs":  # more services moved off T4s to A10s than for T4-only single-GPU jobs alone
+        plain: list = []
+        simulate(trace, fleet, "drape", CONFIGS["default"], record=plain)
+        assert _moves_off_t4s(before) > _moves_off_t4s(plain) > 0
     if case == "scarce":  # long services moved off T4s to A10s while T4-only jobs waited
-        where: dict[str, tuple[str, ...]] = {}
-        rescued = 0
-        for _, job, gpus, evicted in before:
-            rescued += evicted == (job,) and where[job][0].startswith("t") and gpus[0].startswith("a")
-            where[job] = gpus
-        assert rescued >= 3, rescued
+        assert _moves_off_t4s(before) >= 3
     if config == "bounded gang waits":  # with `preempt_after_s` off, a gang job's evictions are stops
         stops = [(time, job, evicted) for time, job, gpus, evicted in before if len(gpus) > 1 and evicted]
         assert len(stops) >= 3, stops
         if case == "fine-tunes":  # a stage job (priority 5) stopped a fine-tune (4): a victim of several GPUs
             widths = {j.job_id: j.gpus for j in trace}
             assert any(widths[victim] > 1 for *_, evicted in stops for victim in evicted)
+
+
+def _moves_off_t4s(record: list) -> int:
+    """Jobs a replay moved from a T4 (node `t..`) to an A10 (`a..`) by checkpoint preemption."""
+    where: dict[str, tuple[str, ...]] = {}
+    moved = 0
+    for _, job, gpus, evicted in record:
+        moved += evicted == (job,) and where[job][0].startswith("t") and gpus[0].startswith("a")
+        where[job] = gpus
+    return moved
 
 
 def test_the_planner_in_the_reference_loop_is_plan_drape_exactly():

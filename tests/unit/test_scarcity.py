@@ -62,3 +62,29 @@ def test_on_sharing_days_only_unconstrained_jobs_move_off_the_t4s_and_nothing_ru
     off = [job for job, gpus in moves if gpus[0].startswith("a")]  # T4 to T4: spreading a crowded GPU
     assert len(off) >= 3 and not constrained.intersection(off)
     assert result.violations == 0
+
+
+def _g3_node_and_a10s() -> list[GpuState]:
+    """Two nodes shaped unlike the others here: 4 G3s (`rack2.g3-x`), 2 A10s (`edge-a10`)."""
+    return [GpuState(f"rack2.g3-x/{i}", "rack2.g3-x", "G3", 32.0) for i in range(4)] + [
+        GpuState(f"edge-a10/{i}", "edge-a10", "A10", 24.0) for i in range(2)
+    ]
+
+
+def test_with_rescue_gangs_a_waiting_constrained_gang_clears_its_node_of_long_unconstrained_jobs():
+    gpus = _g3_node_and_a10s()
+    for gpu in gpus[:2]:
+        gpu.jobs, gpu.allocated_gib, gpu.shares = 1, 10.0, 1.0
+    # of the gang's priority, so it cannot preempt them: only the move clears the node
+    long = RunningJob("service", ("rack2.g3-x/0",), 10.0, 90_000.0, 3, shareable=True, started_s=0.0)
+    ending = RunningJob("gate", ("rack2.g3-x/1",), 10.0, 2_000.0, 3, shareable=True, started_s=0.0)  # clears within the hour
+    gang = JobRequest("g3-train", 3, 0.0, 4, 20.0, 3600.0, models=("G3",))
+    on = PolicyConfig(rescue_gangs=True)
+    moves = plan_drape([gang], gpus, [long, ending], 1500.0, on)
+    assert [(p.job_id, p.gpus, p.evicts) for p in moves] == [("service", ("edge-a10/0",), ("service",))]
+    assert plan_drape([gang], gpus, [long, ending], 1500.0) == []  # off by default
+    assert plan_drape([gang], gpus, [long, ending], 600.0, on) == []  # waited less than preempt_after_s (20 min)
+    held = replace(ending, models=("G3",), expected_end_s=50_000.0)  # the node clears only in 13 h: no move
+    assert plan_drape([gang], gpus, [long, held], 1500.0, on) == []
+    pinned = replace(long, models=("G3",))  # a constrained job never moves
+    assert plan_drape([gang], gpus, [pinned, ending], 1500.0, on) == []
