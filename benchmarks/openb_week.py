@@ -29,8 +29,9 @@ GPU-hours. Replayed as recorded on the trace's fleet they offer 0.3% of its GPU-
 
 Policies (`--policies`): "drape", as it ships (`PolicyConfig()`); "scarcity-off", drape without
 scarcity-aware placement; "rescue-gangs", drape with `rescue_gangs` (a waiting constrained gang
-job moves long unconstrained jobs off the node it needs: `scheduler/policy/scarcity.py`); "backlog", drape with `benchmarks/wide_gangs.py`'s gang bound (2 h or
-0.5 x the backlog, on the whole wait, short jobs first, `gang_stops_longer` 2, 8 stops);
+job moves long unconstrained jobs off the node it needs: `scheduler/policy/scarcity.py`);
+"backlog", drape with `benchmarks/wide_gangs.py`'s gang bound (2 h or 0.5 x the backlog, on the
+whole wait, short jobs first, `gang_stops_longer` 2, 8 stops);
 "fifo-backfill" (whole-GPU FIFO + greedy backfill: the issue's reference) and "fifo-easy" (FIFO
 + EASY backfill, ~4 min a week). Each line gives the share of the offered-load bound and of the
 shortest makespan, starved jobs (> 1 h to start), the waits of 1-GPU and multi-GPU jobs and of
