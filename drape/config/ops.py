@@ -300,10 +300,8 @@ class QueueConfig(StrictModel):
     )
     rescue_gangs: bool = Field(
         default=False,
-        description="a multi-GPU job that may run only on given GPU models and has waited preempt_after_seconds moves "
-        "long unconstrained jobs (by checkpoint preemption, to idle GPUs of models no waiting job needs) off the node of "
-        "those models that then clears within spread_after_seconds (scheduler/policy/scarcity.py). Off by default: on "
-        "benchmarks/openb_week.py it ends two weeks with scarce G3 nodes sooner and one with a scarce V100 node later",
+        description="a constrained multi-GPU job waiting preempt_after_seconds moves long unconstrained jobs off the node of "
+        "its models that then clears within spread_after_seconds (scheduler/policy/scarcity.py); off: mixed on openb weeks",
     )
     placement: Literal["fullest-node", "fragmentation"] = Field(
         default="fullest-node",

@@ -21,9 +21,9 @@ GPUs of other models (issue 66). Two rules, by the queue's demand as it stands, 
 - with `PolicyConfig.rescue_gangs` (off), a constrained multi-GPU job that has waited
   `preempt_after_s` clears a node the same way: of the nodes with enough GPUs it may use, the one
   that would clear soonest if its long unconstrained jobs left, when that is within
-  `spread_after_s`; they all move in one pass. On `benchmarks/openb_week.py` it ends the weeks
+  `spread_after_s`; they all move in one pass. On `benchmarks/openb_week.py` it ends a week
   whose 8-GPU jobs may run only on two G3 nodes sooner, and one whose 4-GPU jobs need the one
-  V100 node later (benchmarks/README.md), so it stays off.
+  V100 node later (medians of three replays: benchmarks/README.md), so it stays off.
 """
 
 from __future__ import annotations

@@ -39,8 +39,8 @@ class PolicyConfig:
     avoid_scarce: bool = True
     # with `avoid_scarce`, a constrained multi-GPU job waiting `preempt_after_s` also moves long
     # unconstrained jobs off the node of its kinds that then clears within `spread_after_s`
-    # (`scheduler/policy/scarcity.py`; off: on `benchmarks/openb_week.py` it ends two G3 weeks sooner
-    # and one V100 week later)
+    # (`scheduler/policy/scarcity.py`; off: on `benchmarks/openb_week.py` it ends a week with two G3
+    # nodes sooner and one with a single 4-GPU V100 node later)
     rescue_gangs: bool = False
     # a gang job past `gang_max_wait_s` stops only jobs that can all start again at once off its
     # nodes (`scheduler/policy/checkpoints.py`): single-GPU jobs keep their room, so the bound does
