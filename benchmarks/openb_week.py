@@ -41,8 +41,8 @@ One replay of a week is one draw of a chaotic process: where a scarce model has 
 which long job takes a freed GPU first decides the makespan, and moving every submit by under a
 minute moves the share of the shortest makespan by up to 0.17 (over three replays: drape at one
 node in 16, seed 1, 0.882-1.000; "rescue-gangs" on the cluster fleet, seed 2, 0.740-0.910), and
-`fifo-backfill`'s too (0.931-1.000 on the cluster fleet, seed 1). `--replays K` replays each week K times, the week as built and
-K - 1 copies with every submit moved by up to `JITTER_S` (60 s) either way, and the table gives
+`fifo-backfill`'s too (0.931-1.000 on the cluster fleet, seed 1). `--replays K` replays each week
+K times, the week as built and K - 1 copies with every submit moved by up to `JITTER_S` (60 s) either way, and the table gives
 each policy's medians with their range; the verdict reads the medians.
 
 The goals (issue 66): >= 0.93 of the bound, never behind `fifo-backfill`. Judged here on the
@@ -441,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n### {fleet_name} fleet, seed {seed}: {len(trace)} jobs on {len(gpus)} GPUs: {kinds}\n")
             if args.write:
                 write_week(trace, gpus, args.write / f"{fleet_name}-seed{seed}")
-            weeks_ = [trace] + [jittered(trace, seed, k) for k in range(1, args.replays)]
-            met += sharing_verdict(replay(weeks_, gpus, names))
+            draws = [trace] + [jittered(trace, seed, k) for k in range(1, args.replays)]
+            met += sharing_verdict(replay(draws, gpus, names))
             weeks += 1
     print(
         f"\n# drape met the goals on {met} of {weeks} weeks; {time.time() - started:.0f} s, load average {os.getloadavg()[0]:.2f}"

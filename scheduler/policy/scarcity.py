@@ -80,25 +80,40 @@ def rescue(
         options = []
         for uuid in gpus_of(job):
             gpu: GpuState = pool.gpus[uuid]
-            here = occupants(uuid)
-            if gpu.total_gib < job.mem_gib or gpu.jobs != 1 or len(here) != 1 or here[0].id in moved:
+            if gpu.total_gib < job.mem_gib or not allowed(job, gpu.model):
                 continue
-            if gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib:
-                continue
-            if movable(here[0], now, config) and allowed(job, gpu.model):
-                options.append((lost_s(here[0], now), -here[0].expected_end_s, uuid, here[0]))
+            if (alone := _alone_movable(gpu, occupants(uuid), now, config, moved)) is not None:
+                options.append((lost_s(alone, now), -alone.expected_end_s, uuid, alone))
         for _, _, uuid, victim in sorted(options, key=lambda option: option[:3]):
-            left = max(victim.expected_end_s - now, 0.0)
-            probe = JobRequest(victim.id, victim.priority, 0.0, 1, victim.mem_gib, left, share=victim.share)
-            target = pool.best_fit(probe, exclude=exclude, colocate=False)
-            if target is None or (pool.gpus[target[0]].model, pool.gpus[target[0]].total_gib) in pool.avoid:
-                break  # no idle GPU of a kind nobody needs: moving would only crowd another scarce one
-            pool.leave(uuid, probe)
-            pool.take(target, probe)
-            moved.add(victim.id)
-            moves.append(Placement(victim.id, target, victim.mem_gib, (victim.id,)))
-            break
+            move = _move(victim, uuid, pool, now, exclude, moved)
+            if move is not None:
+                moves.append(move)
+            break  # one move a shape; none where no idle GPU of a kind nobody needs takes it
     return moves
+
+
+def _alone_movable(gpu: GpuState, here: list[RunningJob], now: float, config: PolicyConfig, moved: set[str]) -> RunningJob | None:
+    """The job on `gpu` if it is alone there (no memory unaccounted for), not moved in this pass, and
+    `movable`; else None."""
+    unseen = gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib
+    if len(here) == 1 and gpu.jobs == 1 and not unseen and here[0].id not in moved and movable(here[0], now, config):
+        return here[0]
+    return None
+
+
+def _move(victim: RunningJob, uuid: str, pool, now: float, exclude: frozenset[str], moved: set[str]) -> Placement | None:
+    """`victim` off GPU `uuid` onto an idle GPU of a kind no waiting constrained job needs (not in
+    `exclude`), by checkpoint preemption; None where there is none: moving would only crowd another
+    scarce GPU."""
+    left = max(victim.expected_end_s - now, 0.0)
+    probe = JobRequest(victim.id, victim.priority, 0.0, 1, victim.mem_gib, left, share=victim.share)
+    target = pool.best_fit(probe, exclude=exclude, colocate=False)
+    if target is None or (pool.gpus[target[0]].model, pool.gpus[target[0]].total_gib) in pool.avoid:
+        return None
+    pool.leave(uuid, probe)
+    pool.take(target, probe)
+    moved.add(victim.id)
+    return Placement(victim.id, target, victim.mem_gib, (victim.id,))
 
 
 def _clear_for_gang(
@@ -129,7 +144,12 @@ def _clear_for_gang(
     for node, uuids in sorted(by_node.items()):
         if len(uuids) < job.gpus:
             continue
-        clears = sorted(_clears(uuid, pool, occupants(uuid), now, moved) for uuid in uuids)[: job.gpus]
+        clears = []  # per GPU: when it clears if its movable job (or None) left
+        for uuid in uuids:
+            here = occupants(uuid)
+            alone = _alone_movable(pool.gpus[uuid], here, now, config, moved)
+            clears.append((now, uuid, alone) if alone else (max([now, *(r.expected_end_s for r in here)]), uuid, None))
+        clears = sorted(clears)[: job.gpus]
         when = clears[-1][0]
         movers = [(lost_s(r, now), -r.expected_end_s, uuid, r) for _, uuid, r in clears if r and r.expected_end_s > when]
         if movers and when <= horizon and (best is None or when < best[0]):
@@ -139,24 +159,7 @@ def _clear_for_gang(
     moves = []
     off = exclude | frozenset(by_node[best[1]])
     for _, _, uuid, victim in sorted(best[2], key=lambda option: option[:3]):
-        left = max(victim.expected_end_s - now, 0.0)
-        probe = JobRequest(victim.id, victim.priority, 0.0, 1, victim.mem_gib, left, share=victim.share)
-        target = pool.best_fit(probe, exclude=off, colocate=False)
-        if target is None or (pool.gpus[target[0]].model, pool.gpus[target[0]].total_gib) in pool.avoid:
-            break  # no idle GPU of a kind nobody needs
-        pool.leave(uuid, probe)
-        pool.take(target, probe)
-        moved.add(victim.id)
-        moves.append(Placement(victim.id, target, victim.mem_gib, (victim.id,)))
+        if (move := _move(victim, uuid, pool, now, off, moved)) is None:
+            break
+        moves.append(move)
     return moves
-
-
-def _clears(uuid: str, pool, here: list[RunningJob], now: float, moved: set[str]) -> tuple[float, str, RunningJob | None]:
-    """When GPU `uuid` would clear if its job moved, and that job (a movable job alone on it, not
-    moved yet: now), else when its last job ends, and None."""
-    gpu: GpuState = pool.gpus[uuid]
-    config = pool.config
-    unseen = gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib
-    if len(here) == 1 and gpu.jobs == 1 and not unseen and here[0].id not in moved and movable(here[0], now, config):
-        return (now, uuid, here[0])
-    return (max([now, *(r.expected_end_s for r in here)]), uuid, None)
