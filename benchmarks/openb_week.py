@@ -70,13 +70,14 @@ import statistics
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import replays  # noqa: E402
 from benchmarks.wide_gangs import policies, sharing_verdict  # noqa: E402
 from drape.config.names import NODE_EXPECTED, NODE_NAME  # noqa: E402
 from scheduler.policy import GpuState, PolicyConfig, allows  # noqa: E402
@@ -94,8 +95,7 @@ MAX_POD_GPUS = 8  # the trace's pods ask 0-8 GPUs: one node's
 MAX_TIME_S = 10 * 366 * 86400.0
 MAX_FILE_BYTES = 64 * 2**20
 MAX_WEEK_JOBS = 2_000_000  # a week that would hold more (a large fleet of short jobs) is refused, not built
-JITTER_S = 60.0  # `--replays`: each replay after the first moves every submit by up to this, either way
-MAX_REPLAYS = 25
+JITTER_S, MAX_REPLAYS = replays.JITTER_S, replays.MAX_REPLAYS  # `--replays` (`benchmarks/replays.py`)
 POLICIES = {  # `--policies`: name → (policy, its config)
     "drape": ("drape", PolicyConfig()),
     "scarcity-off": ("drape", PolicyConfig(avoid_scarce=False)),
@@ -310,11 +310,9 @@ def _wait(result: SimResult, cls: str) -> str:
 
 
 def jittered(trace: list[TraceJob], seed: int, replay: int) -> list[TraceJob]:
-    """`trace` with each submit moved by up to `JITTER_S` either way (never before 0), drawn by
-    (`seed`, `replay`): an equally likely week, for `--replays`."""
-    rng = random.Random(f"openb-jitter/{seed}/{replay}")
-    moved = [replace(j, submit_s=max(0.0, j.submit_s + rng.uniform(-JITTER_S, JITTER_S))) for j in trace]
-    return sorted(moved, key=lambda j: (j.submit_s, j.job_id))
+    """`trace` with each submit moved by up to `JITTER_S` either way, drawn by (`seed`, `replay`):
+    an equally likely week, for `--replays` (`benchmarks/replays.py`)."""
+    return replays.jittered(trace, f"openb-jitter/{seed}", replay)
 
 
 @dataclass(frozen=True)
@@ -441,8 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\n### {fleet_name} fleet, seed {seed}: {len(trace)} jobs on {len(gpus)} GPUs: {kinds}\n")
             if args.write:
                 write_week(trace, gpus, args.write / f"{fleet_name}-seed{seed}")
-            draws = [trace] + [jittered(trace, seed, k) for k in range(1, args.replays)]
-            met += sharing_verdict(replay(draws, gpus, names))
+            met += sharing_verdict(replay(replays.draws(trace, f"openb-jitter/{seed}", args.replays), gpus, names))
             weeks += 1
     print(
         f"\n# drape met the goals on {met} of {weeks} weeks; {time.time() - started:.0f} s, load average {os.getloadavg()[0]:.2f}"

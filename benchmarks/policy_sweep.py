@@ -19,9 +19,15 @@ run: it counts a stopped job's time off its GPUs, which the wait to first start 
 work lost. Then the frontier (the combinations no other beats on both the goals met and the
 worst 1-GPU mean wait) and whether any combination met every goal on every week.
 
+`--replays K` judges each week on K replays (`benchmarks/replays.py`: the week as built, then
+K - 1 copies with every submit moved by up to a minute), each against its own floors and its own
+`fifo-easy`: a goal counts as met on a week where more than half its replays meet it, the 1-GPU
+mean wait and delay and the work lost are the medians, and each cell gives the range of goals met
+over the replays.
+
     .venv/bin/python benchmarks/policy_sweep.py [--seeds 1-3] [--parts wide,gang]
         [--bound-hours 1,3,6] [--backlog 0,0.5] [--bonus 0,20] [--short-hours 1] [--longer off,2]
-        [--caps 4,16] [--workers 2]   # the default grid: 48 combinations, ~10 min on 2 cores
+        [--caps 4,16] [--replays 1] [--workers 2]   # the default grid: 48 combinations, ~10 min on 2 cores
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import argparse
 import itertools
 import math
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -38,7 +45,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import wide_gangs  # noqa: E402
+from benchmarks import replays, wide_gangs  # noqa: E402
 from scheduler.policy import GpuState, PolicyConfig  # noqa: E402
 from scheduler.sim import SimResult, TraceJob, simulate  # noqa: E402
 from scheduler.sim.model import CLASSES, job_class  # noqa: E402
@@ -52,6 +59,7 @@ class Week:
     trace: list[TraceJob]
     gpus: list[GpuState]
     span: bool  # an engine that starts a job across nodes
+    base: str = ""  # the week this one replays (`--replays`); its own name where empty
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,7 @@ class Verdict:
     one_delay_s: float  # the 1-GPU mean delay (finish - submit - run)
     lost: float  # work lost, a share of the week's GPU-hours
     missed: tuple[str, ...]  # the goals missed, named
+    met_range: tuple[int, int] | None = None  # over a week's replays (`combined`), the fewest and most met
 
     @property
     def met(self) -> int:
@@ -101,16 +110,38 @@ def grid(
     return combos
 
 
-def weeks(seeds: list[int], parts: set[str]) -> list[Week]:
-    """The wide-gang week of each seed and its gang weeks (those in `parts`)."""
+def weeks(seeds: list[int], parts: set[str], replays_each: int = 1) -> list[Week]:
+    """The wide-gang week of each seed and its gang weeks (those in `parts`), each followed by its
+    `replays_each` - 1 jittered copies (`benchmarks/replays.py`)."""
     found = []
     for seed in seeds:
+        built = []
         if "wide" in parts:
             gpus = wide_gangs.wide_fleet()
-            found.append(Week(f"wide, seed {seed}", wide_gangs.wide_week(0.85, len(gpus), seed), gpus, True))
+            built.append((f"wide, seed {seed}", wide_gangs.wide_week(0.85, len(gpus), seed), gpus, True))
         if "gang" in parts:
-            found += [Week(f"{name}, seed {seed}", trace, gpus, False) for name, trace, gpus in wide_gangs.gang_weeks(seed)]
+            built += [(f"{name}, seed {seed}", trace, gpus, False) for name, trace, gpus in wide_gangs.gang_weeks(seed)]
+        for name, trace, gpus, span in built:
+            for k, draw in enumerate(replays.draws(trace, f"sweep-jitter/{name}", replays_each)):
+                found.append(Week(name if k == 0 else f"{name}, replay {k + 1}", draw, gpus, span, name))
     return found
+
+
+def combined(verdicts: list[Verdict]) -> Verdict:
+    """One week's verdicts over its replays: a goal missed where more than half missed it; the
+    medians of the 1-GPU mean wait and delay and of the work lost; the range of goals met."""
+    if len(verdicts) == 1:
+        return verdicts[0]
+    names = dict.fromkeys(name for v in verdicts for name in v.missed)
+    missed = tuple(name for name in names if 2 * sum(name in v.missed for v in verdicts) > len(verdicts))
+    return Verdict(
+        verdicts[0].asked,
+        statistics.median(v.one_wait_s for v in verdicts),
+        statistics.median(v.one_delay_s for v in verdicts),
+        statistics.median(v.lost for v in verdicts),
+        missed,
+        (min(v.met for v in verdicts), max(v.met for v in verdicts)),
+    )
 
 
 def judge(result: SimResult, week: Week, floors: wide_gangs.Floors, easy: SimResult) -> Verdict:
@@ -168,9 +199,15 @@ def report(combos: list[tuple[str, PolicyConfig]], found: dict[str, list[Verdict
         row = [found[name][index] for name in names]
         met, asked, worst = sum(v.met for v in row), sum(v.asked for v in row), max(v.one_wait_s for v in row)
         totals[label] = (met, worst)
-        cells = [f"{v.met}/{v.asked}; {v.one_wait_s / 60:.0f} ({v.one_delay_s / 60:.0f}) min; {100 * v.lost:.2f}%" for v in row]
+        cells = [
+            f"{v.met}/{v.asked}{_spread(v)}; {v.one_wait_s / 60:.0f} ({v.one_delay_s / 60:.0f}) min; {100 * v.lost:.2f}%"
+            for v in row
+        ]
         print(f"| {label} | " + " | ".join(cells) + f" | {met}/{asked} | {worst / 60:.1f} min |")
-    print("\nEach cell: goals met / asked; the 1-GPU mean wait (mean delay) in minutes; work lost.")
+    print(
+        "\nEach cell: goals met / asked (over replays: met by more than half, [fewest-most met in one]); "
+        "the 1-GPU mean wait (mean delay) in minutes; work lost (medians over replays)."
+    )
     print("\n## The frontier (no combination meets more goals with a lower worst 1-GPU mean wait)\n")
     index_of = {label: index for index, (label, _) in enumerate(combos)}
     for label in sorted(frontier(totals), key=lambda label: -totals[label][0]):
@@ -179,6 +216,10 @@ def report(combos: list[tuple[str, PolicyConfig]], found: dict[str, list[Verdict
         print(f"- {label}: {met} goals met, worst 1-GPU mean wait {worst / 60:.1f} min; missed: {', '.join(misses) or 'none'}")
     every = [label for label, index in index_of.items() if all(not found[name][index].missed for name in names)]
     print(f"\nEvery goal on every week: {', '.join(every) if every else 'met by no combination'}")
+
+
+def _spread(verdict: Verdict) -> str:
+    return "" if verdict.met_range is None else f" [{verdict.met_range[0]}-{verdict.met_range[1]}]"
 
 
 def _floats(text: str, what: str, low: float, high: float, off: bool = False) -> list:
@@ -207,6 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--caps", default="4,16", help="gang_max_preemptions values")
     parser.add_argument("--backlog", default="0,0.5", help="gang_bound_backlog values (0: the bound as set)")
     parser.add_argument("--short-hours", default="1", help="short_job_s values, hours: the 1-GPU jobs the bonus lifts")
+    parser.add_argument(
+        "--replays", type=int, default=1, help=f"replays of each week, 1 to {replays.MAX_REPLAYS} (module docstring)"
+    )
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (a week each)")
     args = parser.parse_args(argv)
     try:
@@ -223,19 +267,22 @@ def main(argv: list[str] | None = None) -> None:
     parts = set(args.parts.split(",")) - {""}
     if unknown := parts - {"wide", "gang"}:
         parser.error(f"--parts: unknown {sorted(unknown)}; expected some of wide, gang")
+    if not 1 <= args.replays <= replays.MAX_REPLAYS:
+        parser.error(f"--replays: expected 1 to {replays.MAX_REPLAYS}, got {args.replays}")
     if not 1 <= args.workers <= 64:
         parser.error(f"--workers: expected 1 to 64, got {args.workers}")
     low, _, high = args.seeds.partition("-")
     seeds = list(range(int(low), int(high) + 1)) if high else [int(s) for s in args.seeds.split(",")]
     load = os.getloadavg()
     print(f"machine load (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
-    started, chosen = time.perf_counter(), weeks(seeds, parts)
-    print(f"{len(combos)} combinations on {len(chosen)} weeks, {args.workers} workers\n")
-    found: dict[str, list[Verdict]] = {}
+    started, chosen = time.perf_counter(), weeks(seeds, parts, args.replays)
+    print(f"{len(combos)} combinations on {len(chosen)} weeks ({args.replays} replays each), {args.workers} workers\n")
+    each: dict[str, list[list[Verdict]]] = {}
     with ProcessPoolExecutor(args.workers) as pool:
-        for name, verdicts, took in pool.map(_replay, chosen, [combos] * len(chosen)):
-            found[name] = verdicts
+        for week, (name, verdicts, took) in zip(chosen, pool.map(_replay, chosen, [combos] * len(chosen)), strict=True):
+            each.setdefault(week.base, []).append(verdicts)
             print(f"{name}: {took:.0f} s", file=sys.stderr, flush=True)
+    found = {base: [combined(list(per)) for per in zip(*draws, strict=True)] for base, draws in each.items()}
     if found:
         report(combos, found)
     load = os.getloadavg()

@@ -46,8 +46,13 @@ start, printed beside it, leaves out a stopped job's time off its GPUs); sharing
 the bound and never behind `fifo-backfill`, judged on the shortest makespan (`sharing_verdict`).
 Each line says met or not; the end has the per-seed, per-class table and the machine's load.
 
+`--replays K` replays each gang week K times (`benchmarks/replays.py`: the week as built, then
+K - 1 copies with every submit moved by up to a minute, each with its own floors): the tables give
+the medians over the replays, and a goal is met where more than half the replays meet it (the
+count is printed). The sharing weeks are replayed once (`openb_week.py --replays` for the trace's).
+
     .venv/bin/python benchmarks/wide_gangs.py [--seeds 1-3] [--bound-hours 3] [--parts wide,gang,sharing]
-        [--wide-load 0.85]   # wide: ~5 min a seed on 2 shared cores; gang: ~1 min a seed
+        [--wide-load 0.85] [--replays 1]   # wide: ~5 min a seed on 2 shared cores; gang: ~1 min a seed
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import argparse
 import math
 import os
 import random
+import statistics
 import sys
 import time
 from collections.abc import Mapping
@@ -65,6 +71,7 @@ from typing import Protocol
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import replays  # noqa: E402
 from benchmarks.floors.class_floor import class_joint_floors  # noqa: E402
 from benchmarks.floors.joint_floor import joint_floor  # noqa: E402
 from scheduler.policy import GpuState, PolicyConfig  # noqa: E402
@@ -222,34 +229,68 @@ def _h(seconds: float) -> str:
 
 
 def table(
-    name: str, trace: list[TraceJob], gpus: list[GpuState], bound_h: float, span: bool, only: tuple[str, ...] = POLICIES
+    name: str,
+    trace: list[TraceJob],
+    gpus: list[GpuState],
+    bound_h: float,
+    span: bool,
+    only: tuple[str, ...] = POLICIES,
+    replays_each: int = 1,
 ) -> list[list[str]]:
     """One workload: a row per policy, per width class its mean / max wait, beside the floors; the
-    goals; returns its rows of the per-seed summary (`summary`)."""
+    goals; returns its rows of the per-seed summary (`summary`). With `replays_each` > 1 the week
+    and its jittered copies (`benchmarks/replays.py`), each with its own floors: medians printed,
+    each goal judged on every replay (`_goals`)."""
     classes = [c for c in CLASSES if any(job_class(j.gpus) == c for j in trace)]
     started = time.perf_counter()
-    floors = floors_of(trace, gpus, span)
+    draws = replays.draws(trace, f"wide-jitter/{name}", replays_each)
+    each_floors = [floors_of(draw, gpus, span) for draw in draws]
+    floors = {c: tuple(statistics.median(f[c][i] for f in each_floors) for i in (0, 1)) for c in each_floors[0]}
     offered = sum(j.gpus * j.duration_s for j in trace) / (len(gpus) * WEEK_S * 6 / 7)
-    print(f"\n### {name}: {len(trace)} jobs on {len(gpus)} GPUs, offered load {offered:.2f} over the arrival window\n")
+    also = f", medians over {len(draws)} replays" if len(draws) > 1 else ""
+    print(f"\n### {name}: {len(trace)} jobs on {len(gpus)} GPUs, offered load {offered:.2f} over the arrival window{also}\n")
     heads = " | ".join(f"{c} GPUs: mean / max wait; max delay" for c in classes)
     print(f"| policy | of bound | {heads} | lost | preempted |")
     print("|---|---|" + "---|" * len(classes) + "---|---|")
     for index, label in enumerate(("floor, any policy", "floor, 1-GPU mean delay <= 5 min")):
         cells = [f"- / {_h(floors[c][index])}" if c in floors else "-" for c in classes]
         print(f"| {label} | - | " + " | ".join(cells) + f" | - | - |  <!-- floors {time.perf_counter() - started:.0f} s -->")
-    results, work_h = {}, sum(j.gpus * j.duration_s for j in trace) / 3600
+    results, each, work_h = {}, {}, sum(j.gpus * j.duration_s for j in trace) / 3600
     for label, policy, config in policies(bound_h, span, only):
         started = time.perf_counter()
-        result = simulate(trace, gpus, policy, config)
-        results[label] = result
+        each[label] = [simulate(draw, gpus, policy, config) for draw in draws]
+        result = results[label] = median_result(each[label])
         cells = [_cell(result, c) for c in classes]
         print(
             f"| {label} | {result.of_bound:.3f} | {' | '.join(cells)} | {100 * result.lost_gpu_h / work_h:.2f}% "
             f"| {result.preemptions} |  <!-- {time.perf_counter() - started:.0f} s -->"
         )
     for label in [label for label in results if label.startswith("drape, bound")]:
-        _goals(results, floors, classes, work_h, label)
+        _goals(each, each_floors, classes, work_h, label)
     return _summary_rows(name, offered, results, floors, classes, work_h)
+
+
+def median_result(runs: list[SimResult]) -> SimResult:
+    """`runs[0]` with the figures the tables print as medians over `runs` (one run: itself): each
+    class's waits and delays, work lost, stops, and the share of the bound (as `utilization` over a
+    `bound` of 1)."""
+    if len(runs) == 1:
+        return runs[0]
+
+    def classes(of: str) -> dict[str, dict[str, float]]:
+        names = dict.fromkeys(c for r in runs for c in getattr(r, of))
+        keys = ("jobs", "mean_s", "p95_s", "max_s")
+        return {c: {k: statistics.median(getattr(r, of).get(c, {}).get(k, 0.0) for r in runs) for k in keys} for c in names}
+
+    return replace(
+        runs[0],
+        utilization=statistics.median(r.of_bound for r in runs),
+        bound=1.0,
+        lost_gpu_h=statistics.median(r.lost_gpu_h for r in runs),
+        preemptions=round(statistics.median(r.preemptions for r in runs)),
+        class_waits=classes("class_waits"),
+        class_delays=classes("class_delays"),
+    )
 
 
 def _cell(result: SimResult, name: str) -> str:
@@ -272,22 +313,32 @@ def goal_s(floors: Floors, name: str) -> float:
     return max(1.25 * floors.get(name, (0.0, 0.0))[1], 3600.0)
 
 
-def _goals(results: dict[str, SimResult], floors: Floors, classes: list[str], work_h: float, label: str) -> None:
-    drape, easy = results[label], results.get("fifo-easy")
+def _goals(each: dict[str, list[SimResult]], each_floors: list[Floors], classes: list[str], work_h: float, label: str) -> None:
+    """`label`'s figures against the goals on each replay (`each`: a policy's runs, `each_floors`:
+    the floors, replay by replay): the medians, and met where more than half the replays meet it."""
+    runs, easy = each[label], each.get("fifo-easy")
     said = []
+
+    def verdict(what: str, ours: list[float], goal: list[float], strict: bool = False) -> str:
+        met = sum(o < g if strict else o <= g for o, g in zip(ours, goal, strict=True))
+        count = f" ({met} of {len(ours)} replays)" if len(ours) > 1 else ""
+        return f"{what} {'met' if 2 * met > len(ours) else 'NOT met'}{count}"
+
     for c in classes:
-        if c == "1" or c not in drape.class_waits:
+        if c == "1" or c not in runs[0].class_waits:
             continue
-        goal, got = goal_s(floors, c), _delay(drape, c)
-        said.append(f"{c}: max delay {_h(got)} vs goal {_h(goal)} {'met' if got <= goal else 'NOT met'}")
-    one = drape.class_waits.get("1", {}).get("mean_s", 0.0)
-    said.append(f"1-GPU mean {one / 60:.1f} min {'met' if one <= GOAL_1_MEAN_S else 'NOT met'}")
-    lost = drape.lost_gpu_h / work_h
-    said.append(f"work lost {100 * lost:.2f}% {'met' if lost <= GOAL_LOST else 'NOT met'}")
+        got, goal = [_delay(r, c) for r in runs], [goal_s(f, c) for f in each_floors]
+        said.append(verdict(f"{c}: max delay {_h(statistics.median(got))} vs goal {_h(statistics.median(goal))}", got, goal))
+    one = [r.class_waits.get("1", {}).get("mean_s", 0.0) for r in runs]
+    said.append(verdict(f"1-GPU mean {statistics.median(one) / 60:.1f} min", one, [GOAL_1_MEAN_S] * len(runs)))
+    lost = [r.lost_gpu_h / work_h for r in runs]
+    said.append(verdict(f"work lost {100 * statistics.median(lost):.2f}%", lost, [GOAL_LOST] * len(runs)))
     wide = [c for c in classes if c not in ("1", "2-4")]
     if wide and easy is not None:
-        ours, theirs = max(_delay(drape, c) for c in wide), max(_delay(easy, c) for c in wide)
-        said.append(f"wide-gang max delay {_h(ours)} vs fifo-easy {_h(theirs)} {'met' if ours < theirs else 'NOT met'}")
+        ours = [max(_delay(r, c) for c in wide) for r in runs]
+        theirs = [max(_delay(r, c) for c in wide) for r in easy]
+        what = f"wide-gang max delay {_h(statistics.median(ours))} vs fifo-easy {_h(statistics.median(theirs))}"
+        said.append(verdict(what, ours, theirs, strict=True))
     print(f"\n{label} against the goals: " + "; ".join(said))
 
 
@@ -391,10 +442,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parts", default="wide,gang,sharing", help="which workloads: wide, gang, sharing")
     parser.add_argument("--wide-load", type=float, default=0.85, help="the wide-gang week's GPU-hours over the fleet's week's")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"which of {', '.join(POLICIES)}")
+    parser.add_argument(
+        "--replays", type=int, default=1, help=f"replays of each gang week, 1 to {replays.MAX_REPLAYS} (module docstring)"
+    )
     args = parser.parse_args(argv)
     only = tuple(name for name in args.policies.split(",") if name)
     if unknown := set(only) - set(POLICIES):
         parser.error(f"--policies: unknown {sorted(unknown)}; expected some of {', '.join(POLICIES)}")
+    if not 1 <= args.replays <= replays.MAX_REPLAYS:
+        parser.error(f"--replays: expected 1 to {replays.MAX_REPLAYS}, got {args.replays}")
     if not (math.isfinite(args.wide_load) and 0 < args.wide_load <= 2):
         parser.error(f"--wide-load: expected a number in (0, 2], got {args.wide_load}")
     low, _, high = args.seeds.partition("-")
@@ -407,10 +463,11 @@ def main(argv: list[str] | None = None) -> None:
         if "wide" in parts:
             gpus = wide_fleet()
             week = wide_week(args.wide_load, len(gpus), seed)
-            rows += table(f"wide-gang week {args.wide_load:g}, seed {seed}", week, gpus, args.bound_hours, True, only)
+            name = f"wide-gang week {args.wide_load:g}, seed {seed}"
+            rows += table(name, week, gpus, args.bound_hours, True, only, args.replays)
         if "gang" in parts:
             for name, trace, gpus in gang_weeks(seed):
-                rows += table(f"gang week {name}, seed {seed}", trace, gpus, args.bound_hours, False, only)
+                rows += table(f"gang week {name}, seed {seed}", trace, gpus, args.bound_hours, False, only, args.replays)
         if "sharing" in parts:
             for small in (False, True):
                 sharing(seed, small)

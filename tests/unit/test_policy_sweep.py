@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from benchmarks import policy_sweep, wide_gangs
+from benchmarks import policy_sweep, replays, wide_gangs
 from scheduler.sim import SimResult, TraceJob, simulate
 from tests.unit.test_wide_gangs import _small_week
 
@@ -72,6 +72,32 @@ def test_a_small_sweep_judges_each_combination_as_a_replay_does(capsys):
     assert "bound 0.5 h, bonus 0, longer 2, 4 stops" in printed and "Every goal on every week:" in printed
 
 
+def test_replays_are_jittered_copies_and_a_goal_counts_where_most_replays_meet_it():
+    built = policy_sweep.weeks([1], {"gang"}, 3)
+    assert [w.name for w in built[:3]] == [
+        "64 H100, load 0.85, seed 1",
+        "64 H100, load 0.85, seed 1, replay 2",
+        "64 H100, load 0.85, seed 1, replay 3",
+    ]
+    assert {w.base for w in built[:3]} == {"64 H100, load 0.85, seed 1"} and len(built) == 9
+    first, second = built[0].trace, built[1].trace
+    assert len(first) == len(second) and second != first
+    before = {j.job_id: j for j in first}
+    for job in second:  # the same jobs, each submit moved by at most a minute
+        assert abs(job.submit_s - before[job.job_id].submit_s) <= replays.JITTER_S
+        assert replace(job, submit_s=before[job.job_id].submit_s) == before[job.job_id]
+    assert policy_sweep.weeks([1], {"gang"}, 3)[1].trace == second  # drawn by week and replay: runs repeat
+    v = policy_sweep.Verdict
+    three = [v(4, 60.0, 90.0, 0.002, ("5-8",)), v(4, 600.0, 700.0, 0.02, ("5-8", "lost")), v(4, 120.0, 80.0, 0.004, ())]
+    both = policy_sweep.combined(three)
+    assert both.missed == ("5-8",) and both.met == 3 and both.met_range == (2, 4)  # lost: missed by 1 of 3
+    assert (both.one_wait_s, both.one_delay_s, both.lost) == (120.0, 90.0, 0.004)  # medians
+    assert policy_sweep.combined(three[:1]) is three[0]
+    assert policy_sweep.combined(three[:2]).missed == ("5-8",)  # 1 of 2 is not more than half
+    with pytest.raises(ValueError, match="replays: expected 1 to 25, got 26"):
+        replays.draws(first, "x", 26)
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -81,6 +107,7 @@ def test_a_small_sweep_judges_each_combination_as_a_replay_does(capsys):
         ["--caps", "x"],
         ["--parts", "wide,sharing"],
         ["--workers", "0"],
+        ["--replays", "0"],
     ],
 )
 def test_bad_arguments_are_refused_naming_the_option(bad, capsys):

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from benchmarks import wide_gangs
+from benchmarks import replays, wide_gangs
 from scheduler.sim import SimResult, TraceJob
 
 
@@ -43,6 +43,26 @@ def test_every_policy_waits_at_least_the_floor_over_the_classes_and_the_summary_
         for label, policy, config in wide_gangs.policies(0.5, True):
             waits = wide_gangs.simulate(trace, gpus, policy, config).class_waits
             assert max(w["max_s"] for c, w in waits.items() if c != "1") > top - 1e-6, label
+
+
+def test_with_replays_the_tables_give_medians_and_each_goal_counts_the_replays_that_meet_it(capsys):
+    gpus, trace = wide_gangs.fleet([("h", "H100-80GB", 80.0, 2)]), _small_week(3)
+    only = ("bound", "fifo-easy")
+    rows = wide_gangs.table("small", trace, gpus, bound_h=0.5, span=True, only=only, replays_each=3)
+    printed = capsys.readouterr().out
+    assert "medians over 3 replays" in printed and "of 3 replays)" in printed
+    label, policy, config = wide_gangs.policies(0.5, True, ("bound",))[0]
+    runs = [wide_gangs.simulate(d, gpus, policy, config) for d in replays.draws(trace, "wide-jitter/small", 3)]
+    middle = wide_gangs.median_result(runs)
+    for c, delays in middle.class_delays.items():
+        assert delays["max_s"] == sorted(r.class_delays[c]["max_s"] for r in runs)[1]
+    assert middle.of_bound == sorted(r.of_bound for r in runs)[1]
+    assert wide_gangs.median_result(runs[:1]) is runs[0]
+    lost = [row for row in rows if row[2] == "work lost"][0]
+    assert lost[5] == f"{100 * middle.lost_gpu_h / (sum(j.gpus * j.duration_s for j in trace) / 3600):.2f}%"
+    with pytest.raises(SystemExit) as stopped:
+        wide_gangs.main(["--replays", "0", "--parts", ""])
+    assert stopped.value.code == 2 and "--replays: expected 1 to 25, got 0" in capsys.readouterr().err
 
 
 def test_the_wide_load_and_the_policies_are_checked():
