@@ -112,17 +112,18 @@ def grid(
 
 def weeks(seeds: list[int], parts: set[str], replays_each: int = 1) -> list[Week]:
     """The wide-gang week of each seed and its gang weeks (those in `parts`), each followed by its
-    `replays_each` - 1 jittered copies (`benchmarks/replays.py`)."""
+    `replays_each` - 1 jittered copies (`benchmarks/replays.py`; drawn as `wide_gangs.py` draws them)."""
     found = []
     for seed in seeds:
         built = []
         if "wide" in parts:
             gpus = wide_gangs.wide_fleet()
-            built.append((f"wide, seed {seed}", wide_gangs.wide_week(0.85, len(gpus), seed), gpus, True))
+            built.append(("wide", "wide 0.85", wide_gangs.wide_week(0.85, len(gpus), seed), gpus, True))
         if "gang" in parts:
-            built += [(f"{name}, seed {seed}", trace, gpus, False) for name, trace, gpus in wide_gangs.gang_weeks(seed)]
-        for name, trace, gpus, span in built:
-            for k, draw in enumerate(replays.draws(trace, f"sweep-jitter/{name}", replays_each)):
+            built += [(name, name, trace, gpus, False) for name, trace, gpus in wide_gangs.gang_weeks(seed)]
+        for week, drawn_as, trace, gpus, span in built:
+            name, tag = f"{week}, seed {seed}", wide_gangs.jitter_tag(drawn_as, seed)
+            for k, draw in enumerate(replays.draws(trace, tag, replays_each)):
                 found.append(Week(name if k == 0 else f"{name}, replay {k + 1}", draw, gpus, span, name))
     return found
 

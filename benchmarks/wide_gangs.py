@@ -236,14 +236,15 @@ def table(
     span: bool,
     only: tuple[str, ...] = POLICIES,
     replays_each: int = 1,
+    tag: str = "",
 ) -> list[list[str]]:
     """One workload: a row per policy, per width class its mean / max wait, beside the floors; the
     goals; returns its rows of the per-seed summary (`summary`). With `replays_each` > 1 the week
-    and its jittered copies (`benchmarks/replays.py`), each with its own floors: medians printed,
-    each goal judged on every replay (`_goals`)."""
+    and its jittered copies (`benchmarks/replays.py`, drawn by `tag`: `jitter_tag`), each with its
+    own floors: medians printed, each goal judged on every replay (`_goals`)."""
     classes = [c for c in CLASSES if any(job_class(j.gpus) == c for j in trace)]
     started = time.perf_counter()
-    draws = replays.draws(trace, f"wide-jitter/{name}", replays_each)
+    draws = replays.draws(trace, tag or jitter_tag(name, 0), replays_each)
     each_floors = [floors_of(draw, gpus, span) for draw in draws]
     floors = {c: tuple(statistics.median(f[c][i] for f in each_floors) for i in (0, 1)) for c in each_floors[0]}
     offered = sum(j.gpus * j.duration_s for j in trace) / (len(gpus) * WEEK_S * 6 / 7)
@@ -268,6 +269,12 @@ def table(
     for label in [label for label in results if label.startswith("drape, bound")]:
         _goals(each, each_floors, classes, work_h, label)
     return _summary_rows(name, offered, results, floors, classes, work_h)
+
+
+def jitter_tag(week: str, seed: int) -> str:
+    """What a week's replays are drawn by (`benchmarks/replays.py`), the same here and in
+    `policy_sweep.py`, so a week's replay k is the same week in both."""
+    return f"gang-jitter/{week}, seed {seed}"
 
 
 def median_result(runs: list[SimResult]) -> SimResult:
@@ -463,11 +470,12 @@ def main(argv: list[str] | None = None) -> None:
         if "wide" in parts:
             gpus = wide_fleet()
             week = wide_week(args.wide_load, len(gpus), seed)
-            name = f"wide-gang week {args.wide_load:g}, seed {seed}"
-            rows += table(name, week, gpus, args.bound_hours, True, only, args.replays)
+            name, tag = f"wide-gang week {args.wide_load:g}, seed {seed}", jitter_tag(f"wide {args.wide_load:g}", seed)
+            rows += table(name, week, gpus, args.bound_hours, True, only, args.replays, tag)
         if "gang" in parts:
             for name, trace, gpus in gang_weeks(seed):
-                rows += table(f"gang week {name}, seed {seed}", trace, gpus, args.bound_hours, False, only, args.replays)
+                label, tag = f"gang week {name}, seed {seed}", jitter_tag(name, seed)
+                rows += table(label, trace, gpus, args.bound_hours, False, only, args.replays, tag)
         if "sharing" in parts:
             for small in (False, True):
                 sharing(seed, small)

@@ -87,6 +87,8 @@ def test_replays_are_jittered_copies_and_a_goal_counts_where_most_replays_meet_i
         assert abs(job.submit_s - before[job.job_id].submit_s) <= replays.JITTER_S
         assert replace(job, submit_s=before[job.job_id].submit_s) == before[job.job_id]
     assert policy_sweep.weeks([1], {"gang"}, 3)[1].trace == second  # drawn by week and replay: runs repeat
+    tag = wide_gangs.jitter_tag("64 H100, load 0.85", 1)  # the same replay as wide_gangs.py's of that week
+    assert replays.draws(first, tag, 2)[1] == second
     v = policy_sweep.Verdict
     three = [v(4, 60.0, 90.0, 0.002, ("5-8",)), v(4, 600.0, 700.0, 0.02, ("5-8", "lost")), v(4, 120.0, 80.0, 0.004, ())]
     both = policy_sweep.combined(three)

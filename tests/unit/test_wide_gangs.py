@@ -48,11 +48,11 @@ def test_every_policy_waits_at_least_the_floor_over_the_classes_and_the_summary_
 def test_with_replays_the_tables_give_medians_and_each_goal_counts_the_replays_that_meet_it(capsys):
     gpus, trace = wide_gangs.fleet([("h", "H100-80GB", 80.0, 2)]), _small_week(3)
     only = ("bound", "fifo-easy")
-    rows = wide_gangs.table("small", trace, gpus, bound_h=0.5, span=True, only=only, replays_each=3)
+    rows = wide_gangs.table("small", trace, gpus, bound_h=0.5, span=True, only=only, replays_each=3, tag="t/1")
     printed = capsys.readouterr().out
     assert "medians over 3 replays" in printed and "of 3 replays)" in printed
     label, policy, config = wide_gangs.policies(0.5, True, ("bound",))[0]
-    runs = [wide_gangs.simulate(d, gpus, policy, config) for d in replays.draws(trace, "wide-jitter/small", 3)]
+    runs = [wide_gangs.simulate(d, gpus, policy, config) for d in replays.draws(trace, "t/1", 3)]
     middle = wide_gangs.median_result(runs)
     for c, delays in middle.class_delays.items():
         assert delays["max_s"] == sorted(r.class_delays[c]["max_s"] for r in runs)[1]
