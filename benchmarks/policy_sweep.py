@@ -21,9 +21,10 @@ worst 1-GPU mean wait) and whether any combination met every goal on every week.
 
 `--replays K` judges each week on K replays (`benchmarks/replays.py`: the week as built, then
 K - 1 copies with every submit moved by up to a minute), each against its own floors and its own
-`fifo-easy`: a goal counts as met on a week where more than half its replays meet it, the 1-GPU
-mean wait and delay and the work lost are the medians, and each cell gives the range of goals met
-over the replays.
+`fifo-easy`: a goal counts as missed on a week where more than half its replays miss it (with an
+odd K, met where more than half meet it; with an even K a tie counts as met here and as missed in
+`wide_gangs.py`), the 1-GPU mean wait and delay and the work lost are the medians, and each cell
+gives the range of goals met over the replays.
 
     .venv/bin/python benchmarks/policy_sweep.py [--seeds 1-3] [--parts wide,gang]
         [--bound-hours 1,3,6] [--backlog 0,0.5] [--bonus 0,20] [--short-hours 1] [--longer off,2]
@@ -134,7 +135,7 @@ def combined(verdicts: list[Verdict]) -> Verdict:
     if len(verdicts) == 1:
         return verdicts[0]
     names = dict.fromkeys(name for v in verdicts for name in v.missed)
-    missed = tuple(name for name in names if 2 * sum(name in v.missed for v in verdicts) > len(verdicts))
+    missed = tuple(name for name in names if replays.most(sum(name in v.missed for v in verdicts), len(verdicts)))
     return Verdict(
         verdicts[0].asked,
         statistics.median(v.one_wait_s for v in verdicts),
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
     each: dict[str, list[list[Verdict]]] = {}
     with ProcessPoolExecutor(args.workers) as pool:
         for week, (name, verdicts, took) in zip(chosen, pool.map(_replay, chosen, [combos] * len(chosen)), strict=True):
-            each.setdefault(week.base, []).append(verdicts)
+            each.setdefault(week.base or week.name, []).append(verdicts)
             print(f"{name}: {took:.0f} s", file=sys.stderr, flush=True)
     found = {base: [combined(list(per)) for per in zip(*draws, strict=True)] for base, draws in each.items()}
     if found:

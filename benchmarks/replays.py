@@ -27,6 +27,11 @@ def jittered(trace: list[TraceJob], tag: str, replay: int) -> list[TraceJob]:
     return sorted(moved, key=lambda j: (j.submit_s, j.job_id))
 
 
+def most(met: int, replays: int) -> bool:
+    """Whether a goal met in `met` of a week's `replays` counts as met: in more than half."""
+    return 2 * met > replays
+
+
 def draws(trace: list[TraceJob], tag: str, replays: int) -> list[list[TraceJob]]:
     """The week as built, then `replays` - 1 `jittered` copies."""
     if not 1 <= replays <= MAX_REPLAYS:

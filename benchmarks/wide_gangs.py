@@ -329,7 +329,7 @@ def _goals(each: dict[str, list[SimResult]], each_floors: list[Floors], classes:
     def verdict(what: str, ours: list[float], goal: list[float], strict: bool = False) -> str:
         met = sum(o < g if strict else o <= g for o, g in zip(ours, goal, strict=True))
         count = f" ({met} of {len(ours)} replays)" if len(ours) > 1 else ""
-        return f"{what} {'met' if 2 * met > len(ours) else 'NOT met'}{count}"
+        return f"{what} {'met' if replays.most(met, len(ours)) else 'NOT met'}{count}"
 
     for c in classes:
         if c == "1" or c not in runs[0].class_waits:
