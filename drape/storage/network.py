@@ -4,9 +4,12 @@ botocore bounds every request with a connect and a read timeout (storage.connect
 storage.read_timeout_seconds) and retries it; what surfaces when the bound is hit depends on where
 the wait was: before the headers it is botocore's ReadTimeoutError, but a body that stalls
 mid-stream surfaces through aiobotocore and fsspec as an FSTimeoutError with no message, and on a
-ranged read s3fs trips over that error and raises an IndexError whose context holds it. Each is
+ranged read s3fs trips over that error and raises an IndexError whose context holds it. A store
+that goes down between a response's headers and its body surfaces as aiohttp's ClientPayloadError
+("Response payload is not completed"), which no botocore retry sees on a body s3fs reads. Each is
 recognised by its chain of causes and turned into a StorageError, for the calls of an ObjectStore
-and for the reads of a file object it opened alike.
+and for the reads of a file object it opened alike; a refused or dropped connection is tried again
+within the store's budget.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from urllib.parse import urlsplit
 T = TypeVar("T")
 
 _NETWORK_ERRORS = {"ConnectTimeoutError", "ReadTimeoutError", "EndpointConnectionError", "ConnectionClosedError"}
-_RESTARTING = {"EndpointConnectionError", "ConnectionClosedError"}  # refused or dropped: not a silent endpoint
+# a body that ended short, or a connection the store closed before answering
+_DROPPED_MID_RESPONSE = {"ClientPayloadError", "ServerDisconnectedError"}
+# refused or dropped: not a silent endpoint
+_RESTARTING = {"EndpointConnectionError", "ConnectionClosedError"} | _DROPPED_MID_RESPONSE
 
 
 class StorageError(RuntimeError):
@@ -50,6 +56,8 @@ def network_failure(error: BaseException) -> str | None:
         if module.startswith(("botocore", "aiobotocore")) and (name in _NETWORK_ERRORS or name == "AioReadTimeoutError"):
             return name
         if isinstance(current, TimeoutError):  # fsspec's FSTimeoutError, asyncio's and aiohttp's timeouts
+            return name
+        if module.startswith("aiohttp") and name in _DROPPED_MID_RESPONSE:
             return name
         current = current.__cause__ or current.__context__
     return None
@@ -107,14 +115,7 @@ def bounded(method: Callable[..., T]) -> Callable[..., T]:
 
     @functools.wraps(method)
     def call(self, *args, **kwargs):
-        outer = getattr(_DEADLINE, "at", None) is None
-        if outer:
-            _DEADLINE.at = time.monotonic() + self.max_wait
-        try:
-            return _until_deadline(self, method, args, kwargs)
-        finally:
-            if outer:
-                _DEADLINE.at = None
+        return within_deadline(self, functools.partial(method, self, *args, **kwargs))
 
     return call
 
@@ -123,12 +124,25 @@ _DEADLINE = threading.local()
 logger = logging.getLogger("drape.storage")
 
 
-def _until_deadline(store: Any, method: Callable[..., T], args: tuple, kwargs: dict) -> T:
+def within_deadline(store: Any, attempt: Callable[[], T]) -> T:
+    """`attempt()` tried until it succeeds or `_until_deadline` gives up, within the store's
+    `max_wait` from the outermost such call on this thread (nested calls share it)."""
+    outer = getattr(_DEADLINE, "at", None) is None
+    if outer:
+        _DEADLINE.at = time.monotonic() + store.max_wait
+    try:
+        return _until_deadline(store, attempt)
+    finally:
+        if outer:
+            _DEADLINE.at = None
+
+
+def _until_deadline(store: Any, attempt: Callable[[], T]) -> T:
     pause = 0.5
     while True:
         try:
             with bounded_on(store):
-                return method(store, *args, **kwargs)
+                return attempt()
         except StorageError as error:
             left = _DEADLINE.at - time.monotonic()
             if getattr(error, "failure", None) not in _RESTARTING or left < pause + store.connect_timeout:
@@ -145,14 +159,15 @@ def _until_deadline(store: Any, method: Callable[..., T], args: tuple, kwargs: d
 
 class BoundedReader:
     """A file object opened on a store whose reads and seeks fail as `bounded` methods do: a body
-    that stalls mid-stream is a StorageError naming the endpoint, never a bare timeout or IndexError."""
+    that stalls mid-stream is a StorageError naming the endpoint, never a bare timeout or IndexError;
+    one the store dropped is read again within the store's budget (fsspec moves the file's position
+    only once a ranged read has returned, so a read tried again starts where the failed one did)."""
 
     def __init__(self, handle: Any, store: Any):
         self._handle, self._store = handle, store
 
     def _call(self, name: str, *args):
-        with bounded_on(self._store):
-            return getattr(self._handle, name)(*args)
+        return within_deadline(self._store, functools.partial(getattr(self._handle, name), *args))
 
     def read(self, size: int = -1) -> bytes:
         return self._call("read", size)
