@@ -21,10 +21,10 @@ worst 1-GPU mean wait) and whether any combination met every goal on every week.
 
 `--replays K` judges each week on K replays (`benchmarks/replays.py`: the week as built, then
 K - 1 copies with every submit moved by up to a minute), each against its own floors and its own
-`fifo-easy`: a goal counts as missed on a week where more than half its replays miss it (with an
-odd K, met where more than half meet it; with an even K a tie counts as met here and as missed in
-`wide_gangs.py`), the 1-GPU mean wait and delay and the work lost are the medians, and each cell
-gives the range of goals met over the replays.
+`fifo-easy`: a goal counts as met on a week where more than half its replays meet it
+(`replays.most`, as in `wide_gangs.py`: with an even K a tie is a miss), the 1-GPU mean wait and
+delay and the work lost are the medians, and each cell gives the range of goals met over the
+replays.
 
     .venv/bin/python benchmarks/policy_sweep.py [--seeds 1-3] [--parts wide,gang]
         [--bound-hours 1,3,6] [--backlog 0,0.5] [--bonus 0,20] [--short-hours 1] [--longer off,2]
@@ -130,12 +130,12 @@ def weeks(seeds: list[int], parts: set[str], replays_each: int = 1) -> list[Week
 
 
 def combined(verdicts: list[Verdict]) -> Verdict:
-    """One week's verdicts over its replays: a goal missed where more than half missed it; the
-    medians of the 1-GPU mean wait and delay and of the work lost; the range of goals met."""
+    """One week's verdicts over its replays: a goal missed unless more than half met it (a tie is a
+    miss); the medians of the 1-GPU mean wait and delay and of the work lost; the range of goals met."""
     if len(verdicts) == 1:
         return verdicts[0]
     names = dict.fromkeys(name for v in verdicts for name in v.missed)
-    missed = tuple(name for name in names if replays.most(sum(name in v.missed for v in verdicts), len(verdicts)))
+    missed = tuple(name for name in names if not replays.most(sum(name not in v.missed for v in verdicts), len(verdicts)))
     return Verdict(
         verdicts[0].asked,
         statistics.median(v.one_wait_s for v in verdicts),

@@ -95,7 +95,9 @@ def test_replays_are_jittered_copies_and_a_goal_counts_where_most_replays_meet_i
     assert both.missed == ("5-8",) and both.met == 3 and both.met_range == (2, 4)  # lost: missed by 1 of 3
     assert (both.one_wait_s, both.one_delay_s, both.lost) == (120.0, 90.0, 0.004)  # medians
     assert policy_sweep.combined(three[:1]) is three[0]
-    assert policy_sweep.combined(three[:2]).missed == ("5-8",)  # 1 of 2 is not more than half
+    # "lost" met by 1 of 2, which is not more than half: a tie is a miss, as wide_gangs.py counts it
+    assert policy_sweep.combined(three[:2]).missed == ("5-8", "lost")
+    assert policy_sweep.combined(three[:2]).met == 2
     with pytest.raises(ValueError, match="replays: expected 1 to 25, got 26"):
         replays.draws(first, "x", 26)
 
