@@ -73,11 +73,19 @@ class Nodes:
         return found
 
     def kill(self, node: str) -> list[int]:
-        """The node goes: its processes SIGKILLed until none is left, then its disk wiped. Returns the
-        pids killed. One pass over a snapshot is not enough: a process forked after the snapshot (a
-        job step, a worker) outlived it (tests/integration/test_nodes.py). A node half killed may be
-        why Slurm once returned test_slurm.py's killed node to service 0.12 s after setting it DOWN
-        (under load; not reproduced)."""
+        """The node goes: its processes SIGKILLed until none is left (`kill_processes`), then its disk
+        wiped. Returns the pids killed."""
+        killed = self.kill_processes(node)
+        for number in range(len(self.disk_paths)):
+            shutil.rmtree(self.disk(node) / str(number), ignore_errors=True)
+        return killed
+
+    def kill_processes(self, node: str) -> list[int]:
+        """Every process on `node` SIGKILLed until none is left; its disk stays. Returns the pids
+        killed. One pass over a snapshot is not enough: a process forked after the snapshot (a job
+        step, a worker) outlived it (tests/integration/test_nodes.py), and one that exits on its own
+        meanwhile is no error. A node half killed may be why Slurm once returned test_slurm.py's
+        killed node to service 0.12 s after setting it DOWN (under load; not reproduced)."""
         killed: set[int] = set()
         deadline = time.monotonic() + KILL_WAIT_S
         while alive := self.pids(node):
@@ -90,8 +98,6 @@ class Nodes:
             if time.monotonic() > deadline:
                 raise NodeError(f"node {node}: processes {sorted(alive)} still there {KILL_WAIT_S:g} s after SIGKILL")
             time.sleep(0.05)  # an exiting process leaves /proc (a zombie has no namespace)
-        for number in range(len(self.disk_paths)):
-            shutil.rmtree(self.disk(node) / str(number), ignore_errors=True)
         return sorted(killed)
 
     def close(self) -> None:
