@@ -66,7 +66,11 @@ class Relay:
                 client, _ = server.accept()
             except OSError:
                 return  # taken down
-            upstream = socket.create_connection(self.upstream)
+            try:
+                upstream = socket.create_connection(self.upstream)
+            except OSError:  # the store reset it (moto does, now and then, under load): drop this client,
+                _end(client)  # as a store's own front would, and go on accepting (an accept loop that
+                continue  # died here left the relay deaf until the next `down()` / `up()`)
             with self.lock:
                 if server.fileno() == -1:  # taken down while this one was being accepted
                     _end(client)
