@@ -46,10 +46,11 @@ start, printed beside it, leaves out a stopped job's time off its GPUs); sharing
 the bound and never behind `fifo-backfill`, judged on the shortest makespan (`sharing_verdict`).
 Each line says met or not; the end has the per-seed, per-class table and the machine's load.
 
-`--replays K` replays each gang week K times (`benchmarks/replays.py`: the week as built, then
-K - 1 copies with every submit moved by up to a minute, each with its own floors): the tables give
-the medians over the replays, and a goal is met where more than half the replays meet it (the
-count is printed). The sharing weeks are replayed once (`openb_week.py --replays` for the trace's).
+`--replays K` replays each week K times (`benchmarks/replays.py`: the week as built, then K - 1
+copies with every submit moved by up to a minute, each gang week's with its own floors): the
+tables give the medians over the replays, and a goal is met where more than half the replays meet
+it (the count is printed); a sharing week is judged on its medians, with their range (as
+`openb_week.py --replays` judges the trace's).
 
     .venv/bin/python benchmarks/wide_gangs.py [--seeds 1-3] [--bound-hours 3] [--parts wide,gang,sharing]
         [--wide-load 0.85] [--replays 1]   # wide: ~5 min a seed on 2 shared cores; gang: ~1 min a seed
@@ -380,37 +381,22 @@ def summary(rows: list[list[str]], bound_h: float, only: tuple[str, ...] = POLIC
         print("| " + " | ".join(row) + " |")
 
 
-def sharing(seed: int, small: bool) -> None:
+SHARING_POLICIES = ("drape", "scarcity-off", "fifo-backfill", "fifo-easy")  # `openb_week.POLICIES`' names
+
+
+def sharing(seed: int, small: bool, replays_each: int = 1) -> bool:
+    """The sharing week (`sharing_week`) on `replays_each` replays: drape, drape without the scarcity
+    rules and the references, as `openb_week.replay` tabulates a week (medians, ranges); returns the
+    verdict on the medians (`sharing_verdict`)."""
+    from benchmarks import openb_week  # it imports this module
+
     trace, gpus = sharing_week(seed, small)
-    name = f"sharing week, T4-only jobs, {'16 GiB GPUs only' if small else 'T4 + A10'}, seed {seed}"
-    print(f"\n### {name}: {len(trace)} jobs on {len(gpus)} GPUs\n")
-    print(
-        "| policy | of bound | of shortest makespan | starved (> 1 h) | 1-GPU mean / max wait | 4-GPU mean / max wait "
-        "| T4-only mean wait |"
-    )
-    print("|---|---|---|---|---|---|---|")
-    found = {}
-    runs = [
-        ("drape", "drape", PolicyConfig()),
-        ("drape, scarcity off", "drape", PolicyConfig(avoid_scarce=False)),
-        ("fifo-backfill", "fifo-backfill", PolicyConfig()),
-        ("fifo-easy", "fifo-easy", PolicyConfig()),
-    ]
-    for label, policy, config in runs:
-        record: list = []
-        result = simulate(trace, gpus, policy, config, record=record)
-        first: dict[str, float] = {}
-        for at, job, *_ in record:
-            first.setdefault(job, at)
-        pinned = [first[j.job_id] - j.submit_s for j in trace if j.models]
-        found[label] = result
-        one, four = result.class_waits.get("1", {}), result.class_waits.get("2-4", {})
-        waits = [f"{w.get('mean_s', 0) / 60:.1f} min / {_h(w.get('max_s', 0))}" for w in (one, four)]
-        print(
-            f"| {label} | {result.of_bound:.3f} | {result.of_shortest:.3f} | {result.starved} | {' | '.join(waits)} "
-            f"| {sum(pinned) / len(pinned) / 60:.1f} min |"
-        )
-    sharing_verdict(found)
+    fleet_name = "16 GiB GPUs only" if small else "T4 + A10"
+    name = f"sharing week, T4-only jobs, {fleet_name}, seed {seed}"
+    count = f", {replays_each} replays" if replays_each > 1 else ""
+    print(f"\n### {name}: {len(trace)} jobs on {len(gpus)} GPUs{count}\n")
+    weeks = replays.draws(trace, jitter_tag(f"sharing {fleet_name}", seed), replays_each)
+    return sharing_verdict(openb_week.replay(weeks, gpus, list(SHARING_POLICIES)))
 
 
 class Shares(Protocol):
@@ -450,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wide-load", type=float, default=0.85, help="the wide-gang week's GPU-hours over the fleet's week's")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"which of {', '.join(POLICIES)}")
     parser.add_argument(
-        "--replays", type=int, default=1, help=f"replays of each gang week, 1 to {replays.MAX_REPLAYS} (module docstring)"
+        "--replays", type=int, default=1, help=f"replays of each week, 1 to {replays.MAX_REPLAYS} (module docstring)"
     )
     args = parser.parse_args(argv)
     only = tuple(name for name in args.policies.split(",") if name)
@@ -478,7 +464,7 @@ def main(argv: list[str] | None = None) -> None:
                 rows += table(label, trace, gpus, args.bound_hours, False, only, args.replays, tag)
         if "sharing" in parts:
             for small in (False, True):
-                sharing(seed, small)
+                sharing(seed, small, args.replays)
     if rows:
         summary(rows, args.bound_hours, only)
     load = os.getloadavg()

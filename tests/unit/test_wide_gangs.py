@@ -95,3 +95,28 @@ def test_the_sharing_goals_are_judged_on_the_shortest_makespan(drape, reference,
     out = capsys.readouterr().out
     assert f"{drape[1]:.3f} of the shortest makespan ({drape[0]:.3f} of the busy-GPU bound)" in out
     assert ("not behind" in out) is (drape[1] >= reference[1] and drape[2] <= reference[2])
+
+
+def test_a_sharing_week_is_replayed_and_judged_on_its_medians(monkeypatch, capsys):
+    """~2 s. `--replays` reaches the sharing weeks: each policy's row gives the median share of the
+    shortest makespan within its range over the replays, and the verdict reads the medians."""
+    gpus = wide_gangs.fleet([("t", "T4-16GB", 16.0, 1), ("a", "A10-24GB", 24.0, 1)])
+    rng, trace = random.Random(5), []
+    for i in range(40):  # a quarter T4-only
+        submit, duration, width = rng.uniform(0, 3 * 3600), rng.uniform(600, 7200), rng.choice((1, 1, 4))
+        trace.append(TraceJob(f"j{i:02d}", submit, duration, 10.0, width, 3, "x", ("T4",) if i % 4 == 0 else ()))
+    trace.sort(key=lambda j: (j.submit_s, j.job_id))
+    monkeypatch.setattr(wide_gangs, "sharing_week", lambda seed, small: (trace, gpus))
+    met = wide_gangs.sharing(1, False, 3)
+    out = capsys.readouterr().out
+    assert "### sharing week, T4-only jobs, T4 + A10, seed 1: 40 jobs on 16 GPUs, 3 replays" in out
+    rows = {line.split(" | ")[0][2:]: line for line in out.splitlines() if line.startswith("| ") and "---" not in line}
+    assert set(wide_gangs.SHARING_POLICIES) <= set(rows)
+    for name in wide_gangs.SHARING_POLICIES:
+        share = rows[name].split(" | ")[2]
+        low, high = (float(x) for x in share.split("[")[1].rstrip("]").split("-"))
+        assert low <= float(share.split(" ")[0]) <= high, rows[name]
+    drape = float(rows["drape"].split(" | ")[2].split(" ")[0])
+    assert f"drape: {drape:.3f} of the shortest makespan" in out and met is (
+        drape >= 0.93 and "NOT met" not in out and "not behind" in out
+    )
