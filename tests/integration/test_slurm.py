@@ -198,32 +198,49 @@ def test_usr1_before_the_time_limit_checkpoints_requeues_and_resumes_to_the_same
     config, slurm, _ = cluster
     reference = _reference(config, tmp_path)
     store, objects = JobStore(config.queue_url), open_store(config)
-    spec = _submit(config, "warned")
-    job_id = store.submit(spec)
     from scheduler.dispatch.dispatcher import Dispatcher, wait_for
 
     dispatcher = Dispatcher(config, store)
+    for attempt in range(3):
+        run_id = "warned" if attempt == 0 else f"warned-{attempt}"
+        job_id = store.submit(_submit(config, run_id))
 
-    def checkpointed() -> bool:
-        dispatcher.cycle()
-        return newest_published(objects, "warned", "identity") is not None
+        def launched(job_id: str = job_id) -> bool:
+            dispatcher.cycle()
+            return (store.get(job_id)["handle"] or "").startswith("slurm:")
 
-    wait_until(checkpointed, JOB_TIMEOUT, "the job running with one checkpoint published", every=0.3)
-    slurm_id = store.get(job_id)["handle"].split(":")[1]
-    slurm.run("scancel", "--batch", "--signal=USR1", slurm_id)  # what --signal=B:USR1@N delivers
-    row = wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
+        wait_until(launched, JOB_TIMEOUT, "the job handed to Slurm", every=0.3)
+        # then the store alone, often: the signal must come before the job's last step
+        wait_until(
+            lambda run_id=run_id: newest_published(objects, run_id, "identity") is not None,
+            JOB_TIMEOUT,
+            "the job running with one checkpoint published",
+            every=0.05,
+        )
+        slurm_id = store.get(job_id)["handle"].split(":")[1]
+        slurm.run("scancel", "--batch", "--signal=USR1", slurm_id)  # what --signal=B:USR1@N delivers
+        row = wait_for(config, store, job_id, timeout_s=JOB_TIMEOUT)
+        log = (Path(config.paths.root) / "queue" / "logs" / f"{job_id}.log").read_text()
+        runs = [r for r in _slurm_runs(slurm) if r[0] == slurm_id]
+        if "requeueing job" in log or "trained to the end and published its result: the job is done" not in log:
+            break
+        # a loaded machine: the signal met the wrap-up after the last step. The job is done on its first
+        # run (not failed and run again by the queue), and the requeue is tried again on a new job
+        assert row["state"] == "succeeded" and row["attempts"] == 1, row
+        assert [r[2] for r in runs] == ["COMPLETED"], runs
+        print(f"slurm: USR1 came after {run_id}'s last step; the job ended as done; trying again")
+    else:
+        pytest.fail("USR1 came after the job's last step three times: the requeue path was not reached")
     assert row["state"] == "succeeded" and row["attempts"] == 1, row  # one queue attempt: Slurm requeued it
-    log = (Path(config.paths.root) / "queue" / "logs" / f"{job_id}.log").read_text()
     assert "USR1: asking the trainer to save a checkpoint" in log and "requeueing job" in log, log[-3000:]
-    result = json.loads(objects.read_bytes(result_key("warned", "identity")))
+    result = json.loads(objects.read_bytes(result_key(run_id, "identity")))
     assert 0 < result["resumed_from_step"] < STEPS, result  # the step it was told to stop at
-    runs = [r for r in _slurm_runs(slurm) if r[0] == slurm_id]
     assert [r[2] for r in runs][-1] == "COMPLETED" and len(runs) == 2, runs  # requeued once, then done
-    attempts = run_attempts(store, "warned", config)  # the cost report's GPU time: both Slurm runs, from sacct
+    attempts = run_attempts(store, run_id, config)  # the cost report's GPU time: both Slurm runs, from sacct
     assert [a.gpus for a in attempts] == [4, 4] and all(a.end is not None and a.end >= a.start for a in attempts), attempts
     labels = {"job_id": job_id, "engine": "slurm", "state": "COMPLETED"}
     assert (metrics.REGISTRY.get_sample_value("drape_engine_job_gpu_hours", labels) or 0) > 0
-    resumed = _weights(config, tmp_path, "warned")
+    resumed = _weights(config, tmp_path, run_id)
     worst = max(float((reference[name] - tensor).abs().max()) for name, tensor in resumed.items())
     assert worst == 0.0, f"the resumed job's weights differ from the uninterrupted job's by {worst}"
 

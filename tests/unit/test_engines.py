@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import ast
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from drape.config import QueueConfig, SlurmLauncherConfig
+from drape.training.loop import stop
 from scheduler.dispatch.dispatcher import unplaceable
 from scheduler.engines import ENGINES, job_environment
 from scheduler.engines.slurm.launcher import SlurmError, batch_script, job_name
@@ -203,3 +206,79 @@ def test_a_local_job_gets_an_explicit_environment(monkeypatch):
     assert "PGPASSWORD" not in env and "SOME_TOKEN" not in env
     assert env["AWS_SECRET_ACCESS_KEY"] == "aws-secret" and env["DRAPE_CRASH_AT"] == "x" and "PATH" in env
     assert "AWS_SECRET_ACCESS_KEY" not in job_environment(())
+
+
+_STUB_SRUN = """#!/bin/bash
+# the job step: says what the test asks ($STUB_SAYS, one line each), then trains until told to stop, and
+# exits 1 on SIGTERM as torchrun does when it is stopped, whatever its ranks did
+trap 'exit 1' TERM
+printf '%s\\n' "$STUB_SAYS"
+touch "$STUB_READY"
+while :; do sleep 0.05; done
+"""
+
+
+def _run_batch_body(tmp_path: Path, says: list[str]) -> tuple[int, str, str]:
+    """The rendered batch script run by bash with stub srun, scontrol and scancel (`scancel` of the step
+    fails, so the script signals srun itself), USR1 sent once the step has said `says`: (exit status,
+    the job's log, the Slurm commands the script ran)."""
+    stubs, calls, log = tmp_path / "bin", tmp_path / "calls", tmp_path / "job.log"
+    stubs.mkdir()
+    (stubs / "srun").write_text(_STUB_SRUN)
+    (stubs / "scontrol").write_text(
+        f'#!/bin/bash\necho "scontrol $*" >> {calls}\n[ "$1 $2" = "show hostnames" ] && echo n0\nexit 0\n'
+    )
+    (stubs / "scancel").write_text(f'#!/bin/bash\necho "scancel $*" >> {calls}\nexit 1\n')
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    script = batch_script(_job(), _gpus(1, 2), SlurmLauncherConfig(), log)
+    env = {
+        "PATH": f"{stubs}:/usr/bin:/bin",
+        "SLURM_JOB_ID": "7",
+        "SLURM_JOB_NODELIST": "n0",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_RESTART_COUNT": "0",
+        "STUB_SAYS": "\n".join(says),
+        "STUB_READY": str(tmp_path / "ready"),
+    }
+    with log.open("w") as out:
+        batch = subprocess.Popen(["bash", "-c", script], stdout=out, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 30
+            while not (tmp_path / "ready").exists():
+                assert batch.poll() is None and time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            batch.send_signal(signal.SIGUSR1)
+            status = batch.wait(timeout=30)
+        finally:
+            batch.kill()
+    return status, log.read_text(), calls.read_text() if calls.exists() else ""
+
+
+def test_a_time_limit_warning_after_the_last_step_ends_the_job_as_done_not_failed(tmp_path, monkeypatch):
+    """USR1 met the job's wrap-up: torchrun exits 1, but the trainer said this run trained to the end
+    and published its result, so the job is done: exit 0, no requeue (a loaded machine failed such
+    a finished job and the queue ran it again)."""
+    monkeypatch.setenv(stop.RUN_MARK_VARIABLE, "7.0")
+    status, log, calls = _run_batch_body(tmp_path, [stop.finished_line("identity")])
+    assert status == 0, log
+    assert "drape: USR1 came after run 7.0 trained to the end and published its result: the job is done" in log, log
+    assert "requeue" not in calls and "scancel --signal=TERM 7.0" in calls, calls
+
+
+@pytest.mark.parametrize("mark", ["7.1", "-"])
+def test_a_finished_line_of_another_run_is_no_word_for_this_one(tmp_path, monkeypatch, mark):
+    """The line must name this run (``$DRAPE_RUN_MARK``): a requeued job's earlier run, or none, says nothing."""
+    monkeypatch.setenv(stop.RUN_MARK_VARIABLE, mark)
+    status, log, calls = _run_batch_body(tmp_path, [stop.finished_line("identity")])
+    assert status != 0 and "the job is done" not in log, log
+    assert "drape: error: USR1 came " in log and "requeue" not in calls, (log, calls)
+
+
+def test_a_time_limit_warning_mid_run_requeues_on_the_trainer_s_word(tmp_path, monkeypatch):
+    """The branch beside it: a checkpoint of this run published, not finished, so the job is requeued."""
+    monkeypatch.setenv(stop.RUN_MARK_VARIABLE, "7.0")
+    status, log, calls = _run_batch_body(tmp_path, [stop.published_line(12, 0)])
+    assert status != 0 and "the job is done" not in log, log
+    assert "drape: requeueing job 7; its next run resumes from its checkpoint of step 12" in log, log
+    assert "scontrol requeue 7" in calls, calls

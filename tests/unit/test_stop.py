@@ -42,3 +42,18 @@ def test_a_signal_asks_the_trainer_to_stop_and_a_forked_helper_still_ends():
     done = subprocess.run([sys.executable, "-c", SCRIPT], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["ok", "75"] and "SIGUSR1: saving a checkpoint" in done.stderr
+
+
+def test_a_finished_run_says_so_only_where_a_batch_script_marked_it(capsys, monkeypatch):
+    """`say_finished` prints this run's `finished_line` under a run mark (the Slurm batch script reads
+    it after a stop signal); without one, nothing: no one would read it."""
+    from drape.training.loop import stop
+
+    monkeypatch.delenv(stop.RUN_MARK_VARIABLE, raising=False)
+    stop.say_finished("texture")
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv(stop.RUN_MARK_VARIABLE, "41.2")
+    stop.say_finished("texture")
+    assert capsys.readouterr().out == (
+        "drape: finished during run 41.2: stage texture trained to the end, its result is in the store\n"
+    )

@@ -258,6 +258,7 @@ class StageJob:
         context.barrier()
         if context.is_main:
             store.put_bytes(json.dumps(result.to_dict()).encode(), result_key(self.run_id, self.stage))
+            stop.say_finished(self.stage)  # a stop signal from now on meets a finished job
         if leader:
             remove_tree(self.out_dir)
         context.barrier()

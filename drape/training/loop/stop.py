@@ -16,6 +16,13 @@ A job run apart says on stdout when a checkpoint newer than its run's start is i
 (`published_line`, rank 0, checked in the store after every node published): the Slurm batch
 script requeues the job only on that line of this run (``$DRAPE_RUN_MARK``), else it says so and
 fails, so a signal that keeps arriving before the first save never makes a requeue loop.
+
+A signal can also come after the last step, while the job wraps up (its final save, its result
+into the store): the ranks finish, but torchrun, told to stop, exits non-zero all the same. Rank 0
+of such a job says, once its result is whole in the store, that this run trained its stage to the
+end (`finished_line`), and the batch script takes that line of this run as the job's success: it
+neither fails the job nor requeues it (on a loaded machine, a time-limit warning that met the
+wrap-up failed a finished job and the queue ran it again).
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ _owner: list[int] = []  # the pid that installed the handlers; a forked child (a
 
 RUN_MARK_VARIABLE = "DRAPE_RUN_MARK"  # which run of a requeued job this is (the Slurm batch script sets it)
 PUBLISHED_PREFIX = "drape: published during run "
+FINISHED_PREFIX = "drape: finished during run "
 
 
 class StopRequested(Exception):
@@ -60,6 +68,19 @@ def published_line(step: int, started: int) -> str:
     """The line the batch script looks for before a requeue: a checkpoint of `step`, newer than the
     run's start (`started`), is whole in the store."""
     return f"{PUBLISHED_PREFIX}{run_mark() or '-'}: checkpoint of step {step} (this run started at step {started})"
+
+
+def finished_line(stage: str) -> str:
+    """The line the batch script takes as the job's success after a stop signal: this run trained
+    `stage` to the end and its result is whole in the store."""
+    return f"{FINISHED_PREFIX}{run_mark() or '-'}: stage {stage} trained to the end, its result is in the store"
+
+
+def say_finished(stage: str) -> None:
+    """On rank 0 of a job run apart, once its result is whole in the store: `finished_line`, where a
+    batch script marked the run (elsewhere no one reads it)."""
+    if run_mark():
+        print(finished_line(stage), flush=True)
 
 
 def _handler(signum: int, frame) -> None:

@@ -5,7 +5,9 @@ rendezvous at the allocation's first node (``is_host=$((SLURM_NODEID == 0))``), 
 command. `BODY`: the batch shell itself: the rendezvous endpoint and id of this run of the job (a
 requeued run gets the next port), USR1 and TERM trapped and passed to the step as SIGTERM (the
 trainer saves, publishes and exits), and a requeue after USR1 only on the trainer's word, for this
-run, that a checkpoint newer than the run's start is whole in the store.
+run, that a checkpoint newer than the run's start is whole in the store; a stop that came after the
+trainer's last step ends the job as a success on its word that this run's result is in the store
+(drape/training/loop/stop.py).
 """
 
 from __future__ import annotations
@@ -57,7 +59,13 @@ while :; do  # a trapped signal ends `wait` early: wait again until srun is gone
   if wait "$srun_pid"; then status=0; break; else status=$?; fi
   kill -0 "$srun_pid" 2>/dev/null || break
 done
-if [ "$stopping" = USR1 ] && [ "$status" != 0 ]; then
+if [ -n "$stopping" ] && [ "$status" != 0 ] \\
+   && grep -qF "drape: finished during run $DRAPE_RUN_MARK: " "$log" 2>/dev/null; then
+  # the signal met the wrap-up after the last step: torchrun, told to stop, exits non-zero, but this run
+  # trained the stage to the end and its result is whole in the store (the trainer's word): the job is done
+  echo "drape: $stopping came after run $DRAPE_RUN_MARK trained to the end and published its result: the job is done"
+  status=0
+elif [ "$stopping" = USR1 ] && [ "$status" != 0 ]; then
   # requeue only on the trainer's word, for this run, that a checkpoint newer than the run's start is in
   # the store: else the next run would start where this one did and meet the same signal (a requeue loop)
   published=$(grep -F "drape: published during run $DRAPE_RUN_MARK: " "$log" 2>/dev/null | tail -n 1)
