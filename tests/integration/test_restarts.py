@@ -165,9 +165,12 @@ def test_the_relay_refuses_while_down_and_listens_again_on_its_port():
 def test_an_object_store_restart_within_the_budget_is_waited_out_and_nothing_is_lost(relay, caplog):
     bucket, proxy = relay
     store = ObjectStore(
-        f"s3://{bucket}/run", endpoint_url=proxy.url, connect_timeout=1, read_timeout=2, max_wait=20, retry_attempts=1
+        f"s3://{bucket}/run", endpoint_url=proxy.url, connect_timeout=5, read_timeout=5, max_wait=20, retry_attempts=1
     )
     caplog.set_level(logging.WARNING, logger="drape.storage")
+    # timeouts of 5 s: they bound a silent endpoint, which this one never is (refused while down), and a
+    # 1-s connect timeout tripped on the live relay when the suite loaded the 2 cores (a timeout is not
+    # tried again: botocore's attempts are its bound, and here there is one)
     # an outage of 1.5 s from 0.3 s on, met by 40 puts 0.02 s apart (0.8 s and their own time); one
     # botocore attempt a request (`retry_attempts=1`), so drape's wait is what carries them through it
     restart = _restart_for(proxy, 1.5)
@@ -189,7 +192,7 @@ def test_a_response_cut_after_its_headers_is_read_again_and_the_object_verified(
     connection like any other, read again within the budget, never a failed put."""
     bucket, proxy = relay
     store = ObjectStore(
-        f"s3://{bucket}/run", endpoint_url=proxy.url, connect_timeout=1, read_timeout=2, max_wait=20, retry_attempts=1
+        f"s3://{bucket}/run", endpoint_url=proxy.url, connect_timeout=5, read_timeout=5, max_wait=20, retry_attempts=1
     )
     caplog.set_level(logging.WARNING, logger="drape.storage")
     proxy.cut_gets(1)

@@ -337,6 +337,11 @@ def test_a_prefect_server_restart_mid_flow_is_waited_out_and_each_task_runs_once
             stderr=subprocess.STDOUT,
         )
         wait_until(lambda: "2\n" in _read(marks / "steps"), 120, "the flow's second task to start")
+        # the server holds the events it received in memory until its services record them: a crash
+        # loses those it had not (the first task's, on a loaded machine), and the flow has no reason to
+        # send them again. So the crash comes once the first task is recorded; what the flow sends
+        # from then on must reach the restarted server
+        wait_until(lambda: _completed_tasks(stack.api_url, 1), 60, "the server to record the first task as completed")
         os.killpg(stack.processes["server"].pid, signal.SIGKILL)  # a crash: the flow's task is mid-run
         stack.processes["server"].wait(timeout=10)
         (marks / "go").touch()  # the task ends while the server is down: its state waits for the server
@@ -348,14 +353,19 @@ def test_a_prefect_server_restart_mid_flow_is_waited_out_and_each_task_runs_once
         flows = prefect_api(stack.api_url, "/flow_runs/filter", {"flow_runs": {"name": {"like_": ""}}})
         assert [flow["state_type"] for flow in flows] == ["COMPLETED"]  # one flow run, completed
 
-        def completed_tasks() -> list:  # the server records task runs from the events the flow sent, a little later
-            tasks = prefect_api(stack.api_url, "/task_runs/filter", {})
-            return tasks if [task["state_type"] for task in tasks].count("COMPLETED") >= 4 else []
-
-        tasks = wait_until(completed_tasks, 60, "the four task runs recorded as completed")
+        # the server records task runs from the events the flow sent, a little later
+        tasks = wait_until(lambda: _completed_tasks(stack.api_url, 4), 60, "the four task runs recorded as completed")
         assert len(tasks) == 4 and all(task["name"].startswith("step-") for task in tasks)  # none ran twice
     finally:
         os.killpg(stack.processes["server"].pid, signal.SIGKILL)
+
+
+def _completed_tasks(api_url: str, count: int) -> list:
+    """The task runs the Prefect server at `api_url` records, once `count` of them are completed; else []."""
+    from tests.conftest import prefect_api
+
+    tasks = prefect_api(api_url, "/task_runs/filter", {})
+    return tasks if [task["state_type"] for task in tasks].count("COMPLETED") >= count else []
 
 
 def _read(path: Path) -> str:
