@@ -11,6 +11,7 @@ from drape import JOB_KINDS, STAGES, JobKind
 from drape.cli.common import ConfigOption, Typer, console, fail, finite, load
 from drape.cli.render import table_of
 from drape.secrets import redact
+from scheduler.policy.state import MAX_PRIORITY
 
 app = Typer(help="The GPU queue: submit, list, cancel, dispatch, profile, simulate, trace.", no_args_is_help=True)
 
@@ -22,7 +23,7 @@ def queue_submit(
     mem_gib: float = typer.Option(..., help="peak GPU memory per GPU (GiB)"),
     duration: float = typer.Option(3600.0, help="expected run time (s)"),
     gpus: int = typer.Option(1, help="GPUs (more than one: whole GPUs on one node)"),
-    priority: int = typer.Option(3, help="higher runs first; waiting raises it (aging)"),
+    priority: int = typer.Option(3, min=-MAX_PRIORITY, max=MAX_PRIORITY, help="higher runs first; waiting raises it (aging)"),
     stage: str | None = typer.Option(None, help="the pipeline stage it trains, if any (its memory history is kept per stage)"),
     gpu_model: list[str] = typer.Option([], help="a GPU model it may run on, a part of its name (repeat; default: any)"),
     exclusive: bool = typer.Option(False, help="run alone on its GPU: never co-located, never preempted"),

@@ -26,9 +26,9 @@ from scheduler.dispatch.live import LivePlanner
 from scheduler.dispatch.silence import DispatcherWatch
 from scheduler.dispatch.watchdog import Watchdog
 from scheduler.engines import build_launcher, claimed_view, spans_nodes
-from scheduler.policy import STARVED_AFTER_S, JobRequest, allowed
+from scheduler.policy import STARVED_AFTER_S, JobRequest
 from scheduler.policy.baselines import SPANS_ITSELF, get_policy
-from scheduler.policy.gangs import fits_across_nodes, spanning
+from scheduler.policy.gangs import never_fits, spanning, unplaceable
 from scheduler.queue.outage import DatabaseWatch, patiently, submit_patiently
 from scheduler.queue.store import JobSpec, JobStore, QueueError
 
@@ -46,36 +46,11 @@ class CycleReport:
     note: str = ""
 
 
-def unplaceable(gpus: int, mem_gib: float, fleet: list, *, across_nodes: bool = False) -> str | None:
-    """Why no node of `fleet` can ever hold a job of `gpus` × `mem_gib` (even empty), or None;
-    `across_nodes` (an engine that spans nodes): whole nodes together may hold it."""
-    if across_nodes and fits_across_nodes(JobRequest("-", 0, 0.0, gpus, mem_gib, 0.0), fleet):
-        return None
-    fits: dict[str, int] = {}
-    for gpu in fleet:
-        if gpu.total_gib >= mem_gib:
-            fits[gpu.node] = fits.get(gpu.node, 0) + 1
-    if max(fits.values(), default=0) >= gpus:
-        return None
-    largest = max(fleet, key=lambda g: g.total_gib)
-    per_node: dict[str, int] = {}
-    for gpu in fleet:
-        per_node[gpu.node] = per_node.get(gpu.node, 0) + 1
-    return (
-        f"no node of the fleet can hold it: it needs {gpus} GPU(s) with {mem_gib:.1f} GiB each on one node; "
-        f"the largest GPU has {largest.total_gib:.1f} GiB, the largest node {max(per_node.values())} GPU(s), and "
-        f"{max(fits.values(), default=0)} GPU(s) on one node are large enough. Lower the job's memory "
-        "(batch size, gpus) or add such nodes"
-    )
-
-
 def refusal(job: JobRequest, fleet: list, config) -> str | None:
     """Why no node of `fleet` can ever hold `job` (its GPU count, memory per GPU and the models it
-    allows), or None: what submit refuses at once and the dispatcher fails a waiting job with."""
-    allowed_gpus = [gpu for gpu in fleet if allowed(job, gpu.model)]
-    if not allowed_gpus:
-        return f"no GPU of the fleet is one of the models it allows ({', '.join(job.models)})"
-    return unplaceable(job.gpus, job.mem_gib, allowed_gpus, across_nodes=spans_nodes(config))
+    allows), or None: what submit refuses at once and the dispatcher fails a waiting job with
+    (`never_fits`, on the engine's rule for gangs across nodes)."""
+    return never_fits(job, fleet, span=spans_nodes(config))
 
 
 def queue_dir(config) -> Path:

@@ -63,6 +63,39 @@ def fits_across_nodes(job: JobRequest, gpus: list[GpuState]) -> bool:
     return any(even_split(job.gpus, free, most) is not None for free in by_kind.values())
 
 
+def unplaceable(gpus: int, mem_gib: float, fleet: list[GpuState], *, across_nodes: bool = False) -> str | None:
+    """Why no node of `fleet` can ever hold a job of `gpus` × `mem_gib` (even empty), or None;
+    `across_nodes` (an engine that spans nodes): whole nodes together may hold it."""
+    if across_nodes and fits_across_nodes(JobRequest("-", 0, 0.0, gpus, mem_gib, 0.0), fleet):
+        return None
+    fits: dict[str, int] = {}
+    for gpu in fleet:
+        if gpu.total_gib >= mem_gib:
+            fits[gpu.node] = fits.get(gpu.node, 0) + 1
+    if max(fits.values(), default=0) >= gpus:
+        return None
+    largest = max(fleet, key=lambda g: g.total_gib)
+    per_node: dict[str, int] = {}
+    for gpu in fleet:
+        per_node[gpu.node] = per_node.get(gpu.node, 0) + 1
+    return (
+        f"no node of the fleet can hold it: it needs {gpus} GPU(s) with {mem_gib:.1f} GiB each on one node; "
+        f"the largest GPU has {largest.total_gib:.1f} GiB, the largest node {max(per_node.values())} GPU(s), and "
+        f"{max(fits.values(), default=0)} GPU(s) on one node are large enough. Lower the job's memory "
+        "(batch size, gpus) or add such nodes"
+    )
+
+
+def never_fits(job: JobRequest, fleet: list[GpuState], span: bool) -> str | None:
+    """Why `fleet`, even empty, can never hold `job` (its GPU count, memory per GPU and the models it
+    allows; `span`: an engine that starts a gang across nodes), or None. The dispatcher's refusal and
+    the simulator's check of a trace before it replays one (`scheduler/sim/model.py: check_fits`)."""
+    allowed_gpus = [gpu for gpu in fleet if allowed(job, gpu.model)]
+    if not allowed_gpus:
+        return f"no GPU of the fleet is one of the models it allows ({', '.join(job.models)})"
+    return unplaceable(job.gpus, job.mem_gib, allowed_gpus, across_nodes=span)
+
+
 def _holds(job: JobRequest, node: list[GpuState]) -> bool:
     return all(allowed(job, gpu.model) and gpu.total_gib >= job.mem_gib for gpu in node)
 

@@ -10,6 +10,7 @@ STARVED_AFTER_S = 3600.0  # a job waiting longer than this is starved (metrics, 
 COLOCATION_WINDOW = 32  # co-location weighs this many of the tightest memory fits
 CHECKPOINT_EVERY_S = 600.0  # a job that declares no cadence is taken to checkpoint every 10 min of progress
 MAX_GANG_WAIT_S = 7 * 24 * 3600.0  # the longest bound on a gang job's wait that makes sense (a week)
+MAX_PRIORITY = 1_000_000  # a job's priority, either way (the queue's column is a 32-bit integer)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
+from scheduler.policy.state import MAX_PRIORITY
 from scheduler.queue.claims import locked_ledger, shared_since, versions_of
 from scheduler.queue.leases import LeaseMixin
 from scheduler.queue.once import live_twin
@@ -93,6 +94,8 @@ class JobStore(LeaseMixin):
             raise QueueError(f"job needs gpus >= 1 and a finite mem_gib > 0, got {spec.gpus} and {spec.mem_gib}")
         if not math.isfinite(spec.duration_s) or spec.duration_s < 0:
             raise QueueError(f"job duration_s must be a finite number >= 0, got {spec.duration_s}")
+        if not isinstance(spec.priority, int) or abs(spec.priority) > MAX_PRIORITY:
+            raise QueueError(f"job priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}], got {spec.priority!r}")
         job_id = spec.id or f"{spec.kind}-{uuid.uuid4().hex[:10]}"
         with self.engine.begin() as connection:  # a run's stage job already live: its id, nothing inserted (once.py)
             if (twin := live_twin(connection, spec.kind, spec.stage, spec.labels, self.is_sqlite)) is not None:

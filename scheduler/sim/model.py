@@ -31,11 +31,14 @@ apart from first waits.
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, RunningJob, allowed, allows
+from scheduler.policy.gangs import never_fits
 from scheduler.policy.state import requeued_waited
 from scheduler.sim.traces import TraceError, TraceJob
 
@@ -166,13 +169,45 @@ def waits_by_class(waits: list[tuple[str, float]]) -> dict[str, dict[str, float]
     return found
 
 
-def check_fits(trace: list[TraceJob], fleet: list[GpuState]) -> None:
-    biggest = max(g.total_gib for g in fleet)
+def check_fits(trace: list[TraceJob], fleet: list[GpuState], span: bool = False) -> None:
+    """A TraceError naming the first job (by submit) that `fleet`, even empty, could never run, and
+    why (`never_fits`: its GPUs, memory and models; `span`: the engine starts gangs across nodes), with
+    how many more cannot for the same reason, before a replay that would otherwise wait on it forever."""
+    sizes = sorted({gpu.total_gib for gpu in fleet})
+    seen: dict[tuple, bool] = {}  # whether a job fits depends on its memory only through the GPU sizes that hold it
+
+    def shape(job: TraceJob) -> tuple:
+        return job.gpus, job.models, bisect.bisect_left(sizes, job.peak_mem_gib)
+
     for job in trace:
-        if job.peak_mem_gib > biggest or job.gpus > len(fleet):
-            raise TraceError(
-                f"job {job.job_id} needs {job.gpus}×{job.peak_mem_gib} GiB; the fleet's largest GPU has {biggest} GiB"
-            )
+        if (key := shape(job)) not in seen:
+            seen[key] = never_fits(request_of(job), fleet, span) is None
+        if seen[key]:
+            continue
+        reason = never_fits(request_of(job), fleet, span)
+        alike = sum(1 for other in trace if shape(other) == key) - 1
+        models = f", models {'|'.join(job.models)}" if job.models else ""
+        hint = (
+            ". It could run as a gang across nodes, where the engine starts one (Slurm: --config with queue.launcher slurm)"
+            if not span and never_fits(request_of(job), fleet, True) is None
+            else ""
+        )
+        more = f" (and {alike} more like it)" if alike else ""
+        raise TraceError(
+            f"job {job.job_id!r} ({job.gpus} GPU(s) × {job.peak_mem_gib:g} GiB{models}){more} can never run on this "
+            f"fleet: {reason}{hint}"
+        )
+
+
+def never_placed(policy: str, pending: Iterable[JobRequest]) -> TraceError:
+    """The error of a replay whose waiting jobs `policy` will never place (nothing left to run or
+    arrive), naming the first submitted of them: each fits the empty fleet (`check_fits`), so what
+    holds them is the policy's rule."""
+    waiting = sorted(pending, key=lambda request: (request.submit_s, request.id))
+    return TraceError(
+        f"policy {policy} can never place {len(waiting)} waiting job(s) on this fleet, though each fits it empty; "
+        f"the first submitted: {[request.id for request in waiting[:3]]}"
+    )
 
 
 def release_job(record: dict, gpus: dict[str, GpuState]) -> None:

@@ -15,6 +15,7 @@ from scheduler.sim.model import (
     SimResult,
     Tally,
     check_fits,
+    never_placed,
     ongoing_jobs,
     pace,
     preempt_job,
@@ -23,7 +24,7 @@ from scheduler.sim.model import (
     sim_result,
     start_job,
 )
-from scheduler.sim.traces import TraceError, TraceJob
+from scheduler.sim.traces import TraceJob
 
 
 def _wake(pending: dict[str, JobRequest], gpus: int, clock: float, config: PolicyConfig) -> float:
@@ -84,7 +85,7 @@ def simulate(
     plan = get_policy(policy)
     if config.span_nodes and policy not in SPANS_ITSELF:  # a baseline on an engine that spans nodes: whole nodes
         plan = spanning(plan)
-    check_fits(trace, fleet)
+    check_fits(trace, fleet, config.span_nodes)
     gpus = {g.uuid: GpuState(g.uuid, g.node, g.model, g.total_gib, solo=g.solo) for g in fleet}
     by_id = {j.job_id: j for j in trace}
     pending: dict[str, JobRequest] = {}
@@ -99,7 +100,7 @@ def simulate(
         wake = _wake(pending, len(gpus), clock, config) if policy == "drape" else float("inf")
         upcoming = min(next_finish, wake, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):
-            raise TraceError(f"policy {policy} can never place {sorted(pending)[:3]} on this fleet")
+            raise never_placed(policy, pending.values())
         elapsed = upcoming - clock
         busy += elapsed * sum(1 for g in gpus.values() if g.jobs)
         allocated += elapsed * sum(g.allocated_gib for g in gpus.values())

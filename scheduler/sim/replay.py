@@ -27,8 +27,7 @@ from sortedcontainers import SortedList
 
 from scheduler.policy.planner import Planner
 from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, bound_start, queued_at
-from scheduler.sim.model import Tally, check_fits, pace, request_of, requeued, sim_result
-from scheduler.sim.traces import TraceError
+from scheduler.sim.model import Tally, check_fits, never_placed, pace, request_of, requeued, sim_result
 
 Record = list[tuple[float, str, tuple[str, ...], tuple[str, ...]]]  # (time, job, GPUs, evicted jobs)
 
@@ -163,7 +162,7 @@ def replay(
     """Replay `trace` on `fleet` under the drape policy (`plan`: a stateless policy function in the
     planner's place, to compare with; `watch(planner, now)`: called before each event's planning,
     to look at the state); a `SimResult` as `simulate` returns."""
-    check_fits(trace, fleet)
+    check_fits(trace, fleet, config.span_nodes)
     state = _Replay(fleet, config, {j.job_id: j.measured == "shared" for j in trace})
     planner, by_id, tally = state.planner, {j.job_id: j for j in trace}, Tally()
     clock, arrival, busy, allocated = trace[0].submit_s if trace else 0.0, 0, 0.0, 0.0
@@ -174,7 +173,7 @@ def replay(
             state.next_finish(), state.next_wake(clock), trace[arrival].submit_s if arrival < len(trace) else float("inf")
         )
         if upcoming == float("inf"):
-            raise TraceError(f"policy drape can never place {sorted(planner.pending)[:3]} on this fleet")
+            raise never_placed("drape", planner.pending.values())
         busy += (upcoming - clock) * state.busy_gpus
         allocated += (upcoming - clock) * state.allocated_gib
         clock = upcoming

@@ -68,6 +68,22 @@ def test_a_job_declares_at_submit_whether_it_may_be_stopped(config_path):
     assert refused.exit_code == 2 and "checkpoint_every_s" in refused.output
 
 
+@pytest.mark.parametrize("priority", ["1000001", "-1000001", "99999999999"])
+def test_a_priority_no_queue_row_holds_is_refused_naming_the_bound(config_path, priority, tmp_path):
+    """The queue's priority column is a 32-bit integer on PostgreSQL: a priority out of bounds is
+    refused with the bound (the flag, and the store for any other caller), not at the insert with
+    the database's error; a negative one within it is a priority, not a size."""
+    args = ["queue", "submit", "--kind", "finetune", "--mem-gib", "10", f"--priority={priority}", "--config", str(config_path)]
+    refused = CliRunner().invoke(app, [*args, "--", "true"], env={"COLUMNS": "300"})
+    said = " ".join(refused.output.split())
+    bound = "greater than or equal to -1000000" if priority.startswith("-") else "less than or equal to 1000000"
+    assert refused.exit_code == 2 and "--priority" in said and bound in said, said
+    with pytest.raises(QueueError, match=r"priority must be an integer in \[-1000000, 1000000\]"):
+        JobStore(f"sqlite:///{tmp_path}/q.db").submit(JobSpec("finetune", ["true"], 10.0, 60.0, priority=int(priority)))
+    assert _submit(config_path, "--mem-gib", "10", "--priority=1000000").exit_code == 0
+    assert _submit(config_path, "--mem-gib", "10", "--priority=-5").exit_code == 0
+
+
 # --- memory that is not a number; jobs no node can hold, or that wait past the placement timeout ---
 @pytest.mark.parametrize("mem", [math.nan, math.inf, -1.0, 0.0])
 def test_queue_refuses_memory_that_is_not_a_finite_positive_number(tmp_path, mem):

@@ -8,7 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from drape.cli import app
-from scheduler.policy import GpuState
+from scheduler.policy import GpuState, JobRequest, PolicyConfig
 from scheduler.queue.inventory import load_fleet
 from scheduler.sim import TraceError, TraceJob, load_trace, offered_load_bound, simulate
 from scheduler.sim.model import shortest_makespan
@@ -83,13 +83,55 @@ def test_bad_trace_and_impossible_jobs_are_named(tmp_path):
     (tmp_path / "fleet.yaml").write_text(FLEET)
     bad = tmp_path / "bad.csv"
     bad.write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\nx,0,ten,10,1,3,gate-eval\n")
-    with pytest.raises(TraceError, match=r"bad.csv:2: could not convert"):
+    with pytest.raises(TraceError, match=r"bad.csv:2: duration_s must be a number, got 'ten'"):
         load_trace(bad)
     with pytest.raises(TraceError, match="missing columns"):
         (tmp_path / "cols.csv").write_text("job_id,submit_s\n")
         load_trace(tmp_path / "cols.csv")
     with pytest.raises(TraceError, match="largest GPU has 80"):
         simulate([TraceJob("huge", 0, 10, 120, 1, 3, "finetune")], load_fleet(tmp_path / "fleet.yaml"))
+
+
+@pytest.mark.parametrize("policy", ["drape", "fifo-exclusive"])
+def test_a_job_the_empty_fleet_could_never_run_is_named_with_why_before_the_replay(policy):
+    """The job named is the one that cannot run, with its reason (the dispatcher's refusal: GPUs on
+    one node, memory, models), not the first waiting jobs by name; a gang wider than every node is
+    refused with the hint that an engine starting gangs across nodes could run it, and runs there."""
+    fleet = [GpuState(f"n{n}/gpu{i}", f"n{n}", "H100", 80.0) for n in range(2) for i in range(8)]
+    fleet += [GpuState(f"l/gpu{i}", "l", "L40S", 48.0) for i in range(4)]
+    service = [TraceJob(f"a-service-{i}", i, 7200, 20, 1, 3, "service") for i in range(3)]
+    pinned = TraceJob("z-pinned", 5, 600, 10, 1, 3, "gate-eval", ("B200",))
+    with pytest.raises(
+        TraceError,
+        match=r"^job 'z-pinned' \(1 GPU\(s\) × 10 GiB, models B200\) can never run on this fleet: "
+        r"no GPU of the fleet is one of the models it allows \(B200\)$",
+    ):
+        simulate([*service, pinned], fleet, policy)
+    wide = [TraceJob(f"z-wide-{i}", 10 + i, 3600, 70, 16, 5, "stage-training") for i in range(3)]
+    with pytest.raises(
+        TraceError,
+        match=r"^job 'z-wide-0' \(16 GPU\(s\) × 70 GiB\) \(and 2 more like it\) can never run "
+        r"on this fleet: no node of the fleet can hold it: .* the largest node 8 GPU\(s\).* It could run as a gang "
+        r"across nodes, where the engine starts one \(Slurm: --config with queue.launcher slurm\)$",
+    ):
+        simulate([*service, *wide], fleet, policy)
+    spanned = simulate([*service, *wide], fleet, policy, PolicyConfig(span_nodes=True))
+    assert spanned.class_waits["9-16"]["jobs"] == 3
+    too_wide = TraceJob("z-wider", 10, 3600, 70, 24, 5, "stage-training")  # 16 H100 and 4 L40S: no 24 of one model
+    with pytest.raises(TraceError, match=r"^job 'z-wider' .* the largest node 8 GPU\(s\).* add such nodes$"):
+        simulate([*service, too_wide], fleet, policy, PolicyConfig(span_nodes=True))
+
+
+def test_jobs_a_policy_leaves_waiting_forever_are_named_first_submitted_first():
+    from scheduler.sim.model import never_placed
+
+    pending = [
+        JobRequest(name, 3, submit, 1, 10.0, 60.0) for name, submit in (("a", 50.0), ("z", 10.0), ("m", 30.0), ("b", 40.0))
+    ]
+    assert str(never_placed("fifo-exclusive", pending)) == (
+        "policy fifo-exclusive can never place 4 waiting job(s) on this fleet, though each fits it empty; "
+        "the first submitted: ['z', 'm', 'b']"
+    )
 
 
 def test_cli_simulate_prints_both_policies(tmp_path):
@@ -208,7 +250,9 @@ def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
     (tmp_path / "patient.yaml").write_text(yaml.safe_dump({"extends": str(demo), "queue": {**slurm, "gang_max_wait_seconds": 0}}))
     args = ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy", "drape"]
     plain = CliRunner().invoke(app, args)
-    assert plain.exit_code == 2 and "can never place ['wide']" in plain.output
+    assert plain.exit_code == 2 and "job 'wide' (16 GPU(s) × 70 GiB) can never run on this fleet" in " ".join(
+        plain.output.split()
+    )
     bounded = CliRunner().invoke(app, [*args, "--config", str(tmp_path / "slurm.yaml")])
     patient = CliRunner().invoke(app, [*args, "--config", str(tmp_path / "patient.yaml")])
     assert bounded.exit_code == 0 and patient.exit_code == 0, bounded.output + patient.output

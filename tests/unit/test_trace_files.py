@@ -107,9 +107,25 @@ def test_a_fleet_that_is_not_yaml_is_named(tmp_path):
         ("j1,0,60,20,100000,1,finetune\n", "gpus must be at most 1024"),
         ("j1,0,60,1e6,1,1,finetune\n", "peak_mem_gib at most 4096"),
         ('"j1\x1b[2J",0,60,20,1,1,finetune\n', "may not hold control characters"),
-        ("j1,0,60\n", "float.. argument must be"),
+        ("j1,0,60\n", r"peak_mem_gib is missing \(a short row\)"),
+        ("j1,0,60,20,1.5,1,finetune\n", "gpus must be an integer, got '1.5'"),
+        ("j1,0,60,20,1,1e400,finetune\n", "priority must be an integer, got '1e400'"),
+        ("j1,0,60,20,1,2000000,finetune\n", r"priority must be in \[-1000000, 1000000\], got 2000000"),
     ],
-    ids=["nan duration", "inf submit", "nan share", "negative submit", "a century", "gpus", "memory", "escape", "short row"],
+    ids=[
+        "nan duration",
+        "inf submit",
+        "nan share",
+        "negative submit",
+        "a century",
+        "gpus",
+        "memory",
+        "escape",
+        "short row",
+        "half a GPU",
+        "priority not an integer",
+        "priority out of bounds",
+    ],
 )
 def test_a_trace_row_with_absurd_or_missing_values_is_refused_naming_its_line(tmp_path, row, match):
     path = tmp_path / "trace.csv"
@@ -118,6 +134,36 @@ def test_a_trace_row_with_absurd_or_missing_values_is_refused_naming_its_line(tm
     with pytest.raises(TraceError, match=match) as error:
         load_trace(path)
     assert str(error.value).startswith(f"{path}:3: "), error.value
+
+
+@pytest.mark.parametrize(
+    ("rows", "match"),
+    [
+        (
+            "j1,0,60,20,1,1,finetune\nj2,5,60,20,1,1,finetune\nj1,9,60,20,1,1,finetune\n",
+            r":4: job_id 'j1' is already the job of line 2",
+        ),
+        ("", r"no jobs, only a header"),
+        ("j1,0,60,20,1,1,finetune,H100,alone\n", r":2: 2 more field\(s\) than the header's 7"),
+    ],
+    ids=["a job id twice", "a header alone", "fields past the header"],
+)
+def test_a_trace_whose_rows_cannot_be_one_week_is_refused(tmp_path, rows, match):
+    """Two jobs of one id would be one job to the policy (the replay's ledger is by id), a header
+    alone would print a table of zeros, and fields past the header would be dropped unread."""
+    path = tmp_path / "trace.csv"
+    path.write_text(TRACE + rows)
+    with pytest.raises(TraceError, match=match):
+        load_trace(path)
+
+
+def test_a_trace_saved_by_a_spreadsheet_reads_as_written(tmp_path):
+    """A byte-order mark before the header and CRLF line ends (a spreadsheet's CSV export) read as
+    the same trace, not as a missing job_id column."""
+    plain, exported = tmp_path / "plain.csv", tmp_path / "exported.csv"
+    plain.write_text(TRACE + GOOD_ROW + "j2,30,90,40,2,4,train\n")
+    exported.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes().replace(b"\n", b"\r\n"))
+    assert load_trace(exported) == load_trace(plain) and len(load_trace(plain)) == 2
 
 
 @pytest.mark.parametrize(
