@@ -38,8 +38,8 @@ class CostConfig(StrictModel):
     gpu_prices: dict[str, GpuPrice] = Field(
         default_factory=lambda: {"H100": GpuPrice(on_demand=2.49, reserved=1.89, burst=2.69)},
         description=(
-            "per GPU model, matched case-insensitively as a part of the model's name (the longest key wins): 'H100' "
-            "prices 'NVIDIA H100 80GB HBM3'; the local CPU slot's model is 'cpu'"
+            "per GPU model, matched case-insensitively as a part of the model's name that cuts no number (the "
+            "longest key wins): 'H100' prices 'NVIDIA H100 80GB HBM3', 'A10' not an A100; the local CPU slot's model is 'cpu'"
         ),
     )
     put_per_1000: float = Field(default=0.005, ge=0, description="object-store PUT, COPY, POST, LIST requests, per 1,000")

@@ -15,6 +15,7 @@ handed in as plain `Attempt`s: drape/ never imports the queue.
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,8 +30,10 @@ class CostError(ValueError):
 
 
 def gpu_rate(cost: CostConfig, model: str, plan: str) -> float:
-    """USD per GPU-hour of `model` under `plan`: the longest `cost.gpu_prices` key found in its name."""
-    matches = [key for key in cost.gpu_prices if key.lower() in model.lower()]
+    """USD per GPU-hour of `model` under `plan`: the longest `cost.gpu_prices` key that is a part of
+    its name, in any case, with no digit either side (the rule a job's GPU models follow,
+    `scheduler.policy.state.names_model`): "A10" prices an A10G, not an A100."""
+    matches = [key for key in cost.gpu_prices if re.search(rf"(?<![0-9]){re.escape(key)}(?![0-9])", model, re.IGNORECASE)]
     if not matches:
         raise CostError(
             f"GPU model {model!r} has no price: add it to cost.gpu_prices, keyed by a part of its name "

@@ -103,9 +103,26 @@ class JobRequest:
     waited_s: float = 0.0
 
 
+def names_model(part: str, model: str) -> bool:
+    """Whether `part` names the GPU model `model`: a part of its name, in any case, that does not cut
+    a number in two. "H100" names "NVIDIA-H100-80GB-HBM3", "A100" "A100-SXM4-80GB" and "A10" an A10G,
+    but "A10" does not name an A100, nor "L4" an L40S: models a site runs side by side, a price
+    apart, that plain substrings confused."""
+    part, model = part.lower(), model.lower()
+    at = model.find(part)
+    while at >= 0 and part:
+        end = at + len(part)
+        cuts_before = part[0].isdigit() and at > 0 and model[at - 1].isdigit()
+        cuts_after = part[-1].isdigit() and end < len(model) and model[end].isdigit()
+        if not (cuts_before or cuts_after):
+            return True
+        at = model.find(part, at + 1)
+    return False
+
+
 def allows(models: tuple[str, ...], model: str) -> bool:
-    """Whether a job naming `models` may run on a GPU of `model`: none named, or one is a part of it."""
-    return not models or any(pattern.lower() in model.lower() for pattern in models)
+    """Whether a job naming `models` may run on a GPU of `model`: none named, or one names it (`names_model`)."""
+    return not models or any(names_model(part, model) for part in models)
 
 
 def allowed(job: JobRequest, model: str) -> bool:

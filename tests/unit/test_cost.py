@@ -106,6 +106,10 @@ def test_gpu_prices_match_a_part_of_the_model_name_and_an_unpriced_model_is_name
     assert gpu_rate(cost, "NVIDIA H100 NVL", "burst") == 4  # the longest key wins
     with pytest.raises(CostError, match=r"'NVIDIA A100-SXM4-40GB' has no price: add it to cost.gpu_prices"):
         gpu_rate(cost, "NVIDIA A100-SXM4-40GB", "reserved")
+    a10 = CostConfig(gpu_prices={"A10": GpuPrice(on_demand=1.0, reserved=0.8, burst=1.2)})
+    assert gpu_rate(a10, "NVIDIA A10G", "on-demand") == 1.0
+    with pytest.raises(CostError, match=r"'NVIDIA A100-SXM4-80GB' has no price"):  # not an A10's price: a part that cuts 100
+        gpu_rate(a10, "NVIDIA A100-SXM4-80GB", "on-demand")
 
 
 def test_idle_fleet_hours_are_the_window_less_the_union_of_claims():

@@ -113,6 +113,9 @@ def test_a_memory_profile_gets_the_smallest_flavor_that_holds_it():
     assert flavor_for(30, flavors).name == "h100-80gb-mig-3g-40gb"
     assert flavor_for(44, flavors).name == "l40s-48gb"
     assert flavor_for(44, flavors, models=("H100",)).name == "h100-80gb"  # the job names the models it may run on
+    assert flavor_for(44, flavors, models=("h100",)).name == "h100-80gb"  # in any case, as the policy reads it
+    with pytest.raises(KueueError, match="none of the models it names"):
+        flavor_for(10, flavors, models=("L4",))  # an L40S is not an L4
     with pytest.raises(KueueError, match=r"a job of 96 GiB per GPU fits no flavor of the fleet: .*H100-80GB \(80 GiB\)"):
         flavor_for(96, flavors)
 

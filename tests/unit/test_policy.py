@@ -113,6 +113,41 @@ def test_a_job_runs_only_on_the_gpu_models_it_allows():
     assert kueue.gpus[0].startswith("h")
 
 
+@pytest.mark.parametrize(
+    ("part", "model", "named"),
+    [
+        ("H100", "NVIDIA-H100-80GB-HBM3", True),  # a Kubernetes product label
+        ("h100", "NVIDIA H100 80GB HBM3", True),  # nvidia-smi's name, any case
+        ("H100-80GB", "NVIDIA-H100-80GB-HBM3", True),
+        ("A100", "NVIDIA A100-SXM4-80GB", True),
+        ("A10", "NVIDIA A10G", True),  # AWS's A10 is an A10
+        ("V100", "V100M32", True),  # Alibaba's trace names its V100s by memory
+        ("A10", "NVIDIA A100-SXM4-80GB", False),  # a substring, but another GPU and price
+        ("L4", "NVIDIA L40S", False),
+        ("L40", "NVIDIA L40S", True),
+        ("00", "H100", False),
+    ],
+)
+def test_a_gpu_model_is_named_by_a_part_of_its_name_that_cuts_no_number(part, model, named):
+    from scheduler.policy.state import names_model
+
+    assert names_model(part, model) is named
+
+
+def test_a_job_pinned_to_a10_never_lands_on_an_a100_whose_name_holds_it():
+    """A site with A10s beside A100s: a job naming "A10" waits for an A10 rather than taking an idle
+    A100 (the substring match took it: the dearest GPU for the cheapest job), and the baselines agree."""
+    from scheduler.policy.baselines import plan_kueue_like
+
+    gpus = [GpuState(f"a/gpu{i}", "a", "NVIDIA A100-SXM4-80GB", 80.0) for i in range(2)]
+    gpus += [GpuState("g/gpu0", "g", "NVIDIA A10G", 24.0, jobs=1, allocated_gib=20.0, shares=1.0)]
+    pinned = JobRequest("cheap", 3, 0.0, 1, 20.0, 600.0, ("A10",))
+    assert plan_drape([pinned], gpus, [], now=0) == [] and plan_kueue_like([pinned], gpus, [], now=0) == []
+    gpus[2].jobs, gpus[2].allocated_gib, gpus[2].shares = 0, 0.0, 0.0
+    (placement,) = plan_drape([pinned], gpus, [], now=0)
+    assert placement.gpus == ("g/gpu0",)
+
+
 def _occupied(per_node=4, nodes=2):
     """Two H100 nodes of four GPUs, each holding one long single-GPU job on its first GPU."""
     gpus = fleet(h100=per_node * nodes, l40s=0, per_node=per_node)

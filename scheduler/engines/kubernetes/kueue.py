@@ -28,7 +28,7 @@ from typing import Any
 import jsonschema
 
 from drape.config import names
-from scheduler.policy import GpuState
+from scheduler.policy import GpuState, allows
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 QUEUE_NAME_LABEL = "kueue.x-k8s.io/queue-name"
@@ -89,9 +89,9 @@ def flavors_from_fleet(gpus: list[GpuState], product_label: str, products: dict[
 
 
 def flavor_for(mem_gib: float, flavors: list[Flavor], models: tuple[str, ...] = ()) -> Flavor:
-    """The smallest flavor whose GPU memory holds `mem_gib` (among `models`, parts of a model's name,
-    where the job names any); KueueError with why when none does."""
-    allowed = [f for f in flavors if not models or any(part in f.model for part in models)]
+    """The smallest flavor whose GPU memory holds `mem_gib` (among the models `models` names, as the
+    policy reads them: `allows`); KueueError with why when none does."""
+    allowed = [f for f in flavors if allows(models, f.model)]
     for flavor in allowed:  # smallest first
         if flavor.memory_gib >= mem_gib:
             return flavor
