@@ -233,6 +233,7 @@ def queue_simulate(
     from scheduler.policy.baselines import POLICIES
     from scheduler.queue.inventory import FleetFileError, load_fleet
     from scheduler.sim import TraceError, load_trace, simulate
+    from scheduler.sim.model import check_fits
     from scheduler.sim.tables import render
 
     names = [p for p in policy.split(",") if p]
@@ -246,10 +247,19 @@ def queue_simulate(
             cfg = load(config)
             settings = policy_config(cfg)
             mark_solo(gpus, cfg)
-        results = [simulate(jobs, gpus, name, settings) for name in names]
+        check_fits(jobs, gpus, settings.span_nodes)  # the trace's own faults, the same for every policy
     except (TraceError, FleetFileError) as error:
         fail(str(error))
-    print(render(results))
+    results, stuck = [], []
+    for name in names:  # a policy that leaves jobs waiting forever does not hide the others' results
+        try:
+            results.append(simulate(jobs, gpus, name, settings))
+        except TraceError as error:
+            stuck.append(str(error))
+    if results:
+        print(render(results))
+    if stuck:
+        fail("\n".join(stuck))
 
 
 @app.command("sbatch")

@@ -270,6 +270,28 @@ def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
     assert "(1 jobs)" in patient_wait and "30.0 / 30.0" not in patient_wait
 
 
+def test_cli_simulate_shows_the_policies_that_ran_when_one_leaves_a_job_waiting_forever(tmp_path):
+    """On Slurm a 12-GPU gang on 8-GPU nodes runs as 2 nodes x 6 (drape's even split); the FIFO
+    baseline gives gangs whole nodes only, so it never starts it: its failure is named (exit 2)
+    after drape's table, not instead of it."""
+    demo = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    (tmp_path / "fleet.yaml").write_text(
+        "groups:\n  - {model: H100, memory_gib: 80, nodes: 2, gpus_per_node: 8, node_prefix: n}\n"
+    )
+    rows = ["s0,0,600,30,1,3,service", "gang,10,3600,70,12,5,stage-training", "s1,20,600,30,1,3,service"]
+    (tmp_path / "t.csv").write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n" + "\n".join(rows) + "\n")
+    (tmp_path / "slurm.yaml").write_text(
+        yaml.safe_dump({"extends": str(demo), "queue": {"launcher": "slurm", "max_jobs_per_gpu": 1}})
+    )
+    args = ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml")]
+    result = CliRunner().invoke(app, [*args, "--policy", "drape,fifo-exclusive", "--config", str(tmp_path / "slurm.yaml")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "| drape | 3 | 16 |" in said, said
+    assert "| 9-16 GPUs |" in said and "| fifo-exclusive |" not in said
+    stuck = "policy fifo-exclusive can never place 2 waiting job(s) on this fleet, though each fits it empty"
+    assert f"{stuck}; the first submitted: ['gang', 's1']" in said
+
+
 @pytest.mark.parametrize("reference", [False, True], ids=["planner", "plan_drape"])
 def test_with_the_whole_wait_a_gang_job_stopped_after_its_bound_is_overdue_again_at_once(tmp_path, reference):
     """One node of four GPUs held by four 1-GPU services (priority 3, 100 h, 30 GiB: two share a GPU).
