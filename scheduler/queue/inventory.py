@@ -82,6 +82,9 @@ def _node_names(group: dict, nodes: int, prefix: str, at: str) -> list[str]:
     return listed
 
 
+GROUP_KEYS = ("model", "memory_gib", "nodes", "gpus_per_node", "node_prefix", "node_names")  # a misspelt one is an error
+
+
 def _fleet_group(group: object, at: str) -> tuple[str, float, int, int, str]:
     """(model, memory_gib, nodes, gpus_per_node, node prefix) of one group, each checked."""
     try:
@@ -93,6 +96,8 @@ def _fleet_group(group: object, at: str) -> tuple[str, float, int, int, str]:
             raise TypeError("nodes and gpus_per_node must be whole numbers")
     except (KeyError, TypeError, ValueError) as error:
         raise FleetFileError(f"{at}: expected model, memory_gib, nodes, gpus_per_node ({error})") from None
+    if unknown := sorted(str(key) for key in group if key not in GROUP_KEYS):
+        raise FleetFileError(f"{at}: unknown key(s) {unknown}; a group has {', '.join(GROUP_KEYS)}")
     nodes, per_node = counts
     prefix = group.get("node_prefix", str(model).lower().replace(" ", "-"))
     if not isinstance(model, str) or not model or not isinstance(prefix, str) or has_control(model) or has_control(prefix):

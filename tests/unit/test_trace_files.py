@@ -78,6 +78,11 @@ def test_a_billion_laughs_inventory_is_refused_for_the_static_fleet_and_slurm(fi
         ({"groups": {"model": "H100"}}, "expected a mapping with groups"),
         ([GROUP], "expected a mapping with groups"),
         ({"groups": ["H100"]}, r"groups\[0\]: expected model, memory_gib, nodes, gpus_per_node \(a str\)"),
+        # a misspelt optional key: the nodes would be named by the prefix, not as the site listed them
+        (
+            {"groups": [{**GROUP, "node_name": ["gpu-a"]}]},
+            r"groups\[0\]: unknown key\(s\) \['node_name'\]; a group has .*node_names",
+        ),
     ],
 )
 def test_a_fleet_with_absurd_or_malformed_values_is_refused_naming_the_group(tmp_path, fleet, match):
