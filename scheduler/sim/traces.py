@@ -86,7 +86,8 @@ def _parse(row: dict, name: str, kind: type, default: float | None = None) -> fl
         return kind(text)
     except ValueError:
         expected = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name} must be {expected}, got {text!r}") from None
+        shown = text if len(text or "") <= 40 else f"{(text or '')[:40]}…"
+        raise ValueError(f"{name} must be {expected}, got {shown!r}") from None
 
 
 def _text(row: dict, name: str) -> str:
@@ -114,6 +115,8 @@ def _trace_job(row: dict, at: str) -> TraceJob:
         )
     except ValueError as error:
         raise TraceError(f"{at}: {error}") from None
+    if not job.job_id.strip():
+        raise TraceError(f"{at}: job_id is empty")
     if None in row:  # csv.DictReader's key for the fields past the header's
         raise TraceError(f"{at}: {len(row[None])} more field(s) than the header's {len(row) - 1}")
     numbers = {"submit_s": job.submit_s, "duration_s": job.duration_s, "peak_mem_gib": job.peak_mem_gib, "share": job.share}

@@ -116,6 +116,8 @@ def test_a_fleet_that_is_not_yaml_is_named(tmp_path):
         ("j1,0,60,20,1.5,1,finetune\n", "gpus must be an integer, got '1.5'"),
         ("j1,0,60,20,1,1e400,finetune\n", "priority must be an integer, got '1e400'"),
         ("j1,0,60,20,1,2000000,finetune\n", r"priority must be in \[-1000000, 1000000\], got 2000000"),
+        ("j1,0,60,20,1," + "9" * 5000 + ",finetune\n", r"priority must be an integer, got '9{40}…'$"),
+        (",0,60,20,1,1,finetune\n", "job_id is empty"),
     ],
     ids=[
         "nan duration",
@@ -130,6 +132,8 @@ def test_a_fleet_that_is_not_yaml_is_named(tmp_path):
         "half a GPU",
         "priority not an integer",
         "priority out of bounds",
+        "a number no integer holds",
+        "no job id",
     ],
 )
 def test_a_trace_row_with_absurd_or_missing_values_is_refused_naming_its_line(tmp_path, row, match):
