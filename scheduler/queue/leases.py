@@ -18,7 +18,7 @@ from sqlalchemy import and_, delete, func, insert, select, update
 from sqlalchemy.engine import Engine
 
 from scheduler.policy.state import requeued_waited
-from scheduler.queue.schema import REQUEST_COLUMNS, dispatchers_table, job_request, jobs_table
+from scheduler.queue.schema import REQUEST_COLUMNS, dispatchers_table, job_request, jobs_table, ran_seconds
 
 FORGET_DISPATCHERS_AFTER_S = 7 * 24 * 3600.0  # a dispatcher not seen for a week leaves the table
 
@@ -113,6 +113,8 @@ class LeaseMixin:
             request = job_request(tuple(job[name] for name in REQUEST_COLUMNS))
             labels["waited_s"] = f"{requeued_waited(request, job['start_s'] or now):.3f}"
             labels["requeued_s"] = f"{now:.3f}"  # aging counts from here (`scheduler/policy/state.py` `queued_at`)
+            # what it ran before this stop, so the queue's history (`drape queue trace`) keeps the job's whole run
+            labels["ran_s"] = f"{ran_seconds(labels) + max(now - (job['start_s'] or now), 0.0):.3f}"
             why = "moved off a crowded GPU to an idle one" if by == job_id else f"preempted for {by}"
             message = f"{why}; queued again, resumes from its last checkpoint"
             done = connection.execute(

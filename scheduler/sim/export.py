@@ -1,10 +1,12 @@
 """A trace of the queue's history, in the columns the simulator reads (`scheduler/sim/reference.py`).
 
 `export_trace` writes each job that ran to success: its submit time (seconds from the first job
-exported), its run time (finish less its last start), its measured peak memory per GPU (the
-profile it was placed with when none was measured), GPUs, priority, kind, and its scheduling
-fields: the GPU models it allows, whether it runs alone or declares a share, and whether its
-run time was measured `alone` or `shared` (another job held one of its GPUs while it ran: the
+exported), its run time (finish less its last start, plus what it ran before each time it was
+stopped: `ran_s`, the work since a stopped run's last checkpoint counted as often as it ran), its
+measured peak memory per GPU (the profile it was placed with when none was measured), GPUs,
+priority, kind, and its scheduling fields: the GPU models it allows, whether it runs alone or
+declares a share, whether it may be stopped and how often it checkpoints, and whether its run
+time was measured `alone` or `shared` (another job held one of its GPUs while it ran: the
 simulator then keeps its own pace instead of slowing it a second time). So a week of the live
 queue replays under another policy with `drape queue simulate --trace`.
 """
@@ -18,10 +20,10 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from scheduler.queue.schema import jobs_table, scheduling_of
+from scheduler.queue.schema import jobs_table, ran_seconds, scheduling_of
 from scheduler.sim import TRACE_COLUMNS
 
-COLUMNS = (*TRACE_COLUMNS, "gpu_models", "measured", "sharing", "share")
+COLUMNS = (*TRACE_COLUMNS, "gpu_models", "measured", "sharing", "share", "preemptible", "checkpoint_every_s")
 
 
 def trace_rows(store, since_s: float | None = None) -> list[dict[str, str]]:
@@ -46,7 +48,7 @@ def trace_rows(store, since_s: float | None = None) -> list[dict[str, str]]:
             {
                 "job_id": job["id"],
                 "submit_s": f"{job['submit_s'] - first:.3f}",
-                "duration_s": f"{max(job['finish_s'] - job['start_s'], 1e-3):.3f}",
+                "duration_s": f"{max(ran_seconds(labels) + job['finish_s'] - job['start_s'], 1e-3):.3f}",
                 "peak_mem_gib": f"{max(peak, 1e-3):.3f}",
                 "gpus": str(job["gpus"]),
                 "priority": str(job["priority"]),
@@ -55,6 +57,8 @@ def trace_rows(store, since_s: float | None = None) -> list[dict[str, str]]:
                 "measured": "shared" if labels.get("measured") == "shared" else "alone",
                 "sharing": "exclusive" if how.exclusive else "shareable",
                 "share": f"{how.share:g}",
+                "preemptible": "true" if how.preemptible else "false",
+                "checkpoint_every_s": f"{how.checkpoint_every_s:g}",
             }
         )
     return rows

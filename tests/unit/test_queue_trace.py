@@ -87,3 +87,27 @@ def test_a_queue_database_from_before_gains_the_column_and_keeps_its_history(tmp
         indexes = {row[1] for row in connection.execute("PRAGMA index_list('allocation_log')")}
     connection.close()
     assert "allocation_log_gpu_at" in indexes
+
+
+def test_a_stopped_job_is_exported_with_its_whole_run_and_what_it_declared(config, tmp_path):
+    """A job stopped for a gang job ran 300 s, waited, then ran 400 s more: the trace gives it 700 s of
+    run (its last run alone was 400 s), and a job that declared it may not be stopped, and its
+    checkpoint cadence, keeps both, so the simulator never stops it either."""
+    store = JobStore(config.queue_url)
+    store.register_gpus([GpuState(f"n/gpu{i}", "n", "H100-80GB", 80.0) for i in range(2)])
+    for job_id, preemptible in (("stopped", True), ("pinned", False)):
+        spec = JobSpec(kind="finetune", command=["true"], mem_gib=10.0, duration_s=600, id=job_id)
+        spec.preemptible, spec.checkpoint_every_s = preemptible, 1800.0 if not preemptible else 600.0
+        store.submit(spec, now=0)
+    assert store.claim(Placement("stopped", ("n/gpu0",), 10.0), "d", 1e6, 4, now=100)
+    assert store.claim(Placement("pinned", ("n/gpu1",), 10.0), "d", 1e6, 4, now=100)
+    assert store.preempt("stopped", "gang", now=400) is not None
+    assert store.claim(Placement("stopped", ("n/gpu0",), 10.0), "d", 1e6, 4, now=500)
+    for job_id in ("stopped", "pinned"):
+        assert store.finish(job_id, exit_code=0, peak_gib=8.0, now=900) == "succeeded"
+    out = tmp_path / "trace.csv"
+    assert export_trace(store, out) == 2
+    trace = {job.job_id: job for job in load_trace(out)}
+    assert trace["stopped"].duration_s == pytest.approx(700.0) and trace["pinned"].duration_s == pytest.approx(800.0)
+    assert trace["stopped"].preemptible and trace["stopped"].checkpoint_every_s == 600.0
+    assert not trace["pinned"].preemptible and trace["pinned"].checkpoint_every_s == 1800.0
