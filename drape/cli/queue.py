@@ -236,10 +236,10 @@ def queue_simulate(
     from scheduler.sim.model import check_fits
     from scheduler.sim.tables import render
 
-    names = [p for p in policy.split(",") if p]
+    names = [p.strip() for p in policy.split(",") if p.strip()]
     unknown = [p for p in names if p not in POLICIES]
-    if unknown:
-        fail(f"unknown policy {unknown}; expected some of {sorted(POLICIES)}")
+    if unknown or not names:
+        fail(f"unknown policy {unknown or repr(policy)}; expected some of {sorted(POLICIES)}, comma-separated")
     settings = PolicyConfig()
     try:
         jobs, gpus = load_trace(trace), load_fleet(fleet)

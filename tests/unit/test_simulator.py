@@ -149,6 +149,11 @@ def test_cli_simulate_prints_both_policies(tmp_path):
         ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy", "random"],
     )
     assert bad.exit_code == 2 and "unknown policy" in bad.output
+    args = ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy"]
+    spaced = CliRunner().invoke(app, [*args, "drape, fifo-exclusive"])  # as a person types a list
+    assert spaced.exit_code == 0 and "| fifo-exclusive |" in spaced.output and "| drape |" in spaced.output, spaced.output
+    none = CliRunner().invoke(app, [*args, " , "])
+    assert none.exit_code == 2 and "unknown policy ' , '" in none.output  # not an empty table and exit 0
 
 
 def test_waits_per_job_class_and_constraint_violations(tmp_path):
