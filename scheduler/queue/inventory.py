@@ -20,6 +20,7 @@ from scheduler.policy import GpuState
 
 MAX_GPU_MEMORY_GIB = 4096.0  # one GPU's memory: 30× today's largest
 MAX_GPUS_PER_NODE = 64
+MAX_JOB_GPUS = 1024  # one job's GPUs (a gang across nodes): a queued job's or a trace's
 MAX_NODES_PER_GROUP = 10_000
 MAX_FLEET_GPUS = 100_000  # the simulator models every GPU: a fleet past this is a typo, not a plan
 

@@ -41,7 +41,7 @@ from scheduler.queue.versions import install_version_triggers
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 KINDS = JOB_KINDS
-MAX_RAN_S = 10 * 366 * 86400.0  # a job's run time over its stops (`ran_seconds`): ten years
+MAX_JOB_SECONDS = 10 * 366 * 86400.0  # a job's expected or recorded run time (and `ran_seconds`): ten years
 MAX_CHECKPOINT_EVERY_S = 7 * 24 * 3600.0  # a job checkpointing less often than weekly is not preemptible in practice
 
 metadata = MetaData()
@@ -241,7 +241,7 @@ def _requeued_s(value: object) -> float | None:
 def ran_seconds(labels: dict) -> float:
     """The seconds a job ran before its current start, over the runs it was stopped in (`ran_s`, which
     preemption adds to: `JobStore.preempt`); 0 when absent or not a finite, non-negative number."""
-    return min(_requeued_s(labels.get("ran_s")) or 0.0, MAX_RAN_S)
+    return min(_requeued_s(labels.get("ran_s")) or 0.0, MAX_JOB_SECONDS)
 
 
 def sqlite_immediate(engine: Engine) -> None:

@@ -14,7 +14,6 @@ still see it, or returned to the queue, each a compare-and-set (`scheduler/queue
 from __future__ import annotations
 
 import json
-import math
 import time
 import uuid
 
@@ -27,12 +26,11 @@ from sqlalchemy import (
 )
 
 from scheduler.policy import GpuState, JobRequest, Placement, RunningJob
-from scheduler.policy.state import MAX_PRIORITY
+from scheduler.queue.bounds import check_spec
 from scheduler.queue.claims import locked_ledger, shared_since, versions_of
 from scheduler.queue.leases import LeaseMixin
 from scheduler.queue.once import live_twin
 from scheduler.queue.schema import (
-    KINDS,
     REQUEST_COLUMNS,
     STATES,
     JobSpec,
@@ -88,14 +86,7 @@ class JobStore(LeaseMixin):
 
     # --- submitting and reading ----------------------------------------------------------
     def submit(self, spec: JobSpec, now: float | None = None) -> str:
-        if spec.kind not in KINDS:
-            raise QueueError(f"job kind {spec.kind!r} unknown; expected one of {KINDS}")
-        if spec.gpus < 1 or not math.isfinite(spec.mem_gib) or spec.mem_gib <= 0:
-            raise QueueError(f"job needs gpus >= 1 and a finite mem_gib > 0, got {spec.gpus} and {spec.mem_gib}")
-        if not math.isfinite(spec.duration_s) or spec.duration_s < 0:
-            raise QueueError(f"job duration_s must be a finite number >= 0, got {spec.duration_s}")
-        if not isinstance(spec.priority, int) or abs(spec.priority) > MAX_PRIORITY:
-            raise QueueError(f"job priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}], got {spec.priority!r}")
+        check_spec(spec)
         job_id = spec.id or f"{spec.kind}-{uuid.uuid4().hex[:10]}"
         with self.engine.begin() as connection:  # a run's stage job already live: its id, nothing inserted (once.py)
             if (twin := live_twin(connection, spec.kind, spec.stage, spec.labels, self.is_sqlite)) is not None:

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from scheduler.policy.state import CHECKPOINT_EVERY_S, MAX_PRIORITY
-from scheduler.queue.inventory import MAX_GPU_MEMORY_GIB, has_control
+from scheduler.queue.inventory import MAX_GPU_MEMORY_GIB, MAX_JOB_GPUS, has_control
+from scheduler.queue.schema import MAX_JOB_SECONDS
 
 TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
-MAX_JOB_GPUS = 1024
-MAX_TRACE_SECONDS = 10 * 366 * 86400.0  # a submit time or a duration: ten years
+MAX_TRACE_SECONDS = MAX_JOB_SECONDS  # a submit time or a duration: ten years
 
 
 class TraceError(ValueError):

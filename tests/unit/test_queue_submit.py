@@ -92,6 +92,25 @@ def test_queue_refuses_memory_that_is_not_a_finite_positive_number(tmp_path, mem
         store.submit(JobSpec(kind="stage-training", command=["true"], gpus=1, mem_gib=mem, duration_s=60.0))
 
 
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"gpus": 100_000}, r"gpus <= 1024 and mem_gib <= 4096 \(per GPU\), got 100000"),
+        ({"mem_gib": 1e9}, r"gpus <= 1024 and mem_gib <= 4096"),
+        ({"duration_s": 1e12}, r"duration_s must be a finite number in \[0, 3.16224e\+08\] \(ten years\), got 1000000000000.0"),
+    ],
+    ids=["a typo's GPUs", "a typo's memory", "a century"],
+)
+def test_the_queue_refuses_a_job_no_fleet_or_week_could_hold_whatever_fleet_it_knows(tmp_path, change, match):
+    """The fleet check at submit needs a known fleet; the store's bounds hold without one (the
+    simulator's trace has the same ones)."""
+    store = JobStore(f"sqlite:///{tmp_path}/q.db")
+    spec = {"kind": "stage-training", "command": ["true"], "gpus": 1, "mem_gib": 10.0, "duration_s": 60.0, **change}
+    with pytest.raises(QueueError, match=match):
+        store.submit(JobSpec(**spec))
+    assert store.jobs() == []
+
+
 def test_a_job_no_node_can_hold_is_refused_with_what_to_do(tmp_path):
     from scheduler.dispatch.dispatcher import submit_and_wait
 
