@@ -42,17 +42,15 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-SIGNED = frozenset({"priority"})  # integer flags that may be negative, each bounded where it is declared
-
-
 def _check_numbers(options: dict, defaults: dict) -> None:
     """A usage error (exit 2) naming the flag for a number no machine or plan holds: infinite, NaN,
     or beyond the config's ceiling for a field of that name (`drape.config.base.CEILINGS`)."""
     from drape.config.base import check_model_shape
 
     for name, value in options.items():
-        if name in SIGNED:
-            continue  # bounded by its own option (`min`, `max`): a negative one is not a size
+        declared = defaults.get(name)
+        if isinstance(value, int) and getattr(declared, "min", None) is not None and getattr(declared, "max", None) is not None:
+            continue  # an integer bounded both ways where it is declared (a priority may be negative): not a size
         values = value if isinstance(value, (list, tuple)) else [value]
         if any(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             try:

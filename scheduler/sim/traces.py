@@ -24,7 +24,6 @@ from scheduler.queue.inventory import MAX_GPU_MEMORY_GIB, MAX_JOB_GPUS, has_cont
 from scheduler.queue.schema import MAX_JOB_SECONDS
 
 TRACE_COLUMNS = ("job_id", "submit_s", "duration_s", "peak_mem_gib", "gpus", "priority", "kind")
-MAX_TRACE_SECONDS = MAX_JOB_SECONDS  # a submit time or a duration: ten years
 
 
 class TraceError(ValueError):
@@ -124,8 +123,8 @@ def _trace_job(row: dict, at: str) -> TraceJob:
         raise TraceError(f"{at}: {', '.join(bad)} must be finite")
     if job.duration_s <= 0 or job.gpus <= 0 or job.peak_mem_gib <= 0:
         raise TraceError(f"{at}: duration_s, gpus and peak_mem_gib must be positive")
-    if not 0 <= job.submit_s <= MAX_TRACE_SECONDS or job.duration_s > MAX_TRACE_SECONDS:
-        raise TraceError(f"{at}: submit_s must be in [0, {MAX_TRACE_SECONDS:g}] and duration_s at most that (ten years)")
+    if not 0 <= job.submit_s <= MAX_JOB_SECONDS or job.duration_s > MAX_JOB_SECONDS:
+        raise TraceError(f"{at}: submit_s must be in [0, {MAX_JOB_SECONDS:g}] and duration_s at most that (ten years)")
     if job.gpus > MAX_JOB_GPUS or job.peak_mem_gib > MAX_GPU_MEMORY_GIB:
         raise TraceError(f"{at}: gpus must be at most {MAX_JOB_GPUS} and peak_mem_gib at most {MAX_GPU_MEMORY_GIB:g}")
     if abs(job.priority) > MAX_PRIORITY:
