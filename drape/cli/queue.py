@@ -244,7 +244,7 @@ def queue_simulate(
     try:
         jobs, gpus = load_trace(trace), load_fleet(fleet)
         if config is not None:
-            cfg = load(config)
+            cfg = _replay_config(config)
             settings = policy_config(cfg)
             mark_solo(gpus, cfg)
         check_fits(jobs, gpus, settings.span_nodes)  # the trace's own faults, the same for every policy
@@ -260,6 +260,37 @@ def queue_simulate(
         print(render(results))
     if stuck:
         fail("\n".join(stuck))
+
+
+def _replay_config(config: Path):
+    """The config whose queue settings a replay runs with. A production config takes site values from a
+    site file; with none given (no DRAPE_SITE) a replay takes the example site's: it opens no path or
+    endpoint of the site, and the one site value it reads, queue.kubernetes.kueue_queue, is unset there
+    (drape places, not Kueue). It says so on stderr."""
+    import sys
+
+    from drape.config import EXAMPLE_SITE, ConfigError, load_config, read_config_data
+    from drape.config.reading.site import declared_site_fields, site_path
+
+    if site_path() is not None:
+        return load(config)
+    try:
+        declared = declared_site_fields(read_config_data(config), str(config))
+        cfg = load_config(config, site=EXAMPLE_SITE) if declared else None
+    except ConfigError as error:
+        console.print(f"[red]config error[/red]\n{escape(str(error))}")
+        raise typer.Exit(2) from None
+    if cfg is None:
+        return load(config)
+    reads = "none of them"
+    if cfg.queue.launcher == "kubernetes":
+        reads = "only queue.kubernetes.kueue_queue, unset there: drape places, not Kueue (set DRAPE_SITE to replay your site's)"
+    print(
+        f"{config}: no site file given (DRAPE_SITE): the replay takes the config's queue settings; its {len(declared)} "
+        f"site values (where things are) come from {EXAMPLE_SITE.name}, and the replay reads {reads}",
+        file=sys.stderr,
+    )
+    return cfg
 
 
 @app.command("sbatch")

@@ -275,6 +275,32 @@ def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
     assert "(1 jobs)" in patient_wait and "30.0 / 30.0" not in patient_wait
 
 
+def test_cli_simulate_replays_a_production_config_without_a_site_file(tmp_path, monkeypatch):
+    """A what-if on the shipped Slurm config needs no site file: a replay opens none of its paths or
+    endpoints. Its queue settings hold (Slurm: the 16-GPU gang spans 8-GPU nodes) and stderr says
+    where the site values came from; a config error is still one."""
+    configs = Path(__file__).resolve().parents[2] / "configs"
+    monkeypatch.delenv("DRAPE_SITE", raising=False)
+    (tmp_path / "fleet.yaml").write_text(
+        "groups:\n  - {model: H100, memory_gib: 80, nodes: 3, gpus_per_node: 8, node_prefix: n}\n"
+    )
+    rows = ["s0,0,600,30,1,3,service", "wide,100,3600,70,16,5,stage-training"]
+    (tmp_path / "t.csv").write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n" + "\n".join(rows) + "\n")
+    args = ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy", "drape"]
+    slurm = CliRunner().invoke(app, [*args, "--config", str(configs / "slurm.yaml")])
+    assert slurm.exit_code == 0, slurm.output
+    assert "| 9-16 GPUs |" in slurm.stdout and "no site file" not in slurm.stdout
+    said = " ".join(slurm.stderr.split())
+    assert "slurm.yaml: no site file given (DRAPE_SITE)" in said and "the replay reads none of them" in said
+    kubernetes = CliRunner().invoke(app, [*args, "--config", str(configs / "h100.yaml")])
+    assert kubernetes.exit_code == 2  # one node's 8 GPUs at most there: the gang never fits, named
+    assert "job 'wide' (16 GPU(s) × 70 GiB) can never run" in " ".join(kubernetes.stdout.split())
+    assert "reads only queue.kubernetes.kueue_queue" in " ".join(kubernetes.stderr.split())
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump({"extends": str(configs / "slurm.yaml"), "queue": {"launcher": "pbs"}}))
+    bad = CliRunner().invoke(app, [*args, "--config", str(tmp_path / "bad.yaml")])
+    assert bad.exit_code == 2 and "config error" in bad.output and "launcher" in bad.output
+
+
 def test_cli_simulate_shows_the_policies_that_ran_when_one_leaves_a_job_waiting_forever(tmp_path):
     """On Slurm a 12-GPU gang on 8-GPU nodes runs as 2 nodes x 6 (drape's even split); the FIFO
     baseline gives gangs whole nodes only, so it never starts it: its failure is named (exit 2)
