@@ -6,7 +6,8 @@ job of width w on a node of one GPU kind, that moment is the node's w-th smalles
 time (a GPU clears when the last job on it ends; an idle GPU has cleared), so the walk's answer
 is the node with the smallest such time. A `Clearing` keeps, per GPU kind and width, the nodes
 sorted by it (updated as jobs start and end on a node), and `reserve` reads the first node of
-each kind. Times are keys (expected end, start number): the walk's order, ties in start order.
+each kind. Times are keys (expected end, start number): the walk's order, ties in start order;
+nodes that clear at one key (a gang across nodes ending) by name, as the walk takes them.
 
 Nodes the planning pass changed, nodes of mixed kinds, and the winner itself are walked exactly,
 job by job, as `reserve` does (`_node_walk`); where the index and the walk disagree (a GPU
@@ -87,24 +88,25 @@ class Clearing:
         pool = planner.pool
         touched = {pool.gpus[uuid].node for uuid in pool.journal or {}} | set(pool.mixed)
         best: tuple[Key, float, tuple[str, ...]] | None = None
+        ranked: tuple[Key, str] = NEVER, ""  # best's (key, node): nodes that clear at one key, the first by name
         placed: dict[str, list[tuple[int, Placement]]] = {}  # node → this pass's placements on it
         for i, p in enumerate(placements):
             for node in {pool.gpus[uuid].node for uuid in p.gpus}:
                 placed.setdefault(node, []).append((i, p))
         for node in touched:
             found = _node_walk(planner, node, head, placed.get(node, []), now)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
+            if found is not None and (best is None or (found[0], node) < ranked):
+                best, ranked = found, (found[0], node)
         for kind in self.kinds:
             if not pool._kind_ok(head, kind):
                 continue
             first = self._first(kind, head.gpus, touched)
-            if first is not None and (best is None or first[0] < best[0]):
+            if first is not None and (best is None or first < ranked):
                 found = _node_walk(planner, first[1], head, placed.get(first[1], []), now)
                 if found is None or found[0] != first[0]:  # the index does not tell this fleet: walk it all
                     self.walked += 1
                     return reserve_walk(head, pool.gpus, planner.nodes, planner._ending(placements, now), now, planner.config)
-                best = found
+                best, ranked = found, first
         return Reservation(best[1], frozenset(best[2])) if best else None
 
 

@@ -1,6 +1,9 @@
 """EASY backfill's reservation: when and on which GPUs the first job that cannot start now will
 fit, from the running jobs' expected ends. A later job may start before it only if it ends
-before that time or does not touch the reserved GPUs (`scheduler/policy/plan.py`)."""
+before that time or does not touch the reserved GPUs (`scheduler/policy/plan.py`). Where the end
+of a gang across nodes frees several nodes that would each hold it, the first by name is
+reserved: never the order of a set (which moves with Python's hash seed, so the same queue was
+planned two ways by two processes), and as `scheduler/policy/clearing.py` breaks the tie."""
 
 from __future__ import annotations
 
@@ -38,7 +41,7 @@ def reserve(
                 if uuid in future and _fits_single(head, future[uuid], config):
                     return Reservation(when, frozenset({uuid}))
         else:
-            for node in {future[u].node for u in job.gpus if u in future}:
+            for node in sorted({future[u].node for u in job.gpus if u in future}):  # a gang's nodes: by name
                 chosen = _fits_node(head, by_node[node], config)
                 if chosen:
                     return Reservation(when, frozenset(chosen))
@@ -76,7 +79,7 @@ def reserve_walk(
                 if uuid in gpus and _fits_single(head, get(uuid), config):
                     return Reservation(when, frozenset({uuid}))
         else:
-            for node in {gpus[u].node for u in job.gpus if u in gpus}:
+            for node in sorted({gpus[u].node for u in job.gpus if u in gpus}):  # a gang's nodes: by name
                 chosen = _fits_node(head, [get(u) for u in nodes[node]], config)
                 if chosen:
                     return Reservation(when, frozenset(chosen))

@@ -62,12 +62,15 @@ class _Replay:
             self.wakes.add((wake, request.id))
 
     def _wakes(self, request: JobRequest) -> list[float]:
-        """When waiting multi-GPU `request` may first preempt: to move jobs, and to stop them."""
+        """When waiting multi-GPU `request` may first preempt: to move jobs, and to stop them. With
+        `gang_bound_backlog` the bound rises with the backlog, so the bound as set is no time to wake
+        (a pass there would plan where the reference loop does not): `next_wake` asks the planner."""
         if request.gpus <= 1:
             return []
+        bound = None if self.config.gang_bound_backlog else self.config.gang_max_wait_s
         starts = (
             (self.config.preempt_after_s, queued_at(request)),
-            (self.config.gang_max_wait_s, bound_start(request, self.config)),
+            (bound, bound_start(request, self.config)),
         )
         return [start + limit for limit, start in starts if limit is not None]
 

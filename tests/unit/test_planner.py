@@ -2,7 +2,11 @@
 that recomputes everything at every event, and with the `Planner` in the incremental replay,
 compared placement by placement (job, GPUs, evictions, time) and measure by measure."""
 
+import json
+import os
 import random
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +19,8 @@ from scheduler.queue.inventory import load_fleet
 from scheduler.sim import TraceJob, load_trace, simulate
 from scheduler.sim.replay import replay
 
-TRACES = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
+REPO = Path(__file__).resolve().parents[2]
+TRACES = REPO / "benchmarks" / "traces"
 # (kind, GPUs per job, share of the GPU-hours, mean hours, GiB per GPU, priority): benchmarks/scheduler.py's mixes
 GANG = (("stage", (8,), 0.50, 8.0, 70.0, 5), ("service", (1,), 0.35, 24.0, 30.0, 3), ("gate", (1,), 0.15, 0.5, 20.0, 3))
 FINETUNE = (
@@ -312,3 +317,78 @@ def test_a_dcgm_reading_moves_a_gpu_in_the_indexes_as_plan_drape_sees_it():
     assert ("h00/gpu0" not in {u for _, u in planner.pool.idle}) and ("l00/gpu3" in {u for _, u in planner.pool.idle})
     expected = plan_drape(list(planner.pending.values()), [GpuState(**vars(g)) for g in gpus], [], 50.0)
     assert planner.plan(50.0) == expected and all("h00/gpu0" not in p.gpus or p.mem_gib <= 50.0 for p in expected)
+
+
+# a gang across twelve nodes, one GPU of two on each: its end frees every node at once
+TIED = ("kilo", "alpha", "zulu", "echo", "mike", "bravo", "yankee", "delta", "oscar", "lima", "golf", "tango")
+
+
+def _tied_gang_reservations() -> dict[str, list[str]]:
+    """Where a 2-GPU job waiting on the tied gang is reserved, by each of the three ways a reservation
+    is found (`reserve` of plan_drape, `reserve_walk`, the planner's clearing index), and where a long
+    single-GPU job behind it starts in a planning pass and in plan_drape."""
+    from scheduler.policy.reservation import reserve, reserve_walk
+
+    gpus = [GpuState(f"node-{n}/gpu{i}", f"node-{n}", "H100", 80.0) for n in TIED for i in range(2)]
+    planner = Planner(gpus, PolicyConfig())
+    planner.submit(JobRequest("gang", 5, 0.0, 12, 70.0, 1000.0))
+    planner.start(Placement("gang", tuple(f"node-{n}/gpu0" for n in TIED), 70.0), 0.0)
+    head = JobRequest("wide", 5, 10.0, 2, 70.0, 500.0)
+    running = list(planner.running.values())
+    found = {
+        "reserve": reserve(head, {g.uuid: GpuState(**vars(g)) for g in gpus}, running, 10.0, planner.config),
+        "reserve_walk": reserve_walk(head, planner.gpus, planner.nodes, planner._ending([], 10.0), 10.0, planner.config),
+        "clearing": planner.clearing.reserve(head, [], 10.0),
+    }
+    places = {name: sorted(r.gpus) if r else [] for name, r in found.items()}
+    planner.submit(head)
+    planner.submit(JobRequest("long", 3, 20.0, 1, 70.0, 5000.0))
+    places["planner"] = [u for p in planner.plan(20.0) for u in p.gpus]
+    pending = list(planner.pending.values())
+    places["plan_drape"] = [u for p in plan_drape(pending, [GpuState(**vars(g)) for g in gpus], running, 20.0) for u in p.gpus]
+    return places
+
+
+def test_a_gang_ending_on_many_nodes_reserves_the_first_by_name_in_every_process():
+    """The nodes a gang frees at once were tried in a set's order, which moves with Python's hash
+    seed: two dispatcher processes planned the same queue two ways, and the reference loop and the
+    planner disagreed (found by a differential fuzz). The first node by name, under any seed."""
+    places = _tied_gang_reservations()
+    reserved = ["node-alpha/gpu0", "node-alpha/gpu1"]
+    assert places["reserve"] == places["reserve_walk"] == places["clearing"] == reserved
+    # the long job backfills a free GPU but not the reserved node's, both ways
+    assert places["planner"] == places["plan_drape"] and len(places["planner"]) == 1
+    assert not places["planner"][0].startswith("node-alpha/")
+    script = "import json; from tests.unit.test_planner import _tied_gang_reservations as f; print(json.dumps(f()))"
+    seen = set()
+    for seed in ("0", "1", "2", "3"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        seen.add(done.stdout)
+    assert seen == {json.dumps(places) + "\n"}
+
+
+@pytest.mark.parametrize("config", ["spanning, backlog", "spanning, bounded"])
+def test_the_replay_consults_the_policy_exactly_when_the_reference_loop_does(config, monkeypatch):
+    """Decisions move with the time they are made (aging, a gang's wait), so the replay must wake when
+    the reference loop does. With `gang_bound_backlog` the replay also woke at each gang job's bound
+    as set, which the risen bound passes: an extra pass there placed a gang job 270 s sooner than the
+    reference did on a fuzzed week (`tests/unit/test_planner_fuzz.py`)."""
+    import scheduler.sim.reference as reference_loop
+
+    trace, fleet = CASES["wide"]()
+    asked: list[float] = []
+    chosen = reference_loop.get_policy
+
+    def watched(name):
+        plan = chosen(name)
+        return lambda pending, gpus, running, now, settings: asked.append(now) or plan(pending, gpus, running, now, settings)
+
+    monkeypatch.setattr(reference_loop, "get_policy", watched)
+    simulate(trace, fleet, "drape", CONFIGS[config], reference=True)
+    woke: list[float] = []
+    replay(trace, fleet, CONFIGS[config], watch=lambda planner, now: woke.append(now))
+    times = sorted(set(asked))  # up to four passes an event (preempted jobs are planned again at once)
+    assert len(woke) == len(times) > len(trace)
+    assert woke == pytest.approx(times, abs=1e-6)  # finish times summed in another order differ in the last bit
