@@ -160,6 +160,7 @@ class Planner:
             not alone,
             request.preempted,
             request.models,
+            request.share,  # a moved job keeps its declared share (`preemption.spread`, `scarcity`)
             preemptible=request.preemptible and not request.exclusive,
             checkpoint_every_s=request.checkpoint_every_s,
             started_s=now,

@@ -360,6 +360,7 @@ def ongoing_jobs(running: dict[str, dict]) -> list[RunningJob]:
             not r["alone"],
             r["request"].preempted,
             r["request"].models,
+            r["request"].share,
             preemptible=r["request"].preemptible and not r["request"].exclusive,
             checkpoint_every_s=r["request"].checkpoint_every_s,
             started_s=r["started"],

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, plan_drape
+from scheduler.policy.state import RunningJob
 from scheduler.policy.planner import Planner
 from scheduler.queue.inventory import load_fleet
 from scheduler.sim import TraceJob, load_trace, simulate
@@ -392,3 +393,29 @@ def test_the_replay_consults_the_policy_exactly_when_the_reference_loop_does(con
     times = sorted(set(asked))  # up to four passes an event (preempted jobs are planned again at once)
     assert len(woke) == len(times) > len(trace)
     assert woke == pytest.approx(times, abs=1e-6)  # finish times summed in another order differ in the last bit
+
+
+def test_a_moved_job_keeps_its_declared_share_as_plan_drape_reading_the_queue_sees_it():
+    """The planner remembered a running job with a share of 1 whatever it declared (so did the
+    simulator's running jobs): moved off a crowded GPU, a job that declared half a GPU went to an
+    idle GPU, where plan_drape reading the queue (each job's share from its row) puts it beside
+    another half (found by fuzzing the live dispatcher against plan_drape)."""
+    gpus = [GpuState(f"n0/gpu{i}", "n0", "H100", 80.0) for i in range(3)]
+    config = PolicyConfig(spread_after_s=600.0)
+    planner = Planner(gpus, config)
+    jobs = {  # (GPU, share, expected run): a full job and a half on gpu0 (1.5 declared), a half on gpu1
+        "full": ("n0/gpu0", 1.0, 9000.0),
+        "half": ("n0/gpu0", 0.5, 20000.0),
+        "other-half": ("n0/gpu1", 0.5, 9000.0),
+    }
+    for name, (uuid, share, duration) in jobs.items():
+        planner.submit(JobRequest(name, 3, 0.0, 1, 20.0, duration, share=share))
+        planner.start(Placement(name, (uuid,), 20.0), 0.0)
+    assert planner.running["half"].share == 0.5
+    from_rows = [  # what the store hands plan_drape (scheduler/queue/schema.py)
+        RunningJob(name, (uuid,), 20.0, duration, 3, True, 0, (), share, started_s=0.0)
+        for name, (uuid, share, duration) in jobs.items()
+    ]
+    moves = planner.plan(100.0)
+    assert moves == plan_drape([], [GpuState(**vars(g)) for g in gpus], from_rows, 100.0, config)
+    assert [(m.job_id, m.gpus, m.evicts) for m in moves] == [("half", ("n0/gpu1",), ("half",))]
