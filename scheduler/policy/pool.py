@@ -257,8 +257,10 @@ class Pool:
         return min(window, key=lambda entry: entry[:2])[-1] if window else None
 
     def best_fit(self, job: JobRequest, exclude: frozenset[str] = frozenset(), colocate: bool = True) -> tuple[str, ...] | None:
+        """Where `job` goes now, or None. `colocate` False (a move: `preemption.spread`, `scarcity`):
+        an idle GPU only, even for a job that declared a share under 1."""
         if job.gpus == 1:
-            declared = self._declared(job, exclude) if job.share < 1.0 and not job.exclusive else None
+            declared = self._declared(job, exclude) if colocate and job.share < 1.0 and not job.exclusive else None
             if declared is not None:
                 return (declared,)
             warm = self._idle_single(job, exclude, job.prefer_node) if job.prefer_node else None

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, plan_drape
-from scheduler.policy.state import RunningJob
 from scheduler.policy.planner import Planner
+from scheduler.policy.pool import Pool
+from scheduler.policy.state import RunningJob
 from scheduler.queue.inventory import load_fleet
 from scheduler.sim import TraceJob, load_trace, simulate
 from scheduler.sim.replay import replay
@@ -397,9 +398,11 @@ def test_the_replay_consults_the_policy_exactly_when_the_reference_loop_does(con
 
 def test_a_moved_job_keeps_its_declared_share_as_plan_drape_reading_the_queue_sees_it():
     """The planner remembered a running job with a share of 1 whatever it declared (so did the
-    simulator's running jobs): moved off a crowded GPU, a job that declared half a GPU went to an
-    idle GPU, where plan_drape reading the queue (each job's share from its row) puts it beside
-    another half (found by fuzzing the live dispatcher against plan_drape)."""
+    simulator's running jobs), while plan_drape reading the queue takes each job's share from its
+    row: moved off a crowded GPU, a job that declared half a GPU went to an idle GPU one way and
+    beside another half the other (found by fuzzing the live dispatcher against plan_drape). A move
+    goes to an idle GPU, as `spread` and `scarcity` say, whatever the job declared; the crowded GPU
+    it leaves gives back its own share, not a whole GPU's."""
     gpus = [GpuState(f"n0/gpu{i}", "n0", "H100", 80.0) for i in range(3)]
     config = PolicyConfig(spread_after_s=600.0)
     planner = Planner(gpus, config)
@@ -418,4 +421,7 @@ def test_a_moved_job_keeps_its_declared_share_as_plan_drape_reading_the_queue_se
     ]
     moves = planner.plan(100.0)
     assert moves == plan_drape([], [GpuState(**vars(g)) for g in gpus], from_rows, 100.0, config)
-    assert [(m.job_id, m.gpus, m.evicts) for m in moves] == [("half", ("n0/gpu1",), ("half",))]
+    assert [(m.job_id, m.gpus, m.evicts) for m in moves] == [("half", ("n0/gpu2",), ("half",))]
+    pool = Pool({g.uuid: GpuState(**vars(g)) for g in gpus}, config)  # the pass's own books: gpu0 keeps the full job's 1.0
+    pool.leave("n0/gpu0", JobRequest("half", 3, 0.0, 1, 20.0, 1.0, share=planner.running["half"].share))
+    assert pool.gpus["n0/gpu0"].shares == pytest.approx(1.0)
