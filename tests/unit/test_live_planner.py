@@ -64,14 +64,16 @@ class ScriptedLauncher:
         self.started.pop(job_id, None)
 
 
-def _world(tmp_path, name: str, incremental: bool, engine: str = "local"):
+def _world(tmp_path, name: str, incremental: bool, engine: str = "local", fleet: dict | None = None, queue: dict | None = None):
+    """A dispatcher on a queue database of its own (`fleet`, `queue`: in place of FLEET, QUEUE and the engine's)."""
     root = tmp_path / name
     root.mkdir()
-    (root / "fleet.yaml").write_text(yaml.safe_dump(FLEET))
+    (root / "fleet.yaml").write_text(yaml.safe_dump(fleet or FLEET))
+    settings = queue if queue is not None else {**QUEUE, **ENGINES[engine]}
     config = tiny_config(
         root / "drape",
         fresh_mlflow=True,  # no MLflow here: not its database
-        queue={"fleet": "static", "inventory": str(root / "fleet.yaml"), "max_attempts": 2, **QUEUE, **ENGINES[engine]},
+        queue={"fleet": "static", "inventory": str(root / "fleet.yaml"), "max_attempts": 2, **settings},
     )
     store = JobStore(config.queue_url)
     launcher = ScriptedLauncher({})
@@ -240,3 +242,75 @@ def test_a_queue_database_from_before_gains_the_version_its_indexes_and_triggers
     store.cancel("old")
     assert [row[0] for row in changed_jobs(store.engine, cursor, 10)] == [new, "old"]
     assert changed_jobs(store.engine, cursor, 1) is None  # more than the limit: read everything instead
+
+
+MODELS = (("H100-80GB", 80), ("L40S-48GB", 48), ("A10G", 24), ("A100-40GB", 40))
+
+
+def _fuzzed(seed: int) -> tuple[dict, dict, tuple[int, ...]]:
+    """A random fleet (1-3 groups of 1-3 nodes of 2, 4 or 8 GPUs), engine and queue settings, and the
+    widths of its gang jobs (on Slurm up to two nodes' worth)."""
+    rng = random.Random(seed)
+    groups = []
+    for group in range(rng.randint(1, 3)):
+        model, memory = rng.choice(MODELS)
+        nodes, per_node = rng.randint(1, 3), rng.choice((2, 4, 8))
+        groups.append(
+            {
+                "model": model,
+                "memory_gib": memory,
+                "nodes": nodes,
+                "gpus_per_node": per_node,
+                "node_prefix": f"g{group}-{model.lower()[:4]}",
+            }
+        )
+    queue = {"preempt_after_seconds": rng.choice((600.0, 1200.0)), "spread_after_seconds": rng.choice((600.0, 3600.0))}
+    engine = rng.choice(("local", "slurm", "kubernetes"))
+    options = (
+        ("gang_max_wait_seconds", 0.5, lambda: rng.choice((1200.0, 3600.0))),
+        ("gang_bound_backlog", 0.3, lambda: 0.5),
+        ("short_job_bonus", 0.3, lambda: 20.0),
+        ("rescue_gangs", 0.2, lambda: True),
+        ("gang_stops_longer", 0.2, lambda: 2.0),
+        ("gang_bound_whole_wait", 0.2, lambda: True),
+        ("placement", 0.2, lambda: "fragmentation"),
+    )
+    for key, chance, value in options:
+        if rng.random() < chance:
+            queue[key] = value()
+    if engine == "slurm":
+        queue.update(launcher="slurm", max_jobs_per_gpu=1)
+    elif engine == "kubernetes":  # the first node cannot share, the others time-slice
+        sharing = {"sharing": "time-slicing", "node_sharing": {f"{groups[0]['node_prefix']}-01": "none"}}
+        queue.update(launcher="kubernetes", kubernetes=sharing)
+    else:
+        queue["max_jobs_per_gpu"] = rng.choice((1, 2, 4))
+    widest = max(g["gpus_per_node"] for g in groups)
+    return {"groups": groups}, queue, (2, widest, 2 * widest) if engine == "slurm" else (2, widest)
+
+
+# 15: a job that declared half a GPU, moved off a crowded one, went elsewhere than plan_drape put it
+# (the planner forgot declared shares); the others: the first seeds, every engine among them
+@pytest.mark.parametrize("seed", [15, 0, 1, 5, 2, 3, 4, 6])
+def test_the_live_planner_and_plan_drape_agree_on_random_fleets_and_settings(tmp_path, seed):
+    """30 cycles each way (~0.7 s): a fuzz of 320 such cases agreed once the three faults it found were
+    fixed (benchmarks/README.md, "One answer in every process")."""
+    fleet, queue, widths = _fuzzed(seed)
+    worlds = [_world(tmp_path, name, name == "live", fleet=fleet, queue=queue) for name in ("reference", "live")]
+    started = 0
+    for clock, jobs, cancel, _ in _script(seed=seed, steps=30, widths=widths):
+        outcomes = []
+        for _, store, launcher, dispatcher in worlds:
+            for spec, submit_s in jobs:
+                launcher.durations[spec.id] = spec.duration_s  # type: ignore[index]
+                store.submit(JobSpec(**vars(spec)), now=submit_s)
+            live = [job["id"] for job in store.jobs(states=("queued", "running"))]
+            if cancel and live:
+                store.cancel(sorted(live)[len(live) // 2], now=clock)
+            launcher.clock = clock
+            report = dispatcher.cycle(now=clock)
+            rows = {job["id"]: (job["state"], job["assigned"]) for job in store.jobs()}
+            outcomes.append((sorted(report.started), sorted(report.preempted), sorted(report.finished), rows))
+        assert outcomes[0] == outcomes[1], f"seed {seed}, at {clock}: plan_drape and the live planner differ"
+        started += len(outcomes[0][0])
+    assert started > 10
