@@ -294,7 +294,7 @@ def _fuzzed(seed: int) -> tuple[dict, dict, tuple[int, ...]]:
 @pytest.mark.parametrize("seed", [15, 0, 1, 5, 2, 3, 4, 6])
 def test_the_live_planner_and_plan_drape_agree_on_random_fleets_and_settings(tmp_path, seed):
     """30 cycles each way (~0.7 s): a fuzz of 320 such cases agreed once the three faults it found were
-    fixed (benchmarks/README.md, "One answer in every process")."""
+    fixed (`tests/unit/test_planner_fuzz.py` names them)."""
     fleet, queue, widths = _fuzzed(seed)
     worlds = [_world(tmp_path, name, name == "live", fleet=fleet, queue=queue) for name in ("reference", "live")]
     started = 0

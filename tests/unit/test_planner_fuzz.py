@@ -13,6 +13,9 @@ across nodes frees at once were tried in a set's order, which moves with the has
 reference itself placed differently from one process to the next), and with `gang_bound_backlog`
 the replay woke at each gang job's bound as set, which the risen bound passes, and planned there.
 After the fixes 3,000 cases (three hash seeds) agree; these seeds are the 5 and the first others.
+The same fuzz against the live dispatcher (`tests/unit/test_live_planner.py`, random fleets and
+settings) found a third: the planner, and the simulator, forgot a running job's declared share, so a
+moved job went elsewhere than `plan_drape` reading the queue put it.
 What both sides share, the comparison cannot see: the policy's hard rules are checked on the
 planner's state at every event of 60 of the cases (a job on a model it excludes, a shared GPU
 beside a gang, more than `max_jobs_per_gpu`, a ledger that disagrees; two mutations of the pool's
