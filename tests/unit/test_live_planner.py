@@ -107,6 +107,18 @@ def _script(seed: int = 4, steps: int = 40, widths: tuple[int, ...] = (4,)):
         yield clock, jobs, rng.random() < 0.15, step == steps // 2
 
 
+def _step(store, launcher, dispatcher, clock: float, jobs, cancel: bool):
+    """One step of `_script` in one world: its jobs submitted, one cancelled if asked, a cycle at `clock`."""
+    for spec, submit_s in jobs:
+        launcher.durations[spec.id] = spec.duration_s
+        store.submit(JobSpec(**vars(spec)), now=submit_s)
+    live = [job["id"] for job in store.jobs(states=("queued", "running"))]
+    if cancel and live:
+        store.cancel(sorted(live)[len(live) // 2], now=clock)
+    launcher.clock = clock
+    return dispatcher.cycle(now=clock)
+
+
 @pytest.mark.parametrize("engine", sorted(ENGINES))
 def test_the_live_planner_places_every_job_as_plan_drape_does(tmp_path, engine):
     """~5 s each on a loaded machine: 40 cycles each way on SQLite."""
@@ -117,17 +129,10 @@ def test_the_live_planner_places_every_job_as_plan_drape_does(tmp_path, engine):
     for clock, jobs, cancel, grow in _script(widths=(4, 8) if engine == "slurm" else (4,)):
         outcomes = []
         for root, store, launcher, dispatcher in worlds:
-            for spec, submit_s in jobs:
-                launcher.durations[spec.id] = spec.duration_s  # type: ignore[index]
-                store.submit(JobSpec(**vars(spec)), now=submit_s)
-            live = [job["id"] for job in store.jobs(states=("queued", "running"))]
-            if cancel and live:
-                store.cancel(sorted(live)[len(live) // 2], now=clock)
             if grow:  # a node joins: the live planner reads everything again
                 bigger = {"groups": [*FLEET["groups"], {**FLEET["groups"][0], "nodes": 1, "node_prefix": "h100b"}]}
                 (root / "fleet.yaml").write_text(yaml.safe_dump(bigger))
-            launcher.clock = clock
-            report = dispatcher.cycle(now=clock)
+            report = _step(store, launcher, dispatcher, clock, jobs, cancel)
             rows = {job["id"]: (job["state"], job["assigned"]) for job in store.jobs()}
             gauges = [metrics.QUEUE_JOBS.labels(state=state)._value.get() for state in ("queued", "running")]
             gauges += [metrics.QUEUE_STARVED._value.get(), metrics.QUEUE_OLDEST_WAIT._value.get()]
@@ -301,14 +306,7 @@ def test_the_live_planner_and_plan_drape_agree_on_random_fleets_and_settings(tmp
     for clock, jobs, cancel, _ in _script(seed=seed, steps=30, widths=widths):
         outcomes = []
         for _, store, launcher, dispatcher in worlds:
-            for spec, submit_s in jobs:
-                launcher.durations[spec.id] = spec.duration_s  # type: ignore[index]
-                store.submit(JobSpec(**vars(spec)), now=submit_s)
-            live = [job["id"] for job in store.jobs(states=("queued", "running"))]
-            if cancel and live:
-                store.cancel(sorted(live)[len(live) // 2], now=clock)
-            launcher.clock = clock
-            report = dispatcher.cycle(now=clock)
+            report = _step(store, launcher, dispatcher, clock, jobs, cancel)
             rows = {job["id"]: (job["state"], job["assigned"]) for job in store.jobs()}
             outcomes.append((sorted(report.started), sorted(report.preempted), sorted(report.finished), rows))
         assert outcomes[0] == outcomes[1], f"seed {seed}, at {clock}: plan_drape and the live planner differ"
