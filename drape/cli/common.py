@@ -27,10 +27,11 @@ console = Console() if sys.stdout.isatty() else Console(width=160)
 ConfigOption = typer.Option(None, "--config", "-c", help="pipeline config YAML (default: configs/demo.yaml)")
 
 
-def load(config: Path | None) -> PipelineConfig:
-    """The config at `config` (default: the demo's); a readable error and exit 2 when it is bad."""
+def load(config: Path | None, site: Path | None = None) -> PipelineConfig:
+    """The config at `config` (default: the demo's; `site`: the site file in place of $DRAPE_SITE); a
+    readable error and exit 2 when it is bad."""
     try:
-        return load_config(config or default_config_path())
+        return load_config(config or default_config_path(), site=site)
     except ConfigError as error:
         console.print(f"[red]config error[/red]\n{escape(str(error))}")
         raise typer.Exit(2) from None

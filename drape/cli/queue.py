@@ -269,27 +269,24 @@ def _replay_config(config: Path):
     (drape places, not Kueue). It says so on stderr."""
     import sys
 
-    from drape.config import EXAMPLE_SITE, ConfigError, load_config, read_config_data
+    from drape.config import EXAMPLE_SITE, read_config_data
     from drape.config.reading.site import declared_site_fields, site_path
 
     if site_path() is not None:
         return load(config)
-    try:
-        declared = declared_site_fields(read_config_data(config), str(config))
-        cfg = load_config(config, site=EXAMPLE_SITE) if declared else None
-    except ConfigError as error:
-        console.print(f"[red]config error[/red]\n{escape(str(error))}")
-        raise typer.Exit(2) from None
-    if cfg is None:
-        return load(config)
-    reads = "none of them"
-    if cfg.queue.launcher == "kubernetes":
-        reads = "only queue.kubernetes.kueue_queue, unset there: drape places, not Kueue (set DRAPE_SITE to replay your site's)"
-    print(
-        f"{config}: no site file given (DRAPE_SITE): the replay takes the config's queue settings; its {len(declared)} "
-        f"site values (where things are) come from {EXAMPLE_SITE.name}, and the replay reads {reads}",
-        file=sys.stderr,
-    )
+    cfg = load(config, site=EXAMPLE_SITE)  # a config that declares no site value reads none
+    declared = declared_site_fields(read_config_data(config), str(config))
+    if declared:
+        reads = "none of them"
+        if cfg.queue.launcher == "kubernetes":
+            reads = (
+                "only queue.kubernetes.kueue_queue, unset there: drape places, not Kueue (set DRAPE_SITE to replay your site's)"
+            )
+        print(
+            f"{config}: no site file given (DRAPE_SITE): the replay takes the config's queue settings; its {len(declared)} "
+            f"site values (where things are) come from {EXAMPLE_SITE.name}, and the replay reads {reads}",
+            file=sys.stderr,
+        )
     return cfg
 
 
