@@ -6,8 +6,10 @@ Each combination keeps the bound on a gang job's whole wait (`gang_bound_whole_w
 the bound `gang_max_wait_s` (`--bound-hours`), the short single-GPU jobs' rank `short_job_bonus`
 (`--bonus`) and which single-GPU jobs it lifts (`short_job_s`, `--short-hours`), the bound risen
 with the queue's backlog `gang_bound_backlog` (`--backlog`),
-`gang_stops_longer` (`--longer`, "off": jobs of one priority never stop each other) and
-`gang_max_preemptions` (`--caps`: how often one job may be stopped for an overdue gang).
+`gang_stops_longer` (`--longer`, "off": jobs of one priority never stop each other),
+`gang_max_preemptions` (`--caps`: how often one job may be stopped for an overdue gang) and
+`gang_stops_waited` (`--waited`, hours, "off": waits balanced among gang jobs; a combination with
+`gang_stops_longer` too is left out, as the policy refuses it).
 
 Weeks: the wide-gang week (`wide_gangs.wide_week`, 128 H100 across nodes) per seed and the three
 single-node gang weeks (`wide_gangs.gang_weeks`), with `wide_gangs`'s floors (computed once per
@@ -28,7 +30,7 @@ replays.
 
     .venv/bin/python benchmarks/policy_sweep.py [--seeds 1-3] [--parts wide,gang]
         [--bound-hours 1,3,6] [--backlog 0,0.5] [--bonus 0,20] [--short-hours 1] [--longer off,2]
-        [--caps 4,16] [--replays 1] [--workers 2]   # the default grid: 48 combinations, ~10 min on 2 cores
+        [--caps 4,16] [--waited off] [--replays 1] [--workers 2]   # the default grid: 48 combinations, ~10 min on 2 cores
 """
 
 from __future__ import annotations
@@ -85,14 +87,19 @@ def grid(
     caps: list[int],
     shorts_h: list[float] | None = None,
     backlogs: list[float] | None = None,
+    waited_h: list[float | None] | None = None,
 ) -> list[tuple[str, PolicyConfig]]:
     """Every combination, labelled by its settings (the bound on the whole wait in each). `shorts_h`:
     `short_job_s` values, hours (which single-GPU jobs the bonus lifts; one combination without it);
     `backlogs`: `gang_bound_backlog` values (the bound risen to k x the queue's backlog; 0: as set)."""
-    combos, shorts_h, backlogs = [], shorts_h or [1.0], backlogs or [0.0]
-    for backlog, bound, bonus, short, ratio, cap in itertools.product(backlogs, bounds_h, bonuses, shorts_h, longer, caps):
+    combos, shorts_h, backlogs, waited_h = [], shorts_h or [1.0], backlogs or [0.0], waited_h or [None]
+    for waited, backlog, bound, bonus, short, ratio, cap in itertools.product(
+        waited_h, backlogs, bounds_h, bonuses, shorts_h, longer, caps
+    ):
         if not bonus and short != shorts_h[0]:
             continue  # no bonus: which jobs it would lift changes nothing
+        if waited is not None and ratio is not None:
+            continue  # one or the other (`PolicyConfig.gang_stops_waited`)
         config = PolicyConfig(
             gang_max_wait_s=bound * 3600,
             gang_bound_backlog=backlog,
@@ -101,11 +108,13 @@ def grid(
             short_job_s=short * 3600,
             gang_stops_longer=ratio,
             gang_max_preemptions=cap,
+            gang_stops_waited=None if waited is None else waited * 3600,
         )
         lifted = f" (1-GPU jobs up to {short:g} h)" if bonus and len(shorts_h) > 1 else ""
         risen = f" or {backlog:g} x backlog" if backlog else ""
         label = (
             f"bound {bound:g} h{risen}, bonus {bonus:g}{lifted}, longer {'off' if ratio is None else f'{ratio:g}'}, {cap} stops"
+            + ("" if waited is None else f", waited {waited:g} h")
         )
         combos.append((label, config))
     return combos
@@ -249,6 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--longer", default="off,2", help="gang_stops_longer values (off: none)")
     parser.add_argument("--caps", default="4,16", help="gang_max_preemptions values")
     parser.add_argument("--backlog", default="0,0.5", help="gang_bound_backlog values (0: the bound as set)")
+    parser.add_argument("--waited", default="off", help="gang_stops_waited values, hours (off: none)")
     parser.add_argument("--short-hours", default="1", help="short_job_s values, hours: the 1-GPU jobs the bonus lifts")
     parser.add_argument(
         "--replays", type=int, default=1, help=f"replays of each week, 1 to {replays.MAX_REPLAYS} (module docstring)"
@@ -263,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
             [int(c) for c in _floats(args.caps, "--caps", 0, 100)],
             _floats(args.short_hours, "--short-hours", 0, 96),
             _floats(args.backlog, "--backlog", 0, 10),
+            _floats(args.waited, "--waited", 1 / 60, 168, off=True),
         )
     except ValueError as bad:
         parser.error(str(bad))

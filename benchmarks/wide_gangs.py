@@ -46,13 +46,19 @@ start, printed beside it, leaves out a stopped job's time off its GPUs); sharing
 the bound and never behind `fifo-backfill`, judged on the shortest makespan (`sharing_verdict`).
 Each line says met or not; the end has the per-seed, per-class table and the machine's load.
 
+`--parts alone`: the 8-GPU jobs of the single-node gang weeks alone on the nodes they may use,
+beside their floor (`benchmarks/floors/wide_floor.py`: any policy that stops and moves jobs at no
+cost) and first-come-first-served, under drape without a bound, "backlog", and each with waits
+balanced among gang jobs (`gang_stops_waited` 2 h: `scheduler/policy/checkpoints.py`): max delay,
+stops and work lost, how near an online policy comes to the floor where no single-GPU job competes.
+
 `--replays K` replays each week K times (`benchmarks/replays.py`: the week as built, then K - 1
 copies with every submit moved by up to a minute, each gang week's with its own floors): the
 tables give the medians over the replays, and a goal is met where more than half the replays meet
 it (the count is printed); a sharing week is judged on its medians, with their range (as
 `openb_week.py --replays` judges the trace's).
 
-    .venv/bin/python benchmarks/wide_gangs.py [--seeds 1-3] [--bound-hours 3] [--parts wide,gang,sharing]
+    .venv/bin/python benchmarks/wide_gangs.py [--seeds 1-3] [--bound-hours 3] [--parts wide,gang,sharing,alone]
         [--wide-load 0.85] [--replays 1]   # wide: ~5 min a seed on 2 shared cores; gang: ~1 min a seed
 """
 
@@ -75,7 +81,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import replays  # noqa: E402
 from benchmarks.floors.class_floor import class_joint_floors  # noqa: E402
 from benchmarks.floors.joint_floor import joint_floor  # noqa: E402
+from benchmarks.floors.wide_floor import max_wait_floor  # noqa: E402
 from scheduler.policy import GpuState, PolicyConfig  # noqa: E402
+from scheduler.policy.state import allows  # noqa: E402
 from scheduler.sim import SimResult, TraceJob, simulate  # noqa: E402
 from scheduler.sim.model import CLASSES, job_class  # noqa: E402
 
@@ -384,6 +392,49 @@ def summary(rows: list[list[str]], bound_h: float, only: tuple[str, ...] = POLIC
 SHARING_POLICIES = ("drape", "scarcity-off", "fifo-backfill", "fifo-easy")  # `openb_week.POLICIES`' names
 
 
+WAITED_H = 2.0  # gang_stops_waited beside the policies of `alone`: an equal gang job that waited 2 h less
+
+
+def alone_policies() -> list[tuple[str, PolicyConfig]]:
+    """The settings `alone` replays: drape first-come-first-served among gang jobs (no bound), the
+    benchmark's "backlog", and each with waits balanced among gang jobs (`gang_stops_waited`)."""
+    plain = PolicyConfig(gang_bound_whole_wait=True, gang_max_preemptions=8)
+    backlog = policies(3.0, False, ("backlog",))[0][2]
+    waited = WAITED_H * 3600
+    return [
+        ("drape, no bound", plain),
+        ("backlog", backlog),
+        (f"waited {WAITED_H:g} h", replace(plain, gang_stops_waited=waited)),
+        (f"backlog, waited {WAITED_H:g} h", replace(backlog, gang_stops_waited=waited, gang_stops_longer=None)),
+    ]
+
+
+def alone(seed: int) -> None:
+    """The 8-GPU jobs of the single-node gang weeks alone on the nodes they may use: the floor for any
+    policy that stops and moves them at no cost (`wide_floor.max_wait_floor`), first-come-first-served
+    (a schedule), and the planner's max delay, stops and work lost under `alone_policies`: how near an
+    online policy gets to the floor where no single-GPU job competes."""
+    print(f"\n### 8-GPU jobs alone, seed {seed}: max delay (stops, work lost)\n")
+    names = [name for name, _ in alone_policies()]
+    print("| week | jobs on nodes | floor | FCFS | " + " | ".join(names) + " |")
+    print("|---|---|---|---|" + "---|" * len(names))
+    for name, trace, gpus in gang_weeks(seed):
+        gangs = [j for j in trace if j.gpus >= 8]
+        if not gangs:
+            continue
+        usable = [g for g in gpus if any(allows(j.models, g.model) and g.total_gib >= j.peak_mem_gib for j in gangs)]
+        floor = max_wait_floor(gangs, usable)
+        work = sum(j.gpus * j.duration_s for j in gangs)
+        cells = []
+        for _, config in alone_policies():
+            result = simulate(gangs, usable, "drape", config)
+            delay = result.class_delays["5-8"]["max_s"]
+            cells.append(f"{_h(delay)} ({result.preemptions}, {100 * result.lost_gpu_h * 3600 / work:.2f}%)")
+        print(
+            f"| {name} | {floor.jobs} on {floor.nodes} | {_h(floor.floor_s)} | {_h(floor.fcfs_s)} | " + " | ".join(cells) + " |"
+        )
+
+
 def sharing(seed: int, small: bool, replays_each: int = 1) -> bool:
     """The sharing week (`sharing_week`) on `replays_each` replays: drape, drape without the scarcity
     rules and the references, as `openb_week.replay` tabulates a week (medians, ranges); returns the
@@ -432,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", default="1-3", help="seeds: 1-3 or 1,4")
     parser.add_argument("--bound-hours", type=float, default=3.0, help="drape's gang_max_wait_s, in hours")
-    parser.add_argument("--parts", default="wide,gang,sharing", help="which workloads: wide, gang, sharing")
+    parser.add_argument("--parts", default="wide,gang,sharing", help="which workloads: wide, gang, sharing, alone")
     parser.add_argument("--wide-load", type=float, default=0.85, help="the wide-gang week's GPU-hours over the fleet's week's")
     parser.add_argument("--policies", default=",".join(POLICIES), help=f"which of {', '.join(POLICIES)}")
     parser.add_argument(
@@ -462,6 +513,8 @@ def main(argv: list[str] | None = None) -> None:
             for name, trace, gpus in gang_weeks(seed):
                 label, tag = f"gang week {name}, seed {seed}", jitter_tag(name, seed)
                 rows += table(label, trace, gpus, args.bound_hours, False, only, args.replays, tag)
+        if "alone" in parts:
+            alone(seed)
         if "sharing" in parts:
             for small in (False, True):
                 sharing(seed, small, args.replays)

@@ -1,9 +1,9 @@
 """Typed pipeline configuration, validated once at the edge.
 
 A YAML file fills `PipelineConfig`; one pydantic model per component, nested, each subsystem's
-models in a module of their own (`data`, `training`, `gates`, `storage`, `ops`). Unknown keys
-are errors (a typo must not silently fall back to a default), and every failure names the
-file, the field and the reason, e.g. ``configs/demo.yaml: train.stages.texture.steps: Input
+models in a module of their own (`data`, `training`, `gates`, `storage`, `ops`, `kubernetes`,
+`slurm`). Unknown keys are errors (a typo must not silently fall back to a default), and every
+failure names the file, the field and the reason, e.g. ``configs/demo.yaml: train.stages.texture.steps: Input
 should be greater than 0 (got -5)``.
 
 A file may name others under `extends:` (drape.config.reading.extends): the production configs are a base,

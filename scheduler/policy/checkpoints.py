@@ -48,6 +48,28 @@ of a peak, and the single-GPU jobs keep starting: on the wide and gang weeks
 no setting of either met every goal. The backlog counts every waiting job's expected run, so a
 queue that declares long runs waits longer before gangs stop others.
 
+With `PolicyConfig.gang_stops_waited` (H) a gang job that has waited H in all may stop a running
+multi-GPU job of its own priority that, when it started, had waited at least H less than it has
+now (`waited_less`; waits are whole waits, so the option needs `gang_bound_whole_wait`). It may do
+so whatever its bound says (`overdue`): such a stop takes a node from one gang job for another and
+no room from single-GPU jobs, which only the bound may stop (`past_bound`). Of such nodes it takes
+the one whose gang job had waited least, then the one with the most work left, then as below. So
+the gang jobs that have waited longest run, as with processor sharing, and a stopped one stops
+another once it has waited H longer than that one had: H keeps nodes from going back and forth.
+Why: with every node holding a long gang job, first-come-first-served (and `gang_stops_longer`,
+which lets the shortest work go first) leaves a gang job that arrives behind them waiting until one
+ends. The 8-GPU jobs of the mixed gang week alone on their 6 nodes (`benchmarks/scheduler.py`,
+seeds 1-3) wait at most 10.8, 8.6 and 12.5 h first-come-first-served (12.1, 7.8 and 15.1 h under
+`benchmarks/wide_gangs.py`'s "backlog" setting), where the floor for any policy that may stop and
+move jobs at no cost is 4.4, 3.5 and 6.7 h; with H = 2 h, each stop losing the work since the last
+10-min checkpoint, the planner gives 5.3, 5.1 and 8.2 h with 13, 20 and 18 stops a week
+(`wide_gangs.py --parts alone`). Two long gang jobs of one priority on one node take turns, each
+stopping the other once its wait passes the other's by H, until `gang_max_preemptions` ends it.
+A job may stop only one no wider than itself (a 2-GPU job stopping a 64-GPU one would free far more
+than it needs and leave the wide one to gather its GPUs again), and the option excludes
+`gang_stops_longer` (a job stopped as the longer of two could stop its stopper back as the one that
+waited longer).
+
 The cost of stopping a job is its work since its last checkpoint, estimated as the time since
 it started modulo its `checkpoint_every_s`, times its GPUs. Of the nodes with enough GPUs that
 are idle or hold only such jobs, the gang job takes, first among those whose stopped jobs can all
@@ -68,11 +90,12 @@ single-GPU jobs keep room, measured no better and are not kept.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+import bisect
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from scheduler.policy.state import MAX_GANG_WAIT_S, JobRequest, PolicyConfig, RunningJob, bound_start
+from scheduler.policy.state import MAX_GANG_WAIT_S, JobRequest, PolicyConfig, RunningJob, bound_start, waited_by
 
 if TYPE_CHECKING:
     from scheduler.policy.pool import Pool
@@ -81,6 +104,9 @@ Choice = tuple[tuple[str, ...], tuple[str, ...]]  # (GPUs for the waiting job, j
 HOMED_LOOK = 32  # of the cheapest nodes, how many are checked for whether their jobs restart at once
 WORK_UNIT = 1000  # the backlog sums work in 1/WORK_UNIT GPU-seconds, as integers: one total in any order
 MAX_RUN_S = 365 * 86400.0  # a declared run longer than a year counts as a year in the backlog
+# `gang_stops_waited`'s comparisons allow this much (s): a replay wakes at the time a wait reaches
+# another plus the gap (`waited_wake`), a sum whose last digit two replays' clocks need not share
+WAITED_SLACK_S = 1e-6
 
 
 def work_of(job: JobRequest) -> int:
@@ -112,18 +138,61 @@ def gang_bound(config: PolicyConfig, backlog: float) -> float | None:
 
 
 def overdue(job: JobRequest, now: float, config: PolicyConfig, backlog: float = 0.0) -> bool:
-    """Whether multi-GPU `job` has waited past its bound (`gang_bound` at the queue's `backlog`, s),
-    and so may stop running jobs: since its last requeue, or in all with `gang_bound_whole_wait`."""
+    """Whether multi-GPU `job` may stop running jobs: it has waited past its bound (`past_bound`), or
+    `gang_stops_waited` in all (then it stops only gang jobs of its priority that waited less)."""
+    waited = config.gang_stops_waited
+    if waited is not None and job.gpus > 1 and now - bound_start(job, config) >= waited - WAITED_SLACK_S:
+        return True
+    return past_bound(job, now, config, backlog)
+
+
+def past_bound(job: JobRequest, now: float, config: PolicyConfig, backlog: float = 0.0) -> bool:
+    """Whether multi-GPU `job` has waited past its bound (`gang_bound` at the queue's `backlog`, s):
+    since its last requeue, or in all with `gang_bound_whole_wait`. Only then may it stop jobs of a
+    lower priority, and with `gang_stops_longer` longer jobs of its own."""
     bound = gang_bound(config, backlog)
     return bound is not None and job.gpus > 1 and now - bound_start(job, config) >= bound
 
 
-def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig, now: float | None = None) -> bool:
+def stoppable(victim: RunningJob, by: JobRequest, config: PolicyConfig, now: float | None = None, bounded: bool = True) -> bool:
     """Whether waiting gang job `by` may stop running `victim` at `now` (see the module docstring;
-    without `now`, only jobs of lower priority)."""
+    without `now`, only jobs of lower priority). `bounded`: `by` is past its bound (else it may stop
+    only gang jobs that waited less, `waited_less`)."""
     if not (victim.preemptible and victim.preempted < config.gang_max_preemptions):
         return False
-    return victim.priority < by.priority or (now is not None and longer(victim, by, config, now))
+    if now is not None and waited_less(victim, by, config, now):
+        return True
+    return bounded and (victim.priority < by.priority or (now is not None and longer(victim, by, config, now)))
+
+
+def waited_less(victim: RunningJob, by: JobRequest, config: PolicyConfig, now: float) -> bool:
+    """Whether `victim` is a multi-GPU job of `by`'s priority, no wider than `by`, that had waited at
+    least `gang_stops_waited` less when it started than `by` has waited by `now` (`by` may stop it)."""
+    gap = config.gang_stops_waited
+    return (
+        gap is not None
+        and victim.priority == by.priority
+        and 1 < len(victim.gpus) <= by.gpus
+        and waited_by(by, now) >= victim.waited_s + gap - WAITED_SLACK_S
+    )
+
+
+def waited_wake(starts: Iterable[float], waits: Sequence[float], config: PolicyConfig, clock: float) -> float:
+    """The first time past `clock` that `waited_less` may newly hold: a waiting gang job's whole wait
+    (counted from each of `starts`, their `bound_start`s) reaches a running multi-GPU job's wait at its
+    start (`waits`, sorted) plus `gang_stops_waited`; inf without the option. Priorities and widths are
+    not looked at: a pass there may place nothing (both replays wake alike, `scheduler/sim`)."""
+    gap = config.gang_stops_waited
+    if gap is None or not waits:
+        return float("inf")
+    found = float("inf")
+    for since in starts:
+        index = bisect.bisect_right(waits, clock - since - gap)
+        while index < len(waits) and since + gap + waits[index] <= clock:  # rounding: always past `clock`
+            index += 1
+        if index < len(waits):
+            found = min(found, since + gap + waits[index])
+    return found
 
 
 def longer(victim: RunningJob, by: JobRequest, config: PolicyConfig, now: float) -> bool:
@@ -169,12 +238,15 @@ def choose_stops(
     config: PolicyConfig,
     stopped: set[str],
     homed: Callable[[list[RunningJob], Collection[str]], bool] | None = None,
+    bounded: bool = True,
 ) -> Choice | None:
     """(GPUs for `job`, running jobs to stop) on the cheapest node (the module docstring), or None.
     `occupants(uuid)`: the running jobs on a GPU as the pass sees them; `stopped`: jobs this pass
     already stops (a GPU holding one is not taken again); `homed(victims, nodes)`: whether they can
     all start again at once off `nodes` (such nodes come first, of the `HOMED_LOOK` cheapest: a
-    bounded look, as each look reads the fleet's free room; with `gang_stops_rehome`, only such)."""
+    bounded look, as each look reads the fleet's free room; with `gang_stops_rehome`, only such).
+    `bounded`: `job` is past its bound; else it stops only gang jobs that waited less (`waited_less`),
+    the one that waited least first."""
     by_node: dict[str, list[str]] = {}
     for uuid, gpu in pool.gpus.items():
         if gpu.total_gib < job.mem_gib or not pool.fits_any(job, uuid):
@@ -184,14 +256,18 @@ def choose_stops(
             continue
         if gpu.observed_used_gib is not None and gpu.observed_used_gib > gpu.allocated_gib + config.idle_mem_gib:
             continue
-        if all(o.id not in stopped and stoppable(o, job, config, now) for o in here):
+        if all(o.id not in stopped and stoppable(o, job, config, now, bounded) for o in here):
             by_node.setdefault(gpu.node, []).append(uuid)
-    options = []
+    options: list[tuple[tuple, Choice]] = []
     for node, uuids in by_node.items():
         found = _node_choice(job, uuids, occupants, now)
         if found is not None:
             lost, count, left = found[0]
-            options.append(((left, count, lost, node), found[1]))
+            if bounded:
+                options.append(((left, count, lost, node), found[1]))
+            else:  # gang jobs that waited less: the one that waited least, the most work left first
+                least = min(o.waited_s for o in _victims(found[1], occupants))
+                options.append(((least, -left, count, lost, node), found[1]))
     options.sort()
     if not options and config.span_nodes:
         spanned = _span_stops(job, pool, by_node, occupants, now)

@@ -36,7 +36,7 @@ import heapq
 from collections.abc import Callable, Collection, Iterable, Iterator
 from typing import TYPE_CHECKING
 
-from scheduler.policy.checkpoints import choose_stops, longer, overdue
+from scheduler.policy.checkpoints import choose_stops, longer, overdue, past_bound, waited_less
 from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, RunningJob, queued_at
 
 if TYPE_CHECKING:  # the pool module imports nothing of this one; kept apart for readers
@@ -197,12 +197,14 @@ class Preemptor:
             return None
 
         def homed(victims: list[RunningJob], nodes: Collection[str]) -> bool:
-            # jobs stopped as the longer of equals (`checkpoints.longer`) wait by design: the others must rehome
-            waiting = [o for o in victims if longer(o, job, self.config, now)]
+            # jobs stopped as the longer of equals (`checkpoints.longer`) or as equals that waited less
+            # (`checkpoints.waited_less`) wait by design: the others must rehome
+            waiting = [o for o in victims if longer(o, job, self.config, now) or waited_less(o, job, self.config, now)]
             rest = [o for o in victims if o.id not in {w.id for w in waiting}]
             return all(len(o.gpus) == 1 for o in rest) and self._rehome(rest, pool, nodes)
 
-        found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped, homed)
+        bounded = past_bound(job, now, self.config, self.backlog)
+        found = choose_stops(job, pool, self.occupants, now, self.config, self.stopped, homed, bounded)
         if found is None:
             self.stop_hopeless.add(shape)
             return None

@@ -60,6 +60,12 @@ class PolicyConfig:
     # waits; `scheduler/policy/checkpoints.py`: `gang_bound`). While the queue is long, gang jobs
     # wait longer before they stop others, and the jobs they would stop keep moving (0: the bound as set)
     gang_bound_backlog: float = 0.0
+    # a multi-GPU job that has waited this long (s) may stop a running multi-GPU job of its own priority
+    # that had waited at least this much less when it started: the longest-waiting gang jobs run, as
+    # first-come-first-served cannot do once a long job holds a node (`scheduler/policy/checkpoints.py`).
+    # Whatever `gang_max_wait_s` says: it takes no room from other jobs. Waits are whole waits (it needs
+    # `gang_bound_whole_wait`); None: off
+    gang_stops_waited: float | None = None
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
@@ -74,6 +80,16 @@ class PolicyConfig:
             raise ValueError(f"PolicyConfig.gang_stops_longer must be None or in [1, 1000], got {ratio!r}")
         if not (math.isfinite(self.gang_bound_backlog) and 0 <= self.gang_bound_backlog <= 10):
             raise ValueError(f"PolicyConfig.gang_bound_backlog must be in [0, 10], got {self.gang_bound_backlog!r}")
+        waited = self.gang_stops_waited
+        if waited is not None and not (math.isfinite(waited) and 60 <= waited <= MAX_GANG_WAIT_S):
+            raise ValueError(f"PolicyConfig.gang_stops_waited must be None or in [60, {MAX_GANG_WAIT_S:g}] s, got {waited!r}")
+        if waited is not None and not self.gang_bound_whole_wait:
+            raise ValueError("PolicyConfig.gang_stops_waited compares whole waits: it needs gang_bound_whole_wait")
+        if waited is not None and self.gang_stops_longer is not None:
+            raise ValueError(
+                "PolicyConfig.gang_stops_waited and gang_stops_longer: one or the other (a gang job stopped by one rule "
+                "would stop its stopper back by the other)"
+            )
         if not 0 <= self.gang_max_preemptions <= 100:
             raise ValueError(f"PolicyConfig.gang_max_preemptions must be in [0, 100], got {self.gang_max_preemptions!r}")
 
@@ -168,6 +184,7 @@ class RunningJob:
     preemptible: bool = True  # a waiting gang job may stop it (it resumes from its checkpoint)
     checkpoint_every_s: float = CHECKPOINT_EVERY_S
     started_s: float = 0.0  # when it (last) started: the work since its last checkpoint is counted from it
+    waited_s: float = 0.0  # what it had waited in all when it (last) started (`requeued_waited`)
 
 
 @dataclass(frozen=True)
@@ -199,6 +216,19 @@ def bound_start(job: JobRequest, config: PolicyConfig) -> float:
         return queued_at(job)
     since = queued_at(job)
     return since - min(max(job.waited_s, 0.0), since - job.submit_s)
+
+
+def waited_by(job: JobRequest, at: float) -> float:
+    """What `job` has waited in all by `at`: since its last requeue, and before it (`waited_s`), never more
+    than since its submit (a label read from the store cannot buy a wait the job did not have). With
+    `gang_bound_whole_wait`, `at - bound_start(job)`."""
+    return whole_wait(job.submit_s, job.queued_s, job.waited_s, at)
+
+
+def whole_wait(submit_s: float, queued_s: float | None, waited_s: float, at: float) -> float:
+    """`waited_by` from a job's fields: its submit, last requeue (None: never) and waits before it."""
+    since = submit_s if queued_s is None else max(submit_s, queued_s)
+    return max(at - since, 0.0) + min(max(waited_s, 0.0), since - submit_s)
 
 
 def requeued_waited(job: JobRequest, started_s: float) -> float:

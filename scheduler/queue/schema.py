@@ -35,7 +35,7 @@ from sqlalchemy.exc import DatabaseError, OperationalError
 
 from drape import JOB_KINDS
 from scheduler.policy import JobRequest, RunningJob
-from scheduler.policy.state import CHECKPOINT_EVERY_S
+from scheduler.policy.state import CHECKPOINT_EVERY_S, whole_wait
 from scheduler.queue.disk import name_full_disks
 from scheduler.queue.versions import install_version_triggers
 
@@ -366,8 +366,7 @@ def job_request(row) -> JobRequest:
 
 
 def running_job(row) -> RunningJob:
-    """A running job's row (id, assigned, mem_gib, start_s, duration_s, priority, labels) as the policy
-    sees it: a single-GPU job that did not ask to run alone is one it may preempt."""
+    """A running job's row (`JobStore.running`'s columns) as the policy sees it (what it may preempt)."""
     how, gpus = scheduling_of(row.labels), tuple(json.loads(row.assigned or "[]"))
     end = (row.start_s or 0) + row.duration_s
     return RunningJob(
@@ -383,6 +382,7 @@ def running_job(row) -> RunningJob:
         preemptible=how.preemptible and not how.exclusive,
         checkpoint_every_s=how.checkpoint_every_s,
         started_s=row.start_s or 0.0,
+        waited_s=whole_wait(row.submit_s, how.requeued_s, how.waited_s, row.start_s or row.submit_s),
     )
 
 

@@ -153,7 +153,7 @@ class JobStore(LeaseMixin):
 
     def running(self) -> list[RunningJob]:
         """Running jobs as the policy sees them (what it may preempt: shareable single-GPU jobs)."""
-        names = ("id", "assigned", "mem_gib", "start_s", "duration_s", "priority", "labels")
+        names = ("id", "assigned", "mem_gib", "start_s", "duration_s", "priority", "labels", "submit_s")
         with self.engine.connect() as connection:
             rows = connection.execute(select(*[jobs_table.c[n] for n in names]).where(jobs_table.c.state == "running")).all()
         return self._running(rows)

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 from scheduler.policy import STARVED_AFTER_S, GpuState, JobRequest, Placement, RunningJob, allowed, allows
 from scheduler.policy.gangs import never_fits
-from scheduler.policy.state import requeued_waited
+from scheduler.policy.state import requeued_waited, waited_by
 from scheduler.sim.traces import TraceError, TraceJob
 
 CONTENTION_OVERLAP = 0.07
@@ -364,6 +364,7 @@ def ongoing_jobs(running: dict[str, dict]) -> list[RunningJob]:
             preemptible=r["request"].preemptible and not r["request"].exclusive,
             checkpoint_every_s=r["request"].checkpoint_every_s,
             started_s=r["started"],
+            waited_s=waited_by(r["request"], r["started"]),
         )
         for jid, r in running.items()
     ]

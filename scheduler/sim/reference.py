@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from scheduler.policy import GpuState, JobRequest, Placement, PolicyConfig, queued_at
 from scheduler.policy.baselines import SPANS_ITSELF, get_policy
-from scheduler.policy.checkpoints import backlog_of, gang_bound
+from scheduler.policy.checkpoints import backlog_of, gang_bound, waited_wake
 from scheduler.policy.gangs import spanning
-from scheduler.policy.state import bound_start
+from scheduler.policy.state import bound_start, waited_by
 from scheduler.sim.model import (
     SimResult,
     Tally,
@@ -27,18 +27,22 @@ from scheduler.sim.model import (
 from scheduler.sim.traces import TraceJob
 
 
-def _wake(pending: dict[str, JobRequest], gpus: int, clock: float, config: PolicyConfig) -> float:
+def _wake(pending: dict[str, JobRequest], gpus: int, clock: float, config: PolicyConfig, running: dict[str, dict]) -> float:
     """The next time past `clock` a waiting gang job may preempt: to move jobs (`preempt_after_s` from
-    its requeue), to stop them (its gang bound from `bound_start`, risen with the backlog as it stands)."""
+    its requeue), to stop them (its gang bound from `bound_start`, risen with the backlog as it stands;
+    `gang_stops_waited` from there, and when its wait passes a running gang job's by that much:
+    `checkpoints.waited_wake`)."""
     bound = gang_bound(config, backlog_of(pending.values(), gpus, config))
     times = []
     for job in pending.values():
         if job.gpus > 1:
-            times += [
-                at + limit
-                for limit, at in ((config.preempt_after_s, queued_at(job)), (bound, bound_start(job, config)))
-                if limit is not None
-            ]
+            since = bound_start(job, config)
+            limits = ((config.preempt_after_s, queued_at(job)), (bound, since), (config.gang_stops_waited, since))
+            times += [at + limit for limit, at in limits if limit is not None]
+    if config.gang_stops_waited is not None:
+        starts = [bound_start(job, config) for job in pending.values() if job.gpus > 1]
+        waits = sorted(waited_by(r["request"], r["started"]) for r in running.values() if len(r["gpus"]) > 1)
+        times.append(waited_wake(starts, waits, config, clock))
     return min((t for t in times if t > clock), default=float("inf"))
 
 
@@ -97,7 +101,7 @@ def simulate(
         # 1. advance the clock to the next finish or arrival, progressing running jobs at their shared rates
         rates = {jid: 1.0 if r["shared"] else min(pace(gpus[u]) for u in r["gpus"]) for jid, r in running.items()}
         next_finish = min((clock + r["remaining"] / rates[jid] for jid, r in running.items()), default=float("inf"))
-        wake = _wake(pending, len(gpus), clock, config) if policy == "drape" else float("inf")
+        wake = _wake(pending, len(gpus), clock, config, running) if policy == "drape" else float("inf")
         upcoming = min(next_finish, wake, trace[arrival].submit_s if arrival < len(trace) else float("inf"))
         if upcoming == float("inf"):
             raise never_placed(policy, pending.values())

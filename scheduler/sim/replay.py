@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedList
 
+from scheduler.policy.checkpoints import waited_wake
 from scheduler.policy.planner import Planner
 from scheduler.policy.state import GpuState, JobRequest, Placement, PolicyConfig, bound_start, queued_at
 from scheduler.sim.model import Tally, check_fits, never_placed, pace, request_of, requeued, sim_result
@@ -55,6 +56,7 @@ class _Replay:
         self.versions = 0  # the last progress version handed out
         self.wakes = SortedList()  # (submit + patience, job) of waiting multi-GPU jobs
         self.requests: dict[str, JobRequest] = {}  # running job → the request it started from
+        self.gang_waits = SortedList()  # running multi-GPU jobs' waits at their starts (`gang_stops_waited`)
 
     def submit(self, request: JobRequest) -> None:
         self.planner.submit(request)
@@ -68,10 +70,8 @@ class _Replay:
         if request.gpus <= 1:
             return []
         bound = None if self.config.gang_bound_backlog else self.config.gang_max_wait_s
-        starts = (
-            (self.config.preempt_after_s, queued_at(request)),
-            (bound, bound_start(request, self.config)),
-        )
+        since = bound_start(request, self.config)
+        starts = ((self.config.preempt_after_s, queued_at(request)), (bound, since), (self.config.gang_stops_waited, since))
         return [start + limit for limit, start in starts if limit is not None]
 
     def next_wake(self, clock: float) -> float:
@@ -79,6 +79,9 @@ class _Replay:
         `gang_bound_backlog` its bound as the backlog now stands (`Planner.next_overdue`)."""
         position = self.wakes.bisect_right((clock, "\uffff"))
         wake = self.wakes[position][0] if position < len(self.wakes) else float("inf")
+        if self.config.gang_stops_waited is not None:  # a wait passing a running gang job's by the gap
+            starts = (since for since, _ in self.planner.gang_submits)
+            wake = min(wake, waited_wake(starts, self.gang_waits, self.config, clock))
         return min(wake, self.planner.next_overdue(clock)) if self.config.gang_bound_backlog else wake
 
     def next_finish(self) -> float:
@@ -118,7 +121,9 @@ class _Replay:
         request = self.planner.pending[placement.job_id]
         self._settle(placement.gpus, clock)
         self._totals(placement.gpus, -1)
-        self.planner.start(placement, clock)
+        started = self.planner.start(placement, clock)
+        if len(started.gpus) > 1:
+            self.gang_waits.add(started.waited_s)
         self._totals(placement.gpus, +1)
         for wake in self._wakes(request):
             self.wakes.discard((wake, request.id))
@@ -131,7 +136,10 @@ class _Replay:
 
     def stop(self, job_id: str, clock: float) -> tuple[tuple[str, ...], float, JobRequest]:
         """End running job `job_id` at `clock`: its GPUs, the work it had left, its request."""
-        gpus = self.planner.running[job_id].gpus
+        job = self.planner.running[job_id]
+        gpus = job.gpus
+        if len(gpus) > 1:
+            self.gang_waits.remove(job.waited_s)
         self._settle(gpus, clock)
         self._totals(gpus, -1)
         self.planner.finish(job_id)

@@ -38,7 +38,8 @@ def both(pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJ
     planner = Planner([GpuState(g.uuid, g.node, g.model, g.total_gib) for g in gpus], config)
     for job in running:  # each started as the caller knows it (priority, cadence, preemptions, when)
         duration = job.expected_end_s - job.started_s
-        request = JobRequest(job.id, job.priority, 0.0, len(job.gpus), job.mem_gib, duration, preempted=job.preempted)
+        submit = job.started_s - job.waited_s  # so the planner counts the wait the caller gives it
+        request = JobRequest(job.id, job.priority, submit, len(job.gpus), job.mem_gib, duration, preempted=job.preempted)
         planner.submit(dataclasses.replace(request, preemptible=job.preemptible, checkpoint_every_s=job.checkpoint_every_s))
         planner.start(Placement(job.id, job.gpus, job.mem_gib), job.started_s)
     for job in pending:
@@ -94,6 +95,73 @@ def test_with_longer_a_gang_job_stops_one_of_its_priority_with_that_many_times_i
     assert both([stopped], gpus[2:], short, longer) == []
     single = [RunningJob("s", ("b/gpu0",), 30.0, NOW + 36000, 5, True, started_s=NOW - 300)]
     assert both([gang()], gpus[2:3], single, longer) == []  # equals are stopped only when they are gang jobs
+
+
+def test_with_waited_a_gang_job_stops_one_of_its_priority_that_waited_that_much_less():
+    """Node b runs a 2-GPU job of the gang's priority that waited 10 min before it started 5 min ago
+    (10 h left); the gang job waiting for a node has waited 2 h. No bound on waits is set."""
+    gpus, running = full_fleet()
+    held = [RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 5, False, started_s=NOW - 300, waited_s=600.0)]
+    waited = PolicyConfig(preempt_after_s=None, gang_stops_waited=3600.0, gang_bound_whole_wait=True)
+    (placement,) = both([gang()], gpus[2:], held, waited)
+    assert placement.evicts == ("w",)  # 2 h >= 10 min + 1 h
+    assert both([gang(submit=NOW - 4000)], gpus[2:], held, waited) == []  # 4,000 s < 600 s + 3,600 s
+    assert both([gang()], gpus[2:], [dataclasses.replace(held[0], waited_s=5000.0)], waited) == []  # it waited long too
+    assert both([gang()], gpus[2:], held, dataclasses.replace(waited, gang_stops_waited=7200.0)) == []  # 2 h < 10 min + 2 h
+    assert both([gang()], gpus[2:], [dataclasses.replace(held[0], preempted=4)], waited) == []  # the stop cap holds
+    assert both([gang(priority=4)], gpus[2:], held, waited) == []  # a higher priority is never stopped
+    # nor a lower one, nor single-GPU jobs, while the gang job is within its bound: only equal gang jobs
+    assert both([gang(priority=6)], gpus[2:], held, waited) == []
+    assert both([gang()], gpus, running, waited) == []
+    bounded = dataclasses.replace(waited, gang_max_wait_s=3600.0)  # past a bound, as before
+    assert both([gang()], gpus, running, bounded)[0].evicts == ("b0", "b1")
+    # the waits are whole: a requeued gang job counts its wait before the requeue (1.5 h) and since (20 min)
+    requeued = dataclasses.replace(gang(queued_s=NOW - 1200), waited_s=5400.0)
+    assert both([requeued], gpus[2:], held, waited)[0].evicts == ("w",)
+    # of two equals that waited less, the one that waited least; the one stopped never stops it back at once
+    gpus = [GpuState(f"{n}/gpu{i}", n, "H100", 80.0) for n in ("b", "c") for i in range(2)]
+    two = [
+        RunningJob("w", ("b/gpu0", "b/gpu1"), 30.0, NOW + 36000, 5, False, started_s=NOW - 300, waited_s=600.0),
+        RunningJob("v", ("c/gpu0", "c/gpu1"), 30.0, NOW + 36000, 5, False, started_s=NOW - 300, waited_s=60.0),
+    ]
+    gpus = [dataclasses.replace(g, jobs=1, allocated_gib=30.0, exclusive=True, shares=1.0) for g in gpus]
+    (placement,) = both([gang()], gpus, two, waited)
+    assert placement.evicts == ("v",) and placement.gpus == ("c/gpu0", "c/gpu1")
+    stopped = dataclasses.replace(JobRequest("v", 5, NOW - 600, 2, 30.0, 36000.0, queued_s=NOW - 60), waited_s=60.0)
+    took = RunningJob("gang", ("c/gpu0", "c/gpu1"), 70.0, NOW + 3600, 5, False, started_s=NOW - 60, waited_s=7140.0)
+    assert both([stopped], gpus, [two[0], took], waited) == []  # it waited 2 min; "w" waited 10 min, "gang" 2 h
+
+
+def test_the_replays_wake_when_a_wait_passes_a_running_gang_jobs_by_the_gap():
+    """`waited_wake`: the first time past `clock` a waiting gang job's wait (from its `bound_start`)
+    reaches a running gang job's wait at its start plus `gang_stops_waited`; always past `clock`,
+    whatever the last digit of the sum (a wake at `clock` would never let the replay move on)."""
+    import random
+
+    from scheduler.policy.checkpoints import waited_wake
+
+    waited = PolicyConfig(gang_stops_waited=600.0, gang_bound_whole_wait=True)
+    assert waited_wake([1000.0], [0.0, 300.0], waited, 1500.0) == 1600.0  # 1000 + 600 + 0
+    assert waited_wake([1000.0], [0.0, 300.0], waited, 1600.0) == 1900.0  # then + 300
+    assert waited_wake([1000.0, 1200.0], [300.0], waited, 1850.0) == 1900.0  # the soonest of the waiting jobs
+    assert waited_wake([1000.0], [0.0], waited, 1600.0) == float("inf")  # passed every running one already
+    assert waited_wake([1000.0], [], waited, 0.0) == float("inf")  # no gang job runs
+    assert waited_wake([1000.0], [0.0], PolicyConfig(), 0.0) == float("inf")  # off
+    rng = random.Random(3)
+    for _ in range(20_000):
+        since, wait = rng.uniform(0, 1e5), rng.uniform(0, 1e4)
+        clock = since + 600.0 + wait - rng.choice((0.0, 1e-12, 1e-11))
+        assert waited_wake([since], [wait], waited, clock) > clock
+
+
+def test_waited_needs_whole_waits_and_a_sane_gap():
+    with pytest.raises(ValueError, match="gang_bound_whole_wait"):
+        PolicyConfig(gang_stops_waited=3600.0)
+    for bad in (0.0, 30.0, float("nan"), float("inf"), 8 * 86400.0):
+        with pytest.raises(ValueError, match="gang_stops_waited"):
+            PolicyConfig(gang_stops_waited=bad, gang_bound_whole_wait=True)
+    with pytest.raises(ValueError, match="gang_stops_waited and gang_stops_longer"):
+        PolicyConfig(gang_stops_waited=3600.0, gang_bound_whole_wait=True, gang_stops_longer=2.0)
 
 
 def test_with_rehome_and_longer_a_stopped_equal_need_not_restart_at_once():
@@ -231,9 +299,17 @@ def test_a_job_declares_whether_it_may_be_stopped_and_how_often_it_checkpoints()
     labels = json.dumps(spec.stored_labels())
     request = job_request(("j", 3, 0.0, 1, 10.0, 60.0, labels))
     assert not request.preemptible and request.checkpoint_every_s == 900.0
-    row = SimpleNamespace(id="j", assigned='["a/gpu0"]', mem_gib=10.0, start_s=50.0, duration_s=60.0, priority=3, labels=labels)
+    row = SimpleNamespace(
+        id="j", assigned='["a/gpu0"]', mem_gib=10.0, start_s=50.0, duration_s=60.0, priority=3, labels=labels, submit_s=20.0
+    )
     running = running_job(row)
     assert not running.preemptible and running.checkpoint_every_s == 900.0 and running.started_s == 50.0
+    assert running.waited_s == 30.0  # submitted at 20 s, started at 50 s, never requeued
+    # requeued at 30 s after waiting 8 s, started again at 50 s: 28 s in all; a label that claims more
+    # than the time since its submit buys no more (the store is untrusted)
+    for claimed, whole in (("8", 28.0), ("1e9", 30.0), ("nan", 20.0)):
+        requeued = json.loads(labels) | {"requeued_s": "30", "waited_s": claimed}
+        assert running_job(SimpleNamespace(**{**vars(row), "labels": json.dumps(requeued)})).waited_s == whole, claimed
     plain = job_request(
         (
             "k",
@@ -286,6 +362,8 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
         rescue_gangs=True,
     )
     policy = policy_config(SimpleNamespace(queue=queue))
+    waited = QueueConfig(gang_stops_waited_seconds=7200, gang_bound_whole_wait=True)
+    assert policy_config(SimpleNamespace(queue=waited)).gang_stops_waited == 7200.0 and policy.gang_stops_waited is None
     assert policy.rescue_gangs and not policy_config(SimpleNamespace(queue=QueueConfig())).rescue_gangs
     assert policy.gang_bound_backlog == 0.5 and policy_config(SimpleNamespace(queue=QueueConfig())).gang_bound_backlog == 0
     assert policy.gang_bound_whole_wait and not policy_config(SimpleNamespace(queue=QueueConfig())).gang_bound_whole_wait
@@ -308,9 +386,16 @@ def test_the_queue_config_sets_short_jobs_first_and_the_stop_cap():
         ("gang_bound_backlog", -0.1),
         ("gang_bound_backlog", 11),
         ("gang_bound_backlog", float("nan")),
+        ("gang_stops_waited_seconds", 30),
+        ("gang_stops_waited_seconds", -1),
+        ("gang_stops_waited_seconds", 8 * 86400.0),
     ):
         with pytest.raises(ValidationError, match=field):
-            QueueConfig(**{field: bad})
+            QueueConfig(**{field: bad, "gang_bound_whole_wait": True})
+    with pytest.raises(ValidationError, match="gang_stops_waited_seconds.*gang_bound_whole_wait"):
+        QueueConfig(gang_stops_waited_seconds=3600)  # whole waits are what it compares
+    with pytest.raises(ValidationError, match="gang_stops_waited_seconds and queue.gang_stops_longer"):
+        QueueConfig(gang_stops_waited_seconds=3600, gang_bound_whole_wait=True, gang_stops_longer=2)
 
 
 def test_a_stopped_job_ages_from_its_requeue_and_a_stopped_gang_waits_its_bound_again():

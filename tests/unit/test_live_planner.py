@@ -290,6 +290,9 @@ def _fuzzed(seed: int) -> tuple[dict, dict, tuple[int, ...]]:
         queue.update(launcher="kubernetes", kubernetes=sharing)
     else:
         queue["max_jobs_per_gpu"] = rng.choice((1, 2, 4))
+    # drawn last, so the cases before it stay as they were; it needs whole waits, and excludes `longer`
+    if queue.get("gang_bound_whole_wait") and "gang_stops_longer" not in queue and rng.random() < 0.5:
+        queue["gang_stops_waited_seconds"] = 600.0
     widest = max(g["gpus_per_node"] for g in groups)
     return {"groups": groups}, queue, (2, widest, 2 * widest) if engine == "slurm" else (2, widest)
 
@@ -312,3 +315,35 @@ def test_the_live_planner_and_plan_drape_agree_on_random_fleets_and_settings(tmp
         assert outcomes[0] == outcomes[1], f"seed {seed}, at {clock}: plan_drape and the live planner differ"
         started += len(outcomes[0][0])
     assert started > 10
+
+
+def test_with_waited_both_dispatchers_stop_the_gang_job_that_waited_least(tmp_path):
+    """`queue.gang_stops_waited_seconds` through the queue's rows: one node of two GPUs, 2-GPU jobs of
+    one priority, 10 h each at t=0 ("a") and t=100 ("b"), 1 h at t=200 ("c"). At 3,700 s "b", which
+    has waited 1 h, stops "a" (which waited 0); at 7,400 s "c", which has waited 2 h, stops "b" (which
+    had waited 1 h when it started). `plan_drape` reading every row (the waits from `submit_s`, the
+    start and the `waited_s` and `requeued_s` labels) and the live planner decide alike. ~0.5 s."""
+    fleet = {"groups": [{"model": "H100-80GB", "memory_gib": 80, "nodes": 1, "gpus_per_node": 2, "node_prefix": "h"}]}
+    queue = {
+        "preempt_after_seconds": 0,
+        "spread_after_seconds": 0,
+        "gang_bound_whole_wait": True,
+        "gang_stops_waited_seconds": 3600.0,
+    }
+    worlds = [_world(tmp_path, name, name == "live", fleet=fleet, queue=queue) for name in ("reference", "live")]
+
+    def gang(name: str, hours: float) -> JobSpec:
+        return JobSpec(kind="stage-training", command=["true"], id=name, mem_gib=70.0, gpus=2, duration_s=hours * 3600, priority=5)
+
+    script = {0.0: [(gang("a", 10), 0.0)], 100.0: [(gang("b", 10), 100.0)], 200.0: [(gang("c", 1), 200.0)]}
+    decided = {}
+    for clock in (0.0, 100.0, 200.0, 3000.0, 3700.0, 5000.0, 7400.0, 9000.0):
+        outcomes = []
+        for _, store, launcher, dispatcher in worlds:
+            report = _step(store, launcher, dispatcher, clock, script.get(clock, []), False)
+            outcomes.append((sorted(report.started), sorted(report.preempted)))
+        assert outcomes[0] == outcomes[1], f"at {clock}: plan_drape and the live planner differ"
+        decided[clock] = outcomes[0]
+    assert decided[0.0] == (["a"], []) and decided[3000.0] == ([], [])
+    assert decided[3700.0] == (["b"], ["a"]) and decided[5000.0] == ([], [])
+    assert decided[7400.0] == (["c"], ["b"])

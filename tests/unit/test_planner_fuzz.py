@@ -94,7 +94,7 @@ def _queue(rng: random.Random, gpus: list[GpuState]) -> list[TraceJob]:
 
 
 def _settings(rng: random.Random) -> PolicyConfig:
-    return PolicyConfig(
+    settings = PolicyConfig(
         max_jobs_per_gpu=rng.choice((1, 2, 4)),
         preempt_after_s=rng.choice((None, 1200.0, 300.0)),
         spread_after_s=rng.choice((None, 3600.0)),
@@ -110,6 +110,10 @@ def _settings(rng: random.Random) -> PolicyConfig:
         gang_bound_whole_wait=rng.random() < 0.3,
         gang_bound_backlog=rng.choice((0.0, 0.0, 0.5)),
     )
+    # drawn last, so the cases before it stay as they were; it needs whole waits, and excludes `longer`
+    if settings.gang_bound_whole_wait and settings.gang_stops_longer is None and rng.random() < 0.5:
+        settings = replace(settings, gang_stops_waited=rng.choice((600.0, 1800.0)))
+    return settings
 
 
 def fuzz_case(seed: int) -> tuple[list[TraceJob], list[GpuState], PolicyConfig]:
@@ -120,9 +124,16 @@ def fuzz_case(seed: int) -> tuple[list[TraceJob], list[GpuState], PolicyConfig]:
     return [j for j in queue if never_fits(request_of(j), gpus, settings.span_nodes) is None], gpus, settings
 
 
-# the cases the two faults showed in, then the first 150 others whose fleet holds 5 of their jobs or more
+# the cases the two faults showed in; the first 12 past 1,000 whose gang jobs stop gang jobs of their
+# rank that waited less (`gang_stops_waited`: 4 of the first 150 do); then the first 150 others whose
+# fleet holds 5 of their jobs or more
 FOUND = (396, 467, 697, 715, 973)
-SEEDS = (*FOUND, *[seed for seed in range(1000) if seed not in FOUND and len(fuzz_case(seed)[0]) >= 5][:150])
+WAITED = (1010, 1011, 1123, 1135, 1317, 1341, 1356, 1532, 1585, 1665, 1810, 1946)
+SEEDS = (
+    *FOUND,
+    *WAITED,
+    *[seed for seed in range(1000) if seed not in FOUND and len(fuzz_case(seed)[0]) >= 5][:150],
+)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -139,9 +150,11 @@ def test_the_planner_and_plan_drape_place_every_job_alike(seed):
 
 def test_the_cases_reach_the_paths_that_differed():
     """Gangs across nodes with the reservation tied between nodes need spanning; the wake fault
-    needs the bound risen with the backlog; both need preemption: the seeds hold each."""
+    needs the bound risen with the backlog; both need preemption; and some cases balance waits among
+    gang jobs (`gang_stops_waited`): the seeds hold each."""
     settings = [fuzz_case(seed)[2] for seed in SEEDS]
     assert sum(s.span_nodes for s in settings) >= 10 and sum(bool(s.gang_bound_backlog) for s in settings) >= 8
+    assert sum(s.gang_stops_waited is not None for s in settings) >= 20  # 24: `WAITED` and 12 of the first 150
     assert all(len(fuzz_case(seed)[0]) >= 5 for seed in SEEDS)
 
 

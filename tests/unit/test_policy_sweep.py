@@ -32,6 +32,13 @@ def test_the_grid_has_every_combination_with_the_bound_on_the_whole_wait():
         "bound 1 h or 0.5 x backlog, bonus 20, longer 2, 8 stops",
     ]
     assert [config.gang_bound_backlog for _, config in risen] == [0.0, 0.5]
+    waited = policy_sweep.grid([2.0], [20.0], [None, 2.0], [8], waited_h=[None, 6.0])
+    assert [label for label, _ in waited] == [  # with `longer` the policy refuses it: left out
+        "bound 2 h, bonus 20, longer off, 8 stops",
+        "bound 2 h, bonus 20, longer 2, 8 stops",
+        "bound 2 h, bonus 20, longer off, 8 stops, waited 6 h",
+    ]
+    assert [config.gang_stops_waited for _, config in waited] == [None, None, 6 * 3600.0]
 
 
 def _result(delays: dict[str, float], one_wait_s: float, lost_gpu_h: float = 0.0) -> SimResult:

@@ -241,6 +241,40 @@ def test_a_short_gang_stops_a_long_one_of_its_priority_and_the_delay_counts_the_
     assert before.class_delays["2-4"] == before.class_waits["2-4"]  # never stopped: the delay is the wait
 
 
+def test_with_waited_the_gang_jobs_that_waited_longest_run_taking_turns_within_the_stop_cap(tmp_path):
+    """One node of two GPUs, no bound: 10-h 2-GPU jobs of one priority at t=0 ("first", which waited 0)
+    and t=100 ("second"), a 1-h one at t=200 ("third"). First-come-first-served, the third waits 20 h.
+    With `gang_stops_waited` 1 h, the second, having waited 1 h at 3,700 s, stops the first; the
+    third, having waited 2 h at 7,400 s (1 h more than the second had when it started), stops the
+    second. Then the two long ones take turns, each stopping the other once its wait passes the
+    other's by 1 h, until each was stopped `gang_max_preemptions` (4) times; both replays wake at
+    each such time (`checkpoints.waited_wake`) and place every job alike."""
+    from scheduler.policy import PolicyConfig
+
+    (tmp_path / "f.yaml").write_text("groups:\n  - {model: H100, memory_gib: 80, nodes: 1, gpus_per_node: 2}\n")
+    fleet = load_fleet(tmp_path / "f.yaml")
+    trace = [
+        TraceJob("first", 0, 36000, 70, 2, 5, "stage"),
+        TraceJob("second", 100, 36000, 70, 2, 5, "stage"),
+        TraceJob("third", 200, 3600, 70, 2, 5, "stage"),
+    ]
+    plain = PolicyConfig(preempt_after_s=None, gang_bound_whole_wait=True)
+    fcfs = simulate(trace, fleet, "drape", plain)
+    assert fcfs.preemptions == 0 and fcfs.class_delays["2-4"]["max_s"] == pytest.approx(36000 + 36000 - 200)
+    waited = replace(plain, gang_stops_waited=3600.0)
+    record: list = []
+    result = simulate(trace, fleet, "drape", waited, record=record)
+    stops = [(at, job, evicted) for at, job, _, evicted in record if evicted]
+    assert stops[:2] == [(pytest.approx(3700), "second", ("first",)), (pytest.approx(7400), "third", ("second",))]
+    assert [at for at, job, _ in stops[2:]] == pytest.approx([14700, 21900, 29100, 36300, 43500, 50700])
+    assert result.preemptions == 8 and all(sum(v == (j,) for *_, v in stops) == 4 for j in ("first", "second"))
+    assert result.class_delays["2-4"]["max_s"] < fcfs.class_delays["2-4"]["max_s"] / 1.5
+    reference: list = []  # the reference loop (`plan_drape` at each event, its own wakes) places every job alike
+    simulate(trace, fleet, "drape", waited, reference=True, record=reference)
+    assert [r[1:] for r in reference] == [r[1:] for r in record]
+    assert [r[0] for r in reference] == pytest.approx([r[0] for r in record])
+
+
 def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
     """`--config`: the queue's settings (the engine, gang_max_wait_seconds) are the policy's. On Slurm a
     gang wider than a node spans nodes; without the config it can never be placed (exit 2, named)."""

@@ -120,3 +120,27 @@ def test_a_sharing_week_is_replayed_and_judged_on_its_medians(monkeypatch, capsy
     assert f"drape: {drape:.3f} of the shortest makespan" in out and met is (
         drape >= 0.93 and "NOT met" not in out and "not behind" in out
     )
+
+
+def test_alone_prints_each_policy_beside_the_floor_and_first_come_first_served(monkeypatch, capsys):
+    """`--parts alone` on one node of 8 H100: 10-h 8-GPU jobs at t=0 and t=100, a 1-h one at t=200,
+    and a single-GPU job it leaves out. First-come-first-served the short one waits 19.9 h; balanced
+    waits (`gang_stops_waited` 2 h) cut the largest delay, never under the floor. ~0.1 s."""
+    from scheduler.policy import GpuState
+
+    node = [GpuState(f"h/gpu{i}", "h", "H100-80GB", 80.0) for i in range(8)]
+    week = [
+        TraceJob("a", 0.0, 36000.0, 70.0, 8, 5, "stage"),
+        TraceJob("b", 100.0, 36000.0, 70.0, 8, 5, "stage"),
+        TraceJob("c", 200.0, 3600.0, 70.0, 8, 5, "stage"),
+        TraceJob("s", 300.0, 600.0, 30.0, 1, 3, "gate"),
+    ]
+    monkeypatch.setattr(wide_gangs, "gang_weeks", lambda seed: [("one node", week, node)])
+    wide_gangs.main(["--seeds", "1", "--parts", "alone"])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| one node"))
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    assert cells[1] == "3 on 1" and cells[3] == "19.9 h"  # c waits for a and b: 72,000 - 200 s
+    delays = [float(cell.split(" h")[0]) for cell in cells[4:]]  # no bound, backlog, waited, backlog + waited
+    floor = float(cells[2].split(" h")[0])
+    assert delays[0] == 19.9 and all(d >= floor for d in delays) and delays[2] < delays[0] / 1.5
+    assert "(0, 0.00%)" in cells[4] and "(0, 0.00%)" not in cells[6]  # first-come-first-served stops nothing
