@@ -128,10 +128,10 @@ class QueueConfig(StrictModel):
         ge=0,
         le=7 * 24 * 3600,
         description="a multi-GPU job that has waited this long in all may stop a running multi-GPU job of its own "
-        "priority that had waited at least this much less when it started (it resumes from its checkpoint), whatever "
-        "gang_max_wait_seconds says: the longest-waiting gang jobs run, rather than the first to start holding nodes "
-        "for days (scheduler/policy/checkpoints.py, benchmarks/wide_gangs.py); needs gang_bound_whole_wait; "
-        "0: off; else at least 60",
+        "priority, no wider, that had waited at least this much less when it started (it resumes from its "
+        "checkpoint), whatever gang_max_wait_seconds says: the longest-waiting gang jobs run, rather than the first "
+        "to start holding nodes for days (scheduler/policy/checkpoints.py, benchmarks/wide_gangs.py); needs "
+        "gang_bound_whole_wait, excludes gang_stops_longer; 0: off; else at least 60",
     )
     short_job_bonus: float = Field(
         default=0.0,

@@ -333,7 +333,9 @@ def test_with_waited_both_dispatchers_stop_the_gang_job_that_waited_least(tmp_pa
     worlds = [_world(tmp_path, name, name == "live", fleet=fleet, queue=queue) for name in ("reference", "live")]
 
     def gang(name: str, hours: float) -> JobSpec:
-        return JobSpec(kind="stage-training", command=["true"], id=name, mem_gib=70.0, gpus=2, duration_s=hours * 3600, priority=5)
+        return JobSpec(
+            kind="stage-training", command=["true"], id=name, mem_gib=70.0, gpus=2, duration_s=hours * 3600, priority=5
+        )
 
     script = {0.0: [(gang("a", 10), 0.0)], 100.0: [(gang("b", 10), 100.0)], 200.0: [(gang("c", 1), 200.0)]}
     decided = {}
