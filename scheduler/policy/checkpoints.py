@@ -62,7 +62,7 @@ ends. The 8-GPU jobs of the mixed gang week alone on their 6 nodes (`benchmarks/
 seeds 1-3) wait at most 10.8, 8.6 and 12.5 h first-come-first-served (12.1, 7.8 and 15.1 h under
 `benchmarks/wide_gangs.py`'s "backlog" setting), where the floor for any policy that may stop and
 move jobs at no cost is 4.4, 3.5 and 6.7 h; with H = 2 h, each stop losing the work since the last
-10-min checkpoint, the planner gives 5.3, 5.1 and 8.2 h with 13, 20 and 18 stops a week
+10-min checkpoint, the planner gives 5.3, 4.9 and 8.2 h with 13, 20 and 18 stops a week
 (`wide_gangs.py --parts alone`). Two long gang jobs of one priority on one node take turns, each
 stopping the other once its wait passes the other's by H, until `gang_max_preemptions` ends it.
 A job may stop only one no wider than itself (a 2-GPU job stopping a 64-GPU one would free far more
