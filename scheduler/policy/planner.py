@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from sortedcontainers import SortedList
 
-from scheduler.policy.checkpoints import WAITED_SLACK_S, backlog_s, gang_bound, overdue, work_of
+from scheduler.policy.checkpoints import backlog_s, gang_bound, overdue, work_of
 from scheduler.policy.clearing import Clearing
 from scheduler.policy.fragmentation import widths_of_shapes
 from scheduler.policy.pool import Pool
@@ -274,8 +274,8 @@ class Planner:
         backlog = self.backlog()
         limits = (self.config.preempt_after_s, gang_bound(self.config, backlog))
         starving = any(limit is not None and waited >= limit for limit in limits)
-        if (gap := self.config.gang_stops_waited) is not None:  # as `checkpoints.overdue` compares it
-            starving = starving or waited >= gap - WAITED_SLACK_S
+        if not starving and self.gang_submits and self.config.gang_stops_waited is not None:
+            starving = overdue(self.pending[self.gang_submits[0][1]], now, self.config, backlog)  # the longest waiting
         preemptor = Preemptor([], self.config, on_gpu=self.on_gpu, victims=self.victims, backlog=backlog) if starving else None
         step = _Pass(now, preemptor)
         heap = []

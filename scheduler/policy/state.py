@@ -184,7 +184,7 @@ class RunningJob:
     preemptible: bool = True  # a waiting gang job may stop it (it resumes from its checkpoint)
     checkpoint_every_s: float = CHECKPOINT_EVERY_S
     started_s: float = 0.0  # when it (last) started: the work since its last checkpoint is counted from it
-    waited_s: float = 0.0  # what it had waited in all when it (last) started (`requeued_waited`)
+    waited_s: float = 0.0  # what it had waited in all when it (last) started (`waited_by` then)
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,14 @@ def _wake(pending: dict[str, JobRequest], gpus: int, clock: float, config: Polic
     `gang_stops_waited` from there, and when its wait passes a running gang job's by that much:
     `checkpoints.waited_wake`)."""
     bound = gang_bound(config, backlog_of(pending.values(), gpus, config))
-    times = []
+    times, starts = [], []
     for job in pending.values():
         if job.gpus > 1:
             since = bound_start(job, config)
+            starts.append(since)
             limits = ((config.preempt_after_s, queued_at(job)), (bound, since), (config.gang_stops_waited, since))
             times += [at + limit for limit, at in limits if limit is not None]
     if config.gang_stops_waited is not None:
-        starts = [bound_start(job, config) for job in pending.values() if job.gpus > 1]
         waits = sorted(waited_by(r["request"], r["started"]) for r in running.values() if len(r["gpus"]) > 1)
         times.append(waited_wake(starts, waits, config, clock))
     return min((t for t in times if t > clock), default=float("inf"))
