@@ -31,6 +31,15 @@ replays.
     .venv/bin/python benchmarks/policy_sweep.py [--seeds 1-3] [--parts wide,gang]
         [--bound-hours 1,3,6] [--backlog 0,0.5] [--bonus 0,20] [--short-hours 1] [--longer off,2]
         [--caps 4,16] [--waited off] [--replays 1] [--workers 2]   # the default grid: 48 combinations, ~10 min on 2 cores
+    .venv/bin/python benchmarks/policy_sweep.py --search 200 [--search-seed 1] [--parts gang] ...
+
+`--search N` replays N combinations drawn at random (`search`, seeded) from `SPACE` instead of the
+grid (`benchmarks/sweep_search.py`): besides the grid's settings, whether stops keep to jobs that restart at once
+(`gang_stops_rehome`), how many jobs may share a GPU, when and how often a waiting multi-GPU job
+moves single-GPU jobs (`preempt_after_s`, `max_preemptions`), spreading and aging, which the grid
+holds at their defaults. The report adds, per week, the most goals one combination met there and
+what each such combination missed: two goals that no combination meets together show as the
+best combinations splitting between them.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -49,6 +59,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import replays, wide_gangs  # noqa: E402
+from benchmarks.sweep_search import search  # noqa: E402
 from scheduler.policy import GpuState, PolicyConfig  # noqa: E402
 from scheduler.sim import SimResult, TraceJob, simulate  # noqa: E402
 from scheduler.sim.model import CLASSES, job_class  # noqa: E402
@@ -225,8 +236,24 @@ def report(combos: list[tuple[str, PolicyConfig]], found: dict[str, list[Verdict
         met, worst = totals[label]
         misses = sorted({m for name in names for m in found[name][index_of[label]].missed})
         print(f"- {label}: {met} goals met, worst 1-GPU mean wait {worst / 60:.1f} min; missed: {', '.join(misses) or 'none'}")
+    print("\n## Per week: the most goals one combination met, and what those combinations missed\n")
+    for name in names:
+        print(f"- {name}: {per_week(found[name])}")
     every = [label for label, index in index_of.items() if all(not found[name][index].missed for name in names)]
     print(f"\nEvery goal on every week: {', '.join(every) if every else 'met by no combination'}")
+
+
+def per_week(verdicts: list[Verdict]) -> str:
+    """One week's best: the most goals a combination met, how many met that many and what each of
+    those missed (so a pair of goals no combination meets together shows), and any goal none met."""
+    best = max(v.met for v in verdicts)
+    top = [v for v in verdicts if v.met == best]
+    missed = Counter(", ".join(v.missed) or "nothing" for v in top)
+    never = [goal for goal in dict.fromkeys(g for v in verdicts for g in v.missed) if all(goal in v.missed for v in verdicts)]
+    ways = "; ".join(f"{what} ({count})" for what, count in missed.most_common())
+    return f"{best}/{top[0].asked} by {len(top)} of {len(verdicts)}, missing {ways}" + (
+        f"; met by none: {', '.join(never)}" if never else ""
+    )
 
 
 def _spread(verdict: Verdict) -> str:
@@ -263,6 +290,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--replays", type=int, default=1, help=f"replays of each week, 1 to {replays.MAX_REPLAYS} (module docstring)"
     )
+    parser.add_argument(
+        "--search", type=int, default=0, help="replay this many combinations drawn from every setting instead of the grid"
+    )
+    parser.add_argument("--search-seed", type=int, default=1, help="which draw --search takes (the same seed, the same draw)")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (a week each)")
     args = parser.parse_args(argv)
     try:
@@ -277,6 +308,10 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as bad:
         parser.error(str(bad))
+    if not 0 <= args.search <= 10_000:
+        parser.error(f"--search: expected 0 (the grid) to 10000 combinations, got {args.search}")
+    if args.search:
+        combos = search(args.search, args.search_seed)
     parts = set(args.parts.split(",")) - {""}
     if unknown := parts - {"wide", "gang"}:
         parser.error(f"--parts: unknown {sorted(unknown)}; expected some of wide, gang")
@@ -289,7 +324,8 @@ def main(argv: list[str] | None = None) -> None:
     load = os.getloadavg()
     print(f"machine load (1, 5, 15 min): {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} cores")
     started, chosen = time.perf_counter(), weeks(seeds, parts, args.replays)
-    print(f"{len(combos)} combinations on {len(chosen)} weeks ({args.replays} replays each), {args.workers} workers\n")
+    drawn = f" drawn from every setting (--search-seed {args.search_seed})" if args.search else ""
+    print(f"{len(combos)} combinations{drawn} on {len(chosen)} weeks ({args.replays} replays each), {args.workers} workers\n")
     each: dict[str, list[list[Verdict]]] = {}
     with ProcessPoolExecutor(args.workers) as pool:
         for week, (name, verdicts, took) in zip(chosen, pool.map(_replay, chosen, [combos] * len(chosen)), strict=True):

@@ -22,7 +22,10 @@ Three workloads, each replayed through the same `Planner` the dispatcher runs:
    (T4 and 16 GiB V100s). Synthetic; `benchmarks/openb_week.py` builds weeks from the issue's sharing
    trace (Alibaba's openb files, read from a local checkout).
 
-Policies: "backlog", the bound (2 h, not `--bound-hours`) risen to 0.5 x the queue's backlog while
+Policies: "searched", the combination with the most goals met and every week's median 1-GPU mean
+within 5 min of those `benchmarks/policy_sweep.py --search 200` drew ("backlog" with a 1-h bound,
+`gang_stops_waited` 2 h, `gang_stops_rehome`, 16 stops a job, no moves by a waiting gang job:
+`SEARCHED`); "backlog", the bound (2 h, not `--bound-hours`) risen to 0.5 x the queue's backlog while
 that is longer (`gang_bound_backlog`: the waiting GPU-seconds over the fleet's GPUs), on the whole
 wait, short single-GPU jobs first, `gang_stops_longer` 2 and 8 stops a job (the setting of
 `benchmarks/policy_sweep.py`'s grid that met the most goals); "whole-longer" and "whole", the
@@ -164,7 +167,15 @@ LONGER = 4.0  # gang_stops_longer beside the bound: a gang job stops one of its 
 # "backlog": the frontier's top of `benchmarks/policy_sweep.py` (the most goals met): the bound 2 h, risen
 # to 0.5 x the queue's backlog (`gang_bound_backlog`), on the whole wait, short jobs first, longer 2, 8 stops
 BACKLOG_BOUND_H, BACKLOG = 2.0, 0.5
+# "searched": the most goals met with every week's median 1-GPU mean wait within 5 min, of the combinations
+# `policy_sweep.py --search 200` drew (benchmarks/README.md): "backlog" with a 1-h bound, waits balanced among
+# gang jobs (2 h), stops kept to jobs that restart at once, 16 stops a job, and no moves by waiting gang jobs
+SEARCHED_BOUND_H = 1.0
+SEARCHED = dict(
+    gang_stops_waited=2 * 3600.0, gang_stops_rehome=True, gang_max_preemptions=16, preempt_after_s=None, max_preemptions=8
+)
 POLICIES = (  # `--policies`
+    "searched",
     "backlog",
     "whole-longer",
     "whole",
@@ -179,10 +190,11 @@ POLICIES = (  # `--policies`
 
 
 def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> list[tuple[str, str, PolicyConfig]]:
-    """drape with the bound on a gang job's whole wait (`gang_bound_whole_wait`), with `LONGER` and
-    alone; drape with the bound, its stops kept to jobs that restart at once and short jobs first, and
-    also stopping gang jobs of its priority with `LONGER` x its run left; the bound with that alone;
-    rehome as before; the bound as before; no bound; the two references (those in `only`)."""
+    """drape as `SEARCHED` sets it and as "backlog" does (`BACKLOG`); drape with the bound on a gang
+    job's whole wait (`gang_bound_whole_wait`), with `LONGER` and alone; drape with the bound, its
+    stops kept to jobs that restart at once and short jobs first, and also stopping gang jobs of its
+    priority with `LONGER` x its run left; the bound with that alone; rehome as before; the bound as
+    before; no bound; the two references (those in `only`)."""
     bound = bound_h * 3600
     rehome = PolicyConfig(gang_max_wait_s=bound, gang_stops_rehome=True, short_job_bonus=SHORT_BONUS, span_nodes=span)
     bounded = PolicyConfig(gang_max_wait_s=bound, span_nodes=span)
@@ -195,7 +207,14 @@ def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> li
         gang_stops_longer=2.0,
         gang_max_preemptions=8,
     )
+    searched = replace(risen, gang_max_wait_s=SEARCHED_BOUND_H * 3600, gang_stops_longer=None, **SEARCHED)
     every = [
+        (
+            f"drape, bound {SEARCHED_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, "
+            "waited 2 h, rehome, 16 stops, no moves",
+            "drape",
+            searched,
+        ),
         (
             f"drape, bound {BACKLOG_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, longer 2, 8 stops",
             "drape",

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
 
-from benchmarks import policy_sweep, replays, wide_gangs
+from benchmarks import policy_sweep, replays, sweep_search, wide_gangs
+from drape.config import QueueConfig
+from scheduler.dispatch.fleet import policy_config
 from scheduler.sim import SimResult, TraceJob, simulate
 from tests.unit.test_wide_gangs import _small_week
 
@@ -39,6 +45,51 @@ def test_the_grid_has_every_combination_with_the_bound_on_the_whole_wait():
         "bound 2 h, bonus 20, longer off, 8 stops, waited 6 h",
     ]
     assert [config.gang_stops_waited for _, config in waited] == [None, None, 6 * 3600.0]
+
+
+def test_a_search_draws_distinct_combinations_the_policy_accepts_the_same_for_a_seed():
+    drawn = sweep_search.search(40, 1)
+    assert len(drawn) == 40 and len({label for label, _ in drawn}) == 40
+    assert [label for label, _ in drawn] == [label for label, _ in sweep_search.search(40, 1)]
+    assert [label for label, _ in drawn] != [label for label, _ in sweep_search.search(40, 2)]
+    seen: dict[str, set] = {name: set() for name in sweep_search.SPACE}
+    for label, config in drawn:
+        assert config.gang_bound_whole_wait
+        for name, values in sweep_search.SPACE.items():
+            assert getattr(config, name) in values, (name, label)
+            seen[name].add(getattr(config, name))
+        assert config.gang_stops_waited is None or config.gang_stops_longer is None  # mended, as the policy asks
+        assert config.gang_max_wait_s is not None or config.gang_bound_backlog == 0.0
+        assert config.short_job_bonus or config.short_job_s == 3600.0
+        assert f"{config.max_jobs_per_gpu} per GPU" in label and f"{config.gang_max_preemptions} stops" in label
+        assert ("rehome" in label) == config.gang_stops_rehome
+    assert all(len(values) > 1 for values in seen.values())  # 40 draws reach more than one value of each
+    # 10 minutes reads as minutes, not 0.166667 h
+    with_minutes = [label for label, config in drawn if config.preempt_after_s == 600.0]
+    assert with_minutes and all("moves after 10 min" in label for label in with_minutes)
+
+
+def test_per_week_shows_two_goals_no_combination_meets_together():
+    v = policy_sweep.Verdict
+    verdicts = [
+        v(4, 60.0, 90.0, 0.002, ("5-8",)),
+        v(4, 600.0, 700.0, 0.002, ("1-GPU mean",)),
+        v(4, 1.0, 1.0, 0.02, ("5-8", "lost")),
+    ]
+    assert policy_sweep.per_week(verdicts) == "3/4 by 2 of 3, missing 5-8 (1); 1-GPU mean (1)"
+    assert policy_sweep.per_week(verdicts[:1] + verdicts[2:]) == "3/4 by 1 of 2, missing 5-8 (1); met by none: 5-8"
+    assert policy_sweep.per_week([v(4, 1.0, 1.0, 0.0, ())]) == "4/4 by 1 of 1, missing nothing (1)"
+
+
+def test_the_searched_setting_is_the_one_docs_queue_md_gives_for_a_pipeline_config():
+    text = " ".join((Path(__file__).resolve().parents[2] / "docs" / "queue.md").read_text().split())
+    found = re.search(r"In a pipeline config it reads .*?: `(queue: \{[^`]*\})`", text)
+    assert found, "docs/queue.md: the searched setting's config is gone"
+    queue = QueueConfig(**yaml.safe_load(found.group(1))["queue"])
+    ours = policy_config(SimpleNamespace(queue=queue))
+    label, _, searched = wide_gangs.policies(3.0, False, ("searched",))[0]
+    assert ours == searched, label
+    assert (ours.gang_stops_waited, ours.gang_max_wait_s, ours.preempt_after_s) == (7200.0, 3600.0, None)
 
 
 def _result(delays: dict[str, float], one_wait_s: float, lost_gpu_h: float = 0.0) -> SimResult:
@@ -77,6 +128,7 @@ def test_a_small_sweep_judges_each_combination_as_a_replay_does(capsys):
     policy_sweep.report(combos, {name: verdicts})
     printed = capsys.readouterr().out
     assert "bound 0.5 h, bonus 0, longer 2, 4 stops" in printed and "Every goal on every week:" in printed
+    assert "- small: " in printed.split("## Per week")[1]  # the week's best, after the frontier
 
 
 def test_replays_are_jittered_copies_and_a_goal_counts_where_most_replays_meet_it():
@@ -119,6 +171,7 @@ def test_replays_are_jittered_copies_and_a_goal_counts_where_most_replays_meet_i
         ["--parts", "wide,sharing"],
         ["--workers", "0"],
         ["--replays", "0"],
+        ["--search", "-1"],
     ],
 )
 def test_bad_arguments_are_refused_naming_the_option(bad, capsys):
