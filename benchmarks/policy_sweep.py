@@ -33,11 +33,11 @@ replays.
         [--caps 4,16] [--waited off] [--replays 1] [--workers 2]   # the default grid: 48 combinations, ~10 min on 2 cores
     .venv/bin/python benchmarks/policy_sweep.py --search 200 [--search-seed 1] [--parts gang] ...
 
-`--search N` replays N combinations drawn at random (`search`, seeded) from `SPACE` instead of the
-grid (`benchmarks/sweep_search.py`): besides the grid's settings, whether stops keep to jobs that restart at once
-(`gang_stops_rehome`), how many jobs may share a GPU, when and how often a waiting multi-GPU job
-moves single-GPU jobs (`preempt_after_s`, `max_preemptions`), spreading and aging, which the grid
-holds at their defaults. The report adds, per week, the most goals one combination met there and
+`--search N` replays N combinations drawn at random (seeded) from every setting instead of the
+grid (`benchmarks/sweep_search.py`): besides the grid's settings, whether stops keep to jobs that
+restart at once (`gang_stops_rehome`), how many jobs may share a GPU, when and how often a waiting
+multi-GPU job moves single-GPU jobs (`preempt_after_s`, `max_preemptions`), spreading and aging,
+which the grid holds at their defaults. The report adds, per week, the most goals one combination met there and
 what each such combination missed: two goals that no combination meets together show as the
 best combinations splitting between them.
 """
