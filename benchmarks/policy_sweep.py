@@ -40,6 +40,13 @@ multi-GPU job moves single-GPU jobs (`preempt_after_s`, `max_preemptions`), spre
 which the grid holds at their defaults. The report adds, per week, the most goals one combination met there and
 what each such combination missed: two goals that no combination meets together show as the
 best combinations splitting between them.
+
+`--confirm M` replays the M best combinations again (the most goals met, then the lowest worst
+1-GPU mean wait, then the order drawn) on `--confirm-replays K` replays of each week (3 by
+default) and reports them as above: a screen on one replay picks by one draw of each week, and a
+goal counts only where most of K replays meet it.
+
+    .venv/bin/python benchmarks/policy_sweep.py --search 120 --parts wide --confirm 8 --confirm-replays 3
 """
 
 from __future__ import annotations
@@ -211,8 +218,9 @@ def frontier(totals: dict[str, tuple[int, float]]) -> list[str]:
     ]
 
 
-def report(combos: list[tuple[str, PolicyConfig]], found: dict[str, list[Verdict]]) -> None:
-    """The table (a row per combination, a column per week), the frontier and the verdict."""
+def report(combos: list[tuple[str, PolicyConfig]], found: dict[str, list[Verdict]]) -> dict[str, tuple[int, float]]:
+    """The table (a row per combination, a column per week), the frontier and the verdict; returns
+    each combination's (goals met, worst 1-GPU mean wait) by label."""
     names = list(found)
     print("| combination | " + " | ".join(names) + " | goals met | worst 1-GPU mean wait |")
     print("|---|" + "---|" * (len(names) + 2))
@@ -241,6 +249,27 @@ def report(combos: list[tuple[str, PolicyConfig]], found: dict[str, list[Verdict
         print(f"- {name}: {per_week(found[name])}")
     every = [label for label, index in index_of.items() if all(not found[name][index].missed for name in names)]
     print(f"\nEvery goal on every week: {', '.join(every) if every else 'met by no combination'}")
+    return totals
+
+
+def best(
+    combos: list[tuple[str, PolicyConfig]], totals: dict[str, tuple[int, float]], count: int
+) -> list[tuple[str, PolicyConfig]]:
+    """The `count` best of `combos` by `totals` (`report`'s): the most goals met, then the lowest worst
+    1-GPU mean wait, then the order given (so a tie keeps the draw's order)."""
+    order = sorted(range(len(combos)), key=lambda i: (-totals[combos[i][0]][0], totals[combos[i][0]][1], i))
+    return [combos[i] for i in order[:count]]
+
+
+def sweep(combos: list[tuple[str, PolicyConfig]], chosen: list[Week], workers: int) -> dict[str, list[Verdict]]:
+    """Every combination on every week of `chosen` (a process a week), combined over each week's
+    replays (`combined`): the verdicts by week name, in `combos`' order."""
+    each: dict[str, list[list[Verdict]]] = {}
+    with ProcessPoolExecutor(workers) as pool:
+        for week, (name, verdicts, took) in zip(chosen, pool.map(_replay, chosen, [combos] * len(chosen)), strict=True):
+            each.setdefault(week.base or week.name, []).append(verdicts)
+            print(f"{name}: {took:.0f} s", file=sys.stderr, flush=True)
+    return {base: [combined(list(per)) for per in zip(*draws, strict=True)] for base, draws in each.items()}
 
 
 def per_week(verdicts: list[Verdict]) -> str:
@@ -294,6 +323,8 @@ def main(argv: list[str] | None = None) -> None:
         "--search", type=int, default=0, help="replay this many combinations drawn from every setting instead of the grid"
     )
     parser.add_argument("--search-seed", type=int, default=1, help="which draw --search takes (the same seed, the same draw)")
+    parser.add_argument("--confirm", type=int, default=0, help="replay the best this many again on --confirm-replays")
+    parser.add_argument("--confirm-replays", type=int, default=3, help="replays of each week for --confirm")
     parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (a week each)")
     args = parser.parse_args(argv)
     try:
@@ -315,8 +346,11 @@ def main(argv: list[str] | None = None) -> None:
     parts = set(args.parts.split(",")) - {""}
     if unknown := parts - {"wide", "gang"}:
         parser.error(f"--parts: unknown {sorted(unknown)}; expected some of wide, gang")
-    if not 1 <= args.replays <= replays.MAX_REPLAYS:
-        parser.error(f"--replays: expected 1 to {replays.MAX_REPLAYS}, got {args.replays}")
+    for option, value in (("--replays", args.replays), ("--confirm-replays", args.confirm_replays)):
+        if not 1 <= value <= replays.MAX_REPLAYS:
+            parser.error(f"{option}: expected 1 to {replays.MAX_REPLAYS}, got {value}")
+    if not 0 <= args.confirm <= len(combos):
+        parser.error(f"--confirm: expected 0 (none) to {len(combos)} (the combinations replayed), got {args.confirm}")
     if not 1 <= args.workers <= 64:
         parser.error(f"--workers: expected 1 to 64, got {args.workers}")
     low, _, high = args.seeds.partition("-")
@@ -326,14 +360,12 @@ def main(argv: list[str] | None = None) -> None:
     started, chosen = time.perf_counter(), weeks(seeds, parts, args.replays)
     drawn = f" drawn from every setting (--search-seed {args.search_seed})" if args.search else ""
     print(f"{len(combos)} combinations{drawn} on {len(chosen)} weeks ({args.replays} replays each), {args.workers} workers\n")
-    each: dict[str, list[list[Verdict]]] = {}
-    with ProcessPoolExecutor(args.workers) as pool:
-        for week, (name, verdicts, took) in zip(chosen, pool.map(_replay, chosen, [combos] * len(chosen)), strict=True):
-            each.setdefault(week.base or week.name, []).append(verdicts)
-            print(f"{name}: {took:.0f} s", file=sys.stderr, flush=True)
-    found = {base: [combined(list(per)) for per in zip(*draws, strict=True)] for base, draws in each.items()}
-    if found:
-        report(combos, found)
+    found = sweep(combos, chosen, args.workers)
+    totals = report(combos, found) if found else {}
+    if args.confirm and found:
+        confirmed, again = best(combos, totals, args.confirm), weeks(seeds, parts, args.confirm_replays)
+        print(f"\n# Confirmed: the best {len(confirmed)} of the {len(combos)} on {args.confirm_replays} replays of each week\n")
+        report(confirmed, sweep(confirmed, again, args.workers))
     load = os.getloadavg()
     took = time.perf_counter() - started
     print(f"\n{took:.0f} s in all; machine load (1, 5, 15 min) at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

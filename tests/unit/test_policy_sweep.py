@@ -13,6 +13,7 @@ import yaml
 from benchmarks import policy_sweep, replays, sweep_search, wide_gangs
 from drape.config import QueueConfig
 from scheduler.dispatch.fleet import policy_config
+from scheduler.policy import PolicyConfig
 from scheduler.sim import SimResult, TraceJob, simulate
 from tests.unit.test_wide_gangs import _small_week
 
@@ -131,6 +132,36 @@ def test_a_small_sweep_judges_each_combination_as_a_replay_does(capsys):
     assert "- small: " in printed.split("## Per week")[1]  # the week's best, after the frontier
 
 
+def test_best_ranks_by_goals_met_then_the_worst_1_gpu_wait_then_the_order_given():
+    combos = [(name, PolicyConfig()) for name in ("a", "b", "c", "d", "e")]
+    totals = {"a": (10, 600.0), "b": (12, 900.0), "c": (10, 300.0), "d": (12, 900.0), "e": (3, 1.0)}
+    assert [label for label, _ in policy_sweep.best(combos, totals, 3)] == ["b", "d", "c"]
+    assert [label for label, _ in policy_sweep.best(combos, totals, 9)] == ["b", "d", "c", "a", "e"]
+
+
+def test_confirm_replays_the_best_of_the_screen_again_on_more_replays(monkeypatch, capsys):
+    week = _small_week(3)
+    gpus = wide_gangs.fleet([("h", "H100-80GB", 80.0, 2)])
+    combos = policy_sweep.grid([0.5, 3.0], [0.0], [None, 2.0], [4])
+    asked: list[tuple[int, int]] = []
+
+    def small_weeks(seeds, parts, replays_each=1):
+        asked.append((len(seeds), replays_each))
+        draws = replays.draws(week, "small", replays_each)
+        return [policy_sweep.Week(f"small, {k}", draw, gpus, True, "small") for k, draw in enumerate(draws)]
+
+    monkeypatch.setattr(policy_sweep, "weeks", small_weeks)
+    monkeypatch.setattr(policy_sweep, "search", lambda count, seed: combos[:count])
+    policy_sweep.main(["--search", "4", "--confirm", "2", "--confirm-replays", "3", "--seeds", "1", "--workers", "1"])
+    printed = capsys.readouterr().out
+    assert asked == [(1, 1), (1, 3)]  # the screen on one replay, then the confirmation on three
+    screen, confirmed = printed.split("# Confirmed: the best 2 of the 4 on 3 replays of each week")
+    rows = [line for line in confirmed.splitlines() if line.startswith("| bound")]
+    assert len(rows) == 2 and all(" [" in row for row in rows)  # each cell gives its range over 3 replays
+    screened = {line.split(" | ")[0][2:]: line for line in screen.splitlines() if line.startswith("| bound")}
+    assert len(screened) == 4 and {row.split(" | ")[0][2:] for row in rows} <= set(screened)
+
+
 def test_replays_are_jittered_copies_and_a_goal_counts_where_most_replays_meet_it():
     built = policy_sweep.weeks([1], {"gang"}, 3)
     assert [w.name for w in built[:3]] == [
@@ -172,6 +203,8 @@ def test_replays_are_jittered_copies_and_a_goal_counts_where_most_replays_meet_i
         ["--workers", "0"],
         ["--replays", "0"],
         ["--search", "-1"],
+        ["--confirm-replays", "0"],
+        ["--confirm", "49"],
     ],
 )
 def test_bad_arguments_are_refused_naming_the_option(bad, capsys):
