@@ -44,7 +44,8 @@ best combinations splitting between them.
 `--confirm M` replays the M best combinations again (the most goals met, then the lowest worst
 1-GPU mean wait, then the order drawn) on `--confirm-replays K` replays of each week (3 by
 default) and reports them as above: a screen on one replay picks by one draw of each week, and a
-goal counts only where most of K replays meet it.
+goal counts only where most of K replays meet it. The screen's replays are drawn as the first of
+those K, so their verdicts are kept and only the replays after them are run.
 
     .venv/bin/python benchmarks/policy_sweep.py --search 120 --parts wide --confirm 8 --confirm-replays 3
 """
@@ -261,26 +262,59 @@ def best(
     return [combos[i] for i in order[:count]]
 
 
-def sweep(combos: list[tuple[str, PolicyConfig]], chosen: list[Week], workers: int) -> dict[str, list[Verdict]]:
-    """Every combination on every week of `chosen` (a process a week), combined over each week's
-    replays (`combined`): the verdicts by week name, in `combos`' order."""
+def sweep(combos: list[tuple[str, PolicyConfig]], chosen: list[Week], workers: int) -> dict[str, list[list[Verdict]]]:
+    """Every combination on every week of `chosen` (a process a week): by the week each replays
+    (`Week.base`), its replays' verdicts in `chosen`'s order, each in `combos`' order."""
     each: dict[str, list[list[Verdict]]] = {}
     with ProcessPoolExecutor(workers) as pool:
         for week, (name, verdicts, took) in zip(chosen, pool.map(_replay, chosen, [combos] * len(chosen)), strict=True):
             each.setdefault(week.base or week.name, []).append(verdicts)
             print(f"{name}: {took:.0f} s", file=sys.stderr, flush=True)
+    return each
+
+
+def combine(each: dict[str, list[list[Verdict]]]) -> dict[str, list[Verdict]]:
+    """`sweep`'s verdicts combined over each week's replays (`combined`), by week, in `combos`' order."""
     return {base: [combined(list(per)) for per in zip(*draws, strict=True)] for base, draws in each.items()}
+
+
+def confirm(
+    combos: list[tuple[str, PolicyConfig]],
+    totals: dict[str, tuple[int, float]],
+    screened: dict[str, list[list[Verdict]]],
+    count: int,
+    again: list[Week],
+    workers: int,
+) -> tuple[list[tuple[str, PolicyConfig]], dict[str, list[Verdict]]]:
+    """The `count` best of the screen (`best`) on the weeks `again` (`weeks`' replays of each), combined.
+    A week's first replays are the screen's (`screened`, `sweep`'s), drawn alike: their verdicts are
+    kept, and only the replays after them are replayed."""
+    confirmed, at = best(combos, totals, count), {label: index for index, (label, _) in enumerate(combos)}
+    wanted = Counter(week.base or week.name for week in again)
+    each = {
+        base: [[draw[at[label]] for label, _ in confirmed] for draw in draws[: wanted[base]]] for base, draws in screened.items()
+    }
+    seen: Counter = Counter()
+    fresh = []  # the replays the screen did not run
+    for week in again:
+        base = week.base or week.name
+        seen[base] += 1
+        if seen[base] > len(each.get(base, [])):
+            fresh.append(week)
+    for base, draws in sweep(confirmed, fresh, workers).items():
+        each.setdefault(base, []).extend(draws)
+    return confirmed, combine(each)
 
 
 def per_week(verdicts: list[Verdict]) -> str:
     """One week's best: the most goals a combination met, how many met that many and what each of
     those missed (so a pair of goals no combination meets together shows), and any goal none met."""
-    best = max(v.met for v in verdicts)
-    top = [v for v in verdicts if v.met == best]
+    most = max(v.met for v in verdicts)
+    top = [v for v in verdicts if v.met == most]
     missed = Counter(", ".join(v.missed) or "nothing" for v in top)
     never = [goal for goal in dict.fromkeys(g for v in verdicts for g in v.missed) if all(goal in v.missed for v in verdicts)]
     ways = "; ".join(f"{what} ({count})" for what, count in missed.most_common())
-    return f"{best}/{top[0].asked} by {len(top)} of {len(verdicts)}, missing {ways}" + (
+    return f"{most}/{top[0].asked} by {len(top)} of {len(verdicts)}, missing {ways}" + (
         f"; met by none: {', '.join(never)}" if never else ""
     )
 
@@ -360,12 +394,12 @@ def main(argv: list[str] | None = None) -> None:
     started, chosen = time.perf_counter(), weeks(seeds, parts, args.replays)
     drawn = f" drawn from every setting (--search-seed {args.search_seed})" if args.search else ""
     print(f"{len(combos)} combinations{drawn} on {len(chosen)} weeks ({args.replays} replays each), {args.workers} workers\n")
-    found = sweep(combos, chosen, args.workers)
-    totals = report(combos, found) if found else {}
-    if args.confirm and found:
-        confirmed, again = best(combos, totals, args.confirm), weeks(seeds, parts, args.confirm_replays)
-        print(f"\n# Confirmed: the best {len(confirmed)} of the {len(combos)} on {args.confirm_replays} replays of each week\n")
-        report(confirmed, sweep(confirmed, again, args.workers))
+    screened = sweep(combos, chosen, args.workers)
+    totals = report(combos, combine(screened)) if screened else {}
+    if args.confirm and screened:
+        print(f"\n# Confirmed: the best {args.confirm} of the {len(combos)} on {args.confirm_replays} replays of each week\n")
+        again = weeks(seeds, parts, args.confirm_replays)
+        report(*confirm(combos, totals, screened, args.confirm, again, args.workers))
     load = os.getloadavg()
     took = time.perf_counter() - started
     print(f"\n{took:.0f} s in all; machine load (1, 5, 15 min) at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
