@@ -280,6 +280,11 @@ class SlurmCluster:
                 os.killpg(self.processes[f"slurmd-{node}"].pid, signal.SIGKILL)
         self.processes[f"slurmd-{node}"].wait(timeout=10)
 
+    def freeze_node(self, node: str, frozen: bool = True) -> None:
+        """`node`'s slurmd stops answering (SIGSTOP to its process group), as a hung machine does, or
+        answers again (SIGCONT)."""
+        os.killpg(self.processes[f"slurmd-{node}"].pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
     def run(self, *argv: str, check: bool = True) -> str:
         done = subprocess.run(argv, env=self.env, capture_output=True, text=True, timeout=30)
         if check and done.returncode:

@@ -261,10 +261,19 @@ def test_a_node_set_down_is_seen_full_and_back_when_slurm_takes_it_back(site, tm
     def full(node: str) -> bool:
         return all(g.free_gib() == 0 for g in fleet_view(config, store).gpus if g.node == node)
 
-    slurm.run("scontrol", "update", f"NodeName={H100}", "State=DOWN", "Reason=drape-test")  # as Slurm marks a lost node
+    def down() -> bool:
+        # As Slurm marks a lost node, without waiting SlurmdTimeout. ReturnToService=2 returns a DOWN
+        # node whose slurmd answers: CI once saw an answer already on its way undo this 36 ms later,
+        # so the slurmd is frozen first and DOWN set again until it holds.
+        slurm.run("scontrol", "update", f"NodeName={H100}", "State=DOWN", "Reason=drape-test")
+        time.sleep(0.3)
+        return slurm.node_states()[H100].startswith("down")
+
+    slurm.freeze_node(H100)
     try:
-        assert slurm.node_states()[H100].startswith("down") and full(H100)
+        wait_until(down, 15, f"{H100} held DOWN")
+        assert full(H100)
         assert not full(A100[0]) and not full(A100[1])
     finally:
-        slurm.run("scontrol", "update", f"NodeName={H100}", "State=RESUME")
-    wait_until(lambda: not full(H100), 30, f"{H100} back in the fleet")
+        slurm.freeze_node(H100, frozen=False)
+    wait_until(lambda: not full(H100), 30, f"{H100} back in the fleet once its slurmd answers")
