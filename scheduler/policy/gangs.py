@@ -78,12 +78,41 @@ def unplaceable(gpus: int, mem_gib: float, fleet: list[GpuState], *, across_node
     per_node: dict[str, int] = {}
     for gpu in fleet:
         per_node[gpu.node] = per_node.get(gpu.node, 0) + 1
+    across = _closest_split(gpus, mem_gib, fleet) if across_nodes else None
     return (
         f"no node of the fleet can hold it: it needs {gpus} GPU(s) with {mem_gib:.1f} GiB each on one node; "
         f"the largest GPU has {largest.total_gib:.1f} GiB, the largest node {max(per_node.values())} GPU(s), and "
-        f"{max(fits.values(), default=0)} GPU(s) on one node are large enough. Lower the job's memory "
-        "(batch size, gpus) or add such nodes"
+        f"{max(fits.values(), default=0)} GPU(s) on one node are large enough. "
+        + (
+            f"Nor can nodes together: a gang takes the same number of GPUs, of one model, on each of its nodes, "
+            f"and at best {across}. Lower the job's memory (batch size, gpus), give it a GPU count that splits "
+            "evenly over such nodes, or add such nodes"
+            if across
+            else "Lower the job's memory (batch size, gpus) or add such nodes"
+        )
     )
+
+
+def _closest_split(width: int, mem_gib: float, fleet: list[GpuState]) -> str | None:
+    """For a gang that fits no way across nodes: the k nodes × g GPUs split (g dividing `width`) that
+    comes closest, as words (the nodes it needs and the nodes the fleet has), or None when no GPU is
+    large enough."""
+    by_kind: dict[tuple[str, float], dict[str, int]] = {}  # as `fits_across_nodes` groups them
+    for gpu in fleet:
+        if gpu.total_gib >= mem_gib:
+            nodes = by_kind.setdefault((gpu.model, gpu.total_gib), {})
+            nodes[gpu.node] = nodes.get(gpu.node, 0) + 1
+    best: tuple[int, int, str, int, int] | None = None  # (shortfall, -per node, model, needed, have)
+    for (model, _), nodes in sorted(by_kind.items()):
+        for per_node in range(min(width, max(nodes.values())), 0, -1):
+            if width % per_node == 0:
+                needed, have = width // per_node, sum(1 for count in nodes.values() if count >= per_node)
+                candidate = (needed - have, -per_node, model, needed, have)
+                best = candidate if best is None or candidate < best else best
+    if best is None:
+        return None
+    _, per_node, model, needed, have = best
+    return f"{needed} node(s) × {-per_node} GPU(s) of {model}, where the fleet has {have} such node(s)"
 
 
 def never_fits(job: JobRequest, fleet: list[GpuState], span: bool) -> str | None:

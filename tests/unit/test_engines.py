@@ -143,7 +143,12 @@ def test_a_job_wider_than_a_node_takes_whole_idle_nodes_and_the_others_plan_as_b
     assert fits_across_nodes(wide, fleet) and not fits_across_nodes(JobRequest("odd", 5, 0.0, 5, 2.0, 60.0), fleet)
     assert unplaceable(4, 2.0, fleet, across_nodes=True) is None
     assert "no node of the fleet can hold it" in (unplaceable(4, 2.0, fleet) or "")
-    assert "no node" in (unplaceable(4, 32.0, fleet, across_nodes=True) or "")
+    too_big = unplaceable(4, 32.0, fleet, across_nodes=True) or ""
+    assert "no node" in too_big and "Nor can nodes" not in too_big  # no GPU holds it: the memory is the reason
+    # too wide for the nodes together: the message names the split that comes closest, not only one node
+    eight, five = (unplaceable(width, 2.0, fleet, across_nodes=True) or "" for width in (8, 5))
+    assert "at best 4 node(s) × 2 GPU(s) of cpu, where the fleet has 3 such node(s)" in eight
+    assert "at best 5 node(s) × 1 GPU(s) of cpu, where the fleet has 3 such node(s)" in five
 
 
 def test_gpu_hours_come_from_sacct_runs_or_the_request_when_sacct_has_no_gpus():
