@@ -53,12 +53,18 @@ def _width(by_node: dict[str, list[GpuState]]) -> int:
     return max((len(node) for node in by_node.values()), default=0)
 
 
-def fits_across_nodes(job: JobRequest, gpus: list[GpuState]) -> bool:
-    """Whether the fleet, empty, could hold `job` as k nodes × g GPUs of one model (`even_split`)."""
+def _by_kind(gpus: list[GpuState], holds: Callable[[GpuState], bool]) -> dict[tuple[str, float], dict[str, list[str]]]:
+    """The GPUs `holds` accepts, per kind (model, memory) and node: the GPUs one gang across nodes may combine."""
     by_kind: dict[tuple[str, float], dict[str, list[str]]] = {}
     for gpu in gpus:
-        if gpu.total_gib >= job.mem_gib and allowed(job, gpu.model):
+        if holds(gpu):
             by_kind.setdefault((gpu.model, gpu.total_gib), {}).setdefault(gpu.node, []).append(gpu.uuid)
+    return by_kind
+
+
+def fits_across_nodes(job: JobRequest, gpus: list[GpuState]) -> bool:
+    """Whether the fleet, empty, could hold `job` as k nodes × g GPUs of one model (`even_split`)."""
+    by_kind = _by_kind(gpus, lambda gpu: gpu.total_gib >= job.mem_gib and allowed(job, gpu.model))
     most = _width(_nodes(gpus))
     return any(even_split(job.gpus, free, most) is not None for free in by_kind.values())
 
@@ -97,16 +103,11 @@ def _closest_split(width: int, mem_gib: float, fleet: list[GpuState]) -> str | N
     """For a gang that fits no way across nodes: the k nodes × g GPUs split (g dividing `width`) that
     comes closest, as words (the nodes it needs and the nodes the fleet has), or None when no GPU is
     large enough."""
-    by_kind: dict[tuple[str, float], dict[str, int]] = {}  # as `fits_across_nodes` groups them
-    for gpu in fleet:
-        if gpu.total_gib >= mem_gib:
-            nodes = by_kind.setdefault((gpu.model, gpu.total_gib), {})
-            nodes[gpu.node] = nodes.get(gpu.node, 0) + 1
     best: tuple[int, int, str, int, int] | None = None  # (shortfall, -per node, model, needed, have)
-    for (model, _), nodes in sorted(by_kind.items()):
-        for per_node in range(min(width, max(nodes.values())), 0, -1):
+    for (model, _), nodes in sorted(_by_kind(fleet, lambda gpu: gpu.total_gib >= mem_gib).items()):
+        for per_node in range(min(width, max(len(uuids) for uuids in nodes.values())), 0, -1):
             if width % per_node == 0:
-                needed, have = width // per_node, sum(1 for count in nodes.values() if count >= per_node)
+                needed, have = width // per_node, sum(1 for uuids in nodes.values() if len(uuids) >= per_node)
                 candidate = (needed - have, -per_node, model, needed, have)
                 best = candidate if best is None or candidate < best else best
     if best is None:
