@@ -110,7 +110,7 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
     from scheduler.queue.inventory import load_fleet
 
     queue = config.queue
-    source, note = queue.fleet, ""
+    source, note, ledger = queue.fleet, "", None
     if queue.fleet == "prometheus":
         try:
             gpus = dcgm_gpus(queue.prometheus_url or "http://127.0.0.1:9090")
@@ -126,7 +126,8 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
     elif queue.fleet == "slurm":
         from scheduler.engines.slurm.fleet import slurm_gpus
 
-        gpus = slurm_gpus(queue.slurm)
+        ledger = store.ledger()
+        gpus = slurm_gpus(queue.slurm, ours={uuid for uuid, (_, jobs) in ledger.items() if jobs})  # the rest: others'
     else:
         gpus = local_gpus(queue.cpu_slot_gib)
     if source != "ledger":
@@ -134,7 +135,7 @@ def fleet_view(config, store, running: list[RunningJob] | None = None, *, alloca
     shares_node = mark_solo(gpus, config)
     if not allocations:
         return FleetView(gpus, source, note)
-    ledger = store.ledger()
+    ledger = store.ledger() if ledger is None else ledger
     alone: set[str] = set()
     shares: dict[str, float] = {}
     for job in store.running() if running is None else running:

@@ -18,7 +18,10 @@ slurmd in its node's mount namespace (node-local disks); the shared-disk variant
    `accounting: slurmdbd` on this cluster without slurmdbd, the queue's own times, saying why;
 4. the disk variants: with node-local disks each node's paths.root is its own; on a shared disk
    both nodes of one job see one folder;
-5. a node Slurm has down is seen full, until Slurm takes it back.
+5. a node Slurm has down is seen full, until Slurm takes it back;
+6. a shared partition: a GPU another user's job holds is seen full (a 2-GPU drape job goes to the
+   other A100 node, not to wait in Slurm behind it), while drape's own running job is not taken for
+   someone else's.
 """
 
 from __future__ import annotations
@@ -277,3 +280,49 @@ def test_a_node_set_down_is_seen_full_and_back_when_slurm_takes_it_back(site, tm
     finally:
         slurm.freeze_node(H100, frozen=False)
     wait_until(lambda: not full(H100), 30, f"{H100} back in the fleet once its slurmd answers")
+
+
+def _squeue_state(slurm: SlurmCluster, name: str) -> str:
+    """The state squeue gives the job named `name` ('' when it has none)."""
+    return slurm.run("squeue", "-h", "-n", name, "-o", "%T").strip()
+
+
+def test_gpus_another_user_s_job_holds_are_seen_full_and_drape_s_own_are_not(site, tmp_path):
+    slurm, _, _ = site
+    config = _config(tmp_path)
+    store = JobStore(config.queue_url)
+
+    def held(node: str) -> list[str]:
+        return [g.uuid for g in fleet_view(config, store).gpus if g.node == node and g.observed_used_gib is not None]
+
+    other = "someone-else"  # not a drape job: submitted to Slurm directly, on one of A100[0]'s two GPUs
+    request = ["-J", other, "-o", str(tmp_path / "other.out"), "-p", "a100", "-w", A100[0], "--gres=gpu:a100:1", "--mem=100"]
+    slurm.run("sbatch", *request, "--wrap", "sleep 300")
+    try:
+        wait_until(lambda: _squeue_state(slurm, other) == "RUNNING", 30, "the other user's job running")
+        assert held(A100[0]) == [f"{A100[0]}/gpu1"] and held(A100[1]) == [] and held(H100) == []
+        # the one A100 node with two free GPUs takes a 2-GPU job (by name, A100[0] would come first)
+        row = submit_and_wait(config, _true_job(2, ["a100"]), timeout_s=60)
+        assert row["state"] == "succeeded" and {u.split("/")[0] for u in json.loads(row["assigned"])} == {A100[1]}, row
+        # drape's own job on two of the H100 node's four GPUs: in Slurm's GresUsed, not someone else's
+        spec = JobSpec(kind="stage-training", command=["sleep", "12"], gpus=2, mem_gib=1.0, duration_s=60, gpu_models=["h100"])
+        ours = store.submit(spec)
+        dispatcher = Dispatcher(config, store)
+
+        def running() -> bool:
+            dispatcher.cycle()
+            return "gpu:h100:2" in slurm.run("scontrol", "show", "node", "-o", "-d", H100)
+
+        wait_until(running, 60, "drape's 2-GPU job holding its GPUs in Slurm")
+        assert store.get(ours)["state"] == "running"
+        assert held(H100) == [] and held(A100[0]) == [f"{A100[0]}/gpu1"]
+
+        def ended() -> bool:
+            dispatcher.cycle()
+            return store.get(ours)["state"] in ("succeeded", "failed")
+
+        wait_until(ended, 90, "drape's H100 job to end")
+        assert store.get(ours)["state"] == "succeeded", store.get(ours)
+    finally:
+        slurm.run("scancel", "-n", other, check=False)
+    wait_until(lambda: not held(A100[0]), 30, "the other user's GPU free once its job is cancelled")

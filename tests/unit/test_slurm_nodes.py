@@ -101,6 +101,22 @@ def test_gres_strings_give_typed_gpu_counts(gres, gpus):
 
 
 @pytest.mark.parametrize(
+    ("used", "gpus"),
+    [  # GresUsed as `scontrol show node -o -d` prints it (Slurm 22.05 here: the first two and the last)
+        ("gpu:a100:1(IDX:0)", (("a100", 1),)),
+        ("gpu:h100:0(IDX:N/A)", (("h100", 0),)),
+        ("gpu:a100:1(IDX:0),gpu:l40s:0(IDX:N/A)", (("a100", 1), ("l40s", 0))),
+        ("gpu:(null):3(IDX:0-2)", (("gpu", 3),)),
+        ("gpu:h100:3(IDX:0,2-3),gpu:h100:0(IDX:N/A)", (("h100", 3), ("h100", 0))),
+        ("gpu:1", (("gpu", 1),)),
+    ],
+)
+def test_gres_used_strings_give_the_gpus_allocated_none_included(used, gpus):
+    assert parse_gres(used, least=0) == gpus
+    assert parse_node(A100 + f" GresUsed={used}").used == gpus
+
+
+@pytest.mark.parametrize(
     ("line", "match"),
     [
         (A100.replace("NodeName=gpu-a100-r07n03", "NodeName=gpu;rm"), r"NodeName='gpu;rm' is not a node name drape can place on"),
@@ -295,3 +311,31 @@ def test_a_node_name_is_held_to_one_grammar_by_the_fleet_file_slurm_s_reading_an
         except (FleetFileError, SlurmParseError, names.NameRefused):
             outcomes.append(False)
     assert outcomes == [placeable] * 3
+
+
+def _busy(nodes: str, ours: set[str] | None) -> list[str]:
+    gpus = fleet_gpus(parse_nodes(nodes), {"a100": 40, "h100": 80, "l40s": 48}, {"h100": "H100-80GB"}, ours)
+    return [g.uuid for g in gpus if g.observed_used_gib is not None]
+
+
+def test_gpus_other_jobs_hold_are_seen_full_beyond_drape_s_own():
+    """A shared partition: Slurm has 1 of gpu-a100-r07n03's 2 GPUs allocated and drape holds none
+    there, so one is someone else's; on a node where drape's own job is the one allocated, none is."""
+    shared = A100 + " GresUsed=gpu:a100:1(IDX:0)"
+    assert _busy(shared, set()) == ["gpu-a100-r07n03/gpu1"]
+    assert _busy(shared, {"gpu-a100-r07n03/gpu0"}) == []  # drape's own job: Slurm's index need not be drape's
+    assert _busy(shared, {"gpu-a100-r07n03/gpu1"}) == []
+    assert _busy(shared, None) == []  # not asked (the sbatch preview): Slurm's allocations are not looked at
+    full = A100 + " GresUsed=gpu:a100:2(IDX:0-1)"
+    assert _busy(full, {"gpu-a100-r07n03/gpu0"}) == ["gpu-a100-r07n03/gpu1"]
+    assert _busy(full, set()) == ["gpu-a100-r07n03/gpu0", "gpu-a100-r07n03/gpu1"]
+    # per type on a node of two kinds; a count past the node's (untrusted) is cut to it
+    mixed = A100.replace("Gres=gpu:a100:2", "Gres=gpu:a100:2,gpu:l40s:2") + " GresUsed=gpu:a100:0(IDX:N/A),gpu:l40s:9(IDX:0-1)"
+    assert _busy(mixed, set()) == ["gpu-a100-r07n03/gpu2", "gpu-a100-r07n03/gpu3"]
+    # a drained node's GPUs are all seen full whatever it holds
+    assert len(_busy(DRAINED + " GresUsed=gpu:a100:1(IDX:0)", set())) == 2
+
+
+def test_a_gres_used_that_is_not_a_gpu_count_is_refused_naming_the_node():
+    with pytest.raises(SlurmParseError, match=r"gpu-a100-r07n03: GresUsed: gres 'gpu:a100:x'"):
+        parse_node(A100 + " GresUsed=gpu:a100:x(IDX:0)")

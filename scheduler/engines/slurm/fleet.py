@@ -33,11 +33,11 @@ def slurm_output(*argv: str, env: dict[str, str] | None = None) -> str:
 def read_nodes(names: list[str] | None = None, env: dict[str, str] | None = None) -> list[SlurmNode]:
     """The cluster's nodes (`names`: only those; a name Slurm does not know is left out)."""
     if not names:
-        return parse_nodes(slurm_output("scontrol", "show", "node", "-o", env=env))
+        return parse_nodes(slurm_output("scontrol", "show", "node", "-o", "-d", env=env))
     found = []
     for name in names:
         try:
-            found += parse_nodes(slurm_output("scontrol", "show", "node", "-o", name, env=env))
+            found += parse_nodes(slurm_output("scontrol", "show", "node", "-o", "-d", name, env=env))
         except SlurmUnreachable as error:
             if "not found" not in str(error).lower():
                 raise
@@ -54,10 +54,11 @@ def model_names(settings) -> dict[str, str]:
     return {kind: model for model, kind in settings.gres_types.items()}
 
 
-def slurm_gpus(settings, env: dict[str, str] | None = None) -> list[GpuState]:
+def slurm_gpus(settings, env: dict[str, str] | None = None, ours: set[str] | None = None) -> list[GpuState]:
     """The fleet's GPUs as Slurm has them now (nodes/fleet_gpus): with `queue.slurm.partition`, only
-    that partition's nodes, since its jobs can run nowhere else."""
+    that partition's nodes, since its jobs can run nowhere else. `ours`: the GPUs drape's running jobs
+    hold, so that those other jobs hold are seen full (`nodes.foreign`); None: not looked at."""
     nodes = read_nodes(env=env)
     if settings.partition:
         nodes = [node for node in nodes if settings.partition in node.partitions]
-    return fleet_gpus(nodes, settings.gpu_memory_gib, model_names(settings))
+    return fleet_gpus(nodes, settings.gpu_memory_gib, model_names(settings), ours)

@@ -14,6 +14,14 @@ their running jobs, and a job that only such a node could hold waits rather than
 unplaceable) but are seen full, as DCGM would report a busy GPU (all memory used, 100 %): the queue
 places nothing new there until Slurm takes the node back.
 
+GPUs other jobs hold: Slurm may run jobs drape did not start on the same nodes (a shared
+partition, other teams, interactive sessions). ``scontrol show node -o -d`` adds each node's
+``GresUsed`` (``gpu:a100:1(IDX:0)``, ``gpu:1`` untyped), the GPUs Slurm has allocated there, drape's
+jobs among them. Given the GPUs drape's own running jobs hold (`fleet_gpus`'s ``ours``), the rest of
+each type's count is held by someone else, and that many of the GPUs drape has free there are seen
+full, as a drained node's are: the queue does not place a job Slurm would only keep pending. Which
+of them is a guess (drape's uuid ``<node>/gpu<i>`` is not Slurm's index), the count is not.
+
 Untrusted: a name is a Slurm name (letters, digits, ``_ . + -``, bounded length), every number is
 whole and bounded (`MAX_*`), a key appears once (the first wins: a node's free-text Reason comes
 after the fields read here and cannot shadow them), and a refusal names the node and the field.
@@ -56,6 +64,7 @@ class SlurmNode:
     partitions: tuple[str, ...]
     state: str
     address: str = ""
+    used: tuple[tuple[str, int], ...] = ()  # GPUs Slurm has allocated, per gres type (GresUsed; () unread)
 
     @property
     def num_gpus(self) -> int:
@@ -104,20 +113,22 @@ def _names(text: str, at: str, key: str) -> tuple[str, ...]:
     return names
 
 
-def parse_gres(text: str, at: str = "gres") -> tuple[tuple[str, int], ...]:
+def parse_gres(text: str, at: str = "gres", least: int = 1) -> tuple[tuple[str, int], ...]:
     """GPUs of a gres string: ``gpu:h100:4(S:0-1),gpu:a100:2`` → (("h100", 4), ("a100", 2)); other
-    gres (``mps:100``) are skipped; ``(null)`` and empty: none."""
+    gres (``mps:100``) are skipped; ``(null)`` and empty: none. `least` 0: counts of none allowed
+    (``GresUsed``'s ``gpu:h100:0(IDX:N/A)``; an untyped gres there may print its type as ``(null)``)."""
     gpus: list[tuple[str, int]] = []
     for entry in re.split(r",(?![^(]*\))", text or ""):
-        entry = re.sub(r"\(.*\)$", "", entry.strip())  # the socket binding: (S:0-1), (IDX:0-3)
+        entry = re.sub(r"\([^()]*\)$", "", entry.strip())  # the socket binding: (S:0-1), (IDX:0-3)
         if entry in ("", "(null)"):
             continue
         parts = [part for part in entry.split(":") if part != "no_consume"]
         if parts[0] != "gpu":
             continue
         kind, count = (UNTYPED, parts[1]) if len(parts) == 2 else (parts[1], parts[2]) if len(parts) == 3 else ("", "")
-        if not count.isdigit() or not _NAME.fullmatch(kind) or not 0 < int(count) <= MAX_GPUS_PER_NODE:
-            raise SlurmParseError(f"{at}: gres {entry[:60]!r}: expected gpu[:<type>]:<1..{MAX_GPUS_PER_NODE}>")
+        kind = UNTYPED if kind == "(null)" else kind
+        if not count.isdigit() or not _NAME.fullmatch(kind) or not least <= int(count) <= MAX_GPUS_PER_NODE:
+            raise SlurmParseError(f"{at}: gres {entry[:60]!r}: expected gpu[:<type>]:<{least}..{MAX_GPUS_PER_NODE}>")
         gpus.append((kind, int(count)))
     return tuple(gpus)
 
@@ -146,6 +157,7 @@ def parse_node(line: str) -> SlurmNode:
         _names(shown.get("Partitions", ""), at, "Partitions"),
         state,
         address if names.NODE_NAME.fullmatch(address) else "",
+        parse_gres(shown.get("GresUsed", ""), f"{at}: GresUsed", least=0),
     )
 
 
@@ -191,12 +203,16 @@ def parse_partitions(text: str) -> dict[str, int | None]:
     return limits
 
 
-def fleet_gpus(nodes: list[SlurmNode], memory_gib: dict[str, float], model_names: dict[str, str]) -> list[GpuState]:
+def fleet_gpus(
+    nodes: list[SlurmNode], memory_gib: dict[str, float], model_names: dict[str, str], ours: set[str] | None = None
+) -> list[GpuState]:
     """The GPUs of `nodes` (an unusable node's seen full): uuid ``<node>/gpu<i>``, model the fleet's name of the gres type
-    (`model_names`: type → model, else the type), memory from `memory_gib` (type → GiB)."""
+    (`model_names`: type → model, else the type), memory from `memory_gib` (type → GiB). `ours`: the GPUs drape's
+    running jobs hold; then as many more of each node's GPUs as Slurm has allocated beyond them are seen full
+    (`foreign`; None: Slurm's allocations are not looked at)."""
     gpus: list[GpuState] = []
     for node in nodes:
-        index = 0
+        index, of_kind = 0, dict[str, list[GpuState]]()
         for kind, count in node.gpus:
             if kind not in memory_gib:
                 known = ", ".join(sorted(memory_gib)) or "nothing"
@@ -207,9 +223,24 @@ def fleet_gpus(nodes: list[SlurmNode], memory_gib: dict[str, float], model_names
             memory = min(float(memory_gib[kind]), MAX_GPU_MEMORY_GIB)
             model = model_names.get(kind, kind)
             used, busy = (None, None) if node.is_usable else (memory, 100.0)
-            gpus += [
+            made = [
                 GpuState(f"{node.name}/gpu{index + i}", node.name, model, memory, observed_used_gib=used, observed_util=busy)
                 for i in range(count)
             ]
+            gpus += made
+            of_kind.setdefault(kind, []).extend(made)
             index += count
+        if ours is not None and node.is_usable:
+            foreign(node, of_kind, ours)
     return gpus
+
+
+def foreign(node: SlurmNode, of_kind: dict[str, list[GpuState]], ours: set[str]) -> None:
+    """Per gres type, mark seen full as many of `node`'s GPUs of that type (`of_kind`) that drape has free as Slurm
+    has allocated there beyond drape's own (`ours`): other jobs' GPUs, the last by index first."""
+    for kind, gpus in of_kind.items():
+        used = min(sum(count for k, count in node.used if k == kind), len(gpus))  # untrusted: at most the node's
+        free = [gpu for gpu in gpus if gpu.uuid not in ours]
+        others = min(max(used - (len(gpus) - len(free)), 0), len(free))
+        for gpu in free[len(free) - others :]:
+            gpu.observed_used_gib, gpu.observed_util = gpu.total_gib, 100.0
