@@ -331,8 +331,14 @@ class Planner:
                 else:
                     found = reserve_walk(job, pool.gpus, self.nodes, self._ending(step.placements, now), now, config)
                 step.reservation = found or _NOWHERE
-            # the shape's later jobs find nothing either; of a gang shape (one priority, by submit)
-            # only those waiting as long may still preempt, while its preemption is not hopeless
+            # the shape's later jobs find nothing either; of a gang shape (one priority, by its last
+            # requeue) only those waiting as long may still preempt, while its preemption is not
+            # hopeless. With `gang_bound_whole_wait` a later one, stopped and requeued, may have waited
+            # longer in all (`bound_start`) and be overdue where this one is not: looked at too, while
+            # stopping jobs for the shape is not hopeless
+            if step.preemptor is not None and config.gang_bound_whole_wait and job.gpus > 1:
+                if (job.gpus, job.mem_gib, job.models, job.priority) not in step.preemptor.stop_hopeless:
+                    return _NEXT
             return _DROP if not starving or _hopeless(job, step) else _NEXT
         reservation = step.reservation
         if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:

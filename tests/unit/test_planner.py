@@ -425,3 +425,28 @@ def test_a_moved_job_keeps_its_declared_share_as_plan_drape_reading_the_queue_se
     pool = Pool({g.uuid: GpuState(**vars(g)) for g in gpus}, config)  # the pass's own books: gpu0 keeps the full job's 1.0
     pool.leave("n0/gpu0", JobRequest("half", 3, 0.0, 1, 20.0, 1.0, share=planner.running["half"].share))
     assert pool.gpus["n0/gpu0"].shares == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("moves_after_s", [None, 600.0])
+def test_a_requeued_gang_job_overdue_in_all_is_looked_at_behind_one_of_its_shape_that_is_not(moves_after_s):
+    """With `gang_bound_whole_wait`, gang jobs of one shape are queued by their last requeue, but a job
+    stopped and requeued counts its waits before too: behind a job not yet overdue may wait one that
+    is. The planner once dropped the rest of the shape at the first that was not overdue, whether
+    that one could not preempt at all or had found no jobs to move (`preempt_after_s`): on the gang
+    weeks of `benchmarks/wide_gangs.py` (64 H100 seed 1; mixed seed 1, third replay) it left out stops
+    `plan_drape` made."""
+    config = PolicyConfig(gang_max_wait_s=3600.0, gang_bound_whole_wait=True, preempt_after_s=moves_after_s)
+    gpus = nodes(2)
+    planner = Planner(gpus, config)
+    now = 20_000.0
+    for i, gpu in enumerate(gpus[:-1]):  # services on all GPUs but one: moving them is hopeless
+        planner.submit(JobRequest(f"svc{i:02d}", 3, 0.0, 1, 30.0, 90_000.0))
+        planner.start(Placement(f"svc{i:02d}", (gpu.uuid,), 30.0), 100.0)
+    fresh = JobRequest("fresh", 5, now - 1000.0, 8, 70.0, 3600.0)  # waited 1,000 s: under its bound
+    # submitted long ago, stopped once, requeued 500 s ago after waiting 5,000 s: 5,500 s in all
+    stopped = JobRequest("stopped", 5, 1000.0, 8, 70.0, 3600.0, preempted=1, queued_s=now - 500.0, waited_s=5000.0)
+    planner.submit(fresh)
+    planner.submit(stopped)
+    expected = plan_drape([fresh, stopped], [GpuState(**vars(g)) for g in gpus], list(planner.running.values()), now, config)
+    assert [(p.job_id, len(p.evicts)) for p in expected] == [("stopped", 7)]
+    assert planner.plan(now) == expected
