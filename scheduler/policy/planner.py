@@ -331,15 +331,8 @@ class Planner:
                 else:
                     found = reserve_walk(job, pool.gpus, self.nodes, self._ending(step.placements, now), now, config)
                 step.reservation = found or _NOWHERE
-            # the shape's later jobs find nothing either; of a gang shape (one priority, by its last
-            # requeue) only those waiting as long may still preempt, while its preemption is not
-            # hopeless. With `gang_bound_whole_wait` a later one, stopped and requeued, may have waited
-            # longer in all (`bound_start`) and be overdue where this one is not: looked at too, while
-            # stopping jobs for the shape is not hopeless
-            if step.preemptor is not None and config.gang_bound_whole_wait and job.gpus > 1:
-                if (job.gpus, job.mem_gib, job.models, job.priority) not in step.preemptor.stop_hopeless:
-                    return _NEXT
-            return _DROP if not starving or _hopeless(job, step) else _NEXT
+            # the shape's later jobs find nothing either: looked at only while one may still preempt
+            return _NEXT if step.preemptor is not None and step.preemptor.shape_may(job, now, starving) else _DROP
         reservation = step.reservation
         if reservation is not None and now + job.duration_s > reservation.time_s and set(choice) & reservation.gpus:
             off = (*shape, "off")
@@ -377,16 +370,6 @@ class Planner:
 def _shape(job: JobRequest) -> tuple:
     """What decides where a job fits (a gang job's priority too: whether it may preempt)."""
     return (job.gpus, job.mem_gib, job.models, job.exclusive, job.share, job.prefer_node, job.priority if job.gpus > 1 else None)
-
-
-def _hopeless(job: JobRequest, step: _Pass) -> bool:
-    """Whether no later job of `job`'s gang shape (none waits longer) can preempt in this pass:
-    each way it may preempt found nothing for the shape."""
-    preemptor, key = step.preemptor, (job.gpus, job.mem_gib, job.models, job.priority)
-    if preemptor is None:
-        return True
-    moves = not starves(job, step.now, preemptor.config) or key in preemptor.hopeless
-    return moves and (not overdue(job, step.now, preemptor.config, preemptor.backlog) or key in preemptor.stop_hopeless)
 
 
 _NOWHERE = Reservation(float("inf"), frozenset())  # a head that fits nowhere, as things stand

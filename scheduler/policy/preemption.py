@@ -189,6 +189,20 @@ class Preemptor:
         self.hopeless.add(shape)
         return None
 
+    def shape_may(self, job: JobRequest, now: float, starving: bool) -> bool:
+        """Whether a later job of `job`'s shape may still preempt in this pass, `job` having found nothing
+        (`starving`: whether it could try). Gang jobs of a shape (one priority) queue by their last requeue,
+        so none behind waits longer, and each way `job` may preempt that found nothing ends the shape; but
+        with `gang_bound_whole_wait` a requeued one's earlier waits count too (`state.bound_start`): behind
+        a job not overdue may wait one that is, so only stops found hopeless end the shape."""
+        key = (job.gpus, job.mem_gib, job.models, job.priority)
+        if self.config.gang_bound_whole_wait and job.gpus > 1 and key not in self.stop_hopeless:
+            return True
+        if not starving:
+            return False
+        moves = not starves(job, now, self.config) or key in self.hopeless
+        return not (moves and (not overdue(job, now, self.config, self.backlog) or key in self.stop_hopeless))
+
     def stop(self, job: JobRequest, pool: Pool, now: float) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """(GPUs for overdue gang `job`, running jobs to stop: they resume from their checkpoints and
         may wait) on the cheapest node (`scheduler/policy/checkpoints.py`), or None."""
