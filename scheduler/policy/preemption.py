@@ -174,7 +174,7 @@ class Preemptor:
     def choose(self, job: JobRequest, pool: Pool) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """(GPUs for `job`, jobs to preempt) on the cheapest node whose jobs can move, or None.
         A shape that found nothing finds nothing later in the pass (placements only take room)."""
-        shape = (job.gpus, job.mem_gib, job.models, job.priority)
+        shape = _shape(job)
         if shape in self.hopeless or not pool.idle:
             return None  # with no idle GPU, no preempted job could restart at once
         for (moved, _, node), chosen in self._options(job, pool):
@@ -195,7 +195,7 @@ class Preemptor:
         so none behind waits longer, and each way `job` may preempt that found nothing ends the shape; but
         with `gang_bound_whole_wait` a requeued one's earlier waits count too (`state.bound_start`): behind
         a job not overdue may wait one that is, so only stops found hopeless end the shape."""
-        key = (job.gpus, job.mem_gib, job.models, job.priority)
+        key = _shape(job)
         if self.config.gang_bound_whole_wait and job.gpus > 1 and key not in self.stop_hopeless:
             return True
         if not starving:
@@ -206,7 +206,7 @@ class Preemptor:
     def stop(self, job: JobRequest, pool: Pool, now: float) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
         """(GPUs for overdue gang `job`, running jobs to stop: they resume from their checkpoints and
         may wait) on the cheapest node (`scheduler/policy/checkpoints.py`), or None."""
-        shape = (job.gpus, job.mem_gib, job.models, job.priority)
+        shape = _shape(job)
         if shape in self.stop_hopeless:
             return None
 
@@ -225,6 +225,11 @@ class Preemptor:
         self.taken.update(found[0])
         self.stopped.update(found[1])
         return found
+
+
+def _shape(job: JobRequest) -> tuple:
+    """What the preemptor's hopeless sets are kept by: a gang shape (GPUs, memory, models, priority)."""
+    return (job.gpus, job.mem_gib, job.models, job.priority)
 
 
 def spread(
