@@ -9,7 +9,9 @@ kube-scheduler's least-allocated node.
 `fifo-easy` (the HPC reference, Slurm's default shape): first come first served, whole GPUs, EASY
 backfill: the first job that cannot start gets a reservation (when and where it fits as running jobs
 end as expected), a later one starts now if it fits and ends before then or keeps off the reserved
-GPUs. `fifo-backfill` (the untuned reference): first come first served, whole GPUs, any job that
+GPUs. `priority-easy` (Slurm's default with a priority plugin): the same, the queue in priority
+order (highest first, then first come first served), so EASY's reservation goes to the first job of
+the highest priority that cannot start. `fifo-backfill` (the untuned reference): first come first served, whole GPUs, any job that
 fits starts (greedy backfill, no reservation). Both take the smallest free GPUs that hold a job, on
 one node (the node that leaves the fewest free GPUs behind, then by name), or, where the engine
 spans nodes (`PolicyConfig.span_nodes`), as k nodes × g GPUs of one model (`gangs.even_split`).
@@ -118,12 +120,13 @@ def _shadow(
     return None
 
 
-def _fifo_whole(pending, gpus, running, now, config, easy: bool) -> list[Placement]:
+def _fifo_whole(pending, gpus, running, now, config, easy: bool, by_priority: bool = False) -> list[Placement]:
     most = max((sum(1 for g in gpus if g.node == node) for node in {g.node for g in gpus}), default=0)
     taken: set[str] = set()
     ends = [(job.expected_end_s, job.gpus) for job in running]
     placements, reservation = [], None
-    for job in sorted(pending, key=lambda j: (j.submit_s, j.id)):
+    order = (lambda j: (-j.priority, j.submit_s, j.id)) if by_priority else (lambda j: (j.submit_s, j.id))
+    for job in sorted(pending, key=order):
         free = _free(gpus, taken)
         chosen = _whole_fit(job, free, config.span_nodes, most)
         if reservation is not None and chosen and now + job.duration_s > reservation.time_s:
@@ -146,6 +149,13 @@ def plan_fifo_easy(
     return _fifo_whole(pending, gpus, running, now, config, easy=True)
 
 
+def plan_priority_easy(
+    pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float, config: PolicyConfig = PolicyConfig()
+) -> list[Placement]:
+    """Highest priority first, then first come first served, on whole GPUs with EASY backfill."""
+    return _fifo_whole(pending, gpus, running, now, config, easy=True, by_priority=True)
+
+
 def plan_fifo_backfill(
     pending: list[JobRequest], gpus: list[GpuState], running: list[RunningJob], now: float, config: PolicyConfig = PolicyConfig()
 ) -> list[Placement]:
@@ -155,13 +165,14 @@ def plan_fifo_backfill(
 
 # the policies that place gangs across nodes themselves where the engine spans nodes (the others
 # are given whole idle nodes first: `gangs.spanning`)
-SPANS_ITSELF = frozenset({"drape", "fifo-easy", "fifo-backfill"})
+SPANS_ITSELF = frozenset({"drape", "fifo-easy", "priority-easy", "fifo-backfill"})
 
 POLICIES: dict[str, Callable[..., list[Placement]]] = {
     "drape": plan_drape,
     "fifo-exclusive": plan_fifo_exclusive,
     "kueue-like": plan_kueue_like,
     "fifo-easy": plan_fifo_easy,
+    "priority-easy": plan_priority_easy,
     "fifo-backfill": plan_fifo_backfill,
 }
 

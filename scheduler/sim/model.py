@@ -82,6 +82,7 @@ class SimResult:
     # any slowdown from sharing, where `class_waits` counts the wait to its first start only
     class_delays: dict[str, dict[str, float]] = field(default_factory=dict)
     shortest_s: float = 0.0  # the shortest makespan any policy could have (`shortest_makespan`)
+    job_delays: dict[str, float] = field(default_factory=dict)  # job → its finish − submit − duration (s)
 
     @property
     def of_bound(self) -> float:
@@ -297,6 +298,7 @@ def sim_result(
         },
         waits_by_class(tally.delays),
         shortest_makespan(trace, list(gpus.values())) if trace else 0.0,
+        tally.job_delays,
     )
 
 
@@ -315,6 +317,7 @@ class Tally:
     started_at: dict[str, float] = field(default_factory=dict)  # first starts
     stretch: list[tuple[str, float]] = field(default_factory=list)  # (class, (finish − first start) / duration)
     delays: list[tuple[str, float]] = field(default_factory=list)  # (class, finish − submit − duration)
+    job_delays: dict[str, float] = field(default_factory=dict)  # job → finish − submit − duration
 
     def started(self, job: TraceJob, request: JobRequest, gpus: tuple[str, ...], models: dict, clock: float) -> None:
         """A start at `clock` (`models`: uuid → GPU): its wait, class and model, or a requeue's wait."""
@@ -330,7 +333,8 @@ class Tally:
 
     def finished(self, job: TraceJob, clock: float) -> None:
         self.stretch.append((job_class(job.gpus), (clock - self.started_at.pop(job.job_id)) / max(job.duration_s, 1e-9)))
-        self.delays.append((job_class(job.gpus), clock - job.submit_s - job.duration_s))
+        delay = self.job_delays[job.job_id] = clock - job.submit_s - job.duration_s
+        self.delays.append((job_class(job.gpus), delay))
 
 
 def request_of(job: TraceJob) -> JobRequest:

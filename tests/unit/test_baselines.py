@@ -1,10 +1,10 @@
-"""The references drape is measured against (`scheduler/policy/baselines.py`): FIFO + EASY backfill
-and whole-GPU FIFO + greedy backfill, on one node or across nodes."""
+"""The references drape is measured against (`scheduler/policy/baselines.py`): FIFO + EASY backfill,
+the same in priority order, and whole-GPU FIFO + greedy backfill, on one node or across nodes."""
 
 from dataclasses import replace
 
 from scheduler.policy import GpuState, JobRequest, PolicyConfig, RunningJob
-from scheduler.policy.baselines import POLICIES, plan_fifo_backfill, plan_fifo_easy
+from scheduler.policy.baselines import POLICIES, SPANS_ITSELF, plan_fifo_backfill, plan_fifo_easy, plan_priority_easy
 
 
 def _fleet() -> list[GpuState]:
@@ -38,3 +38,18 @@ def test_across_nodes_where_the_engine_spans_them():
     assert _placed(plan_fifo_easy, [WIDE], spans) == {"wide": ("n0/gpu0", "n1/gpu1")}  # 2 nodes × 1
     assert _placed(plan_fifo_backfill, [WIDE]) == {}
     assert {"fifo-easy", "fifo-backfill"} <= POLICIES.keys()
+
+
+def test_priority_easy_reserves_for_the_highest_priority_job_that_waits_not_the_first_come():
+    low = JobRequest("low", 1, -10.0, 1, 10.0, 5000.0)  # before the 2-GPU head, of a lower priority
+    # first come first served: the low job is first and fits now, on the best-fitting GPU
+    assert _placed(plan_fifo_easy, [WIDE, low]) == {"low": ("n0/gpu0",)}
+    # priority order: the 2-GPU job of priority 5 is first, waits, and holds n0 from 100; the long low job
+    # would delay it there, so it goes off the reservation
+    assert _placed(plan_priority_easy, [WIDE, low]) == {"low": ("n1/gpu1",)}
+    short = replace(low, duration_s=50.0)  # ends before 100: it may use the reserved GPU
+    assert _placed(plan_priority_easy, [WIDE, short]) == {"low": ("n0/gpu0",)}
+    # one priority for all: the same as fifo-easy
+    same = replace(low, priority=5)
+    assert _placed(plan_priority_easy, [WIDE, same]) == _placed(plan_fifo_easy, [WIDE, same])
+    assert "priority-easy" in POLICIES and "priority-easy" in SPANS_ITSELF

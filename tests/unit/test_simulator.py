@@ -236,6 +236,7 @@ def test_a_short_gang_stops_a_long_one_of_its_priority_and_the_delay_counts_the_
     long_delay = 1000 + 100 + RESTART_S  # the short job's run, its work since the checkpoint at 3600 s, a restart
     assert result.class_delays["2-4"]["mean_s"] == pytest.approx((3600 + long_delay) / 2)
     assert result.class_delays["2-4"]["max_s"] == pytest.approx(3600)
+    assert result.job_delays == {"long": pytest.approx(long_delay), "short": pytest.approx(3600)}  # each job's own
     before = simulate(trace, fleet, "drape", bounded)  # jobs of one priority never stop each other: until the long one ends
     assert before.preemptions == 0 and before.class_waits["2-4"]["max_s"] == pytest.approx(35900)
     assert before.class_delays["2-4"] == before.class_waits["2-4"]  # never stopped: the delay is the wait
