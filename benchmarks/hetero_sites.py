@@ -80,7 +80,6 @@ SIGMA, CAP_S = 1.0, 4 * 86400.0
 PRIORITIES = ((0, 0.45), (1, 0.35), (5, 0.20))  # drawn per job, whatever its width
 ONLY_H100 = 0.25  # the share of multi-GPU jobs that may run only on H100s
 WIDE = 8  # "wide gangs": jobs of this many GPUs or more
-POLICIES = ("drape", "searched", "fifo-easy", "priority-easy")
 
 
 def site(name: str) -> list[GpuState]:
@@ -127,8 +126,8 @@ def week(gpus: list[GpuState], load: float, seed: int) -> list[TraceJob]:
 
 
 def settings(aging: tuple[float, ...] = ()) -> list[tuple[str, str, PolicyConfig]]:
-    """(name, policy, config) of `POLICIES`, all on an engine that spans nodes; then drape and
-    "searched" again at each rate of `aging` (`aging_per_hour`)."""
+    """(name, policy, config): drape, "searched", `fifo-easy` and `priority-easy`, all on an engine that
+    spans nodes; then drape and "searched" again at each rate of `aging` (`aging_per_hour`)."""
     spans = PolicyConfig(span_nodes=True)
     searched = wide_policies(1.0, True, ("searched",))[0][2]
     found = [
