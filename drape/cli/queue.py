@@ -257,7 +257,7 @@ def queue_simulate(
         except TraceError as error:
             stuck.append(str(error))
     if results:
-        print(render(results))
+        print(render(results, jobs))
     if stuck:
         fail("\n".join(stuck))
 

@@ -1,8 +1,12 @@
-"""Simulation results as Markdown tables: the fleet's figures, waits per job class, preemption."""
+"""Simulation results as Markdown tables: the fleet's figures, waits per job class, preemption, and
+per priority where the trace has more than one."""
 
 from __future__ import annotations
 
-from scheduler.sim import CONTENTION_OVERLAP, SimResult
+import statistics
+from collections.abc import Sequence
+
+from scheduler.sim import CONTENTION_OVERLAP, SimResult, TraceJob
 from scheduler.sim.model import CLASSES
 
 
@@ -12,8 +16,37 @@ def _stretch(result: SimResult) -> str:
     return f"{found['mean']:.2f} / {found['max']:.2f}" if found else "-"
 
 
-def render(results: list[SimResult]) -> str:
-    """A Markdown table of simulation results, plus the contention model in one line."""
+def by_priority(results: list[SimResult], trace: Sequence[TraceJob]) -> list[str]:
+    """Per policy and priority (highest first): the jobs' mean and max delay (finish − submit −
+    duration: the wait, and the time a stopped job spent off its GPUs), and the multi-GPU jobs' max
+    delay; no lines where the trace has a single priority. A job the result has no delay for (one
+    that never finished) is left out."""
+    priorities = sorted({job.priority for job in trace}, reverse=True)
+    if len(priorities) < 2:
+        return []
+    lines = [
+        "",
+        "| policy | priority | jobs | mean delay | max delay | multi-GPU jobs: max delay |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        for priority in priorities:
+            delays = [
+                (job.gpus, r.job_delays[job.job_id]) for job in trace if job.priority == priority and job.job_id in r.job_delays
+            ]
+            if not delays:
+                continue
+            wide = max((d for gpus, d in delays if gpus > 1), default=None)
+            lines.append(
+                f"| {r.policy} | {priority} | {len(delays)} | {statistics.fmean(d for _, d in delays) / 60:.1f} min "
+                f"| {max(d for _, d in delays) / 3600:.1f} h | {'-' if wide is None else f'{wide / 3600:.1f} h'} |"
+            )
+    return lines
+
+
+def render(results: list[SimResult], trace: Sequence[TraceJob] = ()) -> str:
+    """A Markdown table of simulation results, plus the contention model in one line; with the
+    `trace` replayed, the delays per priority (`by_priority`)."""
     lines = [
         "| policy | jobs | GPUs | GPU util | of bound | of shortest makespan | mem util | mean wait | p95 wait "
         "| starved (>1 h) | makespan | placements by GPU model |",
@@ -46,6 +79,7 @@ def render(results: list[SimResult]) -> str:
             f"| {r.policy} | {' | '.join(cells)} | {r.violations} | {r.preemptions} | {r.lost_gpu_h:.1f} GPU-h "
             f"| {r.max_requeue_wait_s / 60:.1f} min | {_stretch(r)} |"
         )
+    lines += by_priority(results, trace)
     if results:
         lines.append(
             f"\noffered-load bound {100 * results[0].bound:.1f}%; contention: n jobs on one GPU progress at "

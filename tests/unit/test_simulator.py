@@ -177,6 +177,13 @@ def test_waits_per_job_class_and_constraint_violations(tmp_path):
     assert honoured.violations == 0 and set(honoured.class_waits) == {"1", "2-4"}
     assert honoured.class_waits["2-4"]["max_s"] == pytest.approx(4990)  # the service holds an H100 the gang needs
     assert "constraint violations" in render([honoured, replace(honoured, policy="broken", violations=2)])
+    # two priorities: each one's delays, the multi-GPU jobs' apart (none at priority 3)
+    table = render([honoured], jobs).split("| policy | priority |")[1]
+    assert "| drape | 5 | 1 | 83.2 min | 1.4 h | 1.4 h |" in table  # the gang: 4990 s
+    three = next(line for line in table.splitlines() if line.startswith("| drape | 3 |"))
+    assert three.startswith(f"| drape | 3 | 2 | {honoured.job_delays['pinned'] / 120:.1f} min |") and three.endswith("| - |")
+    assert table.index("| drape | 5 |") < table.index("| drape | 3 |")  # highest first
+    assert "| priority |" not in render([honoured], [replace(j, priority=3) for j in jobs])  # one priority: no table
     bad = tmp_path / "bad.csv"
     bad.write_text(trace.read_text().replace("shared", "sometimes"))
     with pytest.raises(TraceError, match="measured must be alone or shared"):
@@ -302,9 +309,9 @@ def test_cli_simulate_takes_the_queue_settings_from_a_config(tmp_path):
         line.split("|")[5]
         for out in (bounded.output, patient.output)
         for line in out.splitlines()
-        if line.startswith("| drape | ")
+        if line.startswith("| drape | ") and "jobs)" in line  # the waits per class, one line each
     ]
-    bounded_wait, patient_wait = waits[1], waits[3]
+    bounded_wait, patient_wait = waits
     assert "30.0 / 30.0 / 30.0 min (1 jobs)" in bounded_wait  # it stopped services once it waited 1800 s
     assert "| 0 | 4 | 0.2 GPU-h |" in bounded.output  # 4 services on n1 stopped, n2 idle: 2 nodes × 8 GPUs
     assert "(1 jobs)" in patient_wait and "30.0 / 30.0" not in patient_wait
