@@ -11,10 +11,11 @@ backfill: the first job that cannot start gets a reservation (when and where it 
 end as expected), a later one starts now if it fits and ends before then or keeps off the reserved
 GPUs. `priority-easy` (Slurm's default with a priority plugin): the same, the queue in priority
 order (highest first, then first come first served), so EASY's reservation goes to the first job of
-the highest priority that cannot start. `fifo-backfill` (the untuned reference): first come first served, whole GPUs, any job that
-fits starts (greedy backfill, no reservation). Both take the smallest free GPUs that hold a job, on
-one node (the node that leaves the fewest free GPUs behind, then by name), or, where the engine
-spans nodes (`PolicyConfig.span_nodes`), as k nodes × g GPUs of one model (`gangs.even_split`).
+the highest priority that cannot start. `fifo-backfill` (the untuned reference): first come first
+served, whole GPUs, any job that fits starts (greedy backfill, no reservation). All three take the
+smallest free GPUs that hold a job, on one node (the node that leaves the fewest free GPUs behind,
+then by name), or, where the engine spans nodes (`PolicyConfig.span_nodes`), as k nodes × g GPUs of
+one model (`gangs.even_split`).
 """
 
 from __future__ import annotations

@@ -16,26 +16,31 @@ def _stretch(result: SimResult) -> str:
     return f"{found['mean']:.2f} / {found['max']:.2f}" if found else "-"
 
 
+MAX_PRIORITY_ROWS = 16  # distinct priorities past this: no per-priority table (one line says so)
+
+
 def by_priority(results: list[SimResult], trace: Sequence[TraceJob]) -> list[str]:
     """Per policy and priority (highest first): the jobs' mean and max delay (finish − submit −
     duration: the wait, and the time a stopped job spent off its GPUs), and the multi-GPU jobs' max
-    delay; no lines where the trace has a single priority. A job the result has no delay for (one
-    that never finished) is left out."""
+    delay; no lines where the trace has a single priority, one line where it has more than
+    `MAX_PRIORITY_ROWS`. A job the result has no delay for (one that never finished) is left out."""
     priorities = sorted({job.priority for job in trace}, reverse=True)
     if len(priorities) < 2:
         return []
+    if len(priorities) > MAX_PRIORITY_ROWS:
+        return ["", f"{len(priorities)} priorities in the trace: no table per priority (at most {MAX_PRIORITY_ROWS})"]
     lines = [
         "",
         "| policy | priority | jobs | mean delay | max delay | multi-GPU jobs: max delay |",
         "|---|---|---|---|---|---|",
     ]
     for r in results:
-        for priority in priorities:
-            delays = [
-                (job.gpus, r.job_delays[job.job_id]) for job in trace if job.priority == priority and job.job_id in r.job_delays
-            ]
-            if not delays:
-                continue
+        grouped: dict[int, list[tuple[int, float]]] = {}
+        for job in trace:
+            if job.job_id in r.job_delays:
+                grouped.setdefault(job.priority, []).append((job.gpus, r.job_delays[job.job_id]))
+        for priority in [p for p in priorities if p in grouped]:
+            delays = grouped[priority]
             wide = max((d for gpus, d in delays if gpus > 1), default=None)
             lines.append(
                 f"| {r.policy} | {priority} | {len(delays)} | {statistics.fmean(d for _, d in delays) / 60:.1f} min "

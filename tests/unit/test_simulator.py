@@ -184,6 +184,8 @@ def test_waits_per_job_class_and_constraint_violations(tmp_path):
     assert three.startswith(f"| drape | 3 | 2 | {honoured.job_delays['pinned'] / 120:.1f} min |") and three.endswith("| - |")
     assert table.index("| drape | 5 |") < table.index("| drape | 3 |")  # highest first
     assert "| priority |" not in render([honoured], [replace(j, priority=3) for j in jobs])  # one priority: no table
+    many = [replace(jobs[0], job_id=f"j{p}", priority=p) for p in range(17)]  # past MAX_PRIORITY_ROWS: one line
+    assert "17 priorities in the trace: no table per priority (at most 16)" in render([honoured], many)
     bad = tmp_path / "bad.csv"
     bad.write_text(trace.read_text().replace("shared", "sometimes"))
     with pytest.raises(TraceError, match="measured must be alone or shared"):
