@@ -113,12 +113,12 @@ def _job(rng: random.Random, index: int, kind: str, width: int, median_h: float,
 def week(gpus: list[GpuState], load: float, seed: int) -> list[TraceJob]:
     """The week (module docstring) for the site `gpus`, drawn by `seed`."""
     rng, jobs = random.Random(seed), []
-    widest = max(w for w in (1, 2, 3, 4, 8, 16, 32) if _placeable(w, gpus))
+    placeable = [w for w in sorted({w for _, widths, *_ in MIX for w in widths}) if _placeable(w, gpus)]
     for kind, widths, share, median_h, memory in MIX:
         hours = load * len(gpus) * WEEK_S / 3600 * share
         while hours > 0:
             width = rng.choice(widths)
-            width = width if _placeable(width, gpus) else widest
+            width = width if width in placeable else placeable[-1]
             job = _job(rng, len(jobs), kind, width, median_h, memory, gpus)
             jobs.append(job)
             hours -= width * job.duration_s / 3600
