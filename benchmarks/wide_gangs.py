@@ -22,32 +22,33 @@ Three workloads, each replayed through the same `Planner` the dispatcher runs:
    (T4 and 16 GiB V100s). Synthetic; `benchmarks/openb_week.py` builds weeks from the issue's sharing
    trace (Alibaba's openb files, read from a local checkout).
 
-Policies: "searched", the combination with the most goals met and every week's median 1-GPU mean
-within 5 min of those `benchmarks/policy_sweep.py --search 200` drew ("backlog" with a 1-h bound,
+Policies: "searched", the combination with the most goals met and every week's median 1-GPU mean within
+5 min of those `benchmarks/policy_sweep.py --search 200` drew ("backlog" with a 1-h bound,
 `gang_stops_waited` 2 h, `gang_stops_rehome`, 16 stops a job, no moves by a waiting gang job:
-`SEARCHED`); "backlog", the bound (2 h, not `--bound-hours`) risen to 0.5 x the queue's backlog while
-that is longer (`gang_bound_backlog`: the waiting GPU-seconds over the fleet's GPUs), on the whole
-wait, short single-GPU jobs first, `gang_stops_longer` 2 and 8 stops a job (the setting of
-`benchmarks/policy_sweep.py`'s grid that met the most goals); "whole-longer" and "whole", the
-bound on a gang job's whole wait (`gang_bound_whole_wait`: its waits before each requeue count
-too), with and without `gang_stops_longer` 4; "rehome-longer" and "longer" (`gang_stops_longer`
-4: an overdue gang job also stops a running gang job of its priority with 4x its run left), each beside rehome and the bound as
-before; drape with the bound `--bound-hours` on gang waits whose stops keep to jobs that restart
-at once, short single-GPU jobs first (`gang_stops_rehome`, `short_job_bonus` 20: "rehome"); drape
-with the bound as before (checkpoint preemption on the cheapest node); drape without the bound;
-`fifo-easy` (FIFO + EASY backfill) and `fifo-backfill` (whole-GPU FIFO + greedy backfill),
-`scheduler/policy/baselines.py`. Floors per width class given the whole week
-(`benchmarks/floors/class_floor.py`: every job interrupted and moved for free on every GPU the
-multi-GPU jobs may use, a node-free relaxation valid on every engine; the leximin point, so the
-first floor binds the max over the classes for every policy), for any policy and for policies
-whose 1-GPU jobs' mean delay is at most 5 min; on the single-node weeks the 5-8 class's are at
-least `benchmarks/floors/joint_floor.py`'s in node units. The goals (issue 66), against the second
-floor (they ask a 5-min 1-GPU mean of the same policy): each class's max delay <= max(1.25 x floor,
-1 h), 1-GPU mean wait <= 5 min, work lost <= 1% of GPU-hours, wide-gang max delay below
-`fifo-easy`'s (a job's delay: finish - submit - duration, what the floors bound; its wait to first
-start, printed beside it, leaves out a stopped job's time off its GPUs); sharing week >= 0.93 of
-the bound and never behind `fifo-backfill`, judged on the shortest makespan (`sharing_verdict`).
-Each line says met or not; the end has the per-seed, per-class table and the machine's load.
+`SEARCHED`); "aged", "searched" with gang jobs aged by their whole wait (`gang_aging_whole_wait`: a gang
+job stopped for another ranks by all it has waited, not from its requeue); "backlog", the bound (2 h,
+not `--bound-hours`) risen to 0.5 x the queue's backlog while that is longer (`gang_bound_backlog`: the
+waiting GPU-seconds over the fleet's GPUs), on the whole wait, short single-GPU jobs first,
+`gang_stops_longer` 2 and 8 stops a job (the setting of `benchmarks/policy_sweep.py`'s grid that met the
+most goals); "whole-longer" and "whole", the bound on a gang job's whole wait (`gang_bound_whole_wait`:
+its waits before each requeue count too), with and without `gang_stops_longer` 4; "rehome-longer" and
+"longer" (`gang_stops_longer` 4: an overdue gang job also stops a running gang job of its priority with
+4x its run left), each beside rehome and the bound as before; drape with the bound `--bound-hours` on
+gang waits whose stops keep to jobs that restart at once, short single-GPU jobs first
+(`gang_stops_rehome`, `short_job_bonus` 20: "rehome"); drape with the bound as before (checkpoint
+preemption on the cheapest node); drape without the bound; `fifo-easy` (FIFO + EASY backfill) and
+`fifo-backfill` (whole-GPU FIFO + greedy backfill), `scheduler/policy/baselines.py`. Floors per width
+class given the whole week (`benchmarks/floors/class_floor.py`: every job interrupted and moved for free
+on every GPU the multi-GPU jobs may use, a node-free relaxation valid on every engine; the leximin
+point, so the first floor binds the max over the classes for every policy), for any policy and for
+policies whose 1-GPU jobs' mean delay is at most 5 min; on the single-node weeks the 5-8 class's are at
+least `benchmarks/floors/joint_floor.py`'s in node units. The goals (issue 66), against the second floor
+(they ask a 5-min 1-GPU mean of the same policy): each class's max delay <= max(1.25 x floor, 1 h),
+1-GPU mean wait <= 5 min, work lost <= 1% of GPU-hours, wide-gang max delay below `fifo-easy`'s (a job's
+delay: finish - submit - duration, what the floors bound; its wait to first start, printed beside it,
+leaves out a stopped job's time off its GPUs); sharing week >= 0.93 of the bound and never behind
+`fifo-backfill`, judged on the shortest makespan (`sharing_verdict`). Each line says met or not; the end
+has the per-seed, per-class table and the machine's load.
 
 `--parts alone`: the 8-GPU jobs of the single-node gang weeks alone on the nodes they may use,
 beside their floor (`benchmarks/floors/wide_floor.py`: any policy that stops and moves jobs at no
@@ -176,6 +177,7 @@ SEARCHED = dict(
 )
 POLICIES = (  # `--policies`
     "searched",
+    "aged",
     "backlog",
     "whole-longer",
     "whole",
@@ -214,6 +216,12 @@ def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> li
             "waited 2 h, rehome, 16 stops, no moves",
             "drape",
             searched,
+        ),
+        (
+            f"drape, bound {SEARCHED_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, "
+            "waited 2 h, rehome, 16 stops, no moves, aged by whole waits",
+            "drape",
+            replace(searched, gang_aging_whole_wait=True),
         ),
         (
             f"drape, bound {BACKLOG_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, longer 2, 8 stops",

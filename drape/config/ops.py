@@ -133,6 +133,13 @@ class QueueConfig(StrictModel):
         "to start holding nodes for days (scheduler/policy/checkpoints.py, benchmarks/wide_gangs.py); needs "
         "gang_bound_whole_wait, excludes gang_stops_longer; 0: off; else at least 60",
     )
+    gang_aging_whole_wait: bool = Field(
+        default=False,
+        description="a multi-GPU job's aging counts its whole wait (the waits before each of its requeues too), so a "
+        "gang job stopped for another ranks by all it has waited rather than behind every gang job that came after "
+        'it (scheduler/policy/state.py, benchmarks/wide_gangs.py\'s "aged"); false: aging counts from the last '
+        "requeue, as for single-GPU jobs",
+    )
     short_job_bonus: float = Field(
         default=0.0,
         ge=0,

@@ -205,6 +205,7 @@ def policy_config(config) -> PolicyConfig:
         gang_bound_whole_wait=queue.gang_bound_whole_wait,
         gang_bound_backlog=queue.gang_bound_backlog,
         gang_stops_waited=queue.gang_stops_waited_seconds or None,
+        gang_aging_whole_wait=queue.gang_aging_whole_wait,
         short_job_bonus=queue.short_job_bonus,
         short_job_s=queue.short_job_seconds,
         rescue_gangs=queue.rescue_gangs,

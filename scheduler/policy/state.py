@@ -66,6 +66,10 @@ class PolicyConfig:
     # Whatever `gang_max_wait_s` says: it takes no room from other jobs. Waits are whole waits (it needs
     # `gang_bound_whole_wait`); None: off
     gang_stops_waited: float | None = None
+    # a multi-GPU job's aging counts its whole wait (`JobRequest.waited_s`, its waits before each requeue
+    # too): a gang job stopped for another ranks by all it has waited, not behind every gang job that came
+    # after it (False: aging counts from the last requeue, as for every single-GPU job)
+    gang_aging_whole_wait: bool = False
 
     def __post_init__(self) -> None:
         bound = self.gang_max_wait_s
@@ -214,8 +218,20 @@ def bound_start(job: JobRequest, config: PolicyConfig) -> float:
     submit: a label read from the store cannot buy a wait the job did not have)."""
     if not config.gang_bound_whole_wait:
         return queued_at(job)
+    return whole_wait_start(job)
+
+
+def whole_wait_start(job: JobRequest) -> float:
+    """When `job`'s whole wait would have begun had it waited once: its last requeue less its earlier
+    waits (`waited_s`), never before its submit."""
     since = queued_at(job)
     return since - min(max(job.waited_s, 0.0), since - job.submit_s)
+
+
+def aging_start(job: JobRequest, config: PolicyConfig) -> float:
+    """When `job`'s aging started counting: its last requeue (`queued_at`), or for a multi-GPU job with
+    `gang_aging_whole_wait` its whole wait's start (`whole_wait_start`)."""
+    return whole_wait_start(job) if config.gang_aging_whole_wait and job.gpus > 1 else queued_at(job)
 
 
 def waited_by(job: JobRequest, at: float) -> float:
@@ -238,10 +254,10 @@ def requeued_waited(job: JobRequest, started_s: float) -> float:
 
 
 def effective_priority(job: JobRequest, now: float, config: PolicyConfig) -> float:
-    return job.priority + short_bonus(job, config) + config.aging_per_hour * max(now - queued_at(job), 0.0) / 3600.0
+    return job.priority + short_bonus(job, config) + config.aging_per_hour * max(now - aging_start(job, config), 0.0) / 3600.0
 
 
 def static_priority(job: JobRequest, config: PolicyConfig) -> float:
     """`effective_priority` less the part every job shares at one clock: the order by it is the
     order by effective priority at any `now` past the submits, so it can be kept, not re-sorted."""
-    return job.priority + short_bonus(job, config) - config.aging_per_hour * queued_at(job) / 3600.0
+    return job.priority + short_bonus(job, config) - config.aging_per_hour * aging_start(job, config) / 3600.0

@@ -429,6 +429,34 @@ def test_a_stopped_job_ages_from_its_requeue_and_a_stopped_gang_waits_its_bound_
     assert both([recent], gpus, running, whole) == []
 
 
+def test_with_gang_aging_whole_wait_a_stopped_gang_job_ranks_by_all_it_has_waited():
+    """~0.01 s. `gang_aging_whole_wait`: a 2-GPU job that waited 3 h before it was stopped 10 min ago
+    ranks by those 3 h 10 min, before a 2-GPU job that has waited 1 h; a stopped single-GPU job still
+    ages from its requeue; and a stored wait longer than the job has existed buys it nothing."""
+    from drape.config.ops import QueueConfig
+    from scheduler.dispatch.fleet import policy_config
+    from scheduler.policy import static_priority
+
+    aged = PolicyConfig(preempt_after_s=None, gang_aging_whole_wait=True)
+    stopped = JobRequest("stopped", 3, NOW - 5 * 3600, 2, 70.0, 3600.0, preempted=1, queued_s=NOW - 600, waited_s=3 * 3600.0)
+    fresh = JobRequest("fresh", 3, NOW - 3600, 2, 70.0, 3600.0)
+    assert effective_priority(stopped, NOW, aged) == pytest.approx(3 + (3 * 3600 + 600) / 3600)
+    assert effective_priority(stopped, NOW, PolicyConfig()) == pytest.approx(3 + 600 / 3600)  # off: from the requeue
+    gpus = [GpuState("x/gpu0", "x", "H100", 80.0), GpuState("x/gpu1", "x", "H100", 80.0)]
+    assert [p.job_id for p in both([stopped, fresh], gpus, [], aged)] == ["stopped"]
+    assert [p.job_id for p in both([stopped, fresh], gpus, [], PolicyConfig(preempt_after_s=None))] == ["fresh"]
+    # the order is kept, not re-sorted: the static key orders as the effective priority does at any later clock
+    for later in (NOW, NOW + 86400):
+        by_effective = sorted((stopped, fresh), key=lambda j: -effective_priority(j, later, aged))
+        assert by_effective == sorted((stopped, fresh), key=lambda j: -static_priority(j, aged))
+    single = dataclasses.replace(stopped, gpus=1, mem_gib=30.0)
+    assert effective_priority(single, NOW, aged) == pytest.approx(3 + 600 / 3600)  # single-GPU jobs: as before
+    liar = dataclasses.replace(stopped, submit_s=NOW - 1200, waited_s=86400.0)  # no more than since its submit
+    assert effective_priority(liar, NOW, aged) == pytest.approx(3 + 1200 / 3600)
+    assert QueueConfig(gang_aging_whole_wait=True).gang_aging_whole_wait
+    assert policy_config(SimpleNamespace(queue=QueueConfig(gang_aging_whole_wait=True))).gang_aging_whole_wait
+
+
 def test_the_requeue_time_is_read_from_the_labels_and_a_bad_one_is_ignored():
     """~0.01 s. The store's preemption writes `requeued_s` into a job's labels (`scheduler/queue/leases.py`)."""
     row = ("j", 3, NOW - 86400, 1, 20.0, 600.0, json.dumps({"preempted": "1", "requeued_s": f"{NOW:.3f}"}))

@@ -293,6 +293,8 @@ def _fuzzed(seed: int) -> tuple[dict, dict, tuple[int, ...]]:
     # drawn last, so the cases before it stay as they were; it needs whole waits, and excludes `longer`
     if queue.get("gang_bound_whole_wait") and "gang_stops_longer" not in queue and rng.random() < 0.5:
         queue["gang_stops_waited_seconds"] = 600.0
+    if queue.get("gang_max_wait_seconds") and rng.random() < 0.5:  # drawn after it, for the same reason
+        queue["gang_aging_whole_wait"] = True
     widest = max(g["gpus_per_node"] for g in groups)
     return {"groups": groups}, queue, (2, widest, 2 * widest) if engine == "slurm" else (2, widest)
 

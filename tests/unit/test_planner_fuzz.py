@@ -113,6 +113,9 @@ def _settings(rng: random.Random) -> PolicyConfig:
     # drawn last, so the cases before it stay as they were; it needs whole waits, and excludes `longer`
     if settings.gang_bound_whole_wait and settings.gang_stops_longer is None and rng.random() < 0.5:
         settings = replace(settings, gang_stops_waited=rng.choice((600.0, 1800.0)))
+    # drawn after it, for the same reason: aging by whole waits reorders only gang jobs that were stopped
+    if (settings.gang_max_wait_s is not None or settings.gang_stops_waited is not None) and rng.random() < 0.5:
+        settings = replace(settings, gang_aging_whole_wait=True)
     return settings
 
 
@@ -155,6 +158,7 @@ def test_the_cases_reach_the_paths_that_differed():
     settings = [fuzz_case(seed)[2] for seed in SEEDS]
     assert sum(s.span_nodes for s in settings) >= 10 and sum(bool(s.gang_bound_backlog) for s in settings) >= 8
     assert sum(s.gang_stops_waited is not None for s in settings) >= 20  # 24: `WAITED` and 12 of the first 150
+    assert sum(s.gang_aging_whole_wait for s in settings) >= 20
     assert all(len(fuzz_case(seed)[0]) >= 5 for seed in SEEDS)
 
 
