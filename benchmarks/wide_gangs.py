@@ -192,8 +192,9 @@ POLICIES = (  # `--policies`
 
 
 def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> list[tuple[str, str, PolicyConfig]]:
-    """drape as `SEARCHED` sets it and as "backlog" does (`BACKLOG`); drape with the bound on a gang
-    job's whole wait (`gang_bound_whole_wait`), with `LONGER` and alone; drape with the bound, its
+    """drape as `SEARCHED` sets it, the same with gang jobs aged by their whole wait ("aged"), and as
+    "backlog" does (`BACKLOG`); drape with the bound on a gang job's whole wait
+    (`gang_bound_whole_wait`), with `LONGER` and alone; drape with the bound, its
     stops kept to jobs that restart at once and short jobs first, and also stopping gang jobs of its
     priority with `LONGER` x its run left; the bound with that alone; rehome as before; the bound as
     before; no bound; the two references (those in `only`)."""
@@ -210,19 +211,12 @@ def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> li
         gang_max_preemptions=8,
     )
     searched = replace(risen, gang_max_wait_s=SEARCHED_BOUND_H * 3600, gang_stops_longer=None, **SEARCHED)
+    named = (
+        f"drape, bound {SEARCHED_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, waited 2 h, rehome, 16 stops, no moves"
+    )
     every = [
-        (
-            f"drape, bound {SEARCHED_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, "
-            "waited 2 h, rehome, 16 stops, no moves",
-            "drape",
-            searched,
-        ),
-        (
-            f"drape, bound {SEARCHED_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, "
-            "waited 2 h, rehome, 16 stops, no moves, aged by whole waits",
-            "drape",
-            replace(searched, gang_aging_whole_wait=True),
-        ),
+        (named, "drape", searched),
+        (f"{named}, aged by whole waits", "drape", replace(searched, gang_aging_whole_wait=True)),
         (
             f"drape, bound {BACKLOG_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, longer 2, 8 stops",
             "drape",
