@@ -21,7 +21,8 @@ GPU: 8-40 GiB for single-GPU jobs, 20-75 GiB for the others, so some fit only th
 quarter of the multi-GPU jobs may run only on H100s. Each job's priority is drawn, whatever its
 width: 0 (research, 45%), 1 (product, 35%), 5 (production, 20%).
 
-Policies: drape as it ships (`PolicyConfig()`, on an engine that spans nodes: Slurm), drape as
+Policies: drape as it ships (`PolicyConfig()`, on an engine that spans nodes: Slurm), drape as the queue
+overlay `configs/queue/gang-waits.yaml` sets it ("overlay", read from the file) and as
 `benchmarks/wide_gangs.py`'s "searched" sets it (the gang bound on), `fifo-easy` and
 `priority-easy` (`scheduler/policy/baselines.py`). drape orders its queue by priority with aging
 (`aging_per_hour`, 1 by default: a job of priority 0 that has waited 5 h ranks with a new job of
@@ -126,12 +127,13 @@ def week(gpus: list[GpuState], load: float, seed: int) -> list[TraceJob]:
 
 
 def settings(aging: tuple[float, ...] = ()) -> list[tuple[str, str, PolicyConfig]]:
-    """(name, policy, config): drape, "searched", `fifo-easy` and `priority-easy`, all on an engine that
-    spans nodes; then drape and "searched" again at each rate of `aging` (`aging_per_hour`)."""
+    """(name, policy, config): drape, the queue overlay ("overlay"), "searched", `fifo-easy` and `priority-easy`,
+    all on an engine that spans nodes; then drape and "searched" again at each rate of `aging` (`aging_per_hour`)."""
     spans = PolicyConfig(span_nodes=True)
-    searched = wide_policies(1.0, True, ("searched",))[0][2]
+    (_, _, shipped), (_, _, searched) = wide_policies(1.0, True, ("overlay", "searched"))
     found = [
         ("drape", "drape", spans),
+        ("overlay", "drape", shipped),
         ("searched", "drape", searched),
         ("fifo-easy", "fifo-easy", spans),
         ("priority-easy", "priority-easy", spans),
@@ -199,7 +201,7 @@ def run_site(name: str, seed: int, load: float, replays_each: int, aging: tuple[
         cells = [f"{statistics.median(r[key] for r in runs[label]):.3g}" for key in runs[label][0]]
         print(f"| {label} | " + " | ".join(cells) + f" |  <!-- {took:.0f} s -->")
     rows = []
-    for ours in [label for label in runs if label.startswith(("drape", "searched"))]:
+    for ours in [label for label in runs if label.startswith(("drape", "overlay", "searched"))]:
         said = judge(runs, ours)
         print(f"\n{ours}: " + "; ".join(said))
         rows.append([name, str(seed), f"{offered:.2f}", ours, *[s.split(": ", 1)[1] for s in said]])

@@ -31,7 +31,8 @@ Policies (`--policies`): "drape", as it ships (`PolicyConfig()`); "scarcity-off"
 scarcity-aware placement; "rescue-gangs", drape with `rescue_gangs` (a waiting constrained gang
 job moves long unconstrained jobs off the node it needs: `scheduler/policy/scarcity.py`);
 "backlog", drape with `benchmarks/wide_gangs.py`'s gang bound (2 h or 0.5 x the backlog, on the
-whole wait, short jobs first, `gang_stops_longer` 2, 8 stops);
+whole wait, short jobs first, `gang_stops_longer` 2, 8 stops); "overlay", drape as the queue overlay
+`configs/queue/gang-waits.yaml` sets it (read from the file);
 "fifo-backfill" (whole-GPU FIFO + greedy backfill: the issue's reference) and "fifo-easy" (FIFO
 + EASY backfill, ~4 min a week). Each line gives the share of the offered-load bound and of the
 shortest makespan, starved jobs (> 1 h to start), the waits of 1-GPU and multi-GPU jobs and of
@@ -101,6 +102,7 @@ POLICIES = {  # `--policies`: name → (policy, its config)
     "scarcity-off": ("drape", PolicyConfig(avoid_scarce=False)),
     "rescue-gangs": ("drape", PolicyConfig(rescue_gangs=True)),
     "backlog": policies(3.0, False, ("backlog",))[0][1:],
+    "overlay": policies(3.0, False, ("overlay",))[0][1:],  # configs/queue/gang-waits.yaml
     "fifo-backfill": ("fifo-backfill", PolicyConfig()),
     "fifo-easy": ("fifo-easy", PolicyConfig()),
 }

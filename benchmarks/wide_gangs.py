@@ -22,7 +22,10 @@ Three workloads, each replayed through the same `Planner` the dispatcher runs:
    (T4 and 16 GiB V100s). Synthetic; `benchmarks/openb_week.py` builds weeks from the issue's sharing
    trace (Alibaba's openb files, read from a local checkout).
 
-Policies: "searched", the combination with the most goals met and every week's median 1-GPU mean within
+Policies: "overlay", the queue settings `configs/queue/gang-waits.yaml` ships, read from that file (`overlay`):
+"aged" below with the short-job bonus for single-GPU jobs expected to run up to 2 h and 8 stops a job, the
+setting with the most goals met within a 5-min 1-GPU mean on three and on five replays (benchmarks/README.md);
+"searched", the combination with the most goals met and every week's median 1-GPU mean within
 5 min of those `benchmarks/policy_sweep.py --search 200` drew ("backlog" with a 1-h bound,
 `gang_stops_waited` 2 h, `gang_stops_rehome`, 16 stops a job, no moves by a waiting gang job:
 `SEARCHED`); "aged", "searched" with gang jobs aged by their whole wait (`gang_aging_whole_wait`: a gang
@@ -176,6 +179,7 @@ SEARCHED = dict(
     gang_stops_waited=2 * 3600.0, gang_stops_rehome=True, gang_max_preemptions=16, preempt_after_s=None, max_preemptions=8
 )
 POLICIES = (  # `--policies`
+    "overlay",
     "searched",
     "aged",
     "backlog",
@@ -191,9 +195,37 @@ POLICIES = (  # `--policies`
 )
 
 
+# "overlay": the queue settings `configs/queue/gang-waits.yaml` ships, read from the file (`overlay`): "aged" with
+# the short-job bonus for single-GPU jobs of up to 2 h and 8 stops a job, the most goals met (benchmarks/README.md)
+OVERLAY = Path(__file__).resolve().parents[1] / "configs" / "queue" / "gang-waits.yaml"
+
+
+def overlay(span: bool, path: Path = OVERLAY) -> PolicyConfig:
+    """The policy settings the dispatcher takes from the queue overlay at `path` (`policy_config`), on an engine
+    that spans nodes or not; ConfigError naming the file where it holds no valid `queue` mapping."""
+    from types import SimpleNamespace
+
+    from pydantic import ValidationError
+
+    from drape.config import ConfigError, QueueConfig
+    from drape.config.reading.extends import read_mapping
+    from scheduler.dispatch.fleet import policy_config
+
+    data = read_mapping(path, "queue overlay")
+    if set(data) != {"queue"} or not isinstance(data["queue"], dict):
+        raise ConfigError(f"{path}: expected a mapping with one key, queue (the queue's settings), got keys {sorted(data)}")
+    try:
+        queue = QueueConfig.model_validate(data["queue"])
+    except ValidationError as error:
+        said = "; ".join(f"queue.{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        raise ConfigError(f"{path}: {said}") from None
+    return replace(policy_config(SimpleNamespace(queue=queue)), span_nodes=span)
+
+
 def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> list[tuple[str, str, PolicyConfig]]:
-    """drape as `SEARCHED` sets it, the same with gang jobs aged by their whole wait ("aged"), and as
-    "backlog" does (`BACKLOG`); drape with the bound on a gang job's whole wait
+    """drape as the queue overlay `OVERLAY` sets it (`overlay`: read only when "overlay" is in `only`), as
+    `SEARCHED` sets it, the same with gang jobs aged by their whole wait ("aged"), and as "backlog" does
+    (`BACKLOG`); drape with the bound on a gang job's whole wait
     (`gang_bound_whole_wait`), with `LONGER` and alone; drape with the bound, its
     stops kept to jobs that restart at once and short jobs first, and also stopping gang jobs of its
     priority with `LONGER` x its run left; the bound with that alone; rehome as before; the bound as
@@ -214,7 +246,14 @@ def policies(bound_h: float, span: bool, only: tuple[str, ...] = POLICIES) -> li
     named = (
         f"drape, bound {SEARCHED_BOUND_H:g} h or {BACKLOG:g} x backlog, whole wait, bonus, waited 2 h, rehome, 16 stops, no moves"
     )
+    shipped = overlay(span) if "overlay" in only else searched
     every = [
+        (
+            f"drape, bound {(shipped.gang_max_wait_s or 0) / 3600:g} h or {shipped.gang_bound_backlog:g} x backlog, "
+            f"{OVERLAY.relative_to(OVERLAY.parents[2]).as_posix()}",
+            "drape",
+            shipped,
+        ),
         (named, "drape", searched),
         (f"{named}, aged by whole waits", "drape", replace(searched, gang_aging_whole_wait=True)),
         (
@@ -410,7 +449,7 @@ def summary(rows: list[list[str]], bound_h: float, only: tuple[str, ...] = POLIC
         print("| " + " | ".join(row) + " |")
 
 
-SHARING_POLICIES = ("drape", "scarcity-off", "fifo-backfill", "fifo-easy")  # `openb_week.POLICIES`' names
+SHARING_POLICIES = ("drape", "scarcity-off", "overlay", "fifo-backfill", "fifo-easy")  # `openb_week.POLICIES`' names
 
 
 WAITED_H = 2.0  # gang_stops_waited beside the policies of `alone`: an equal gang job that waited 2 h less
