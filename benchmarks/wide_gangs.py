@@ -57,7 +57,10 @@ has the per-seed, per-class table and the machine's load.
 beside their floor (`benchmarks/floors/wide_floor.py`: any policy that stops and moves jobs at no
 cost) and first-come-first-served, under drape without a bound, "backlog", and each with waits
 balanced among gang jobs (`gang_stops_waited` 2 h: `scheduler/policy/checkpoints.py`): max delay,
-stops and work lost, how near an online policy comes to the floor where no single-GPU job competes.
+stops and work lost, how near an online policy comes to the floor where no single-GPU job competes;
+then the floor on one node fewer, and the hours of the 8-GPU jobs' arrivals in which no single-GPU job
+that may run only on their nodes is in its run window (`pinned_hours`): outside those hours such jobs
+hold a node, unless a policy holds them off their GPUs.
 
 `--replays K` replays each week K times (`benchmarks/replays.py`: the week as built, then K - 1
 copies with every submit moved by up to a minute, each gang week's with its own floors): the
@@ -473,11 +476,18 @@ def alone(seed: int) -> None:
     """The 8-GPU jobs of the single-node gang weeks alone on the nodes they may use: the floor for any
     policy that stops and moves them at no cost (`wide_floor.max_wait_floor`), first-come-first-served
     (a schedule), and the planner's max delay, stops and work lost under `alone_policies`: how near an
-    online policy gets to the floor where no single-GPU job competes."""
+    online policy gets to the floor where no single-GPU job competes. Then what the single-GPU jobs that
+    may run only on those nodes take (`pinned_hours`): the floor on one node fewer, and the hours of the
+    8-GPU jobs' arrivals with none of them in its run window (submit to submit + run), the only hours a
+    policy that never holds one off its GPUs has every node for the 8-GPU jobs."""
     print(f"\n### 8-GPU jobs alone, seed {seed}: max delay (stops, work lost)\n")
     names = [name for name, _ in alone_policies()]
-    print("| week | jobs on nodes | floor | FCFS | " + " | ".join(names) + " |")
-    print("|---|---|---|---|" + "---|" * len(names))
+    print(
+        "| week | jobs on nodes | floor | FCFS | "
+        + " | ".join(names)
+        + " | floor, a node fewer | hours without pinned 1-GPU jobs |"
+    )
+    print("|---|---|---|---|" + "---|" * len(names) + "---|---|")
     for name, trace, gpus in gang_weeks(seed):
         gangs = [j for j in trace if j.gpus >= 8]
         if not gangs:
@@ -490,9 +500,38 @@ def alone(seed: int) -> None:
             result = simulate(gangs, usable, "drape", config)
             delay = result.class_delays["5-8"]["max_s"]
             cells.append(f"{_h(delay)} ({result.preemptions}, {100 * result.lost_gpu_h * 3600 / work:.2f}%)")
+        nodes = sorted({g.node for g in usable})
+        fewer = "-" if len(nodes) < 2 else _h(max_wait_floor(gangs, [g for g in usable if g.node != nodes[-1]]).floor_s)
+        without, span = pinned_hours(trace, gpus, usable, gangs)
+        cells += [fewer, f"{without:.1f} of {span:.1f}"]
         print(
             f"| {name} | {floor.jobs} on {floor.nodes} | {_h(floor.floor_s)} | {_h(floor.fcfs_s)} | " + " | ".join(cells) + " |"
         )
+
+
+def pinned_hours(
+    trace: list[TraceJob], gpus: list[GpuState], usable: list[GpuState], gangs: list[TraceJob]
+) -> tuple[float, float]:
+    """(hours with no pinned single-GPU job in its run window, hours) over the gang jobs' arrivals (first
+    submit to last): pinned, a single-GPU job whose every GPU it may use is among `usable`. A node holding
+    one is lost to whole-node jobs, so a policy that never holds such a job off its GPUs has every usable
+    node for them only in those hours."""
+    ours = {g.uuid for g in usable}
+    pinned = sorted(
+        (j.submit_s, j.submit_s + j.duration_s)
+        for j in trace
+        if j.gpus == 1 and all(g.uuid in ours for g in gpus if allows(j.models, g.model) and g.total_gib >= j.peak_mem_gib)
+    )
+    lo, hi = min(j.submit_s for j in gangs), max(j.submit_s for j in gangs)
+    free, covered = 0.0, lo
+    for start, end in pinned:
+        if start > covered:
+            free += max(0.0, min(start, hi) - covered)
+        covered = max(covered, end)
+        if covered >= hi:
+            break
+    free += max(0.0, hi - covered)
+    return free / 3600, (hi - lo) / 3600
 
 
 def sharing(seed: int, small: bool, replays_each: int = 1) -> bool:

@@ -140,7 +140,28 @@ def test_alone_prints_each_policy_beside_the_floor_and_first_come_first_served(m
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| one node"))
     cells = [cell.strip() for cell in row.strip("|").split("|")]
     assert cells[1] == "3 on 1" and cells[3] == "19.9 h"  # c waits for a and b: 72,000 - 200 s
-    delays = [float(cell.split(" h")[0]) for cell in cells[4:]]  # no bound, backlog, waited, backlog + waited
+    delays = [float(cell.split(" h")[0]) for cell in cells[4:-2]]  # no bound, backlog, waited, backlog + waited
     floor = float(cells[2].split(" h")[0])
     assert delays[0] == 19.9 and all(d >= floor for d in delays) and delays[2] < delays[0] / 1.5
     assert "(0, 0.00%)" in cells[4] and "(0, 0.00%)" not in cells[6]  # first-come-first-served stops nothing
+    # one node: no floor on a node fewer; s (in its window 300-900 s) is after the gangs' arrivals (0-200 s)
+    assert cells[-2:] == ["-", "0.1 of 0.1"]
+
+
+def test_pinned_hours_count_the_arrival_hours_with_no_single_gpu_job_bound_to_the_gang_nodes():
+    """Two H100 nodes (the gangs') and an L40S one; gangs arrive at 0 and 10 h. Pinned: a single-GPU job
+    no GPU off the gang nodes can hold (H100-only, or too big for 48 GiB); not one the L40S holds."""
+    gpus = wide_gangs.fleet([("h", "H100-80GB", 80.0, 2), ("l", "L40S-48GB", 48.0, 1)])
+    usable = [g for g in gpus if g.model.startswith("H100")]
+    gangs = [TraceJob("g1", 0.0, 3600.0, 70.0, 8, 5, "stage"), TraceJob("g2", 36000.0, 3600.0, 70.0, 8, 5, "stage")]
+    week = [
+        *gangs,
+        TraceJob("pinned", 3600.0, 7200.0, 30.0, 1, 3, "svc", ("H100",)),  # 1-3 h
+        TraceJob("big", 18000.0, 3600.0, 60.0, 1, 3, "svc"),  # 5-6 h: 60 GiB fits no L40S
+        TraceJob("free", 25200.0, 7200.0, 30.0, 1, 3, "svc"),  # 7-9 h: an L40S holds it
+        TraceJob("late", 35000.0, 9000.0, 30.0, 1, 3, "svc", ("H100",)),  # from 9.72 h, past the last arrival
+    ]
+    without, span = wide_gangs.pinned_hours(week, gpus, usable, gangs)
+    assert span == 10.0 and without == pytest.approx(10.0 - 2.0 - 1.0 - (10.0 - 35000.0 / 3600))
+    everything, _ = wide_gangs.pinned_hours(week, gpus, gpus, gangs)  # every GPU the gangs': "free" pins too
+    assert everything == pytest.approx(without - 2.0)
