@@ -304,7 +304,17 @@ def load_config(path: str | Path, overrides: dict | None = None, *, site: str | 
     data, source = apply_site(data, str(path), site)
     if overrides:
         data = deep_merge(data, overrides)
-    return parse_config(data, source)
+    try:
+        return parse_config(data, source)
+    except ConfigError as error:
+        lacking = [name for name, field in PipelineConfig.model_fields.items() if field.is_required() and name not in data]
+        if not lacking:
+            raise
+        raise ConfigError(
+            f"{error}\n{source}: no {', '.join(lacking)} section in it or the files it extends: a part of a config "
+            "(an overlay such as configs/queue/gang-waits.yaml) runs only named under `extends:` after a whole config "
+            "(configs/h100.yaml, configs/slurm.yaml), in a config of your own"
+        ) from None
 
 
 def default_config_path() -> Path:

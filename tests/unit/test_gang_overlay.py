@@ -65,3 +65,37 @@ def test_a_broken_overlay_is_refused_naming_the_file_and_what_is_wrong(tmp_path)
         wide_gangs.overlay(False, bounded)
     with pytest.raises(ConfigError, match=r"missing\.yaml: queue overlay file not found"):
         wide_gangs.overlay(False, tmp_path / "missing.yaml")
+
+
+def test_drape_queue_simulate_replays_a_config_with_the_overlay_and_names_the_overlay_run_alone(tmp_path, monkeypatch):
+    """The docs' what-if: a config extending the Slurm config and the overlay replays a week with the overlay's
+    bound. Services fill n0, n1 and half of n2 (the fullest node first), four on n0 end at once: a 16-GPU gang
+    needs n2 too, whose services can all start again at once on n0. Under the overlay it stops them after its
+    1-h bound; under the Slurm config alone it waits for them to end. The overlay passed alone is refused,
+    saying it is a part to name under `extends:`."""
+    from typer.testing import CliRunner
+
+    from drape.cli import app
+
+    monkeypatch.delenv("DRAPE_SITE", raising=False)
+    (tmp_path / "fleet.yaml").write_text(
+        "groups:\n  - {model: H100, memory_gib: 80, nodes: 4, gpus_per_node: 8, node_prefix: n}\n"
+    )
+    rows = [f"s{i},{i},{50 if i < 4 else 40000},30,1,3,service" for i in range(20)] + ["wide,100,3600,70,16,5,stage-training"]
+    (tmp_path / "t.csv").write_text("job_id,submit_s,duration_s,peak_mem_gib,gpus,priority,kind\n" + "\n".join(rows) + "\n")
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"extends": [str(REPO / "configs" / "slurm.yaml"), str(OVERLAY)], "name": "mine"}))
+    args = ["queue", "simulate", "--trace", str(tmp_path / "t.csv"), "--fleet", str(tmp_path / "fleet.yaml"), "--policy", "drape"]
+    ours = CliRunner().invoke(app, [*args, "--config", str(mine)])
+    plain = CliRunner().invoke(app, [*args, "--config", str(REPO / "configs" / "slurm.yaml")])
+    assert ours.exit_code == 0 and plain.exit_code == 0, ours.output + plain.output
+
+    def gang_wait(out: str) -> str:
+        return next(line for line in out.splitlines() if line.startswith("| drape | ") and "jobs)" in line).split("|")[5]
+
+    assert "60.0 / 60.0 / 60.0 min (1 jobs)" in gang_wait(ours.stdout)  # the 1-h bound: n2's services moved to n0
+    assert "(1 jobs)" in gang_wait(plain.stdout) and "60.0 / 60.0" not in gang_wait(plain.stdout)
+    alone = CliRunner().invoke(app, [*args, "--config", str(OVERLAY)])
+    said = " ".join(alone.output.split())
+    assert alone.exit_code == 2 and "gang-waits.yaml: no train section in it or the files it extends" in said
+    assert "runs only named under `extends:` after a whole config" in said
