@@ -75,6 +75,7 @@ it (the count is printed); a sharing week is judged on its medians, with their r
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import random
@@ -203,9 +204,11 @@ POLICIES = (  # `--policies`
 OVERLAY = Path(__file__).resolve().parents[1] / "configs" / "queue" / "gang-waits.yaml"
 
 
+@functools.cache
 def overlay(span: bool, path: Path = OVERLAY) -> PolicyConfig:
     """The policy settings the dispatcher takes from the queue overlay at `path` (`policy_config`), on an engine
-    that spans nodes or not; ConfigError naming the file where it holds no valid `queue` mapping."""
+    that spans nodes or not; ConfigError naming the file where it holds no valid `queue` mapping. Read once a
+    process (every week's `policies` asks for it; `PolicyConfig` is frozen, so the one read is shared)."""
     from types import SimpleNamespace
 
     from pydantic import ValidationError
